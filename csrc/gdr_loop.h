@@ -1,0 +1,81 @@
+/* The measurement loops: RDMA WRITE bandwidth and ping-pong latency over raw verbs
+ * handles. No allocation, no Python and no system calls but the provider's inside the
+ * timed region. */
+#ifndef GDR_LOOP_H
+#define GDR_LOOP_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#define GDR_MAX_QPS 64
+
+enum gdr_status {
+    GDR_OK = 0,
+    GDR_ERR_ARGS = 1,       /* inconsistent configuration */
+    GDR_ERR_POST = 2,       /* ibv_post_send failed: errno in err_errno */
+    GDR_ERR_POLL = 3,       /* ibv_poll_cq returned < 0 */
+    GDR_ERR_WC = 4,         /* a completion with an error status: wc_status, wc_vendor_err */
+    GDR_ERR_STALL = 5,      /* no progress for stall_timeout_ns: the peer is gone or stuck */
+    GDR_ERR_STOPPED = 6,    /* *stop became non-zero (Ctrl-C, caller's deadline) */
+};
+
+struct gdr_bw_config {
+    struct ibv_qp *qps[GDR_MAX_QPS];
+    uint32_t num_qps;
+    struct ibv_cq *cq;            /* send CQ shared by all QPs */
+    uint64_t local_addr;          /* address of the source bytes in the local MR */
+    uint32_t lkey;
+    uint64_t remote_addr;         /* target address in the peer's MR */
+    uint32_t rkey;
+    uint32_t msg_size;
+    uint64_t iterations;          /* messages per QP (iteration mode) */
+    uint64_t warmup_iterations;   /* messages per QP completed before timing starts */
+    uint64_t duration_ns;         /* > 0: duration mode; iterations is then ignored */
+    uint64_t warmup_ns;           /* duration mode: time before the measured window */
+    uint32_t tx_depth;            /* outstanding work requests per QP */
+    uint32_t cq_mod;              /* one signalled request every cq_mod */
+    uint32_t post_list;           /* work requests chained per ibv_post_send */
+    uint64_t stall_timeout_ns;
+    volatile int *stop;
+};
+
+struct gdr_bw_result {
+    int status;
+    int err_errno;
+    int wc_status;
+    uint32_t wc_vendor_err;
+    uint32_t wc_qp_num;
+    uint64_t messages;            /* completed inside the measured window, all QPs */
+    uint64_t elapsed_ns;          /* length of the measured window */
+    double peak_bytes_per_s;      /* best rate over windows of tx_depth x QPs messages */
+};
+
+struct gdr_lat_config {
+    struct ibv_qp *qp;
+    struct ibv_cq *cq;
+    uint64_t send_addr;           /* local source of the message (in the local MR) */
+    uint32_t lkey;
+    volatile uint8_t *recv_buf;   /* local buffer the peer writes into */
+    uint64_t remote_addr;         /* the peer's receive buffer */
+    uint32_t rkey;
+    uint32_t msg_size;
+    uint64_t iterations;
+    uint32_t max_inline;          /* messages up to this size go inline */
+    int initiator;                /* the initiator writes first and times round trips */
+    uint64_t *samples_ns;         /* initiator: one round-trip time per iteration */
+    uint64_t stall_timeout_ns;
+    volatile int *stop;
+};
+
+struct gdr_lat_result {
+    int status;
+    int err_errno;
+    int wc_status;
+    uint32_t wc_vendor_err;
+    uint64_t completed;           /* round trips completed */
+};
+
+int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res);
+int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res);
+
+#endif

@@ -1,0 +1,68 @@
+#include "gdr_pattern.h"
+
+#include <string.h>
+
+/* splitmix64: a cheap, well-mixed 64-bit hash; neighbouring words differ in every bit. */
+static inline uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t gdr_pattern_seed(uint64_t size, uint64_t round)
+{
+    return mix64(mix64(size) ^ round);
+}
+
+uint8_t gdr_pattern_byte(uint64_t seed, uint64_t offset)
+{
+    return (uint8_t)(mix64(seed ^ (offset >> 3)) >> ((offset & 7) * 8));
+}
+
+void gdr_pattern_fill(uint8_t *buf, size_t len, uint64_t seed)
+{
+    size_t word, words = len / 8, i;
+
+    for (word = 0; word < words; word++) {
+        uint64_t value = mix64(seed ^ word);
+        memcpy(buf + word * 8, &value, 8);   /* little-endian: byte k is bits 8k..8k+7 */
+    }
+    for (i = words * 8; i < len; i++)
+        buf[i] = gdr_pattern_byte(seed, i);
+}
+
+size_t gdr_pattern_verify(const uint8_t *buf, size_t len, uint64_t seed, size_t *first_bad)
+{
+    size_t bad = 0, word, words = len / 8, i;
+
+    /* Compare a word at a time; look at single bytes only inside a word that differs. */
+    for (word = 0; word < words; word++) {
+        uint64_t value = mix64(seed ^ word);
+        if (memcmp(buf + word * 8, &value, 8) == 0)
+            continue;
+        for (i = word * 8; i < word * 8 + 8; i++) {
+            if (buf[i] != gdr_pattern_byte(seed, i) && bad++ == 0)
+                *first_bad = i;
+        }
+    }
+    for (i = words * 8; i < len; i++) {
+        if (buf[i] != gdr_pattern_byte(seed, i) && bad++ == 0)
+            *first_bad = i;
+    }
+    return bad;
+}
+
+size_t gdr_poison_verify(const uint8_t *buf, size_t len, size_t *first_bad)
+{
+    size_t bad = 0, i;
+
+    for (i = 0; i < len; i++) {
+        if (buf[i] != GDR_POISON_BYTE) {
+            if (bad++ == 0)
+                *first_bad = i;
+        }
+    }
+    return bad;
+}

@@ -1,0 +1,5 @@
+import sys
+
+from gdrprobe.cli import main
+
+sys.exit(main())

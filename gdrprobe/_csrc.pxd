@@ -1,0 +1,109 @@
+# Declarations of the C library in csrc/: one block per header, nothing else.
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "<infiniband/verbs.h>" nogil:
+    struct ibv_context:
+        int cmd_fd
+        int num_comp_vectors
+    struct ibv_pd:
+        ibv_context *context
+        uint32_t handle
+    struct ibv_cq:
+        ibv_context *context
+        uint32_t handle
+        int cqe
+    struct ibv_qp:
+        ibv_context *context
+        ibv_pd *pd
+        ibv_cq *send_cq
+        uint32_t handle
+        uint32_t qp_num
+        int state
+        int qp_type
+    const char *ibv_wc_status_str(int status)
+
+
+cdef extern from "gdr_clock.h" nogil:
+    uint64_t gdr_now_ns()
+
+
+cdef extern from "gdr_stats.h" nogil:
+    struct gdr_latency_summary:
+        size_t samples
+        double min_ns, median_ns, mean_ns, stdev_ns, p99_ns, p999_ns, max_ns
+    int gdr_latency_summarize(uint64_t *samples, size_t n, gdr_latency_summary *out)
+
+
+cdef extern from "gdr_pattern.h" nogil:
+    int GDR_POISON_BYTE
+    uint64_t gdr_pattern_seed(uint64_t size, uint64_t round)
+    void gdr_pattern_fill(uint8_t *buf, size_t length, uint64_t seed)
+    size_t gdr_pattern_verify(const uint8_t *buf, size_t length, uint64_t seed, size_t *first_bad)
+    size_t gdr_poison_verify(const uint8_t *buf, size_t length, size_t *first_bad)
+
+
+cdef extern from "gdr_hostmem.h" nogil:
+    void *gdr_host_alloc(size_t length, int numa_node, int huge_pages, size_t *mapped_len)
+    int gdr_host_free(void *addr, size_t mapped_len)
+
+
+cdef extern from "gdr_loop.h" nogil:
+    int GDR_MAX_QPS
+    enum gdr_status:
+        GDR_OK, GDR_ERR_ARGS, GDR_ERR_POST, GDR_ERR_POLL, GDR_ERR_WC, GDR_ERR_STALL, GDR_ERR_STOPPED
+
+    struct gdr_bw_config:
+        ibv_qp *qps[64]
+        uint32_t num_qps
+        ibv_cq *cq
+        uint64_t local_addr
+        uint32_t lkey
+        uint64_t remote_addr
+        uint32_t rkey
+        uint32_t msg_size
+        uint64_t iterations
+        uint64_t warmup_iterations
+        uint64_t duration_ns
+        uint64_t warmup_ns
+        uint32_t tx_depth
+        uint32_t cq_mod
+        uint32_t post_list
+        uint64_t stall_timeout_ns
+        volatile int *stop
+
+    struct gdr_bw_result:
+        int status
+        int err_errno
+        int wc_status
+        uint32_t wc_vendor_err
+        uint32_t wc_qp_num
+        uint64_t messages
+        uint64_t elapsed_ns
+        double peak_bytes_per_s
+
+    struct gdr_lat_config:
+        ibv_qp *qp
+        ibv_cq *cq
+        uint64_t send_addr
+        uint32_t lkey
+        volatile uint8_t *recv_buf
+        uint64_t remote_addr
+        uint32_t rkey
+        uint32_t msg_size
+        uint64_t iterations
+        uint32_t max_inline
+        int initiator
+        uint64_t *samples_ns
+        uint64_t stall_timeout_ns
+        volatile int *stop
+
+    struct gdr_lat_result:
+        int status
+        int err_errno
+        int wc_status
+        uint32_t wc_vendor_err
+        uint64_t completed
+
+    int gdr_bw_run(const gdr_bw_config *cfg, gdr_bw_result *res)
+    int gdr_lat_run(const gdr_lat_config *cfg, gdr_lat_result *res)

@@ -1,0 +1,122 @@
+"""PCIe Access Control Services on the bridges between each GPU and its nearest NIC.
+
+With Request Redirect or Completion Redirect enabled, a switch port sends peer
+transactions up to the root complex instead of across to the peer, which is the
+opposite of what GPUDirect RDMA needs. The state is in ACSCtl, read from the ACS
+extended capability of each bridge's config space (the part only root can read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gdrprobe.doctor import pci
+from gdrprobe.report import Evidence, Finding, Status
+
+GROUP = "acs"
+ACS_CAPABILITY_ID = 0x000D
+ACS_CONTROL_OFFSET = 6       # ACSCtl, a 16-bit register after the header and ACSCap
+
+# ACSCtl bits in register order, with the names lspci prints.
+ACS_CONTROL_BITS = (("SV", "SrcValid"), ("TB", "TransBlk"), ("RR", "ReqRedir"),
+                    ("CR", "CmpltRedir"), ("UF", "UpstreamFwd"), ("EC", "EgressCtrl"),
+                    ("DT", "DirectTrans"))
+REDIRECTING_BITS = ("RR", "CR")
+
+
+@dataclasses.dataclass(frozen=True)
+class AcsState:
+    """What a bridge's config space says about ACS."""
+
+    bdf: str
+    readable: bool              # False: config space missing or only the 64-byte header
+    capability_offset: int | None
+    control: int | None
+
+    def enabled(self) -> tuple[str, ...]:
+        if self.control is None:
+            return ()
+        return tuple(short for bit, (short, _) in enumerate(ACS_CONTROL_BITS)
+                     if self.control >> bit & 1)
+
+    def redirects(self) -> bool:
+        return any(bit in REDIRECTING_BITS for bit in self.enabled())
+
+
+def decode_control(control: int) -> str:
+    """ACSCtl the way lspci -vvv shows it: SrcValid- TransBlk- ReqRedir+ ..."""
+    return " ".join(f"{name}{'+' if control >> bit & 1 else '-'}"
+                    for bit, (_, name) in enumerate(ACS_CONTROL_BITS))
+
+
+def read_acs(root, bdf: str) -> AcsState:
+    config = pci.read_config(root, bdf)
+    if config is None or pci.config_truncated_for_user(config):
+        return AcsState(bdf, readable=False, capability_offset=None, control=None)
+    offset = pci.extended_capabilities(config).get(ACS_CAPABILITY_ID)
+    if offset is None or offset + ACS_CONTROL_OFFSET + 2 > len(config):
+        return AcsState(bdf, readable=True, capability_offset=None, control=None)
+    start = offset + ACS_CONTROL_OFFSET
+    control = int.from_bytes(config[start:start + 2], "little")
+    return AcsState(bdf, readable=True, capability_offset=offset, control=control)
+
+
+def _evidence(state: AcsState) -> Evidence:
+    source = pci.config_path(state.bdf)
+    if state.capability_offset is None:
+        return Evidence(source, "no ACS extended capability")
+    return Evidence(f"{source} @0x{state.capability_offset + ACS_CONTROL_OFFSET:x}",
+                    f"ACSCtl 0x{state.control:04x}: {decode_control(state.control)}")
+
+
+def bridges_on_paths(topology) -> dict[str, list[str]]:
+    """Bridge BDF -> the GPU-NIC pairs whose peer traffic crosses it."""
+    crossing: dict[str, list[str]] = {}
+    for gpu in topology.gpus:
+        nic, _ = topology.nearest_nic(gpu)
+        for bdf in topology.bridges_between(gpu, nic):
+            crossing.setdefault(bdf, []).append(f"{gpu.name}-{nic.name}")
+    return crossing
+
+
+def redirect_finding(state: AcsState, pairs: list[str], in_vm: bool) -> Finding:
+    enabled = "+".join(state.enabled())
+    summary = (f"ACS on bridge {state.bdf} ({enabled}) redirects peer traffic of "
+               f"{', '.join(pairs)} to the root complex")
+    if in_vm:
+        return Finding("acs.bridge", GROUP, Status.WARN, summary + " (virtual machine)",
+                       (_evidence(state),),
+                       "ACS cannot be disabled from a guest and protects its isolation; enable "
+                       "ATS on the NIC (ConnectX firmware ATS_ENABLED) and in the hypervisor instead.")
+    return Finding("acs.bridge", GROUP, Status.FAIL, summary, (_evidence(state),),
+                   f"Disable ACS in the BIOS, or until the next reboot run as root: "
+                   f"setpci -s {state.bdf} ECAP_ACS+0x6.w=0000")
+
+
+def check(ctx) -> list[Finding]:
+    topology = ctx.topology
+    if not (topology.gpus and topology.nics):
+        return [Finding("acs.bridge", GROUP, Status.SKIP, "no GPU-NIC pair to check",
+                        (Evidence(pci.PCI_DEVICES_DIR, "no GPU and PCI RDMA NIC pair"),))]
+    crossing = bridges_on_paths(topology)
+    if not crossing:
+        return [Finding("acs.bridge", GROUP, Status.SKIP,
+                        "no bridge between any GPU and its nearest NIC (flat topology)",
+                        (Evidence("sysfs PCI tree", "GPUs and NICs sit directly on root buses"),))]
+    states = [read_acs(ctx.root, bdf) for bdf in sorted(crossing)]
+    in_vm = topology.virtualization.is_vm
+    findings = [redirect_finding(s, crossing[s.bdf], in_vm) for s in states if s.redirects()]
+    hidden = [s for s in states if not s.readable]
+    if hidden:
+        findings.append(Finding(
+            "acs.bridge", GROUP, Status.SKIP,
+            f"config space beyond 64 bytes not readable on {len(hidden)} bridge(s): ACS unknown",
+            tuple(Evidence(pci.config_path(s.bdf), "64 bytes or less readable") for s in hidden),
+            "Run the doctor as root (sudo) so the kernel returns the extended config space."))
+    clear = [s for s in states if s.readable and not s.redirects()]
+    if clear:
+        findings.append(Finding(
+            "acs.bridge", GROUP, Status.OK,
+            f"no ACS redirection on {len(clear)} bridge(s) between GPUs and their nearest NICs",
+            tuple(_evidence(s) for s in clear)))
+    return findings

@@ -1,0 +1,113 @@
+"""Copy exactly what the doctor reads into a directory that ``--root`` can replay.
+
+The doctor runs once against the source root with a recording :class:`SysRoot`; every
+path it touched is then copied: symbolic links stay links (sysfs topology lives in
+them), directories stay directories, and files are copied by reading them, because
+sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, CUDA,
+MLX5 and UCX variables only) and the CUDA driver's facts go to CAPTURE_DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from typing import Mapping
+
+from gdrprobe.doctor.context import CUDA_FACTS_FILE, ENVIRON_FILE, DoctorContext
+from gdrprobe.doctor.runner import run_checks
+from gdrprobe.sysroot import SysRoot
+
+CAPTURED_ENV_PREFIXES = ("NCCL_", "CUDA_", "MLX5_", "UCX_")
+MAX_FILE_BYTES = 1 << 20      # what SysRoot.read reads at most
+MAX_LINK_HOPS = 40            # the kernel's own limit on nested symbolic links
+
+
+def captured_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(CAPTURED_ENV_PREFIXES)}
+
+
+class _Copier:
+    def __init__(self, source: SysRoot, dest: str):
+        self.source = source
+        self.dest = os.path.abspath(dest)
+
+    def dest_path(self, path: str) -> str:
+        return os.path.join(self.dest, path.lstrip("/"))
+
+    def copy(self, path: str, hops: int = 0) -> None:
+        """Recreate ``path`` and every link and directory on the way to it."""
+        parts = [p for p in path.split("/") if p]
+        current = "/"
+        for depth, part in enumerate(parts):
+            current = posixpath.join(current, part)
+            source = self.source.host_path(current)
+            if not os.path.lexists(source):
+                return
+            if os.path.islink(source):
+                target = os.readlink(source)
+                self._link(current, target)
+                if hops < MAX_LINK_HOPS:
+                    base = target if target.startswith("/") else posixpath.join(
+                        posixpath.dirname(current), target)
+                    rest = "/".join(parts[depth + 1:])
+                    self.copy(posixpath.normpath(posixpath.join(base, rest)), hops + 1)
+                return
+            if os.path.isdir(source):
+                os.makedirs(self.dest_path(current), exist_ok=True)
+            elif depth == len(parts) - 1:
+                self._file(current, source)
+
+    def copy_listing(self, path: str) -> None:
+        """Keep a listed directory's links and subdirectories so listing it gives the same names.
+
+        Plain files in it are not read: the doctor did not read them, and some sysfs files
+        have side effects or block.
+        """
+        source = self.source.host_path(path)
+        if os.path.islink(source) or not os.path.isdir(source):
+            return
+        for name in os.listdir(source):
+            entry = os.path.join(source, name)
+            if os.path.islink(entry):
+                self._link(posixpath.join(path, name), os.readlink(entry))
+            elif os.path.isdir(entry):
+                os.makedirs(self.dest_path(posixpath.join(path, name)), exist_ok=True)
+
+    def _link(self, path: str, target: str) -> None:
+        dest = self.dest_path(path)
+        if not os.path.lexists(dest):
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.symlink(target, dest)
+
+    def _file(self, path: str, source: str) -> None:
+        try:
+            with open(source, "rb") as handle:
+                data = handle.read(MAX_FILE_BYTES)
+        except OSError:
+            return
+        dest = self.dest_path(path)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with open(dest, "wb") as handle:
+            handle.write(data)
+
+
+def _write_json(path: str, data) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+
+
+def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = None) -> list[str]:
+    """Capture what the doctor reads under ``root`` into ``dest_dir``; returns the paths copied."""
+    source = SysRoot(root)
+    ctx = DoctorContext(source, environ)
+    run_checks(ctx)
+    copier = _Copier(source, dest_dir)
+    touched = sorted(source.touched)
+    for path in touched:
+        copier.copy(path)
+        copier.copy_listing(path)
+    _write_json(copier.dest_path(ENVIRON_FILE), captured_environ(ctx.environ))
+    _write_json(copier.dest_path(CUDA_FACTS_FILE), ctx.cuda_facts)
+    return [p for p in touched if os.path.lexists(copier.dest_path(p))]

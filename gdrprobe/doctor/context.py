@@ -1,0 +1,64 @@
+"""What every doctor check reads from: the file-system root, the environment, CUDA facts.
+
+On the live machine the environment is ``os.environ`` and CUDA facts come from the
+driver. When ``--root`` points at a captured tree, both come from the files the capture
+command wrote under ``CAPTURE_DIR`` inside that tree, so a replay sees what the live
+run saw.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Mapping
+
+from gdrprobe.sysroot import SysRoot
+
+CAPTURE_DIR = "/gdrprobe-capture"
+ENVIRON_FILE = CAPTURE_DIR + "/environ.json"
+CUDA_FACTS_FILE = CAPTURE_DIR + "/cuda.json"
+
+
+class DoctorContext:
+    """Shared, lazily computed inputs of the doctor's checks."""
+
+    def __init__(self, root: SysRoot, environ: Mapping[str, str] | None = None):
+        self.root = root
+        self._environ = environ
+
+    @property
+    def live(self) -> bool:
+        return self.root.root == "/"
+
+    @functools.cached_property
+    def environ(self) -> Mapping[str, str]:
+        if self._environ is not None:
+            return self._environ
+        if self.live:
+            return dict(os.environ)
+        return self._captured_json(ENVIRON_FILE) or {}
+
+    @functools.cached_property
+    def cuda_facts(self) -> dict[str, Any] | None:
+        """Facts from the CUDA driver, or None when they cannot be had."""
+        if not self.live:
+            return self._captured_json(CUDA_FACTS_FILE)
+        from gdrprobe.doctor.gpu import collect_cuda_facts
+
+        return collect_cuda_facts()
+
+    @functools.cached_property
+    def topology(self):
+        from gdrprobe.doctor.topology import build_topology
+
+        return build_topology(self.root)
+
+    def _captured_json(self, path: str) -> Any:
+        text = self.root.read(path)
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None

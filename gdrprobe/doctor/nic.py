@@ -1,0 +1,180 @@
+"""The NIC half: RDMA devices visible, ports up, a RoCE v2 GID, verbs device nodes, mlx5 advice."""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+
+from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.memlock import detect_container
+from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.sysroot import SysRoot
+
+finding = functools.partial(Finding, group="nic")
+
+IB_CLASS = "/sys/class/infiniband"
+PCI_DEVICES = "/sys/bus/pci/devices"
+DEV_INFINIBAND = "/dev/infiniband"
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# Kernel modules whose presence without an RDMA device names the likely cause.
+NIC_DRIVER_WITHOUT_IB = (("mlx5_core", "mlx5_ib"), ("bnxt_en", "bnxt_re"), ("ice", "irdma"))
+
+
+# ---- facts ------------------------------------------------------------------
+
+
+def rdma_devices(root: SysRoot) -> list[str]:
+    return root.listdir(IB_CLASS)
+
+
+def ports(root: SysRoot, device: str) -> list[str]:
+    return root.listdir(f"{IB_CLASS}/{device}/ports")
+
+
+def port_file(root: SysRoot, device: str, port: str, name: str) -> str | None:
+    return root.read(f"{IB_CLASS}/{device}/ports/{port}/{name}")
+
+
+def roce_v2_gid_indices(root: SysRoot, device: str, port: str) -> list[str]:
+    """GID table entries of type RoCE v2 that hold an address (unused entries read as zero)."""
+    port_dir = f"{IB_CLASS}/{device}/ports/{port}"
+    found = []
+    for index in root.listdir(f"{port_dir}/gid_attrs/types"):
+        gid = root.read(f"{port_dir}/gids/{index}")
+        if root.read(f"{port_dir}/gid_attrs/types/{index}") == "RoCE v2" and gid and gid != ZERO_GID:
+            found.append(index)
+    return found
+
+
+def device_driver(root: SysRoot, device: str) -> str | None:
+    link = root.readlink(f"{IB_CLASS}/{device}/device/driver")
+    return posixpath.basename(link) if link else None
+
+
+def uverbs_node(root: SysRoot, device: str) -> str | None:
+    """The /dev/infiniband node the kernel created for a device (e.g. "uverbs0")."""
+    nodes = root.listdir(f"{IB_CLASS}/{device}/device/infiniband_verbs")
+    return nodes[0] if nodes else None
+
+
+# ---- findings ---------------------------------------------------------------
+
+
+def sysfs_finding(root: SysRoot) -> Finding | None:
+    """/sys without PCI devices is a container or chroot without a proper sysfs mount."""
+    if root.listdir(PCI_DEVICES):
+        return None
+    return finding(id="nic.sysfs", status=Status.FAIL,
+                   summary="/sys shows no PCI devices: sysfs is not mounted properly, so neither the RDMA devices "
+                           "nor the PCI topology can be discovered",
+                   evidence=(Evidence(PCI_DEVICES, "empty or absent"),),
+                   fix="Mount sysfs at /sys (in a container, do not mask /sys; the runtime's default read-only "
+                       "sysfs mount is enough).")
+
+
+def no_device_finding(root: SysRoot) -> Finding:
+    evidence = [Evidence(IB_CLASS, "empty or absent")]
+    causes = []
+    for nic_driver, ib_driver in NIC_DRIVER_WITHOUT_IB:
+        if root.exists(f"/sys/module/{nic_driver}") and not root.exists(f"/sys/module/{ib_driver}"):
+            evidence.append(Evidence(f"/sys/module/{ib_driver}", f"absent while {nic_driver} is loaded"))
+            causes.append(f"load {ib_driver} (`modprobe {ib_driver}`)")
+    causes += ["check that an RDMA-capable NIC is installed (`lspci | grep -i -e mellanox -e infiniband`)",
+               "in a container, the RDMA namespace must share the host's devices (`rdma system` shows the mode)",
+               "for Soft-RoCE, create the device with `rdma link add rxe0 type rxe netdev <if>`"]
+    fix = "; ".join(causes)
+    return finding(id="nic.devices", status=Status.FAIL, summary="no RDMA devices are visible",
+                   evidence=tuple(evidence), fix=fix[0].upper() + fix[1:] + ".")
+
+
+def port_findings(root: SysRoot, device: str, port: str) -> list[Finding]:
+    state = port_file(root, device, port, "state") or "unknown"
+    link_layer = port_file(root, device, port, "link_layer")
+    prefix = f"nic.{device}.port{port}"
+    port_dir = f"{IB_CLASS}/{device}/ports/{port}"
+    findings = []
+    if "ACTIVE" not in state:
+        physical = port_file(root, device, port, "phys_state")
+        findings.append(finding(
+            id=prefix + ".state", status=Status.WARN,
+            summary=f"{device} port {port} is {state} (physical state {physical})",
+            evidence=(Evidence(port_dir + "/state", state), Evidence(port_dir + "/phys_state", str(physical))),
+            fix="Check the cable and the switch port; on InfiniBand, a port stuck in INIT needs a subnet manager.",
+        ))
+    if link_layer == "Ethernet" and not roce_v2_gid_indices(root, device, port):
+        findings.append(finding(
+            id=prefix + ".roce_v2_gid", status=Status.WARN,
+            summary=f"{device} port {port} is Ethernet but has no RoCE v2 GID, so routable RoCE is impossible",
+            evidence=(Evidence(port_dir + "/gid_attrs/types/*", "no 'RoCE v2' entry"),),
+            fix="Give the port's network interface an IP address and bring it up; GIDs follow its addresses.",
+        ))
+    return findings
+
+
+def ports_summary_finding(root: SysRoot, devices: list[str]) -> Finding:
+    states = {f"{device}/{port}": port_file(root, device, port, "state") or "unknown"
+              for device in devices for port in ports(root, device)}
+    active = [name for name, state in states.items() if "ACTIVE" in state]
+    return finding(
+        id="nic.ports",
+        status=Status.OK if active else Status.FAIL,
+        summary=f"{len(active)} of {len(states)} RDMA ports are active",
+        evidence=tuple(Evidence(f"{IB_CLASS}/{name.replace('/', '/ports/')}/state", state)
+                       for name, state in states.items()),
+        fix="" if active else "Bring at least one port up (cable, switch port, subnet manager on InfiniBand).",
+    )
+
+
+def device_nodes_finding(ctx: DoctorContext, devices: list[str]) -> Finding:
+    present = set(ctx.root.listdir(DEV_INFINIBAND))
+    expected = {device: uverbs_node(ctx.root, device) for device in devices}
+    missing = [f"{device} ({node})" for device, node in expected.items() if node and node not in present]
+    evidence = (Evidence(DEV_INFINIBAND, ", ".join(sorted(present)) or "empty or absent"),)
+    if not missing:
+        return finding(id="nic.dev_infiniband", status=Status.OK,
+                       summary="every RDMA device has its verbs node in /dev/infiniband", evidence=evidence)
+    container = detect_container(ctx)
+    if container.kind == "kubernetes":
+        fix = "Request the NIC through the RDMA device plugin (e.g. nvidia.com/hostdev or rdma/rdma_shared_device_a)."
+    elif container.kind:
+        fix = "Pass /dev/infiniband into the container (`--device=/dev/infiniband`)."
+    else:
+        fix = "Load the verbs character-device module: `modprobe ib_uverbs`."
+    return finding(id="nic.dev_infiniband", status=Status.FAIL,
+                   summary="verbs device nodes are missing for " + ", ".join(missing) + ": no process can open them",
+                   evidence=evidence + container.evidence, fix=fix)
+
+
+def scatter_to_cqe_finding(ctx: DoctorContext, devices: list[str]) -> Finding | None:
+    """mlx5 may place small received data in the CQE; with GPU buffers that can fail MR allocation."""
+    mlx5 = [device for device in devices if device_driver(ctx.root, device) == "mlx5_core"
+            or device.startswith("mlx5")]
+    if not mlx5:
+        return None
+    value = ctx.environ.get("MLX5_SCATTER_TO_CQE")
+    evidence = (Evidence("environment MLX5_SCATTER_TO_CQE", str(value)),)
+    if value == "0":
+        return finding(id="nic.mlx5_scatter_to_cqe", status=Status.OK,
+                       summary="MLX5_SCATTER_TO_CQE=0: scatter-to-CQE is off for GPU buffers", evidence=evidence)
+    return finding(id="nic.mlx5_scatter_to_cqe", status=Status.INFO,
+                   summary=f"mlx5 devices ({', '.join(mlx5)}) with scatter-to-CQE on; if registering GPU memory "
+                           "fails with \"Couldn't allocate MR\", turn it off",
+                   evidence=evidence, fix="Set MLX5_SCATTER_TO_CQE=0 in the environment of the process.")
+
+
+def check(ctx: DoctorContext) -> list[Finding]:
+    broken_sysfs = sysfs_finding(ctx.root)
+    if broken_sysfs:
+        return [broken_sysfs]
+    devices = rdma_devices(ctx.root)
+    if not devices:
+        return [no_device_finding(ctx.root)]
+    findings = [finding(id="nic.devices", status=Status.OK, summary=f"RDMA devices: {', '.join(devices)}",
+                        evidence=(Evidence(IB_CLASS, ", ".join(devices)),)),
+                ports_summary_finding(ctx.root, devices)]
+    for device in devices:
+        for port in ports(ctx.root, device):
+            findings += port_findings(ctx.root, device, port)
+    findings.append(device_nodes_finding(ctx, devices))
+    scatter = scatter_to_cqe_finding(ctx, devices)
+    return findings + ([scatter] if scatter else [])

@@ -1,0 +1,171 @@
+"""Facts about PCI devices, read from sysfs under a :class:`SysRoot`, one fact per function.
+
+sysfs is the only source: ``/sys/bus/pci/devices/<BDF>`` links into the device tree
+under ``/sys/devices/pciDDDD:BB/...``, and the directories on that resolved path are
+the bridges between the device and its host bridge. Every function takes the root
+and a BDF (``0000:1b:00.0``) and returns None (or -1 for NUMA) when sysfs does not say.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gdrprobe.sysroot import SysRoot
+
+PCI_DEVICES_DIR = "/sys/bus/pci/devices"
+INFINIBAND_CLASS_DIR = "/sys/class/infiniband"
+
+NVIDIA_VENDOR_ID = 0x10DE
+GPU_CLASSES = (0x0300, 0x0302)   # VGA-compatible and 3D controller (class, subclass)
+BRIDGE_CLASS = 0x0604            # PCI-to-PCI bridge: root ports and switch ports
+
+# Without CAP_SYS_ADMIN the kernel serves only the standard header of config space.
+UNPRIVILEGED_CONFIG_BYTES = 64
+CONVENTIONAL_CONFIG_BYTES = 256
+EXTENDED_CONFIG_BYTES = 4096
+EXTENDED_CAPABILITIES_START = 0x100
+
+BDF_PATTERN = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+HOST_BRIDGE_PATTERN = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+
+
+def is_bdf(name: str) -> bool:
+    return bool(BDF_PATTERN.match(name))
+
+
+def device_dir(bdf: str) -> str:
+    return f"{PCI_DEVICES_DIR}/{bdf}"
+
+
+def list_devices(root: SysRoot) -> list[str]:
+    """Every PCI function the kernel knows, by BDF, in bus order."""
+    return [name for name in root.listdir(PCI_DEVICES_DIR) if is_bdf(name)]
+
+
+def resolved_path(root: SysRoot, bdf: str) -> str:
+    """The device's real directory, e.g. /sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0."""
+    return root.realpath(device_dir(bdf))
+
+
+def _read_hex(root: SysRoot, path: str) -> int | None:
+    text = root.read(path)
+    if not text:
+        return None
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
+def vendor_id(root: SysRoot, bdf: str) -> int | None:
+    return _read_hex(root, f"{device_dir(bdf)}/vendor")
+
+
+def device_id(root: SysRoot, bdf: str) -> int | None:
+    return _read_hex(root, f"{device_dir(bdf)}/device")
+
+
+def class_code(root: SysRoot, bdf: str) -> int | None:
+    """The 24-bit class code (class, subclass, programming interface)."""
+    return _read_hex(root, f"{device_dir(bdf)}/class")
+
+
+def numa_node(root: SysRoot, bdf: str) -> int:
+    """The device's NUMA node; -1 when the platform does not say (also single-node boxes)."""
+    text = root.read(f"{device_dir(bdf)}/numa_node")
+    try:
+        return int(text) if text else -1
+    except ValueError:
+        return -1
+
+
+def host_bridge(path: str) -> str | None:
+    """The host bridge (root complex) a resolved device path hangs off, e.g. pci0000:00."""
+    for part in path.split("/"):
+        if HOST_BRIDGE_PATTERN.match(part):
+            return part
+    return None
+
+
+def parent_bridges(path: str) -> tuple[str, ...]:
+    """BDFs of the bridges above a device, from its root port down to its direct parent."""
+    functions = [part for part in path.split("/") if is_bdf(part)]
+    return tuple(functions[:-1])
+
+
+def is_bridge(root: SysRoot, bdf: str) -> bool:
+    code = class_code(root, bdf)
+    return code is not None and code >> 8 == BRIDGE_CLASS
+
+
+def is_nvidia_gpu(root: SysRoot, bdf: str) -> bool:
+    code = class_code(root, bdf)
+    return (vendor_id(root, bdf) == NVIDIA_VENDOR_ID and code is not None
+            and code >> 8 in GPU_CLASSES)
+
+
+def config_path(bdf: str) -> str:
+    return f"{device_dir(bdf)}/config"
+
+
+def read_config(root: SysRoot, bdf: str) -> bytes | None:
+    """As much of the config space as the kernel lets this user read (64, 256 or 4096 bytes)."""
+    return root.read_bytes(config_path(bdf), EXTENDED_CONFIG_BYTES)
+
+
+def config_truncated_for_user(config: bytes) -> bool:
+    """True when only the unprivileged 64-byte header came back, so capabilities are hidden."""
+    return len(config) <= UNPRIVILEGED_CONFIG_BYTES
+
+
+def extended_capabilities(config: bytes) -> dict[int, int]:
+    """Extended capability ID -> offset, walking the list that starts at 0x100."""
+    found: dict[int, int] = {}
+    offset = EXTENDED_CAPABILITIES_START
+    # A corrupt list could loop; there cannot be more capabilities than dwords.
+    for _ in range(EXTENDED_CONFIG_BYTES // 4):
+        if offset < EXTENDED_CAPABILITIES_START or offset + 4 > len(config):
+            break
+        header = int.from_bytes(config[offset:offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            break
+        found.setdefault(header & 0xFFFF, offset)
+        offset = (header >> 20) & 0xFFC
+        if offset == 0:
+            break
+    return found
+
+
+def iommu_group_link(bdf: str) -> str:
+    return f"{device_dir(bdf)}/iommu_group"
+
+
+def iommu_group(root: SysRoot, bdf: str) -> str | None:
+    """The IOMMU group number, or None when the device has no group (IOMMU off)."""
+    target = root.readlink(iommu_group_link(bdf))
+    return target.rstrip("/").rsplit("/", 1)[-1] if target else None
+
+
+def rdma_devices(root: SysRoot) -> list[str]:
+    """Names of the RDMA devices (mlx5_0, rxe0, ...) in /sys/class/infiniband."""
+    return root.listdir(INFINIBAND_CLASS_DIR)
+
+
+def rdma_device_bdf(root: SysRoot, ibdev: str) -> str | None:
+    """The PCI function behind an RDMA device; None for software devices (rxe, siw).
+
+    Software devices live under /sys/devices/virtual even when their ``device`` link
+    points at the PCI function of the Ethernet port they ride on, so that is checked first.
+    """
+    if root.realpath(f"{INFINIBAND_CLASS_DIR}/{ibdev}").startswith("/sys/devices/virtual/"):
+        return None
+    link = f"{INFINIBAND_CLASS_DIR}/{ibdev}/device"
+    if not root.exists(link):
+        return None
+    name = root.realpath(link).rstrip("/").rsplit("/", 1)[-1]
+    return name if is_bdf(name) else None
+
+
+def local_cpulist(root: SysRoot, bdf: str) -> str | None:
+    """The CPUs closest to the device, as the kernel lists them (e.g. 0-55,112-167)."""
+    return root.read(f"{device_dir(bdf)}/local_cpulist")

@@ -1,0 +1,79 @@
+"""Errors a person sees, each with its cause, its fix and a documented exit code.
+
+Exceptions are for situations the run cannot continue from; the CLI turns them into
+one message and the exit code below. The README's "Exit codes" table mirrors this.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    VERDICT_NOT_OK = 1       # the probe ran; the answer is "degraded" or "not engaged"
+    USAGE = 2                # bad flags or arguments (argparse uses 2 too)
+    MISSING_DEPENDENCY = 3   # pyverbs, CUDA driver, cuda-python absent
+    NO_DEVICE = 4            # no RDMA device, unknown device name, no usable port/GID
+    PEER = 5                 # out-of-band channel: refused, bad token, time-out, bad message
+    RDMA = 6                 # a verbs call or a work completion failed
+    INTEGRITY = 7            # payload verification found corrupt bytes
+    RESOURCE_LIMIT = 8       # memlock, hugepages, out of memory
+    NOT_TESTABLE = 9         # a requested arm cannot run here (no GPU, no CUDA driver)
+    INTERRUPTED = 130        # Ctrl-C
+
+
+class GdrprobeError(Exception):
+    """Base of every error that reaches a person: cause, evidence and fix."""
+
+    exit_code: ExitCode = ExitCode.RDMA
+
+    def __init__(self, cause: str, fix: str = "", evidence: str = ""):
+        super().__init__(cause)
+        self.cause = cause
+        self.fix = fix
+        self.evidence = evidence
+
+    def __str__(self) -> str:
+        parts = [self.cause]
+        if self.evidence:
+            parts.append(f"evidence: {self.evidence}")
+        if self.fix:
+            parts.append(f"fix: {self.fix}")
+        return "\n  ".join(parts)
+
+
+class UsageError(GdrprobeError):
+    exit_code = ExitCode.USAGE
+
+
+class MissingDependency(GdrprobeError):
+    exit_code = ExitCode.MISSING_DEPENDENCY
+
+
+class NoDevice(GdrprobeError):
+    exit_code = ExitCode.NO_DEVICE
+
+
+class PeerError(GdrprobeError):
+    exit_code = ExitCode.PEER
+
+
+class RdmaError(GdrprobeError):
+    exit_code = ExitCode.RDMA
+
+
+class IntegrityError(GdrprobeError):
+    exit_code = ExitCode.INTEGRITY
+
+
+class ResourceLimit(GdrprobeError):
+    exit_code = ExitCode.RESOURCE_LIMIT
+
+
+class NotTestable(GdrprobeError):
+    exit_code = ExitCode.NOT_TESTABLE
+
+
+class Interrupted(GdrprobeError):
+    exit_code = ExitCode.INTERRUPTED

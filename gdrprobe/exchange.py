@@ -1,0 +1,175 @@
+"""The out-of-band channel: framed, bounded, timed-out JSON messages over TCP.
+
+Every message is a 10-byte header (magic ``GDRP``, protocol version, payload length) and
+a JSON object with a ``type``. Payloads over ``MAX_MESSAGE_BYTES`` are refused before
+they are read; every read has a time-out. Before anything else both ends prove that they
+know the run's token with an HMAC over fresh nonces, so the token itself never crosses the
+wire and a peer without it learns no key and no address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import socket
+import struct
+
+from gdrprobe.errors import PeerError
+
+PROTOCOL_VERSION = 1
+MAGIC = b"GDRP"
+HEADER = struct.Struct(">4sHI")
+MAX_MESSAGE_BYTES = 64 * 1024
+NONCE_BYTES = 32
+TOKEN_FIX = ("give the client the token the server printed: --token TOKEN or the "
+             "GDRPROBE_TOKEN environment variable")
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(18)
+
+
+class Channel:
+    """One authenticated-or-not connection; every receive is bounded and timed out."""
+
+    def __init__(self, sock: socket.socket, timeout: float, peer: str = "peer"):
+        self.sock = sock
+        self.timeout = timeout
+        self.peer = peer
+        sock.settimeout(timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, kind: str, **fields) -> None:
+        payload = json.dumps({"type": kind, **fields}, separators=(",", ":")).encode()
+        if len(payload) > MAX_MESSAGE_BYTES:
+            raise ValueError(f"message {kind} is {len(payload)} bytes, over the limit")
+        try:
+            self.sock.sendall(HEADER.pack(MAGIC, PROTOCOL_VERSION, len(payload)) + payload)
+        except OSError as error:
+            raise PeerError(f"lost the connection to the {self.peer} while sending {kind}: "
+                            f"{error}", "check that the other side is still running") from error
+
+    def _read_exact(self, count: int, timeout: float) -> bytes:
+        self.sock.settimeout(timeout)
+        chunks, remaining = [], count
+        while remaining:
+            try:
+                chunk = self.sock.recv(min(remaining, 65536))
+            except socket.timeout as error:
+                raise PeerError(f"the {self.peer} did not answer within {timeout:g} s",
+                                "check that it is running and reachable; raise --timeout "
+                                "for slow links") from error
+            except OSError as error:
+                raise PeerError(f"lost the connection to the {self.peer}: {error}",
+                                "check that the other side is still running") from error
+            if not chunk:
+                raise PeerError(f"the {self.peer} closed the connection",
+                                "look at the other side's output for its reason")
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def receive(self, *expected: str, timeout: float | None = None) -> dict:
+        """The next message, which must be one of the expected types (or an error)."""
+        timeout = self.timeout if timeout is None else timeout
+        magic, version, length = HEADER.unpack(self._read_exact(HEADER.size, timeout))
+        if magic != MAGIC:
+            raise PeerError(f"the {self.peer} does not speak the gdrprobe protocol",
+                            "point the client at a 'gdrprobe serve' port",
+                            evidence=f"first bytes {magic!r}")
+        if version != PROTOCOL_VERSION:
+            raise PeerError(f"the {self.peer} speaks protocol {version}, this gdrprobe "
+                            f"speaks {PROTOCOL_VERSION}", "run the same gdrprobe version "
+                            "on both hosts")
+        if length > MAX_MESSAGE_BYTES:
+            raise PeerError(f"the {self.peer} sent a {length}-byte message; the limit is "
+                            f"{MAX_MESSAGE_BYTES}", "the peer is not a gdrprobe of this version")
+        try:
+            message = json.loads(self._read_exact(length, timeout))
+        except ValueError as error:
+            raise PeerError(f"the {self.peer} sent a message that is not JSON",
+                            "the peer is not a gdrprobe of this version") from error
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise PeerError(f"the {self.peer} sent a message without a type", "")
+        if message["type"] == "error" and "error" not in expected:
+            raise PeerError(f"the {self.peer} reported: {field(message, 'reason', str)}",
+                            field(message, "fix", str, default=""))
+        if message["type"] not in expected:
+            raise PeerError(f"the {self.peer} sent {message['type']!r} where "
+                            f"{' or '.join(expected)} was expected", "run the same gdrprobe "
+                            "version on both hosts")
+        return message
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def field(message: dict, name: str, kind: type, *, low=None, high=None, default=...):
+    """A checked field of a peer's message: present, of the right type, within bounds."""
+    if name not in message:
+        if default is not ...:
+            return default
+        raise PeerError(f"peer message {message.get('type')!r} lacks {name!r}", "")
+    value = message[name]
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        expected = getattr(kind, "__name__", "number")
+        raise PeerError(f"peer message field {name!r} is not a {expected}", "")
+    if kind is str and len(value) > 4096:
+        raise PeerError(f"peer message field {name!r} is too long", "")
+    if low is not None and value < low or high is not None and value > high:
+        raise PeerError(f"peer message field {name!r}={value} is outside [{low}, {high}]", "")
+    return value
+
+
+def int_list(message: dict, name: str, *, low: int, high: int, max_items: int) -> list[int]:
+    values = field(message, name, list)
+    if not 1 <= len(values) <= max_items:
+        raise PeerError(f"peer message field {name!r} has {len(values)} items "
+                        f"(1 to {max_items} allowed)", "")
+    return [field({name: v}, name, int, low=low, high=high) for v in values]
+
+
+def _proof(token: str, role: bytes, first: bytes, second: bytes) -> str:
+    return hmac.new(token.encode(), role + first + second, hashlib.sha256).hexdigest()
+
+
+def _nonce(message: dict) -> bytes:
+    text = field(message, "nonce", str)
+    try:
+        nonce = bytes.fromhex(text)
+    except ValueError as error:
+        raise PeerError("peer nonce is not hexadecimal", "") from error
+    if len(nonce) != NONCE_BYTES:
+        raise PeerError("peer nonce has the wrong length", "")
+    return nonce
+
+
+def authenticate_as_client(channel: Channel, token: str) -> None:
+    """Prove the token to the server and check that the server knows it too."""
+    mine = secrets.token_bytes(NONCE_BYTES)
+    channel.send("hello", nonce=mine.hex())
+    challenge = channel.receive("challenge")
+    theirs = _nonce(challenge)
+    expected = _proof(token, b"server", mine, theirs)
+    if not hmac.compare_digest(field(challenge, "proof", str), expected):
+        raise PeerError("the server does not know this run's token", TOKEN_FIX)
+    channel.send("auth", proof=_proof(token, b"client", theirs, mine))
+    channel.receive("welcome")
+
+
+def authenticate_as_server(channel: Channel, token: str) -> None:
+    """Refuse, before anything else is said, a client that cannot prove the token."""
+    hello = channel.receive("hello")
+    theirs = _nonce(hello)
+    mine = secrets.token_bytes(NONCE_BYTES)
+    channel.send("challenge", nonce=mine.hex(), proof=_proof(token, b"server", theirs, mine))
+    auth = channel.receive("auth")
+    if not hmac.compare_digest(field(auth, "proof", str), _proof(token, b"client", mine, theirs)):
+        channel.send("error", reason="wrong token", fix=TOKEN_FIX)
+        raise PeerError("a client presented the wrong token", TOKEN_FIX)
+    channel.send("welcome")

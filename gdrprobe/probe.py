@@ -1,0 +1,499 @@
+"""A probe between two endpoints: the client drives, the server lends its scratch buffer.
+
+The client chooses the settings and sends them in the handshake; the server checks them
+against its limits, builds a matching endpoint and buffer, and then follows the client
+round by round: poison its buffer, let the client write, verify what landed. Either side
+ending, failing or being interrupted ends the run on both with a clear error, and every
+verbs object and buffer is released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import sys
+import threading
+
+from gdrprobe import _native
+from gdrprobe.endpoint import LATENCY_MAX_INLINE, Endpoint, EndpointAddress, EndpointOptions
+from gdrprobe.engine import (STALL_TIMEOUT_S, bandwidth_result, check_status, latency_result,
+                             run_interruptibly)
+from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, UsageError
+from gdrprobe.exchange import (Channel, authenticate_as_client, authenticate_as_server, field,
+                               int_list)
+from gdrprobe.memory import HostMemory, MemoryProvider
+from gdrprobe.report import EndpointSummary, Integrity, RunReport, RunSettings
+
+DEFAULT_PORT = 18750
+PAGE = 4096
+MAX_SIZE = 1 << 30
+MAX_ITERATIONS = 10**9
+MAX_QPS = _native.MAX_QPS
+MAX_TX_DEPTH = 16384
+MAX_POST_LIST = 64
+SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -a
+DEFAULT_MAX_BUFFER = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeOptions:
+    """What the client asks for; the server receives and re-checks it."""
+
+    mode: str = "bandwidth"
+    sizes: tuple[int, ...] = (65536,)
+    iterations: int = 1000
+    warmup_iterations: int = 0
+    duration_s: float | None = None
+    warmup_s: float = 0.5
+    qps: int = 1
+    tx_depth: int = 128
+    cq_moderation: int = 100
+    post_list: int = 1
+    mtu: int | None = None
+    timeout_s: float = 30.0
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        problems = []
+        if self.mode not in ("bandwidth", "latency"):
+            problems.append(f"mode {self.mode!r} is not bandwidth or latency")
+        if not self.sizes or any(not 1 <= s <= MAX_SIZE for s in self.sizes):
+            problems.append(f"sizes must be 1 B to {MAX_SIZE} B")
+        if self.mode == "latency" and min(self.sizes, default=2) < 2:
+            problems.append("latency needs messages of at least 2 bytes")
+        if not 1 <= self.iterations <= MAX_ITERATIONS:
+            problems.append(f"iterations must be 1 to {MAX_ITERATIONS}")
+        if not 0 <= self.warmup_iterations <= MAX_ITERATIONS:
+            problems.append("warm-up iterations must not be negative")
+        if self.duration_s is not None and not 0 < self.duration_s <= 3600:
+            problems.append("duration must be over 0 and at most 3600 s")
+        if not 0 <= self.warmup_s <= 600:
+            problems.append("warm-up must be 0 to 600 s")
+        if not 1 <= self.qps <= MAX_QPS:
+            problems.append(f"QPs must be 1 to {MAX_QPS}")
+        if not 1 <= self.tx_depth <= MAX_TX_DEPTH:
+            problems.append(f"TX depth must be 1 to {MAX_TX_DEPTH}")
+        if not 1 <= self.cq_moderation <= self.tx_depth:
+            problems.append("CQ moderation must be 1 to the TX depth")
+        if not 1 <= self.post_list <= min(MAX_POST_LIST, self.tx_depth):
+            problems.append(f"post list must be 1 to min({MAX_POST_LIST}, TX depth)")
+        if self.mtu is not None and self.mtu not in (256, 512, 1024, 2048, 4096):
+            problems.append("MTU must be 256, 512, 1024, 2048 or 4096")
+        if self.mode == "latency" and (self.qps != 1 or self.duration_s):
+            problems.append("latency runs one QP and a fixed number of iterations")
+        if not 0.1 <= self.timeout_s <= 3600:
+            problems.append("time-out must be 0.1 to 3600 s")
+        if problems:
+            raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Two page-rounded halves of the largest message: the target (or receive) half,
+        and room past it where stray writes show up (or the send half for latency)."""
+        half = -(-max(self.sizes) // PAGE) * PAGE
+        return 2 * half
+
+    def to_message(self) -> dict:
+        return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
+
+    @classmethod
+    def from_message(cls, message: dict) -> "ProbeOptions":
+        duration = message.get("duration_s")
+        options = cls(
+            mode=field(message, "mode", str),
+            sizes=tuple(int_list(message, "sizes", low=1, high=MAX_SIZE, max_items=64)),
+            iterations=field(message, "iterations", int, low=1, high=MAX_ITERATIONS),
+            warmup_iterations=field(message, "warmup_iterations", int, low=0,
+                                    high=MAX_ITERATIONS),
+            duration_s=None if duration is None else float(field(message, "duration_s",
+                                                                  (int, float), low=0)),
+            warmup_s=float(field(message, "warmup_s", (int, float), low=0, high=600)),
+            qps=field(message, "qps", int, low=1, high=MAX_QPS),
+            tx_depth=field(message, "tx_depth", int, low=1, high=MAX_TX_DEPTH),
+            cq_moderation=field(message, "cq_moderation", int, low=1, high=MAX_TX_DEPTH),
+            post_list=field(message, "post_list", int, low=1, high=MAX_POST_LIST),
+            mtu=message.get("mtu") and field(message, "mtu", int, low=256, high=4096),
+            timeout_s=float(field(message, "timeout_s", (int, float), low=0.1, high=3600)),
+        )
+        return options
+
+    def endpoint_options(self, base: EndpointOptions) -> EndpointOptions:
+        inline = LATENCY_MAX_INLINE if self.mode == "latency" else 0
+        return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
+                                   max_inline=inline, mtu=self.mtu)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteBuffer:
+    address: int
+    rkey: int
+    length: int
+
+    @classmethod
+    def from_message(cls, message: dict) -> "RemoteBuffer":
+        return cls(field(message, "address", int, low=0, high=2**64 - 1),
+                   field(message, "rkey", int, low=0, high=2**32 - 1),
+                   field(message, "length", int, low=1, high=2 * MAX_SIZE))
+
+
+def address_from_message(message: dict, max_qps: int = MAX_QPS) -> EndpointAddress:
+    return EndpointAddress(
+        gid=field(message, "gid", str),
+        gid_index=-1,
+        lid=field(message, "lid", int, low=0, high=0xFFFF),
+        mtu=field(message, "mtu", int, low=256, high=4096),
+        qp_numbers=tuple(int_list(message, "qp_numbers", low=1, high=(1 << 24) - 1,
+                                  max_items=max_qps)),
+        psns=tuple(int_list(message, "psns", low=0, high=(1 << 24) - 1, max_items=max_qps)),
+    )
+
+
+def summary_message(endpoint: Endpoint, memory: MemoryProvider) -> dict:
+    return {"host": socket.gethostname(), "device": endpoint.device,
+            "port": endpoint.options.port, "gid_index": endpoint.gid_index,
+            "gid": endpoint.gid, "mtu_bytes": endpoint.mtu,
+            "qp_numbers": [qp.qp_num for qp in endpoint.qps], "memory": memory.describe()}
+
+
+def summary_from_message(message: dict) -> EndpointSummary:
+    memory = field(message, "memory", dict)
+    return EndpointSummary(
+        host=field(message, "host", str), device=field(message, "device", str),
+        port=field(message, "port", int, low=1, high=255),
+        gid_index=field(message, "gid_index", int, low=0, high=1 << 16),
+        gid=field(message, "gid", str), mtu_bytes=field(message, "mtu_bytes", int),
+        qp_numbers=tuple(int_list(message, "qp_numbers", low=1, high=(1 << 24) - 1,
+                                  max_items=MAX_QPS)),
+        memory={str(k): v for k, v in list(memory.items())[:16]
+                if isinstance(v, (str, int, float, bool, type(None)))},
+    )
+
+
+def integrity_from_message(message: dict) -> Integrity:
+    first_bad = field(message, "first_bad_offset", int, low=-1)
+    first_stray = field(message, "first_stray_offset", int, low=-1)
+    return Integrity(
+        checked=True,
+        bytes_checked=field(message, "bytes_checked", int, low=0),
+        bad_bytes=field(message, "bad_bytes", int, low=0),
+        first_bad_offset=None if first_bad < 0 else first_bad,
+        stray_bytes=field(message, "stray_bytes", int, low=0),
+        first_stray_offset=None if first_stray < 0 else first_stray,
+    )
+
+
+def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
+    if integrity.ok:
+        return
+    details = []
+    if integrity.bad_bytes:
+        details.append(f"{integrity.bad_bytes} of {integrity.bytes_checked} bytes wrong, "
+                       f"first at offset {integrity.first_bad_offset}")
+    if integrity.stray_bytes:
+        details.append(f"{integrity.stray_bytes} bytes written past the message, first at "
+                       f"offset {integrity.first_stray_offset}")
+    raise IntegrityError(f"payload corrupted at {size} B on {where}: " + "; ".join(details),
+                         "GPU buffers: check the IOMMU (must be off or passthrough) and ACS "
+                         "with 'gdrprobe doctor'; host buffers: suspect the NIC or its driver")
+
+
+# ---- client --------------------------------------------------------------------------
+
+
+class ProbeClient:
+    """One run against a server: connect, authenticate, set up, measure, say goodbye."""
+
+    def __init__(self, host: str, port: int, token: str, options: ProbeOptions,
+                 endpoint_options: EndpointOptions, memory_factory=HostMemory):
+        self.host, self.port, self.token = host, port, token
+        self.options = options
+        self.endpoint_options = options.endpoint_options(endpoint_options)
+        self.memory_factory = memory_factory
+        self.stop = _native.StopFlag()
+        self.round = 0
+
+    def connect(self) -> Channel:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.options.timeout_s)
+        except OSError as error:
+            raise PeerError(f"cannot reach a gdrprobe server at {self.host}:{self.port}: "
+                            f"{error.strerror or error}", "start 'gdrprobe serve' on the peer "
+                            "and check the address, the port (-p) and firewalls") from error
+        return Channel(sock, self.options.timeout_s, peer="server")
+
+    def run(self) -> RunReport:
+        channel = self.connect()
+        try:
+            authenticate_as_client(channel, self.token)
+            local_ip = channel.sock.getsockname()[0]
+            with Endpoint(self.endpoint_options, local_ip) as endpoint:
+                with self.memory_factory(self.options.buffer_bytes) as memory:
+                    return self._run_with(channel, endpoint, memory)
+        except (GdrprobeError, KeyboardInterrupt) as error:
+            self._abort(channel, error)
+            raise
+        finally:
+            channel.close()
+
+    @staticmethod
+    def _abort(channel: Channel, error: BaseException) -> None:
+        """Tell the server why we stop, if it still listens; never mask the real error."""
+        try:
+            channel.sock.settimeout(1.0)
+            channel.send("abort", reason=str(error).splitlines()[0] if str(error) else
+                         type(error).__name__)
+        except (GdrprobeError, OSError):
+            pass
+
+    def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
+        memory.register(endpoint.pd)
+        local = endpoint.address()
+        channel.send("setup", settings=self.options.to_message(), endpoint=local.to_message(),
+                     buffer=self._buffer_message(memory))
+        reply = channel.receive("setup_ok")
+        remote_address = address_from_message(field(reply, "endpoint", dict), self.options.qps)
+        remote_buffer = RemoteBuffer.from_message(field(reply, "buffer", dict))
+        if remote_buffer.length < self.options.buffer_bytes:
+            raise PeerError("the server's buffer is smaller than the largest message", "")
+        remote = summary_from_message(field(reply, "summary", dict))
+        endpoint.connect(remote_address)
+        handles = endpoint.handles()
+
+        bandwidth, latency = [], []
+        for size in self.options.sizes:
+            self.round += 1
+            if self.options.mode == "bandwidth":
+                bandwidth.append(self._bandwidth_round(channel, handles, memory, remote_buffer, size))
+            else:
+                latency.append(self._latency_round(channel, handles, memory, remote_buffer, size))
+        channel.send("bye")
+        return RunReport(
+            settings=self._settings(endpoint), handle_route=handles.route,
+            local=EndpointSummary(**summary_message(endpoint, memory) | {
+                "qp_numbers": tuple(local.qp_numbers)}),
+            remote=remote, bandwidth=tuple(bandwidth), latency=tuple(latency))
+
+    def _buffer_message(self, memory: MemoryProvider) -> dict | None:
+        # Only a latency run lets the server write into this side's buffer.
+        if self.options.mode != "latency":
+            return None
+        return {"address": memory.address, "rkey": memory.rkey, "length": memory.length}
+
+    def _settings(self, endpoint: Endpoint) -> RunSettings:
+        o = self.options
+        return RunSettings(mode=o.mode, sizes_bytes=o.sizes, iterations=o.iterations,
+                           warmup_iterations=o.warmup_iterations, duration_s=o.duration_s,
+                           warmup_s=o.warmup_s if o.duration_s else 0.0, qps=o.qps,
+                           tx_depth=o.tx_depth, cq_moderation=o.cq_moderation,
+                           post_list=o.post_list, mtu_bytes=endpoint.mtu)
+
+    def _heartbeat(self, channel: Channel):
+        return lambda: channel.send("progress")
+
+    def _bandwidth_round(self, channel, handles, memory, remote, size):
+        o = self.options
+        seed = _native.pattern_seed(size, self.round)
+        memory.fill_pattern(0, size, seed)
+        channel.send("start", size=size, round=self.round)
+        channel.receive("ready")
+        duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
+        raw = run_interruptibly(
+            _native.run_bandwidth, list(handles.qps), handles.cq, memory.address, memory.lkey,
+            remote.address, remote.rkey, size, o.iterations, o.warmup_iterations, duration_ns,
+            int(o.warmup_s * 1e9) if duration_ns else 0, o.tx_depth, o.cq_moderation,
+            o.post_list, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
+            tick=self._heartbeat(channel))
+        check_status(raw, f"the {size}-byte bandwidth round")
+        channel.send("done")
+        integrity = integrity_from_message(channel.receive("verified"))
+        raise_if_corrupt(integrity, size, "the server")
+        return bandwidth_result(size, raw, integrity)
+
+    def _latency_round(self, channel, handles, memory, remote, size):
+        o = self.options
+        half = memory.length // 2
+        memory.zero()
+        memory.fill_pattern(half, size, _native.pattern_seed(size, self.round))
+        channel.send("start", size=size, round=self.round)
+        channel.receive("ready")
+        raw = run_interruptibly(
+            _native.run_latency, handles.qps[0], handles.cq, memory.address + half, memory.lkey,
+            memory.address, remote.address, remote.rkey, size, o.iterations,
+            self.endpoint_options.max_inline, True, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
+            tick=self._heartbeat(channel))
+        check_status(raw, f"the {size}-byte latency round")
+        channel.send("done")
+        integrity = integrity_from_message(channel.receive("verified"))
+        raise_if_corrupt(integrity, size, "the server")
+        return latency_result(size, o.iterations, raw["round_trip"], integrity)
+
+
+# ---- server --------------------------------------------------------------------------
+
+
+class ProbeServer:
+    """Serves runs one after another; a failed or hostile client ends only its own run."""
+
+    def __init__(self, token: str, endpoint_options: EndpointOptions, *, bind: str = "0.0.0.0",
+                 port: int = DEFAULT_PORT, timeout_s: float = 30.0,
+                 max_buffer: int = DEFAULT_MAX_BUFFER, memory_factory=HostMemory, log=None):
+        self.token = token
+        self.endpoint_options = endpoint_options
+        self.timeout_s = timeout_s
+        self.max_buffer = max_buffer
+        self.memory_factory = memory_factory
+        self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.stop = _native.StopFlag()
+        try:
+            self.listener = socket.create_server((bind, port), reuse_port=False)
+        except OSError as error:
+            raise UsageError(f"cannot listen on {bind}:{port}: {error.strerror or error}",
+                             "pick another port with -p or stop what uses it") from error
+        self.port = self.listener.getsockname()[1]
+
+    def serve(self, runs: int | None = None) -> None:
+        """Serve runs until interrupted (or `runs` runs have been served)."""
+        served = 0
+        try:
+            while runs is None or served < runs:
+                conn, (peer, _) = self.listener.accept()
+                served += 1
+                try:
+                    self.serve_one(conn, peer)
+                except GdrprobeError as error:
+                    self.log(f"gdrprobe serve: run from {peer} ended: {error.cause}")
+                except Exception as error:   # a bug must not take the server down
+                    self.log(f"gdrprobe serve: run from {peer} hit a gdrprobe bug: {error!r}")
+        finally:
+            self.listener.close()
+
+    def serve_one(self, conn: socket.socket, peer: str) -> None:
+        channel = Channel(conn, self.timeout_s, peer=f"client {peer}")
+        try:
+            authenticate_as_server(channel, self.token)
+            setup = channel.receive("setup")
+            options = self._checked_options(channel, field(setup, "settings", dict))
+            remote_address = address_from_message(field(setup, "endpoint", dict), options.qps)
+            remote_buffer = (None if setup.get("buffer") is None else
+                             RemoteBuffer.from_message(field(setup, "buffer", dict)))
+            local_ip = conn.getsockname()[0]
+            with Endpoint(options.endpoint_options(self.endpoint_options), local_ip) as endpoint:
+                with self.memory_factory(options.buffer_bytes) as memory:
+                    self._serve_rounds(channel, options, endpoint, memory, remote_address,
+                                       remote_buffer)
+            self.log(f"gdrprobe serve: run from {peer} finished")
+        except GdrprobeError as error:
+            self._report(channel, error)
+            raise
+        finally:
+            channel.close()
+
+    @staticmethod
+    def _report(channel: Channel, error: GdrprobeError) -> None:
+        try:
+            channel.sock.settimeout(1.0)
+            channel.send("error", reason=error.cause, fix=error.fix)
+        except (GdrprobeError, OSError):
+            pass
+
+    def _checked_options(self, channel: Channel, message: dict) -> ProbeOptions:
+        try:
+            options = ProbeOptions.from_message(message)
+        except UsageError as error:
+            raise PeerError(f"the client asked for impossible settings: {error.cause}", "")
+        if options.buffer_bytes > self.max_buffer:
+            raise PeerError(f"the client asked for a {options.buffer_bytes}-byte buffer; this "
+                            f"server allows {self.max_buffer}", "use smaller sizes or start "
+                            "the server with a larger --max-buffer")
+        return options
+
+    def _serve_rounds(self, channel, options, endpoint, memory, remote_address, remote_buffer):
+        memory.register(endpoint.pd)
+        endpoint.connect(remote_address)
+        handles = endpoint.handles()
+        channel.send("setup_ok", endpoint=endpoint.address().to_message(),
+                     buffer={"address": memory.address, "rkey": memory.rkey,
+                             "length": memory.length},
+                     summary=summary_message(endpoint, memory))
+        while True:
+            message = channel.receive("start", "bye", "abort")
+            if message["type"] == "bye":
+                return
+            if message["type"] == "abort":
+                raise PeerError(f"the client gave up: {field(message, 'reason', str)}", "")
+            size = field(message, "size", int, low=1, high=max(options.sizes))
+            seed = _native.pattern_seed(size, field(message, "round", int, low=0))
+            if options.mode == "bandwidth":
+                self._bandwidth_round(channel, memory, size, seed)
+            else:
+                self._latency_round(channel, options, handles, memory, remote_buffer, size, seed)
+
+    def _wait_for_done(self, channel: Channel) -> None:
+        """The client's heartbeats keep the run alive; silence past the time-out ends it."""
+        while True:
+            message = channel.receive("progress", "done", "abort")
+            if message["type"] == "done":
+                return
+            if message["type"] == "abort":
+                raise PeerError(f"the client gave up: {field(message, 'reason', str)}", "")
+
+    def _bandwidth_round(self, channel, memory, size, seed):
+        memory.poison()
+        channel.send("ready")
+        self._wait_for_done(channel)
+        memory.flush_remote_writes()
+        self._send_verification(channel, memory, size, seed, size)
+
+    def _send_verification(self, channel, memory, size, seed, checked):
+        bad, first_bad = memory.verify_pattern(0, checked, seed)
+        stray, first_stray = memory.verify_poison(size) if checked == size else (0, -1)
+        channel.send("verified", bytes_checked=checked, bad_bytes=bad,
+                     first_bad_offset=first_bad, stray_bytes=stray,
+                     first_stray_offset=first_stray)
+
+    def _latency_round(self, channel, options, handles, memory, remote, size, seed):
+        if remote is None:
+            raise PeerError("a latency run needs the client's buffer", "")
+        half = memory.length // 2
+        memory.zero()
+        memory.fill_pattern(half, size, seed)
+        outcome: dict = {}
+        responder = threading.Thread(target=lambda: outcome.update(raw=_native.run_latency(
+            handles.qps[0], handles.cq, memory.address + half, memory.lkey, memory.address,
+            remote.address, remote.rkey, size, options.iterations, LATENCY_MAX_INLINE, False,
+            int(STALL_TIMEOUT_S * 1e9), self.stop)), daemon=True)
+        self.stop.clear()
+        responder.start()
+        try:
+            channel.send("ready")
+            self._wait_for_done(channel)
+        finally:
+            if responder.is_alive():
+                self.stop.set()
+            responder.join()
+        check_status(outcome["raw"], f"the {size}-byte latency round")
+        # The client's pattern arrived in our receive half; its last byte carries the tag.
+        self._send_verification(channel, memory, size, seed, size - 1)
+
+
+# ---- both ends in one process ------------------------------------------------------------
+
+
+def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions) -> RunReport:
+    """A server thread and a client on 127.0.0.1 and the same device: one process, the
+    same code path as two hosts."""
+    from gdrprobe.exchange import new_token
+
+    token = new_token()
+    errors: list[str] = []
+    server = ProbeServer(token, endpoint_options, bind="127.0.0.1", port=0,
+                         timeout_s=options.timeout_s, log=errors.append)
+    thread = threading.Thread(target=server.serve, kwargs={"runs": 1},
+                              name="gdrprobe-loopback-server", daemon=True)
+    thread.start()
+    try:
+        return ProbeClient("127.0.0.1", server.port, token, options, endpoint_options).run()
+    finally:
+        thread.join(timeout=options.timeout_s + STALL_TIMEOUT_S)

@@ -1,0 +1,71 @@
+"""Human renderings of the report model. Renderers format; they never decide."""
+
+from __future__ import annotations
+
+from gdrprobe.report import DeviceReport, RunReport
+
+
+def render_devices(report: DeviceReport) -> str:
+    lines = []
+    for device in report.devices:
+        lines.append(f"{device.name}  node GUID {device.node_guid}  transport {device.transport}"
+                     f"  firmware {device.firmware_version or '-'}"
+                     f"  vendor 0x{device.vendor_id:x}:0x{device.vendor_part_id:x}")
+        for port in device.ports:
+            rate = f"{port.rate_gbps:g} Gb/s" if port.rate_gbps else "rate unknown"
+            lines.append(f"  port {port.port}: {port.state} ({port.physical_state}), "
+                         f"{port.link_layer}, MTU {port.active_mtu_bytes} "
+                         f"(max {port.max_mtu_bytes}), {port.active_width} x "
+                         f"{port.active_speed} = {rate}, LID {port.lid}")
+            for gid in port.gids:
+                behind = ", ".join(x for x in (gid.netdev, gid.ip_address) if x)
+                lines.append(f"    GID[{gid.index:>3}] {gid.gid}  {gid.type:<7}"
+                             f"  {behind}".rstrip())
+    return "\n".join(lines)
+
+
+RULE = "-" * 87
+
+
+def render_endpoints(report: RunReport) -> list[str]:
+    lines = []
+    for role, end in (("local", report.local), ("remote", report.remote)):
+        qpns = ",".join(f"0x{q:06x}" for q in end.qp_numbers)
+        lines.append(f" {role:<6} {end.host}  {end.device} port {end.port}  GID[{end.gid_index}]"
+                     f" {end.gid}  MTU {end.mtu_bytes}  QPN {qpns}  memory "
+                     f"{end.memory.get('kind', '?')}")
+    return lines
+
+
+def render_run(report: RunReport, gbits: bool = False) -> str:
+    s = report.settings
+    title = "RDMA_Write BW Test" if s.mode == "bandwidth" else "RDMA_Write Latency Test"
+    lines = [RULE, f" {title} (gdrprobe, in-process)",
+             f" QPs {s.qps}  TX depth {s.tx_depth}  CQ moderation {s.cq_moderation}"
+             f"  post list {s.post_list}  MTU {s.mtu_bytes}  handles via {report.handle_route}",
+             *render_endpoints(report), RULE]
+    if report.bandwidth:
+        unit = "Gb/sec" if gbits else "MiB/sec"
+        lines.append(f" {'#bytes':<10} {'#iterations':<13} {'BW peak[' + unit + ']':<20}"
+                     f" {'BW average[' + unit + ']':<23} {'MsgRate[Mpps]':<15} integrity")
+        for r in report.bandwidth:
+            peak = r.bandwidth_peak_gbps if gbits else r.bandwidth_peak_mib_s
+            avg = r.bandwidth_avg_gbps if gbits else r.bandwidth_avg_mib_s
+            lines.append(f" {r.size_bytes:<10} {r.iterations:<13} {peak:<20.2f} {avg:<23.2f}"
+                         f" {r.message_rate_mpps:<15.6f} {integrity_word(r.integrity)}")
+    if report.latency:
+        lines.append(f" {'#bytes':<9} {'#iters':<8} {'min[us]':<9} {'median[us]':<11}"
+                     f" {'mean[us]':<9} {'stdev[us]':<10} {'p99[us]':<9} {'p99.9[us]':<10}"
+                     f" {'max[us]':<9} integrity")
+        for r in report.latency:
+            lines.append(f" {r.size_bytes:<9} {r.iterations:<8} {r.latency_us_min:<9.2f}"
+                         f" {r.latency_us_median:<11.2f} {r.latency_us_mean:<9.2f}"
+                         f" {r.latency_us_stdev:<10.2f} {r.latency_us_p99:<9.2f}"
+                         f" {r.latency_us_p999:<10.2f} {r.latency_us_max:<9.2f}"
+                         f" {integrity_word(r.integrity)}")
+    lines.append(RULE)
+    return "\n".join(lines)
+
+
+def integrity_word(integrity) -> str:
+    return "ok" if integrity.ok else "CORRUPT"

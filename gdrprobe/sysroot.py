@@ -1,0 +1,75 @@
+"""Read facts from /sys and /proc under an injectable root.
+
+Every reader in gdrprobe goes through a :class:`SysRoot` so that a captured tree of
+another machine can be read exactly like the live one, and so that the capture command
+knows which paths the readers touch.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+
+class SysRoot:
+    """A file-system root ("/" for the live machine) that remembers what was read."""
+
+    def __init__(self, root: str = "/"):
+        self.root = os.path.abspath(root)
+        self.touched: set[str] = set()
+
+    def host_path(self, path: str) -> str:
+        """Map an absolute machine path ("/sys/...") to a path under the root."""
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def read(self, path: str) -> str | None:
+        """The stripped text of a file, or None when it is absent or unreadable."""
+        self.touched.add(path)
+        try:
+            with open(self.host_path(path), "rb") as handle:
+                return handle.read(1 << 20).decode("utf-8", "replace").strip()
+        except OSError:
+            return None
+
+    def read_bytes(self, path: str, limit: int = 4096) -> bytes | None:
+        """Up to ``limit`` raw bytes of a file (PCI config space), or None."""
+        self.touched.add(path)
+        try:
+            with open(self.host_path(path), "rb") as handle:
+                return handle.read(limit)
+        except OSError:
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        """Sorted entries of a directory; empty when it is absent."""
+        self.touched.add(path)
+        try:
+            return sorted(os.listdir(self.host_path(path)))
+        except OSError:
+            return []
+
+    def exists(self, path: str) -> bool:
+        self.touched.add(path)
+        return os.path.lexists(self.host_path(path))
+
+    def readlink(self, path: str) -> str | None:
+        self.touched.add(path)
+        try:
+            return os.readlink(self.host_path(path))
+        except OSError:
+            return None
+
+    def realpath(self, path: str) -> str:
+        """Resolve symbolic links as the machine would, staying inside the root."""
+        parts = [p for p in path.split("/") if p]
+        resolved = "/"
+        for depth, part in enumerate(parts):
+            candidate = posixpath.join(resolved, part)
+            target = self.readlink(candidate)
+            if target is None:
+                resolved = candidate
+                continue
+            joined = target if target.startswith("/") else posixpath.join(resolved, target)
+            rest = "/".join(parts[depth + 1:])
+            return self.realpath(posixpath.normpath(posixpath.join(joined, rest)))
+        return resolved

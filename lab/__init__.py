@@ -1,0 +1,1 @@
+"""The Soft-RoCE lab: Debian kernels with rdma_rxe booted under QEMU by virtme-ng."""

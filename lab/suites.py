@@ -1,0 +1,39 @@
+"""What the README's commands run on the lab: the demo and the lab test suites."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from lab import vm
+from lab.kernel import REPO
+
+PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+LOOPBACK_TESTS = "tests/lab/loopback"
+PAIR_TESTS = "tests/lab/pair"
+
+
+def demo() -> int:
+    """The main job on the two-host lab: the device listing from both guests."""
+    command = f"{PYTHON} -m gdrprobe devices"
+    results = vm.run_pair(command, command)
+    for result in results:
+        vm.print_result(result)
+    return max(result.returncode for result in results)
+
+
+def pytest_command(path: str, extra: list[str]) -> str:
+    argv = [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", path, *extra]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def run_suites(extra: list[str]) -> int:
+    """The loopback suite in one guest, then the two-host suite across two guests."""
+    loopback = vm.run_loopback(pytest_command(LOOPBACK_TESTS, extra))
+    vm.print_result(loopback)
+    host_a, host_b = vm.run_pair(pytest_command(PAIR_TESTS, extra), f"{PYTHON} -m lab.agent")
+    vm.print_result(host_a)
+    vm.print_result(host_b)
+    failed = [r.name for r in (loopback, host_a) if r.returncode != 0]
+    print(f"lab suites: {'failed in ' + ', '.join(failed) if failed else 'all passed'}")
+    return 1 if failed else 0

@@ -1,0 +1,19 @@
+"""gdrprobe devices on a real rxe device (one guest, rxe0 on lo)."""
+
+from tests.lab.helpers import gdrprobe, gdrprobe_json
+
+
+def test_devices_json_shows_rxe_active_with_roce_v2_gid_for_loopback():
+    report = gdrprobe_json("devices")
+    assert report["schema_version"] == 1 and report["kind"] == "devices"
+    device = {d["name"]: d for d in report["devices"]}["rxe0"]
+    port = device["ports"][0]
+    assert port["state"] == "ACTIVE" and port["link_layer"] == "Ethernet"
+    v2 = {g["ip_address"]: g for g in port["gids"] if g["type"] == "RoCE v2"}
+    assert v2["127.0.0.1"]["netdev"] == "lo"
+
+
+def test_unknown_device_lists_the_names_that_exist():
+    done = gdrprobe("devices", "--device", "mlx5_9")
+    assert done.returncode == 4
+    assert "mlx5_9" in done.stderr and "rxe0" in done.stderr

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from .stack_machines import context, two_gpu_topology
+
+from gdrprobe.doctor import nccl_env
+from gdrprobe.report import Status
+
+
+def check(tmp_path, **environ):
+    findings = nccl_env.check(context(tmp_path, environ, two_gpu_topology()))
+    return {finding.id: finding for finding in findings}
+
+
+def test_no_nccl_variables_is_one_ok(tmp_path):
+    findings = nccl_env.check(context(tmp_path, {"PATH": "/usr/bin"}))
+    assert [(f.id, f.status, f.group) for f in findings] == [("nccl.env", Status.OK, "nccl")]
+
+
+def test_harmless_nccl_variables_are_listed_as_evidence(tmp_path):
+    found = check(tmp_path, NCCL_DEBUG="INFO", NCCL_IB_DISABLE="0")
+    assert found["nccl.env"].status is Status.OK
+    assert [e.source for e in found["nccl.env"].evidence] == ["environment NCCL_DEBUG", "environment NCCL_IB_DISABLE"]
+
+
+@pytest.mark.parametrize("variable, value, finding_id, status", [
+    ("NCCL_IB_DISABLE", "1", "nccl.ib_disable", Status.FAIL),
+    ("NCCL_NET", "Socket", "nccl.net", Status.FAIL),
+    ("NCCL_NET_GDR_READ", "0", "nccl.net_gdr_read", Status.WARN),
+    ("NCCL_DMABUF_ENABLE", "0", "nccl.dmabuf_enable", Status.WARN),
+    ("NCCL_TOPO_FILE", "/etc/nccl/topo.xml", "nccl.topo_file", Status.WARN),
+    ("NCCL_IB_CUDA_SUPPORT", "1", "nccl.ib_cuda_support", Status.WARN),
+    ("NCCL_NET_GDR_LEVEL", "0", "nccl.net_gdr_level", Status.FAIL),
+    ("NCCL_NET_GDR_LEVEL", "LOC", "nccl.net_gdr_level", Status.FAIL),
+    ("NCCL_NET_GDR_LEVEL", "pxb", "nccl.net_gdr_level", Status.WARN),
+    ("NCCL_NET_GDR_LEVEL", "NODE", "nccl.net_gdr_level", Status.WARN),
+    ("NCCL_NET_GDR_LEVEL", "PXB", "nccl.net_gdr_level", Status.INFO),
+    ("NCCL_NET_GDR_LEVEL", "4", "nccl.net_gdr_level", Status.INFO),
+])
+def test_restricting_variables(tmp_path, variable, value, finding_id, status):
+    found = check(tmp_path, **{variable: value})
+    assert found[finding_id].status is status
+    assert found[finding_id].evidence[0].value == value
+    assert "nccl.env" not in found
+
+
+def test_gdr_level_pix_turns_gdr_off_for_the_pxb_gpu(tmp_path):
+    level = check(tmp_path, NCCL_NET_GDR_LEVEL="PIX")["nccl.net_gdr_level"]
+    assert level.status is Status.WARN
+    assert [(e.source, e.value) for e in level.evidence[1:]] == [("GPU 0000:9b:00.0 -> nearest NIC mlx5_1", "PXB")]
+
+
+def test_gdr_level_legacy_digits():
+    assert [nccl_env.gdr_level(v) for v in ("0", "1", "2", "3", "4", "7")] == ["LOC", "PIX", "PXB", "PHB", "SYS", "SYS"]
+    assert nccl_env.gdr_level("sys") is None
+
+
+@pytest.mark.parametrize("value, excluded", [
+    ("^mlx5_0", ["mlx5_0"]),          # exclusion
+    ("mlx5_1:1", ["mlx5_0"]),         # selection with a port
+    ("=mlx5_1,mlx5_0:1", []),         # exact names
+    ("=mlx5", ["mlx5_0", "mlx5_1"]),  # exact: "mlx5" is no device
+    ("mlx5", []),                     # prefix keeps both
+    ("^=mlx5", []),                   # exact exclusion of a name no device has
+])
+def test_ib_hca_against_nearest_nics(tmp_path, value, excluded):
+    hca = check(tmp_path, NCCL_IB_HCA=value)["nccl.ib_hca"]
+    named = [e.source.rsplit(" ", 1)[1] for e in hca.evidence[1:]]
+    assert named == excluded
+    assert hca.status is (Status.WARN if excluded else Status.INFO)

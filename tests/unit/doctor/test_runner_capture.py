@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import types
+
+from gdrprobe.commands import doctor as doctor_command
+from gdrprobe.doctor import render, runner
+from gdrprobe.doctor.capture import capture
+from gdrprobe.errors import ExitCode
+from gdrprobe.report import DoctorReport, Finding, Status
+from tests.unit.doctor import machines
+
+OWN_MODULES = (("topology", "gdrprobe.doctor.topology"), ("iommu", "gdrprobe.doctor.iommu"),
+               ("acs", "gdrprobe.doctor.acs"))
+
+
+def test_crashing_check_becomes_a_failing_finding(tmp_path, monkeypatch):
+    broken = types.ModuleType("broken_check")
+
+    def check(ctx):
+        raise RuntimeError("boom")
+
+    broken.check = check
+    monkeypatch.setitem(sys.modules, "broken_check", broken)
+    monkeypatch.setattr(runner, "CHECK_MODULES", (("stack", "broken_check"),) + OWN_MODULES)
+    machines.pix_node(tmp_path, pairs=1)
+    report = runner.run_doctor(str(tmp_path), environ={})
+    crash = report.findings[0]
+    assert (crash.id, crash.group, crash.status) == ("stack.crashed", "stack", Status.FAIL)
+    assert "gdrprobe bug" in crash.summary
+    assert crash.evidence[0].value.startswith("RuntimeError: boom")
+    assert any(f.id == "acs.bridge" for f in report.findings)     # later checks still ran
+
+
+def test_findings_follow_flowchart_order_and_first_blocker_leads(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "CHECK_MODULES", OWN_MODULES)
+    machines.acs_node(tmp_path, pairs=1)
+    report = runner.run_doctor(str(tmp_path), environ={})
+    groups = [f.group for f in report.findings]
+    assert groups == sorted(groups, key=runner.GROUP_ORDER.index)
+    text = render.render_text(report)
+    assert text.splitlines()[0].startswith("First blocker: acs.bridge: ACS on bridge 0000:1a:00.0")
+    assert "[FAIL] acs.bridge" in text and "[ OK ] topology.distance" in text
+    assert "\n       fix: Disable ACS in the BIOS" in text
+    assert text.index("== topology ==") < text.index("== iommu ==") < text.index("== acs ==")
+    assert render.exit_code(report) == ExitCode.VERDICT_NOT_OK == 1
+
+
+def test_exit_code_zero_without_failures():
+    report = DoctorReport("/", (Finding("x.y", "topology", Status.WARN, "w"),
+                                Finding("x.z", "acs", Status.SKIP, "s")))
+    assert render.exit_code(report) == 0
+    assert render.headline(report) == "No blocking failure found (1 warning(s))."
+
+
+def comparable(report):
+    return [(f.id, f.status, f.summary, f.evidence, f.fix) for f in report.findings]
+
+
+def test_capture_replays_to_the_same_findings(tmp_path):
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    tree = machines.dual_socket_node(source)
+    tree.iommu_groups("DMA")
+    tree.set_acs("0000:80:01.0")
+    tree.software_rdma("rxe0")
+    environ = {"NCCL_NET_GDR_LEVEL": "PHB", "HOME": "/root", "UCX_TLS": "rc"}
+    original = runner.run_doctor(str(source), environ=environ)
+    copied = capture(str(dest), root=str(source), environ=environ)
+    replay = runner.run_doctor(str(dest))
+    assert comparable(replay) == comparable(original)
+    assert json.loads((dest / "gdrprobe-capture/environ.json").read_text()) == {
+        "NCCL_NET_GDR_LEVEL": "PHB", "UCX_TLS": "rc"}
+    assert json.loads((dest / "gdrprobe-capture/cuda.json").read_text()) is None
+    # sysfs links stay links, with the kernel's relative targets.
+    link = dest / "sys/bus/pci/devices/0000:01:00.0"
+    assert os.readlink(link) == "../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0"
+    assert (dest / "sys/devices/pci0000:00/0000:00:01.0/config").stat().st_size == 4096
+    assert "/proc/cmdline" in copied
+    # Only what the doctor read: attributes nobody asked for stay behind.
+    (source / "sys/devices/pci0000:00/0000:00:01.0/unread_attribute").write_text("x")
+    capture(str(tmp_path / "again"), root=str(source), environ=environ)
+    assert not (tmp_path / "again/sys/devices/pci0000:00/0000:00:01.0/unread_attribute").exists()
+
+
+def run_cli(argv):
+    parser = argparse.ArgumentParser()
+    doctor_command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+def test_cli_doctor_json_and_capture(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runner, "CHECK_MODULES", OWN_MODULES)
+    machines.dual_socket_node(tmp_path / "node")
+    assert run_cli(["doctor", "--root", str(tmp_path / "node"), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["kind"] == "doctor"
+    distance = next(f for f in document["findings"] if f["id"] == "topology.distance")
+    assert (distance["group"], distance["status"]) == ("topology", "fail")
+    assert distance["evidence"][1] == {"source": "/sys/bus/pci/devices/0000:01:00.0/numa_node",
+                                       "value": "0"}
+    assert run_cli(["capture", str(tmp_path / "copy"), "--root", str(tmp_path / "node")]) == 0
+    assert "replay with: gdrprobe doctor --root" in capsys.readouterr().out
+    assert run_cli(["doctor", "--root", str(tmp_path / "copy")]) == 1
+    assert capsys.readouterr().out.startswith("First blocker: topology.distance")

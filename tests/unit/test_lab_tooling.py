@@ -1,0 +1,20 @@
+"""The lab's own logic that needs no guest: command lines and wiring."""
+
+from lab import vm
+
+
+def test_loopback_guest_runs_the_init_script_then_the_command():
+    argv = vm.Guest("g", "echo hi").argv("/k/vmlinuz")
+    assert argv[:4] == [argv[0], "-r", "/k/vmlinuz", "--disable-kvm"]
+    inner = argv[argv.index("--exec") + 1]
+    assert inner.endswith("loopback -- echo hi")
+    assert not any(a.startswith("--qemu-opts") for a in argv)
+
+
+def test_wired_guest_gets_its_address_and_socket_backend():
+    guest = vm.Guest("b", "true", wire="10.77.0.2", qemu_opts=vm.wire_opts(4321, "listen", 2))
+    argv = guest.argv("/k/vmlinuz")
+    assert "wire 10.77.0.2/24 --" in argv[argv.index("--exec") + 1]
+    opts = [a for a in argv if a.startswith("--qemu-opts=")][0]
+    assert "listen=127.0.0.1:4321" in opts and "mac=52:54:00:00:00:02" in opts
+    assert "connect=127.0.0.1:4321" in vm.wire_opts(4321, "connect", 1)

@@ -1,0 +1,31 @@
+"""Package-level promises: light imports, a working CLI, documented exit codes."""
+
+import subprocess
+import sys
+
+
+def run_python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_import_loads_neither_pyverbs_nor_cuda_nor_numpy():
+    loaded = run_python(
+        "import sys, gdrprobe; import gdrprobe.cli; gdrprobe.cli.build_parser();"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('pyverbs', 'cuda', 'numpy')))")
+    assert loaded == "[]"
+
+
+def test_devices_without_rdma_exits_with_no_device_code():
+    done = subprocess.run([sys.executable, "-m", "gdrprobe", "devices"],
+                          capture_output=True, text=True)
+    assert done.returncode == 4
+    assert "no RDMA device found" in done.stderr
+    assert "fix:" in done.stderr
+
+
+def test_bad_flag_is_a_usage_error():
+    done = subprocess.run([sys.executable, "-m", "gdrprobe", "devices", "--bogus"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
