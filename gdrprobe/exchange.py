@@ -96,11 +96,22 @@ class Channel:
         if message["type"] == "error" and "error" not in expected:
             raise PeerError(f"the {self.peer} reported: {field(message, 'reason', str)}",
                             field(message, "fix", str, default=""))
+        if message["type"] == "abort" and "abort" not in expected:
+            raise PeerError(f"the {self.peer} gave up: {field(message, 'reason', str)}", "")
         if message["type"] not in expected:
             raise PeerError(f"the {self.peer} sent {message['type']!r} where "
                             f"{' or '.join(expected)} was expected", "run the same gdrprobe "
                             "version on both hosts")
         return message
+
+    def peer_gone(self) -> bool:
+        """True when the peer has closed its end (a process that died closes it too)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def close(self) -> None:
         try:
@@ -157,7 +168,7 @@ def authenticate_as_client(channel: Channel, token: str) -> None:
     theirs = _nonce(challenge)
     expected = _proof(token, b"server", mine, theirs)
     if not hmac.compare_digest(field(challenge, "proof", str), expected):
-        raise PeerError("the server does not know this run's token", TOKEN_FIX)
+        raise PeerError("the server's token is not this run's token", TOKEN_FIX)
     channel.send("auth", proof=_proof(token, b"client", theirs, mine))
     channel.receive("welcome")
 

@@ -6,7 +6,8 @@ object's C struct only: right after the fields of ``PyverbsCM``, whose size is i
 ``__basicsize__``. On those versions never touch ``Context.context`` or ``PD.pd``: they
 return the C struct *as a Python object*, and merely reading them corrupts memory.
 
-Whichever route found a pointer, it is checked against values pyverbs reports itself
+A property is used only where pyverbs has ``QP.qp``: on 54 to 60 ``CQ.cq`` exists but still
+returns the struct as an object. Whichever route found a pointer, it is checked against values pyverbs reports itself
 (QP number, QP type, CQ size) and against the other located handles (the QP's PD and
 send CQ, the CQ's context) before the C loop may use it.
 """
@@ -27,7 +28,7 @@ FIX = ("this pyverbs build lays out its objects differently from the ones gdrpro
 class RawHandles:
     qps: tuple[int, ...]
     cq: int
-    route: str   # "property" or "layout"
+    route: str   # "property", "layout", or "property+layout" when only some had one
 
 
 def has_pointer_properties(qp_class) -> bool:
@@ -49,13 +50,14 @@ def layout_pointer(obj, expected_class) -> int:
     return pointer
 
 
-def locate(obj, expected_class, attribute: str, modern: bool) -> int:
-    if modern:
-        if not isinstance(obj, expected_class):
-            raise RdmaError(f"expected a pyverbs {expected_class.__name__}, got "
-                            f"{type(obj).__name__}", FIX)
-        return int(getattr(obj, attribute))
-    return layout_pointer(obj, expected_class)
+def locate(obj, expected_class, attribute: str, modern: bool) -> tuple[int, str]:
+    """(pointer, route): the integer property where this pyverbs has one, else the layout."""
+    if not isinstance(obj, expected_class):
+        raise RdmaError(f"expected a pyverbs {expected_class.__name__}, got "
+                        f"{type(obj).__name__}", FIX)
+    if modern and hasattr(type(obj), attribute):
+        return int(getattr(obj, attribute)), "property"
+    return layout_pointer(obj, expected_class), "layout"
 
 
 def check_qp(pointer: int, qp, cq_pointer: int) -> None:
@@ -81,11 +83,12 @@ def raw_handles(qps, cq) -> RawHandles:
     """Validated pointers of the QPs and their shared send CQ."""
     pv = verbs.pyverbs()
     modern = has_pointer_properties(type(qps[0]))
-    cq_pointer = locate(cq, pv.cq.CQ, "cq", modern)
+    cq_pointer, cq_route = locate(cq, pv.cq.CQ, "cq", modern)
     check_cq(cq_pointer, cq)
-    pointers = []
+    pointers, routes = [], {cq_route}
     for qp in qps:
-        pointer = locate(qp, pv.qp.QP, "qp", modern)
+        pointer, route = locate(qp, pv.qp.QP, "qp", modern)
         check_qp(pointer, qp, cq_pointer)
         pointers.append(pointer)
-    return RawHandles(tuple(pointers), cq_pointer, "property" if modern else "layout")
+        routes.add(route)
+    return RawHandles(tuple(pointers), cq_pointer, "+".join(sorted(routes, reverse=True)))

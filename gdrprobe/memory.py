@@ -62,6 +62,17 @@ class MemoryProvider(abc.ABC):
     def flush_remote_writes(self) -> None:
         """Make the peer's RDMA writes visible to the checks (a no-op for host memory)."""
 
+    def stage_out(self, offset: int, length: int) -> float:
+        """Before sending: copy the payload to where the NIC reads it; seconds spent.
+
+        Only a staged buffer copies (GPU to its host bounce buffer); the rest send in place.
+        """
+        return 0.0
+
+    def stage_in(self, offset: int, length: int) -> float:
+        """After receiving: copy the payload to its home; seconds spent (0.0 in place)."""
+        return 0.0
+
     @abc.abstractmethod
     def describe(self) -> dict:
         """What a report says about this buffer."""

@@ -13,12 +13,13 @@ import dataclasses
 import socket
 import sys
 import threading
+import time
 
 from gdrprobe import _native
 from gdrprobe.endpoint import LATENCY_MAX_INLINE, Endpoint, EndpointAddress, EndpointOptions
 from gdrprobe.engine import (STALL_TIMEOUT_S, bandwidth_result, check_status, latency_result,
                              run_interruptibly)
-from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, UsageError
+from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
 from gdrprobe.exchange import (Channel, authenticate_as_client, authenticate_as_server, field,
                                int_list)
 from gdrprobe.memory import HostMemory, MemoryProvider
@@ -289,6 +290,19 @@ class ProbeClient:
                            tx_depth=o.tx_depth, cq_moderation=o.cq_moderation,
                            post_list=o.post_list, mtu_bytes=endpoint.mtu)
 
+    @staticmethod
+    def _check_loop(channel: Channel, raw: dict, what: str) -> None:
+        """A failed loop whose peer has also hung up is the peer's failure, not the NIC's."""
+        try:
+            check_status(raw, what)
+        except RdmaError as error:
+            time.sleep(0.2)   # a dying peer's socket closes a moment after its QP
+            if channel.peer_gone():
+                raise PeerError(f"{what} failed: the server went away during the run",
+                                "look at the server's host: was it stopped or killed?",
+                                evidence=error.evidence) from error
+            raise
+
     def _heartbeat(self, channel: Channel):
         return lambda: channel.send("progress")
 
@@ -305,7 +319,7 @@ class ProbeClient:
             int(o.warmup_s * 1e9) if duration_ns else 0, o.tx_depth, o.cq_moderation,
             o.post_list, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
             tick=self._heartbeat(channel))
-        check_status(raw, f"the {size}-byte bandwidth round")
+        self._check_loop(channel, raw, f"the {size}-byte bandwidth round")
         channel.send("done")
         integrity = integrity_from_message(channel.receive("verified"))
         raise_if_corrupt(integrity, size, "the server")
@@ -323,7 +337,7 @@ class ProbeClient:
             memory.address, remote.address, remote.rkey, size, o.iterations,
             self.endpoint_options.max_inline, True, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
             tick=self._heartbeat(channel))
-        check_status(raw, f"the {size}-byte latency round")
+        self._check_loop(channel, raw, f"the {size}-byte latency round")
         channel.send("done")
         integrity = integrity_from_message(channel.receive("verified"))
         raise_if_corrupt(integrity, size, "the server")
@@ -418,11 +432,9 @@ class ProbeServer:
                              "length": memory.length},
                      summary=summary_message(endpoint, memory))
         while True:
-            message = channel.receive("start", "bye", "abort")
+            message = channel.receive("start", "bye")
             if message["type"] == "bye":
                 return
-            if message["type"] == "abort":
-                raise PeerError(f"the client gave up: {field(message, 'reason', str)}", "")
             size = field(message, "size", int, low=1, high=max(options.sizes))
             seed = _native.pattern_seed(size, field(message, "round", int, low=0))
             if options.mode == "bandwidth":
@@ -432,12 +444,8 @@ class ProbeServer:
 
     def _wait_for_done(self, channel: Channel) -> None:
         """The client's heartbeats keep the run alive; silence past the time-out ends it."""
-        while True:
-            message = channel.receive("progress", "done", "abort")
-            if message["type"] == "done":
-                return
-            if message["type"] == "abort":
-                raise PeerError(f"the client gave up: {field(message, 'reason', str)}", "")
+        while channel.receive("progress", "done")["type"] != "done":
+            pass
 
     def _bandwidth_round(self, channel, memory, size, seed):
         memory.poison()

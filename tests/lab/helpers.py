@@ -35,3 +35,31 @@ def rdma_resources() -> dict[str, int]:
             if token in fields:
                 counts[token] = int(fields[fields.index(token) + 1])
     return counts
+
+
+class Server:
+    """A 'gdrprobe serve' process on this guest, for tests that need a separate server."""
+
+    def __init__(self, token: str, bind: str = "127.0.0.1", port: int = 18750,
+                 timeout: float = 5.0, extra: tuple[str, ...] = ()):
+        self.token, self.bind, self.port = token, bind, port
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gdrprobe", "serve", "--bind", bind, "-p", str(port),
+             "--token", token, "--timeout", str(timeout), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        first_line = self.process.stdout.readline()
+        if "listening" not in first_line:
+            self.process.kill()
+            raise AssertionError(f"server did not start: {first_line}{self.process.stdout.read()}")
+
+    def stop(self) -> str:
+        """Stop it as Ctrl-C would and return what it logged."""
+        if self.process.poll() is None:
+            self.process.send_signal(2)
+        output, _ = self.process.communicate(timeout=30)
+        return output
+
+
+def client(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gdrprobe", "run", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)

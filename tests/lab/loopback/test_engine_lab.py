@@ -1,0 +1,79 @@
+"""The engine on real rxe in one guest: loopback in one process and in two processes."""
+
+import json
+
+from tests.lab.helpers import gdrprobe, gdrprobe_json, rdma_resources
+from tests.lab.loopback.conftest import TOKEN
+
+SWEEP = [1 << k for k in range(1, 24)]
+
+
+def assert_all_verified(rows):
+    for row in rows:
+        integrity = row["integrity"]
+        assert integrity["checked"] and integrity["bad_bytes"] == 0, row
+        assert integrity["stray_bytes"] == 0, row
+
+
+def test_loopback_full_sweep_verifies_every_size(baseline):
+    report = gdrprobe_json("run", "--loopback", "-a", "-n", "4")
+    assert report["kind"] == "run" and report["settings"]["mode"] == "bandwidth"
+    rows = report["bandwidth"]
+    assert [r["size_bytes"] for r in rows] == SWEEP
+    assert_all_verified(rows)
+    assert all(r["iterations"] == 4 and r["bandwidth_avg_gbps"] > 0 for r in rows)
+    assert report["handle_route"] == "layout"
+    assert rdma_resources() == baseline
+
+
+def test_loopback_latency(baseline):
+    report = gdrprobe_json("run", "--loopback", "--latency", "-s", "64", "-n", "200")
+    row = report["latency"][0]
+    assert row["iterations"] == 200
+    assert 0 < row["latency_us_min"] <= row["latency_us_median"] <= row["latency_us_p99"]
+    assert row["latency_us_p99"] <= row["latency_us_p999"] <= row["latency_us_max"]
+    assert_all_verified(report["latency"])
+    assert rdma_resources() == baseline
+
+
+def test_loopback_several_qps_post_lists_and_moderation():
+    report = gdrprobe_json("run", "--loopback", "-s", "4096", "-n", "64", "-q", "4",
+                           "-t", "32", "-Q", "8", "-l", "4")
+    row = report["bandwidth"][0]
+    assert row["iterations"] == 4 * 64   # perftest's convention: iterations x QPs
+    assert len(report["local"]["qp_numbers"]) == 4
+    assert_all_verified(report["bandwidth"])
+
+
+def test_duration_mode_excludes_warmup():
+    report = gdrprobe_json("run", "--loopback", "-s", "65536", "-D", "1", "--warmup", "0.3")
+    row = report["bandwidth"][0]
+    assert report["settings"]["duration_s"] == 1
+    assert 0.9 <= row["elapsed_s"] <= 2.0   # the measured window, warm-up excluded
+    assert row["iterations"] > 0
+    assert_all_verified(report["bandwidth"])
+
+
+def test_two_processes_on_one_host_and_server_serves_runs_one_after_another(server, baseline):
+    for _ in range(2):
+        report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-s", "1024", "-n", "50")
+        assert report["remote"]["memory"]["kind"] == "host"
+        assert_all_verified(report["bandwidth"])
+    latency = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "--latency", "-n", "50")
+    assert latency["latency"][0]["iterations"] == 50
+    assert rdma_resources() == baseline
+
+
+def test_table_output_looks_like_perftest():
+    done = gdrprobe("run", "--loopback", "-s", "8192", "-n", "20", "--report-gbits", check=True)
+    assert "#bytes" in done.stdout and "BW average[Gb/sec]" in done.stdout
+    assert " 8192 " in done.stdout and " ok" in done.stdout
+
+
+def test_json_schema_has_units_in_field_names():
+    report = gdrprobe_json("run", "--loopback", "-s", "2048", "-n", "10")
+    assert report["schema_version"] == 1
+    row = report["bandwidth"][0]
+    assert set(row) >= {"size_bytes", "bandwidth_avg_gbps", "bandwidth_peak_gbps",
+                        "bandwidth_avg_mib_s", "message_rate_mpps", "elapsed_s"}
+    json.dumps(report)

@@ -1,0 +1,260 @@
+"""The verdict on recorded measurement sets: each class, the causes, the noisy boundary."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from gdrprobe.errors import ExitCode
+from gdrprobe.report import Finding, Status
+from gdrprobe.verdict import (DEGRADED, ENGAGED, NOT_ENGAGED, NOT_TESTABLE, ArmMeasurement,
+                              classify, paired_ratios)
+
+MiB = 1 << 20
+
+# A 400G ConnectX-7 pair, 8 MiB writes, five alternating repeats.
+HOST_400G = ArmMeasurement("host", (388.1, 387.9, 388.4, 388.0, 388.2), memory_kind="host",
+                           message_bytes=8 * MiB)
+DMABUF_LINE_RATE = ArmMeasurement("dmabuf", (386.5, 387.2, 385.9, 387.0, 386.8), "dmabuf",
+                                  mechanism_reason="auto: the GPU can export DMA-BUF and the NIC "
+                                                   "path exists")
+PEERMEM_LINE_RATE = ArmMeasurement("peermem", (381.0, 383.5, 382.2, 380.9, 382.0), "peermem")
+STAGED_BOUNCE = ArmMeasurement("staged", (201.0, 198.5, 199.7, 200.3, 199.9), "staged")
+# The same box with ACS redirecting peer traffic through the root complex.
+DMABUF_ACS = ArmMeasurement("dmabuf", (187.2, 190.4, 188.8, 189.5, 188.1), "dmabuf")
+
+
+def finding(id, status, summary="", fix=""):
+    return Finding(id, id.split(".")[0], status, summary or id, fix=fix)
+
+
+HEALTHY_FINDINGS = (
+    finding("topology.distance", Status.OK, "GPU and NIC share a PCIe switch (PIX)"),
+    finding("iommu.domain", Status.OK, "IOMMU in passthrough"),
+    finding("gpu.0000:3b:00.0.bar1", Status.OK, "BAR1 of 0000:3b:00.0 is 131072 MiB"),
+)
+ACS_FAIL = finding("acs.bridge", Status.FAIL, "ACS redirect enabled on 0000:3a:00.0",
+                   fix="disable ACS on the bridges (setpci ECAP_ACS+0x6.w=0000)")
+
+
+# ---- engaged ----------------------------------------------------------------------
+
+
+def test_dmabuf_at_line_rate_is_engaged():
+    verdict = classify(HOST_400G, [DMABUF_LINE_RATE])
+    assert verdict.classification == ENGAGED
+    assert verdict.mechanism == "dmabuf"
+    assert verdict.ratio == pytest.approx(386.8 / 388.0, abs=1e-3)
+    assert 0.99 < verdict.ratio_min <= verdict.ratio <= verdict.ratio_max < 1.0
+    assert not verdict.inconclusive
+    assert verdict.exit_code == ExitCode.OK == 0
+    assert verdict.likely_causes == () and verdict.fix == ""
+    assert any("auto: the GPU can export" in line for line in verdict.evidence)
+    assert any(line.startswith("host: median 388.1 Gb/s at 8388608 B") for line in verdict.evidence)
+
+
+def test_the_best_direct_arm_names_the_mechanism_and_staged_is_only_evidence():
+    verdict = classify(HOST_400G, [STAGED_BOUNCE, PEERMEM_LINE_RATE])
+    assert verdict.classification == ENGAGED
+    assert verdict.mechanism == "peermem"
+    assert {r.arm for r in verdict.arms} == {"staged", "peermem"}
+    staged = next(r for r in verdict.arms if r.arm == "staged")
+    assert staged.ratio == pytest.approx(0.515, abs=0.005)
+
+
+def test_the_ratio_exactly_at_the_threshold_is_engaged():
+    host = ArmMeasurement("host", (100.0, 100.0), memory_kind="host")
+    gpu = ArmMeasurement("dmabuf", (90.0, 90.0), "dmabuf")
+    verdict = classify(host, [gpu])
+    assert verdict.classification == ENGAGED and verdict.ratio == pytest.approx(0.9)
+
+
+def test_the_threshold_is_configurable():
+    verdict = classify(HOST_400G, [PEERMEM_LINE_RATE], threshold=0.99)
+    assert verdict.classification == DEGRADED
+    assert verdict.threshold == 0.99
+
+
+@pytest.mark.parametrize("threshold", [0, -0.5, 1.2])
+def test_a_threshold_outside_zero_to_one_is_refused(threshold):
+    with pytest.raises(ValueError):
+        classify(HOST_400G, [DMABUF_LINE_RATE], threshold=threshold)
+
+
+# ---- degraded ---------------------------------------------------------------------
+
+
+def test_half_rate_with_no_doctor_findings_lists_every_cause_as_possible():
+    verdict = classify(HOST_400G, [DMABUF_ACS])
+    assert verdict.classification == DEGRADED
+    assert verdict.mechanism == "dmabuf"
+    assert verdict.ratio == pytest.approx(188.8 / 388.1, abs=2e-3)
+    assert verdict.exit_code == ExitCode.VERDICT_NOT_OK == 1
+    assert [cause.split(":")[0] for cause in verdict.likely_causes] == [
+        "distance", "ACS", "IOMMU", "BAR1"]
+    assert all("possible" in cause for cause in verdict.likely_causes)
+    assert "gdrprobe doctor" in verdict.fix
+
+
+def test_doctor_findings_confirm_one_cause_and_rule_out_the_others():
+    verdict = classify(HOST_400G, [DMABUF_ACS], doctor_findings=HEALTHY_FINDINGS + (ACS_FAIL,))
+    assert verdict.classification == DEGRADED
+    assert len(verdict.likely_causes) == 1
+    assert verdict.likely_causes[0].startswith("ACS")
+    assert "confirmed by doctor: ACS redirect enabled on 0000:3a:00.0" in verdict.likely_causes[0]
+    assert verdict.fix == "disable ACS on the bridges (setpci ECAP_ACS+0x6.w=0000)"
+    ruled_out = [line for line in verdict.evidence if line.startswith("ruled out by doctor")]
+    assert ruled_out == ["ruled out by doctor: distance", "ruled out by doctor: IOMMU",
+                         "ruled out by doctor: BAR1"]
+
+
+def test_a_warning_confirms_too_and_skipped_checks_stay_possible():
+    findings = (finding("topology.distance", Status.WARN, "GPU and NIC are SYS apart"),
+                finding("iommu.domain", Status.SKIP, "no IOMMU groups"))
+    verdict = classify(HOST_400G, [DMABUF_ACS], doctor_findings=findings)
+    distance, *others = verdict.likely_causes
+    assert "confirmed by doctor: GPU and NIC are SYS apart" in distance
+    assert [c.split(":")[0] for c in others] == ["ACS", "IOMMU", "BAR1"]
+
+
+def test_a_direct_arm_no_faster_than_staging_says_so():
+    bouncing = ArmMeasurement("peermem", (196.0, 197.2, 195.5, 196.4, 196.9), "peermem")
+    verdict = classify(HOST_400G, [bouncing, STAGED_BOUNCE])
+    assert verdict.classification == DEGRADED
+    assert any("no faster than the staged bounce" in line for line in verdict.evidence)
+
+
+# ---- not engaged ------------------------------------------------------------------
+
+
+def test_peermem_efault_means_no_peer_memory_client():
+    failed = ArmMeasurement("peermem", mechanism="peermem", registration_errno=errno.EFAULT)
+    verdict = classify(HOST_400G, [failed])
+    assert verdict.classification == NOT_ENGAGED
+    assert verdict.mechanism == "peermem"
+    assert verdict.ratio is None
+    assert verdict.exit_code == ExitCode.VERDICT_NOT_OK
+    assert "registration failed with EFAULT" in verdict.likely_causes[0]
+    assert "nvidia-peermem is not loaded" in verdict.likely_causes[0]
+    assert "modprobe nvidia-peermem" in verdict.fix
+    assert "peermem: memory registration failed with EFAULT" in verdict.evidence
+
+
+def test_rxe_fails_both_mechanisms_and_names_both_causes():
+    dmabuf = ArmMeasurement("dmabuf", mechanism="dmabuf", registration_errno=errno.EOPNOTSUPP)
+    peermem = ArmMeasurement("peermem", mechanism="peermem", registration_errno=errno.EFAULT)
+    scatter = finding("nic.mlx5_scatter_to_cqe", Status.WARN, "MLX5_SCATTER_TO_CQE is unset")
+    verdict = classify(HOST_400G, [dmabuf, peermem], doctor_findings=(scatter,))
+    assert verdict.classification == NOT_ENGAGED
+    assert verdict.mechanism == "dmabuf"
+    assert "dmabuf: registration failed with EOPNOTSUPP" in verdict.likely_causes[0]
+    assert "peermem: registration failed with EFAULT" in verdict.likely_causes[1]
+    assert "peermem with nvidia-peermem loaded" in verdict.fix
+    assert "doctor: MLX5_SCATTER_TO_CQE is unset" in verdict.evidence
+
+
+def test_old_kernel_and_memlock_errnos():
+    old_kernel = ArmMeasurement("dmabuf", mechanism="dmabuf",
+                                registration_errno=errno.EPROTONOSUPPORT)
+    assert "5.12" in classify(HOST_400G, [old_kernel]).likely_causes[0]
+    memlock = ArmMeasurement("peermem", mechanism="peermem", registration_errno=errno.ENOMEM)
+    verdict = classify(HOST_400G, [memlock])
+    assert "locked-memory limit" in verdict.likely_causes[0] and "BAR1" in verdict.fix
+
+
+def test_a_working_arm_wins_over_a_failed_one():
+    failed = ArmMeasurement("dmabuf", mechanism="dmabuf", registration_errno=errno.EOPNOTSUPP)
+    verdict = classify(HOST_400G, [failed, PEERMEM_LINE_RATE])
+    assert verdict.classification == ENGAGED and verdict.mechanism == "peermem"
+    assert "dmabuf: memory registration failed with EOPNOTSUPP" in verdict.evidence
+
+
+# ---- not testable -----------------------------------------------------------------
+
+
+def test_no_rdma_device_is_not_testable():
+    host = ArmMeasurement("host", memory_kind="host", not_testable="no RDMA device found",
+                          fix="load the RDMA driver")
+    verdict = classify(host, [DMABUF_LINE_RATE])
+    assert verdict.classification == NOT_TESTABLE
+    assert verdict.exit_code == ExitCode.NOT_TESTABLE == 9
+    assert verdict.likely_causes == ("no RDMA device found",)
+    assert verdict.fix == "load the RDMA driver"
+
+
+def test_no_cuda_driver_is_not_testable_with_the_host_result_kept():
+    gpu = ArmMeasurement("dmabuf", mechanism="dmabuf",
+                         not_testable="not testable: no CUDA driver (libcuda.so.1 could not "
+                                      "be loaded)", fix="install the NVIDIA driver")
+    verdict = classify(HOST_400G, [gpu])
+    assert verdict.classification == NOT_TESTABLE
+    assert "no CUDA driver" in verdict.likely_causes[0]
+    assert verdict.fix == "install the NVIDIA driver"
+    assert verdict.evidence[0].startswith("host: median 388.1 Gb/s")
+
+
+@pytest.mark.parametrize("kind", ["managed", "pinned-host"])
+def test_managed_or_host_memory_is_not_a_gpudirect_proof(kind):
+    fast = ArmMeasurement("peermem", DMABUF_LINE_RATE.bandwidths_gbps, "peermem", memory_kind=kind)
+    verdict = classify(HOST_400G, [fast])
+    assert verdict.classification == NOT_TESTABLE
+    assert f"{kind} memory, which is not a GPUDirect proof" in verdict.likely_causes[0]
+    assert any("not a GPUDirect proof" in line for line in verdict.evidence)
+
+
+def test_no_gpu_arm_is_not_testable():
+    verdict = classify(HOST_400G, [])
+    assert verdict.classification == NOT_TESTABLE
+    assert "no GPU arm ran" in verdict.likely_causes[0]
+
+
+def test_staged_alone_proves_nothing():
+    verdict = classify(HOST_400G, [STAGED_BOUNCE])
+    assert verdict.classification == NOT_TESTABLE
+
+
+def test_a_host_arm_without_bandwidth_is_not_testable():
+    verdict = classify(ArmMeasurement("host", (0.0, 0.0), memory_kind="host"),
+                       [DMABUF_LINE_RATE])
+    assert verdict.classification == NOT_TESTABLE
+    assert "host arm measured no bandwidth" in verdict.likely_causes[0]
+
+
+# ---- the noisy boundary -------------------------------------------------------------
+
+
+def test_median_at_the_threshold_with_a_low_repeat_is_engaged_but_inconclusive():
+    host = ArmMeasurement("host", (100.0, 100.0, 100.0), memory_kind="host")
+    gpu = ArmMeasurement("dmabuf", (80.0, 95.0, 90.0), "dmabuf")
+    verdict = classify(host, [gpu])
+    assert verdict.classification == ENGAGED
+    assert (verdict.ratio, verdict.ratio_min, verdict.ratio_max) == pytest.approx((0.9, 0.8, 0.95))
+    assert verdict.inconclusive
+    assert verdict.exit_code == 0      # the exit code follows the classification
+    assert any(line.startswith("inconclusive: per-repeat ratios 0.80..0.95 straddle the "
+                               "threshold 0.90") for line in verdict.evidence)
+
+
+def test_median_below_with_a_high_repeat_is_degraded_but_inconclusive():
+    host = ArmMeasurement("host", (100.0, 100.0, 100.0, 100.0, 100.0), memory_kind="host")
+    gpu = ArmMeasurement("peermem", (86.0, 88.0, 93.0, 87.5, 89.0), "peermem")
+    verdict = classify(host, [gpu])
+    assert verdict.classification == DEGRADED
+    assert verdict.ratio == pytest.approx(0.88)
+    assert verdict.inconclusive
+    assert verdict.exit_code == 1
+
+
+def test_a_tight_spread_below_the_threshold_is_conclusive():
+    verdict = classify(HOST_400G, [DMABUF_ACS])
+    assert not verdict.inconclusive
+    assert not any("inconclusive" in line for line in verdict.evidence)
+
+
+def test_repeats_pair_by_index_and_unpaired_ones_are_dropped():
+    assert paired_ratios((100.0, 200.0, 50.0), (90.0, 100.0)) == [0.9, 0.5]
+    assert paired_ratios((0.0, 100.0), (10.0, 95.0)) == [0.95]
+    host = ArmMeasurement("host", (100.0, 200.0, 50.0), memory_kind="host")
+    verdict = classify(host, [ArmMeasurement("dmabuf", (90.0, 100.0), "dmabuf")])
+    assert verdict.arms[0].repeats == 2
