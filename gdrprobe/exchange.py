@@ -39,7 +39,8 @@ class Channel:
         self.timeout = timeout
         self.peer = peer
         sock.settimeout(timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # small steps, no delay
 
     def send(self, kind: str, **fields) -> None:
         payload = json.dumps({"type": kind, **fields}, separators=(",", ":")).encode()
