@@ -1,0 +1,140 @@
+"""gdrprobe against perftest on the same RDMA device, in one run, as ratios.
+
+Runs inside a lab guest (or on any host with an RDMA device and perftest installed):
+both programs run as a server process and a client process over 127.0.0.1 on the same
+device, with the same message sizes, iterations, queue depth and CQ moderation. Each
+pair is repeated, alternating the programs, and the median of the per-repeat ratios is
+reported: > 1.0 means gdrprobe moved more bytes (or messages) per second, and for
+latency < 1.0 means gdrprobe was faster.
+
+    python -m lab loopback -- .venv/bin/python benchmarks/compare_perftest.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKEN = "benchmark-token-0123"
+PERFTEST_PORT = 18515
+GDRPROBE_PORT = 18750
+
+
+def start(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+
+
+def finish(process: subprocess.Popen, timeout: float = 600) -> str:
+    output, _ = process.communicate(timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"{process.args} exited {process.returncode}:\n{output}")
+    return output
+
+
+def perftest_numbers(output: str, columns: int) -> list[float]:
+    """The data row of a perftest table: the one line of `columns` plain numbers."""
+    for line in output.splitlines():
+        fields = line.split()
+        if len(fields) == columns:
+            try:
+                return [float(f) for f in fields]
+            except ValueError:
+                continue
+    raise RuntimeError(f"no {columns}-number row in perftest output:\n{output}")
+
+
+def perftest(tool: str, device: str, gid: int, common: list[str], columns: int) -> list[float]:
+    base = [tool, "-d", device, "-x", str(gid), "-p", str(PERFTEST_PORT), "-F", *common]
+    server = start(base)
+    time.sleep(1.0)
+    client = start([*base, "127.0.0.1"])
+    output = finish(client)
+    finish(server)
+    return perftest_numbers(output, columns)
+
+
+def gdrprobe(device: str, args: list[str]) -> dict:
+    python = sys.executable
+    server = start([python, "-m", "gdrprobe", "serve", "--once", "--bind", "127.0.0.1",
+                    "-p", str(GDRPROBE_PORT), "-d", device, "--token", TOKEN])
+    server.stdout.readline()
+    client = start([python, "-m", "gdrprobe", "run", "127.0.0.1", "-p", str(GDRPROBE_PORT),
+                    "-d", device, "--token", TOKEN, "--json", *args])
+    report = json.loads(finish(client))
+    finish(server)
+    return report
+
+
+def bandwidth_pair(device: str, gid: int, size: int, iters: int, depth: int, cq_mod: int):
+    common = ["-s", str(size), "-n", str(iters), "-t", str(depth), "-Q", str(cq_mod)]
+    peak, avg, rate = perftest("ib_write_bw", device, gid, [*common, "--report_gbits"], 5)[2:]
+    row = gdrprobe(device, common)["bandwidth"][0]
+    return {"perftest_gbps": avg, "gdrprobe_gbps": row["bandwidth_avg_gbps"],
+            "perftest_mpps": rate, "gdrprobe_mpps": row["message_rate_mpps"]}
+
+
+def latency_pair(device: str, gid: int, size: int, iters: int):
+    common = ["-s", str(size), "-n", str(iters)]
+    numbers = perftest("ib_write_lat", device, gid, common, 9)
+    row = gdrprobe(device, [*common, "--latency"])["latency"][0]
+    return {"perftest_us": numbers[4], "gdrprobe_us": row["latency_us_median"],
+            "perftest_avg_us": numbers[5], "gdrprobe_avg_us": row["latency_us_mean"]}
+
+
+def median_ratio(runs: list[dict], mine: str, theirs: str) -> float:
+    return statistics.median(r[mine] / r[theirs] for r in runs if r[theirs] > 0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-d", "--device", default="rxe0")
+    parser.add_argument("-x", "--gid-index", type=int, default=1)
+    parser.add_argument("--sizes", default="2,64,1024,4096,65536,1048576")
+    parser.add_argument("--bytes-per-run", type=int, default=64 << 20,
+                        help="iterations are sized so each run moves about this much")
+    parser.add_argument("--max-iters", type=int, default=5000)
+    parser.add_argument("--lat-iters", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("-t", "--tx-depth", type=int, default=128)
+    parser.add_argument("-Q", "--cq-mod", type=int, default=100)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    print(f"# gdrprobe vs perftest on {args.device}, {platform.node()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}, kernel {platform.release()}")
+    print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, {args.repeats} "
+          "repeats; ratio = median over repeats of gdrprobe / perftest")
+    print("| size B | iters | perftest Gb/s | gdrprobe Gb/s | BW ratio | msg-rate ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for size in sizes:
+        iters = max(100, min(args.max_iters, args.bytes_per_run // size))
+        runs = [bandwidth_pair(args.device, args.gid_index, size, iters, args.tx_depth,
+                               args.cq_mod) for _ in range(args.repeats)]
+        print(f"| {size} | {iters} | {statistics.median(r['perftest_gbps'] for r in runs):.4f}"
+              f" | {statistics.median(r['gdrprobe_gbps'] for r in runs):.4f}"
+              f" | {median_ratio(runs, 'gdrprobe_gbps', 'perftest_gbps'):.3f}"
+              f" | {median_ratio(runs, 'gdrprobe_mpps', 'perftest_mpps'):.3f} |", flush=True)
+    print()
+    print("| size B | iters | perftest typical us | gdrprobe median us | latency ratio | avg ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for size in [s for s in sizes if s <= 65536]:
+        runs = [latency_pair(args.device, args.gid_index, max(size, 2), args.lat_iters)
+                for _ in range(args.repeats)]
+        print(f"| {max(size, 2)} | {args.lat_iters}"
+              f" | {statistics.median(r['perftest_us'] for r in runs):.2f}"
+              f" | {statistics.median(r['gdrprobe_us'] for r in runs):.2f}"
+              f" | {median_ratio(runs, 'gdrprobe_us', 'perftest_us'):.3f}"
+              f" | {median_ratio(runs, 'gdrprobe_avg_us', 'perftest_avg_us'):.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
