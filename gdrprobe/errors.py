@@ -63,6 +63,16 @@ class RdmaError(GdrprobeError):
     exit_code = ExitCode.RDMA
 
 
+class RegistrationFailed(RdmaError):
+    """The NIC driver refused to register (GPU) memory; ``error_code`` is the errno."""
+
+    def __init__(self, cause: str, fix: str = "", evidence: str = "", error_code: int = -1,
+                 mechanism: str = ""):
+        super().__init__(cause, fix, evidence)
+        self.error_code = error_code
+        self.mechanism = mechanism
+
+
 class IntegrityError(GdrprobeError):
     exit_code = ExitCode.INTEGRITY
 
@@ -77,3 +87,9 @@ class NotTestable(GdrprobeError):
 
 class Interrupted(GdrprobeError):
     exit_code = ExitCode.INTERRUPTED
+
+
+# Errors a server reports to its client keep their class across the wire, so a client
+# sees "not testable" or "registration failed" as such, not as a generic peer error.
+WIRE_ERRORS = {cls.__name__: cls for cls in (NotTestable, RegistrationFailed, ResourceLimit,
+                                             MissingDependency, NoDevice, IntegrityError)}

@@ -16,7 +16,7 @@ import secrets
 import socket
 import struct
 
-from gdrprobe.errors import PeerError
+from gdrprobe.errors import WIRE_ERRORS, GdrprobeError, PeerError, RegistrationFailed
 
 PROTOCOL_VERSION = 1
 MAGIC = b"GDRP"
@@ -95,8 +95,7 @@ class Channel:
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             raise PeerError(f"the {self.peer} sent a message without a type", "")
         if message["type"] == "error" and "error" not in expected:
-            raise PeerError(f"the {self.peer} reported: {field(message, 'reason', str)}",
-                            field(message, "fix", str, default=""))
+            raise error_from_message(message, self.peer)
         if message["type"] == "abort" and "abort" not in expected:
             raise PeerError(f"the {self.peer} gave up: {field(message, 'reason', str)}", "")
         if message["type"] not in expected:
@@ -119,6 +118,24 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
+
+
+def error_message(error: GdrprobeError) -> dict:
+    """An error as the peer will rebuild it (see :func:`error_from_message`)."""
+    return {"reason": error.cause, "fix": error.fix, "evidence": error.evidence,
+            "category": type(error).__name__, "errno": getattr(error, "error_code", -1),
+            "mechanism": getattr(error, "mechanism", "")}
+
+
+def error_from_message(message: dict, peer: str) -> GdrprobeError:
+    reason = f"the {peer} reported: {field(message, 'reason', str)}"
+    fix = field(message, "fix", str, default="")
+    evidence = field(message, "evidence", str, default="")
+    cls = WIRE_ERRORS.get(field(message, "category", str, default=""))
+    if cls is RegistrationFailed:
+        return cls(reason, fix, evidence, field(message, "errno", int, default=-1),
+                   field(message, "mechanism", str, default=""))
+    return (cls or PeerError)(reason, fix, evidence)
 
 
 def field(message: dict, name: str, kind: type, *, low=None, high=None, default=...):

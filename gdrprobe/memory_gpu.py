@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from gdrprobe import _native, verbs
 from gdrprobe.cuda import GpuAttributes, dmabuf_range
-from gdrprobe.errors import RdmaError, UsageError
+from gdrprobe.errors import RegistrationFailed, UsageError
 from gdrprobe.memory import PROBE_ACCESS, MemoryProvider, registration_error
 from gdrprobe.verdict import errno_name, registration_cause
 
@@ -32,15 +32,6 @@ MEMORY_TYPES = ("device", "managed", "pinned-host")
 # Managed and pinned-host memory sit in (or migrate to) host pages the NIC reaches without
 # GPUDirect, so a fast result with them proves nothing.
 GPUDIRECT_PROOF_MEMORY = "device"
-
-
-class RegistrationFailed(RdmaError):
-    """The NIC driver refused to register GPU memory; ``error_code`` is the errno."""
-
-    def __init__(self, cause: str, fix: str, evidence: str, error_code: int, mechanism: str):
-        super().__init__(cause, fix, evidence)
-        self.error_code = error_code
-        self.mechanism = mechanism
 
 
 def registration_failed(error, mechanism: str, what: str) -> RegistrationFailed:

@@ -20,9 +20,10 @@ from gdrprobe.endpoint import LATENCY_MAX_INLINE, Endpoint, EndpointAddress, End
 from gdrprobe.engine import (STALL_TIMEOUT_S, bandwidth_result, check_status, latency_result,
                              run_interruptibly)
 from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
-from gdrprobe.exchange import (Channel, authenticate_as_client, authenticate_as_server, field,
-                               int_list)
-from gdrprobe.memory import HostMemory, MemoryProvider
+from gdrprobe.exchange import (Channel, authenticate_as_client, authenticate_as_server,
+                               error_message, field, int_list)
+from gdrprobe.buffers import MemorySpec, describe, open_buffer
+from gdrprobe.memory import MemoryProvider
 from gdrprobe.report import EndpointSummary, Integrity, RunReport, RunSettings
 
 DEFAULT_PORT = 18750
@@ -155,7 +156,7 @@ def summary_message(endpoint: Endpoint, memory: MemoryProvider) -> dict:
     return {"host": socket.gethostname(), "device": endpoint.device,
             "port": endpoint.options.port, "gid_index": endpoint.gid_index,
             "gid": endpoint.gid, "mtu_bytes": endpoint.mtu,
-            "qp_numbers": [qp.qp_num for qp in endpoint.qps], "memory": memory.describe()}
+            "qp_numbers": [qp.qp_num for qp in endpoint.qps], "memory": describe(memory)}
 
 
 def summary_from_message(message: dict) -> EndpointSummary:
@@ -185,6 +186,14 @@ def integrity_from_message(message: dict) -> Integrity:
     )
 
 
+def check_latency_memory(options: ProbeOptions, *specs: MemorySpec | None) -> None:
+    """The latency loop polls its receive buffer with the CPU, which cannot poll GPU memory."""
+    if options.mode == "latency" and any(spec and spec.kind != "host" for spec in specs):
+        raise UsageError("latency runs use host memory on both sides: the CPU polls the "
+                         "receive buffer, which it cannot do in GPU memory",
+                         "drop --mem/--remote-mem for --latency, or measure bandwidth")
+
+
 def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
     if integrity.ok:
         return
@@ -207,11 +216,14 @@ class ProbeClient:
     """One run against a server: connect, authenticate, set up, measure, say goodbye."""
 
     def __init__(self, host: str, port: int, token: str, options: ProbeOptions,
-                 endpoint_options: EndpointOptions, memory_factory=HostMemory):
+                 endpoint_options: EndpointOptions, memory: MemorySpec = MemorySpec(),
+                 remote_memory: MemorySpec | None = None):
         self.host, self.port, self.token = host, port, token
         self.options = options
         self.endpoint_options = options.endpoint_options(endpoint_options)
-        self.memory_factory = memory_factory
+        self.memory = memory
+        self.remote_memory = remote_memory
+        check_latency_memory(options, memory, remote_memory)
         self.stop = _native.StopFlag()
         self.round = 0
 
@@ -230,7 +242,7 @@ class ProbeClient:
             authenticate_as_client(channel, self.token)
             local_ip = channel.sock.getsockname()[0]
             with Endpoint(self.endpoint_options, local_ip) as endpoint:
-                with self.memory_factory(self.options.buffer_bytes) as memory:
+                with open_buffer(self.memory, endpoint, self.options.buffer_bytes) as memory:
                     return self._run_with(channel, endpoint, memory)
         except (GdrprobeError, KeyboardInterrupt) as error:
             self._abort(channel, error)
@@ -249,10 +261,10 @@ class ProbeClient:
             pass
 
     def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
-        memory.register(endpoint.pd)
         local = endpoint.address()
+        remote_memory = self.remote_memory and self.remote_memory.to_message()
         channel.send("setup", settings=self.options.to_message(), endpoint=local.to_message(),
-                     buffer=self._buffer_message(memory))
+                     buffer=self._buffer_message(memory), server_memory=remote_memory)
         reply = channel.receive("setup_ok")
         remote_address = address_from_message(field(reply, "endpoint", dict), self.options.qps)
         remote_buffer = RemoteBuffer.from_message(field(reply, "buffer", dict))
@@ -310,6 +322,7 @@ class ProbeClient:
         o = self.options
         seed = _native.pattern_seed(size, self.round)
         memory.fill_pattern(0, size, seed)
+        stage_out_s = memory.stage_out(0, size)
         channel.send("start", size=size, round=self.round)
         channel.receive("ready")
         duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
@@ -321,8 +334,12 @@ class ProbeClient:
             tick=self._heartbeat(channel))
         self._check_loop(channel, raw, f"the {size}-byte bandwidth round")
         channel.send("done")
-        integrity = integrity_from_message(channel.receive("verified"))
+        verified = channel.receive("verified")
+        integrity = integrity_from_message(verified)
         raise_if_corrupt(integrity, size, "the server")
+        # A staged side copies every message once between GPU and host: charge that time.
+        stage_in_s = field(verified, "stage_in_s", (int, float), low=0, high=3600)
+        raw["elapsed_ns"] += int(raw["messages"] * (stage_out_s + stage_in_s) * 1e9)
         return bandwidth_result(size, raw, integrity)
 
     def _latency_round(self, channel, handles, memory, remote, size):
@@ -352,12 +369,13 @@ class ProbeServer:
 
     def __init__(self, token: str, endpoint_options: EndpointOptions, *, bind: str = "0.0.0.0",
                  port: int = DEFAULT_PORT, timeout_s: float = 30.0,
-                 max_buffer: int = DEFAULT_MAX_BUFFER, memory_factory=HostMemory, log=None):
+                 max_buffer: int = DEFAULT_MAX_BUFFER, memory: MemorySpec = MemorySpec(),
+                 log=None):
         self.token = token
         self.endpoint_options = endpoint_options
         self.timeout_s = timeout_s
         self.max_buffer = max_buffer
-        self.memory_factory = memory_factory
+        self.memory = memory
         self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
         self.stop = _native.StopFlag()
         try:
@@ -392,9 +410,10 @@ class ProbeServer:
             remote_address = address_from_message(field(setup, "endpoint", dict), options.qps)
             remote_buffer = (None if setup.get("buffer") is None else
                              RemoteBuffer.from_message(field(setup, "buffer", dict)))
+            spec = self._memory_for(setup, options)
             local_ip = conn.getsockname()[0]
             with Endpoint(options.endpoint_options(self.endpoint_options), local_ip) as endpoint:
-                with self.memory_factory(options.buffer_bytes) as memory:
+                with open_buffer(spec, endpoint, options.buffer_bytes) as memory:
                     self._serve_rounds(channel, options, endpoint, memory, remote_address,
                                        remote_buffer)
             self.log(f"gdrprobe serve: run from {peer} finished")
@@ -408,9 +427,21 @@ class ProbeServer:
     def _report(channel: Channel, error: GdrprobeError) -> None:
         try:
             channel.sock.settimeout(1.0)
-            channel.send("error", reason=error.cause, fix=error.fix)
+            channel.send("error", **error_message(error))
         except (GdrprobeError, OSError):
             pass
+
+    def _memory_for(self, setup: dict, options: ProbeOptions) -> MemorySpec:
+        """The client's choice of this side's memory, else the server's own."""
+        if setup.get("server_memory") is None:
+            spec = self.memory
+        else:
+            try:
+                spec = MemorySpec.from_message(field(setup, "server_memory", dict))
+            except UsageError as error:
+                raise PeerError(f"the client asked for impossible memory: {error.cause}", "")
+        check_latency_memory(options, spec, None)
+        return spec
 
     def _checked_options(self, channel: Channel, message: dict) -> ProbeOptions:
         try:
@@ -424,7 +455,6 @@ class ProbeServer:
         return options
 
     def _serve_rounds(self, channel, options, endpoint, memory, remote_address, remote_buffer):
-        memory.register(endpoint.pd)
         endpoint.connect(remote_address)
         handles = endpoint.handles()
         channel.send("setup_ok", endpoint=endpoint.address().to_message(),
@@ -452,14 +482,15 @@ class ProbeServer:
         channel.send("ready")
         self._wait_for_done(channel)
         memory.flush_remote_writes()
-        self._send_verification(channel, memory, size, seed, size)
+        stage_in_s = memory.stage_in(0, size)
+        self._send_verification(channel, memory, size, seed, size, stage_in_s)
 
-    def _send_verification(self, channel, memory, size, seed, checked):
+    def _send_verification(self, channel, memory, size, seed, checked, stage_in_s=0.0):
         bad, first_bad = memory.verify_pattern(0, checked, seed)
         stray, first_stray = memory.verify_poison(size) if checked == size else (0, -1)
         channel.send("verified", bytes_checked=checked, bad_bytes=bad,
                      first_bad_offset=first_bad, stray_bytes=stray,
-                     first_stray_offset=first_stray)
+                     first_stray_offset=first_stray, stage_in_s=stage_in_s)
 
     def _latency_round(self, channel, options, handles, memory, remote, size, seed):
         if remote is None:
@@ -489,7 +520,9 @@ class ProbeServer:
 # ---- both ends in one process ------------------------------------------------------------
 
 
-def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions) -> RunReport:
+def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
+                 memory: MemorySpec = MemorySpec(),
+                 remote_memory: MemorySpec | None = None) -> RunReport:
     """A server thread and a client on 127.0.0.1 and the same device: one process, the
     same code path as two hosts."""
     from gdrprobe.exchange import new_token
@@ -502,6 +535,7 @@ def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions) -> Ru
                               name="gdrprobe-loopback-server", daemon=True)
     thread.start()
     try:
-        return ProbeClient("127.0.0.1", server.port, token, options, endpoint_options).run()
+        return ProbeClient("127.0.0.1", server.port, token, options, endpoint_options,
+                           memory, remote_memory).run()
     finally:
         thread.join(timeout=options.timeout_s + STALL_TIMEOUT_S)

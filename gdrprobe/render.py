@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gdrprobe.report import DeviceReport, RunReport
+from gdrprobe.report import CheckReport, DeviceReport, RunReport
 
 
 def render_devices(report: DeviceReport) -> str:
@@ -69,3 +69,30 @@ def render_run(report: RunReport, gbits: bool = False) -> str:
 
 def integrity_word(integrity) -> str:
     return "ok" if integrity.ok else "CORRUPT"
+
+
+def render_check(report: CheckReport) -> str:
+    v = report.verdict
+    lines = [RULE, f" GPUDirect RDMA: {v.classification.upper()}"
+             + (f" via {v.mechanism}" if v.mechanism else "")
+             + (" (inconclusive)" if v.inconclusive else "")]
+    if v.ratio is not None:
+        lines.append(f" GPU/host bandwidth {v.ratio:.2f} (per repeat {v.ratio_min:.2f}.."
+                     f"{v.ratio_max:.2f}; engaged at >= {v.threshold:.2f})")
+    lines.append(RULE)
+    lines.append(f" {'arm':<9} {'outcome':<20} {'size[B]':<9} Gb/s per repeat")
+    for arm in report.arms:
+        rates = " ".join(f"{b:.3f}" for b in arm.bandwidths_gbps) or "-"
+        lines.append(f" {arm.arm:<9} {arm.outcome:<20} {arm.size_bytes:<9} {rates}")
+        for text in (arm.mechanism_reason, arm.detail):
+            if text:
+                lines.append(f"           {text}")
+    lines.append(RULE)
+    for title, items in (("evidence", v.evidence), ("likely causes", v.likely_causes)):
+        if items:
+            lines.append(f" {title}:")
+            lines += [f"   - {item}" for item in items]
+    if v.fix:
+        lines.append(f" fix: {v.fix}")
+    lines.append(RULE)
+    return "\n".join(lines)

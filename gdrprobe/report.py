@@ -204,3 +204,29 @@ class RunReport:
     handle_route: str              # how the raw verbs handles were found
     bandwidth: tuple[BandwidthResult, ...]
     latency: tuple[LatencyResult, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmReport:
+    """One arm of the A/B: which memory each side used and what it measured."""
+
+    arm: str                       # host | dmabuf | peermem | staged | gpu (auto, not run)
+    outcome: str                   # measured | not testable | registration failed
+    size_bytes: int
+    bandwidths_gbps: tuple[float, ...]   # one per repeat, at size_bytes
+    local_memory: dict
+    remote_memory: dict
+    mechanism_reason: str
+    detail: str                    # the error, when the arm did not run
+    fix: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckReport:
+    """The A/B and its verdict (gdrprobe.verdict.Verdict)."""
+
+    kind = "check"
+    verdict: object
+    arms: tuple[ArmReport, ...]
+    settings: RunSettings
+    repeats: int

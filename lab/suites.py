@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 from lab import vm
@@ -35,5 +36,16 @@ def run_suites(extra: list[str]) -> int:
     vm.print_result(host_a)
     vm.print_result(host_b)
     failed = [r.name for r in (loopback, host_a) if r.returncode != 0]
-    print(f"lab suites: {'failed in ' + ', '.join(failed) if failed else 'all passed'}")
+    passed_count, failed_count = count_outcomes(loopback.output + host_a.output)
+    if failed:
+        print(f"lab suites failed in: {', '.join(failed)}")
+    print(f"lab: {passed_count} passed, {failed_count + len(failed) * (failed_count == 0)} failed")
     return 1 if failed else 0
+
+
+def count_outcomes(output: str) -> tuple[int, int]:
+    """Tests passed and failed (errors included) in pytest summary lines."""
+    def total(word: str) -> int:
+        return sum(int(n) for n in re.findall(rf"(\d+) {word}\b", output))
+
+    return total("passed"), total("failed") + total("errors?")

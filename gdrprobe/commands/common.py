@@ -49,3 +49,35 @@ def terminate_as_interrupt() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def add_memory_flags(parser, remote: bool) -> None:
+    from gdrprobe.buffers import GPU_MEMORY_TYPES, MEM_CHOICES
+
+    parser.add_argument("--mem", default="host", choices=MEM_CHOICES,
+                        help="this side's buffer: host, or a GPU buffer registered through "
+                             "DMA-BUF or nvidia-peermem (gpu: choose automatically) or "
+                             "staged through host memory (default host)")
+    if remote:
+        parser.add_argument("--remote-mem", choices=MEM_CHOICES,
+                            help="ask the server for this kind of buffer (default: the "
+                                 "server's own --mem)")
+    parser.add_argument("--gpu", default="0", metavar="ORDINAL|BUS_ID",
+                        help="the GPU: CUDA ordinal or full PCI bus id such as 0000:3b:00.0 "
+                             "(bus ids do not move; ordinals can)")
+    parser.add_argument("--gpu-mem-type", default="device", choices=GPU_MEMORY_TYPES,
+                        help="GPU memory type; managed and pinned-host are no GPUDirect proof")
+    parser.add_argument("--dmabuf-pcie", action="store_true",
+                        help="export DMA-BUF with the PCIe (BAR1) mapping flag (driver >= 12.8)")
+    parser.add_argument("--huge-pages", action="store_true",
+                        help="host buffers on 2 MiB huge pages")
+
+
+def memory_spec(args, choice: str):
+    from gdrprobe.buffers import MemorySpec
+
+    return MemorySpec.from_choice(choice, **({"huge_pages": args.huge_pages} if choice == "host"
+                                             else {"gpu": args.gpu,
+                                                   "memory_type": args.gpu_mem_type,
+                                                   "pcie_mapping": args.dmabuf_pcie,
+                                                   "huge_pages": args.huge_pages}))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gdrprobe.commands.common import add_endpoint_flags, endpoint_options, terminate_as_interrupt, token_from
+from gdrprobe.commands.common import (add_endpoint_flags, add_memory_flags, endpoint_options,
+                                     memory_spec, terminate_as_interrupt, token_from)
 from gdrprobe.errors import UsageError
 
 
@@ -34,6 +35,15 @@ def register(subparsers) -> None:
                         help="writes chained per post (default 1)")
     parser.add_argument("-m", "--mtu", type=int, help="path MTU in bytes (default: the port's)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
+    add_memory_flags(parser, remote=True)
+    parser.add_argument("--staged", action="store_true",
+                        help="with a GPU buffer: add the staged arm (the bounce through host "
+                             "memory) to the A/B")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="with a GPU buffer: A/B repeats (default 3)")
+    parser.add_argument("--threshold", type=float, default=0.9,
+                        help="with a GPU buffer: GPU/host bandwidth ratio that counts as "
+                             "engaged (default 0.9)")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     parser.set_defaults(handler=run)
 
@@ -59,9 +69,21 @@ def probe_options(args):
     )
 
 
-def run(args) -> int:
+def one_run(args, options):
+    """A function running one probe with the given memories, against the server or in
+    loopback, with everything else as the flags say."""
     from gdrprobe.probe import DEFAULT_PORT, ProbeClient, run_loopback
-    from gdrprobe.render import render_run
+
+    endpoint = endpoint_options(args)
+    if args.loopback:
+        return lambda local, remote: run_loopback(options, endpoint, local, remote)
+    token = token_from(args, True)
+    return lambda local, remote: ProbeClient(args.host, args.port or DEFAULT_PORT, token,
+                                             options, endpoint, local, remote).run()
+
+
+def run(args) -> int:
+    from gdrprobe.render import render_check, render_run
     from gdrprobe.report import to_json
 
     if bool(args.host) == bool(args.loopback):
@@ -69,11 +91,29 @@ def run(args) -> int:
                          "10.0.0.2 --token TOKEN' or 'gdrprobe run --loopback'")
     terminate_as_interrupt()
     options = probe_options(args)
-    if args.loopback:
-        report = run_loopback(options, endpoint_options(args))
-    else:
-        client = ProbeClient(args.host, args.port or DEFAULT_PORT, token_from(args, True),
-                             options, endpoint_options(args))
-        report = client.run()
-    print(to_json(report) if args.json else render_run(report, gbits=args.report_gbits))
-    return 0
+    local = memory_spec(args, args.mem)
+    remote = memory_spec(args, args.remote_mem) if args.remote_mem else None
+    probe = one_run(args, options)
+    if local.kind == "host" and (remote is None or remote.kind == "host"):
+        report = probe(local, remote)
+        print(to_json(report) if args.json else render_run(report, gbits=args.report_gbits))
+        return 0
+    report = a_b(args, probe, local, remote)
+    print(to_json(report) if args.json else render_check(report))
+    return report.verdict.exit_code
+
+
+def a_b(args, probe, local, remote):
+    """Host arm against the GPU arm(s), with the local doctor's findings for the causes."""
+    from gdrprobe.buffers import MemorySpec
+    from gdrprobe.check import plan_arms, run_ab
+    from gdrprobe.doctor.runner import run_doctor
+
+    if not 1 <= args.repeats <= 100:
+        raise UsageError("--repeats must be 1 to 100", "")
+    if not 0 < args.threshold <= 1:
+        raise UsageError("--threshold must be over 0 and at most 1", "e.g. 0.9")
+    if args.latency:
+        raise UsageError("the GPU A/B measures bandwidth", "drop --latency")
+    arms = plan_arms(local, remote or MemorySpec(), args.staged)
+    return run_ab(probe, arms, args.repeats, args.threshold, run_doctor().findings)

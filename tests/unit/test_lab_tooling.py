@@ -18,3 +18,10 @@ def test_wired_guest_gets_its_address_and_socket_backend():
     opts = [a for a in argv if a.startswith("--qemu-opts=")][0]
     assert "listen=127.0.0.1:4321" in opts and "mac=52:54:00:00:00:02" in opts
     assert "connect=127.0.0.1:4321" in vm.wire_opts(4321, "connect", 1)
+
+
+def test_outcomes_are_counted_from_pytest_summaries():
+    from lab.suites import count_outcomes
+
+    text = "25 passed in 3.1s\n...\n1 failed, 6 passed, 2 errors in 9s\n"
+    assert count_outcomes(text) == (31, 3)
