@@ -12,7 +12,7 @@ from gdrprobe.errors import ExitCode, GdrprobeError
 __version__ = "0.1.0"
 
 __all__ = ["ExitCode", "GdrprobeError", "__version__", "list_devices", "run", "serve",
-           "doctor", "capture", "read_nccl_log"]
+           "check", "require", "doctor", "capture", "read_nccl_log"]
 
 
 def list_devices(device: str | None = None):
@@ -22,24 +22,76 @@ def list_devices(device: str | None = None):
     return _list_devices(device)
 
 
-def run(host: str | None = None, *, token: str | None = None, loopback: bool = False,
-        port: int | None = None, device: str | None = None, ib_port: int = 1,
-        gid_index: int | None = None, **settings):
-    """One probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
-    this process). settings are :class:`gdrprobe.probe.ProbeOptions` fields (mode, sizes,
-    iterations, duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s).
-    Returns a :class:`gdrprobe.report.RunReport`; raises :class:`GdrprobeError`."""
+def _runner(host, token, loopback, port, device, ib_port, gid_index, settings):
     from gdrprobe.endpoint import EndpointOptions
     from gdrprobe.errors import UsageError
-    from gdrprobe.probe import DEFAULT_PORT, ProbeClient, ProbeOptions, run_loopback
+    from gdrprobe.probe import DEFAULT_PORT, ProbeOptions, runner
 
-    options = ProbeOptions(**settings)
+    if not loopback and (not host or not token):
+        raise UsageError("give a host and the server's token, or loopback=True")
     endpoint = EndpointOptions(device=device, port=ib_port, gid_index=gid_index)
-    if loopback:
-        return run_loopback(options, endpoint)
-    if not host or not token:
-        raise UsageError("run() needs a host and the server's token (or loopback=True)")
-    return ProbeClient(host, port or DEFAULT_PORT, token, options, endpoint).run()
+    return runner(ProbeOptions(**settings), endpoint, None if loopback else host,
+                  port or DEFAULT_PORT, token)
+
+
+def _memory(choice: str | None, gpu: str, gpu_mem_type: str):
+    from gdrprobe.buffers import MemorySpec
+
+    if choice is None:
+        return None
+    details = {} if choice == "host" else {"gpu": gpu, "memory_type": gpu_mem_type}
+    return MemorySpec.from_choice(choice, **details)
+
+
+def run(host: str | None = None, *, token: str | None = None, loopback: bool = False,
+        port: int | None = None, device: str | None = None, ib_port: int = 1,
+        gid_index: int | None = None, mem: str = "host", remote_mem: str | None = None,
+        gpu: str = "0", gpu_mem_type: str = "device", **settings):
+    """One probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
+    this process). settings are :class:`gdrprobe.probe.ProbeOptions` fields (mode, sizes,
+    iterations, duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s);
+    mem and remote_mem are host, gpu, dmabuf, peermem or staged.
+    Returns a :class:`gdrprobe.report.RunReport`; raises :class:`GdrprobeError`."""
+    probe = _runner(host, token, loopback, port, device, ib_port, gid_index, settings)
+    return probe(_memory(mem, gpu, gpu_mem_type), _memory(remote_mem, gpu, gpu_mem_type))
+
+
+def check(host: str | None = None, *, token: str | None = None, port: int | None = None,
+          device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
+          mem: str = "gpu", remote_mem: str | None = None, gpu: str = "0",
+          gpu_mem_type: str = "device", staged: bool = False, repeats: int = 3,
+          threshold: float = 0.9, time_budget_s: float | None = None, **settings):
+    """The A/B and its verdict: the host arm against the GPU arm, `repeats` times, on the
+    local NIC in loopback (or against host). With time_budget_s each run is a fixed-duration
+    run sized so the whole check fits in about that time. Returns a
+    :class:`gdrprobe.report.CheckReport`; its ``verdict.classification`` is engaged,
+    degraded, not engaged or not testable."""
+    from gdrprobe.ab import ab_test
+
+    settings.setdefault("sizes", (1 << 20,))
+    if time_budget_s is not None:
+        runs = repeats * (3 if staged else 2)
+        # Half the budget measures; the rest is setup, warm-up and the doctor.
+        settings.setdefault("duration_s", max(0.1, time_budget_s / 2 / runs))
+        settings.setdefault("warmup_s", min(0.5, settings["duration_s"] / 4))
+    probe = _runner(host, token, host is None, port, device, ib_port, gid_index, settings)
+    return ab_test(probe, _memory(mem, gpu, gpu_mem_type), _memory(remote_mem, gpu, gpu_mem_type),
+                   staged=staged, repeats=repeats, threshold=threshold)
+
+
+def require(**kwargs):
+    """:func:`check`, raising unless GPUDirect RDMA is engaged: a prelaunch gate for a
+    training job. Returns the report when engaged."""
+    from gdrprobe.errors import NotTestable, VerdictNotOk
+
+    report = check(**kwargs)
+    verdict = report.verdict
+    if verdict.classification == "engaged":
+        return report
+    error = NotTestable if verdict.classification == "not testable" else VerdictNotOk
+    raise error(f"GPUDirect RDMA is {verdict.classification}"
+                + (f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""),
+                verdict.fix, evidence="; ".join(verdict.evidence))
 
 
 def serve(token: str, *, bind: str = "0.0.0.0", port: int | None = None,

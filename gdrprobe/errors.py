@@ -43,6 +43,12 @@ class GdrprobeError(Exception):
         return "\n  ".join(parts)
 
 
+class VerdictNotOk(GdrprobeError):
+    """The probe ran and GPUDirect RDMA is degraded or not engaged."""
+
+    exit_code = ExitCode.VERDICT_NOT_OK
+
+
 class UsageError(GdrprobeError):
     exit_code = ExitCode.USAGE
 

@@ -539,3 +539,13 @@ def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
                            memory, remote_memory).run()
     finally:
         thread.join(timeout=options.timeout_s + STALL_TIMEOUT_S)
+
+
+def runner(options: ProbeOptions, endpoint_options: EndpointOptions, host: str | None = None,
+           port: int = DEFAULT_PORT, token: str | None = None):
+    """run_once(local_memory, remote_memory) -> RunReport: against host, or in loopback
+    when host is None. The A/B calls it once per arm and repeat."""
+    if host is None:
+        return lambda local, remote: run_loopback(options, endpoint_options, local, remote)
+    return lambda local, remote: ProbeClient(host, port, token, options, endpoint_options,
+                                             local, remote).run()

@@ -6,6 +6,9 @@ from gdrprobe.commands.common import (add_endpoint_flags, add_memory_flags, endp
                                      memory_spec, terminate_as_interrupt, token_from)
 from gdrprobe.errors import UsageError
 
+DEFAULT_SIZE = 65536
+A_B_SIZE = 1 << 20
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -17,7 +20,9 @@ def register(subparsers) -> None:
     add_endpoint_flags(parser)
     parser.add_argument("--latency", action="store_true",
                         help="ping-pong latency instead of bandwidth")
-    parser.add_argument("-s", "--size", type=int, default=65536, help="message size in bytes")
+    parser.add_argument("-s", "--size", type=int,
+                        help=f"message size in bytes (default {DEFAULT_SIZE}; "
+                             f"{A_B_SIZE} for a GPU A/B)")
     parser.add_argument("-a", "--all", action="store_true", help="sizes 2 B to 8 MiB")
     parser.add_argument("-n", "--iters", type=int, default=None,
                         help="iterations per QP and size (default 1000)")
@@ -48,10 +53,12 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def probe_options(args):
+def probe_options(args, a_b: bool):
     from gdrprobe.probe import SWEEP_SIZES, ProbeOptions
 
-    sizes = SWEEP_SIZES if args.all else (args.size,)
+    # The verdict compares bandwidth at large messages: 1 MiB unless asked otherwise.
+    size = args.size or (A_B_SIZE if a_b else DEFAULT_SIZE)
+    sizes = SWEEP_SIZES if args.all else (size,)
     tx_depth = 1 if args.latency else args.tx_depth
     return ProbeOptions(
         mode="latency" if args.latency else "bandwidth",
@@ -69,20 +76,9 @@ def probe_options(args):
     )
 
 
-def one_run(args, options):
-    """A function running one probe with the given memories, against the server or in
-    loopback, with everything else as the flags say."""
-    from gdrprobe.probe import DEFAULT_PORT, ProbeClient, run_loopback
-
-    endpoint = endpoint_options(args)
-    if args.loopback:
-        return lambda local, remote: run_loopback(options, endpoint, local, remote)
-    token = token_from(args, True)
-    return lambda local, remote: ProbeClient(args.host, args.port or DEFAULT_PORT, token,
-                                             options, endpoint, local, remote).run()
-
-
 def run(args) -> int:
+    from gdrprobe.ab import ab_test
+    from gdrprobe.probe import DEFAULT_PORT, runner
     from gdrprobe.render import render_check, render_run
     from gdrprobe.report import to_json
 
@@ -90,30 +86,20 @@ def run(args) -> int:
         raise UsageError("give either a server HOST or --loopback", "e.g. 'gdrprobe run "
                          "10.0.0.2 --token TOKEN' or 'gdrprobe run --loopback'")
     terminate_as_interrupt()
-    options = probe_options(args)
     local = memory_spec(args, args.mem)
     remote = memory_spec(args, args.remote_mem) if args.remote_mem else None
-    probe = one_run(args, options)
-    if local.kind == "host" and (remote is None or remote.kind == "host"):
+    a_b = local.kind == "gpu" or (remote is not None and remote.kind == "gpu")
+    if a_b and args.latency:
+        raise UsageError("the GPU A/B measures bandwidth; latency runs use host memory",
+                         "drop --latency, or drop --mem/--remote-mem")
+    options = probe_options(args, a_b)
+    token = None if args.loopback else token_from(args, True)
+    probe = runner(options, endpoint_options(args), args.host, args.port or DEFAULT_PORT, token)
+    if not a_b:
         report = probe(local, remote)
         print(to_json(report) if args.json else render_run(report, gbits=args.report_gbits))
         return 0
-    report = a_b(args, probe, local, remote)
+    report = ab_test(probe, local, remote, staged=args.staged, repeats=args.repeats,
+                     threshold=args.threshold)
     print(to_json(report) if args.json else render_check(report))
     return report.verdict.exit_code
-
-
-def a_b(args, probe, local, remote):
-    """Host arm against the GPU arm(s), with the local doctor's findings for the causes."""
-    from gdrprobe.buffers import MemorySpec
-    from gdrprobe.check import plan_arms, run_ab
-    from gdrprobe.doctor.runner import run_doctor
-
-    if not 1 <= args.repeats <= 100:
-        raise UsageError("--repeats must be 1 to 100", "")
-    if not 0 < args.threshold <= 1:
-        raise UsageError("--threshold must be over 0 and at most 1", "e.g. 0.9")
-    if args.latency:
-        raise UsageError("the GPU A/B measures bandwidth", "drop --latency")
-    arms = plan_arms(local, remote or MemorySpec(), args.staged)
-    return run_ab(probe, arms, args.repeats, args.threshold, run_doctor().findings)

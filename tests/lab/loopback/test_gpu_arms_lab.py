@@ -69,3 +69,18 @@ def test_table_names_the_verdict():
     assert done.returncode == 9
     assert "GPUDirect RDMA: NOT TESTABLE" in done.stdout
     assert "no CUDA driver" in done.stdout
+
+
+def test_python_api_check_and_require_as_a_prelaunch_gate(baseline):
+    import gdrprobe
+    import pytest
+
+    report = gdrprobe.check(time_budget_s=8, repeats=1)
+    assert report.verdict.classification == "not testable"
+    assert report.arms[0].outcome == "measured" and report.settings.duration_s is not None
+    with pytest.raises(gdrprobe.GdrprobeError) as caught:
+        gdrprobe.require(time_budget_s=8, repeats=1)
+    assert caught.value.exit_code == 9 and "not testable" in str(caught.value)
+    run = gdrprobe.run(loopback=True, sizes=(4096,), iterations=20)
+    assert run.bandwidth[0].integrity.ok
+    assert rdma_resources() == baseline

@@ -4,7 +4,7 @@ evidence, the verdict reached. run_once is the seam: here it returns recorded ru
 import pytest
 
 from gdrprobe.buffers import MemorySpec
-from gdrprobe.check import plan_arms, run_ab
+from gdrprobe.ab import plan_arms, run_ab
 from gdrprobe.errors import NoDevice, NotTestable, RegistrationFailed
 from gdrprobe.report import (BandwidthResult, EndpointSummary, Integrity, RunReport,
                              RunSettings)

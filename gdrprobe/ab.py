@@ -12,7 +12,7 @@ import dataclasses
 from typing import Callable
 
 from gdrprobe.buffers import MemorySpec
-from gdrprobe.errors import MissingDependency, NotTestable, RegistrationFailed
+from gdrprobe.errors import MissingDependency, NotTestable, RegistrationFailed, UsageError
 from gdrprobe.report import ArmReport, CheckReport, RunReport
 from gdrprobe.verdict import DEFAULT_THRESHOLD, ArmMeasurement, classify
 
@@ -114,3 +114,21 @@ def run_ab(run_once: Callable[[MemorySpec, MemorySpec], RunReport], arms: list[A
                        threshold, doctor_findings)
     return CheckReport(verdict=verdict, arms=tuple(r.report(size) for r in records),
                        settings=host.runs[-1].settings, repeats=repeats)
+
+
+def ab_test(run_once: Callable[[MemorySpec, MemorySpec], RunReport], local: MemorySpec,
+            remote: MemorySpec | None = None, *, staged: bool = False, repeats: int = 3,
+            threshold: float = DEFAULT_THRESHOLD) -> CheckReport:
+    """The whole A/B: plan the arms, run them, and classify with this machine's doctor
+    findings as the evidence for likely causes."""
+    from gdrprobe.doctor.runner import run_doctor
+
+    if not 1 <= repeats <= 100:
+        raise UsageError(f"{repeats} repeats: use 1 to 100", "")
+    if not 0 < threshold <= 1:
+        raise UsageError(f"threshold {threshold} must be over 0 and at most 1", "e.g. 0.9")
+    remote = remote or HOST
+    if local.kind == "host" and remote.kind == "host":
+        raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")
+    arms = plan_arms(local, remote, staged)
+    return run_ab(run_once, arms, repeats, threshold, run_doctor().findings)
