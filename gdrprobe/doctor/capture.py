@@ -4,7 +4,7 @@ The doctor runs once against the source root with a recording :class:`SysRoot`; 
 path it touched is then copied: symbolic links stay links (sysfs topology lives in
 them), directories stay directories, and files are copied by reading them, because
 sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, CUDA,
-MLX5 and UCX variables only) and the CUDA driver's facts go to CAPTURE_DIR.
+MLX5, UCX and KUBERNETES variables only) and the CUDA driver's facts go to CAPTURE_DIR.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gdrprobe.doctor.context import CUDA_FACTS_FILE, ENVIRON_FILE, DoctorContext
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.sysroot import SysRoot
 
-CAPTURED_ENV_PREFIXES = ("NCCL_", "CUDA_", "MLX5_", "UCX_")
+CAPTURED_ENV_PREFIXES = ("NCCL_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
 MAX_FILE_BYTES = 1 << 20      # what SysRoot.read reads at most
 MAX_LINK_HOPS = 40            # the kernel's own limit on nested symbolic links
 
@@ -58,6 +58,13 @@ class _Copier:
             elif depth == len(parts) - 1:
                 self._file(current, source)
 
+    def _special(self, path: str) -> None:
+        """A device node, FIFO or socket becomes an empty file: its presence is the fact
+        (/dev/infiniband/uverbs0); reading it could block or change something."""
+        dest = self.dest_path(path)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        open(dest, "wb").close()
+
     def copy_listing(self, path: str) -> None:
         """Keep a listed directory's links and subdirectories so listing it gives the same names.
 
@@ -73,6 +80,8 @@ class _Copier:
                 self._link(posixpath.join(path, name), os.readlink(entry))
             elif os.path.isdir(entry):
                 os.makedirs(self.dest_path(posixpath.join(path, name)), exist_ok=True)
+            elif not os.path.isfile(entry):
+                self._special(posixpath.join(path, name))
 
     def _link(self, path: str, target: str) -> None:
         dest = self.dest_path(path)
@@ -81,6 +90,9 @@ class _Copier:
             os.symlink(target, dest)
 
     def _file(self, path: str, source: str) -> None:
+        if not os.path.isfile(source):
+            self._special(path)
+            return
         try:
             with open(source, "rb") as handle:
                 data = handle.read(MAX_FILE_BYTES)

@@ -106,3 +106,23 @@ def test_cli_doctor_json_and_capture(tmp_path, capsys, monkeypatch):
     assert "replay with: gdrprobe doctor --root" in capsys.readouterr().out
     assert run_cli(["doctor", "--root", str(tmp_path / "copy")]) == 1
     assert capsys.readouterr().out.startswith("First blocker: topology.distance")
+
+
+def test_device_nodes_are_captured_as_placeholders_without_reading_them(tmp_path):
+    """/dev/infiniband/uverbs0 is a character device: its presence is what the doctor
+    reads. A FIFO stands in for it here (reading a FIFO with no writer would block)."""
+    import os
+
+    from gdrprobe.doctor.capture import capture
+
+    root = tmp_path / "root"
+    # A PCI device (a sane /sys) and an RDMA device, so the doctor looks at /dev.
+    (root / "sys" / "bus" / "pci" / "devices" / "0000:00:01.0").mkdir(parents=True)
+    (root / "sys" / "class" / "infiniband" / "rxe0").mkdir(parents=True)
+    (root / "dev" / "infiniband").mkdir(parents=True)
+    os.mkfifo(root / "dev" / "infiniband" / "uverbs0")
+    dest = tmp_path / "capture"
+    capture(str(dest), root=str(root), environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    placeholder = dest / "dev" / "infiniband" / "uverbs0"
+    assert placeholder.is_file() and placeholder.stat().st_size == 0
+    assert "KUBERNETES_SERVICE_HOST" in (dest / "gdrprobe-capture" / "environ.json").read_text()
