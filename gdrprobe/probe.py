@@ -53,6 +53,7 @@ class ProbeOptions:
     post_list: int = 1
     mtu: int | None = None
     timeout_s: float = 30.0
+    connect_wait_s: float = 0.0
 
     def __post_init__(self):
         self.validate()
@@ -87,6 +88,8 @@ class ProbeOptions:
             problems.append("latency runs one QP and a fixed number of iterations")
         if not 0.1 <= self.timeout_s <= 3600:
             problems.append("time-out must be 0.1 to 3600 s")
+        if not 0 <= self.connect_wait_s <= 3600:
+            problems.append("connect wait must be 0 to 3600 s")
         if problems:
             raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
 
@@ -118,6 +121,8 @@ class ProbeOptions:
             post_list=field(message, "post_list", int, low=1, high=MAX_POST_LIST),
             mtu=message.get("mtu") and field(message, "mtu", int, low=256, high=4096),
             timeout_s=float(field(message, "timeout_s", (int, float), low=0.1, high=3600)),
+            connect_wait_s=float(field(message, "connect_wait_s", (int, float), low=0,
+                                       high=3600)),
         )
         return options
 
@@ -228,13 +233,26 @@ class ProbeClient:
         self.round = 0
 
     def connect(self) -> Channel:
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.options.timeout_s)
-        except OSError as error:
-            raise PeerError(f"cannot reach a gdrprobe server at {self.host}:{self.port}: "
-                            f"{error.strerror or error}", "start 'gdrprobe serve' on the peer "
-                            "and check the address, the port (-p) and firewalls") from error
-        return Channel(sock, self.options.timeout_s, peer="server")
+        """Connect, retrying a refused connection for connect_wait_s (a server that is
+        still starting, as when both ends are launched together)."""
+        deadline = time.monotonic() + self.options.connect_wait_s
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port),
+                                                timeout=self.options.timeout_s)
+                return Channel(sock, self.options.timeout_s, peer="server")
+            except ConnectionRefusedError as error:
+                if time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                raise self._unreachable(error) from error
+            except OSError as error:
+                raise self._unreachable(error) from error
+
+    def _unreachable(self, error: OSError) -> PeerError:
+        return PeerError(f"cannot reach a gdrprobe server at {self.host}:{self.port}: "
+                         f"{error.strerror or error}", "start 'gdrprobe serve' on the peer and "
+                         "check the address, the port (-p) and firewalls")
 
     def run(self) -> RunReport:
         channel = self.connect()

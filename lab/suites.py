@@ -14,10 +14,18 @@ LOOPBACK_TESTS = "tests/lab/loopback"
 PAIR_TESTS = "tests/lab/pair"
 
 
+DEMO_TOKEN = "lab-demo-token-0001"
+
+
 def demo() -> int:
-    """The main job on the two-host lab: the device listing from both guests."""
-    command = f"{PYTHON} -m gdrprobe devices"
-    results = vm.run_pair(command, command)
+    """The main job on the two-host lab: the device listing from both guests, then a
+    full-sweep probe from host a to a server on host b."""
+    gdrprobe = f"{PYTHON} -m gdrprobe"
+    client = (f"{gdrprobe} devices && {gdrprobe} run {vm.HOST_ADDRESSES['b']} --token "
+              f"{DEMO_TOKEN} --connect-wait 120 -a -n 20 --report-gbits")
+    server = (f"{gdrprobe} devices && {gdrprobe} serve --bind {vm.HOST_ADDRESSES['b']} "
+              f"--token {DEMO_TOKEN} --once")
+    results = vm.run_pair(client, server)
     for result in results:
         vm.print_result(result)
     return max(result.returncode for result in results)

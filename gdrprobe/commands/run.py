@@ -40,6 +40,9 @@ def register(subparsers) -> None:
                         help="writes chained per post (default 1)")
     parser.add_argument("-m", "--mtu", type=int, help="path MTU in bytes (default: the port's)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
+    parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="keep retrying a refused connection this long (a server that "
+                             "is still starting)")
     add_memory_flags(parser, remote=True)
     parser.add_argument("--staged", action="store_true",
                         help="with a GPU buffer: add the staged arm (the bounce through host "
@@ -73,6 +76,7 @@ def probe_options(args, a_b: bool):
         post_list=args.post_list,
         mtu=args.mtu,
         timeout_s=args.timeout,
+        connect_wait_s=args.connect_wait,
     )
 
 
