@@ -20,10 +20,11 @@ static size_t round_up(size_t len, size_t unit)
  * failing the run. mbind is called directly so no libnuma is needed. */
 static int prefer_numa_node(void *addr, size_t len, int node)
 {
-    unsigned long mask = 1ul << node;
+    unsigned long mask;
 
-    if (node >= (int)NODEMASK_BITS)
+    if (node >= (int)NODEMASK_BITS)   /* beyond one mask word: leave placement to the kernel */
         return 0;
+    mask = 1ul << node;
     return (int)syscall(SYS_mbind, addr, len, MPOL_PREFERRED, &mask, NODEMASK_BITS + 1, 0);
 }
 

@@ -1,12 +1,10 @@
 #include "gdr_loop.h"
 
-#include <errno.h>
 #include <string.h>
 
 #include "gdr_clock.h"
 
 #define POLL_BATCH 16
-#define MAX_POST_LIST 64
 #define SPINS_BETWEEN_CHECKS 1024
 
 /* wr_id of a signalled request: the QP index and how many messages it completes. */
@@ -32,7 +30,7 @@ static int bw_config_valid(const struct gdr_bw_config *cfg)
 {
     return cfg->num_qps >= 1 && cfg->num_qps <= GDR_MAX_QPS && cfg->cq && cfg->msg_size > 0 &&
            cfg->tx_depth >= 1 && cfg->cq_mod >= 1 && cfg->cq_mod <= cfg->tx_depth &&
-           cfg->post_list >= 1 && cfg->post_list <= MAX_POST_LIST &&
+           cfg->post_list >= 1 && cfg->post_list <= GDR_MAX_POST_LIST &&
            cfg->post_list <= cfg->tx_depth && (cfg->duration_ns > 0 || cfg->iterations > 0) &&
            cfg->stop;
 }
@@ -70,14 +68,27 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
                 p->unsignaled = 0;
             wrs[i].next = i + 1 < count ? &wrs[i + 1] : NULL;
         }
-        if (ibv_post_send(cfg->qps[qp_index], wrs, &bad)) {
+        /* ibv_post_send returns the error; providers need not set errno. */
+        int rc = ibv_post_send(cfg->qps[qp_index], wrs, &bad);
+        if (rc) {
             res->status = GDR_ERR_POST;
-            res->err_errno = errno;
+            res->err_errno = rc;
             return -1;
         }
         p->posted += count;
     }
     return 0;
+}
+
+static int all_completed(const struct qp_progress *qps, uint32_t num_qps)
+{
+    uint32_t q;
+
+    for (q = 0; q < num_qps; q++) {
+        if (qps[q].completed < qps[q].target)
+            return 0;
+    }
+    return 1;
 }
 
 static void prepare_wrs(const struct gdr_bw_config *cfg, struct ibv_send_wr *wrs, struct ibv_sge *sge)
@@ -135,11 +146,11 @@ static void track_window(const struct gdr_bw_config *cfg, struct bw_window *w, s
 int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
 {
     struct qp_progress qps[GDR_MAX_QPS];
-    struct ibv_send_wr wrs[MAX_POST_LIST];
+    struct ibv_send_wr wrs[GDR_MAX_POST_LIST];
     struct ibv_wc wc[POLL_BATCH];
     struct ibv_sge sge;
     struct bw_window w;
-    uint64_t total = 0, target_total = 0, t0, last_progress, spins = 0;
+    uint64_t total = 0, t0, last_progress, spins = 0;
     uint32_t q;
 
     memset(res, 0, sizeof(*res));
@@ -163,12 +174,11 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
             res->status = GDR_ERR_STOPPED;
             return res->status;
         }
-        for (q = 0, target_total = 0; q < cfg->num_qps; q++) {
+        for (q = 0; q < cfg->num_qps; q++) {
             if (post_burst(cfg, q, &qps[q], wrs, res))
                 return res->status;
-            target_total += qps[q].target;
         }
-        if (total == target_total)
+        if (all_completed(qps, cfg->num_qps))
             break;
 
         n = ibv_poll_cq(cfg->cq, POLL_BATCH, wc);
@@ -208,6 +218,26 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
 
 /* ---- latency ------------------------------------------------------------------ */
 
+/* Bookkeeping of a busy wait: every SPINS_BETWEEN_CHECKS spins, look at the stop flag
+ * and the clock. Returns 0 to go on spinning, else the status that ends the wait. */
+struct spin {
+    uint64_t spins;
+    uint64_t started;
+};
+
+static int spin_check(struct spin *s, volatile int *stop, uint64_t stall_timeout_ns)
+{
+    if (++s->spins % SPINS_BETWEEN_CHECKS)
+        return GDR_OK;
+    if (*stop)
+        return GDR_ERR_STOPPED;
+    if (!s->started)
+        s->started = gdr_now_ns();
+    else if (gdr_now_ns() - s->started > stall_timeout_ns)
+        return GDR_ERR_STALL;
+    return GDR_OK;
+}
+
 static int lat_config_valid(const struct gdr_lat_config *cfg)
 {
     return cfg->qp && cfg->cq && cfg->recv_buf && cfg->msg_size > 0 && cfg->iterations > 0 &&
@@ -218,21 +248,11 @@ static int lat_config_valid(const struct gdr_lat_config *cfg)
 static int wait_for_tag(const struct gdr_lat_config *cfg, uint8_t tag, struct gdr_lat_result *res)
 {
     volatile uint8_t *last = cfg->recv_buf + cfg->msg_size - 1;
-    uint64_t started = 0, spins = 0;
+    struct spin spin = {0, 0};
 
     while (*last != tag) {
-        if (++spins % SPINS_BETWEEN_CHECKS)
-            continue;
-        if (*cfg->stop) {
-            res->status = GDR_ERR_STOPPED;
+        if ((res->status = spin_check(&spin, cfg->stop, cfg->stall_timeout_ns)))
             return -1;
-        }
-        if (!started)
-            started = gdr_now_ns();
-        else if (gdr_now_ns() - started > cfg->stall_timeout_ns) {
-            res->status = GDR_ERR_STALL;
-            return -1;
-        }
     }
     return 0;
 }
@@ -240,22 +260,12 @@ static int wait_for_tag(const struct gdr_lat_config *cfg, uint8_t tag, struct gd
 static int wait_for_send(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 {
     struct ibv_wc wc;
-    uint64_t started = 0, spins = 0;
+    struct spin spin = {0, 0};
     int n;
 
     while ((n = ibv_poll_cq(cfg->cq, 1, &wc)) == 0) {
-        if (++spins % SPINS_BETWEEN_CHECKS)
-            continue;
-        if (*cfg->stop) {
-            res->status = GDR_ERR_STOPPED;
+        if ((res->status = spin_check(&spin, cfg->stop, cfg->stall_timeout_ns)))
             return -1;
-        }
-        if (!started)
-            started = gdr_now_ns();
-        else if (gdr_now_ns() - started > cfg->stall_timeout_ns) {
-            res->status = GDR_ERR_STALL;
-            return -1;
-        }
     }
     if (n < 0) {
         res->status = GDR_ERR_POLL;
@@ -274,11 +284,13 @@ static int send_tag(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr, ui
                     struct gdr_lat_result *res)
 {
     struct ibv_send_wr *bad = NULL;
+    int rc;
 
     ((volatile uint8_t *)(uintptr_t)cfg->send_addr)[cfg->msg_size - 1] = tag;
-    if (ibv_post_send(cfg->qp, wr, &bad)) {
+    rc = ibv_post_send(cfg->qp, wr, &bad);
+    if (rc) {
         res->status = GDR_ERR_POST;
-        res->err_errno = errno;
+        res->err_errno = rc;
         return -1;
     }
     return wait_for_send(cfg, res);

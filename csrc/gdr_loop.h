@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #define GDR_MAX_QPS 64
+#define GDR_MAX_POST_LIST 64
 
 enum gdr_status {
     GDR_OK = 0,

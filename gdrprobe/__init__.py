@@ -1,6 +1,6 @@
 """gdrprobe: prove, in-process, whether GPUDirect RDMA is engaged.
 
-Importing the package is cheap: pyverbs, CUDA and numpy are loaded only by the
+Importing the package is cheap: pyverbs and CUDA are loaded only by the
 layers that need them, when they are first used. The functions below are the Python
 face of the command line; each returns the same report objects the CLI prints.
 """
@@ -25,7 +25,8 @@ def list_devices(device: str | None = None):
 def _runner(host, token, loopback, port, device, ib_port, gid_index, settings):
     from gdrprobe.endpoint import EndpointOptions
     from gdrprobe.errors import UsageError
-    from gdrprobe.probe import DEFAULT_PORT, ProbeOptions, runner
+    from gdrprobe.options import ProbeOptions
+    from gdrprobe.probe import DEFAULT_PORT, runner
 
     if not loopback and (not host or not token):
         raise UsageError("give a host and the server's token, or loopback=True")
@@ -67,7 +68,10 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     :class:`gdrprobe.report.CheckReport`; its ``verdict.classification`` is engaged,
     degraded, not engaged or not testable."""
     from gdrprobe.ab import ab_test
+    from gdrprobe.errors import UsageError
 
+    if settings.get("mode", "bandwidth") != "bandwidth":
+        raise UsageError("check() compares bandwidth; latency runs use host memory", "")
     settings.setdefault("sizes", (1 << 20,))
     if time_budget_s is not None:
         runs = repeats * (3 if staged else 2)

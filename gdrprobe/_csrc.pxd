@@ -4,22 +4,13 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
 cdef extern from "<infiniband/verbs.h>" nogil:
     struct ibv_context:
-        int cmd_fd
-        int num_comp_vectors
-    struct ibv_pd:
-        ibv_context *context
-        uint32_t handle
+        pass
     struct ibv_cq:
         ibv_context *context
-        uint32_t handle
         int cqe
     struct ibv_qp:
-        ibv_context *context
-        ibv_pd *pd
         ibv_cq *send_cq
-        uint32_t handle
         uint32_t qp_num
-        int state
         int qp_type
     const char *ibv_wc_status_str(int status)
 
@@ -50,6 +41,7 @@ cdef extern from "gdr_hostmem.h" nogil:
 
 cdef extern from "gdr_loop.h" nogil:
     int GDR_MAX_QPS
+    int GDR_MAX_POST_LIST
     enum gdr_status:
         GDR_OK, GDR_ERR_ARGS, GDR_ERR_POST, GDR_ERR_POLL, GDR_ERR_WC, GDR_ERR_STALL, GDR_ERR_STOPPED
 

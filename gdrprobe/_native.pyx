@@ -27,6 +27,7 @@ STATUS_STOPPED = c.GDR_ERR_STOPPED
 STATUS_STALL = c.GDR_ERR_STALL
 STATUS_WC = c.GDR_ERR_WC
 MAX_QPS = c.GDR_MAX_QPS
+MAX_POST_LIST = c.GDR_MAX_POST_LIST
 POISON_BYTE = c.GDR_POISON_BYTE
 
 
@@ -158,25 +159,15 @@ def object_slot(obj, size_t offset):
 
 
 def qp_fields(uintptr_t ptr):
+    """The ibv_qp fields the handle validation compares with pyverbs' own values."""
     cdef c.ibv_qp *qp = <c.ibv_qp *>ptr
-    return {"context": <uintptr_t>qp.context, "pd": <uintptr_t>qp.pd,
-            "send_cq": <uintptr_t>qp.send_cq, "handle": qp.handle,
-            "qp_num": qp.qp_num, "state": qp.state, "qp_type": qp.qp_type}
+    return {"send_cq": <uintptr_t>qp.send_cq, "qp_num": qp.qp_num, "qp_type": qp.qp_type}
 
 
 def cq_fields(uintptr_t ptr):
+    """The ibv_cq fields the handle validation compares with pyverbs' own values."""
     cdef c.ibv_cq *cq = <c.ibv_cq *>ptr
-    return {"context": <uintptr_t>cq.context, "handle": cq.handle, "cqe": cq.cqe}
-
-
-def pd_fields(uintptr_t ptr):
-    cdef c.ibv_pd *pd = <c.ibv_pd *>ptr
-    return {"context": <uintptr_t>pd.context, "handle": pd.handle}
-
-
-def context_fields(uintptr_t ptr):
-    cdef c.ibv_context *ctx = <c.ibv_context *>ptr
-    return {"cmd_fd": ctx.cmd_fd, "num_comp_vectors": ctx.num_comp_vectors}
+    return {"context": <uintptr_t>cq.context, "cqe": cq.cqe}
 
 
 # ---- loops --------------------------------------------------------------------------

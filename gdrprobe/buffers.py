@@ -13,12 +13,12 @@ import dataclasses
 
 from gdrprobe.errors import GdrprobeError, UsageError
 from gdrprobe.exchange import field
-from gdrprobe.memory import HostMemory, MemoryProvider
+from gdrprobe.memory import LOCAL_ACCESS, PROBE_ACCESS, HostMemory, MemoryProvider
+from gdrprobe.memory_gpu import MECHANISMS, MEMORY_TYPES
 from gdrprobe.sysroot import SysRoot
 
 KINDS = ("host", "gpu")
-GPU_MECHANISMS = ("auto", "dmabuf", "peermem", "staged")
-GPU_MEMORY_TYPES = ("device", "managed", "pinned-host")
+GPU_MECHANISMS = (*MECHANISMS, "staged")
 # The --mem spellings: host, gpu (auto), or a mechanism by name.
 MEM_CHOICES = ("host", "gpu", "dmabuf", "peermem", "staged")
 
@@ -38,9 +38,9 @@ class MemorySpec:
         if self.mechanism not in GPU_MECHANISMS:
             raise UsageError(f"unknown mechanism {self.mechanism!r}",
                              f"use one of: {', '.join(GPU_MECHANISMS)}")
-        if self.memory_type not in GPU_MEMORY_TYPES:
+        if self.memory_type not in MEMORY_TYPES:
             raise UsageError(f"unknown GPU memory type {self.memory_type!r}",
-                             f"use one of: {', '.join(GPU_MEMORY_TYPES)}")
+                             f"use one of: {', '.join(MEMORY_TYPES)}")
 
     @classmethod
     def from_choice(cls, choice: str, **details) -> "MemorySpec":
@@ -77,20 +77,22 @@ def nic_numa_node(device: str, root: SysRoot | None = None) -> int:
 
 
 @contextlib.contextmanager
-def open_buffer(spec: MemorySpec, endpoint, length: int):
-    """A registered provider of `length` bytes on the endpoint's PD, as the spec says.
-    A GPU provider also carries ``choice_reason``: why this mechanism was used."""
+def open_buffer(spec: MemorySpec, endpoint, length: int, remote_write: bool):
+    """A registered provider of `length` bytes on the endpoint's PD, as the spec says;
+    writable by the peer only when remote_write. A GPU provider also carries
+    ``choice_reason``: why this mechanism was used."""
+    access = PROBE_ACCESS if remote_write else LOCAL_ACCESS
     if spec.kind == "host":
         with HostMemory(length, nic_numa_node(endpoint.device), spec.huge_pages) as memory:
-            memory.register(endpoint.pd)
+            memory.register(endpoint.pd, access)
             yield memory
         return
-    with open_gpu_buffer(spec, endpoint, length) as memory:
+    with open_gpu_buffer(spec, endpoint, length, access) as memory:
         yield memory
 
 
 @contextlib.contextmanager
-def open_gpu_buffer(spec: MemorySpec, endpoint, length: int):
+def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int):
     from gdrprobe.cuda import open_gpu
     from gdrprobe.memory_gpu import PROVIDERS, choose_mechanism, probe_nic_dmabuf
 
@@ -108,7 +110,7 @@ def open_gpu_buffer(spec: MemorySpec, endpoint, length: int):
         extra = {"pcie_mapping": spec.pcie_mapping} if mechanism == "dmabuf" else {}
         with PROVIDERS[mechanism](gpu, length, spec.memory_type, **extra) as memory:
             memory.choice_reason = reason
-            memory.register(endpoint.pd)
+            memory.register(endpoint.pd, access)
             yield memory
 
 

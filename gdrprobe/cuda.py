@@ -5,8 +5,7 @@ through :func:`check`, which turns an error CUresult into a :class:`GdrprobeErro
 the call and the error. Whatever is allocated is freed on every path: allocations and the
 device are context managers, and their ``close`` is idempotent.
 
-The doctor collects read-only facts through :mod:`gdrprobe.doctor.gpu`; this module reuses
-its import helper, bus-id spelling and attribute reader instead of keeping twins.
+The doctor's read-only facts (:mod:`gdrprobe.doctor.gpu`) go through the same door.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import mmap
+import re
 from typing import Callable
 
 from gdrprobe.errors import (ExitCode, GdrprobeError, MissingDependency, NotTestable,
@@ -76,13 +76,48 @@ def check(result: tuple, what: str):
     raise error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")
 
 
+def import_driver():
+    """cuda-python's driver module under its 12.6.1+ name or its older one."""
+    try:
+        from cuda.bindings import driver as module
+    except ImportError:
+        from cuda import cuda as module
+    return module
+
+
+def c_string(raw: bytes) -> str:
+    # The driver fills a space-padded buffer and terminates the string with NUL.
+    return raw.split(b"\0")[0].decode("ascii", "replace").strip()
+
+
+def sysfs_bdf(cuda_bus_id: str) -> str:
+    """CUDA's "00000000:3B:00.0" as sysfs spells it: "0000:3b:00.0"."""
+    match = re.fullmatch(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])",
+                         cuda_bus_id)
+    if not match:
+        return cuda_bus_id.lower()
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+
+
+def device_attribute(module, device, name: str) -> int | None:
+    """One CU_DEVICE_ATTRIBUTE_<name>, or None when this driver does not know it."""
+    attribute = getattr(module.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
+    if attribute is None:
+        return None
+    try:
+        return int(check(module.cuDeviceGetAttribute(attribute, device),
+                         f"cuDeviceGetAttribute({name})"))
+    except GdrprobeError:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def driver():
     """cuda-python's driver module, initialised; raises when there is nothing to talk to.
 
     Cached only on success (lru_cache does not keep exceptions), so a later call retries.
     """
-    from gdrprobe.doctor.gpu import import_driver
     try:
         module = import_driver()
     except ImportError as error:
@@ -131,7 +166,6 @@ class GpuAttributes:
 
 
 def read_attributes(module, device) -> GpuAttributes:
-    from gdrprobe.doctor.gpu import device_attribute
     return GpuAttributes(
         gpu_direct_rdma_supported=device_attribute(module, device, "GPU_DIRECT_RDMA_SUPPORTED"),
         dma_buf_supported=device_attribute(module, device, "DMA_BUF_SUPPORTED"),
@@ -217,7 +251,6 @@ class GpuDevice:
     """A GPU with its primary context retained and current on the opening thread."""
 
     def __init__(self, module, device, selector: str):
-        from gdrprobe.doctor.gpu import c_string, sysfs_bdf
         self._driver = module
         self._device = device
         self.selector = selector

@@ -31,6 +31,7 @@ class EndpointOptions:
     tx_depth: int = 128
     max_inline: int = 0
     mtu: int | None = None   # bytes; None: the port's active MTU
+    remote_write: bool = True   # may the peer write through these QPs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,6 @@ class Endpoint:
         self.options = options
         self.objects: list = []   # every pyverbs object, in creation order
         self.qps: list = []
-        self.connected = False
         pv = verbs.pyverbs()
         self.device = verbs.resolve_device(options.device)
         try:
@@ -140,8 +140,12 @@ class Endpoint:
         init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap,
                                 sq_sig_all=0)
         attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT, port_num=self.options.port)
-        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        attr.qp_access_flags = self._access_flags(pv)
         return pv.qp.QP(self.pd, init, attr)
+
+    def _access_flags(self, pv) -> int:
+        remote = pv.enums.IBV_ACCESS_REMOTE_WRITE if self.options.remote_write else 0
+        return pv.enums.IBV_ACCESS_LOCAL_WRITE | remote
 
     @property
     def mtu(self) -> int:
@@ -163,8 +167,7 @@ class Endpoint:
         for qp, local_psn, remote_qpn, remote_psn in zip(self.qps, self.psns,
                                                          remote.qp_numbers, remote.psns):
             attr = pv.qp.QPAttr(port_num=self.options.port)
-            attr.qp_access_flags = (pv.enums.IBV_ACCESS_LOCAL_WRITE
-                                    | pv.enums.IBV_ACCESS_REMOTE_WRITE)
+            attr.qp_access_flags = self._access_flags(pv)
             attr.path_mtu = path_mtu
             attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote_qpn, remote_psn, local_psn
             attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
@@ -181,16 +184,22 @@ class Endpoint:
                                 "failed", "check that both sides use GIDs of the same type "
                                 "and reachable addresses ('gdrprobe devices')",
                                 evidence=str(error).splitlines()[0]) from error
-        self.connected = True
 
     def handles(self) -> RawHandles:
         return raw_handles(self.qps, self.cq)
 
     def close(self) -> None:
-        """Destroy QPs, CQ, PD and the context, newest first; safe to call twice."""
-        while self.objects:
-            self.objects.pop().close()
+        """Destroy QPs, CQ, PD and the context, newest first; safe to call twice. One
+        object failing to close does not keep the others open."""
         self.qps = []
+        failures = []
+        while self.objects:
+            try:
+                self.objects.pop().close()
+            except Exception as error:   # close the rest, then report the first failure
+                failures.append(error)
+        if failures:
+            raise failures[0]
 
     def __enter__(self) -> "Endpoint":
         return self

@@ -37,11 +37,21 @@ def run_interruptibly(loop, *args, stop: _native.StopFlag, tick=None, tick_every
                 tick()
     except BaseException:
         stop.set()
-        worker.join()
+        join_despite_interrupts(worker)
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def join_despite_interrupts(worker: threading.Thread) -> None:
+    """Wait for the loop to notice the stop flag, even through a second Ctrl-C: the verbs
+    objects it uses must not be torn down under it."""
+    while worker.is_alive():
+        try:
+            worker.join()
+        except KeyboardInterrupt:
+            continue
 
 
 def check_status(result: dict, what: str) -> None:
@@ -56,8 +66,8 @@ def check_status(result: dict, what: str) -> None:
                         "the peer stopped answering: check that it is still running")
     if status == _native.STATUS_WC:
         name = _native.wc_status_str(result["wc_status"])
-        evidence = f"work completion status {result['wc_status']} ({name}), " \
-                   f"vendor error 0x{result['wc_vendor_err']:x}"
+        evidence = (f"work completion status {result['wc_status']} ({name}), vendor error "
+                    f"0x{result['wc_vendor_err']:x}, QP 0x{result.get('wc_qp_num', 0):x}")
         if result["wc_status"] == WC_RETRY_EXCEEDED:
             raise PeerError(f"{what} failed: the peer stopped acknowledging writes",
                             "check that the peer is still running and the link is up",

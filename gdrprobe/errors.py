@@ -13,7 +13,7 @@ class ExitCode(enum.IntEnum):
     OK = 0
     VERDICT_NOT_OK = 1       # the probe ran; the answer is "degraded" or "not engaged"
     USAGE = 2                # bad flags or arguments (argparse uses 2 too)
-    MISSING_DEPENDENCY = 3   # pyverbs, CUDA driver, cuda-python absent
+    MISSING_DEPENDENCY = 3   # pyverbs or cuda-python absent (no CUDA driver: NOT_TESTABLE)
     NO_DEVICE = 4            # no RDMA device, unknown device name, no usable port/GID
     PEER = 5                 # out-of-band channel: refused, bad token, time-out, bad message
     RDMA = 6                 # a verbs call or a work completion failed

@@ -15,6 +15,7 @@ import json
 import secrets
 import socket
 import struct
+import time
 
 from gdrprobe.errors import WIRE_ERRORS, GdrprobeError, PeerError, RegistrationFailed
 
@@ -23,6 +24,7 @@ MAGIC = b"GDRP"
 HEADER = struct.Struct(">4sHI")
 MAX_MESSAGE_BYTES = 64 * 1024
 NONCE_BYTES = 32
+PROOF_BYTES = 32   # HMAC-SHA256
 TOKEN_FIX = ("give the client the token the server printed: --token TOKEN or the "
              "GDRPROBE_TOKEN environment variable")
 
@@ -52,11 +54,16 @@ class Channel:
             raise PeerError(f"lost the connection to the {self.peer} while sending {kind}: "
                             f"{error}", "check that the other side is still running") from error
 
-    def _read_exact(self, count: int, timeout: float) -> bytes:
-        self.sock.settimeout(timeout)
+    def _read_exact(self, count: int, deadline: float, timeout: float) -> bytes:
+        """count bytes, all of them before the deadline: a peer that trickles bytes is as
+        slow as one that sends nothing."""
         chunks, remaining = [], count
         while remaining:
+            left = deadline - time.monotonic()
             try:
+                if left <= 0:
+                    raise socket.timeout
+                self.sock.settimeout(left)
                 chunk = self.sock.recv(min(remaining, 65536))
             except socket.timeout as error:
                 raise PeerError(f"the {self.peer} did not answer within {timeout:g} s",
@@ -73,9 +80,11 @@ class Channel:
         return b"".join(chunks)
 
     def receive(self, *expected: str, timeout: float | None = None) -> dict:
-        """The next message, which must be one of the expected types (or an error)."""
+        """The next message, which must be one of the expected types (or an error), whole
+        within the time-out."""
         timeout = self.timeout if timeout is None else timeout
-        magic, version, length = HEADER.unpack(self._read_exact(HEADER.size, timeout))
+        deadline = time.monotonic() + timeout
+        magic, version, length = HEADER.unpack(self._read_exact(HEADER.size, deadline, timeout))
         if magic != MAGIC:
             raise PeerError(f"the {self.peer} does not speak the gdrprobe protocol",
                             "point the client at a 'gdrprobe serve' port",
@@ -88,8 +97,8 @@ class Channel:
             raise PeerError(f"the {self.peer} sent a {length}-byte message; the limit is "
                             f"{MAX_MESSAGE_BYTES}", "the peer is not a gdrprobe of this version")
         try:
-            message = json.loads(self._read_exact(length, timeout))
-        except ValueError as error:
+            message = json.loads(self._read_exact(length, deadline, timeout))
+        except (ValueError, RecursionError) as error:
             raise PeerError(f"the {self.peer} sent a message that is not JSON",
                             "the peer is not a gdrprobe of this version") from error
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
@@ -103,6 +112,15 @@ class Channel:
                             f"{' or '.join(expected)} was expected", "run the same gdrprobe "
                             "version on both hosts")
         return message
+
+    def send_last(self, kind: str, **fields) -> None:
+        """A parting message (error, abort) to a peer that may already be gone: best effort,
+        bounded, and never masking the error that caused it."""
+        try:
+            self.sock.settimeout(1.0)
+            self.send(kind, **fields)
+        except (GdrprobeError, OSError):
+            pass
 
     def peer_gone(self) -> bool:
         """True when the peer has closed its end (a process that died closes it too)."""
@@ -167,38 +185,41 @@ def _proof(token: str, role: bytes, first: bytes, second: bytes) -> str:
     return hmac.new(token.encode(), role + first + second, hashlib.sha256).hexdigest()
 
 
-def _nonce(message: dict) -> bytes:
-    text = field(message, "nonce", str)
+def _hex_field(message: dict, name: str, size: int) -> bytes:
+    """A hexadecimal field of exactly `size` bytes (nonces and proofs)."""
+    text = field(message, name, str)
     try:
-        nonce = bytes.fromhex(text)
+        value = bytes.fromhex(text)
     except ValueError as error:
-        raise PeerError("peer nonce is not hexadecimal", "") from error
-    if len(nonce) != NONCE_BYTES:
-        raise PeerError("peer nonce has the wrong length", "")
-    return nonce
+        raise PeerError(f"peer field {name!r} is not hexadecimal", "") from error
+    if len(value) != size:
+        raise PeerError(f"peer field {name!r} has the wrong length", "")
+    return value
+
+
+def _proof_matches(message: dict, expected: str) -> bool:
+    return hmac.compare_digest(_hex_field(message, "proof", PROOF_BYTES), bytes.fromhex(expected))
 
 
 def authenticate_as_client(channel: Channel, token: str) -> None:
-    """Prove the token to the server and check that the server knows it too."""
+    """Prove the token first, then check that the server knows it too."""
     mine = secrets.token_bytes(NONCE_BYTES)
     channel.send("hello", nonce=mine.hex())
-    challenge = channel.receive("challenge")
-    theirs = _nonce(challenge)
-    expected = _proof(token, b"server", mine, theirs)
-    if not hmac.compare_digest(field(challenge, "proof", str), expected):
-        raise PeerError("the server's token is not this run's token", TOKEN_FIX)
+    theirs = _hex_field(channel.receive("challenge"), "nonce", NONCE_BYTES)
     channel.send("auth", proof=_proof(token, b"client", theirs, mine))
-    channel.receive("welcome")
+    welcome = channel.receive("welcome")
+    if not _proof_matches(welcome, _proof(token, b"server", mine, theirs)):
+        raise PeerError("the server's token is not this run's token", TOKEN_FIX)
 
 
 def authenticate_as_server(channel: Channel, token: str) -> None:
-    """Refuse, before anything else is said, a client that cannot prove the token."""
-    hello = channel.receive("hello")
-    theirs = _nonce(hello)
+    """Refuse, before anything else is said, a client that cannot prove the token. The
+    server's own proof comes only after the client's: an unauthenticated client gets
+    nothing to test guesses of the token against."""
+    theirs = _hex_field(channel.receive("hello"), "nonce", NONCE_BYTES)
     mine = secrets.token_bytes(NONCE_BYTES)
-    channel.send("challenge", nonce=mine.hex(), proof=_proof(token, b"server", theirs, mine))
-    auth = channel.receive("auth")
-    if not hmac.compare_digest(field(auth, "proof", str), _proof(token, b"client", mine, theirs)):
+    channel.send("challenge", nonce=mine.hex())
+    if not _proof_matches(channel.receive("auth"), _proof(token, b"client", mine, theirs)):
         channel.send("error", reason="wrong token", fix=TOKEN_FIX)
         raise PeerError("a client presented the wrong token", TOKEN_FIX)
-    channel.send("welcome")
+    channel.send("welcome", proof=_proof(token, b"server", theirs, mine))

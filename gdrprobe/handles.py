@@ -8,8 +8,8 @@ return the C struct *as a Python object*, and merely reading them corrupts memor
 
 A property is used only where pyverbs has ``QP.qp``: on 54 to 60 ``CQ.cq`` exists but still
 returns the struct as an object. Whichever route found a pointer, it is checked against values pyverbs reports itself
-(QP number, QP type, CQ size) and against the other located handles (the QP's PD and
-send CQ, the CQ's context) before the C loop may use it.
+(QP number, QP type, CQ size) and against the other located handle (the QP's send CQ must
+be the located CQ) before the C loop may use it.
 """
 
 from __future__ import annotations

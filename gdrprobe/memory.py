@@ -16,8 +16,10 @@ from gdrprobe.errors import RdmaError, ResourceLimit
 
 ACCESS_LOCAL_WRITE = 1
 ACCESS_REMOTE_WRITE = 2
-# Only local writes and remote writes: the peer may write the scratch buffer, never read it.
+# The scratch buffer a peer writes: remote writes, never remote reads.
 PROBE_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE
+# A buffer only this side sends from.
+LOCAL_ACCESS = ACCESS_LOCAL_WRITE
 
 MEMLOCK_FIX = ("raise the locked-memory limit: 'ulimit -l unlimited' (limits.conf: "
                "'* soft memlock unlimited' and '* hard memlock unlimited', then log in again), "
@@ -36,7 +38,7 @@ class MemoryProvider(abc.ABC):
         """The address verbs uses for this buffer (local SGEs and the peer's writes)."""
 
     @abc.abstractmethod
-    def register(self, pd) -> None:
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
         """Register the buffer with the protection domain; sets lkey and rkey."""
 
     @abc.abstractmethod
@@ -124,10 +126,10 @@ class HostMemory(MemoryProvider):
     def address(self) -> int:
         return self._address
 
-    def register(self, pd) -> None:
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
         pv = verbs.pyverbs()
         try:
-            self.mr = pv.mr.MR(pd, self.length, PROBE_ACCESS, address=self._address)
+            self.mr = pv.mr.MR(pd, self.length, access, address=self._address)
         except pv.PyverbsRDMAError as error:
             raise registration_error(error, f"{self.length} bytes of host memory") from error
         self.lkey, self.rkey = self.mr.lkey, self.mr.rkey
@@ -153,9 +155,11 @@ class HostMemory(MemoryProvider):
                 "huge_pages": self.huge_pages, "gpudirect_proof": False}
 
     def close(self) -> None:
-        if self.mr is not None:
-            self.mr.close()
-            self.mr = None
-        if self._address:
-            _native.host_free(self._address, self._mapped)
-            self._address = 0
+        try:
+            if self.mr is not None:
+                mr, self.mr = self.mr, None
+                mr.close()
+        finally:   # the mapping goes even if deregistration failed
+            if self._address:
+                address, self._address = self._address, 0
+                _native.host_free(address, self._mapped)

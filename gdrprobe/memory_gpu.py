@@ -25,7 +25,7 @@ from gdrprobe import _native, verbs
 from gdrprobe.cuda import GpuAttributes, dmabuf_range
 from gdrprobe.errors import RegistrationFailed, UsageError
 from gdrprobe.memory import PROBE_ACCESS, MemoryProvider, registration_error
-from gdrprobe.verdict import errno_name, registration_cause
+from gdrprobe.causes import errno_name, registration_cause
 
 MECHANISMS = ("auto", "dmabuf", "peermem")
 MEMORY_TYPES = ("device", "managed", "pinned-host")
@@ -144,11 +144,11 @@ class DmaBufGpuMemory(GpuMemory):
     def address(self) -> int:
         return self._offset
 
-    def register(self, pd) -> None:
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
         pv = verbs.pyverbs()
         fd, offset = self.gpu.export_dmabuf(self.buffer.ptr, self.length, self.pcie_mapping)
         try:
-            self.mr = pv.mr.DmaBufMR(pd, self.length, PROBE_ACCESS, dmabuf=fd, offset=offset)
+            self.mr = pv.mr.DmaBufMR(pd, self.length, access, dmabuf=fd, offset=offset)
         except pv.PyverbsRDMAError as error:
             raise registration_failed(error, self.mechanism,
                                       f"{self.length} bytes of GPU memory") from error
@@ -171,10 +171,10 @@ class PeermemGpuMemory(GpuMemory):
     def address(self) -> int:
         return self.buffer.ptr
 
-    def register(self, pd) -> None:
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
         pv = verbs.pyverbs()
         try:
-            self.mr = pv.mr.MR(pd, self.length, PROBE_ACCESS, address=self.buffer.ptr)
+            self.mr = pv.mr.MR(pd, self.length, access, address=self.buffer.ptr)
         except pv.PyverbsRDMAError as error:
             raise registration_failed(error, self.mechanism,
                                       f"{self.length} bytes of GPU memory") from error
@@ -201,10 +201,10 @@ class StagedGpuMemory(GpuMemory):
     def gpudirect_proof(self) -> bool:
         return False
 
-    def register(self, pd) -> None:
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
         pv = verbs.pyverbs()
         try:
-            self.mr = pv.mr.MR(pd, self.length, PROBE_ACCESS, address=self.staging.ptr)
+            self.mr = pv.mr.MR(pd, self.length, access, address=self.staging.ptr)
         except pv.PyverbsRDMAError as error:
             raise registration_error(error, f"{self.length} bytes of pinned host "
                                             "memory") from error

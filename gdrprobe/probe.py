@@ -9,194 +9,31 @@ verbs object and buffer is released.
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import sys
 import threading
 import time
 
 from gdrprobe import _native
-from gdrprobe.endpoint import LATENCY_MAX_INLINE, Endpoint, EndpointAddress, EndpointOptions
+from gdrprobe.buffers import MemorySpec, open_buffer
+from gdrprobe.endpoint import LATENCY_MAX_INLINE, Endpoint, EndpointOptions
 from gdrprobe.engine import (STALL_TIMEOUT_S, bandwidth_result, check_status, latency_result,
                              run_interruptibly)
 from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
 from gdrprobe.exchange import (Channel, authenticate_as_client, authenticate_as_server,
-                               error_message, field, int_list)
-from gdrprobe.buffers import MemorySpec, describe, open_buffer
+                               error_message, field)
 from gdrprobe.memory import MemoryProvider
+from gdrprobe.options import ProbeOptions, check_latency_memory
 from gdrprobe.report import EndpointSummary, Integrity, RunReport, RunSettings
+from gdrprobe.wire import (RemoteBuffer, address_from_message, integrity_from_message,
+                           summary_from_message, summary_message)
 
 DEFAULT_PORT = 18750
-PAGE = 4096
-MAX_SIZE = 1 << 30
-MAX_ITERATIONS = 10**9
-MAX_QPS = _native.MAX_QPS
-MAX_TX_DEPTH = 16384
-MAX_POST_LIST = 64
-SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -a
 DEFAULT_MAX_BUFFER = 256 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeOptions:
-    """What the client asks for; the server receives and re-checks it."""
-
-    mode: str = "bandwidth"
-    sizes: tuple[int, ...] = (65536,)
-    iterations: int = 1000
-    warmup_iterations: int = 0
-    duration_s: float | None = None
-    warmup_s: float = 0.5
-    qps: int = 1
-    tx_depth: int = 128
-    cq_moderation: int = 100
-    post_list: int = 1
-    mtu: int | None = None
-    timeout_s: float = 30.0
-    connect_wait_s: float = 0.0
-
-    def __post_init__(self):
-        self.validate()
-
-    def validate(self) -> None:
-        problems = []
-        if self.mode not in ("bandwidth", "latency"):
-            problems.append(f"mode {self.mode!r} is not bandwidth or latency")
-        if not self.sizes or any(not 1 <= s <= MAX_SIZE for s in self.sizes):
-            problems.append(f"sizes must be 1 B to {MAX_SIZE} B")
-        if self.mode == "latency" and min(self.sizes, default=2) < 2:
-            problems.append("latency needs messages of at least 2 bytes")
-        if not 1 <= self.iterations <= MAX_ITERATIONS:
-            problems.append(f"iterations must be 1 to {MAX_ITERATIONS}")
-        if not 0 <= self.warmup_iterations <= MAX_ITERATIONS:
-            problems.append("warm-up iterations must not be negative")
-        if self.duration_s is not None and not 0 < self.duration_s <= 3600:
-            problems.append("duration must be over 0 and at most 3600 s")
-        if not 0 <= self.warmup_s <= 600:
-            problems.append("warm-up must be 0 to 600 s")
-        if not 1 <= self.qps <= MAX_QPS:
-            problems.append(f"QPs must be 1 to {MAX_QPS}")
-        if not 1 <= self.tx_depth <= MAX_TX_DEPTH:
-            problems.append(f"TX depth must be 1 to {MAX_TX_DEPTH}")
-        if not 1 <= self.cq_moderation <= self.tx_depth:
-            problems.append("CQ moderation must be 1 to the TX depth")
-        if not 1 <= self.post_list <= min(MAX_POST_LIST, self.tx_depth):
-            problems.append(f"post list must be 1 to min({MAX_POST_LIST}, TX depth)")
-        if self.mtu is not None and self.mtu not in (256, 512, 1024, 2048, 4096):
-            problems.append("MTU must be 256, 512, 1024, 2048 or 4096")
-        if self.mode == "latency" and (self.qps != 1 or self.duration_s):
-            problems.append("latency runs one QP and a fixed number of iterations")
-        if not 0.1 <= self.timeout_s <= 3600:
-            problems.append("time-out must be 0.1 to 3600 s")
-        if not 0 <= self.connect_wait_s <= 3600:
-            problems.append("connect wait must be 0 to 3600 s")
-        if problems:
-            raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
-
-    @property
-    def buffer_bytes(self) -> int:
-        """Two page-rounded halves of the largest message: the target (or receive) half,
-        and room past it where stray writes show up (or the send half for latency)."""
-        half = -(-max(self.sizes) // PAGE) * PAGE
-        return 2 * half
-
-    def to_message(self) -> dict:
-        return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
-
-    @classmethod
-    def from_message(cls, message: dict) -> "ProbeOptions":
-        duration = message.get("duration_s")
-        options = cls(
-            mode=field(message, "mode", str),
-            sizes=tuple(int_list(message, "sizes", low=1, high=MAX_SIZE, max_items=64)),
-            iterations=field(message, "iterations", int, low=1, high=MAX_ITERATIONS),
-            warmup_iterations=field(message, "warmup_iterations", int, low=0,
-                                    high=MAX_ITERATIONS),
-            duration_s=None if duration is None else float(field(message, "duration_s",
-                                                                  (int, float), low=0)),
-            warmup_s=float(field(message, "warmup_s", (int, float), low=0, high=600)),
-            qps=field(message, "qps", int, low=1, high=MAX_QPS),
-            tx_depth=field(message, "tx_depth", int, low=1, high=MAX_TX_DEPTH),
-            cq_moderation=field(message, "cq_moderation", int, low=1, high=MAX_TX_DEPTH),
-            post_list=field(message, "post_list", int, low=1, high=MAX_POST_LIST),
-            mtu=message.get("mtu") and field(message, "mtu", int, low=256, high=4096),
-            timeout_s=float(field(message, "timeout_s", (int, float), low=0.1, high=3600)),
-            connect_wait_s=float(field(message, "connect_wait_s", (int, float), low=0,
-                                       high=3600)),
-        )
-        return options
-
-    def endpoint_options(self, base: EndpointOptions) -> EndpointOptions:
-        inline = LATENCY_MAX_INLINE if self.mode == "latency" else 0
-        return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
-                                   max_inline=inline, mtu=self.mtu)
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteBuffer:
-    address: int
-    rkey: int
-    length: int
-
-    @classmethod
-    def from_message(cls, message: dict) -> "RemoteBuffer":
-        return cls(field(message, "address", int, low=0, high=2**64 - 1),
-                   field(message, "rkey", int, low=0, high=2**32 - 1),
-                   field(message, "length", int, low=1, high=2 * MAX_SIZE))
-
-
-def address_from_message(message: dict, max_qps: int = MAX_QPS) -> EndpointAddress:
-    return EndpointAddress(
-        gid=field(message, "gid", str),
-        gid_index=-1,
-        lid=field(message, "lid", int, low=0, high=0xFFFF),
-        mtu=field(message, "mtu", int, low=256, high=4096),
-        qp_numbers=tuple(int_list(message, "qp_numbers", low=1, high=(1 << 24) - 1,
-                                  max_items=max_qps)),
-        psns=tuple(int_list(message, "psns", low=0, high=(1 << 24) - 1, max_items=max_qps)),
-    )
-
-
-def summary_message(endpoint: Endpoint, memory: MemoryProvider) -> dict:
-    return {"host": socket.gethostname(), "device": endpoint.device,
-            "port": endpoint.options.port, "gid_index": endpoint.gid_index,
-            "gid": endpoint.gid, "mtu_bytes": endpoint.mtu,
-            "qp_numbers": [qp.qp_num for qp in endpoint.qps], "memory": describe(memory)}
-
-
-def summary_from_message(message: dict) -> EndpointSummary:
-    memory = field(message, "memory", dict)
-    return EndpointSummary(
-        host=field(message, "host", str), device=field(message, "device", str),
-        port=field(message, "port", int, low=1, high=255),
-        gid_index=field(message, "gid_index", int, low=0, high=1 << 16),
-        gid=field(message, "gid", str), mtu_bytes=field(message, "mtu_bytes", int),
-        qp_numbers=tuple(int_list(message, "qp_numbers", low=1, high=(1 << 24) - 1,
-                                  max_items=MAX_QPS)),
-        memory={str(k): v for k, v in list(memory.items())[:16]
-                if isinstance(v, (str, int, float, bool, type(None)))},
-    )
-
-
-def integrity_from_message(message: dict) -> Integrity:
-    first_bad = field(message, "first_bad_offset", int, low=-1)
-    first_stray = field(message, "first_stray_offset", int, low=-1)
-    return Integrity(
-        checked=True,
-        bytes_checked=field(message, "bytes_checked", int, low=0),
-        bad_bytes=field(message, "bad_bytes", int, low=0),
-        first_bad_offset=None if first_bad < 0 else first_bad,
-        stray_bytes=field(message, "stray_bytes", int, low=0),
-        first_stray_offset=None if first_stray < 0 else first_stray,
-    )
-
-
-def check_latency_memory(options: ProbeOptions, *specs: MemorySpec | None) -> None:
-    """The latency loop polls its receive buffer with the CPU, which cannot poll GPU memory."""
-    if options.mode == "latency" and any(spec and spec.kind != "host" for spec in specs):
-        raise UsageError("latency runs use host memory on both sides: the CPU polls the "
-                         "receive buffer, which it cannot do in GPU memory",
-                         "drop --mem/--remote-mem for --latency, or measure bandwidth")
+MIN_SERVER_TIMEOUT_S = 1.0
+HEARTBEATS_PER_TIMEOUT = 4     # a client beats this often within the server's time-out
+MAX_HEARTBEAT_S = 2.0
+MAX_ROUND = 2**62
 
 
 def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
@@ -222,10 +59,11 @@ class ProbeClient:
 
     def __init__(self, host: str, port: int, token: str, options: ProbeOptions,
                  endpoint_options: EndpointOptions, memory: MemorySpec = MemorySpec(),
-                 remote_memory: MemorySpec | None = None):
+                 remote_memory: MemorySpec | None = None, connect_wait_s: float = 0.0):
         self.host, self.port, self.token = host, port, token
+        self.connect_wait_s = connect_wait_s
         self.options = options
-        self.endpoint_options = options.endpoint_options(endpoint_options)
+        self.endpoint_options = options.endpoint_options(endpoint_options, server=False)
         self.memory = memory
         self.remote_memory = remote_memory
         check_latency_memory(options, memory, remote_memory)
@@ -235,7 +73,7 @@ class ProbeClient:
     def connect(self) -> Channel:
         """Connect, retrying a refused connection for connect_wait_s (a server that is
         still starting, as when both ends are launched together)."""
-        deadline = time.monotonic() + self.options.connect_wait_s
+        deadline = time.monotonic() + self.connect_wait_s
         while True:
             try:
                 sock = socket.create_connection((self.host, self.port),
@@ -260,23 +98,15 @@ class ProbeClient:
             authenticate_as_client(channel, self.token)
             local_ip = channel.sock.getsockname()[0]
             with Endpoint(self.endpoint_options, local_ip) as endpoint:
-                with open_buffer(self.memory, endpoint, self.options.buffer_bytes) as memory:
+                with open_buffer(self.memory, endpoint, self.options.buffer_bytes,
+                                 self.endpoint_options.remote_write) as memory:
                     return self._run_with(channel, endpoint, memory)
         except (GdrprobeError, KeyboardInterrupt) as error:
-            self._abort(channel, error)
+            # Tell the server why we stop, if it still listens.
+            channel.send_last("abort", reason=getattr(error, "cause", "") or type(error).__name__)
             raise
         finally:
             channel.close()
-
-    @staticmethod
-    def _abort(channel: Channel, error: BaseException) -> None:
-        """Tell the server why we stop, if it still listens; never mask the real error."""
-        try:
-            channel.sock.settimeout(1.0)
-            channel.send("abort", reason=str(error).splitlines()[0] if str(error) else
-                         type(error).__name__)
-        except (GdrprobeError, OSError):
-            pass
 
     def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
         local = endpoint.address()
@@ -289,6 +119,9 @@ class ProbeClient:
         if remote_buffer.length < self.options.buffer_bytes:
             raise PeerError("the server's buffer is smaller than the largest message", "")
         remote = summary_from_message(field(reply, "summary", dict))
+        server_timeout = field(reply, "timeout_s", (int, float), low=MIN_SERVER_TIMEOUT_S,
+                               high=3600)
+        self.heartbeat_s = min(MAX_HEARTBEAT_S, server_timeout / HEARTBEATS_PER_TIMEOUT)
         endpoint.connect(remote_address)
         handles = endpoint.handles()
 
@@ -333,8 +166,9 @@ class ProbeClient:
                                 evidence=error.evidence) from error
             raise
 
-    def _heartbeat(self, channel: Channel):
-        return lambda: channel.send("progress")
+    def _heartbeat(self, channel: Channel) -> dict:
+        """run_interruptibly's arguments that keep the server's time-out from expiring."""
+        return {"tick": lambda: channel.send("progress"), "tick_every_s": self.heartbeat_s}
 
     def _bandwidth_round(self, channel, handles, memory, remote, size):
         o = self.options
@@ -349,7 +183,7 @@ class ProbeClient:
             remote.address, remote.rkey, size, o.iterations, o.warmup_iterations, duration_ns,
             int(o.warmup_s * 1e9) if duration_ns else 0, o.tx_depth, o.cq_moderation,
             o.post_list, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
-            tick=self._heartbeat(channel))
+            **self._heartbeat(channel))
         self._check_loop(channel, raw, f"the {size}-byte bandwidth round")
         channel.send("done")
         verified = channel.receive("verified")
@@ -371,7 +205,7 @@ class ProbeClient:
             _native.run_latency, handles.qps[0], handles.cq, memory.address + half, memory.lkey,
             memory.address, remote.address, remote.rkey, size, o.iterations,
             self.endpoint_options.max_inline, True, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
-            tick=self._heartbeat(channel))
+            **self._heartbeat(channel))
         self._check_loop(channel, raw, f"the {size}-byte latency round")
         channel.send("done")
         integrity = integrity_from_message(channel.receive("verified"))
@@ -389,6 +223,9 @@ class ProbeServer:
                  port: int = DEFAULT_PORT, timeout_s: float = 30.0,
                  max_buffer: int = DEFAULT_MAX_BUFFER, memory: MemorySpec = MemorySpec(),
                  log=None):
+        if not MIN_SERVER_TIMEOUT_S <= timeout_s <= 3600:
+            raise UsageError(f"server time-out {timeout_s:g} s: use {MIN_SERVER_TIMEOUT_S:g} "
+                             "to 3600 s", "clients send a heartbeat several times per time-out")
         self.token = token
         self.endpoint_options = endpoint_options
         self.timeout_s = timeout_s
@@ -404,7 +241,8 @@ class ProbeServer:
         self.port = self.listener.getsockname()[1]
 
     def serve(self, runs: int | None = None) -> None:
-        """Serve runs until interrupted (or `runs` runs have been served)."""
+        """Serve runs until interrupted, or serve `runs` runs and raise the last one's
+        error (so `serve --once` exits as its run ended)."""
         served = 0
         try:
             while runs is None or served < runs:
@@ -414,10 +252,20 @@ class ProbeServer:
                     self.serve_one(conn, peer)
                 except GdrprobeError as error:
                     self.log(f"gdrprobe serve: run from {peer} ended: {error.cause}")
+                    if runs is not None and served == runs:
+                        raise
                 except Exception as error:   # a bug must not take the server down
                     self.log(f"gdrprobe serve: run from {peer} hit a gdrprobe bug: {error!r}")
         finally:
-            self.listener.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop listening; a serve() blocked in accept() returns with an OSError."""
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
 
     def serve_one(self, conn: socket.socket, peer: str) -> None:
         channel = Channel(conn, self.timeout_s, peer=f"client {peer}")
@@ -430,24 +278,17 @@ class ProbeServer:
                              RemoteBuffer.from_message(field(setup, "buffer", dict)))
             spec = self._memory_for(setup, options)
             local_ip = conn.getsockname()[0]
-            with Endpoint(options.endpoint_options(self.endpoint_options), local_ip) as endpoint:
-                with open_buffer(spec, endpoint, options.buffer_bytes) as memory:
+            with Endpoint(options.endpoint_options(self.endpoint_options, server=True),
+                          local_ip) as endpoint:
+                with open_buffer(spec, endpoint, options.buffer_bytes, True) as memory:
                     self._serve_rounds(channel, options, endpoint, memory, remote_address,
                                        remote_buffer)
             self.log(f"gdrprobe serve: run from {peer} finished")
         except GdrprobeError as error:
-            self._report(channel, error)
+            channel.send_last("error", **error_message(error))
             raise
         finally:
             channel.close()
-
-    @staticmethod
-    def _report(channel: Channel, error: GdrprobeError) -> None:
-        try:
-            channel.sock.settimeout(1.0)
-            channel.send("error", **error_message(error))
-        except (GdrprobeError, OSError):
-            pass
 
     def _memory_for(self, setup: dict, options: ProbeOptions) -> MemorySpec:
         """The client's choice of this side's memory, else the server's own."""
@@ -478,13 +319,14 @@ class ProbeServer:
         channel.send("setup_ok", endpoint=endpoint.address().to_message(),
                      buffer={"address": memory.address, "rkey": memory.rkey,
                              "length": memory.length},
-                     summary=summary_message(endpoint, memory))
+                     summary=summary_message(endpoint, memory), timeout_s=self.timeout_s)
         while True:
             message = channel.receive("start", "bye")
             if message["type"] == "bye":
                 return
             size = field(message, "size", int, low=1, high=max(options.sizes))
-            seed = _native.pattern_seed(size, field(message, "round", int, low=0))
+            seed = _native.pattern_seed(size, field(message, "round", int, low=0,
+                                                    high=MAX_ROUND))
             if options.mode == "bandwidth":
                 self._bandwidth_round(channel, memory, size, seed)
             else:
@@ -546,24 +388,44 @@ def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
     from gdrprobe.exchange import new_token
 
     token = new_token()
-    errors: list[str] = []
+    server_log: list[str] = []
     server = ProbeServer(token, endpoint_options, bind="127.0.0.1", port=0,
-                         timeout_s=options.timeout_s, log=errors.append)
-    thread = threading.Thread(target=server.serve, kwargs={"runs": 1},
-                              name="gdrprobe-loopback-server", daemon=True)
+                         timeout_s=max(options.timeout_s, MIN_SERVER_TIMEOUT_S),
+                         log=server_log.append)
+    try:
+        client = ProbeClient("127.0.0.1", server.port, token, options, endpoint_options,
+                             memory, remote_memory)
+    except BaseException:
+        server.close()
+        raise
+    outcome: dict = {}
+
+    def serve():
+        try:
+            server.serve(runs=1)
+        except GdrprobeError as error:
+            outcome["error"] = error
+        except OSError:
+            pass   # closed by the client side before a connection came
+
+    thread = threading.Thread(target=serve, name="gdrprobe-loopback-server", daemon=True)
     thread.start()
     try:
-        return ProbeClient("127.0.0.1", server.port, token, options, endpoint_options,
-                           memory, remote_memory).run()
+        return client.run()
+    except PeerError as error:
+        # The client saw the server hang up; the server thread knows why.
+        thread.join(timeout=options.timeout_s)
+        raise outcome.get("error", error) from error
     finally:
+        server.close()
         thread.join(timeout=options.timeout_s + STALL_TIMEOUT_S)
 
 
 def runner(options: ProbeOptions, endpoint_options: EndpointOptions, host: str | None = None,
-           port: int = DEFAULT_PORT, token: str | None = None):
+           port: int = DEFAULT_PORT, token: str | None = None, connect_wait_s: float = 0.0):
     """run_once(local_memory, remote_memory) -> RunReport: against host, or in loopback
     when host is None. The A/B calls it once per arm and repeat."""
     if host is None:
         return lambda local, remote: run_loopback(options, endpoint_options, local, remote)
     return lambda local, remote: ProbeClient(host, port, token, options, endpoint_options,
-                                             local, remote).run()
+                                             local, remote, connect_wait_s).run()

@@ -8,7 +8,7 @@ Pure logic, no I/O. The probe measures; :func:`classify` decides:
   (distance, ACS, IOMMU, BAR1) are named and, when doctor findings are given, confirmed
   or ruled out by them;
 - **not engaged**: no direct arm could register its GPU memory; the errno is turned into a
-  cause and a fix by :data:`REGISTRATION_CAUSES` (the one table; memory_gpu uses it too);
+  cause and a fix by :mod:`gdrprobe.causes` (the one table; memory_gpu uses it too);
 - **not testable**: no GPU, no CUDA driver, no RDMA device, or only memory that proves
   nothing about GPUDirect (managed, pinned host).
 
@@ -24,12 +24,11 @@ with more repeats. The exit code follows the classification alone.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import statistics
 from typing import Iterable, Sequence
 
+from gdrprobe.causes import errno_name, registration_cause
 from gdrprobe.errors import ExitCode
-from gdrprobe.memory import MEMLOCK_FIX
 
 ENGAGED = "engaged"
 DEGRADED = "degraded"
@@ -43,70 +42,6 @@ DEFAULT_THRESHOLD = 0.9
 DIRECT_ARMS = ("dmabuf", "peermem")   # arms whose speed proves or disproves GPUDirect
 STAGED_ARM = "staged"                 # the bounce through host memory: a reference only
 PROOF_MEMORY_KIND = "device"          # managed and pinned-host memory prove nothing
-
-
-# ---- registration errno -> cause and fix (the one table) ---------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RegistrationCause:
-    cause: str
-    fix: str
-
-
-PEERMEM_OR_DMABUF = "use the other mechanism (--mechanism dmabuf or peermem)"
-SCATTER_TO_CQE_HINT = ("on mlx5, if the path is present and registration still fails, retry "
-                       "with MLX5_SCATTER_TO_CQE=0 (perftest's known 'Couldn't allocate MR' "
-                       "issue)")
-BAR1_HINT = ("check BAR1 with 'nvidia-smi -q -d MEMORY'; a small BAR1 needs \"Above 4G "
-             "Decoding\" and \"Resizable BAR\" in the BIOS")
-
-REGISTRATION_CAUSES: dict[int, RegistrationCause] = {
-    errno.EOPNOTSUPP: RegistrationCause(
-        "the RDMA driver cannot register DMA-BUF memory (its rdma-core provider or kernel "
-        "driver has no DMA-BUF registration; rxe and siw never do)",
-        "use a NIC whose driver registers DMA-BUF (mlx5, efa and others in recent rdma-core), "
-        "or use peermem with nvidia-peermem loaded"),
-    errno.EPROTONOSUPPORT: RegistrationCause(
-        "the kernel has no DMA-BUF memory registration (Linux older than 5.12)",
-        "boot Linux 5.12 or newer, or use peermem with nvidia-peermem loaded"),
-    errno.EFAULT: RegistrationCause(
-        "no peer-memory client took the GPU address: nvidia-peermem is not loaded (or was "
-        "built before MLNX_OFED/DOCA-OFED was installed), or the stack offers DMA-BUF only",
-        "modprobe nvidia-peermem (if it will not load, reinstall the GPU driver after the "
-        f"OFED stack), or use --mechanism dmabuf; {SCATTER_TO_CQE_HINT}"),
-    errno.ENOMEM: RegistrationCause(
-        "the locked-memory limit is reached or the GPU's BAR1 aperture is exhausted",
-        f"{MEMLOCK_FIX}; {BAR1_HINT}"),
-    errno.EAGAIN: RegistrationCause(
-        "pinning failed for now: the locked-memory limit or the BAR1 aperture is exhausted",
-        f"{MEMLOCK_FIX}; {BAR1_HINT}"),
-    errno.EINVAL: RegistrationCause(
-        "the RDMA driver rejected the registration: a GPU address with no peer-memory path, "
-        "or a DMA-BUF range or access flag it does not accept",
-        f"run 'gdrprobe doctor' and check dmesg; {PEERMEM_OR_DMABUF}; {SCATTER_TO_CQE_HINT}"),
-    errno.EPERM: RegistrationCause(
-        "memory registration is not permitted (a locked-memory limit of 0, or a container "
-        "without IPC_LOCK)", MEMLOCK_FIX),
-}
-
-
-def errno_name(code: int | None) -> str:
-    """EOPNOTSUPP for 95 (Python says ENOTSUP, an alias), as verbs tools print it."""
-    if code == errno.EOPNOTSUPP:
-        return "EOPNOTSUPP"
-    return errno.errorcode.get(code, f"errno {code}")
-
-
-def registration_cause(error_code: int) -> RegistrationCause:
-    """Cause and fix of a failed GPU memory registration, by errno."""
-    known = REGISTRATION_CAUSES.get(error_code)
-    if known is not None:
-        return known
-    return RegistrationCause(f"GPU memory registration failed with errno {error_code} "
-                             f"({errno_name(error_code)})",
-                             "run 'gdrprobe doctor' and check dmesg for the RDMA driver's "
-                             "message")
 
 
 # ---- measurements in -------------------------------------------------------------

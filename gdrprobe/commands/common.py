@@ -52,7 +52,8 @@ def terminate_as_interrupt() -> None:
 
 
 def add_memory_flags(parser, remote: bool) -> None:
-    from gdrprobe.buffers import GPU_MEMORY_TYPES, MEM_CHOICES
+    from gdrprobe.buffers import MEM_CHOICES
+    from gdrprobe.memory_gpu import MEMORY_TYPES
 
     parser.add_argument("--mem", default="host", choices=MEM_CHOICES,
                         help="this side's buffer: host, or a GPU buffer registered through "
@@ -65,7 +66,7 @@ def add_memory_flags(parser, remote: bool) -> None:
     parser.add_argument("--gpu", default="0", metavar="ORDINAL|BUS_ID",
                         help="the GPU: CUDA ordinal or full PCI bus id such as 0000:3b:00.0 "
                              "(bus ids do not move; ordinals can)")
-    parser.add_argument("--gpu-mem-type", default="device", choices=GPU_MEMORY_TYPES,
+    parser.add_argument("--gpu-mem-type", default="device", choices=MEMORY_TYPES,
                         help="GPU memory type; managed and pinned-host are no GPUDirect proof")
     parser.add_argument("--dmabuf-pcie", action="store_true",
                         help="export DMA-BUF with the PCIe (BAR1) mapping flag (driver >= 12.8)")

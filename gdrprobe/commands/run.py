@@ -57,7 +57,7 @@ def register(subparsers) -> None:
 
 
 def probe_options(args, a_b: bool):
-    from gdrprobe.probe import SWEEP_SIZES, ProbeOptions
+    from gdrprobe.options import SWEEP_SIZES, ProbeOptions
 
     # The verdict compares bandwidth at large messages: 1 MiB unless asked otherwise.
     size = args.size or (A_B_SIZE if a_b else DEFAULT_SIZE)
@@ -76,7 +76,6 @@ def probe_options(args, a_b: bool):
         post_list=args.post_list,
         mtu=args.mtu,
         timeout_s=args.timeout,
-        connect_wait_s=args.connect_wait,
     )
 
 
@@ -98,7 +97,10 @@ def run(args) -> int:
                          "drop --latency, or drop --mem/--remote-mem")
     options = probe_options(args, a_b)
     token = None if args.loopback else token_from(args, True)
-    probe = runner(options, endpoint_options(args), args.host, args.port or DEFAULT_PORT, token)
+    if not 0 <= args.connect_wait <= 3600:
+        raise UsageError("--connect-wait must be 0 to 3600 s", "")
+    probe = runner(options, endpoint_options(args), args.host, args.port or DEFAULT_PORT, token,
+                   args.connect_wait)
     if not a_b:
         report = probe(local, remote)
         print(to_json(report) if args.json else render_run(report, gbits=args.report_gbits))

@@ -8,10 +8,12 @@ back (see :mod:`gdrprobe.doctor.context`).
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
+from gdrprobe import cuda
+from gdrprobe.cuda import c_string, device_attribute, import_driver, sysfs_bdf
 from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.errors import GdrprobeError
 from gdrprobe.report import Evidence, Finding, Status
 
 finding = functools.partial(Finding, group="gpu")
@@ -39,59 +41,14 @@ WRITES_ORDERING_NAMES = {0: "none", 100: "owner", 200: "all devices"}
 # ---- collecting facts from the driver ---------------------------------------
 
 
-class CudaCallFailed(Exception):
-    """A driver call returned an error CUresult."""
-
-
-def import_driver():
-    """cuda-python's driver module under its 12.6.1+ name or its older one."""
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        from cuda import cuda as driver
-    return driver
-
-
-def call(function, *args):
-    """Call a driver function, raising on an error CUresult; return its value, if any."""
-    err, *values = function(*args)
-    if int(err) != 0:
-        raise CudaCallFailed(f"{function.__name__} returned {getattr(err, 'name', int(err))}")
-    return values[0] if values else None
-
-
-def c_string(raw: bytes) -> str:
-    # The driver fills a space-padded buffer and terminates the string with NUL.
-    return raw.split(b"\0")[0].decode("ascii", "replace").strip()
-
-
-def sysfs_bdf(cuda_bus_id: str) -> str:
-    """CUDA's "00000000:3B:00.0" as sysfs spells it: "0000:3b:00.0"."""
-    match = re.fullmatch(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", cuda_bus_id)
-    if not match:
-        return cuda_bus_id.lower()
-    domain, bus, device, function = match.groups()
-    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
-
-
-def device_attribute(driver, device, name: str) -> int | None:
-    """One attribute, or None when this driver does not know it."""
-    attribute = getattr(driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
-    if attribute is None:
-        return None
-    try:
-        return int(call(driver.cuDeviceGetAttribute, attribute, device))
-    except CudaCallFailed:
-        return None
-
-
 def gpu_facts(driver, ordinal: int) -> dict[str, Any]:
-    device = call(driver.cuDeviceGet, ordinal)
+    device = cuda.check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
     facts: dict[str, Any] = {
         "ordinal": ordinal,
-        "name": c_string(call(driver.cuDeviceGetName, 256, device)),
-        "pci_bus_id": sysfs_bdf(c_string(call(driver.cuDeviceGetPCIBusId, 64, device))),
-        "total_memory_bytes": int(call(driver.cuDeviceTotalMem, device)),
+        "name": c_string(cuda.check(driver.cuDeviceGetName(256, device), "cuDeviceGetName")),
+        "pci_bus_id": sysfs_bdf(c_string(cuda.check(driver.cuDeviceGetPCIBusId(64, device),
+                                               "cuDeviceGetPCIBusId"))),
+        "total_memory_bytes": int(cuda.check(driver.cuDeviceTotalMem(device), "cuDeviceTotalMem")),
     }
     for name, key in DEVICE_ATTRIBUTES.items():
         facts[key] = device_attribute(driver, device, name)
@@ -99,10 +56,10 @@ def gpu_facts(driver, ordinal: int) -> dict[str, Any]:
 
 
 def facts_from_driver(driver) -> dict[str, Any]:
-    call(driver.cuInit, 0)
-    count = call(driver.cuDeviceGetCount)
+    cuda.check(driver.cuInit(0), "cuInit(0)")
+    count = cuda.check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
     return {
-        "driver_version": int(call(driver.cuDriverGetVersion)),
+        "driver_version": int(cuda.check(driver.cuDriverGetVersion(), "cuDriverGetVersion")),
         "gpus": [gpu_facts(driver, ordinal) for ordinal in range(count)],
     }
 
@@ -123,8 +80,8 @@ def collect_cuda_facts(driver=None) -> dict[str, Any]:
             return {"error": f"cuda-python is not installed ({error})"}
     try:
         return facts_from_driver(driver)
-    except CudaCallFailed as error:
-        return {"error": f"CUDA driver call failed: {error}"}
+    except GdrprobeError as error:
+        return {"error": f"CUDA driver call failed: {error.cause}"}
     except RuntimeError as error:
         # No libcuda: the bindings load it lazily and the first call raises.
         return {"error": f"no CUDA driver: {error}"}

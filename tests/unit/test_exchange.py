@@ -3,6 +3,7 @@
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -131,3 +132,74 @@ def test_matching_tokens_authenticate_both_ways():
 def test_a_client_with_another_token_is_refused_and_learns_nothing():
     outcome = authenticate("token-123456", "token-654321")
     assert "token" in outcome["client"] and "token" in outcome["server"]
+
+
+def test_server_reveals_no_proof_before_the_client_proves_the_token():
+    """A raw client without the token: the challenge carries no proof to test guesses
+    against, and a forged proof gets an error, never a welcome."""
+    import hashlib
+    import hmac
+
+    left, right = tcp_pair()
+    server, raw = Channel(left, 2.0, "client"), Channel(right, 2.0, "server")
+    outcome = {}
+
+    def serve():
+        try:
+            authenticate_as_server(server, "token-123456")
+        except PeerError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    raw.send("hello", nonce="ab" * 32)
+    challenge = raw.receive("challenge")
+    assert set(challenge) == {"type", "nonce"}
+    forged = hmac.new(b"guess-000000", b"client", hashlib.sha256).hexdigest()
+    raw.send("auth", proof=forged)
+    reply = raw.receive("error")
+    assert reply["reason"] == "wrong token"
+    thread.join()
+    assert "wrong token" in outcome["error"].cause
+    server.close()
+    raw.close()
+
+
+@pytest.mark.parametrize("proof", ["zz" * 32, "ab" * 31, "é" * 64])
+def test_malformed_proofs_are_peer_errors(pair, proof):
+    a, b = pair
+    a.send("auth", proof=proof)
+    message = b.receive("auth")
+    from gdrprobe.exchange import _proof_matches
+
+    with pytest.raises(PeerError):
+        _proof_matches(message, "00" * 32)
+
+
+def test_a_peer_trickling_bytes_is_as_slow_as_a_silent_one(pair):
+    a, b = pair
+
+    def trickle():
+        for byte in HEADER.pack(b"GDRP", 1, 4):
+            try:
+                a.sock.sendall(bytes([byte]))
+            except OSError:
+                return
+            time.sleep(0.1)
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    started = time.monotonic()
+    with pytest.raises(PeerError, match="did not answer within 0.5 s"):
+        b.receive("start", timeout=0.5)
+    assert time.monotonic() - started < 0.9   # one deadline for the message, not per byte
+    sender.join()
+
+
+def test_deeply_nested_json_is_refused(pair):
+    a, b = pair
+    payload = b"[" * 100000 + b"]" * 100000
+    a.sock.sendall(HEADER.pack(b"GDRP", 1, len(payload) if len(payload) <= 65536 else 65536)
+                   + payload[:65536])
+    with pytest.raises(PeerError):
+        b.receive("start")

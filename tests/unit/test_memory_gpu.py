@@ -14,7 +14,7 @@ from gdrprobe.errors import ExitCode, NotTestable, ResourceLimit, UsageError
 from gdrprobe.memory import HostMemory
 from gdrprobe.memory_gpu import (DmaBufGpuMemory, NicDmaBufSupport, PeermemGpuMemory,
                                  StagedGpuMemory, choose_mechanism, interpret_nic_probe)
-from gdrprobe.verdict import REGISTRATION_CAUSES, registration_cause
+from gdrprobe.causes import REGISTRATION_CAUSES, registration_cause
 
 
 def cuda_driver_present() -> bool:

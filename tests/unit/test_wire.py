@@ -1,0 +1,32 @@
+"""What a peer sends about its endpoint and buffer is checked before verbs sees it."""
+
+import pytest
+
+from gdrprobe.errors import PeerError
+from gdrprobe.wire import RemoteBuffer, address_from_message, integrity_from_message
+
+GOOD = {"gid": "0000:0000:0000:0000:0000:ffff:0a4d:0002", "lid": 0, "mtu": 4096,
+        "qp_numbers": [17, 18], "psns": [1, 2]}
+
+
+def test_a_good_address():
+    address = address_from_message(GOOD)
+    assert address.qp_numbers == (17, 18) and address.mtu == 4096
+
+
+@pytest.mark.parametrize("change", [
+    {"mtu": 1000}, {"mtu": "4096"}, {"gid": "not-a-gid"}, {"gid": 7}, {"lid": 1 << 20},
+    {"qp_numbers": [1 << 24]}, {"psns": [-1]}, {"qp_numbers": list(range(1, 100))},
+])
+def test_a_bad_address_is_a_peer_error(change):
+    with pytest.raises(PeerError):
+        address_from_message(GOOD | change)
+
+
+def test_buffer_and_integrity_bounds():
+    assert RemoteBuffer.from_message({"address": 4096, "rkey": 5, "length": 8192}).rkey == 5
+    with pytest.raises(PeerError):
+        RemoteBuffer.from_message({"address": -1, "rkey": 5, "length": 8192})
+    report = integrity_from_message({"bytes_checked": 10, "bad_bytes": 1, "first_bad_offset": 3,
+                                     "stray_bytes": 0, "first_stray_offset": -1})
+    assert report.first_bad_offset == 3 and report.first_stray_offset is None and not report.ok
