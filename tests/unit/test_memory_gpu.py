@@ -15,6 +15,7 @@ from gdrprobe.memory import HostMemory
 from gdrprobe.memory_gpu import (DmaBufGpuMemory, NicDmaBufSupport, PeermemGpuMemory,
                                  StagedGpuMemory, choose_mechanism, interpret_nic_probe)
 from gdrprobe.causes import REGISTRATION_CAUSES, registration_cause
+from tests.unit.fake_cuda import CUdevice_attribute, FakeResult
 
 
 def cuda_driver_present() -> bool:
@@ -55,11 +56,6 @@ def test_no_driver_is_retried_not_cached():
 # ---- driver results -------------------------------------------------------------
 
 
-class FakeResult(enum.IntEnum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_OUT_OF_MEMORY = 2
-    CUDA_ERROR_INVALID_VALUE = 1
-    CUDA_ERROR_NO_DEVICE = 100
 
 
 def test_check_returns_the_value_or_none():
@@ -231,11 +227,7 @@ def test_the_base_provider_stages_nothing():
 class FakeDriver:
     """cuda.bindings.driver's call shapes; "device" memory is host memory."""
 
-    class CUdevice_attribute(enum.IntEnum):
-        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
-        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS = 117
-        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118
-        CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
+    CUdevice_attribute = CUdevice_attribute
 
     class CUpointer_attribute(enum.IntEnum):
         CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6

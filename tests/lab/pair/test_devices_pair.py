@@ -3,7 +3,7 @@
 import json
 import sys
 
-from tests.lab.helpers import REPO, gdrprobe_json
+from tests.lab.helpers import gdrprobe_json
 
 
 def roce_v2_addresses(report: dict) -> set[str]:

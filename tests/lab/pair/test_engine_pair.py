@@ -1,6 +1,5 @@
 """The probe across two hosts: host a (10.77.0.1) runs the client, host b the server."""
 
-import json
 import signal
 import sys
 import time

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-import enum
 import json
 
 from .stack_machines import GPU_BDF, FakeDevice, FakeTopology, context, cuda_facts, gpu_resource
 
 from gdrprobe.doctor import gpu
 from gdrprobe.report import Status
+from tests.unit.fake_cuda import CUdevice_attribute, FakeResult
 
 MiB = 1 << 20
 
@@ -15,19 +15,12 @@ def by_id(findings):
     return {finding.id: finding for finding in findings}
 
 
-class FakeResult(enum.IntEnum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_INVALID_VALUE = 1
 
 
 class FakeDriver:
     """The call shapes of cuda.bindings.driver for one H100, tuples and all."""
 
-    class CUdevice_attribute(enum.IntEnum):
-        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
-        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS = 117
-        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118
-        CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
+    CUdevice_attribute = CUdevice_attribute
 
     values = {116: 1, 117: 1, 118: 100}     # 124 unknown to this "old" driver
 
