@@ -81,8 +81,8 @@ def bandwidth_pair(device: str, gid: int, size: int, iters: int, depth: int, cq_
             "perftest_mpps": rate, "gdrprobe_mpps": row["message_rate_mpps"]}
 
 
-def latency_pair(device: str, gid: int, size: int, iters: int):
-    common = ["-s", str(size), "-n", str(iters)]
+def latency_pair(device: str, gid: int, size: int, iters: int, inline: int):
+    common = ["-s", str(size), "-n", str(iters), "-I", str(inline)]
     numbers = perftest("ib_write_lat", device, gid, common, 9)
     row = gdrprobe(device, [*common, "--latency"])["latency"][0]
     return {"perftest_us": numbers[4], "gdrprobe_us": row["latency_us_median"],
@@ -105,13 +105,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("-t", "--tx-depth", type=int, default=128)
     parser.add_argument("-Q", "--cq-mod", type=int, default=100)
+    parser.add_argument("-I", "--inline-size", type=int, default=0,
+                        help="inline size for both programs' latency runs (perftest picks 0 "
+                             "on rxe)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
     print(f"# gdrprobe vs perftest on {args.device}, {platform.node()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, kernel {platform.release()}")
-    print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, {args.repeats} "
-          "repeats; ratio = median over repeats of gdrprobe / perftest")
+    print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, latency inline size "
+          f"{args.inline_size}, {args.repeats} repeats; ratio = median over repeats of "
+          "gdrprobe / perftest")
     print("| size B | iters | perftest Gb/s | gdrprobe Gb/s | BW ratio | msg-rate ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
@@ -126,8 +130,8 @@ def main() -> int:
     print("| size B | iters | perftest typical us | gdrprobe median us | latency ratio | avg ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in [s for s in sizes if s <= 65536]:
-        runs = [latency_pair(args.device, args.gid_index, max(size, 2), args.lat_iters)
-                for _ in range(args.repeats)]
+        runs = [latency_pair(args.device, args.gid_index, max(size, 2), args.lat_iters,
+                             args.inline_size) for _ in range(args.repeats)]
         print(f"| {max(size, 2)} | {args.lat_iters}"
               f" | {statistics.median(r['perftest_us'] for r in runs):.2f}"
               f" | {statistics.median(r['gdrprobe_us'] for r in runs):.2f}"

@@ -47,6 +47,8 @@ static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
 static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct qp_progress *p,
                       struct ibv_send_wr *wrs, struct gdr_bw_result *res)
 {
+    unsigned int inline_flag = cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
+
     while (p->posted < p->target && p->posted - p->completed < cfg->tx_depth) {
         uint64_t room = cfg->tx_depth - (p->posted - p->completed);
         uint64_t left = p->target - p->posted;
@@ -62,7 +64,7 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
             int signalled = number % cfg->cq_mod == 0 || number == p->target;
 
             p->unsignaled++;
-            wrs[i].send_flags = signalled ? IBV_SEND_SIGNALED : 0;
+            wrs[i].send_flags = (signalled ? IBV_SEND_SIGNALED : 0) | inline_flag;
             wrs[i].wr_id = WR_ID(qp_index, p->unsignaled);
             if (signalled)
                 p->unsignaled = 0;

@@ -36,6 +36,7 @@ struct gdr_bw_config {
     uint32_t tx_depth;            /* outstanding work requests per QP */
     uint32_t cq_mod;              /* one signalled request every cq_mod */
     uint32_t post_list;           /* work requests chained per ibv_post_send */
+    uint32_t max_inline;          /* messages up to this size go inline */
     uint64_t stall_timeout_ns;
     volatile int *stop;
 };

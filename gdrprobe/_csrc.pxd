@@ -61,6 +61,7 @@ cdef extern from "gdr_loop.h" nogil:
         uint32_t tx_depth
         uint32_t cq_mod
         uint32_t post_list
+        uint32_t max_inline
         uint64_t stall_timeout_ns
         volatile int *stop
 

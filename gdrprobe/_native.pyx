@@ -176,8 +176,8 @@ def run_bandwidth(qp_ptrs, uintptr_t cq_ptr, uint64_t local_addr, uint32_t lkey,
                   uint64_t remote_addr, uint32_t rkey, uint32_t msg_size,
                   uint64_t iterations, uint64_t warmup_iterations,
                   uint64_t duration_ns, uint64_t warmup_ns, uint32_t tx_depth,
-                  uint32_t cq_mod, uint32_t post_list, uint64_t stall_timeout_ns,
-                  StopFlag stop):
+                  uint32_t cq_mod, uint32_t post_list, uint32_t max_inline,
+                  uint64_t stall_timeout_ns, StopFlag stop):
     """RDMA WRITE bandwidth loop; returns the C result as a dict."""
     cdef c.gdr_bw_config cfg
     cdef c.gdr_bw_result res
@@ -195,6 +195,7 @@ def run_bandwidth(qp_ptrs, uintptr_t cq_ptr, uint64_t local_addr, uint32_t lkey,
     cfg.iterations, cfg.warmup_iterations = iterations, warmup_iterations
     cfg.duration_ns, cfg.warmup_ns = duration_ns, warmup_ns
     cfg.tx_depth, cfg.cq_mod, cfg.post_list = tx_depth, cq_mod, post_list
+    cfg.max_inline = max_inline
     cfg.stall_timeout_ns = stall_timeout_ns
     cfg.stop = &stop.value
     with nogil:

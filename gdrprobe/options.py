@@ -18,6 +18,7 @@ MAX_QPS = _native.MAX_QPS
 MAX_TX_DEPTH = 16384
 MAX_POST_LIST = _native.MAX_POST_LIST
 MTUS = (256, 512, 1024, 2048, 4096)
+MAX_INLINE = 1024
 SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -a
 
 
@@ -37,6 +38,7 @@ class ProbeOptions:
     post_list: int = 1
     mtu: int | None = None
     timeout_s: float = 30.0
+    inline_size: int | None = None   # None: perftest's defaults (220 B latency, 0 bandwidth)
 
     def __post_init__(self):
         self.validate()
@@ -69,6 +71,8 @@ class ProbeOptions:
             problems.append("MTU must be 256, 512, 1024, 2048 or 4096")
         if self.mode == "latency" and (self.qps != 1 or self.duration_s):
             problems.append("latency runs one QP and a fixed number of iterations")
+        if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
+            problems.append(f"inline size must be 0 to {MAX_INLINE} bytes")
         if not 0.1 <= self.timeout_s <= 3600:
             problems.append("time-out must be 0.1 to 3600 s")
         if problems:
@@ -102,6 +106,8 @@ class ProbeOptions:
             post_list=field(message, "post_list", int, low=1, high=MAX_POST_LIST),
             mtu=None if message.get("mtu") is None else field(message, "mtu", int),
             timeout_s=float(field(message, "timeout_s", (int, float), low=0.1, high=3600)),
+            inline_size=(None if message.get("inline_size") is None else
+                         field(message, "inline_size", int, low=0, high=MAX_INLINE)),
         )
         return options
 
@@ -110,8 +116,14 @@ class ProbeOptions:
         (a ping-pong of writes) the client's do too."""
         latency = self.mode == "latency"
         return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
-                                   max_inline=LATENCY_MAX_INLINE if latency else 0,
-                                   mtu=self.mtu, remote_write=server or latency)
+                                   max_inline=self.max_inline, mtu=self.mtu,
+                                   remote_write=server or latency)
+
+    @property
+    def max_inline(self) -> int:
+        if self.inline_size is not None:
+            return self.inline_size
+        return LATENCY_MAX_INLINE if self.mode == "latency" else 0
 
 
 def check_latency_memory(options: ProbeOptions, *specs: MemorySpec | None) -> None:

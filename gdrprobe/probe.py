@@ -16,7 +16,7 @@ import time
 
 from gdrprobe import _native
 from gdrprobe.buffers import MemorySpec, open_buffer
-from gdrprobe.endpoint import LATENCY_MAX_INLINE, Endpoint, EndpointOptions
+from gdrprobe.endpoint import Endpoint, EndpointOptions
 from gdrprobe.engine import (STALL_TIMEOUT_S, bandwidth_result, check_status, latency_result,
                              run_interruptibly)
 from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
@@ -182,7 +182,7 @@ class ProbeClient:
             _native.run_bandwidth, list(handles.qps), handles.cq, memory.address, memory.lkey,
             remote.address, remote.rkey, size, o.iterations, o.warmup_iterations, duration_ns,
             int(o.warmup_s * 1e9) if duration_ns else 0, o.tx_depth, o.cq_moderation,
-            o.post_list, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
+            o.post_list, o.max_inline, int(STALL_TIMEOUT_S * 1e9), stop=self.stop,
             **self._heartbeat(channel))
         self._check_loop(channel, raw, f"the {size}-byte bandwidth round")
         channel.send("done")
@@ -361,7 +361,7 @@ class ProbeServer:
         outcome: dict = {}
         responder = threading.Thread(target=lambda: outcome.update(raw=_native.run_latency(
             handles.qps[0], handles.cq, memory.address + half, memory.lkey, memory.address,
-            remote.address, remote.rkey, size, options.iterations, LATENCY_MAX_INLINE, False,
+            remote.address, remote.rkey, size, options.iterations, options.max_inline, False,
             int(STALL_TIMEOUT_S * 1e9), self.stop)), daemon=True)
         self.stop.clear()
         responder.start()

@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("-l", "--post-list", type=int, default=1,
                         help="writes chained per post (default 1)")
     parser.add_argument("-m", "--mtu", type=int, help="path MTU in bytes (default: the port's)")
+    parser.add_argument("-I", "--inline-size", type=int,
+                        help="messages up to this size are sent inline (default 220 for "
+                             "latency, 0 for bandwidth)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
     parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
@@ -76,6 +79,7 @@ def probe_options(args, a_b: bool):
         post_list=args.post_list,
         mtu=args.mtu,
         timeout_s=args.timeout,
+        inline_size=args.inline_size,
     )
 
 

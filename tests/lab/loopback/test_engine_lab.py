@@ -77,3 +77,10 @@ def test_json_schema_has_units_in_field_names():
     assert set(row) >= {"size_bytes", "bandwidth_avg_gbps", "bandwidth_peak_gbps",
                         "bandwidth_avg_mib_s", "message_rate_mpps", "elapsed_s"}
     json.dumps(report)
+
+
+def test_inline_messages_in_both_modes():
+    small = gdrprobe_json("run", "--loopback", "-s", "32", "-n", "100", "-I", "64")
+    assert_all_verified(small["bandwidth"])
+    plain = gdrprobe_json("run", "--loopback", "--latency", "-s", "64", "-n", "50", "-I", "0")
+    assert plain["latency"][0]["iterations"] == 50
