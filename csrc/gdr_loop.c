@@ -302,7 +302,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 {
     struct ibv_sge sge = {.addr = cfg->send_addr, .length = cfg->msg_size, .lkey = cfg->lkey};
     struct ibv_send_wr wr;
-    uint64_t i;
+    uint64_t i, last_post;
 
     memset(res, 0, sizeof(*res));
     if (!lat_config_valid(cfg)) {
@@ -317,14 +317,20 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     wr.wr.rdma.remote_addr = cfg->remote_addr;
     wr.wr.rdma.rkey = cfg->rkey;
 
+    /* One clock read per round trip, between the echo's arrival and the next post: a
+     * sample is the time from one post to the next, as perftest times it. */
+    last_post = cfg->initiator ? gdr_now_ns() : 0;
     for (i = 0; i < cfg->iterations; i++) {
         uint8_t tag = (uint8_t)(i % 255 + 1);   /* never 0: the buffers start zeroed */
-        uint64_t start = gdr_now_ns();
 
         if (cfg->initiator) {
+            uint64_t now;
+
             if (send_tag(cfg, &wr, tag, res) || wait_for_tag(cfg, tag, res))
                 return res->status;
-            cfg->samples_ns[i] = gdr_now_ns() - start;
+            now = gdr_now_ns();
+            cfg->samples_ns[i] = now - last_post;
+            last_post = now;
         } else if (wait_for_tag(cfg, tag, res) || send_tag(cfg, &wr, tag, res)) {
             return res->status;
         }

@@ -4,6 +4,7 @@ the loop runs without the GIL, and turn what the loop returns into results or er
 from __future__ import annotations
 
 import threading
+import time
 
 from gdrprobe import _native
 from gdrprobe.errors import Interrupted, PeerError, RdmaError
@@ -28,12 +29,14 @@ def run_interruptibly(loop, *args, stop: _native.StopFlag, tick=None, tick_every
 
     worker = threading.Thread(target=target, name="gdrprobe-loop", daemon=True)
     worker.start()
-    next_tick = _native.now_ns() + int(tick_every_s * 1e9)
+    next_tick = time.monotonic() + tick_every_s
     try:
         while worker.is_alive():
-            worker.join(0.05)
-            if tick is not None and _native.now_ns() >= next_tick:
-                next_tick += int(tick_every_s * 1e9)
+            # Waking only for the next heartbeat keeps this thread off the CPUs the loop and
+            # the NIC's driver need; a signal still interrupts the wait at once.
+            worker.join(max(0.0, next_tick - time.monotonic()) if tick else 0.5)
+            if tick is not None and time.monotonic() >= next_tick:
+                next_tick += tick_every_s
                 tick()
     except BaseException:
         stop.set()

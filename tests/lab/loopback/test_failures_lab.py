@@ -108,3 +108,14 @@ def test_impossible_settings_are_refused():
     assert done.returncode == 2 and "CQ moderation" in done.stderr
     done = gdrprobe("run", "--loopback", "-d", "mlx5_7", timeout=60)
     assert done.returncode == 4 and "rxe0" in done.stderr
+
+
+def test_ctrl_c_stops_the_server_mid_run_and_releases_everything(server, baseline):
+    running = client(*LONG_RUN)
+    wait_until_running()
+    server.process.send_signal(signal.SIGINT)
+    server_log, _ = server.process.communicate(timeout=30)
+    assert server.process.returncode == 130, server_log
+    _, stderr = running.communicate(timeout=60)
+    assert running.returncode == 5, stderr
+    assert rdma_resources() == baseline
