@@ -51,8 +51,9 @@ def render_run(report: RunReport, gbits: bool = False) -> str:
         for r in report.bandwidth:
             peak = r.bandwidth_peak_gbps if gbits else r.bandwidth_peak_mib_s
             avg = r.bandwidth_avg_gbps if gbits else r.bandwidth_avg_mib_s
-            lines.append(f" {r.size_bytes:<10} {r.iterations:<13} {peak:<20.2f} {avg:<23.2f}"
-                         f" {r.message_rate_mpps:<15.6f} {integrity_word(r.integrity)}")
+            lines.append(f" {r.size_bytes:<10} {r.iterations:<13} {rate(peak):<20}"
+                         f" {rate(avg):<23} {r.message_rate_mpps:<15.6f}"
+                         f" {integrity_word(r.integrity)}")
     if report.latency:
         lines.append(f" {'#bytes':<9} {'#iters':<8} {'min[us]':<9} {'median[us]':<11}"
                      f" {'mean[us]':<9} {'stdev[us]':<10} {'p99[us]':<9} {'p99.9[us]':<10}"
@@ -65,6 +66,12 @@ def render_run(report: RunReport, gbits: bool = False) -> str:
                          f" {integrity_word(r.integrity)}")
     lines.append(RULE)
     return "\n".join(lines)
+
+
+def rate(value: float) -> str:
+    """Two decimals, or six below 0.1 so that slow links do not print as zero (perftest's
+    rule)."""
+    return f"{value:.6f}" if value < 0.1 else f"{value:.2f}"
 
 
 def integrity_word(integrity) -> str:
