@@ -16,13 +16,18 @@ class LabError(RuntimeError):
 
 
 def kernel_package() -> str:
-    """The versioned image package that Debian's kernel meta-package points at now."""
-    out = subprocess.run(["apt-cache", "depends", META_PACKAGE], capture_output=True, text=True)
-    for line in out.stdout.splitlines():
-        name = line.split(":", 1)[-1].strip()
-        if line.strip().startswith("Depends:") and name.startswith("linux-image-"):
-            return name
-    raise LabError(f"apt-cache does not know {META_PACKAGE}; run 'apt-get update' first")
+    """The versioned image package that Debian's kernel meta-package points at now (the
+    package lists are refreshed once if they do not know it)."""
+    for attempt in range(2):
+        out = subprocess.run(["apt-cache", "depends", META_PACKAGE], capture_output=True,
+                             text=True)
+        for line in out.stdout.splitlines():
+            name = line.split(":", 1)[-1].strip()
+            if line.strip().startswith("Depends:") and name.startswith("linux-image-"):
+                return name
+        if attempt == 0:
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True)
+    raise LabError(f"apt-cache does not know {META_PACKAGE} even after 'apt-get update'")
 
 
 def cached_kernel() -> str | None:
