@@ -25,3 +25,24 @@ def test_outcomes_are_counted_from_pytest_summaries():
 
     text = "25 passed in 3.1s\n...\n1 failed, 6 passed, 2 errors in 9s\n"
     assert count_outcomes(text) == (31, 3)
+
+
+def test_a_guest_past_its_time_out_is_killed_with_its_whole_process_group(monkeypatch):
+    """The process-group handling, with a stand-in for vng that starts a child of its own."""
+    guest = vm.Guest("slow", "unused")
+    monkeypatch.setattr(guest, "argv", lambda kernel: ["bash", "-c", "sleep 300 & echo $!; wait"])
+    guest.start("/k/vmlinuz")
+    result = guest.wait(timeout=1.0)
+    assert result.timed_out and result.returncode == 124
+    child = int(result.output.split()[0])
+    assert not running(child), "the guest's child process outlived the time-out"
+    assert guest.process.poll() is not None
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting for a parent that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
