@@ -40,8 +40,7 @@ def _memory(choice: str | None, gpu: str, gpu_mem_type: str):
 
     if choice is None:
         return None
-    details = {} if choice == "host" else {"gpu": gpu, "memory_type": gpu_mem_type}
-    return MemorySpec.from_choice(choice, **details)
+    return MemorySpec.from_choice(choice, gpu=gpu, memory_type=gpu_mem_type)
 
 
 def run(host: str | None = None, *, token: str | None = None, loopback: bool = False,

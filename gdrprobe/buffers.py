@@ -13,8 +13,10 @@ import dataclasses
 
 from gdrprobe.errors import GdrprobeError, UsageError
 from gdrprobe.exchange import field
+from gdrprobe.cuda import open_gpu
 from gdrprobe.memory import LOCAL_ACCESS, PROBE_ACCESS, HostMemory, MemoryProvider
-from gdrprobe.memory_gpu import MECHANISMS, MEMORY_TYPES
+from gdrprobe.memory_gpu import (MECHANISMS, MEMORY_TYPES, PROVIDERS, choose_mechanism,
+                                 probe_nic_dmabuf)
 from gdrprobe.sysroot import SysRoot
 
 KINDS = ("host", "gpu")
@@ -47,7 +49,7 @@ class MemorySpec:
         """From a --mem value: host, gpu (auto mechanism), dmabuf, peermem or staged."""
         if choice not in MEM_CHOICES:
             raise UsageError(f"--mem {choice!r} is not one of {', '.join(MEM_CHOICES)}", "")
-        if choice == "host":
+        if choice == "host":   # GPU details do not apply to a host buffer
             return cls(kind="host", huge_pages=details.get("huge_pages", False))
         return cls(kind="gpu", mechanism="auto" if choice == "gpu" else choice, **details)
 
@@ -93,20 +95,17 @@ def open_buffer(spec: MemorySpec, endpoint, length: int, remote_write: bool):
 
 @contextlib.contextmanager
 def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int):
-    from gdrprobe.cuda import open_gpu
-    from gdrprobe.memory_gpu import PROVIDERS, choose_mechanism, probe_nic_dmabuf
-
     nic = probe_nic_dmabuf(endpoint.pd) if spec.mechanism in ("auto", "dmabuf") else None
     # Say what the NIC allows before the GPU is even opened: on a machine without CUDA the
     # reason still reaches the report, as the error's first piece of evidence.
-    _, early_reason = mechanism_for(spec, None, nic, choose_mechanism)
+    _, early_reason = mechanism_for(spec, None, nic)
     try:
         gpu = open_gpu(spec.gpu)
     except GdrprobeError as error:
         error.evidence = "; ".join(x for x in (early_reason, error.evidence) if x)
         raise
     with gpu:
-        mechanism, reason = mechanism_for(spec, gpu.attributes, nic, choose_mechanism)
+        mechanism, reason = mechanism_for(spec, gpu.attributes, nic)
         extra = {"pcie_mapping": spec.pcie_mapping} if mechanism == "dmabuf" else {}
         with PROVIDERS[mechanism](gpu, length, spec.memory_type, **extra) as memory:
             memory.choice_reason = reason
@@ -114,7 +113,7 @@ def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int):
             yield memory
 
 
-def mechanism_for(spec: MemorySpec, attributes, nic, choose_mechanism) -> tuple[str, str]:
+def mechanism_for(spec: MemorySpec, attributes, nic) -> tuple[str, str]:
     if spec.mechanism == "staged":
         return "staged", "staged requested: the bounce through pinned host memory"
     if spec.mechanism == "peermem":
@@ -124,5 +123,5 @@ def mechanism_for(spec: MemorySpec, attributes, nic, choose_mechanism) -> tuple[
 
 def describe(memory: MemoryProvider) -> dict:
     """The provider's own description plus why its mechanism was chosen."""
-    reason = getattr(memory, "choice_reason", "")
+    reason = memory.choice_reason
     return memory.describe() | ({"mechanism_reason": reason} if reason else {})

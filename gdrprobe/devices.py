@@ -32,10 +32,7 @@ def gid_type_name(gid_type: int, link_layer: int) -> str:
 def read_gids(ctx, device: str, port: int, attr, root: SysRoot) -> tuple[GidEntry, ...]:
     """The populated GID entries of a port (empty slots are skipped)."""
     entries = []
-    for index in range(attr.gid_tbl_len):
-        gid = ctx.query_gid(port, index).gid
-        if verbs.is_zero_gid(gid):
-            continue
+    for index, gid in verbs.populated_gids(ctx, port, attr):
         gid_type = ctx.query_gid_type(port, index)
         ethernet = attr.link_layer == verbs.LINK_LAYER_ETHERNET
         entries.append(GidEntry(
@@ -67,10 +64,9 @@ def read_port(ctx, device: str, port: int, root: SysRoot) -> PortInfo:
     )
 
 
-def read_device(name: str, root: SysRoot) -> DeviceInfo:
+def read_device(name: str, listed, root: SysRoot) -> DeviceInfo:
+    """One device; listed is its entry of the verbs device list."""
     pv = verbs.pyverbs()
-    listed = {d.name.decode() if isinstance(d.name, bytes) else d.name: d
-              for d in pv.device.get_device_list()}
     with pv.device.Context(name=name) as ctx:
         attr = ctx.query_device()
         ports = tuple(read_port(ctx, name, port, root)
@@ -78,8 +74,8 @@ def read_device(name: str, root: SysRoot) -> DeviceInfo:
     return DeviceInfo(
         name=name,
         node_guid=format_guid(attr.node_guid),
-        transport=verbs.TRANSPORTS.get(listed[name].transport_type, "unknown"),
-        node_type=verbs.NODE_TYPES.get(listed[name].node_type, "unknown"),
+        transport=verbs.TRANSPORTS.get(listed.transport_type, "unknown"),
+        node_type=verbs.NODE_TYPES.get(listed.node_type, "unknown"),
         firmware_version=attr.fw_version or "",
         vendor_id=attr.vendor_id,
         vendor_part_id=attr.vendor_part_id,
@@ -89,6 +85,8 @@ def read_device(name: str, root: SysRoot) -> DeviceInfo:
 
 def list_devices(device: str | None = None, root: str = "/") -> DeviceReport:
     """Every RDMA device (or only the named one) with its ports and GIDs."""
-    names = [verbs.resolve_device(device)] if device else verbs.device_names()
+    listed = verbs.devices()
+    names = [verbs.resolve_device(device, list(listed))] if device else list(listed)
     sysroot = SysRoot(root)
-    return DeviceReport(devices=tuple(read_device(name, sysroot) for name in names))
+    return DeviceReport(devices=tuple(read_device(name, listed[name], sysroot)
+                                      for name in names))

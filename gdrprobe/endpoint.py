@@ -65,7 +65,7 @@ def choose_gid(ctx, port: int, port_attr, local_ip: str | None, gid_index: int |
         return gid_index, gid
     if port_attr.link_layer != verbs.LINK_LAYER_ETHERNET:
         return 0, ctx.query_gid(port, 0).gid
-    roce_v2 = [(index, gid) for index, gid in populated_gids(ctx, port, port_attr)
+    roce_v2 = [(index, gid) for index, gid in verbs.populated_gids(ctx, port, port_attr)
                if ctx.query_gid_type(port, index) == verbs.GID_TYPE_SYSFS_ROCE_V2]
     for index, gid in roce_v2:
         if verbs.gid_ip_address(gid) == local_ip:
@@ -79,13 +79,6 @@ def choose_gid(ctx, port: int, port_attr, local_ip: str | None, gid_index: int |
                    "this host uses to reach its peer",
                    "connect to the peer over the RDMA interface's IP address, or pass "
                    "--gid-index (see 'gdrprobe devices')")
-
-
-def populated_gids(ctx, port: int, port_attr):
-    for index in range(port_attr.gid_tbl_len):
-        gid = ctx.query_gid(port, index).gid
-        if not verbs.is_zero_gid(gid):
-            yield index, gid
 
 
 class Endpoint:

@@ -70,7 +70,7 @@ def check_status(result: dict, what: str) -> None:
     if status == _native.STATUS_WC:
         name = _native.wc_status_str(result["wc_status"])
         evidence = (f"work completion status {result['wc_status']} ({name}), vendor error "
-                    f"0x{result['wc_vendor_err']:x}, QP 0x{result.get('wc_qp_num', 0):x}")
+                    f"0x{result['wc_vendor_err']:x}, QP 0x{result['wc_qp_num']:x}")
         if result["wc_status"] == WC_RETRY_EXCEEDED:
             raise PeerError(f"{what} failed: the peer stopped acknowledging writes",
                             "check that the peer is still running and the link is up",

@@ -85,6 +85,7 @@ class MemoryProvider(abc.ABC):
 
     lkey: int = 0
     rkey: int = 0
+    choice_reason: str = ""   # why this provider was chosen (set by gdrprobe.buffers)
 
     def __enter__(self):
         return self

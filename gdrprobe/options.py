@@ -91,7 +91,7 @@ class ProbeOptions:
     @classmethod
     def from_message(cls, message: dict) -> "ProbeOptions":
         duration = message.get("duration_s")
-        options = cls(
+        return cls(
             mode=field(message, "mode", str),
             sizes=tuple(int_list(message, "sizes", low=1, high=MAX_SIZE, max_items=64)),
             iterations=field(message, "iterations", int, low=1, high=MAX_ITERATIONS),
@@ -109,7 +109,6 @@ class ProbeOptions:
             inline_size=(None if message.get("inline_size") is None else
                          field(message, "inline_size", int, low=0, high=MAX_INLINE)),
         )
-        return options
 
     def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:
         """The endpoint for one side: the server's QPs take writes, and in a latency run

@@ -24,9 +24,9 @@ from gdrprobe.exchange import (Channel, authenticate_as_client, authenticate_as_
                                error_message, field)
 from gdrprobe.memory import MemoryProvider
 from gdrprobe.options import ProbeOptions, check_latency_memory
-from gdrprobe.report import EndpointSummary, Integrity, RunReport, RunSettings
-from gdrprobe.wire import (RemoteBuffer, address_from_message, integrity_from_message,
-                           summary_from_message, summary_message)
+from gdrprobe.report import Integrity, RunReport, RunSettings
+from gdrprobe.wire import (RemoteBuffer, address_from_message, endpoint_summary,
+                           integrity_from_message, summary_from_message, summary_message)
 
 DEFAULT_PORT = 18750
 DEFAULT_MAX_BUFFER = 256 << 20
@@ -135,9 +135,8 @@ class ProbeClient:
         channel.send("bye")
         return RunReport(
             settings=self._settings(endpoint), handle_route=handles.route,
-            local=EndpointSummary(**summary_message(endpoint, memory) | {
-                "qp_numbers": tuple(local.qp_numbers)}),
-            remote=remote, bandwidth=tuple(bandwidth), latency=tuple(latency))
+            local=endpoint_summary(endpoint, memory), remote=remote,
+            bandwidth=tuple(bandwidth), latency=tuple(latency))
 
     def _buffer_message(self, memory: MemoryProvider) -> dict | None:
         # Only a latency run lets the server write into this side's buffer.
@@ -272,7 +271,7 @@ class ProbeServer:
         try:
             authenticate_as_server(channel, self.token)
             setup = channel.receive("setup")
-            options = self._checked_options(channel, field(setup, "settings", dict))
+            options = self._checked_options(field(setup, "settings", dict))
             remote_address = address_from_message(field(setup, "endpoint", dict), options.qps)
             remote_buffer = (None if setup.get("buffer") is None else
                              RemoteBuffer.from_message(field(setup, "buffer", dict)))
@@ -302,7 +301,7 @@ class ProbeServer:
         check_latency_memory(options, spec, None)
         return spec
 
-    def _checked_options(self, channel: Channel, message: dict) -> ProbeOptions:
+    def _checked_options(self, message: dict) -> ProbeOptions:
         try:
             options = ProbeOptions.from_message(message)
         except UsageError as error:
@@ -388,10 +387,10 @@ def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
     from gdrprobe.exchange import new_token
 
     token = new_token()
-    server_log: list[str] = []
+    # The server thread stays quiet: its errors reach the caller through the client.
     server = ProbeServer(token, endpoint_options, bind="127.0.0.1", port=0,
                          timeout_s=max(options.timeout_s, MIN_SERVER_TIMEOUT_S),
-                         log=server_log.append)
+                         log=lambda text: None)
     try:
         client = ProbeClient("127.0.0.1", server.port, token, options, endpoint_options,
                              memory, remote_memory)

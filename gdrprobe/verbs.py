@@ -64,30 +64,43 @@ def pyverbs():
     return ns
 
 
-def device_names() -> list[str]:
-    """Names of the RDMA devices the verbs library sees; NoDevice when there are none."""
+def devices() -> dict:
+    """The RDMA devices the verbs library sees, by name; NoDevice when there are none."""
     pv = pyverbs()
     try:
-        devices = pv.device.get_device_list()
+        listed = pv.device.get_device_list()
     except pv.PyverbsError as error:
         raise NoDevice("no RDMA device found: the verbs library could not list devices",
                        NO_DEVICE_FIX, evidence=str(error).splitlines()[0]) from error
-    names = [d.name.decode() if isinstance(d.name, bytes) else d.name for d in devices]
-    if not names:
+    if not listed:
         raise NoDevice("no RDMA device found", NO_DEVICE_FIX,
                        evidence="ibv_get_device_list returned an empty list")
-    return names
+    # pyverbs 44 names devices in bytes, later versions in str.
+    return {d.name.decode() if isinstance(d.name, bytes) else d.name: d for d in listed}
 
 
-def resolve_device(name: str | None) -> str:
-    """The device to use: the named one (checked) or the first one."""
-    names = device_names()
+def device_names() -> list[str]:
+    return list(devices())
+
+
+def resolve_device(name: str | None, names: list[str] | None = None) -> str:
+    """The device to use: the named one (checked) or the first one; names, when the
+    caller already listed them, saves listing again."""
+    names = names or device_names()
     if name is None:
         return names[0]
     if name not in names:
         raise NoDevice(f"RDMA device {name!r} does not exist",
                        f"use one of: {', '.join(names)} (see 'gdrprobe devices')")
     return name
+
+
+def populated_gids(ctx, port: int, port_attr):
+    """(index, gid) of every populated entry of a port's GID table (empty slots skipped)."""
+    for index in range(port_attr.gid_tbl_len):
+        gid = ctx.query_gid(port, index).gid
+        if not is_zero_gid(gid):
+            yield index, gid
 
 
 def mtu_bytes(mtu_enum: int) -> int:

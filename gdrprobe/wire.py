@@ -13,7 +13,7 @@ from gdrprobe.errors import PeerError
 from gdrprobe.exchange import field, int_list
 from gdrprobe.memory import MemoryProvider
 from gdrprobe.options import MAX_QPS, MAX_SIZE, MTUS
-from gdrprobe.report import EndpointSummary, Integrity
+from gdrprobe.report import EndpointSummary, Integrity, to_dict
 
 QPN_MAX = (1 << 24) - 1
 
@@ -56,11 +56,18 @@ def address_from_message(message: dict, max_qps: int = MAX_QPS) -> EndpointAddre
     )
 
 
+def endpoint_summary(endpoint: Endpoint, memory: MemoryProvider) -> EndpointSummary:
+    """What a report says about one side of a run."""
+    return EndpointSummary(host=socket.gethostname(), device=endpoint.device,
+                           port=endpoint.options.port, gid_index=endpoint.gid_index,
+                           gid=endpoint.gid, mtu_bytes=endpoint.mtu,
+                           qp_numbers=tuple(qp.qp_num for qp in endpoint.qps),
+                           memory=describe(memory))
+
+
 def summary_message(endpoint: Endpoint, memory: MemoryProvider) -> dict:
-    return {"host": socket.gethostname(), "device": endpoint.device,
-            "port": endpoint.options.port, "gid_index": endpoint.gid_index,
-            "gid": endpoint.gid, "mtu_bytes": endpoint.mtu,
-            "qp_numbers": [qp.qp_num for qp in endpoint.qps], "memory": describe(memory)}
+    """The same, for the peer (read back by :func:`summary_from_message`)."""
+    return to_dict(endpoint_summary(endpoint, memory))
 
 
 def summary_from_message(message: dict) -> EndpointSummary:

@@ -77,8 +77,5 @@ def add_memory_flags(parser, remote: bool) -> None:
 def memory_spec(args, choice: str):
     from gdrprobe.buffers import MemorySpec
 
-    return MemorySpec.from_choice(choice, **({"huge_pages": args.huge_pages} if choice == "host"
-                                             else {"gpu": args.gpu,
-                                                   "memory_type": args.gpu_mem_type,
-                                                   "pcie_mapping": args.dmabuf_pcie,
-                                                   "huge_pages": args.huge_pages}))
+    return MemorySpec.from_choice(choice, gpu=args.gpu, memory_type=args.gpu_mem_type,
+                                  pcie_mapping=args.dmabuf_pcie, huge_pages=args.huge_pages)
