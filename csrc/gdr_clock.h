@@ -5,8 +5,9 @@
 #include <stdint.h>
 #include <time.h>
 
-/* Nanoseconds of CLOCK_MONOTONIC: served from the vDSO (no system call) and never
- * stepped by NTP, so intervals stay honest without calibrating a cycle counter. */
+/* Nanoseconds of CLOCK_MONOTONIC, never stepped by NTP, so intervals stay honest without
+ * calibrating a cycle counter. Where the clocksource has a vDSO path (TSC) this is no system
+ * call; where it has none (HPET, some guests) each read is one, about a microsecond. */
 static inline uint64_t gdr_now_ns(void)
 {
     struct timespec ts;

@@ -1,6 +1,6 @@
 /* The measurement loops: RDMA WRITE bandwidth and ping-pong latency over raw verbs
- * handles. No allocation, no Python and no system calls but the provider's inside the
- * timed region. */
+ * handles. No allocation and no Python inside the timed region; besides the provider's
+ * calls, only the clock reads (gdr_clock.h says when those are system calls). */
 #ifndef GDR_LOOP_H
 #define GDR_LOOP_H
 
@@ -9,6 +9,7 @@
 
 #define GDR_MAX_QPS 64
 #define GDR_MAX_POST_LIST 64
+#define GDR_MAX_MSG_SIZE (1u << 30)   /* the largest message a run may ask for */
 
 enum gdr_status {
     GDR_OK = 0,

@@ -16,17 +16,17 @@ __all__ = ["ExitCode", "GdrprobeError", "__version__", "list_devices", "run", "s
 
 
 def list_devices(device: str | None = None):
-    """Inventory of the RDMA devices: a :class:`gdrprobe.report.DeviceReport`."""
-    from gdrprobe.devices import list_devices as _list_devices
+    """Inventory of the RDMA devices: a :class:`gdrprobe.report.model.DeviceReport`."""
+    from gdrprobe.rdma.devices import list_devices as _list_devices
 
     return _list_devices(device)
 
 
 def _runner(host, token, loopback, port, device, ib_port, gid_index, settings):
-    from gdrprobe.endpoint import EndpointOptions
+    from gdrprobe.rdma.endpoint import EndpointOptions
     from gdrprobe.errors import UsageError
-    from gdrprobe.options import ProbeOptions
-    from gdrprobe.probe import DEFAULT_PORT, runner
+    from gdrprobe.measure.options import ProbeOptions
+    from gdrprobe.measure.session import DEFAULT_PORT, runner
 
     if not loopback and (not host or not token):
         raise UsageError("give a host and the server's token, or loopback=True")
@@ -36,7 +36,7 @@ def _runner(host, token, loopback, port, device, ib_port, gid_index, settings):
 
 
 def _memory(choice: str | None, gpu: str, gpu_mem_type: str):
-    from gdrprobe.buffers import MemorySpec
+    from gdrprobe.memory.spec import MemorySpec
 
     if choice is None:
         return None
@@ -48,10 +48,10 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         gid_index: int | None = None, mem: str = "host", remote_mem: str | None = None,
         gpu: str = "0", gpu_mem_type: str = "device", **settings):
     """One probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
-    this process). settings are :class:`gdrprobe.probe.ProbeOptions` fields (mode, sizes,
+    this process). settings are :class:`gdrprobe.measure.session.ProbeOptions` fields (mode, sizes,
     iterations, duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s);
     mem and remote_mem are host, gpu, dmabuf, peermem or staged.
-    Returns a :class:`gdrprobe.report.RunReport`; raises :class:`GdrprobeError`."""
+    Returns a :class:`gdrprobe.report.model.RunReport`; raises :class:`GdrprobeError`."""
     probe = _runner(host, token, loopback, port, device, ib_port, gid_index, settings)
     return probe(_memory(mem, gpu, gpu_mem_type), _memory(remote_mem, gpu, gpu_mem_type))
 
@@ -64,9 +64,10 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     """The A/B and its verdict: the host arm against the GPU arm, `repeats` times, on the
     local NIC in loopback (or against host). With time_budget_s each run is a fixed-duration
     run sized so the whole check fits in about that time. Returns a
-    :class:`gdrprobe.report.CheckReport`; its ``verdict.classification`` is engaged,
+    :class:`gdrprobe.report.model.CheckReport`; its ``verdict.classification`` is engaged,
     degraded, not engaged or not testable."""
-    from gdrprobe.ab import ab_test
+    from gdrprobe.doctor.runner import run_doctor
+    from gdrprobe.measure.ab import ab_test
     from gdrprobe.errors import UsageError
 
     if settings.get("mode", "bandwidth") != "bandwidth":
@@ -78,8 +79,11 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
         settings.setdefault("duration_s", max(0.1, time_budget_s / 2 / runs))
         settings.setdefault("warmup_s", min(0.5, settings["duration_s"] / 4))
     probe = _runner(host, token, host is None, port, device, ib_port, gid_index, settings)
-    return ab_test(probe, _memory(mem, gpu, gpu_mem_type), _memory(remote_mem, gpu, gpu_mem_type),
-                   staged=staged, repeats=repeats, threshold=threshold)
+    local = _memory(mem, gpu, gpu_mem_type)
+    # The doctor can speak for this host's GPU only.
+    findings = run_doctor().findings if local.kind == "gpu" else ()
+    return ab_test(probe, local, _memory(remote_mem, gpu, gpu_mem_type), staged=staged,
+                   repeats=repeats, threshold=threshold, doctor_findings=findings)
 
 
 def require(**kwargs):
@@ -101,8 +105,8 @@ def serve(token: str, *, bind: str = "0.0.0.0", port: int | None = None,
           device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
           runs: int | None = None, timeout_s: float = 30.0) -> None:
     """Serve probe runs to clients that know token (forever, or `runs` runs)."""
-    from gdrprobe.endpoint import EndpointOptions
-    from gdrprobe.probe import DEFAULT_PORT, ProbeServer
+    from gdrprobe.rdma.endpoint import EndpointOptions
+    from gdrprobe.measure.session import DEFAULT_PORT, ProbeServer
 
     endpoint = EndpointOptions(device=device, port=ib_port, gid_index=gid_index)
     ProbeServer(token, endpoint, bind=bind, port=port or DEFAULT_PORT,
@@ -110,7 +114,7 @@ def serve(token: str, *, bind: str = "0.0.0.0", port: int | None = None,
 
 
 def doctor(root: str = "/"):
-    """Every prerequisite check: a :class:`gdrprobe.report.DoctorReport`."""
+    """Every prerequisite check: a :class:`gdrprobe.report.model.DoctorReport`."""
     from gdrprobe.doctor.runner import run_doctor
 
     return run_doctor(root)
@@ -124,9 +128,7 @@ def capture(dest: str, root: str = "/") -> list[str]:
 
 
 def read_nccl_log(path: str):
-    """What an NCCL_DEBUG=INFO log proves: a :class:`gdrprobe.nccl_log.NcclLogReport`."""
-    from gdrprobe.commands.nccl_log import read_bounded
-    from gdrprobe.nccl_log import parse_nccl_log
+    """What an NCCL_DEBUG=INFO log proves: a :class:`gdrprobe.nccl.log.NcclLogReport`."""
+    from gdrprobe.nccl.log import read_nccl_log as _read_nccl_log
 
-    text, truncated = read_bounded(path)
-    return parse_nccl_log(text, source=path, truncated=truncated)
+    return _read_nccl_log(path)

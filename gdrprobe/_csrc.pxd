@@ -15,10 +15,6 @@ cdef extern from "<infiniband/verbs.h>" nogil:
     const char *ibv_wc_status_str(int status)
 
 
-cdef extern from "gdr_clock.h" nogil:
-    uint64_t gdr_now_ns()
-
-
 cdef extern from "gdr_stats.h" nogil:
     struct gdr_latency_summary:
         size_t samples
@@ -40,13 +36,15 @@ cdef extern from "gdr_hostmem.h" nogil:
 
 
 cdef extern from "gdr_loop.h" nogil:
-    int GDR_MAX_QPS
-    int GDR_MAX_POST_LIST
+    enum:
+        GDR_MAX_QPS
+        GDR_MAX_POST_LIST
+        GDR_MAX_MSG_SIZE
     enum gdr_status:
         GDR_OK, GDR_ERR_ARGS, GDR_ERR_POST, GDR_ERR_POLL, GDR_ERR_WC, GDR_ERR_STALL, GDR_ERR_STOPPED
 
     struct gdr_bw_config:
-        ibv_qp *qps[64]
+        ibv_qp *qps[GDR_MAX_QPS]
         uint32_t num_qps
         ibv_cq *cq
         uint64_t local_addr

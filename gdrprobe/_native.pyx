@@ -9,6 +9,7 @@ from cpython.object cimport PyObject
 from libc.errno cimport errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport strerror
 from libc.string cimport memset
 
 from gdrprobe cimport _csrc as c
@@ -28,7 +29,7 @@ STATUS_STALL = c.GDR_ERR_STALL
 STATUS_WC = c.GDR_ERR_WC
 MAX_QPS = c.GDR_MAX_QPS
 MAX_POST_LIST = c.GDR_MAX_POST_LIST
-POISON_BYTE = c.GDR_POISON_BYTE
+MAX_SIZE = c.GDR_MAX_MSG_SIZE
 
 
 cdef class StopFlag:
@@ -47,10 +48,6 @@ cdef class StopFlag:
         return self.value != 0
 
 
-def now_ns():
-    return c.gdr_now_ns()
-
-
 def wc_status_str(int status):
     return c.ibv_wc_status_str(status).decode()
 
@@ -61,25 +58,6 @@ cdef dict _summary_dict(c.gdr_latency_summary *s):
     return {"samples": s.samples, "min_ns": s.min_ns, "median_ns": s.median_ns,
             "mean_ns": s.mean_ns, "stdev_ns": s.stdev_ns, "p99_ns": s.p99_ns,
             "p999_ns": s.p999_ns, "max_ns": s.max_ns}
-
-
-def latency_summary(samples):
-    """Min, median, mean, stdev, p99, p99.9 and max of nanosecond samples."""
-    cdef size_t n = len(samples), i
-    cdef uint64_t *buf
-    cdef c.gdr_latency_summary s
-    if n == 0:
-        raise ValueError("no latency samples")
-    buf = <uint64_t *>malloc(n * sizeof(uint64_t))
-    if buf == NULL:
-        raise MemoryError()
-    try:
-        for i in range(n):
-            buf[i] = samples[i]
-        c.gdr_latency_summarize(buf, n, &s)
-        return _summary_dict(&s)
-    finally:
-        free(buf)
 
 
 # ---- payload pattern --------------------------------------------------------------
@@ -119,36 +97,43 @@ def poison_verify(uintptr_t addr, size_t length):
     return bad, (first if bad else -1)
 
 
-def read_bytes(uintptr_t addr, size_t length):
-    return (<char *>addr)[:length]
-
-
-def write_bytes(uintptr_t addr, bytes data):
-    cdef size_t i
-    for i in range(len(data)):
-        (<uint8_t *>addr)[i] = data[i]
-
-
 # ---- host memory ------------------------------------------------------------------
 
-def host_alloc(size_t length, int numa_node=-1, bint huge_pages=False):
-    """(address, mapped length) of a page-aligned zeroed mapping; OSError on failure."""
-    cdef size_t mapped = 0
-    cdef void *addr
-    cdef int err = 0
-    with nogil:
-        addr = c.gdr_host_alloc(length, numa_node, huge_pages, &mapped)
-        if addr == NULL:
-            err = errno
-    if addr == NULL:
-        import os
-        raise OSError(err, os.strerror(err))
-    return <uintptr_t>addr, mapped
+cdef class HostBuffer:
+    """Page-aligned, zeroed anonymous memory, optionally on huge pages and a NUMA node; this
+    object owns the mapping and unmaps it on close() or when it is collected."""
 
+    cdef void *_addr
+    cdef size_t _mapped
+    cdef readonly size_t length
 
-def host_free(uintptr_t addr, size_t mapped_len):
-    if c.gdr_host_free(<void *>addr, mapped_len) != 0:
-        raise OSError("munmap failed")
+    def __cinit__(self, size_t length, int numa_node=-1, bint huge_pages=False):
+        cdef int err = 0
+        with nogil:
+            self._addr = c.gdr_host_alloc(length, numa_node, huge_pages, &self._mapped)
+            if self._addr == NULL:
+                err = errno
+        if self._addr == NULL:
+            raise OSError(err, strerror(err))
+        self.length = length
+
+    @property
+    def address(self):
+        return <uintptr_t>self._addr
+
+    @property
+    def mapped_length(self):
+        return self._mapped
+
+    def close(self):
+        cdef void *addr = self._addr
+        self._addr = NULL
+        if addr != NULL and c.gdr_host_free(addr, self._mapped) != 0:
+            raise OSError(errno, strerror(errno))
+
+    def __dealloc__(self):
+        if self._addr != NULL:
+            c.gdr_host_free(self._addr, self._mapped)
 
 
 # ---- raw verbs handles --------------------------------------------------------------
@@ -172,73 +157,89 @@ def cq_fields(uintptr_t ptr):
 
 # ---- loops --------------------------------------------------------------------------
 
-def run_bandwidth(qp_ptrs, uintptr_t cq_ptr, uint64_t local_addr, uint32_t lkey,
-                  uint64_t remote_addr, uint32_t rkey, uint32_t msg_size,
-                  uint64_t iterations, uint64_t warmup_iterations,
-                  uint64_t duration_ns, uint64_t warmup_ns, uint32_t tx_depth,
-                  uint32_t cq_mod, uint32_t post_list, uint32_t max_inline,
-                  uint64_t stall_timeout_ns, StopFlag stop):
-    """RDMA WRITE bandwidth loop; returns the C result as a dict."""
+cdef class BandwidthConfig:
+    """The bandwidth loop's settings, held in the C struct the loop reads."""
+
     cdef c.gdr_bw_config cfg
+
+    def __init__(self, qps, uintptr_t cq, *, uint64_t local_addr, uint32_t lkey,
+                 uint64_t remote_addr, uint32_t rkey, uint32_t msg_size, uint64_t iterations,
+                 uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
+                 uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
+                 uint32_t post_list=1, uint32_t max_inline=0):
+        cdef size_t i
+        if not 1 <= len(qps) <= c.GDR_MAX_QPS:
+            raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
+        memset(&self.cfg, 0, sizeof(self.cfg))
+        for i in range(len(qps)):
+            self.cfg.qps[i] = <c.ibv_qp *><uintptr_t>qps[i]
+        self.cfg.num_qps = len(qps)
+        self.cfg.cq = <c.ibv_cq *>cq
+        self.cfg.local_addr, self.cfg.lkey = local_addr, lkey
+        self.cfg.remote_addr, self.cfg.rkey = remote_addr, rkey
+        self.cfg.msg_size = msg_size
+        self.cfg.iterations, self.cfg.warmup_iterations = iterations, warmup_iterations
+        self.cfg.duration_ns, self.cfg.warmup_ns = duration_ns, warmup_ns
+        self.cfg.tx_depth, self.cfg.cq_mod, self.cfg.post_list = tx_depth, cq_mod, post_list
+        self.cfg.max_inline = max_inline
+        self.cfg.stall_timeout_ns = stall_timeout_ns
+
+
+cdef class LatencyConfig:
+    """The ping-pong loop's settings, held in the C struct the loop reads."""
+
+    cdef c.gdr_lat_config cfg
+
+    def __init__(self, uintptr_t qp, uintptr_t cq, *, uint64_t send_addr, uint32_t lkey,
+                 uintptr_t recv_addr, uint64_t remote_addr, uint32_t rkey, uint32_t msg_size,
+                 uint64_t iterations, bint initiator, uint64_t stall_timeout_ns,
+                 uint32_t max_inline=0):
+        memset(&self.cfg, 0, sizeof(self.cfg))
+        self.cfg.qp, self.cfg.cq = <c.ibv_qp *>qp, <c.ibv_cq *>cq
+        self.cfg.send_addr, self.cfg.lkey = send_addr, lkey
+        self.cfg.recv_buf = <volatile uint8_t *>recv_addr
+        self.cfg.remote_addr, self.cfg.rkey = remote_addr, rkey
+        self.cfg.msg_size, self.cfg.iterations = msg_size, iterations
+        self.cfg.max_inline = max_inline
+        self.cfg.initiator = initiator
+        self.cfg.stall_timeout_ns = stall_timeout_ns
+
+
+def run_bandwidth(BandwidthConfig config, StopFlag stop):
+    """RDMA WRITE bandwidth loop; returns the C result as a dict."""
     cdef c.gdr_bw_result res
-    cdef size_t i
-    if not 1 <= len(qp_ptrs) <= c.GDR_MAX_QPS:
-        raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
-    memset(&cfg, 0, sizeof(cfg))
-    for i in range(len(qp_ptrs)):
-        cfg.qps[i] = <c.ibv_qp *><uintptr_t>qp_ptrs[i]
-    cfg.num_qps = len(qp_ptrs)
-    cfg.cq = <c.ibv_cq *>cq_ptr
-    cfg.local_addr, cfg.lkey = local_addr, lkey
-    cfg.remote_addr, cfg.rkey = remote_addr, rkey
-    cfg.msg_size = msg_size
-    cfg.iterations, cfg.warmup_iterations = iterations, warmup_iterations
-    cfg.duration_ns, cfg.warmup_ns = duration_ns, warmup_ns
-    cfg.tx_depth, cfg.cq_mod, cfg.post_list = tx_depth, cq_mod, post_list
-    cfg.max_inline = max_inline
-    cfg.stall_timeout_ns = stall_timeout_ns
-    cfg.stop = &stop.value
+    config.cfg.stop = &stop.value
     with nogil:
-        c.gdr_bw_run(&cfg, &res)
+        c.gdr_bw_run(&config.cfg, &res)
     return {"status": res.status, "errno": res.err_errno, "wc_status": res.wc_status,
             "wc_vendor_err": res.wc_vendor_err, "wc_qp_num": res.wc_qp_num,
             "messages": res.messages, "elapsed_ns": res.elapsed_ns,
             "peak_bytes_per_s": res.peak_bytes_per_s}
 
 
-def run_latency(uintptr_t qp_ptr, uintptr_t cq_ptr, uint64_t send_addr, uint32_t lkey,
-                uintptr_t recv_addr, uint64_t remote_addr, uint32_t rkey, uint32_t msg_size,
-                uint64_t iterations, uint32_t max_inline, bint initiator,
-                uint64_t stall_timeout_ns, StopFlag stop):
+def run_latency(LatencyConfig config, StopFlag stop):
     """Ping-pong loop; returns the C result as a dict, with a summary of the round trips
     (initiator only)."""
-    cdef c.gdr_lat_config cfg
     cdef c.gdr_lat_result res
     cdef c.gdr_latency_summary s
     cdef uint64_t *samples = NULL
-    memset(&cfg, 0, sizeof(cfg))
-    if initiator:
+    cdef uint64_t iterations = config.cfg.iterations
+    if config.cfg.initiator:
         samples = <uint64_t *>malloc(iterations * sizeof(uint64_t))
         if samples == NULL:
             raise MemoryError()
     try:
-        cfg.qp, cfg.cq = <c.ibv_qp *>qp_ptr, <c.ibv_cq *>cq_ptr
-        cfg.send_addr, cfg.lkey = send_addr, lkey
-        cfg.recv_buf = <volatile uint8_t *>recv_addr
-        cfg.remote_addr, cfg.rkey = remote_addr, rkey
-        cfg.msg_size, cfg.iterations, cfg.max_inline = msg_size, iterations, max_inline
-        cfg.initiator = initiator
-        cfg.samples_ns = samples
-        cfg.stall_timeout_ns = stall_timeout_ns
-        cfg.stop = &stop.value
+        config.cfg.samples_ns = samples
+        config.cfg.stop = &stop.value
         with nogil:
-            c.gdr_lat_run(&cfg, &res)
+            c.gdr_lat_run(&config.cfg, &res)
         result = {"status": res.status, "errno": res.err_errno, "wc_status": res.wc_status,
                   "wc_vendor_err": res.wc_vendor_err, "completed": res.completed,
                   "round_trip": None}
-        if initiator and res.status == c.GDR_OK:
+        if samples != NULL and res.status == c.GDR_OK:
             c.gdr_latency_summarize(samples, iterations, &s)
             result["round_trip"] = _summary_dict(&s)
         return result
     finally:
+        config.cfg.samples_ns = NULL
         free(samples)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from gdrprobe.doctor import pci
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.report.model import Evidence, Finding, Status
 
 GROUP = "acs"
 ACS_CAPABILITY_ID = 0x000D

@@ -13,6 +13,8 @@ import json
 import os
 from typing import Any, Mapping
 
+from gdrprobe.errors import GdrprobeError
+from gdrprobe.memory import cuda
 from gdrprobe.sysroot import SysRoot
 
 CAPTURE_DIR = "/gdrprobe-capture"
@@ -44,8 +46,6 @@ class DoctorContext:
         """Facts from the CUDA driver, or None when they cannot be had."""
         if not self.live:
             return self._captured_json(CUDA_FACTS_FILE)
-        from gdrprobe.doctor.gpu import collect_cuda_facts
-
         return collect_cuda_facts()
 
     @functools.cached_property
@@ -62,3 +62,13 @@ class DoctorContext:
             return json.loads(text)
         except ValueError:
             return None
+
+
+def collect_cuda_facts(driver=None) -> dict[str, Any]:
+    """:func:`gdrprobe.memory.cuda.gpu_inventory` as JSON-ready data, or ``{"error":
+    reason}`` when there is no driver to ask. ``driver`` replaces cuda-python's module in
+    tests."""
+    try:
+        return cuda.gpu_inventory(driver)
+    except GdrprobeError as error:
+        return {"error": "; ".join(part for part in (error.cause, error.evidence) if part)}

@@ -1,90 +1,29 @@
-"""Per-GPU facts from the CUDA driver, and the BAR1 aperture the NIC reads GPU memory through.
-
-:func:`collect_cuda_facts` is the only place the doctor talks to the CUDA driver; its
-result is plain JSON so that the capture command can store it and a replay can read it
-back (see :mod:`gdrprobe.doctor.context`).
-"""
+"""Per-GPU findings from the CUDA driver's facts (collected once, in
+:mod:`gdrprobe.doctor.context`), and the BAR1 aperture the NIC reads GPU memory through."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from gdrprobe import cuda
-from gdrprobe.cuda import c_string, device_attribute, import_driver, sysfs_bdf
+from gdrprobe.memory import cuda
 from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.errors import GdrprobeError
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.report.model import Evidence, Finding, Status
 
 finding = functools.partial(Finding, group="gpu")
 
 MiB = 1 << 20
-# What the probe pins per arm: a source and a destination buffer of 8 MiB.
+# What the probe pins per arm in loopback: two buffers (one per side), each twice the largest
+# message (the message and room for stray writes, ProbeOptions.buffer_bytes), 8 MiB in a sweep.
 PROBE_BUFFERS_PER_ARM = 2
-PROBE_BUFFER_BYTES = 8 * MiB
+PROBE_BUFFER_BYTES = 2 * 8 * MiB
 PROBE_ARM_PINNED_BYTES = PROBE_BUFFERS_PER_ARM * PROBE_BUFFER_BYTES
 # A BAR1 this small means the firmware did not resize the BAR: the probe fits, real
 # workloads (NCCL registers far more) will fail to register GPU memory.
 SMALL_BAR1_BYTES = 256 * MiB
 
-# cuDeviceGetAttribute names (CU_DEVICE_ATTRIBUTE_<name>) and the fact keys they fill.
-DEVICE_ATTRIBUTES = {
-    "GPU_DIRECT_RDMA_SUPPORTED": "gpu_direct_rdma_supported",
-    "DMA_BUF_SUPPORTED": "dma_buf_supported",
-    "GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS": "gpu_direct_rdma_flush_writes_options",
-    "GPU_DIRECT_RDMA_WRITES_ORDERING": "gpu_direct_rdma_writes_ordering",
-}
 FLUSH_OPTION_NAMES = {1: "host", 2: "memops"}
 WRITES_ORDERING_NAMES = {0: "none", 100: "owner", 200: "all devices"}
-
-
-# ---- collecting facts from the driver ---------------------------------------
-
-
-def gpu_facts(driver, ordinal: int) -> dict[str, Any]:
-    device = cuda.check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
-    facts: dict[str, Any] = {
-        "ordinal": ordinal,
-        "name": c_string(cuda.check(driver.cuDeviceGetName(256, device), "cuDeviceGetName")),
-        "pci_bus_id": sysfs_bdf(c_string(cuda.check(driver.cuDeviceGetPCIBusId(64, device),
-                                               "cuDeviceGetPCIBusId"))),
-        "total_memory_bytes": int(cuda.check(driver.cuDeviceTotalMem(device), "cuDeviceTotalMem")),
-    }
-    for name, key in DEVICE_ATTRIBUTES.items():
-        facts[key] = device_attribute(driver, device, name)
-    return facts
-
-
-def facts_from_driver(driver) -> dict[str, Any]:
-    cuda.check(driver.cuInit(0), "cuInit(0)")
-    count = cuda.check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
-    return {
-        "driver_version": int(cuda.check(driver.cuDriverGetVersion(), "cuDriverGetVersion")),
-        "gpus": [gpu_facts(driver, ordinal) for ordinal in range(count)],
-    }
-
-
-def collect_cuda_facts(driver=None) -> dict[str, Any]:
-    """Facts from the CUDA driver as JSON-ready data.
-
-    Success: ``{"driver_version": 12080, "gpus": [{"ordinal", "name", "pci_bus_id",
-    "total_memory_bytes", "gpu_direct_rdma_supported", "dma_buf_supported",
-    "gpu_direct_rdma_flush_writes_options", "gpu_direct_rdma_writes_ordering"}, ...]}``
-    (an attribute the driver does not know is None). Failure: ``{"error": reason}``.
-    ``driver`` replaces cuda-python's module in tests.
-    """
-    if driver is None:
-        try:
-            driver = import_driver()
-        except ImportError as error:
-            return {"error": f"cuda-python is not installed ({error})"}
-    try:
-        return facts_from_driver(driver)
-    except GdrprobeError as error:
-        return {"error": f"CUDA driver call failed: {error.cause}"}
-    except RuntimeError as error:
-        # No libcuda: the bindings load it lazily and the first call raises.
-        return {"error": f"no CUDA driver: {error}"}
 
 
 # ---- BAR1 -------------------------------------------------------------------
@@ -135,9 +74,10 @@ def bar1_finding(ctx: DoctorContext, bdf: str) -> Finding:
 # ---- per-GPU findings from the CUDA facts -----------------------------------
 
 
-def attribute_evidence(gpu: dict[str, Any], name: str) -> Evidence:
+def attribute_evidence(gpu: dict[str, Any], key: str) -> Evidence:
+    name = cuda.ATTRIBUTE_NAMES[key]
     return Evidence(f"cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_{name}, {gpu['ordinal']})",
-                    str(gpu.get(DEVICE_ATTRIBUTES[name])))
+                    str(gpu.get(key)))
 
 
 def rdma_support_finding(gpu: dict[str, Any]) -> Finding:
@@ -147,7 +87,7 @@ def rdma_support_finding(gpu: dict[str, Any]) -> Finding:
         id=f"gpu.{gpu['pci_bus_id']}.rdma",
         status=Status.OK if supported else Status.FAIL,
         summary=f"{label} {'supports' if supported else 'does not support'} GPUDirect RDMA",
-        evidence=(attribute_evidence(gpu, "GPU_DIRECT_RDMA_SUPPORTED"),),
+        evidence=(attribute_evidence(gpu, "gpu_direct_rdma_supported"),),
         fix="" if supported else "Use a data-centre or professional GPU (GeForce parts do not expose "
                                  "GPUDirect RDMA) and a driver that supports it.",
     )
@@ -160,7 +100,7 @@ def dmabuf_finding(gpu: dict[str, Any]) -> Finding:
         status=Status.OK if supported else Status.WARN,
         summary=f"GPU {gpu['ordinal']} {'can' if supported else 'cannot'} export memory as DMA-BUF"
                 + ("" if supported else "; only the legacy nvidia-peermem path is left"),
-        evidence=(attribute_evidence(gpu, "DMA_BUF_SUPPORTED"),),
+        evidence=(attribute_evidence(gpu, "dma_buf_supported"),),
         fix="" if supported else "DMA-BUF export needs the Open Kernel Module driver, CUDA 11.7+ and kernel 5.12+.",
     )
 
@@ -175,8 +115,8 @@ def write_visibility_finding(gpu: dict[str, Any]) -> Finding:
         status=Status.INFO,
         summary=f"GPU {gpu['ordinal']}: RDMA writes ordering {WRITES_ORDERING_NAMES.get(ordering, ordering)}, "
                 f"flush options {', '.join(option_names)}",
-        evidence=(attribute_evidence(gpu, "GPU_DIRECT_RDMA_WRITES_ORDERING"),
-                  attribute_evidence(gpu, "GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS")),
+        evidence=(attribute_evidence(gpu, "gpu_direct_rdma_writes_ordering"),
+                  attribute_evidence(gpu, "gpu_direct_rdma_flush_writes_options")),
     )
 
 

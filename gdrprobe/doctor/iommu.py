@@ -8,7 +8,7 @@ the place to fix it; dmesg is not read because it rotates away.
 from __future__ import annotations
 
 from gdrprobe.doctor import pci
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 GROUP = "iommu"

@@ -14,7 +14,7 @@ import re
 
 from gdrprobe.doctor.context import DoctorContext
 from gdrprobe.doctor.gpu import MiB, PROBE_ARM_PINNED_BYTES, format_mib
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 finding = functools.partial(Finding, group="memlock")

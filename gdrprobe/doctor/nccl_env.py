@@ -9,26 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Callable, Mapping
 
 from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.nccl.env import NCCL_CLASS_OF_DISTANCE, GdrLevel, gdr_level, int_value
+from gdrprobe.report.model import Evidence, Finding, Status
 
 finding = functools.partial(Finding, group="nccl")
-
-# NCCL's path types, nearest first (src/include/graph.h). GPU-NIC pairs are PIX or farther.
-PATH_TYPES = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
-LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB")     # 0..3; 4 and above mean SYS
-# nvidia-smi's NODE has no NCCL twin: devices under two host bridges of one socket are PHB.
-SMI_TO_NCCL_PATH = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
-
-
-def int_value(text: str) -> int | None:
-    """The integer NCCL would read (it uses strtoll), or None."""
-    match = re.match(r"\s*([-+]?\d+)", text)
-    return int(match.group(1)) if match else None
-
 
 def is_nonzero(text: str) -> bool:
     return int_value(text) not in (None, 0)
@@ -109,23 +96,12 @@ def simple_rule_findings(environ: Mapping[str, str]) -> list[Finding]:
 # ---- NCCL_NET_GDR_LEVEL -----------------------------------------------------
 
 
-def gdr_level(value: str) -> str | None:
-    """The path type NCCL takes from NCCL_NET_GDR_LEVEL, or None when it ignores the value."""
-    if value in PATH_TYPES:
-        return value
-    if value[:1].isdigit():
-        number = int_value(value)
-        return LEGACY_LEVELS[number] if number < len(LEGACY_LEVELS) else "SYS"
-    return None
-
-
-def pairs_beyond_level(ctx: DoctorContext, level: str) -> list[Evidence]:
+def pairs_beyond_level(ctx: DoctorContext, level: GdrLevel) -> list[Evidence]:
     """Each GPU whose nearest NIC is farther than ``level``, so GDR is off for it."""
     beyond = []
     for gpu in ctx.topology.gpus:
         nic, distance = ctx.topology.nearest_nic(gpu)
-        nccl_distance = SMI_TO_NCCL_PATH.get(distance)
-        if nic is not None and nccl_distance and PATH_TYPES.index(nccl_distance) > PATH_TYPES.index(level):
+        if nic is not None and not level.admits(NCCL_CLASS_OF_DISTANCE[distance]):
             beyond.append(Evidence(f"GPU {gpu.bdf} -> nearest NIC {nic.name}", distance))
     return beyond
 
@@ -135,27 +111,27 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
     if value is None:
         return []
     evidence = (Evidence("environment NCCL_NET_GDR_LEVEL", value),)
-    level = gdr_level(value)
-    if level is None:
+    level = gdr_level(ctx.environ)
+    if level.ignored:
         return [finding(id="nccl.net_gdr_level", status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} is not a spelling NCCL accepts (names are "
                                 "case-sensitive, NODE does not exist): NCCL silently ignores it and uses its default",
                         evidence=evidence,
                         fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
-    if PATH_TYPES.index(level) < PATH_TYPES.index("PIX"):
+    if not level.admits("PIX"):
         return [finding(id="nccl.net_gdr_level", status=Status.FAIL,
-                        summary=f"NCCL_NET_GDR_LEVEL={value} means {level}: no NIC is that close to a GPU, "
+                        summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: no NIC is that close to a GPU, "
                                 "so NCCL disables GPUDirect RDMA everywhere",
                         evidence=evidence, fix=UNSET_FIX)]
     beyond = pairs_beyond_level(ctx, level)
     if beyond:
         return [finding(id="nccl.net_gdr_level", status=Status.WARN,
-                        summary=f"NCCL_NET_GDR_LEVEL={value} means {level}: GPUDirect RDMA is off for "
+                        summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: GPUDirect RDMA is off for "
                                 f"{len(beyond)} GPU(s) whose nearest NIC is farther",
                         evidence=evidence + tuple(beyond),
                         fix="Unset it (the default admits PIX, PXB and P2C) or move the NIC closer to the GPU.")]
     return [finding(id="nccl.net_gdr_level", status=Status.INFO,
-                    summary=f"NCCL_NET_GDR_LEVEL={value} means {level}; it replaces NCCL's default (P2C from 2.29, PXB before) and "
+                    summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}; it replaces NCCL's default (P2C from 2.29, PXB before) and "
                             "admits every GPU's nearest NIC",
                     evidence=evidence)]
 

@@ -6,13 +6,13 @@ import functools
 import posixpath
 
 from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.pci import INFINIBAND_CLASS_DIR, rdma_devices
 from gdrprobe.doctor.memlock import detect_container
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 finding = functools.partial(Finding, group="nic")
 
-IB_CLASS = "/sys/class/infiniband"
 PCI_DEVICES = "/sys/bus/pci/devices"
 DEV_INFINIBAND = "/dev/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -23,21 +23,17 @@ NIC_DRIVER_WITHOUT_IB = (("mlx5_core", "mlx5_ib"), ("bnxt_en", "bnxt_re"), ("ice
 # ---- facts ------------------------------------------------------------------
 
 
-def rdma_devices(root: SysRoot) -> list[str]:
-    return root.listdir(IB_CLASS)
-
-
 def ports(root: SysRoot, device: str) -> list[str]:
-    return root.listdir(f"{IB_CLASS}/{device}/ports")
+    return root.listdir(f"{INFINIBAND_CLASS_DIR}/{device}/ports")
 
 
 def port_file(root: SysRoot, device: str, port: str, name: str) -> str | None:
-    return root.read(f"{IB_CLASS}/{device}/ports/{port}/{name}")
+    return root.read(f"{INFINIBAND_CLASS_DIR}/{device}/ports/{port}/{name}")
 
 
 def roce_v2_gid_indices(root: SysRoot, device: str, port: str) -> list[str]:
     """GID table entries of type RoCE v2 that hold an address (unused entries read as zero)."""
-    port_dir = f"{IB_CLASS}/{device}/ports/{port}"
+    port_dir = f"{INFINIBAND_CLASS_DIR}/{device}/ports/{port}"
     found = []
     for index in root.listdir(f"{port_dir}/gid_attrs/types"):
         gid = root.read(f"{port_dir}/gids/{index}")
@@ -47,13 +43,13 @@ def roce_v2_gid_indices(root: SysRoot, device: str, port: str) -> list[str]:
 
 
 def device_driver(root: SysRoot, device: str) -> str | None:
-    link = root.readlink(f"{IB_CLASS}/{device}/device/driver")
+    link = root.readlink(f"{INFINIBAND_CLASS_DIR}/{device}/device/driver")
     return posixpath.basename(link) if link else None
 
 
 def uverbs_node(root: SysRoot, device: str) -> str | None:
     """The /dev/infiniband node the kernel created for a device (e.g. "uverbs0")."""
-    nodes = root.listdir(f"{IB_CLASS}/{device}/device/infiniband_verbs")
+    nodes = root.listdir(f"{INFINIBAND_CLASS_DIR}/{device}/device/infiniband_verbs")
     return nodes[0] if nodes else None
 
 
@@ -73,7 +69,7 @@ def sysfs_finding(root: SysRoot) -> Finding | None:
 
 
 def no_device_finding(root: SysRoot) -> Finding:
-    evidence = [Evidence(IB_CLASS, "empty or absent")]
+    evidence = [Evidence(INFINIBAND_CLASS_DIR, "empty or absent")]
     causes = []
     for nic_driver, ib_driver in NIC_DRIVER_WITHOUT_IB:
         if root.exists(f"/sys/module/{nic_driver}") and not root.exists(f"/sys/module/{ib_driver}"):
@@ -91,7 +87,7 @@ def port_findings(root: SysRoot, device: str, port: str) -> list[Finding]:
     state = port_file(root, device, port, "state") or "unknown"
     link_layer = port_file(root, device, port, "link_layer")
     prefix = f"nic.{device}.port{port}"
-    port_dir = f"{IB_CLASS}/{device}/ports/{port}"
+    port_dir = f"{INFINIBAND_CLASS_DIR}/{device}/ports/{port}"
     findings = []
     if "ACTIVE" not in state:
         physical = port_file(root, device, port, "phys_state")
@@ -119,7 +115,7 @@ def ports_summary_finding(root: SysRoot, devices: list[str]) -> Finding:
         id="nic.ports",
         status=Status.OK if active else Status.FAIL,
         summary=f"{len(active)} of {len(states)} RDMA ports are active",
-        evidence=tuple(Evidence(f"{IB_CLASS}/{name.replace('/', '/ports/')}/state", state)
+        evidence=tuple(Evidence(f"{INFINIBAND_CLASS_DIR}/{name.replace('/', '/ports/')}/state", state)
                        for name, state in states.items()),
         fix="" if active else "Bring at least one port up (cable, switch port, subnet manager on InfiniBand).",
     )
@@ -170,7 +166,7 @@ def check(ctx: DoctorContext) -> list[Finding]:
     if not devices:
         return [no_device_finding(ctx.root)]
     findings = [finding(id="nic.devices", status=Status.OK, summary=f"RDMA devices: {', '.join(devices)}",
-                        evidence=(Evidence(IB_CLASS, ", ".join(devices)),)),
+                        evidence=(Evidence(INFINIBAND_CLASS_DIR, ", ".join(devices)),)),
                 ports_summary_finding(ctx.root, devices)]
     for device in devices:
         for port in ports(ctx.root, device):

@@ -12,7 +12,7 @@ import traceback
 from typing import Mapping
 
 from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.report import DoctorReport, Evidence, Finding, Status
+from gdrprobe.report.model import DoctorReport, Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 # (group, module) in flowchart order: placement, peer-memory stack, GPU, memlock, IOMMU, ACS,

@@ -22,7 +22,7 @@ import functools
 import re
 
 from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 finding = functools.partial(Finding, group="stack")

@@ -10,23 +10,16 @@ NUMA node hang off one CPU node in its graph, so NODE is PHB to NCCL.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Mapping
 
 from gdrprobe.doctor import pci
-from gdrprobe.report import Evidence, Finding, Status
+from gdrprobe.nccl.env import NCCL_CLASS_OF_DISTANCE, GdrLevel, default_gdr_level, gdr_level
+from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 GROUP = "topology"
 
 DISTANCES = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")   # nearest first
-NCCL_CLASS_OF_DISTANCE = {"X": "LOC", "PIX": "PIX", "PXB": "PXB", "PHB": "PHB",
-                          "NODE": "PHB", "SYS": "SYS"}
-# NCCL's path types in its own order (src/include/graph.h); the gate compares these ranks.
-NCCL_PATH_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6,
-                  "PXN": 7, "PHB": 8, "SYS": 9}
-# Integers NCCL_NET_GDR_LEVEL accepted before the names existed; 4 and above mean SYS.
-NCCL_LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 
 LEGEND = (
     ("X", "the device itself"),
@@ -71,18 +64,6 @@ class Virtualization:
     @property
     def is_vm(self) -> bool:
         return self.hypervisor or self.flat
-
-
-@dataclasses.dataclass(frozen=True)
-class GdrLevel:
-    """The threshold NCCL_NET_GDR_LEVEL sets: GDR is used up to and including ``name``."""
-
-    name: str
-    raw: str | None                # the variable's value; None when unset
-    ignored: bool                  # set to something NCCL does not parse, so the default holds
-
-    def admits(self, nccl_class: str) -> bool:
-        return NCCL_PATH_RANK[nccl_class] <= NCCL_PATH_RANK[self.name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,33 +196,6 @@ def build_topology(root: SysRoot) -> Topology:
 
 
 # ---- NCCL's GDR gate ---------------------------------------------------------
-
-
-def _legacy_level(raw: str) -> str:
-    digits = re.match(r"\d+", raw).group(0)
-    return NCCL_LEGACY_LEVELS[min(int(digits), len(NCCL_LEGACY_LEVELS) - 1)]
-
-
-def default_gdr_level(environ: Mapping[str, str]) -> str:
-    """NCCL's own threshold: P2C while NCCL_NET_GDR_C2C is on (its default), else PXB."""
-    c2c = environ.get("NCCL_NET_GDR_C2C", "1").strip()
-    try:
-        c2c_enabled = int(c2c) != 0
-    except ValueError:
-        c2c_enabled = True
-    return "P2C" if c2c_enabled else "PXB"
-
-
-def gdr_level(environ: Mapping[str, str]) -> GdrLevel:
-    """Parse NCCL_NET_GDR_LEVEL as NCCL does: exact names, leading-digit integers, else ignored."""
-    raw = environ.get("NCCL_NET_GDR_LEVEL")
-    if raw is None:
-        return GdrLevel(default_gdr_level(environ), None, ignored=False)
-    if raw in NCCL_PATH_RANK:
-        return GdrLevel(raw, raw, ignored=False)
-    if raw[:1].isdigit():
-        return GdrLevel(_legacy_level(raw), raw, ignored=False)
-    return GdrLevel(default_gdr_level(environ), raw, ignored=True)
 
 
 # ---- nvidia-smi topo -m style matrix -----------------------------------------

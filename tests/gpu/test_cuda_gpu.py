@@ -1,4 +1,4 @@
-"""gdrprobe.cuda and the GPU providers' CUDA side on a real GPU (no RDMA device needed).
+"""gdrprobe.memory.cuda and the GPU providers' CUDA side on a real GPU (no RDMA device needed).
 
 Skips the whole file, with the reason, where there is no CUDA driver or no GPU. ``-s`` shows
 what the device reported; paste that into the note of the session that ran it.
@@ -11,7 +11,8 @@ import stat
 
 import pytest
 
-from gdrprobe import _native, cuda
+from gdrprobe import _native
+from gdrprobe.memory import cuda
 from gdrprobe.errors import MissingDependency, NotTestable
 
 MiB = 1 << 20
@@ -48,8 +49,8 @@ def test_device_attributes_are_sane(gpu):
           f"needed={a.flush_needed}")
     assert a.gpu_direct_rdma_supported in (0, 1)
     assert a.dma_buf_supported in (0, 1, None)
-    assert (a.flush_writes_options or 0) & ~3 == 0
-    assert a.writes_ordering in (0, 100, 200, None)
+    assert (a.gpu_direct_rdma_flush_writes_options or 0) & ~3 == 0
+    assert a.gpu_direct_rdma_writes_ordering in (0, 100, 200, None)
 
 
 @pytest.mark.parametrize("memory_type", ["device", "managed", "pinned-host"])
@@ -95,7 +96,7 @@ def test_dmabuf_export_with_pcie_mapping_when_supported(gpu):
 
 
 def test_staged_round_trip_through_the_provider(gpu):
-    from gdrprobe.memory_gpu import StagedGpuMemory
+    from gdrprobe.memory.gpu import StagedGpuMemory
     with StagedGpuMemory(gpu, 4 * MiB) as memory:
         memory.fill_pattern(0, 4 * MiB, 11)
         _native.zero_fill(memory.address, 4 * MiB)
@@ -112,7 +113,7 @@ def test_staged_round_trip_through_the_provider(gpu):
 
 
 def test_gpu_provider_pattern_and_poison_through_staging(gpu):
-    from gdrprobe.memory_gpu import PeermemGpuMemory
+    from gdrprobe.memory.gpu import PeermemGpuMemory
     with PeermemGpuMemory(gpu, 2 * MiB) as memory:
         memory.poison()
         memory.fill_pattern(0, MiB, 3)

@@ -1,7 +1,13 @@
-"""The enumerations of cuda.bindings.driver that the fake drivers in the unit tests need:
-result codes and the device attributes gdrprobe reads (same values as the real ones)."""
+"""A stand-in for cuda.bindings.driver in the unit tests: its call shapes (result tuples,
+enumerations with the real values), "device" memory backed by host memory, and every call
+recorded, so ownership and staging logic run for real on the CPU. What only a GPU can show
+is in tests/gpu."""
 
+import ctypes
 import enum
+import os
+
+from gdrprobe import _native
 
 
 class FakeResult(enum.IntEnum):
@@ -16,3 +22,125 @@ class CUdevice_attribute(enum.IntEnum):
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS = 117
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118
     CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
+
+
+class FakeDriver:
+    """cuda.bindings.driver's call shapes; "device" memory is host memory."""
+
+    CUdevice_attribute = CUdevice_attribute
+
+    class CUpointer_attribute(enum.IntEnum):
+        CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6
+
+    class CUmemRangeHandleType(enum.IntEnum):
+        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1
+
+    class CUflushGPUDirectRDMAWritesTarget(enum.IntEnum):
+        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0
+
+    class CUflushGPUDirectRDMAWritesScope(enum.IntEnum):
+        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100
+
+    CU_MEMHOSTALLOC_PORTABLE = 1
+    CU_MEMHOSTALLOC_DEVICEMAP = 2
+    OK = (FakeResult.CUDA_SUCCESS,)
+
+    def __init__(self, attributes=None, fail=(), unknown=(), name=b"Fake H100",
+                 bus_id=b"00000000:3B:00.0", driver_version=12080):
+        # Attribute values by number; those in `unknown` are absent from an older driver.
+        self.attributes = {116: 1, 117: 1, 118: 0, 124: 1, **(attributes or {})}
+        for number in unknown:
+            del self.attributes[number]
+        self.name, self.bus_id, self.version = name, bus_id, driver_version
+        self.fail = set(fail)
+        self.live = {}              # address -> (mapped length, kind)
+        self.calls = []
+        self.retained = 0
+
+    def _result(self, name, value=None):
+        self.calls.append(name)
+        if name in self.fail:
+            return (FakeResult.CUDA_ERROR_INVALID_VALUE, None)
+        return self.OK if value is None else (FakeResult.CUDA_SUCCESS, value)
+
+    def cuInit(self, flags):
+        return self._result("cuInit")
+
+    def cuDriverGetVersion(self):
+        return self._result("cuDriverGetVersion", self.version)
+
+    def cuDeviceGetCount(self):
+        return self._result("cuDeviceGetCount", 1)
+
+    def cuDeviceGet(self, ordinal):
+        return self._result("cuDeviceGet", ordinal)
+
+    def cuDeviceTotalMem(self, device):
+        return self._result("cuDeviceTotalMem", 85 << 30)
+
+    def cuDeviceGetName(self, size, device):
+        # The driver fills a space-padded buffer and terminates the string with NUL.
+        return self._result("cuDeviceGetName", self.name + b"\0   ")
+
+    def cuDeviceGetPCIBusId(self, size, device):
+        return self._result("cuDeviceGetPCIBusId", self.bus_id + b"\0")
+
+    def cuDeviceGetAttribute(self, attribute, device):
+        if int(attribute) not in self.attributes:
+            self.calls.append("cuDeviceGetAttribute")
+            return (FakeResult.CUDA_ERROR_INVALID_VALUE, None)
+        return self._result("cuDeviceGetAttribute", self.attributes[int(attribute)])
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        self.retained += 1
+        return self._result("cuDevicePrimaryCtxRetain", "ctx")
+
+    def cuDevicePrimaryCtxRelease(self, device):
+        self.retained -= 1
+        return self._result("cuDevicePrimaryCtxRelease")
+
+    def cuCtxSetCurrent(self, context):
+        return self._result("cuCtxSetCurrent")
+
+    def _alloc(self, name, length, kind):
+        result = self._result(name, 1)
+        if result[0] != 0:
+            return result
+        buffer = _native.HostBuffer(length)
+        self.live[buffer.address] = (buffer, kind)
+        return FakeResult.CUDA_SUCCESS, buffer.address
+
+    def _free(self, name, address, kind):
+        assert self.live[address][1] == kind
+        self.live.pop(address)[0].close()
+        return self._result(name)
+
+    def cuMemAlloc(self, length):
+        return self._alloc("cuMemAlloc", length, "device")
+
+    def cuMemFree(self, address):
+        return self._free("cuMemFree", address, "device")
+
+    def cuMemHostAlloc(self, length, flags):
+        return self._alloc("cuMemHostAlloc", length, "host")
+
+    def cuMemFreeHost(self, address):
+        return self._free("cuMemFreeHost", address, "host")
+
+    def cuPointerSetAttribute(self, value, attribute, address):
+        return self._result("cuPointerSetAttribute")
+
+    def cuMemcpyHtoD(self, dst, src, length):
+        ctypes.memmove(dst, src, length)
+        return self._result("cuMemcpyHtoD")
+
+    def cuMemcpyDtoH(self, dst, src, length):
+        ctypes.memmove(dst, src, length)
+        return self._result("cuMemcpyDtoH")
+
+    def cuMemGetHandleForAddressRange(self, address, length, handle_type, flags):
+        self.exported = (address, length, flags)
+        return self._result("cuMemGetHandleForAddressRange", os.open(os.devnull, os.O_RDONLY))
+
+    def cuFlushGPUDirectRDMAWrites(self, target, scope):
+        return self._result("cuFlushGPUDirectRDMAWrites")

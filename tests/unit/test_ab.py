@@ -3,10 +3,10 @@ evidence, the verdict reached. run_once is the seam: here it returns recorded ru
 
 import pytest
 
-from gdrprobe.buffers import MemorySpec
-from gdrprobe.ab import plan_arms, run_ab
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.measure.ab import plan_arms, run_ab
 from gdrprobe.errors import NoDevice, NotTestable, RegistrationFailed
-from gdrprobe.report import (BandwidthResult, EndpointSummary, Integrity, RunReport,
+from gdrprobe.report.model import (BandwidthResult, EndpointSummary, Integrity, RunReport,
                              RunSettings)
 
 HOST = MemorySpec()

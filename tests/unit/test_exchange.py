@@ -8,8 +8,9 @@ import time
 import pytest
 
 from gdrprobe.errors import PeerError
-from gdrprobe.exchange import (HEADER, MAX_MESSAGE_BYTES, Channel, authenticate_as_client,
-                               authenticate_as_server, field, int_list)
+from gdrprobe.protocol.channel import (HEADER, MAX_MESSAGE_BYTES, Channel,
+                                       authenticate_as_client, authenticate_as_server)
+from gdrprobe.protocol.fields import field, int_list
 
 
 def tcp_pair():
@@ -170,7 +171,7 @@ def test_malformed_proofs_are_peer_errors(pair, proof):
     a, b = pair
     a.send("auth", proof=proof)
     message = b.receive("auth")
-    from gdrprobe.exchange import _proof_matches
+    from gdrprobe.protocol.channel import _proof_matches
 
     with pytest.raises(PeerError):
         _proof_matches(message, "00" * 32)

@@ -9,31 +9,21 @@ import os
 
 import pytest
 
-from gdrprobe import _native, cuda
+from gdrprobe import _native
+from gdrprobe.memory import cuda
 from gdrprobe.errors import ExitCode, NotTestable, ResourceLimit, UsageError
-from gdrprobe.memory import HostMemory
-from gdrprobe.memory_gpu import (DmaBufGpuMemory, NicDmaBufSupport, PeermemGpuMemory,
+from gdrprobe.memory.host import HostMemory
+from gdrprobe.memory.gpu import (DmaBufGpuMemory, NicDmaBufSupport, PeermemGpuMemory,
                                  StagedGpuMemory, choose_mechanism, interpret_nic_probe)
-from gdrprobe.causes import REGISTRATION_CAUSES, registration_cause
-from tests.unit.fake_cuda import CUdevice_attribute, FakeResult
-
-
-def cuda_driver_present() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
-
-
-no_driver_only = pytest.mark.skipif(cuda_driver_present(),
-                                    reason="a CUDA driver is installed here (tests/gpu covers it)")
+from gdrprobe.memory.causes import REGISTRATION_CAUSES, registration_cause
+from tests.unit.fake_cuda import FakeDriver, FakeResult
+from tests.unit.machine import no_cuda_driver_only
 
 
 # ---- no CUDA driver: real calls, no mocks ---------------------------------------
 
 
-@no_driver_only
+@no_cuda_driver_only
 @pytest.mark.parametrize("selector", ["0", "0000:3b:00.0"])
 def test_opening_a_gpu_without_a_driver_is_not_testable(selector):
     with pytest.raises(NotTestable) as raised:
@@ -45,7 +35,7 @@ def test_opening_a_gpu_without_a_driver_is_not_testable(selector):
     assert error.evidence.startswith("cuInit(0)")
 
 
-@no_driver_only
+@no_cuda_driver_only
 def test_no_driver_is_retried_not_cached():
     for _ in range(2):
         with pytest.raises(NotTestable):
@@ -224,104 +214,6 @@ def test_the_base_provider_stages_nothing():
 # the CPU; what only a GPU can show is in tests/gpu.
 
 
-class FakeDriver:
-    """cuda.bindings.driver's call shapes; "device" memory is host memory."""
-
-    CUdevice_attribute = CUdevice_attribute
-
-    class CUpointer_attribute(enum.IntEnum):
-        CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6
-
-    class CUmemRangeHandleType(enum.IntEnum):
-        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1
-
-    class CUflushGPUDirectRDMAWritesTarget(enum.IntEnum):
-        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0
-
-    class CUflushGPUDirectRDMAWritesScope(enum.IntEnum):
-        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100
-
-    CU_MEMHOSTALLOC_PORTABLE = 1
-    CU_MEMHOSTALLOC_DEVICEMAP = 2
-    OK = (FakeResult.CUDA_SUCCESS,)
-
-    def __init__(self, attributes=None, fail=()):
-        self.attributes = {116: 1, 117: 1, 118: 0, 124: 1, **(attributes or {})}
-        self.fail = set(fail)
-        self.live = {}              # address -> (mapped length, kind)
-        self.calls = []
-        self.retained = 0
-
-    def _result(self, name, value=None):
-        self.calls.append(name)
-        if name in self.fail:
-            return (FakeResult.CUDA_ERROR_INVALID_VALUE, None)
-        return self.OK if value is None else (FakeResult.CUDA_SUCCESS, value)
-
-    def cuDeviceGetName(self, size, device):
-        return self._result("cuDeviceGetName", b"Fake H100\0   ")
-
-    def cuDeviceGetPCIBusId(self, size, device):
-        return self._result("cuDeviceGetPCIBusId", b"00000000:3B:00.0\0")
-
-    def cuDeviceGetAttribute(self, attribute, device):
-        return self._result("cuDeviceGetAttribute", self.attributes[int(attribute)])
-
-    def cuDevicePrimaryCtxRetain(self, device):
-        self.retained += 1
-        return self._result("cuDevicePrimaryCtxRetain", "ctx")
-
-    def cuDevicePrimaryCtxRelease(self, device):
-        self.retained -= 1
-        return self._result("cuDevicePrimaryCtxRelease")
-
-    def cuCtxSetCurrent(self, context):
-        return self._result("cuCtxSetCurrent")
-
-    def _alloc(self, name, length, kind):
-        result = self._result(name, 1)
-        if result[0] != 0:
-            return result
-        address, mapped = _native.host_alloc(length)
-        self.live[address] = (mapped, kind)
-        return FakeResult.CUDA_SUCCESS, address
-
-    def _free(self, name, address, kind):
-        assert self.live[address][1] == kind
-        _native.host_free(address, self.live.pop(address)[0])
-        return self._result(name)
-
-    def cuMemAlloc(self, length):
-        return self._alloc("cuMemAlloc", length, "device")
-
-    def cuMemFree(self, address):
-        return self._free("cuMemFree", address, "device")
-
-    def cuMemHostAlloc(self, length, flags):
-        return self._alloc("cuMemHostAlloc", length, "host")
-
-    def cuMemFreeHost(self, address):
-        return self._free("cuMemFreeHost", address, "host")
-
-    def cuPointerSetAttribute(self, value, attribute, address):
-        return self._result("cuPointerSetAttribute")
-
-    def cuMemcpyHtoD(self, dst, src, length):
-        ctypes.memmove(dst, src, length)
-        return self._result("cuMemcpyHtoD")
-
-    def cuMemcpyDtoH(self, dst, src, length):
-        ctypes.memmove(dst, src, length)
-        return self._result("cuMemcpyDtoH")
-
-    def cuMemGetHandleForAddressRange(self, address, length, handle_type, flags):
-        self.exported = (address, length, flags)
-        return self._result("cuMemGetHandleForAddressRange", os.open(os.devnull, os.O_RDONLY))
-
-    def cuFlushGPUDirectRDMAWrites(self, target, scope):
-        return self._result("cuFlushGPUDirectRDMAWrites")
-
-
 def fake_gpu(**kwargs):
     driver = FakeDriver(**kwargs)
     return driver, cuda.GpuDevice(driver, 0, "0")
@@ -366,7 +258,7 @@ def test_gpu_provider_patterns_and_poison_go_through_the_staging_copy():
         _native.zero_fill(memory.staging.ptr, 8192)     # the check must read the GPU side
         assert memory.verify_pattern(0, 4096, 5) == (0, -1)
         assert memory.verify_poison(4096) == (0, -1)
-        _native.write_bytes(memory.buffer.ptr + 5000, b"\x00")   # a stray write
+        ctypes.c_uint8.from_address(memory.buffer.ptr + 5000).value = 0   # a stray write
         assert memory.verify_poison(4096) == (1, 5000)
         assert memory.describe()["gpudirect_proof"] is True
         assert memory.stage_out(0, 4096) == 0.0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
-from gdrprobe.commands import nccl_log as command
+from gdrprobe.cli import nccl_log as command
+from gdrprobe.nccl import log as nccl_log
 from gdrprobe.errors import ExitCode, UsageError
-from gdrprobe.nccl_log import parse_nccl_log
-from gdrprobe.report import to_json
+from gdrprobe.nccl.log import parse_nccl_log
+from gdrprobe.report.model import to_json
 
 import pytest
 
@@ -132,8 +133,8 @@ def test_command_missing_file_is_a_usage_error(tmp_path):
 
 
 def test_command_bounded_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(command, "MAX_LOG_BYTES", 10)
+    monkeypatch.setattr(nccl_log, "MAX_LOG_BYTES", 10)
     log = tmp_path / "nccl.log"
     log.write_text(NCCL_SOCKET)
-    text, truncated = command.read_bounded(str(log))
+    text, truncated = nccl_log.read_bounded(str(log))
     assert (len(text), truncated) == (10, True)

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from tests.unit.machine import no_rdma_device_only
+
 
 def run_python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -17,6 +19,7 @@ def test_import_loads_neither_pyverbs_nor_cuda_nor_numpy():
     assert loaded == "[]"
 
 
+@no_rdma_device_only
 def test_devices_without_rdma_exits_with_no_device_code():
     done = subprocess.run([sys.executable, "-m", "gdrprobe", "devices"],
                           capture_output=True, text=True)

@@ -3,7 +3,7 @@
 import pytest
 
 from gdrprobe.errors import PeerError, UsageError
-from gdrprobe.options import SWEEP_SIZES, ProbeOptions
+from gdrprobe.measure.options import SWEEP_SIZES, ProbeOptions
 
 
 def test_defaults_and_sweep():

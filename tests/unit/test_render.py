@@ -1,6 +1,6 @@
 """Tables print what the report holds, in perftest's shapes."""
 
-from gdrprobe.render import rate, render_run
+from gdrprobe.report.text import rate, render_run
 from tests.unit.test_ab import recorded_run
 
 

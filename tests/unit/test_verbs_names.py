@@ -2,8 +2,9 @@
 
 import pytest
 
-from gdrprobe import verbs
-from gdrprobe.devices import format_guid, gid_type_name
+from gdrprobe.rdma import verbs
+from gdrprobe.rdma.devices import format_guid, gid_type_name
+from tests.unit.machine import no_rdma_device_only
 
 
 def test_guid_is_formatted_like_sysfs():
@@ -34,6 +35,7 @@ def test_gid_type_names():
     assert gid_type_name(0, 1) == "IB"
 
 
+@no_rdma_device_only
 def test_no_device_on_this_machine_names_the_causes():
     """This machine's kernel has no RDMA: the listing fails with the documented error."""
     from gdrprobe.errors import ExitCode, NoDevice

@@ -7,8 +7,8 @@ import errno
 import pytest
 
 from gdrprobe.errors import ExitCode
-from gdrprobe.report import Finding, Status
-from gdrprobe.verdict import (DEGRADED, ENGAGED, NOT_ENGAGED, NOT_TESTABLE, ArmMeasurement,
+from gdrprobe.report.model import Finding, Status
+from gdrprobe.measure.verdict import (DEGRADED, ENGAGED, NOT_ENGAGED, NOT_TESTABLE, ArmMeasurement,
                               classify, paired_ratios)
 
 MiB = 1 << 20

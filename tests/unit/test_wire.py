@@ -3,7 +3,7 @@
 import pytest
 
 from gdrprobe.errors import PeerError
-from gdrprobe.wire import RemoteBuffer, address_from_message, integrity_from_message
+from gdrprobe.protocol.messages import RemoteBuffer, address_from_message, integrity_from_message
 
 GOOD = {"gid": "0000:0000:0000:0000:0000:ffff:0a4d:0002", "lid": 0, "mtu": 4096,
         "qp_numbers": [17, 18], "psns": [1, 2]}

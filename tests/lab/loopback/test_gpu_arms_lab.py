@@ -5,8 +5,8 @@ reported by the real NIC probe."""
 import errno
 import json
 
-from gdrprobe.endpoint import Endpoint, EndpointOptions
-from gdrprobe.memory_gpu import probe_nic_dmabuf
+from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
+from gdrprobe.memory.gpu import probe_nic_dmabuf
 from tests.lab.helpers import gdrprobe, rdma_resources
 from tests.lab.loopback.conftest import TOKEN
 

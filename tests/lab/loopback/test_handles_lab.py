@@ -2,8 +2,9 @@
 
 import pytest
 
-from gdrprobe import _native, handles, verbs
-from gdrprobe.endpoint import Endpoint, EndpointOptions
+from gdrprobe import _native
+from gdrprobe.rdma import handles, verbs
+from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
 from gdrprobe.errors import RdmaError
 
 

@@ -4,9 +4,11 @@ import json
 
 from .stack_machines import GPU_BDF, FakeDevice, FakeTopology, context, cuda_facts, gpu_resource
 
+from gdrprobe.doctor import context as context_module
 from gdrprobe.doctor import gpu
-from gdrprobe.report import Status
-from tests.unit.fake_cuda import CUdevice_attribute, FakeResult
+from gdrprobe.report.model import Status
+from tests.unit.fake_cuda import FakeDriver
+from tests.unit.machine import no_cuda_driver_only
 
 MiB = 1 << 20
 
@@ -17,38 +19,10 @@ def by_id(findings):
 
 
 
-class FakeDriver:
-    """The call shapes of cuda.bindings.driver for one H100, tuples and all."""
-
-    CUdevice_attribute = CUdevice_attribute
-
-    values = {116: 1, 117: 1, 118: 100}     # 124 unknown to this "old" driver
-
-    def cuInit(self, flags):
-        return (FakeResult.CUDA_SUCCESS,)
-
-    def cuDriverGetVersion(self):
-        return FakeResult.CUDA_SUCCESS, 12080
-
-    def cuDeviceGetCount(self):
-        return FakeResult.CUDA_SUCCESS, 1
-
-    def cuDeviceGet(self, ordinal):
-        return FakeResult.CUDA_SUCCESS, ordinal
-
-    def cuDeviceGetName(self, length, device):
-        return FakeResult.CUDA_SUCCESS, b"NVIDIA H100 80GB HBM3\0" + b" " * 10
-
-    def cuDeviceGetPCIBusId(self, length, device):
-        return FakeResult.CUDA_SUCCESS, b"00000000:1B:00.0\0   "
-
-    def cuDeviceTotalMem(self, device):
-        return FakeResult.CUDA_SUCCESS, 85 << 30
-
-    def cuDeviceGetAttribute(self, attribute, device):
-        if int(attribute) in self.values:
-            return FakeResult.CUDA_SUCCESS, self.values[int(attribute)]
-        return FakeResult.CUDA_ERROR_INVALID_VALUE, None
+def h100():
+    """One H100 on an older driver that does not know the DMA-BUF attribute (124)."""
+    return FakeDriver(attributes={118: 100}, unknown=(124,), name=b"NVIDIA H100 80GB HBM3",
+                      bus_id=b"00000000:1B:00.0")
 
 
 class NoLibcuda(FakeDriver):
@@ -57,7 +31,7 @@ class NoLibcuda(FakeDriver):
 
 
 def test_collect_from_driver_is_json_and_sysfs_spelled():
-    facts = gpu.collect_cuda_facts(FakeDriver())
+    facts = context_module.collect_cuda_facts(h100())
     assert json.loads(json.dumps(facts)) == facts
     assert facts["driver_version"] == 12080
     (only,) = facts["gpus"]
@@ -68,14 +42,16 @@ def test_collect_from_driver_is_json_and_sysfs_spelled():
 
 
 def test_collect_without_libcuda_keeps_the_reason():
-    assert gpu.collect_cuda_facts(NoLibcuda()) == {"error": "no CUDA driver: Failed to dlopen libcuda.so.1"}
+    (reason,) = context_module.collect_cuda_facts(NoLibcuda()).values()
+    assert "no CUDA driver" in reason and "Failed to dlopen libcuda.so.1" in reason
 
 
+@no_cuda_driver_only
 def test_collect_on_this_machine_has_no_driver():
     # The test machine has cuda-python but no NVIDIA driver: the real first call raises.
-    facts = gpu.collect_cuda_facts()
+    facts = context_module.collect_cuda_facts()
     assert set(facts) == {"error"}
-    assert facts["error"].startswith(("no CUDA driver", "cuda-python is not installed"))
+    assert "no CUDA driver" in facts["error"] or "cuda-python is not installed" in facts["error"]
 
 
 def test_findings_per_gpu_with_large_bar1(tmp_path):

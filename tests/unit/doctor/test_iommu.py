@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from gdrprobe.doctor import iommu
 from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.report import Status
+from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from .stack_machines import memlock_machine, write
 
 from gdrprobe.doctor import memlock
-from gdrprobe.report import Status
+from gdrprobe.report.model import Status
 
 CAP_IPC_LOCK_ONLY = f"{1 << 14:016x}"
 

@@ -5,7 +5,8 @@ import pytest
 from .stack_machines import context, two_gpu_topology
 
 from gdrprobe.doctor import nccl_env
-from gdrprobe.report import Status
+from gdrprobe.nccl.env import gdr_level
+from gdrprobe.report.model import Status
 
 
 def check(tmp_path, **environ):
@@ -52,8 +53,9 @@ def test_gdr_level_pix_turns_gdr_off_for_the_pxb_gpu(tmp_path):
 
 
 def test_gdr_level_legacy_digits():
-    assert [nccl_env.gdr_level(v) for v in ("0", "1", "2", "3", "4", "7")] == ["LOC", "PIX", "PXB", "PHB", "SYS", "SYS"]
-    assert nccl_env.gdr_level("sys") is None
+    levels = [gdr_level({"NCCL_NET_GDR_LEVEL": v}) for v in ("0", "1", "2", "3", "4", "7")]
+    assert [level.name for level in levels] == ["LOC", "PIX", "PXB", "PHB", "SYS", "SYS"]
+    assert gdr_level({"NCCL_NET_GDR_LEVEL": "sys"}).ignored
 
 
 @pytest.mark.parametrize("value, excluded", [

@@ -3,7 +3,7 @@ from __future__ import annotations
 from .stack_machines import context, pci_bus, rdma_device, rdma_port, write
 
 from gdrprobe.doctor import nic
-from gdrprobe.report import Status
+from gdrprobe.report.model import Status
 
 ROCE_V2_GID = "0000:0000:0000:0000:0000:ffff:0a00:0001"
 LINK_LOCAL_GID = "fe80:0000:0000:0000:0202:c9ff:fe00:0001"

@@ -6,11 +6,12 @@ import os
 import sys
 import types
 
-from gdrprobe.commands import doctor as doctor_command
-from gdrprobe.doctor import render, runner
+from gdrprobe.cli import doctor as doctor_command
+from gdrprobe.doctor import runner
+from gdrprobe.report import text as render
 from gdrprobe.doctor.capture import capture
 from gdrprobe.errors import ExitCode
-from gdrprobe.report import DoctorReport, Finding, Status
+from gdrprobe.report.model import DoctorReport, Finding, Status
 from tests.unit.doctor import machines
 
 OWN_MODULES = (("topology", "gdrprobe.doctor.topology"), ("iommu", "gdrprobe.doctor.iommu"),
@@ -41,19 +42,19 @@ def test_findings_follow_flowchart_order_and_first_blocker_leads(tmp_path, monke
     report = runner.run_doctor(str(tmp_path), environ={})
     groups = [f.group for f in report.findings]
     assert groups == sorted(groups, key=runner.GROUP_ORDER.index)
-    text = render.render_text(report)
+    text = render.render_doctor(report)
     assert text.splitlines()[0].startswith("First blocker: acs.bridge: ACS on bridge 0000:1a:00.0")
     assert "[FAIL] acs.bridge" in text and "[ OK ] topology.distance" in text
     assert "\n       fix: Disable ACS in the BIOS" in text
     assert text.index("== topology ==") < text.index("== iommu ==") < text.index("== acs ==")
-    assert render.exit_code(report) == ExitCode.VERDICT_NOT_OK == 1
+    assert doctor_command.doctor_exit_code(report) == ExitCode.VERDICT_NOT_OK == 1
 
 
 def test_exit_code_zero_without_failures():
     report = DoctorReport("/", (Finding("x.y", "topology", Status.WARN, "w"),
                                 Finding("x.z", "acs", Status.SKIP, "s")))
-    assert render.exit_code(report) == 0
-    assert render.headline(report) == "No blocking failure found (1 warning(s))."
+    assert doctor_command.doctor_exit_code(report) == 0
+    assert render.doctor_headline(report) == "No blocking failure found (1 warning(s))."
 
 
 def comparable(report):

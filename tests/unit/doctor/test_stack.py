@@ -3,7 +3,7 @@ from __future__ import annotations
 from .stack_machines import dmabuf_inventory, legacy_inventory, module, peermem_unregistered, write, context
 
 from gdrprobe.doctor import stack
-from gdrprobe.report import Status
+from gdrprobe.report.model import Status
 
 
 def by_id(findings):

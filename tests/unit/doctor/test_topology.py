@@ -4,7 +4,7 @@ import pytest
 
 from gdrprobe.doctor import topology as topo
 from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.report import Status
+from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines
 

@@ -1,0 +1,80 @@
+"""Flags shared by the commands that open an RDMA endpoint, named as perftest names them."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from gdrprobe.errors import UsageError
+
+TOKEN_ENV = "GDRPROBE_TOKEN"
+
+
+def add_endpoint_flags(parser) -> None:
+    parser.add_argument("-d", "--ib-dev", dest="device", metavar="DEVICE",
+                        help="RDMA device (default: the first one)")
+    parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
+                        help="device port (default 1)")
+    parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
+                        help="GID index (default: the RoCE v2 GID of the address used to "
+                             "reach the peer)")
+    parser.add_argument("-p", "--port", type=int, metavar="TCP_PORT",
+                        help="out-of-band TCP port (default 18750)")
+    parser.add_argument("--token", help=f"the run's token (default: ${TOKEN_ENV})")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="time-out of every out-of-band step (default 30)")
+
+
+def endpoint_options(args):
+    from gdrprobe.rdma.endpoint import EndpointOptions
+
+    if not 1 <= args.ib_port <= 255:
+        raise UsageError(f"--ib-port {args.ib_port} is not a port number", "use 1 or 2")
+    return EndpointOptions(device=args.device, port=args.ib_port, gid_index=args.gid_index)
+
+
+def token_from(args, required: bool) -> str | None:
+    token = args.token or os.environ.get(TOKEN_ENV)
+    if required and not token:
+        raise UsageError("no token: the server only talks to clients that know its token",
+                         f"pass --token TOKEN (printed by 'gdrprobe serve') or set {TOKEN_ENV}")
+    if token is not None and not 8 <= len(token) <= 256:
+        raise UsageError("the token must be 8 to 256 characters", "use the one the server printed")
+    return token
+
+
+def terminate_as_interrupt() -> None:
+    """SIGTERM (a job scheduler, kill) cleans up exactly like Ctrl-C."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def add_memory_flags(parser, remote: bool) -> None:
+    from gdrprobe.memory.spec import MEM_CHOICES, MEMORY_TYPES
+
+    parser.add_argument("--mem", default="host", choices=MEM_CHOICES,
+                        help="this side's buffer: host, or a GPU buffer registered through "
+                             "DMA-BUF or nvidia-peermem (gpu: choose automatically) or "
+                             "staged through host memory (default host)")
+    if remote:
+        parser.add_argument("--remote-mem", choices=MEM_CHOICES,
+                            help="ask the server for this kind of buffer (default: the "
+                                 "server's own --mem)")
+    parser.add_argument("--gpu", default="0", metavar="ORDINAL|BUS_ID",
+                        help="the GPU: CUDA ordinal or full PCI bus id such as 0000:3b:00.0 "
+                             "(bus ids do not move; ordinals can)")
+    parser.add_argument("--gpu-mem-type", default="device", choices=MEMORY_TYPES,
+                        help="GPU memory type; managed and pinned-host are no GPUDirect proof")
+    parser.add_argument("--dmabuf-pcie", action="store_true",
+                        help="export DMA-BUF with the PCIe (BAR1) mapping flag (driver >= 12.8)")
+    parser.add_argument("--huge-pages", action="store_true",
+                        help="host buffers on 2 MiB huge pages")
+
+
+def memory_spec(args, choice: str):
+    from gdrprobe.memory.spec import MemorySpec
+
+    return MemorySpec.from_choice(choice, gpu=args.gpu, memory_type=args.gpu_mem_type,
+                                  pcie_mapping=args.dmabuf_pcie, huge_pages=args.huge_pages)

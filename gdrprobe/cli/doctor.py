@@ -1,0 +1,58 @@
+"""``gdrprobe doctor`` and ``gdrprobe capture``: diagnose a machine, or record it for later.
+
+doctor exits 0 when no finding failed and 1 (VERDICT_NOT_OK) when one did; warnings, skips
+and infos do not change it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gdrprobe.errors import ExitCode
+
+
+def _doctor(args) -> int:
+    from gdrprobe.doctor.runner import run_doctor
+    from gdrprobe.report.model import to_json
+    from gdrprobe.report.text import render_doctor
+
+    report = run_doctor(args.root)
+    sys.stdout.write(to_json(report) + "\n" if args.json else render_doctor(report))
+    return doctor_exit_code(report)
+
+
+def doctor_exit_code(report) -> int:
+    from gdrprobe.report.model import Status
+
+    failed = any(finding.status is Status.FAIL for finding in report.findings)
+    return int(ExitCode.VERDICT_NOT_OK if failed else ExitCode.OK)
+
+
+def _capture(args) -> int:
+    from gdrprobe.doctor.capture import capture
+
+    copied = capture(args.dest, root=args.root)
+    print(f"captured {len(copied)} paths into {args.dest}; "
+          f"replay with: gdrprobe doctor --root {args.dest}")
+    return 0
+
+
+def register(subparsers) -> None:
+    doctor = subparsers.add_parser(
+        "doctor", help="check every GPUDirect RDMA prerequisite and name the fix",
+        description="Read sysfs, procfs and the drivers (changing nothing) and report, in the "
+                    "order of the diagnosis flowchart, what stops GPUDirect RDMA. "
+                    "Exit code 0: no failure; 1: at least one check failed.")
+    doctor.add_argument("--root", default="/", metavar="PATH",
+                        help="diagnose a captured tree instead of this machine (default: /)")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.set_defaults(handler=_doctor)
+
+    capture = subparsers.add_parser(
+        "capture", help="copy the files the doctor reads, for a reproducible bug report",
+        description="Copy exactly the /sys and /proc files the doctor reads (plus the NCCL_, "
+                    "CUDA_, MLX5_, UCX_ environment and CUDA driver facts) into DEST.")
+    capture.add_argument("dest", metavar="DEST", help="directory to create or fill")
+    capture.add_argument("--root", default="/", metavar="PATH",
+                         help="capture from this root instead of / (default: /)")
+    capture.set_defaults(handler=_capture)

@@ -1,0 +1,31 @@
+"""``gdrprobe nccl-log FILE``: what an NCCL_DEBUG=INFO log proves about GPUDirect RDMA.
+
+Exit codes: 0 when the log was read (whatever it says, unless below); 1 when the log shows
+network channels and none used GPUDirect RDMA; 2 when the file cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gdrprobe.errors import ExitCode
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "nccl-log",
+        help="read an NCCL_DEBUG=INFO log and say where GPUDirect RDMA was used",
+        description="Per NIC and channel, whether NCCL used GPUDirect RDMA and, where the log says so, how.",
+    )
+    parser.add_argument("file", metavar="FILE", help="log written with NCCL_DEBUG=INFO")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gdrprobe.nccl.log import read_nccl_log
+    from gdrprobe.report.model import to_json
+    from gdrprobe.report.text import render_nccl_log
+
+    report = read_nccl_log(args.file)
+    print(to_json(report) if args.json else render_nccl_log(report))
+    return int(ExitCode.VERDICT_NOT_OK if report.verdict in ("gdr-none", "socket") else ExitCode.OK)

@@ -1,0 +1,118 @@
+"""gdrprobe run: measure RDMA WRITE bandwidth or latency against a server (or loopback)."""
+
+from __future__ import annotations
+
+from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, endpoint_options,
+                                     memory_spec, terminate_as_interrupt, token_from)
+from gdrprobe.errors import UsageError
+
+DEFAULT_SIZE = 65536
+A_B_SIZE = 1 << 20
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run a probe against 'gdrprobe serve' (or --loopback)",
+        description="Measure RDMA WRITE bandwidth (default) or latency to a server.")
+    parser.add_argument("host", nargs="?", help="the server's address (omit with --loopback)")
+    parser.add_argument("--loopback", action="store_true",
+                        help="both ends in this process, on the local device")
+    add_endpoint_flags(parser)
+    parser.add_argument("--latency", action="store_true",
+                        help="ping-pong latency instead of bandwidth")
+    parser.add_argument("-s", "--size", type=int,
+                        help=f"message size in bytes (default {DEFAULT_SIZE}; "
+                             f"{A_B_SIZE} for a GPU A/B)")
+    parser.add_argument("-a", "--all", action="store_true", help="sizes 2 B to 8 MiB")
+    parser.add_argument("-n", "--iters", type=int, default=None,
+                        help="iterations per QP and size (default 1000)")
+    parser.add_argument("--warmup-iters", type=int, default=0,
+                        help="iterations before timing starts (bandwidth)")
+    parser.add_argument("-D", "--duration", type=float, help="seconds per size instead of -n")
+    parser.add_argument("--warmup", type=float, default=0.5,
+                        help="seconds excluded before a -D window (default 0.5)")
+    parser.add_argument("-q", "--qp", type=int, default=1, help="number of QPs (bandwidth)")
+    parser.add_argument("-t", "--tx-depth", type=int, default=128,
+                        help="outstanding writes per QP (default 128)")
+    parser.add_argument("-Q", "--cq-mod", type=int, default=None,
+                        help="signal one write in N (default min(100, tx depth))")
+    parser.add_argument("-l", "--post-list", type=int, default=1,
+                        help="writes chained per post (default 1)")
+    parser.add_argument("-m", "--mtu", type=int, help="path MTU in bytes (default: the port's)")
+    parser.add_argument("-I", "--inline-size", type=int,
+                        help="messages up to this size are sent inline (default 220 for "
+                             "latency, 0 for bandwidth)")
+    parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
+    parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="keep retrying a refused connection this long (a server that "
+                             "is still starting)")
+    add_memory_flags(parser, remote=True)
+    parser.add_argument("--staged", action="store_true",
+                        help="with a GPU buffer: add the staged arm (the bounce through host "
+                             "memory) to the A/B")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="with a GPU buffer: A/B repeats (default 3)")
+    parser.add_argument("--threshold", type=float, default=0.9,
+                        help="with a GPU buffer: GPU/host bandwidth ratio that counts as "
+                             "engaged (default 0.9)")
+    parser.add_argument("--json", action="store_true", help="print the JSON document")
+    parser.set_defaults(handler=run)
+
+
+def probe_options(args, a_b: bool):
+    from gdrprobe.measure.options import SWEEP_SIZES, ProbeOptions
+
+    # The verdict compares bandwidth at large messages: 1 MiB unless asked otherwise.
+    size = args.size or (A_B_SIZE if a_b else DEFAULT_SIZE)
+    sizes = SWEEP_SIZES if args.all else (size,)
+    tx_depth = 1 if args.latency else args.tx_depth
+    return ProbeOptions(
+        mode="latency" if args.latency else "bandwidth",
+        sizes=sizes,
+        iterations=args.iters or 1000,
+        warmup_iterations=args.warmup_iters,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        qps=args.qp,
+        tx_depth=tx_depth,
+        cq_moderation=args.cq_mod or min(100, tx_depth),
+        post_list=args.post_list,
+        mtu=args.mtu,
+        timeout_s=args.timeout,
+        inline_size=args.inline_size,
+    )
+
+
+def run(args) -> int:
+    from gdrprobe.doctor.runner import run_doctor
+    from gdrprobe.measure.ab import ab_test
+    from gdrprobe.measure.session import DEFAULT_PORT, runner
+    from gdrprobe.report.text import render_check, render_run
+    from gdrprobe.report.model import to_json
+
+    if bool(args.host) == bool(args.loopback):
+        raise UsageError("give either a server HOST or --loopback", "e.g. 'gdrprobe run "
+                         "10.0.0.2 --token TOKEN' or 'gdrprobe run --loopback'")
+    terminate_as_interrupt()
+    local = memory_spec(args, args.mem)
+    remote = memory_spec(args, args.remote_mem) if args.remote_mem else None
+    a_b = local.kind == "gpu" or (remote is not None and remote.kind == "gpu")
+    if a_b and args.latency:
+        raise UsageError("the GPU A/B measures bandwidth; latency runs use host memory",
+                         "drop --latency, or drop --mem/--remote-mem")
+    options = probe_options(args, a_b)
+    token = None if args.loopback else token_from(args, True)
+    if not 0 <= args.connect_wait <= 3600:
+        raise UsageError("--connect-wait must be 0 to 3600 s", "")
+    probe = runner(options, endpoint_options(args), args.host, args.port or DEFAULT_PORT, token,
+                   args.connect_wait)
+    if not a_b:
+        report = probe(local, remote)
+        print(to_json(report) if args.json else render_run(report, gbits=args.report_gbits))
+        return 0
+    # The doctor can speak for this host's GPU only.
+    findings = run_doctor().findings if local.kind == "gpu" else ()
+    report = ab_test(probe, local, remote, staged=args.staged, repeats=args.repeats,
+                     threshold=args.threshold, doctor_findings=findings)
+    print(to_json(report) if args.json else render_check(report))
+    return report.verdict.exit_code

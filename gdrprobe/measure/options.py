@@ -1,0 +1,142 @@
+"""What a client asks of a run: sizes, iterations, queue settings. The server receives the
+same object in the handshake and checks it again against the same bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gdrprobe import _native
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.rdma.endpoint import LATENCY_MAX_INLINE, EndpointOptions
+from gdrprobe.rdma.verbs import MTUS
+from gdrprobe.errors import UsageError
+from gdrprobe.protocol.fields import field, int_list
+
+PAGE = 4096
+MAX_SIZE = _native.MAX_SIZE
+MAX_ITERATIONS = 10**9
+MAX_QPS = _native.MAX_QPS
+MAX_TX_DEPTH = 16384
+MAX_POST_LIST = _native.MAX_POST_LIST
+MAX_INLINE = 1024
+SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -a
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeOptions:
+    """What the client asks for; the server receives and re-checks it."""
+
+    mode: str = "bandwidth"
+    sizes: tuple[int, ...] = (65536,)
+    iterations: int = 1000
+    warmup_iterations: int = 0
+    duration_s: float | None = None
+    warmup_s: float = 0.5
+    qps: int = 1
+    tx_depth: int = 128
+    cq_moderation: int = 100
+    post_list: int = 1
+    mtu: int | None = None
+    timeout_s: float = 30.0
+    inline_size: int | None = None   # None: perftest's defaults (220 B latency, 0 bandwidth)
+
+    def __post_init__(self):
+        self.validate()
+        if self.duration_s is None:
+            # perftest clamps both to the iteration count (perftest_parameters.c): with more
+            # writes in flight, or between signals, than the run has, the only signalled
+            # write is the last one and a slow link looks stalled.
+            object.__setattr__(self, "tx_depth", min(self.tx_depth, self.iterations))
+            object.__setattr__(self, "cq_moderation", min(self.cq_moderation, self.tx_depth))
+            object.__setattr__(self, "post_list", min(self.post_list, self.tx_depth))
+
+    def validate(self) -> None:
+        problems = []
+        if self.mode not in ("bandwidth", "latency"):
+            problems.append(f"mode {self.mode!r} is not bandwidth or latency")
+        if not self.sizes or any(not 1 <= s <= MAX_SIZE for s in self.sizes):
+            problems.append(f"sizes must be 1 B to {MAX_SIZE} B")
+        if self.mode == "latency" and min(self.sizes, default=2) < 2:
+            problems.append("latency needs messages of at least 2 bytes")
+        if not 1 <= self.iterations <= MAX_ITERATIONS:
+            problems.append(f"iterations must be 1 to {MAX_ITERATIONS}")
+        if not 0 <= self.warmup_iterations <= MAX_ITERATIONS:
+            problems.append("warm-up iterations must not be negative")
+        if self.duration_s is not None and not 0 < self.duration_s <= 3600:
+            problems.append("duration must be over 0 and at most 3600 s")
+        if not 0 <= self.warmup_s <= 600:
+            problems.append("warm-up must be 0 to 600 s")
+        if not 1 <= self.qps <= MAX_QPS:
+            problems.append(f"QPs must be 1 to {MAX_QPS}")
+        if not 1 <= self.tx_depth <= MAX_TX_DEPTH:
+            problems.append(f"TX depth must be 1 to {MAX_TX_DEPTH}")
+        if not 1 <= self.cq_moderation <= self.tx_depth:
+            problems.append("CQ moderation must be 1 to the TX depth")
+        if not 1 <= self.post_list <= min(MAX_POST_LIST, self.tx_depth):
+            problems.append(f"post list must be 1 to min({MAX_POST_LIST}, TX depth)")
+        if self.mtu is not None and self.mtu not in MTUS:
+            problems.append("MTU must be 256, 512, 1024, 2048 or 4096")
+        if self.mode == "latency" and (self.qps != 1 or self.duration_s):
+            problems.append("latency runs one QP and a fixed number of iterations")
+        if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
+            problems.append(f"inline size must be 0 to {MAX_INLINE} bytes")
+        if not 0.1 <= self.timeout_s <= 3600:
+            problems.append("time-out must be 0.1 to 3600 s")
+        if problems:
+            raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Two page-rounded halves of the largest message: the target (or receive) half,
+        and room past it where stray writes show up (or the send half for latency)."""
+        half = -(-max(self.sizes) // PAGE) * PAGE
+        return 2 * half
+
+    def to_message(self) -> dict:
+        return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
+
+    @classmethod
+    def from_message(cls, message: dict) -> "ProbeOptions":
+        duration = message.get("duration_s")
+        return cls(
+            mode=field(message, "mode", str),
+            sizes=tuple(int_list(message, "sizes", low=1, high=MAX_SIZE, max_items=64)),
+            iterations=field(message, "iterations", int, low=1, high=MAX_ITERATIONS),
+            warmup_iterations=field(message, "warmup_iterations", int, low=0,
+                                    high=MAX_ITERATIONS),
+            duration_s=None if duration is None else float(field(message, "duration_s",
+                                                                  (int, float), low=0)),
+            warmup_s=float(field(message, "warmup_s", (int, float), low=0, high=600)),
+            qps=field(message, "qps", int, low=1, high=MAX_QPS),
+            tx_depth=field(message, "tx_depth", int, low=1, high=MAX_TX_DEPTH),
+            cq_moderation=field(message, "cq_moderation", int, low=1, high=MAX_TX_DEPTH),
+            post_list=field(message, "post_list", int, low=1, high=MAX_POST_LIST),
+            mtu=None if message.get("mtu") is None else field(message, "mtu", int),
+            timeout_s=float(field(message, "timeout_s", (int, float), low=0.1, high=3600)),
+            inline_size=(None if message.get("inline_size") is None else
+                         field(message, "inline_size", int, low=0, high=MAX_INLINE)),
+        )
+
+    def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:
+        """The endpoint for one side: the server's QPs take writes, and in a latency run
+        (a ping-pong of writes) the client's do too."""
+        latency = self.mode == "latency"
+        return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
+                                   max_inline=self.max_inline, mtu=self.mtu,
+                                   remote_write=server or latency)
+
+    @property
+    def max_inline(self) -> int:
+        if self.inline_size is not None:
+            return self.inline_size
+        return LATENCY_MAX_INLINE if self.mode == "latency" else 0
+
+
+def check_latency_memory(options: ProbeOptions, *specs: MemorySpec | None) -> None:
+    """The latency loop polls its receive buffer with the CPU, which cannot poll GPU memory."""
+    if options.mode == "latency" and any(spec and spec.kind != "host" for spec in specs):
+        raise UsageError("latency runs use host memory on both sides: the CPU polls the "
+                         "receive buffer, which it cannot do in GPU memory",
+                         "drop --mem/--remote-mem for --latency, or measure bandwidth")
+
+

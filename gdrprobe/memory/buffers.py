@@ -1,0 +1,66 @@
+"""Opening the buffer a :class:`~gdrprobe.memory.spec.MemorySpec` describes, registered on
+one side's PD: :func:`open_buffer` releases everything it opened, in order, on every path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from gdrprobe.errors import GdrprobeError
+from gdrprobe.memory.cuda import open_gpu
+from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism, probe_nic_dmabuf
+from gdrprobe.memory.host import HostMemory
+from gdrprobe.memory.provider import LOCAL_ACCESS, PROBE_ACCESS
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.sysroot import SysRoot
+
+def nic_numa_node(device: str, root: SysRoot | None = None) -> int:
+    """The NUMA node of the RDMA device's PCI function; -1 when unknown or virtual."""
+    text = (root or SysRoot()).read(f"/sys/class/infiniband/{device}/device/numa_node")
+    try:
+        return int(text) if text is not None else -1
+    except ValueError:
+        return -1
+
+
+@contextlib.contextmanager
+def open_buffer(spec: MemorySpec, endpoint, length: int, remote_write: bool):
+    """A registered provider of `length` bytes on the endpoint's PD, as the spec says;
+    writable by the peer only when remote_write. A GPU provider also carries
+    ``choice_reason``: why this mechanism was used."""
+    access = PROBE_ACCESS if remote_write else LOCAL_ACCESS
+    if spec.kind == "host":
+        with HostMemory(length, nic_numa_node(endpoint.device), spec.huge_pages) as memory:
+            memory.register(endpoint.pd, access)
+            yield memory
+        return
+    with open_gpu_buffer(spec, endpoint, length, access) as memory:
+        yield memory
+
+
+@contextlib.contextmanager
+def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int):
+    nic = probe_nic_dmabuf(endpoint.pd) if spec.mechanism in ("auto", "dmabuf") else None
+    # Say what the NIC allows before the GPU is even opened: on a machine without CUDA the
+    # reason still reaches the report, as the error's first piece of evidence.
+    _, early_reason = mechanism_for(spec, None, nic)
+    try:
+        gpu = open_gpu(spec.gpu)
+    except GdrprobeError as error:
+        error.evidence = "; ".join(x for x in (early_reason, error.evidence) if x)
+        raise
+    with gpu:
+        mechanism, reason = mechanism_for(spec, gpu.attributes, nic)
+        extra = {"pcie_mapping": spec.pcie_mapping} if mechanism == "dmabuf" else {}
+        with PROVIDERS[mechanism](gpu, length, spec.memory_type, **extra) as memory:
+            memory.choice_reason = reason
+            memory.register(endpoint.pd, access)
+            yield memory
+
+
+def mechanism_for(spec: MemorySpec, attributes, nic) -> tuple[str, str]:
+    if spec.mechanism == "staged":
+        return "staged", "staged requested: the bounce through pinned host memory"
+    if spec.mechanism == "peermem":
+        return "peermem", "peermem requested: the CUDA address registered as is"
+    return choose_mechanism(spec.mechanism, attributes, nic)

@@ -1,0 +1,105 @@
+"""Why registering memory failed: errno to cause and fix, in one table.
+
+The memory providers use it to word the error of a refused registration (host memory: a
+resource limit or a verbs error; GPU memory: :class:`RegistrationFailed`); the verdict uses
+it to explain "not engaged". Pure: no verbs, no CUDA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+
+from gdrprobe.errors import RdmaError, RegistrationFailed, ResourceLimit
+
+MEMLOCK_FIX = ("raise the locked-memory limit: 'ulimit -l unlimited' (limits.conf: "
+               "'* soft memlock unlimited' and '* hard memlock unlimited', then log in again), "
+               "or add the IPC_LOCK capability to the container")
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistrationCause:
+    cause: str
+    fix: str
+
+
+PEERMEM_OR_DMABUF = "use the other mechanism (--mem dmabuf or --mem peermem)"
+SCATTER_TO_CQE_HINT = ("on mlx5, if the path is present and registration still fails, retry "
+                       "with MLX5_SCATTER_TO_CQE=0 (perftest's known 'Couldn't allocate MR' "
+                       "issue)")
+BAR1_HINT = ("check BAR1 with 'nvidia-smi -q -d MEMORY'; a small BAR1 needs \"Above 4G "
+             "Decoding\" and \"Resizable BAR\" in the BIOS")
+
+REGISTRATION_CAUSES: dict[int, RegistrationCause] = {
+    errno.EOPNOTSUPP: RegistrationCause(
+        "the RDMA driver cannot register DMA-BUF memory (its rdma-core provider or kernel "
+        "driver has no DMA-BUF registration; rxe and siw never do)",
+        "use a NIC whose driver registers DMA-BUF (mlx5, efa and others in recent rdma-core), "
+        "or use peermem with nvidia-peermem loaded"),
+    errno.EPROTONOSUPPORT: RegistrationCause(
+        "the kernel has no DMA-BUF memory registration (Linux older than 5.12)",
+        "boot Linux 5.12 or newer, or use peermem with nvidia-peermem loaded"),
+    errno.EFAULT: RegistrationCause(
+        "no peer-memory client took the GPU address: nvidia-peermem is not loaded (or was "
+        "built before MLNX_OFED/DOCA-OFED was installed), or the stack offers DMA-BUF only",
+        "modprobe nvidia-peermem (if it will not load, reinstall the GPU driver after the "
+        f"OFED stack), or use --mem dmabuf; {SCATTER_TO_CQE_HINT}"),
+    errno.ENOMEM: RegistrationCause(
+        "the locked-memory limit is reached or the GPU's BAR1 aperture is exhausted",
+        f"{MEMLOCK_FIX}; {BAR1_HINT}"),
+    errno.EAGAIN: RegistrationCause(
+        "pinning failed for now: the locked-memory limit or the BAR1 aperture is exhausted",
+        f"{MEMLOCK_FIX}; {BAR1_HINT}"),
+    errno.EINVAL: RegistrationCause(
+        "the RDMA driver rejected the registration: a GPU address with no peer-memory path, "
+        "or a DMA-BUF range or access flag it does not accept",
+        f"run 'gdrprobe doctor' and check dmesg; {PEERMEM_OR_DMABUF}; {SCATTER_TO_CQE_HINT}"),
+    errno.EPERM: RegistrationCause(
+        "memory registration is not permitted (a locked-memory limit of 0, or a container "
+        "without IPC_LOCK)", MEMLOCK_FIX),
+}
+
+
+def errno_name(code: int | None) -> str:
+    """EOPNOTSUPP for 95 (Python says ENOTSUP, an alias), as verbs tools print it."""
+    if code == errno.EOPNOTSUPP:
+        return "EOPNOTSUPP"
+    return errno.errorcode.get(code, f"errno {code}")
+
+
+def registration_cause(error_code: int) -> RegistrationCause:
+    """Cause and fix of a failed GPU memory registration, by errno."""
+    known = REGISTRATION_CAUSES.get(error_code)
+    if known is not None:
+        return known
+    return RegistrationCause(f"GPU memory registration failed with errno {error_code} "
+                             f"({errno_name(error_code)})",
+                             "run 'gdrprobe doctor' and check dmesg for the RDMA driver's "
+                             "message")
+
+
+# What a refused registration of host memory means: pinning hit a limit.
+MEMLOCK_ERRNOS = (errno.ENOMEM, errno.EAGAIN, errno.EPERM)
+
+
+def first_line(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def host_registration_error(error, what: str) -> Exception:
+    """A refused registration of host memory: a resource limit, or a verbs error."""
+    code = getattr(error, "error_code", -1)
+    if code in MEMLOCK_ERRNOS:
+        return ResourceLimit(f"registering {what} failed: {errno_name(code)} (the "
+                             "locked-memory limit is the usual cause)", MEMLOCK_FIX,
+                             evidence=first_line(error))
+    return RdmaError(f"registering {what} failed", "check 'gdrprobe doctor' and dmesg",
+                     evidence=first_line(error))
+
+
+def gpu_registration_failed(error, mechanism: str, what: str) -> RegistrationFailed:
+    """A refused registration of GPU memory, with the cause and fix its errno means."""
+    code = getattr(error, "error_code", -1)
+    known = registration_cause(code)
+    return RegistrationFailed(f"registering {what} through {mechanism} failed: {known.cause}",
+                              known.fix, first_line(error), code, mechanism)

@@ -1,0 +1,428 @@
+"""The probe's one door to the CUDA driver: the GPU, its memory, DMA-BUF export, flushes.
+
+cuda-python is imported on first use (only a GPU arm needs it). Every driver call goes
+through :func:`check`, which turns an error CUresult into a :class:`GdrprobeError` naming
+the call and the error. Whatever is allocated is freed on every path: allocations and the
+device are context managers, and their ``close`` is idempotent.
+
+The doctor's read-only facts (:func:`gpu_inventory`, used by :mod:`gdrprobe.doctor.gpu`)
+go through the same door.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import mmap
+import re
+from typing import Callable
+
+from gdrprobe.errors import (ExitCode, GdrprobeError, MissingDependency, NotTestable,
+                             ResourceLimit, UsageError)
+
+HOST_PAGE_BYTES = mmap.PAGESIZE
+
+CUDA_PYTHON_FIX = ("pip install cuda-python (into the environment gdrprobe runs from; "
+                   "12.6.1 or newer)")
+NO_DRIVER_FIX = ("install the NVIDIA driver (libcuda.so.1) on a machine with a GPU, and in a "
+                 "container run with the NVIDIA container runtime (--gpus all); without a GPU "
+                 "only the host arm can run")
+NO_GPU_FIX = ("check that nvidia-smi lists the GPU and that CUDA_VISIBLE_DEVICES does not hide "
+              "it; without a GPU only the host arm can run")
+DRIVER_MISMATCH_FIX = ("use a cuda-python whose major version the installed driver supports "
+                       "(cuda-bindings 12.x needs driver 525.60.13+, 13.x needs 580.65.06+)")
+
+# CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: cuFlushGPUDirectRDMAWrites is available.
+FLUSH_OPTION_HOST = 1
+# CUGPUDirectRDMAWritesOrdering: NONE=0, OWNER=100, ALL_DEVICES=200.
+WRITES_ORDERING_OWNER = 100
+PCIE_MAPPING_MIN_DRIVER = 12080
+
+
+class CudaError(GdrprobeError):
+    """A CUDA driver call failed; the run stops as it does when a verbs call fails."""
+
+    exit_code = ExitCode.RDMA
+
+
+# CUresult names that mean something a person can act on, beyond "this call failed".
+_RESULT_ERRORS: dict[str, tuple[type[GdrprobeError], str, str]] = {
+    "CUDA_ERROR_NO_DEVICE": (NotTestable, "not testable: no GPU: the CUDA driver sees none",
+                             NO_GPU_FIX),
+    "CUDA_ERROR_OUT_OF_MEMORY": (ResourceLimit, "the GPU is out of memory",
+                                 "free GPU memory (other processes: nvidia-smi) or use "
+                                 "smaller sizes"),
+    "CUDA_ERROR_INSUFFICIENT_DRIVER": (NotTestable, "not testable: the CUDA driver is older "
+                                       "than cuda-python needs", DRIVER_MISMATCH_FIX),
+    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": (NotTestable, "not testable: the CUDA driver library "
+                                          "and kernel module versions differ",
+                                          "reboot or reload the nvidia kernel module after a "
+                                          "driver upgrade"),
+}
+
+
+def result_name(err) -> str:
+    return getattr(err, "name", None) or f"CUresult {int(err)}"
+
+
+def check(result: tuple, what: str):
+    """The value of a driver call's ``(CUresult, value)`` tuple, or the error it means."""
+    err, *values = result
+    if int(err) == 0:
+        return values[0] if values else None
+    name = result_name(err)
+    error_class, cause, fix = _RESULT_ERRORS.get(
+        name, (CudaError, "a CUDA driver call failed",
+               "check dmesg for Xid errors and 'nvidia-smi' for the GPU's state"))
+    raise error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")
+
+
+def import_driver():
+    """cuda-python's driver module under its 12.6.1+ name or its older one."""
+    try:
+        from cuda.bindings import driver as module
+    except ImportError:
+        from cuda import cuda as module
+    return module
+
+
+def c_string(raw: bytes) -> str:
+    # The driver fills a space-padded buffer and terminates the string with NUL.
+    return raw.split(b"\0")[0].decode("ascii", "replace").strip()
+
+
+def sysfs_bdf(cuda_bus_id: str) -> str:
+    """CUDA's "00000000:3B:00.0" as sysfs spells it: "0000:3b:00.0"."""
+    match = re.fullmatch(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])",
+                         cuda_bus_id)
+    if not match:
+        return cuda_bus_id.lower()
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+
+
+def device_attribute(module, device, name: str) -> int | None:
+    """One CU_DEVICE_ATTRIBUTE_<name>, or None when this driver does not know it."""
+    attribute = getattr(module.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
+    if attribute is None:
+        return None
+    try:
+        return int(check(module.cuDeviceGetAttribute(attribute, device),
+                         f"cuDeviceGetAttribute({name})"))
+    except GdrprobeError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def driver():
+    """cuda-python's driver module, initialised; raises when there is nothing to talk to.
+
+    Cached only on success (lru_cache does not keep exceptions), so a later call retries.
+    """
+    try:
+        module = import_driver()
+    except ImportError as error:
+        raise MissingDependency(f"cuda-python is not installed ({error})",
+                                CUDA_PYTHON_FIX) from error
+    return initialised(module)
+
+
+def initialised(module):
+    """module after a successful cuInit(0), or the error that says why there is no driver."""
+    try:
+        init_result = module.cuInit(0)
+    except RuntimeError as error:
+        # The bindings load libcuda lazily: without it the first call raises instead of
+        # returning a CUresult.
+        raise NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
+                          NO_DRIVER_FIX, evidence=f"cuInit(0): {error}") from error
+    check(init_result, "cuInit(0)")
+    return module
+
+
+def driver_version() -> int:
+    """The driver's CUDA version as an int, e.g. 12080 for 12.8."""
+    return int(check(driver().cuDriverGetVersion(), "cuDriverGetVersion()"))
+
+
+# ---- device attributes --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuAttributes:
+    """The four attributes that decide GPUDirect RDMA; None where the driver is too old."""
+
+    gpu_direct_rdma_supported: int | None              # 116: the nvidia_p2p (peermem) path
+    dma_buf_supported: int | None                      # 124: DMA-BUF export
+    gpu_direct_rdma_flush_writes_options: int | None   # 117: bitmask, HOST=1, MEMOPS=2
+    gpu_direct_rdma_writes_ordering: int | None        # 118: NONE=0, OWNER=100, ALL_DEVICES=200
+
+    @property
+    def flush_available(self) -> bool:
+        return bool((self.gpu_direct_rdma_flush_writes_options or 0) & FLUSH_OPTION_HOST)
+
+    @property
+    def flush_needed(self) -> bool:
+        # A flush scoped to the owner is a no-op when the GPU already orders RDMA writes
+        # before the owner's later work.
+        return (self.gpu_direct_rdma_writes_ordering or 0) < WRITES_ORDERING_OWNER
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# CU_DEVICE_ATTRIBUTE_<name> behind each GpuAttributes field.
+ATTRIBUTE_NAMES = {
+    "gpu_direct_rdma_supported": "GPU_DIRECT_RDMA_SUPPORTED",
+    "dma_buf_supported": "DMA_BUF_SUPPORTED",
+    "gpu_direct_rdma_flush_writes_options": "GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS",
+    "gpu_direct_rdma_writes_ordering": "GPU_DIRECT_RDMA_WRITES_ORDERING",
+}
+
+
+def read_attributes(module, device) -> GpuAttributes:
+    return GpuAttributes(**{field: device_attribute(module, device, name)
+                            for field, name in ATTRIBUTE_NAMES.items()})
+
+
+def device_name(module, device) -> str:
+    return c_string(check(module.cuDeviceGetName(256, device), "cuDeviceGetName"))
+
+
+def device_bus_id(module, device) -> str:
+    """The PCI bus id as sysfs spells it."""
+    return sysfs_bdf(c_string(check(module.cuDeviceGetPCIBusId(64, device),
+                                    "cuDeviceGetPCIBusId")))
+
+
+def device_facts(module, ordinal: int) -> dict:
+    """What the doctor records about one GPU, as JSON-ready data."""
+    device = check(module.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+    return {"ordinal": ordinal, "name": device_name(module, device),
+            "pci_bus_id": device_bus_id(module, device),
+            "total_memory_bytes": int(check(module.cuDeviceTotalMem(device),
+                                            "cuDeviceTotalMem")),
+            **read_attributes(module, device).as_dict()}
+
+
+def gpu_inventory(module=None) -> dict:
+    """The driver's version and every GPU it sees (:func:`device_facts`); module replaces
+    cuda-python's in tests. Raises the error that says why there is no driver."""
+    module = driver() if module is None else initialised(module)
+    count = check(module.cuDeviceGetCount(), "cuDeviceGetCount()")
+    return {"driver_version": int(check(module.cuDriverGetVersion(), "cuDriverGetVersion()")),
+            "gpus": [device_facts(module, ordinal) for ordinal in range(count)]}
+
+
+# ---- DMA-BUF range arithmetic (pure) ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaBufRange:
+    """The host-page-aligned range to export, and where the buffer starts inside it."""
+
+    aligned_address: int
+    aligned_length: int
+    offset: int
+
+
+def dmabuf_range(address: int, length: int, page: int = HOST_PAGE_BYTES) -> DmaBufRange:
+    """cuMemGetHandleForAddressRange wants a host-page-aligned start and size."""
+    if length <= 0:
+        raise ValueError("a DMA-BUF range needs a positive length")
+    aligned_address = address & ~(page - 1)
+    offset = address - aligned_address
+    aligned_length = (offset + length + page - 1) // page * page
+    return DmaBufRange(aligned_address, aligned_length, offset)
+
+
+# ---- allocations ----------------------------------------------------------------------
+
+
+class CudaAllocation:
+    """One driver allocation; ``ptr`` works for copies and, under UVA, for verbs too."""
+
+    def __init__(self, ptr: int, length: int, memory_type: str, free: Callable[[], tuple]):
+        self.ptr = ptr
+        self.length = length
+        self.memory_type = memory_type
+        self._free = free
+
+    def close(self) -> None:
+        if self._free is not None:
+            free, self._free = self._free, None
+            check(free(), f"freeing {self.memory_type} memory at {self.ptr:#x}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---- the device -----------------------------------------------------------------------
+
+
+def is_bus_id(selector: str) -> bool:
+    return ":" in selector
+
+
+def find_device(module, selector: str):
+    """The CUdevice for a CUDA ordinal ("0") or a full PCI bus id ("0000:3b:00.0")."""
+    if is_bus_id(selector):
+        what = f"cuDeviceGetByPCIBusId({selector!r})"
+        result = module.cuDeviceGetByPCIBusId(selector.encode())
+    elif selector.isdigit():
+        what = f"cuDeviceGet({selector})"
+        result = module.cuDeviceGet(int(selector))
+    else:
+        raise UsageError(f"{selector!r} is neither a CUDA ordinal nor a PCI bus id",
+                         "pass a GPU as an ordinal (0) or a full bus id (0000:3b:00.0)")
+    if int(result[0]) != 0:
+        count = check(module.cuDeviceGetCount(), "cuDeviceGetCount()")
+        raise UsageError(f"no GPU {selector!r} ({what} returned {result_name(result[0])})",
+                         f"this machine has {count} GPU(s): use an ordinal below {count} or a "
+                         "bus id from 'nvidia-smi --query-gpu=pci.bus_id --format=csv'")
+    return result[1]
+
+
+class GpuDevice:
+    """A GPU with its primary context retained and current on the opening thread."""
+
+    def __init__(self, module, device, selector: str):
+        self._driver = module
+        self._device = device
+        self.selector = selector
+        self.ordinal = int(device)
+        self.name = device_name(module, device)
+        self.bus_id = device_bus_id(module, device)
+        self.attributes = read_attributes(module, device)
+        self._context = check(module.cuDevicePrimaryCtxRetain(device),
+                              f"cuDevicePrimaryCtxRetain({self.bus_id})")
+        try:
+            self.activate()
+        except GdrprobeError:
+            self.close()
+            raise
+
+    def activate(self) -> None:
+        """Make this GPU's context current on the calling thread (contexts are per thread)."""
+        check(self._driver.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+
+    def describe(self) -> dict:
+        return {"ordinal": self.ordinal, "name": self.name, "pci_bus_id": self.bus_id,
+                **self.attributes.as_dict()}
+
+    def close(self) -> None:
+        if self._context is not None:
+            self._context = None
+            check(self._driver.cuDevicePrimaryCtxRelease(self._device),
+                  f"cuDevicePrimaryCtxRelease({self.bus_id})")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- memory --
+
+    def alloc_device(self, length: int) -> CudaAllocation:
+        d = self._driver
+        self.activate()
+        ptr = int(check(d.cuMemAlloc(length), f"cuMemAlloc({length})"))
+        allocation = CudaAllocation(ptr, length, "device", lambda: d.cuMemFree(ptr))
+        try:
+            # Synchronous memory operations on this buffer: a copy issued after the NIC
+            # wrote it sees the data, which the integrity check relies on.
+            check(d.cuPointerSetAttribute(
+                1, d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptr),
+                "cuPointerSetAttribute(SYNC_MEMOPS)")
+        except GdrprobeError:
+            allocation.close()
+            raise
+        return allocation
+
+    def alloc_managed(self, length: int) -> CudaAllocation:
+        d = self._driver
+        self.activate()
+        ptr = int(check(d.cuMemAllocManaged(length, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL),
+                        f"cuMemAllocManaged({length})"))
+        return CudaAllocation(ptr, length, "managed", lambda: d.cuMemFree(ptr))
+
+    def alloc_pinned_host(self, length: int) -> CudaAllocation:
+        d = self._driver
+        self.activate()
+        flags = d.CU_MEMHOSTALLOC_PORTABLE | d.CU_MEMHOSTALLOC_DEVICEMAP
+        ptr = int(check(d.cuMemHostAlloc(length, flags), f"cuMemHostAlloc({length})"))
+        return CudaAllocation(ptr, length, "pinned-host", lambda: d.cuMemFreeHost(ptr))
+
+    def allocate(self, memory_type: str, length: int) -> CudaAllocation:
+        allocators = {"device": self.alloc_device, "managed": self.alloc_managed,
+                      "pinned-host": self.alloc_pinned_host}
+        if memory_type not in allocators:
+            raise UsageError(f"unknown GPU memory type {memory_type!r}",
+                             f"use one of: {', '.join(allocators)}")
+        return allocators[memory_type](length)
+
+    def copy_to_device(self, device_ptr: int, host_address: int, length: int) -> None:
+        self.activate()
+        check(self._driver.cuMemcpyHtoD(device_ptr, host_address, length),
+              f"cuMemcpyHtoD({length} bytes)")
+
+    def copy_to_host(self, host_address: int, device_ptr: int, length: int) -> None:
+        self.activate()
+        check(self._driver.cuMemcpyDtoH(host_address, device_ptr, length),
+              f"cuMemcpyDtoH({length} bytes)")
+
+    # -- DMA-BUF and flushes --
+
+    def _dmabuf_flags(self, pcie_mapping: bool):
+        if not pcie_mapping:
+            return 0
+        flag = getattr(getattr(self._driver, "CUmemRangeFlags", None),
+                       "CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE", None)
+        version = driver_version()
+        if flag is None or version < PCIE_MAPPING_MIN_DRIVER:
+            raise NotTestable(f"not testable: the PCIe mapping of DMA-BUF needs CUDA 12.8+ "
+                              f"(driver {version // 1000}.{version % 1000 // 10}, cuda-python "
+                              f"{'has' if flag is not None else 'lacks'} the flag)",
+                              "upgrade the driver and cuda-python, or drop the PCIe mapping "
+                              "option")
+        return flag
+
+    def export_dmabuf(self, ptr: int, length: int, pcie_mapping: bool = False) -> tuple[int, int]:
+        """(fd, offset of ptr in the DMA-BUF) for [ptr, ptr+length); the caller closes fd."""
+        if not self.attributes.dma_buf_supported:
+            raise NotTestable(f"not testable: GPU {self.bus_id} cannot export DMA-BUF "
+                              f"(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED="
+                              f"{self.attributes.dma_buf_supported})",
+                              "DMA-BUF export needs the open GPU kernel modules, CUDA 11.7+ "
+                              "and Linux 5.12+; otherwise use the peermem mechanism")
+        span = dmabuf_range(ptr, length)
+        flags = self._dmabuf_flags(pcie_mapping)
+        self.activate()
+        fd = check(self._driver.cuMemGetHandleForAddressRange(
+            span.aligned_address, span.aligned_length,
+            self._driver.CUmemRangeHandleType.CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags),
+            f"cuMemGetHandleForAddressRange({span.aligned_address:#x}, {span.aligned_length}, "
+            f"DMA_BUF_FD, flags={int(flags)})")
+        return int(fd), span.offset
+
+    def flush_rdma_writes(self) -> bool:
+        """Make RDMA writes into this GPU visible to later CUDA work; True if it flushed."""
+        if not (self.attributes.flush_available and self.attributes.flush_needed):
+            return False
+        d = self._driver
+        self.activate()
+        check(d.cuFlushGPUDirectRDMAWrites(
+            d.CUflushGPUDirectRDMAWritesTarget.CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+            d.CUflushGPUDirectRDMAWritesScope.CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER),
+            "cuFlushGPUDirectRDMAWrites(CURRENT_CTX, TO_OWNER)")
+        return True
+
+
+def open_gpu(selector: str) -> GpuDevice:
+    """Open a GPU by CUDA ordinal or full PCI bus id; use it as a context manager."""
+    module = driver()
+    return GpuDevice(module, find_device(module, str(selector)), str(selector))

@@ -1,0 +1,281 @@
+"""GPU memory providers: the same buffer interface as host memory, three ways to reach it.
+
+- :class:`DmaBufGpuMemory`: device memory exported as a DMA-BUF and registered with
+  ``DmaBufMR``; no kernel module beyond the GPU and NIC drivers.
+- :class:`PeermemGpuMemory`: the CUDA address registered with a plain ``MR``; works only
+  when nvidia-peermem lets the NIC driver resolve GPU addresses.
+- :class:`StagedGpuMemory`: the bounce baseline; the NIC reads and writes a pinned host
+  buffer and CUDA copies between it and the GPU around the timed regions.
+
+All three fill and check the payload through a pinned host staging copy (the pattern code
+works on host addresses), so a check reads back what the NIC really left in GPU memory.
+Providers borrow an open :class:`gdrprobe.memory.cuda.GpuDevice`; they free only what they allocate.
+
+Also here: NCCL's NIC DMA-BUF probe and the choice between the mechanisms.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from typing import NamedTuple
+
+from gdrprobe import _native
+from gdrprobe.errors import UsageError
+from gdrprobe.memory.causes import (errno_name, gpu_registration_failed,
+                                    host_registration_error, registration_cause)
+from gdrprobe.memory.cuda import GpuAttributes, dmabuf_range
+from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
+from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MECHANISMS, MEMORY_TYPES
+from gdrprobe.rdma import verbs
+
+
+
+class GpuMemory(MemoryProvider):
+    """A GPU buffer plus a pinned host staging copy of the same length."""
+
+    kind = "gpu"
+    mechanism = "abstract"
+
+    def __init__(self, gpu, length: int, memory_type: str = "device"):
+        if memory_type not in MEMORY_TYPES:
+            raise UsageError(f"unknown GPU memory type {memory_type!r}",
+                             f"use one of: {', '.join(MEMORY_TYPES)}")
+        if length <= 0:
+            raise ValueError(f"a GPU buffer needs a positive length, not {length}")
+        self.gpu = gpu
+        self.length = length
+        self.memory_type = memory_type
+        self.mr = None
+        self.buffer = gpu.allocate(memory_type, length)
+        try:
+            self.staging = gpu.alloc_pinned_host(length)
+        except BaseException:
+            self.buffer.close()
+            raise
+
+    # -- payload, through the staging copy --
+
+    def _to_gpu(self, offset: int, length: int) -> None:
+        self.gpu.copy_to_device(self.buffer.ptr + offset, self.staging.ptr + offset, length)
+
+    def _from_gpu(self, offset: int, length: int) -> None:
+        self.gpu.copy_to_host(self.staging.ptr + offset, self.buffer.ptr + offset, length)
+
+    def fill_pattern(self, offset: int, length: int, seed: int) -> None:
+        _native.pattern_fill(self.staging.ptr + offset, length, seed)
+        self._to_gpu(offset, length)
+
+    def verify_pattern(self, offset: int, length: int, seed: int) -> tuple[int, int]:
+        self._from_gpu(offset, length)
+        return _native.pattern_verify(self.staging.ptr + offset, length, seed)
+
+    def poison(self) -> None:
+        _native.poison_fill(self.staging.ptr, self.length)
+        self._to_gpu(0, self.length)
+
+    def verify_poison(self, start: int) -> tuple[int, int]:
+        if start >= self.length:
+            return 0, -1
+        self._from_gpu(start, self.length - start)
+        return self._staging_poison(start)
+
+    def _staging_poison(self, start: int) -> tuple[int, int]:
+        bad, first = _native.poison_verify(self.staging.ptr + start, self.length - start)
+        return bad, (first + start if bad else -1)
+
+    def zero(self) -> None:
+        _native.zero_fill(self.staging.ptr, self.length)
+        self._to_gpu(0, self.length)
+
+    def flush_remote_writes(self) -> None:
+        self.gpu.flush_rdma_writes()
+
+    def _refused(self, error: Exception) -> Exception:
+        return gpu_registration_failed(error, self.mechanism,
+                                       f"{self.length} bytes of GPU memory")
+
+    # -- description and cleanup --
+
+    @property
+    def gpudirect_proof(self) -> bool:
+        return self.memory_type == GPUDIRECT_PROOF_MEMORY
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "mechanism": self.mechanism, "memory_type": self.memory_type,
+                "length_bytes": self.length, "gpudirect_proof": self.gpudirect_proof,
+                "pci_bus_id": self.gpu.bus_id, "gpu": self.gpu.describe()}
+
+    def close(self) -> None:
+        # Deregister before freeing: the NIC must stop using the pages first.
+        try:
+            if self.mr is not None:
+                mr, self.mr = self.mr, None
+                mr.close()
+        finally:
+            try:
+                self.staging.close()
+            finally:
+                self.buffer.close()
+
+
+class DmaBufGpuMemory(GpuMemory):
+    """Device memory exported as DMA-BUF; verbs addresses it by its offset in the DMA-BUF."""
+
+    mechanism = "dmabuf"
+
+    def __init__(self, gpu, length: int, memory_type: str = "device",
+                 pcie_mapping: bool = False):
+        if memory_type != "device":
+            raise UsageError(f"DMA-BUF export needs device memory, not {memory_type}",
+                             "use the device memory type, or the peermem mechanism")
+        super().__init__(gpu, length, memory_type)
+        self.pcie_mapping = pcie_mapping
+        # pyverbs' DmaBufMR sets the iova to the offset, so that is the buffer's address.
+        self._offset = dmabuf_range(self.buffer.ptr, length).offset
+
+    @property
+    def address(self) -> int:
+        return self._offset
+
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
+        fd, offset = self.gpu.export_dmabuf(self.buffer.ptr, self.length, self.pcie_mapping)
+        try:
+            self._register_with(
+                lambda pv: pv.mr.DmaBufMR(pd, self.length, access, dmabuf=fd, offset=offset),
+                self._refused)
+        finally:
+            # The MR holds its own reference to the DMA-BUF.
+            os.close(fd)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "pcie_mapping": self.pcie_mapping,
+                "dmabuf_offset": self._offset}
+
+
+class PeermemGpuMemory(GpuMemory):
+    """The CUDA address registered as is; nvidia-peermem resolves it for the NIC."""
+
+    mechanism = "peermem"
+
+    @property
+    def address(self) -> int:
+        return self.buffer.ptr
+
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
+        self._register_with(
+            lambda pv: pv.mr.MR(pd, self.length, access, address=self.buffer.ptr),
+            self._refused)
+
+
+class StagedGpuMemory(GpuMemory):
+    """The GPU buffer reached through its pinned host copy: what no GPUDirect costs.
+
+    The staging buffer is the registered region. The probe calls :meth:`stage_out` before
+    sending and :meth:`stage_in` after the peer's writes arrived, before the checks. The
+    payload checks read the GPU buffer (through the staging range they check, which they
+    overwrite), so a missed ``stage_in`` shows as corruption; the poison check reads the
+    staging buffer, where stray writes land.
+    """
+
+    mechanism = "staged"
+
+    @property
+    def address(self) -> int:
+        return self.staging.ptr
+
+    @property
+    def gpudirect_proof(self) -> bool:
+        return False
+
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
+        self._register_with(
+            lambda pv: pv.mr.MR(pd, self.length, access, address=self.staging.ptr),
+            lambda error: host_registration_error(
+                error, f"{self.length} bytes of pinned host memory"))
+
+    def verify_poison(self, start: int) -> tuple[int, int]:
+        # Stray writes land in the staging buffer, the only memory the NIC can reach.
+        if start >= self.length:
+            return 0, -1
+        return self._staging_poison(start)
+
+    def flush_remote_writes(self) -> None:
+        """Nothing to flush: the writes landed in host memory; stage_in moves them."""
+
+    def stage_out(self, offset: int, length: int) -> float:
+        started = time.perf_counter()
+        self._from_gpu(offset, length)
+        return time.perf_counter() - started
+
+    def stage_in(self, offset: int, length: int) -> float:
+        started = time.perf_counter()
+        self._to_gpu(offset, length)
+        return time.perf_counter() - started
+
+
+PROVIDERS = {"dmabuf": DmaBufGpuMemory, "peermem": PeermemGpuMemory, "staged": StagedGpuMemory}
+
+
+# ---- which mechanism ------------------------------------------------------------------
+
+
+class NicDmaBufSupport(NamedTuple):
+    supported: bool
+    errno: int | None
+    reason: str
+
+
+# NCCL's reading of ibv_reg_dmabuf_mr(fd=-1): these two mean the path does not exist.
+DMABUF_UNSUPPORTED_ERRNOS = (errno.EOPNOTSUPP, errno.EPROTONOSUPPORT)
+
+
+def interpret_nic_probe(error_code: int | None) -> NicDmaBufSupport:
+    """What the errno of a DMA-BUF registration with fd -1 says about the NIC."""
+    if error_code is None:
+        return NicDmaBufSupport(True, None, "the NIC registered a DMA-BUF with fd -1 (unexpected, "
+                                            "but the path exists)")
+    name = errno_name(error_code)
+    if error_code in DMABUF_UNSUPPORTED_ERRNOS:
+        return NicDmaBufSupport(False, error_code, "the NIC cannot register DMA-BUF: "
+                                f"ibv_reg_dmabuf_mr(fd=-1) failed with {name} "
+                                f"({registration_cause(error_code).cause})")
+    return NicDmaBufSupport(True, error_code, f"ibv_reg_dmabuf_mr(fd=-1) failed with {name}, "
+                                              "past the support check: the NIC path exists")
+
+
+def probe_nic_dmabuf(pd) -> NicDmaBufSupport:
+    """NCCL's probe: register a DMA-BUF with fd -1 and read the errno."""
+    pv = verbs.pyverbs()
+    try:
+        mr = pv.mr.DmaBufMR(pd, 0, 0, dmabuf=-1, offset=0)
+    except pv.PyverbsRDMAError as error:
+        return interpret_nic_probe(error.error_code)
+    mr.close()
+    return interpret_nic_probe(None)
+
+
+def gpu_dmabuf_reason(gpu_attrs: GpuAttributes | None) -> str:
+    if gpu_attrs is None:
+        return "the GPU's DMA-BUF support is unknown"
+    value = gpu_attrs.dma_buf_supported
+    return (f"the GPU {'can' if value else 'cannot'} export DMA-BUF "
+            f"(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED={value})")
+
+
+def choose_mechanism(requested: str, gpu_attrs: GpuAttributes | None,
+                     nic_probe: NicDmaBufSupport) -> tuple[str, str]:
+    """(mechanism, why): auto takes DMA-BUF when both the GPU and the NIC can, else peermem."""
+    if requested not in MECHANISMS:
+        raise UsageError(f"unknown registration mechanism {requested!r}",
+                         f"use one of: {', '.join(MECHANISMS)}")
+    gpu_reason = gpu_dmabuf_reason(gpu_attrs)
+    if requested != "auto":
+        return requested, f"{requested} requested; {gpu_reason}; {nic_probe.reason}"
+    gpu_can = gpu_attrs is not None and bool(gpu_attrs.dma_buf_supported)
+    if gpu_can and nic_probe.supported:
+        return "dmabuf", f"auto: {gpu_reason} and {nic_probe.reason}"
+    blockers = [reason for ok, reason in ((gpu_can, gpu_reason),
+                                          (nic_probe.supported, nic_probe.reason)) if not ok]
+    return "peermem", f"auto fell back to peermem: {'; '.join(blockers)}"

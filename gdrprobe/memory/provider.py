@@ -1,0 +1,104 @@
+"""Memory providers: where the probe's bytes live and how verbs reaches them.
+
+A provider allocates one buffer, registers it with a protection domain, writes and checks
+the payload pattern, makes remote writes visible before a check, describes itself, and
+frees everything. The engine and the exchange only use this interface, so GPU providers
+plug in beside the host one without touching the loop.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable
+
+from gdrprobe.rdma import verbs
+
+ACCESS_LOCAL_WRITE = 1
+ACCESS_REMOTE_WRITE = 2
+# The scratch buffer a peer writes: remote writes, never remote reads.
+PROBE_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE
+# A buffer only this side sends from.
+LOCAL_ACCESS = ACCESS_LOCAL_WRITE
+
+
+class MemoryProvider(abc.ABC):
+    """One registered buffer of ``length`` bytes."""
+
+    kind: str = "abstract"
+    length: int = 0
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> int:
+        """The address verbs uses for this buffer (local SGEs and the peer's writes)."""
+
+    @abc.abstractmethod
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
+        """Register the buffer with the protection domain; sets lkey and rkey."""
+
+    @abc.abstractmethod
+    def fill_pattern(self, offset: int, length: int, seed: int) -> None:
+        """Write the payload pattern of seed into length bytes starting at offset."""
+
+    @abc.abstractmethod
+    def verify_pattern(self, offset: int, length: int, seed: int) -> tuple[int, int]:
+        """(wrong bytes, first wrong offset from `offset` or -1) of length bytes there."""
+
+    @abc.abstractmethod
+    def poison(self) -> None:
+        """Fill the whole buffer with the poison byte."""
+
+    @abc.abstractmethod
+    def verify_poison(self, start: int) -> tuple[int, int]:
+        """(non-poison bytes, first such offset or -1) from start to the end."""
+
+    @abc.abstractmethod
+    def zero(self) -> None:
+        """Clear the whole buffer."""
+
+    def flush_remote_writes(self) -> None:
+        """Make the peer's RDMA writes visible to the checks (a no-op for host memory)."""
+
+    def stage_out(self, offset: int, length: int) -> float:
+        """Before sending: copy the payload to where the NIC reads it; seconds spent.
+
+        Only a staged buffer copies (GPU to its host bounce buffer); the rest send in place.
+        """
+        return 0.0
+
+    def stage_in(self, offset: int, length: int) -> float:
+        """After receiving: copy the payload to its home; seconds spent (0.0 in place)."""
+        return 0.0
+
+    @abc.abstractmethod
+    def describe(self) -> dict:
+        """What a report says about this buffer."""
+
+    def report(self) -> dict:
+        """The description plus why this provider was chosen, where something chose it."""
+        reason = self.choice_reason
+        return self.describe() | ({"mechanism_reason": reason} if reason else {})
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Deregister and free; safe to call twice."""
+
+    lkey: int = 0
+    rkey: int = 0
+    choice_reason: str = ""   # why this provider was chosen (set by gdrprobe.memory.buffers)
+
+    def _register_with(self, create_mr: Callable, failure: Callable[[Exception], Exception]) -> None:
+        """Register through create_mr(pyverbs) and keep the MR and its keys; a refusal
+        becomes failure(error), the error a person can act on."""
+        pv = verbs.pyverbs()
+        try:
+            self.mr = create_mr(pv)
+        except pv.PyverbsRDMAError as error:
+            raise failure(error) from error
+        self.lkey, self.rkey = self.mr.lkey, self.mr.rkey
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

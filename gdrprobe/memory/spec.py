@@ -1,0 +1,65 @@
+"""Which buffer one side of a run uses: host, or a GPU buffer by mechanism, GPU and memory
+type. Pure data, checked on creation; it travels in the handshake when the client chooses
+the server's memory. Opening it is :func:`gdrprobe.memory.buffers.open_buffer`'s job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gdrprobe.errors import UsageError
+from gdrprobe.protocol.fields import field
+
+MECHANISMS = ("auto", "dmabuf", "peermem")
+MEMORY_TYPES = ("device", "managed", "pinned-host")
+# Managed and pinned-host memory sit in (or migrate to) host pages the NIC reaches without
+# GPUDirect, so a fast result with them proves nothing.
+GPUDIRECT_PROOF_MEMORY = "device"
+KINDS = ("host", "gpu")
+GPU_MECHANISMS = (*MECHANISMS, "staged")
+# The --mem spellings: host, gpu (auto), or a mechanism by name.
+MEM_CHOICES = ("host", "gpu", "dmabuf", "peermem", "staged")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySpec:
+    kind: str = "host"
+    mechanism: str = "auto"
+    gpu: str = "0"
+    memory_type: str = "device"
+    pcie_mapping: bool = False
+    huge_pages: bool = False
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise UsageError(f"memory kind {self.kind!r} is not host or gpu", "")
+        if self.mechanism not in GPU_MECHANISMS:
+            raise UsageError(f"unknown mechanism {self.mechanism!r}",
+                             f"use one of: {', '.join(GPU_MECHANISMS)}")
+        if self.memory_type not in MEMORY_TYPES:
+            raise UsageError(f"unknown GPU memory type {self.memory_type!r}",
+                             f"use one of: {', '.join(MEMORY_TYPES)}")
+
+    @classmethod
+    def from_choice(cls, choice: str, **details) -> "MemorySpec":
+        """From a --mem value: host, gpu (auto mechanism), dmabuf, peermem or staged."""
+        if choice not in MEM_CHOICES:
+            raise UsageError(f"--mem {choice!r} is not one of {', '.join(MEM_CHOICES)}", "")
+        if choice == "host":   # GPU details do not apply to a host buffer
+            return cls(kind="host", huge_pages=details.get("huge_pages", False))
+        return cls(kind="gpu", mechanism="auto" if choice == "gpu" else choice, **details)
+
+    @property
+    def label(self) -> str:
+        return "host" if self.kind == "host" else (
+            self.mechanism if self.mechanism != "auto" else "gpu")
+
+    def to_message(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_message(cls, message: dict) -> "MemorySpec":
+        return cls(kind=field(message, "kind", str), mechanism=field(message, "mechanism", str),
+                   gpu=field(message, "gpu", str), memory_type=field(message, "memory_type", str),
+                   pcie_mapping=field(message, "pcie_mapping", bool),
+                   huge_pages=field(message, "huge_pages", bool))

@@ -1,0 +1,34 @@
+"""Checked fields of a peer's message: present, of the right type, within bounds.
+
+Every value a peer sends passes through these before it is used, so a malformed or hostile
+message ends as a :class:`PeerError` naming the field, never as a traceback.
+"""
+
+from __future__ import annotations
+
+from gdrprobe.errors import PeerError
+
+
+def field(message: dict, name: str, kind: type, *, low=None, high=None, default=...):
+    """A checked field of a peer's message: present, of the right type, within bounds."""
+    if name not in message:
+        if default is not ...:
+            return default
+        raise PeerError(f"peer message {message.get('type')!r} lacks {name!r}", "")
+    value = message[name]
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        expected = getattr(kind, "__name__", "number")
+        raise PeerError(f"peer message field {name!r} is not a {expected}", "")
+    if kind is str and len(value) > 4096:
+        raise PeerError(f"peer message field {name!r} is too long", "")
+    if low is not None and value < low or high is not None and value > high:
+        raise PeerError(f"peer message field {name!r}={value} is outside [{low}, {high}]", "")
+    return value
+
+
+def int_list(message: dict, name: str, *, low: int, high: int, max_items: int) -> list[int]:
+    values = field(message, name, list)
+    if not 1 <= len(values) <= max_items:
+        raise PeerError(f"peer message field {name!r} has {len(values)} items "
+                        f"(1 to {max_items} allowed)", "")
+    return [field({name: v}, name, int, low=low, high=high) for v in values]

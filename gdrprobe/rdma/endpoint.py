@@ -1,0 +1,201 @@
+"""The control path: device, port, GID, PD, CQ and RC QPs through pyverbs.
+
+An :class:`Endpoint` owns every verbs object it creates and releases them in reverse
+order when it is closed, whatever happened before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import secrets
+
+from gdrprobe.rdma import verbs
+from gdrprobe.errors import NoDevice, RdmaError, UsageError
+from gdrprobe.rdma.handles import RawHandles, raw_handles
+
+QP_TIMEOUT = 14          # 4.096 us * 2^14 = 67 ms per retry
+QP_RETRY_COUNT = 7
+QP_RNR_RETRY = 7
+QP_MIN_RNR_TIMER = 12
+HOP_LIMIT = 64
+LATENCY_MAX_INLINE = 220  # perftest's inline size for write latency
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointOptions:
+    device: str | None = None
+    port: int = 1
+    gid_index: int | None = None
+    num_qps: int = 1
+    tx_depth: int = 128
+    max_inline: int = 0
+    mtu: int | None = None   # bytes; None: the port's active MTU
+    remote_write: bool = True   # may the peer write through these QPs
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointAddress:
+    """What the peer needs to connect to us; travels in the out-of-band handshake."""
+
+    gid: str
+    gid_index: int
+    lid: int
+    mtu: int
+    qp_numbers: tuple[int, ...]
+    psns: tuple[int, ...]
+
+    def to_message(self) -> dict:
+        return {"gid": self.gid, "lid": self.lid, "mtu": self.mtu,
+                "qp_numbers": list(self.qp_numbers), "psns": list(self.psns)}
+
+
+def choose_gid(ctx, port: int, port_attr, local_ip: str | None, gid_index: int | None,
+               device: str) -> tuple[int, str]:
+    """The GID to use: the given index, or the RoCE v2 GID of the address the out-of-band
+    connection uses (InfiniBand ports: index 0)."""
+    if gid_index is not None:
+        if not 0 <= gid_index < port_attr.gid_tbl_len:
+            raise UsageError(f"GID index {gid_index} is outside {device} port {port}'s table "
+                             f"(0..{port_attr.gid_tbl_len - 1})", "see 'gdrprobe devices'")
+        gid = ctx.query_gid(port, gid_index).gid
+        if verbs.is_zero_gid(gid):
+            raise UsageError(f"GID index {gid_index} of {device} port {port} is empty",
+                             "pick a populated index from 'gdrprobe devices'")
+        return gid_index, gid
+    if port_attr.link_layer != verbs.LINK_LAYER_ETHERNET:
+        return 0, ctx.query_gid(port, 0).gid
+    roce_v2 = [(index, gid) for index, gid in verbs.populated_gids(ctx, port, port_attr)
+               if ctx.query_gid_type(port, index) == verbs.GID_TYPE_SYSFS_ROCE_V2]
+    for index, gid in roce_v2:
+        if verbs.gid_ip_address(gid) == local_ip:
+            return index, gid
+    if local_ip is None or ipaddress.ip_address(local_ip).is_loopback:
+        # Both ends on this host: any IPv4 RoCE v2 GID of the port reaches itself.
+        for index, gid in roce_v2:
+            if ipaddress.IPv6Address(gid).ipv4_mapped:
+                return index, gid
+    raise NoDevice(f"{device} port {port} has no RoCE v2 GID for {local_ip}, the address "
+                   "this host uses to reach its peer",
+                   "connect to the peer over the RDMA interface's IP address, or pass "
+                   "--gid-index (see 'gdrprobe devices')")
+
+
+class Endpoint:
+    """One device context with a PD, a shared CQ and num_qps RC QPs in INIT state."""
+
+    def __init__(self, options: EndpointOptions, local_ip: str | None):
+        self.options = options
+        self.objects: list = []   # every pyverbs object, in creation order
+        self.qps: list = []
+        pv = verbs.pyverbs()
+        self.device = verbs.resolve_device(options.device)
+        try:
+            self._open(pv, local_ip)
+        except BaseException:
+            self.close()
+            raise
+
+    def _keep(self, obj):
+        self.objects.append(obj)
+        return obj
+
+    def _open(self, pv, local_ip: str | None) -> None:
+        options = self.options
+        self.ctx = self._keep(pv.device.Context(name=self.device))
+        device_attr = self.ctx.query_device()
+        if not 1 <= options.port <= device_attr.phys_port_cnt:
+            raise UsageError(f"{self.device} has no port {options.port}",
+                             f"use a port from 1 to {device_attr.phys_port_cnt}")
+        self.port_attr = self.ctx.query_port(options.port)
+        if self.port_attr.state != verbs.IBV_PORT_ACTIVE:
+            state = verbs.PORT_STATES.get(self.port_attr.state, self.port_attr.state)
+            raise NoDevice(f"{self.device} port {options.port} is {state}, not ACTIVE",
+                           "bring the link up (cable, switch port, 'ip link set IFACE up' "
+                           "for RoCE) and check 'gdrprobe devices'")
+        self.gid_index, self.gid = choose_gid(self.ctx, options.port, self.port_attr, local_ip,
+                                              options.gid_index, self.device)
+        self.pd = self._keep(pv.pd.PD(self.ctx))
+        self.cq = self._keep(pv.cq.CQ(self.ctx, options.tx_depth * options.num_qps + 1))
+        try:
+            for _ in range(options.num_qps):
+                self.qps.append(self._keep(self._create_qp(pv)))
+        except pv.PyverbsRDMAError as error:
+            raise RdmaError(f"creating an RC QP on {self.device} failed",
+                            "lower --tx-depth or --qps; check the locked-memory limit "
+                            "('gdrprobe doctor')", evidence=str(error).splitlines()[0]) from error
+        self.psns = tuple(secrets.randbelow(1 << 24) for _ in self.qps)
+
+    def _create_qp(self, pv):
+        e = pv.enums
+        cap = pv.qp.QPCap(max_send_wr=self.options.tx_depth, max_recv_wr=1, max_send_sge=1,
+                          max_recv_sge=1, max_inline_data=self.options.max_inline)
+        init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap,
+                                sq_sig_all=0)
+        attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT, port_num=self.options.port)
+        attr.qp_access_flags = self._access_flags(pv)
+        return pv.qp.QP(self.pd, init, attr)
+
+    def _access_flags(self, pv) -> int:
+        remote = pv.enums.IBV_ACCESS_REMOTE_WRITE if self.options.remote_write else 0
+        return pv.enums.IBV_ACCESS_LOCAL_WRITE | remote
+
+    @property
+    def mtu(self) -> int:
+        active = verbs.mtu_bytes(self.port_attr.active_mtu)
+        return min(active, self.options.mtu) if self.options.mtu else active
+
+    def address(self) -> EndpointAddress:
+        return EndpointAddress(gid=self.gid, gid_index=self.gid_index, lid=self.port_attr.lid,
+                               mtu=self.mtu, qp_numbers=tuple(qp.qp_num for qp in self.qps),
+                               psns=self.psns)
+
+    def connect(self, remote: EndpointAddress) -> None:
+        """Move every QP through RTR to RTS towards the peer's matching QP."""
+        pv = verbs.pyverbs()
+        if len(remote.qp_numbers) != len(self.qps):
+            raise RdmaError(f"the peer has {len(remote.qp_numbers)} QPs, this side "
+                            f"{len(self.qps)}", "use the same --qps on both sides")
+        path_mtu = verbs.mtu_enum(min(self.mtu, remote.mtu))
+        for qp, local_psn, remote_qpn, remote_psn in zip(self.qps, self.psns,
+                                                         remote.qp_numbers, remote.psns):
+            attr = pv.qp.QPAttr(port_num=self.options.port)
+            attr.qp_access_flags = self._access_flags(pv)
+            attr.path_mtu = path_mtu
+            attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote_qpn, remote_psn, local_psn
+            attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
+            attr.min_rnr_timer = QP_MIN_RNR_TIMER
+            attr.timeout, attr.retry_cnt, attr.rnr_retry = QP_TIMEOUT, QP_RETRY_COUNT, QP_RNR_RETRY
+            route = pv.addr.GlobalRoute(dgid=pv.addr.GID(remote.gid), sgid_index=self.gid_index,
+                                        hop_limit=HOP_LIMIT)
+            attr.ah_attr = pv.addr.AHAttr(port_num=self.options.port, is_global=1, gr=route,
+                                          dlid=remote.lid)
+            try:
+                qp.to_rts(attr)
+            except pv.PyverbsRDMAError as error:
+                raise RdmaError(f"connecting QP {qp.qp_num} to the peer's QP {remote_qpn} "
+                                "failed", "check that both sides use GIDs of the same type "
+                                "and reachable addresses ('gdrprobe devices')",
+                                evidence=str(error).splitlines()[0]) from error
+
+    def handles(self) -> RawHandles:
+        return raw_handles(self.qps, self.cq)
+
+    def close(self) -> None:
+        """Destroy QPs, CQ, PD and the context, newest first; safe to call twice. One
+        object failing to close does not keep the others open."""
+        self.qps = []
+        failures = []
+        while self.objects:
+            try:
+                self.objects.pop().close()
+            except Exception as error:   # close the rest, then report the first failure
+                failures.append(error)
+        if failures:
+            raise failures[0]
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

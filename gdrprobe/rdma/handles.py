@@ -1,0 +1,96 @@
+"""The raw ibv_qp * and ibv_cq * behind pyverbs objects, for the C loop.
+
+rdma-core 61 and later expose them as integer properties (``QP.qp``, ``CQ.cq``; both
+arrived in the same release). Older pyverbs (Debian 12 ships 44) keeps them in the
+object's C struct only: right after the fields of ``PyverbsCM``, whose size is its
+``__basicsize__``. On those versions never touch ``Context.context`` or ``PD.pd``: they
+return the C struct *as a Python object*, and merely reading them corrupts memory.
+
+A property is used only where pyverbs has ``QP.qp``: on 54 to 60 ``CQ.cq`` exists but still
+returns the struct as an object. Whichever route found a pointer, it is checked against values pyverbs reports itself
+(QP number, QP type, CQ size) and against the other located handle (the QP's send CQ must
+be the located CQ) before the C loop may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gdrprobe import _native
+
+from gdrprobe.rdma import verbs
+from gdrprobe.errors import RdmaError
+
+IBV_QPT_RC = 2
+FIX = ("this pyverbs build lays out its objects differently from the ones gdrprobe knows "
+       "(rdma-core 44 to 64); please report the rdma-core version ('dpkg -l python3-pyverbs')")
+
+
+@dataclasses.dataclass(frozen=True)
+class RawHandles:
+    qps: tuple[int, ...]
+    cq: int
+    route: str   # "property", "layout", or "property+layout" when only some had one
+
+
+def has_pointer_properties(qp_class) -> bool:
+    """True on rdma-core >= 61, where QP.qp and CQ.cq are integer properties."""
+    return hasattr(qp_class, "qp")
+
+
+def layout_pointer(obj, expected_class) -> int:
+    """The first C field after PyverbsCM's, after checking the object's type and size."""
+    if not isinstance(obj, expected_class):
+        raise RdmaError(f"expected a pyverbs {expected_class.__name__}, got "
+                        f"{type(obj).__name__}", FIX)
+    offset = verbs.pyverbs().base.PyverbsCM.__basicsize__
+    if type(obj).__basicsize__ < offset + 8:
+        raise RdmaError(f"pyverbs {type(obj).__name__} is smaller than its pointer field", FIX)
+    pointer = _native.object_slot(obj, offset)
+    if not pointer:
+        raise RdmaError(f"pyverbs {type(obj).__name__} holds no verbs object (closed?)", FIX)
+    return pointer
+
+
+def locate(obj, expected_class, attribute: str, modern: bool) -> tuple[int, str]:
+    """(pointer, route): the integer property where this pyverbs has one, else the layout."""
+    if not isinstance(obj, expected_class):
+        raise RdmaError(f"expected a pyverbs {expected_class.__name__}, got "
+                        f"{type(obj).__name__}", FIX)
+    if modern and hasattr(type(obj), attribute):
+        return int(getattr(obj, attribute)), "property"
+    return layout_pointer(obj, expected_class), "layout"
+
+
+def check_qp(pointer: int, qp, cq_pointer: int) -> None:
+    fields = _native.qp_fields(pointer)
+    expected = {"qp_num": qp.qp_num, "qp_type": IBV_QPT_RC}
+    found = {"qp_num": fields["qp_num"], "qp_type": fields["qp_type"]}
+    if found != expected:
+        raise RdmaError("the located ibv_qp does not match its pyverbs QP", FIX,
+                        evidence=f"pyverbs says {expected}, the pointer holds {found}")
+    if fields["send_cq"] != cq_pointer:
+        raise RdmaError("the located ibv_qp does not use the located ibv_cq", FIX,
+                        evidence=f"send_cq 0x{fields['send_cq']:x}, CQ 0x{cq_pointer:x}")
+
+
+def check_cq(pointer: int, cq) -> None:
+    fields = _native.cq_fields(pointer)
+    if fields["cqe"] != cq.cqe or not fields["context"]:
+        raise RdmaError("the located ibv_cq does not match its pyverbs CQ", FIX,
+                        evidence=f"pyverbs cqe {cq.cqe}, the pointer holds {fields['cqe']}")
+
+
+def raw_handles(qps, cq) -> RawHandles:
+    """Validated pointers of the QPs and their shared send CQ."""
+    pv = verbs.pyverbs()
+    modern = has_pointer_properties(type(qps[0]))
+    cq_pointer, cq_route = locate(cq, pv.cq.CQ, "cq", modern)
+    check_cq(cq_pointer, cq)
+    pointers, routes = [], {cq_route}
+    for qp in qps:
+        pointer, route = locate(qp, pv.qp.QP, "qp", modern)
+        check_qp(pointer, qp, cq_pointer)
+        pointers.append(pointer)
+        routes.add(route)
+    return RawHandles(tuple(pointers), cq_pointer, "+".join(sorted(routes, reverse=True)))

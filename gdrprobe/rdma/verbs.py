@@ -1,0 +1,133 @@
+"""Access to pyverbs: loaded on first use, with the fix named when it is missing.
+
+Also the names of the verbs enumerations a person reads (port states, MTUs, speeds).
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+
+from gdrprobe.errors import MissingDependency, NoDevice
+
+PYVERBS_FIX = (
+    "install rdma-core's Python bindings (Debian/Ubuntu: apt-get install python3-pyverbs; "
+    "RHEL: dnf install python3-pyverbs; MLNX_OFED/DOCA-OFED ship them too) and create the "
+    "virtual environment with --system-site-packages so it can import them"
+)
+
+NO_DEVICE_FIX = (
+    "load the RDMA driver (e.g. modprobe mlx5_ib, or rdma link add rxe0 type rxe netdev "
+    "IFACE for Soft-RoCE), pass /dev/infiniband into the container, and make sure /sys is "
+    "mounted; 'rdma link show' and 'ibv_devices' should list the device"
+)
+
+PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYSICAL_STATES = {1: "SLEEP", 2: "POLLING", 3: "DISABLED", 4: "PORT_CONFIGURATION_TRAINING",
+                   5: "LINK_UP", 6: "LINK_ERROR_RECOVERY", 7: "PHY_TEST"}
+LINK_LAYERS = {0: "Unspecified", 1: "InfiniBand", 2: "Ethernet"}
+TRANSPORTS = {0: "InfiniBand", 1: "iWARP", 2: "usNIC", 3: "usNIC UDP", 4: "unspecified"}
+NODE_TYPES = {1: "CA", 2: "switch", 3: "router", 4: "RNIC", 5: "usNIC", 6: "usNIC UDP",
+              7: "unspecified"}
+# Gb/s per lane of ibv_port_attr.active_speed, and lanes of active_width.
+SPEED_GBPS = {1: 2.5, 2: 5.0, 4: 10.0, 8: 10.3125, 16: 14.0625, 32: 25.78125, 64: 50.0,
+              128: 100.0, 256: 200.0}
+WIDTH_LANES = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
+IBV_PORT_ACTIVE = 4
+LINK_LAYER_ETHERNET = 2
+GID_TYPE_SYSFS_ROCE_V2 = 1  # ibv_query_gid_type's enum (not ibv_gid_type's)
+
+
+@functools.lru_cache(maxsize=None)
+def pyverbs():
+    """The pyverbs modules gdrprobe uses, as a namespace; MissingDependency if absent."""
+    try:
+        import pyverbs.cq as cq
+        import pyverbs.device as device
+        import pyverbs.enums as enums
+        import pyverbs.mr as mr
+        import pyverbs.pd as pd
+        import pyverbs.qp as qp
+        import pyverbs.addr as addr
+        import pyverbs.base as base
+        from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
+    except ImportError as error:
+        raise MissingDependency(f"pyverbs is not importable ({error})", PYVERBS_FIX) from error
+
+    class Namespace:
+        pass
+
+    ns = Namespace()
+    ns.cq, ns.device, ns.enums, ns.mr, ns.pd, ns.qp, ns.addr, ns.base = (
+        cq, device, enums, mr, pd, qp, addr, base)
+    ns.PyverbsError, ns.PyverbsRDMAError = PyverbsError, PyverbsRDMAError
+    return ns
+
+
+def devices() -> dict:
+    """The RDMA devices the verbs library sees, by name; NoDevice when there are none."""
+    pv = pyverbs()
+    try:
+        listed = pv.device.get_device_list()
+    except pv.PyverbsError as error:
+        raise NoDevice("no RDMA device found: the verbs library could not list devices",
+                       NO_DEVICE_FIX, evidence=str(error).splitlines()[0]) from error
+    if not listed:
+        raise NoDevice("no RDMA device found", NO_DEVICE_FIX,
+                       evidence="ibv_get_device_list returned an empty list")
+    # pyverbs 44 names devices in bytes, later versions in str.
+    return {d.name.decode() if isinstance(d.name, bytes) else d.name: d for d in listed}
+
+
+def device_names() -> list[str]:
+    return list(devices())
+
+
+def resolve_device(name: str | None, names: list[str] | None = None) -> str:
+    """The device to use: the named one (checked) or the first one; names, when the
+    caller already listed them, saves listing again."""
+    names = names or device_names()
+    if name is None:
+        return names[0]
+    if name not in names:
+        raise NoDevice(f"RDMA device {name!r} does not exist",
+                       f"use one of: {', '.join(names)} (see 'gdrprobe devices')")
+    return name
+
+
+def populated_gids(ctx, port: int, port_attr):
+    """(index, gid) of every populated entry of a port's GID table (empty slots skipped)."""
+    for index in range(port_attr.gid_tbl_len):
+        gid = ctx.query_gid(port, index).gid
+        if not is_zero_gid(gid):
+            yield index, gid
+
+
+def mtu_bytes(mtu_enum: int) -> int:
+    """ibv_mtu (1..5) to bytes (256..4096)."""
+    return 128 << mtu_enum if 1 <= mtu_enum <= 5 else 0
+
+
+MTUS = tuple(mtu_bytes(value) for value in range(1, 6))   # the path MTUs verbs knows
+
+
+def mtu_enum(mtu: int) -> int:
+    for value in range(1, 6):
+        if mtu_bytes(value) == mtu:
+            return value
+    raise ValueError(f"{mtu} is not an RDMA MTU (256, 512, 1024, 2048, 4096)")
+
+
+def gid_ip_address(gid: str) -> str | None:
+    """The IP address a RoCE GID encodes: IPv4-mapped or a plain IPv6 address."""
+    try:
+        address = ipaddress.IPv6Address(gid)
+    except ValueError:
+        return None
+    if address.ipv4_mapped:
+        return str(address.ipv4_mapped)
+    return None if address.is_unspecified else str(address)
+
+
+def is_zero_gid(gid: str) -> bool:
+    return gid_ip_address(gid) is None

@@ -1,0 +1,174 @@
+"""Human renderings of the report model: devices, runs, the A/B, the doctor and NCCL logs.
+Renderers format; they never decide."""
+
+from __future__ import annotations
+
+from gdrprobe.report.model import (CheckReport, DeviceReport, DoctorReport, Finding,
+                                   NcclLogReport, RunReport, Status)
+
+
+def render_devices(report: DeviceReport) -> str:
+    lines = []
+    for device in report.devices:
+        lines.append(f"{device.name}  node GUID {device.node_guid}  transport {device.transport}"
+                     f"  firmware {device.firmware_version or '-'}"
+                     f"  vendor 0x{device.vendor_id:x}:0x{device.vendor_part_id:x}")
+        for port in device.ports:
+            rate = f"{port.rate_gbps:g} Gb/s" if port.rate_gbps else "rate unknown"
+            lines.append(f"  port {port.port}: {port.state} ({port.physical_state}), "
+                         f"{port.link_layer}, MTU {port.active_mtu_bytes} "
+                         f"(max {port.max_mtu_bytes}), {port.active_width} x "
+                         f"{port.active_speed} = {rate}, LID {port.lid}")
+            for gid in port.gids:
+                behind = ", ".join(x for x in (gid.netdev, gid.ip_address) if x)
+                lines.append(f"    GID[{gid.index:>3}] {gid.gid}  {gid.type:<7}"
+                             f"  {behind}".rstrip())
+    return "\n".join(lines)
+
+
+RULE = "-" * 87
+
+
+def render_endpoints(report: RunReport) -> list[str]:
+    lines = []
+    for role, end in (("local", report.local), ("remote", report.remote)):
+        qpns = ",".join(f"0x{q:06x}" for q in end.qp_numbers)
+        lines.append(f" {role:<6} {end.host}  {end.device} port {end.port}  GID[{end.gid_index}]"
+                     f" {end.gid}  MTU {end.mtu_bytes}  QPN {qpns}  memory "
+                     f"{end.memory.get('kind', '?')}")
+    return lines
+
+
+def render_run(report: RunReport, gbits: bool = False) -> str:
+    s = report.settings
+    title = "RDMA_Write BW Test" if s.mode == "bandwidth" else "RDMA_Write Latency Test"
+    lines = [RULE, f" {title} (gdrprobe, in-process)",
+             f" QPs {s.qps}  TX depth {s.tx_depth}  CQ moderation {s.cq_moderation}"
+             f"  post list {s.post_list}  MTU {s.mtu_bytes}  handles via {report.handle_route}",
+             *render_endpoints(report), RULE]
+    if report.bandwidth:
+        unit = "Gb/sec" if gbits else "MiB/sec"
+        lines.append(f" {'#bytes':<10} {'#iterations':<13} {'BW peak[' + unit + ']':<20}"
+                     f" {'BW average[' + unit + ']':<23} {'MsgRate[Mpps]':<15} integrity")
+        for r in report.bandwidth:
+            peak = r.bandwidth_peak_gbps if gbits else r.bandwidth_peak_mib_s
+            avg = r.bandwidth_avg_gbps if gbits else r.bandwidth_avg_mib_s
+            lines.append(f" {r.size_bytes:<10} {r.iterations:<13} {rate(peak):<20}"
+                         f" {rate(avg):<23} {r.message_rate_mpps:<15.6f}"
+                         f" {integrity_word(r.integrity)}")
+    if report.latency:
+        lines.append(f" {'#bytes':<9} {'#iters':<8} {'min[us]':<9} {'median[us]':<11}"
+                     f" {'mean[us]':<9} {'stdev[us]':<10} {'p99[us]':<9} {'p99.9[us]':<10}"
+                     f" {'max[us]':<9} integrity")
+        for r in report.latency:
+            lines.append(f" {r.size_bytes:<9} {r.iterations:<8} {r.latency_us_min:<9.2f}"
+                         f" {r.latency_us_median:<11.2f} {r.latency_us_mean:<9.2f}"
+                         f" {r.latency_us_stdev:<10.2f} {r.latency_us_p99:<9.2f}"
+                         f" {r.latency_us_p999:<10.2f} {r.latency_us_max:<9.2f}"
+                         f" {integrity_word(r.integrity)}")
+    lines.append(RULE)
+    return "\n".join(lines)
+
+
+def rate(value: float) -> str:
+    """Two decimals, or six below 0.1 so that slow links do not print as zero (perftest's
+    rule)."""
+    return f"{value:.6f}" if value < 0.1 else f"{value:.2f}"
+
+
+def integrity_word(integrity) -> str:
+    return "ok" if integrity.ok else "CORRUPT"
+
+
+def render_check(report: CheckReport) -> str:
+    v = report.verdict
+    lines = [RULE, f" GPUDirect RDMA: {v.classification.upper()}"
+             + (f" via {v.mechanism}" if v.mechanism else "")
+             + (" (inconclusive)" if v.inconclusive else "")]
+    if v.ratio is not None:
+        lines.append(f" GPU/host bandwidth {v.ratio:.2f} (per repeat {v.ratio_min:.2f}.."
+                     f"{v.ratio_max:.2f}; engaged at >= {v.threshold:.2f})")
+    lines.append(RULE)
+    lines.append(f" {'arm':<9} {'outcome':<20} {'size[B]':<9} Gb/s per repeat")
+    for arm in report.arms:
+        rates = " ".join(f"{b:.3f}" for b in arm.bandwidths_gbps) or "-"
+        lines.append(f" {arm.arm:<9} {arm.outcome:<20} {arm.size_bytes:<9} {rates}")
+        for text in (arm.mechanism_reason, arm.detail):
+            if text:
+                lines.append(f"           {text}")
+    lines.append(RULE)
+    for title, items in (("evidence", v.evidence), ("likely causes", v.likely_causes)):
+        if items:
+            lines.append(f" {title}:")
+            lines += [f"   - {item}" for item in items]
+    if v.fix:
+        lines.append(f" fix: {v.fix}")
+    lines.append(RULE)
+    return "\n".join(lines)
+
+
+def render_nccl_log(report: NcclLogReport) -> str:
+    lines = [f"NCCL log {report.source}: NCCL {report.nccl_version or 'version not in log'}",
+             f"verdict: {report.verdict}", f"mechanism: {report.mechanism}"]
+    if report.nics:
+        lines.append("NICs:")
+        for nic in report.nics:
+            capable = {True: "GDR capable", False: "GDR unavailable", None: "GDR capability not logged"}[nic.gdr_capable]
+            lines.append(f"  [{nic.index}] {nic.name}:{nic.port}/{nic.link_layer}  {capable}; "
+                         f"{nic.gdrdma_channels} channel(s) GDRDMA, {nic.host_memory_channels} through host memory")
+    if report.channels:
+        lines.append("channels:")
+        for channel in report.channels:
+            via = f"NET/{channel.transport}/{channel.nic_name or channel.nic_index}"
+            how = "GDRDMA" if channel.gdrdma else "host memory"
+            lines.append(f"  line {channel.line}: channel {channel.channel:02d} {channel.local} -> {channel.remote} "
+                         f"[{channel.direction}] via {via}: {how}")
+    lines += ["what the log shows:"] + [f"  - {text}" for text in report.conclusions]
+    lines += ["what it cannot show:"] + [f"  - {text}" for text in report.cannot_conclude]
+    return "\n".join(lines)
+
+
+# ---- the doctor: the first failure printed is the first thing to fix ------------------
+
+MARKS = {Status.OK: "[ OK ]", Status.WARN: "[WARN]", Status.FAIL: "[FAIL]",
+         Status.SKIP: "[SKIP]", Status.INFO: "[INFO]"}
+INDENT = " " * 7
+
+
+def first_blocker(report: DoctorReport) -> Finding | None:
+    """The first failure in flowchart order (the order the doctor produced the findings in)."""
+    return next((f for f in report.findings if f.status is Status.FAIL), None)
+
+
+def doctor_headline(report: DoctorReport) -> str:
+    blocker = first_blocker(report)
+    if blocker is not None:
+        return f"First blocker: {blocker.id}: {blocker.summary}"
+    warnings = sum(f.status is Status.WARN for f in report.findings)
+    return f"No blocking failure found ({warnings} warning(s))."
+
+
+def _indented(label: str, text: str) -> list[str]:
+    lines = text.splitlines() or [""]
+    pad = INDENT + " " * (len(label) + 2)
+    return [f"{INDENT}{label}: {lines[0]}"] + [pad + line for line in lines[1:]]
+
+
+def render_finding(finding: Finding) -> list[str]:
+    lines = [f"{MARKS[finding.status]} {finding.id}: {finding.summary}"]
+    for evidence in finding.evidence:
+        lines += _indented(evidence.source, evidence.value)
+    if finding.fix:
+        lines += _indented("fix", finding.fix)
+    return lines
+
+
+def render_doctor(report: DoctorReport) -> str:
+    lines = [doctor_headline(report), f"(root: {report.root})"]
+    group = None
+    for finding in report.findings:
+        if finding.group != group:
+            group = finding.group
+            lines += ["", f"== {group} =="]
+        lines += render_finding(finding)
+    return "\n".join(lines) + "\n"

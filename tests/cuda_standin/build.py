@@ -1,0 +1,48 @@
+"""Compile the stand-in libcuda.so.1 (standin.c) at test time.
+
+Each variant lands in its own directory, named after a hash of the source and the flags,
+under the system's temporary directory: put that directory first on LD_LIBRARY_PATH and
+the real cuda.bindings load the stand-in instead of a driver. Binding call shapes, not a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+SOURCE = pathlib.Path(__file__).with_name("standin.c")
+LIBRARY = "libcuda.so.1"
+# A driver older than CUDA 12.0: no cuGetProcAddress_v2 (what cuda-bindings 12.x+ need).
+VARIANTS = {"": [], "no-proc-address-v2": ["-DSTANDIN_NO_PROC_ADDRESS_V2"]}
+
+
+def build(variant: str = "") -> pathlib.Path:
+    """The directory holding the compiled stand-in; compiled once per source and flags."""
+    flags = VARIANTS[variant]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    directory = pathlib.Path(tempfile.gettempdir()) / f"gdrprobe-cuda-standin-{digest}"
+    library = directory / LIBRARY
+    if library.exists():
+        return directory
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) to build the stand-in libcuda.so.1")
+    directory.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename, so a concurrent run never loads half a file.
+    partial = directory / f"{LIBRARY}.{os.getpid()}"
+    subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared",
+                    "-fPIC", *flags, "-o", str(partial), str(SOURCE), "-lpthread"], check=True)
+    partial.rename(library)
+    return directory
+
+
+def environment(variant: str = "", base: dict | None = None) -> dict:
+    """os.environ (or base) with the stand-in first on LD_LIBRARY_PATH."""
+    env = dict(os.environ if base is None else base)
+    path = [str(build(variant))] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    env["LD_LIBRARY_PATH"] = ":".join(path)
+    return env

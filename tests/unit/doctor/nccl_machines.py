@@ -1,0 +1,214 @@
+"""Fixture machines for the cases where the doctor must decide as NCCL decides (issue 10).
+
+Each builder lays out a whole node with :class:`machines.SysfsTree` and adds what the NCCL
+rules read besides the PCI tree: PCIe link speed and width, the NIC port rate, the
+peer-memory files, and the facts a capture stores (CUDA, NVML, the NICs' DMA-BUF probe).
+The expected answers, and the NCCL source each comes from, are in the tests that use them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.unit.doctor import machines
+
+CAPTURE = "/gdrprobe-capture"
+OPEN_DRIVER = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  "
+               "(dvs-builder@U16-I3-B03-4-3)")
+PROPRIETARY_DRIVER = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.06  Wed Jun 26 06:46:07 UTC 2024"
+GEN5, GEN4, GEN3 = "32.0 GT/s PCIe", "16.0 GT/s PCIe", "8.0 GT/s PCIe"
+EBADF, EOPNOTSUPP = 9, 95
+
+# Compute capabilities (major, minor) of the GPUs the fixtures impersonate.
+HOPPER, VOLTA = (9, 0), (7, 0)
+
+
+def link(tree: machines.SysfsTree, bdf: str, speed: str = GEN5, width: int = 16) -> None:
+    """The PCIe link attributes NCCL reads for the device and its parent port (xml.cc)."""
+    directory = tree.devices[bdf]
+    tree.write(f"{directory}/max_link_speed", speed + "\n")
+    tree.write(f"{directory}/max_link_width", f"{width}\n")
+
+
+def links_everywhere(tree: machines.SysfsTree, speed: str = GEN5, width: int = 16) -> None:
+    for bdf in tree.devices:
+        link(tree, bdf, speed, width)
+
+
+def port_rate(tree: machines.SysfsTree, ibdev: str, gbps: int, port: int = 1) -> None:
+    """/sys/class/infiniband/DEV/ports/N/rate as the kernel writes it, and the port ACTIVE."""
+    base = f"/sys/class/infiniband/{ibdev}/ports/{port}"
+    tree.write(f"{base}/rate", f"{gbps} Gb/sec (4X)\n")
+    tree.write(f"{base}/state", "4: ACTIVE\n")
+    tree.write(f"{base}/phys_state", "5: LinkUp\n")
+    tree.write(f"{base}/link_layer", "InfiniBand\n")
+
+
+def stack(tree: machines.SysfsTree, driver: str = OPEN_DRIVER, kernel: str = "6.8.0-45-generic") -> None:
+    tree.write("/proc/driver/nvidia/version", driver + "\nGCC version:  gcc version 12.3.0\n")
+    tree.write("/proc/sys/kernel/osrelease", kernel + "\n")
+
+
+def nvidia_peermem(tree: machines.SysfsTree, memory_peers: bool = False) -> None:
+    """nvidia-peermem loaded; ``memory_peers`` adds the files kernels before 6.6 (with OFED) show."""
+    tree.write("/sys/module/nvidia_peermem/version", "570.86.15\n")
+    tree.write("/sys/module/mlx_compat/refcnt", "1\n")
+    if memory_peers:
+        tree.write("/sys/kernel/mm/memory_peers/nv_mem/version", "570.86.15\n")
+        tree.write("/sys/kernel/mm/memory_peers/nv_mem_nc/version", "570.86.15\n")
+
+
+def nv_peer_mem(tree: machines.SysfsTree) -> None:
+    """The deprecated Mellanox module: it registers the nv_mem client NCCL also counts."""
+    tree.write("/sys/module/nv_peer_mem/version", "1.3-0\n")
+    tree.write("/sys/module/mlx_compat/refcnt", "1\n")
+    tree.write("/sys/kernel/mm/memory_peers/nv_mem/version", "1.3-0\n")
+
+
+def cuda_facts(tree: machines.SysfsTree, gpus: list[str], capability=HOPPER, dma_buf: int = 1,
+               driver_version: int = 12080, name: str = "NVIDIA H100 80GB HBM3") -> None:
+    entries = [{"ordinal": i, "name": name, "pci_bus_id": bdf, "total_memory_bytes": 80 << 30,
+                "gpu_direct_rdma_supported": 1, "dma_buf_supported": dma_buf,
+                "gpu_direct_rdma_flush_writes_options": 1, "gpu_direct_rdma_writes_ordering": 100,
+                "compute_capability_major": capability[0], "compute_capability_minor": capability[1]}
+               for i, bdf in enumerate(gpus)]
+    tree.write(f"{CAPTURE}/cuda.json", json.dumps({"driver_version": driver_version, "gpus": entries}))
+
+
+def nic_probe(tree: machines.SysfsTree, results: dict[str, int | None]) -> None:
+    """What ibv_reg_dmabuf_mr(fd=-1) gave per NIC: an errno (EBADF: supported) or None."""
+    tree.write(f"{CAPTURE}/nics.json", json.dumps({"dmabuf_probe": {
+        dev: {"errno": err} for dev, err in results.items()}}))
+
+
+def nvml_facts(tree: machines.SysfsTree, gpus: list[str], nvlink: dict[str, list[str]] | None = None,
+               c2c: bool = False, bar1_total: int = 128 << 30) -> None:
+    """What nvidia-ml-py reads, in the shape the capture stores (see gdrprobe.doctor.nvml)."""
+    entries = [{"pci_bus_id": bdf, "bar1_total_bytes": bar1_total, "bar1_used_bytes": 64 << 20,
+                "persistence_mode": True, "c2c_link_count": 10 if c2c else 0,
+                "nvlink_remote_bus_ids": (nvlink or {}).get(bdf, [])}
+               for bdf in gpus]
+    tree.write(f"{CAPTURE}/nvml.json", json.dumps({"driver_version": "570.86.15", "gpus": entries}))
+
+
+# ---- machines ---------------------------------------------------------------------------
+
+
+def healthy_stack(tree: machines.SysfsTree, gpus: list[str], nics: list[str]) -> None:
+    """DMA-BUF on a modern host: open module, kernel 6.8, every NIC passes NCCL's probe."""
+    stack(tree)
+    cuda_facts(tree, gpus)
+    nic_probe(tree, {nic: EBADF for nic in nics})
+
+
+def hgx_8gpu_4nic(root) -> machines.SysfsTree:
+    """HGX-like: 8 NVSwitch-connected GPUs, 4 NICs. Per root complex, GPU 2k shares a switch
+    with mlx5_k (PIX) and GPU 2k+1 hangs off another root port (PHB to every NIC of its
+    socket): NCCL sends GPU 2k+1's traffic through GPU 2k over NVLink (PXN)."""
+    tree = machines.SysfsTree(root)
+    gpus, nics = [], []
+    for k, bus in enumerate((0x18, 0x3A, 0x9A, 0xBA)):
+        numa = 0 if k < 2 else 1
+        host = tree.host_bridge(bus, numa=numa, cpus="0-55" if numa == 0 else "56-111")
+        root_port = tree.bridge(host, f"0000:{bus:02x}:01.0", vendor=machines.INTEL)
+        gpu_port, nic_port = tree.switch(root_port, f"0000:{bus + 1:02x}:00.0",
+                                         [f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 2:02x}:01.0"])
+        gpus.append(tree.gpu(gpu_port, f"0000:{bus + 3:02x}:00.0"))
+        nics.append(f"mlx5_{k}")
+        tree.nic(nic_port, f"0000:{bus + 4:02x}:00.0", nics[-1])
+        other_port = tree.bridge(host, f"0000:{bus:02x}:02.0", vendor=machines.INTEL)
+        gpus.append(tree.gpu(other_port, f"0000:{bus + 5:02x}:00.0"))
+    links_everywhere(tree)
+    for nic in nics:
+        port_rate(tree, nic, 400)
+    healthy_stack(tree, gpus, nics)
+    # Every GPU's 18 links end on NVSwitches (bus ids that are no GPU of this node).
+    nvml_facts(tree, gpus, nvlink={bdf: ["0000:05:00.0"] * 18 for bdf in gpus})
+    return tree
+
+
+def gh200(root) -> machines.SysfsTree:
+    """Grace Hopper: the GPU reaches Grace over C2C (NVML), the NIC hangs off a Grace root port:
+    PHB on PCIe, P2C to NCCL, GDR on by default."""
+    tree = machines.SysfsTree(root)
+    tree.cpuinfo(hypervisor=False)
+    gpu_host = tree.host_bridge(0x09, numa=0, cpus="0-71", domain=9)
+    gpu = tree.gpu(tree.bridge(gpu_host, "0009:00:00.0", vendor=machines.NVIDIA), "0009:01:00.0")
+    nic_host = tree.host_bridge(0x00, numa=0, cpus="0-71", domain=0)
+    tree.nic(tree.bridge(nic_host, "0000:00:00.0", vendor=machines.NVIDIA), "0000:01:00.0", "mlx5_0")
+    links_everywhere(tree)
+    port_rate(tree, "mlx5_0", 400)
+    stack(tree, driver=OPEN_DRIVER.replace("x86_64", "aarch64"), kernel="6.8.0-1013-nvidia-64k")
+    cuda_facts(tree, [gpu], name="NVIDIA GH200 480GB")
+    nic_probe(tree, {"mlx5_0": EBADF})
+    nvml_facts(tree, [gpu], c2c=True)
+    return tree
+
+
+def pix_pairs(root, pairs: int = 2) -> machines.SysfsTree:
+    """The DGX-like PIX node with link attributes and 400 Gb/s ports (no stack files)."""
+    tree = machines.pix_node(root, pairs)
+    links_everywhere(tree)
+    for k in range(pairs):
+        port_rate(tree, f"mlx5_{k}", 400)
+    return tree
+
+
+def gpu_bdfs(tree: machines.SysfsTree) -> list[str]:
+    return sorted(bdf for bdf, path in tree.devices.items()
+                  if (tree.path(path) / "vendor").read_text().strip() == f"0x{machines.NVIDIA:04x}"
+                  and (tree.path(path) / "class").read_text().strip() == f"0x{machines.GPU_3D_CLASS:06x}")
+
+
+def dmabuf_only(root) -> machines.SysfsTree:
+    """Open module, kernel 6.8, no nvidia-peermem: DMA-BUF is the only path."""
+    tree = pix_pairs(root)
+    healthy_stack(tree, gpu_bdfs(tree), ["mlx5_0", "mlx5_1"])
+    return tree
+
+
+def peermem_kernel_6_8(root) -> machines.SysfsTree:
+    """Proprietary driver (no DMA-BUF) on 6.8 with OFED and nvidia-peermem: no memory_peers
+    directory exists on 6.6+, only /sys/module/nvidia_peermem/version."""
+    tree = pix_pairs(root)
+    stack(tree, driver=PROPRIETARY_DRIVER)
+    cuda_facts(tree, gpu_bdfs(tree), dma_buf=0)
+    nic_probe(tree, {"mlx5_0": EBADF, "mlx5_1": EBADF})
+    nvidia_peermem(tree)
+    return tree
+
+
+def nv_peer_mem_only(root) -> machines.SysfsTree:
+    """Proprietary driver, kernel 5.4, MLNX_OFED and the old nv_peer_mem module only."""
+    tree = pix_pairs(root)
+    stack(tree, driver=PROPRIETARY_DRIVER, kernel="5.4.0-200-generic")
+    cuda_facts(tree, gpu_bdfs(tree), dma_buf=0, driver_version=12020)
+    nic_probe(tree, {"mlx5_0": EOPNOTSUPP, "mlx5_1": EOPNOTSUPP})
+    nv_peer_mem(tree)
+    return tree
+
+
+def v100_no_nvlink(root) -> machines.SysfsTree:
+    """Two V100s (sm70) on PCIe without NVLink, each beside its NIC: GDR writes yes, reads no."""
+    tree = pix_pairs(root)
+    healthy_stack(tree, gpu_bdfs(tree), ["mlx5_0", "mlx5_1"])
+    cuda_facts(tree, gpu_bdfs(tree), capability=VOLTA, name="Tesla V100-PCIE-32GB")
+    nvml_facts(tree, gpu_bdfs(tree))
+    return tree
+
+
+def slow_nic_nearer(root) -> machines.SysfsTree:
+    """One GPU with a 100 Gb/s NIC under its own switch (PIX) and a 400 Gb/s NIC on another
+    root port of the same root complex (PHB): NCCL takes the faster one, at PHB."""
+    tree = machines.SysfsTree(root)
+    host = tree.host_bridge(0x18)
+    root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
+    gpu_port, nic_port = tree.switch(root_port, "0000:19:00.0", ["0000:1a:00.0", "0000:1a:01.0"])
+    gpu = tree.gpu(gpu_port, "0000:1b:00.0")
+    tree.nic(nic_port, "0000:1c:00.0", "mlx5_0")
+    tree.nic(tree.bridge(host, "0000:18:02.0", vendor=machines.INTEL), "0000:1d:00.0", "mlx5_1")
+    links_everywhere(tree)
+    port_rate(tree, "mlx5_0", 100)
+    port_rate(tree, "mlx5_1", 400)
+    healthy_stack(tree, [gpu], ["mlx5_0", "mlx5_1"])
+    return tree
