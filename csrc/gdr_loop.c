@@ -19,6 +19,12 @@ struct qp_progress {
     uint64_t unsignaled;   /* messages posted since the last signalled one */
 };
 
+/* Where the next message goes: its slot, counted over all QPs in posting order. */
+struct slot_cursor {
+    uint32_t slot;
+    uint64_t posted;
+};
+
 struct bw_window {
     int measuring;
     uint64_t start_ns, start_msgs;
@@ -32,7 +38,7 @@ static int bw_config_valid(const struct gdr_bw_config *cfg)
            cfg->tx_depth >= 1 && cfg->cq_mod >= 1 && cfg->cq_mod <= cfg->tx_depth &&
            cfg->post_list >= 1 && cfg->post_list <= GDR_MAX_POST_LIST &&
            cfg->post_list <= cfg->tx_depth && (cfg->duration_ns > 0 || cfg->iterations > 0) &&
-           cfg->stop;
+           cfg->slots >= 1 && cfg->stop;
 }
 
 static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
@@ -43,9 +49,10 @@ static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
     res->wc_qp_num = wc->qp_num;
 }
 
-/* Post as many messages on one QP as its send queue has room for. */
+/* Post as many messages on one QP as its send queue has room for, each to its slot. */
 static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct qp_progress *p,
-                      struct ibv_send_wr *wrs, struct gdr_bw_result *res)
+                      struct ibv_send_wr *wrs, struct ibv_sge *sges, struct slot_cursor *cursor,
+                      struct gdr_bw_result *res)
 {
     unsigned int inline_flag = cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
 
@@ -61,7 +68,13 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
             count = (uint32_t)left;
         for (i = 0; i < count; i++) {
             uint64_t number = p->posted + i + 1;
+            uint64_t offset = (uint64_t)cursor->slot * cfg->msg_size;
             int signalled = number % cfg->cq_mod == 0 || number == p->target;
+
+            sges[i].addr = cfg->local_addr + offset;
+            wrs[i].wr.rdma.remote_addr = cfg->remote_addr + offset;
+            if (++cursor->slot == cfg->slots)
+                cursor->slot = 0;
 
             p->unsignaled++;
             wrs[i].send_flags = (signalled ? IBV_SEND_SIGNALED : 0) | inline_flag;
@@ -78,6 +91,7 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
             return -1;
         }
         p->posted += count;
+        cursor->posted += count;
     }
     return 0;
 }
@@ -93,19 +107,18 @@ static int all_completed(const struct qp_progress *qps, uint32_t num_qps)
     return 1;
 }
 
-static void prepare_wrs(const struct gdr_bw_config *cfg, struct ibv_send_wr *wrs, struct ibv_sge *sge)
+/* One scatter entry per chained request: each message has its own slot's address. */
+static void prepare_wrs(const struct gdr_bw_config *cfg, struct ibv_send_wr *wrs, struct ibv_sge *sges)
 {
     uint32_t i;
 
-    sge->addr = cfg->local_addr;
-    sge->length = cfg->msg_size;
-    sge->lkey = cfg->lkey;
     memset(wrs, 0, sizeof(*wrs) * cfg->post_list);
     for (i = 0; i < cfg->post_list; i++) {
-        wrs[i].sg_list = sge;
+        sges[i].length = cfg->msg_size;
+        sges[i].lkey = cfg->lkey;
+        wrs[i].sg_list = &sges[i];
         wrs[i].num_sge = 1;
         wrs[i].opcode = IBV_WR_RDMA_WRITE;
-        wrs[i].wr.rdma.remote_addr = cfg->remote_addr;
         wrs[i].wr.rdma.rkey = cfg->rkey;
     }
 }
@@ -150,7 +163,8 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
     struct qp_progress qps[GDR_MAX_QPS];
     struct ibv_send_wr wrs[GDR_MAX_POST_LIST];
     struct ibv_wc wc[POLL_BATCH];
-    struct ibv_sge sge;
+    struct ibv_sge sges[GDR_MAX_POST_LIST];
+    struct slot_cursor cursor = {0, 0};
     struct bw_window w;
     uint64_t total = 0, t0, last_progress, spins = 0;
     uint32_t q;
@@ -161,7 +175,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
         res->status = GDR_ERR_ARGS;
         return res->status;
     }
-    prepare_wrs(cfg, wrs, &sge);
+    prepare_wrs(cfg, wrs, sges);
     for (q = 0; q < cfg->num_qps; q++) {
         memset(&qps[q], 0, sizeof(qps[q]));
         qps[q].target = cfg->duration_ns ? UINT64_MAX : cfg->iterations + cfg->warmup_iterations;
@@ -177,7 +191,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
             return res->status;
         }
         for (q = 0; q < cfg->num_qps; q++) {
-            if (post_burst(cfg, q, &qps[q], wrs, res))
+            if (post_burst(cfg, q, &qps[q], wrs, sges, &cursor, res))
                 return res->status;
         }
         if (all_completed(qps, cfg->num_qps))
@@ -213,6 +227,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
         w.end_msgs = total;
     }
     res->messages = w.end_msgs - w.start_msgs;
+    res->posted = cursor.posted;
     res->elapsed_ns = w.end_ns - w.start_ns;
     res->status = GDR_OK;
     return res->status;

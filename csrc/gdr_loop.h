@@ -38,6 +38,9 @@ struct gdr_bw_config {
     uint32_t cq_mod;              /* one signalled request every cq_mod */
     uint32_t post_list;           /* work requests chained per ibv_post_send */
     uint32_t max_inline;          /* messages up to this size go inline */
+    uint32_t slots;               /* >= 1: the k-th message posted (all QPs) goes to slot
+                                   * k mod slots, at that times msg_size on both sides, so
+                                   * the receiver can check the last `slots` messages */
     uint64_t stall_timeout_ns;
     volatile int *stop;
 };
@@ -49,6 +52,7 @@ struct gdr_bw_result {
     uint32_t wc_vendor_err;
     uint32_t wc_qp_num;
     uint64_t messages;            /* completed inside the measured window, all QPs */
+    uint64_t posted;              /* posted in all, all QPs, warm-up included */
     uint64_t elapsed_ns;          /* length of the measured window */
     double peak_bytes_per_s;      /* best rate over windows of tx_depth x QPs messages */
 };

@@ -12,7 +12,7 @@ from gdrprobe.errors import ExitCode, GdrprobeError
 __version__ = "0.1.0"
 
 __all__ = ["ExitCode", "GdrprobeError", "__version__", "list_devices", "run", "serve",
-           "check", "require", "doctor", "capture", "read_nccl_log"]
+           "check", "require", "bench", "cluster", "doctor", "capture", "read_nccl_log"]
 
 
 def list_devices(device: str | None = None):
@@ -32,7 +32,7 @@ def _runner(host, token, loopback, port, device, ib_port, gid_index, settings):
         raise UsageError("give a host and the server's token, or loopback=True")
     endpoint = EndpointOptions(device=device, port=ib_port, gid_index=gid_index)
     return runner(ProbeOptions(**settings), endpoint, None if loopback else host,
-                  port or DEFAULT_PORT, token)
+                  DEFAULT_PORT if port is None else port, token)
 
 
 def _memory(choice: str | None, gpu: str, gpu_mem_type: str):
@@ -48,7 +48,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         gid_index: int | None = None, mem: str = "host", remote_mem: str | None = None,
         gpu: str = "0", gpu_mem_type: str = "device", **settings):
     """One probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
-    this process). settings are :class:`gdrprobe.measure.session.ProbeOptions` fields (mode, sizes,
+    this process). settings are :class:`gdrprobe.measure.options.ProbeOptions` fields (mode, sizes,
     iterations, duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s);
     mem and remote_mem are host, gpu, dmabuf, peermem or staged.
     Returns a :class:`gdrprobe.report.model.RunReport`; raises :class:`GdrprobeError`."""
@@ -58,32 +58,110 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
 
 def check(host: str | None = None, *, token: str | None = None, port: int | None = None,
           device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
-          mem: str = "gpu", remote_mem: str | None = None, gpu: str = "0",
+          mem: str = "gpu", remote_mem: str | None = None, gpu: str | None = None,
           gpu_mem_type: str = "device", staged: bool = False, repeats: int = 3,
           threshold: float = 0.9, time_budget_s: float | None = None, **settings):
-    """The A/B and its verdict: the host arm against the GPU arm, `repeats` times, on the
-    local NIC in loopback (or against host). With time_budget_s each run is a fixed-duration
-    run sized so the whole check fits in about that time. Returns a
-    :class:`gdrprobe.report.model.CheckReport`; its ``verdict.classification`` is engaged,
-    degraded, not engaged or not testable."""
-    from gdrprobe.doctor.runner import run_doctor
-    from gdrprobe.measure.ab import ab_test
-    from gdrprobe.errors import UsageError
+    """The A/B and its verdict: the host arm against the GPU arm on the local NIC in
+    loopback (or against host). Without gpu and device, the pair this process's rank will
+    use: the GPU from LOCAL_RANK (torchrun), SLURM_LOCALID (srun) or
+    OMPI_COMM_WORLD_LOCAL_RANK among the GPUs CUDA_VISIBLE_DEVICES leaves, and the NIC NCCL
+    will use for it; ``report.placement`` says which and why. Sampling stops as soon as the
+    verdict is clear (2 repeats at least, `repeats` at most; a GPU arm that cannot run ends
+    it after one host run). time_budget_s is a hard limit on the whole check, doctor and
+    set-up included: runs are fixed-duration runs sized to it, and no run starts that it
+    cannot hold. Returns a :class:`gdrprobe.report.model.CheckReport`; its
+    ``verdict.classification`` is engaged, degraded, not engaged or not testable."""
+    import dataclasses
+    import os
 
+    from gdrprobe.errors import UsageError
+    from gdrprobe.measure.ab import ab_test
+    from gdrprobe.measure.gate import Budget, budgeted, rank_pair, sized_for_budget
+    from gdrprobe.measure.options import ProbeOptions
+    from gdrprobe.measure.session import DEFAULT_PORT, runner
+    from gdrprobe.rdma.endpoint import EndpointOptions
+
+    budget = Budget(time_budget_s)
     if settings.get("mode", "bandwidth") != "bandwidth":
         raise UsageError("check() compares bandwidth; latency runs use host memory", "")
-    settings.setdefault("sizes", (1 << 20,))
+    if host is not None and not token:
+        raise UsageError("give the server's token with its host, or no host for loopback", "")
+    facts = _machine_facts()
+    pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
+    options = ProbeOptions(**{"sizes": (1 << 20,), **settings})
     if time_budget_s is not None:
-        runs = repeats * (3 if staged else 2)
-        # Half the budget measures; the rest is setup, warm-up and the doctor.
-        settings.setdefault("duration_s", max(0.1, time_budget_s / 2 / runs))
-        settings.setdefault("warmup_s", min(0.5, settings["duration_s"] / 4))
-    probe = _runner(host, token, host is None, port, device, ib_port, gid_index, settings)
-    local = _memory(mem, gpu, gpu_mem_type)
-    # The doctor can speak for this host's GPU only.
-    findings = run_doctor().findings if local.kind == "gpu" else ()
-    return ab_test(probe, local, _memory(remote_mem, gpu, gpu_mem_type), staged=staged,
-                   repeats=repeats, threshold=threshold, doctor_findings=findings)
+        options = sized_for_budget(options, time_budget_s, repeats * (3 if staged else 2))
+    endpoint = EndpointOptions(device=pair.nic, port=ib_port, gid_index=gid_index)
+    server_port = DEFAULT_PORT if port is None else port
+    run_once = budgeted(lambda capped: runner(capped, endpoint, host, server_port, token),
+                        options, budget)
+    local = _memory(mem, pair.gpu, gpu_mem_type)
+    # The doctor speaks for this host's GPU (in loopback the server's buffer is here too);
+    # a server sends its own findings about its GPU buffer in the handshake.
+    report = ab_test(run_once, local, _memory(remote_mem, pair.gpu, gpu_mem_type),
+                     staged=staged, repeats=repeats, threshold=threshold,
+                     doctor_findings=(facts.findings if local.kind == "gpu" or host is None
+                                      else ()),
+                     min_repeats=min(2, repeats))
+    return dataclasses.replace(report, placement=dataclasses.replace(
+        pair, time_budget_s=time_budget_s, elapsed_s=round(budget.elapsed(), 3)))
+
+
+def bench(*, sizes=None, memory=("host", "dmabuf", "peermem", "staged"), qps=(1,),
+          matrix: bool = False, gpus=(), devices=(), ib_port: int = 1,
+          gid_index: int | None = None, iterations: int = 1000, duration_s: float | None = None,
+          warmup_s: float = 0.5, tx_depth: int = 128, cq_moderation: int = 100,
+          latency_iterations: int = 1000, threshold: float = 0.9, timeout_s: float = 30.0,
+          on_row=None):
+    """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
+    kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
+    every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=0: none).
+    A kind that cannot run here becomes rows with its outcome. on_row(row, rows_done,
+    rows_planned) sees each :class:`gdrprobe.report.model.BenchRow` as it is measured;
+    Ctrl-C ends the sweep with the rows so far (``report.interrupted``). Returns a
+    :class:`gdrprobe.report.model.BenchReport`."""
+    from gdrprobe.measure.bench import run_bench
+    from gdrprobe.measure.options import SWEEP_SIZES
+    from gdrprobe.report.model import BenchSettings
+
+    settings = BenchSettings(
+        sizes_bytes=_as_tuple(sizes or SWEEP_SIZES), memory_kinds=_as_tuple(memory),
+        qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
+        warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
+        latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port)
+    return run_bench(settings, _machine_facts(), gpus=_as_tuple(gpus),
+                     devices=_as_tuple(devices), gid_index=gid_index, timeout_s=timeout_s,
+                     on_row=on_row or (lambda row, done, total: None))
+
+
+def _as_tuple(value) -> tuple:
+    """One value or several: bench(memory="host") as bench(memory=("host",))."""
+    return (value,) if isinstance(value, (str, int)) else tuple(value)
+
+
+def _machine_facts(root: str = "/", environ=None):
+    """The doctor's findings and the facts the choice of GPU and NIC rests on, read once:
+    a :class:`gdrprobe.measure.gate.MachineFacts` (root and environ: a captured machine)."""
+    from gdrprobe.doctor.context import DoctorContext
+    from gdrprobe.doctor.runner import run_checks
+    from gdrprobe.doctor.stack import driver_version_line
+    from gdrprobe.measure.gate import GpuFacts, MachineFacts
+    from gdrprobe.sysroot import SysRoot
+
+    ctx = DoctorContext(SysRoot(root), environ)
+    findings = run_checks(ctx)
+    gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
+    return MachineFacts(gpus, _nccl_nics(ctx), ctx.cuda_facts, driver_version_line(ctx.root),
+                        findings)
+
+
+def _nccl_nics(ctx) -> dict:
+    """GPU bus id -> the NIC NCCL will use for it and why, as the doctor decides it by NCCL's
+    rules (NCCL_IB_HCA honoured): :func:`gdrprobe.doctor.nccl_decision.decide`."""
+    from gdrprobe.measure.gate import NicChoice
+
+    return {decision.gpu_bdf: NicChoice(decision.nic, "NCCL's choice: " + decision.why[0])
+            for decision in ctx.nccl_decisions if decision.nic is not None}
 
 
 def require(**kwargs):
@@ -105,12 +183,38 @@ def serve(token: str, *, bind: str = "0.0.0.0", port: int | None = None,
           device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
           runs: int | None = None, timeout_s: float = 30.0) -> None:
     """Serve probe runs to clients that know token (forever, or `runs` runs)."""
+    from gdrprobe.doctor.runner import run_doctor
     from gdrprobe.rdma.endpoint import EndpointOptions
     from gdrprobe.measure.session import DEFAULT_PORT, ProbeServer
 
     endpoint = EndpointOptions(device=device, port=ib_port, gid_index=gid_index)
-    ProbeServer(token, endpoint, bind=bind, port=port or DEFAULT_PORT,
-                timeout_s=timeout_s).serve(runs)
+    # A client whose GPU arm uses this host's GPU buffer gets this host's findings.
+    ProbeServer(token, endpoint, bind=bind, port=DEFAULT_PORT if port is None else port,
+                timeout_s=timeout_s, findings=run_doctor().findings).serve(runs)
+
+
+def cluster(*, pattern: str = "all", mem: str = "gpu", gpu: str = "0",
+            gpu_mem_type: str = "device", device: str | None = None, ib_port: int = 1,
+            gid_index: int | None = None, size: int = 1 << 20, iterations: int = 1000,
+            repeats: int = 3, threshold: float = 0.9, slow_fraction: float = 0.8,
+            timeout_s: float = 30.0, oob_address: str | None = None):
+    """Every pair of nodes of the MPI job this process is a rank of (one rank per node):
+    call it on every rank. Rank 0 gets the :class:`gdrprobe.report.model.ClusterReport`,
+    the other ranks None."""
+    from gdrprobe.doctor.runner import run_doctor
+    from gdrprobe.measure import cluster as _cluster
+    from gdrprobe.measure.options import ProbeOptions
+    from gdrprobe.rdma.endpoint import EndpointOptions
+
+    endpoint = EndpointOptions(device=device, port=ib_port, gid_index=gid_index)
+    local = _memory(mem, gpu, gpu_mem_type)
+    options = ProbeOptions(sizes=(size,), iterations=iterations, timeout_s=timeout_s)
+    findings = run_doctor().findings if local.kind == "gpu" else ()
+    return _cluster.run_cluster(
+        _cluster.world(), pattern, _cluster.pair_server(endpoint, timeout_s),
+        lambda: _cluster.advertised_address(endpoint, oob_address),
+        _cluster.pair_probe(options, endpoint, local, repeats, threshold, findings),
+        slow_fraction)
 
 
 def doctor(root: str = "/"):

@@ -60,6 +60,7 @@ cdef extern from "gdr_loop.h" nogil:
         uint32_t cq_mod
         uint32_t post_list
         uint32_t max_inline
+        uint32_t slots
         uint64_t stall_timeout_ns
         volatile int *stop
 
@@ -70,6 +71,7 @@ cdef extern from "gdr_loop.h" nogil:
         uint32_t wc_vendor_err
         uint32_t wc_qp_num
         uint64_t messages
+        uint64_t posted
         uint64_t elapsed_ns
         double peak_bytes_per_s
 

@@ -166,7 +166,7 @@ cdef class BandwidthConfig:
                  uint64_t remote_addr, uint32_t rkey, uint32_t msg_size, uint64_t iterations,
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
-                 uint32_t post_list=1, uint32_t max_inline=0):
+                 uint32_t post_list=1, uint32_t max_inline=0, uint32_t slots=1):
         cdef size_t i
         if not 1 <= len(qps) <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
@@ -182,6 +182,7 @@ cdef class BandwidthConfig:
         self.cfg.duration_ns, self.cfg.warmup_ns = duration_ns, warmup_ns
         self.cfg.tx_depth, self.cfg.cq_mod, self.cfg.post_list = tx_depth, cq_mod, post_list
         self.cfg.max_inline = max_inline
+        self.cfg.slots = slots
         self.cfg.stall_timeout_ns = stall_timeout_ns
 
 
@@ -213,7 +214,7 @@ def run_bandwidth(BandwidthConfig config, StopFlag stop):
         c.gdr_bw_run(&config.cfg, &res)
     return {"status": res.status, "errno": res.err_errno, "wc_status": res.wc_status,
             "wc_vendor_err": res.wc_vendor_err, "wc_qp_num": res.wc_qp_num,
-            "messages": res.messages, "elapsed_ns": res.elapsed_ns,
+            "messages": res.messages, "posted": res.posted, "elapsed_ns": res.elapsed_ns,
             "peak_bytes_per_s": res.peak_bytes_per_s}
 
 

@@ -61,6 +61,10 @@ class NoDevice(GdrprobeError):
     exit_code = ExitCode.NO_DEVICE
 
 
+class NoRdmaDevice(NoDevice):
+    """Not one RDMA device here: under a GPU arm the A/B is "not testable" (exit 9)."""
+
+
 class PeerError(GdrprobeError):
     exit_code = ExitCode.PEER
 
@@ -77,6 +81,16 @@ class RegistrationFailed(RdmaError):
         super().__init__(cause, fix, evidence)
         self.error_code = error_code
         self.mechanism = mechanism
+
+
+class CompletionError(RdmaError):
+    """A work completion came back with an error status (the loop's QP is then in error)."""
+
+
+class CudaError(GdrprobeError):
+    """A CUDA driver call failed; alone it stops a run as a failed verbs call does."""
+
+    exit_code = ExitCode.RDMA
 
 
 class IntegrityError(GdrprobeError):
@@ -98,4 +112,5 @@ class Interrupted(GdrprobeError):
 # Errors a server reports to its client keep their class across the wire, so a client
 # sees "not testable" or "registration failed" as such, not as a generic peer error.
 WIRE_ERRORS = {cls.__name__: cls for cls in (NotTestable, RegistrationFailed, ResourceLimit,
-                                             MissingDependency, NoDevice, IntegrityError)}
+                                             MissingDependency, NoDevice, IntegrityError,
+                                             CudaError, CompletionError)}

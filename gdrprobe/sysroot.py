@@ -17,28 +17,38 @@ class SysRoot:
     def __init__(self, root: str = "/"):
         self.root = os.path.abspath(root)
         self.touched: set[str] = set()
+        # Paths that exist but this user may not read: "unknown, run as root", never "absent".
+        self.denied: set[str] = set()
 
     def host_path(self, path: str) -> str:
         """Map an absolute machine path ("/sys/...") to a path under the root."""
         return os.path.join(self.root, path.lstrip("/"))
 
-    def read(self, path: str) -> str | None:
-        """The stripped text of a file, or None when it is absent or unreadable."""
+    def open(self, path: str):
+        """The one place a file under the root is opened (a test root denies access here)."""
+        return open(self.host_path(path), "rb")
+
+    def read_bytes(self, path: str, limit: int = 4096) -> bytes | None:
+        """Up to ``limit`` raw bytes of a file (PCI config space), or None when it is absent
+        or unreadable; a refused read is remembered in :attr:`denied`."""
         self.touched.add(path)
         try:
-            with open(self.host_path(path), "rb") as handle:
-                return handle.read(1 << 20).decode("utf-8", "replace").strip()
+            with self.open(path) as handle:
+                return handle.read(limit)
+        except PermissionError:
+            self.denied.add(path)
+            return None
         except OSError:
             return None
 
-    def read_bytes(self, path: str, limit: int = 4096) -> bytes | None:
-        """Up to ``limit`` raw bytes of a file (PCI config space), or None."""
-        self.touched.add(path)
-        try:
-            with open(self.host_path(path), "rb") as handle:
-                return handle.read(limit)
-        except OSError:
-            return None
+    def read(self, path: str) -> str | None:
+        """The stripped text of a file, or None when it is absent or unreadable."""
+        data = self.read_bytes(path, 1 << 20)
+        return None if data is None else data.decode("utf-8", "replace").strip()
+
+    def is_denied(self, path: str) -> bool:
+        """True when the file exists but this user may not read it."""
+        return path in self.denied
 
     def listdir(self, path: str) -> list[str]:
         """Sorted entries of a directory; empty when it is absent."""

@@ -20,6 +20,9 @@ COMMAND_MODULES = (
     "gdrprobe.cli.run",
     "gdrprobe.cli.doctor",
     "gdrprobe.cli.nccl_log",
+    "gdrprobe.cli.check",
+    "gdrprobe.cli.bench",
+    "gdrprobe.cli.cluster",
 )
 
 

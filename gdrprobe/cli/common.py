@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
+import sys
 
 from gdrprobe.errors import UsageError
+from gdrprobe.protocol.channel import token_warning
 
 TOKEN_ENV = "GDRPROBE_TOKEN"
 
 
 def add_endpoint_flags(parser) -> None:
+    add_device_flags(parser)
+    parser.add_argument("-p", "--port", type=tcp_port, metavar="TCP_PORT",
+                        help="out-of-band TCP port (default 18750)")
+    parser.add_argument("--token", help=f"the run's token (default: ${TOKEN_ENV})")
+    add_timeout_flag(parser)
+
+
+def add_timeout_flag(parser) -> None:
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="time-out of every out-of-band step (default 30)")
+
+
+def add_device_flags(parser) -> None:
     parser.add_argument("-d", "--ib-dev", dest="device", metavar="DEVICE",
                         help="RDMA device (default: the first one)")
     parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
@@ -18,11 +34,22 @@ def add_endpoint_flags(parser) -> None:
     parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
                         help="GID index (default: the RoCE v2 GID of the address used to "
                              "reach the peer)")
-    parser.add_argument("-p", "--port", type=int, metavar="TCP_PORT",
-                        help="out-of-band TCP port (default 18750)")
-    parser.add_argument("--token", help=f"the run's token (default: ${TOKEN_ENV})")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="time-out of every out-of-band step (default 30)")
+
+
+def tcp_port(text: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535 (a larger number would wrap around)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1 to 65535)")
+    return port
+
+
+def notice(text: str) -> None:
+    """A line for the person at the terminal while a command runs."""
+    print(f"gdrprobe: {text}", file=sys.stderr, flush=True)
 
 
 def endpoint_options(args):
@@ -40,6 +67,8 @@ def token_from(args, required: bool) -> str | None:
                          f"pass --token TOKEN (printed by 'gdrprobe serve') or set {TOKEN_ENV}")
     if token is not None and not 8 <= len(token) <= 256:
         raise UsageError("the token must be 8 to 256 characters", "use the one the server printed")
+    if token is not None and token_warning(token):
+        notice(f"warning: {token_warning(token)}")
     return token
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, endpoint_options,
-                                     memory_spec, terminate_as_interrupt, token_from)
+                                     memory_spec, notice, terminate_as_interrupt, token_from)
 from gdrprobe.errors import UsageError
+from gdrprobe.nccl.env import relaxed_ordering_wanted
 
 DEFAULT_SIZE = 65536
 A_B_SIZE = 1 << 20
@@ -42,6 +45,11 @@ def register(subparsers) -> None:
     parser.add_argument("-I", "--inline-size", type=int,
                         help="messages up to this size are sent inline (default 220 for "
                              "latency, 0 for bandwidth)")
+    parser.add_argument("--relaxed-ordering", choices=("on", "off"),
+                        default="on" if relaxed_ordering_wanted(os.environ) else "off",
+                        help="register with IBV_ACCESS_RELAXED_ORDERING where rdma-core has it, "
+                             "as NCCL does (default: on, or off when "
+                             "NCCL_IB_PCI_RELAXED_ORDERING=0)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
     parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
@@ -63,23 +71,24 @@ def probe_options(args, a_b: bool):
     from gdrprobe.measure.options import SWEEP_SIZES, ProbeOptions
 
     # The verdict compares bandwidth at large messages: 1 MiB unless asked otherwise.
-    size = args.size or (A_B_SIZE if a_b else DEFAULT_SIZE)
+    size = (A_B_SIZE if a_b else DEFAULT_SIZE) if args.size is None else args.size
     sizes = SWEEP_SIZES if args.all else (size,)
     tx_depth = 1 if args.latency else args.tx_depth
     return ProbeOptions(
         mode="latency" if args.latency else "bandwidth",
         sizes=sizes,
-        iterations=args.iters or 1000,
+        iterations=1000 if args.iters is None else args.iters,
         warmup_iterations=args.warmup_iters,
         duration_s=args.duration,
         warmup_s=args.warmup,
         qps=args.qp,
         tx_depth=tx_depth,
-        cq_moderation=args.cq_mod or min(100, tx_depth),
+        cq_moderation=min(100, tx_depth) if args.cq_mod is None else args.cq_mod,
         post_list=args.post_list,
         mtu=args.mtu,
         timeout_s=args.timeout,
         inline_size=args.inline_size,
+        relaxed_ordering=args.relaxed_ordering == "on",
     )
 
 
@@ -104,14 +113,16 @@ def run(args) -> int:
     token = None if args.loopback else token_from(args, True)
     if not 0 <= args.connect_wait <= 3600:
         raise UsageError("--connect-wait must be 0 to 3600 s", "")
-    probe = runner(options, endpoint_options(args), args.host, args.port or DEFAULT_PORT, token,
-                   args.connect_wait)
+    probe = runner(options, endpoint_options(args), args.host,
+                   DEFAULT_PORT if args.port is None else args.port, token, args.connect_wait,
+                   notice=notice)
     if not a_b:
         report = probe(local, remote)
         print(to_json(report) if args.json else render_run(report, gbits=args.report_gbits))
         return 0
-    # The doctor can speak for this host's GPU only.
-    findings = run_doctor().findings if local.kind == "gpu" else ()
+    # The doctor speaks for this host's GPU (in loopback the server's buffer is here too);
+    # a server sends its own findings about its GPU buffer in the handshake.
+    findings = run_doctor().findings if local.kind == "gpu" or args.loopback else ()
     report = ab_test(probe, local, remote, staged=args.staged, repeats=args.repeats,
                      threshold=args.threshold, doctor_findings=findings)
     print(to_json(report) if args.json else render_check(report))

@@ -20,14 +20,18 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from gdrprobe.doctor.runner import run_doctor
     from gdrprobe.protocol.channel import new_token
     from gdrprobe.measure.session import DEFAULT_PORT, ProbeServer
 
     terminate_as_interrupt()
     token = token_from(args, required=False) or new_token()
     server = ProbeServer(token, endpoint_options(args), bind=args.bind,
-                         port=args.port or DEFAULT_PORT, timeout_s=args.timeout,
-                         max_buffer=args.max_buffer, memory=memory_spec(args, args.mem))
+                         port=DEFAULT_PORT if args.port is None else args.port,
+                         timeout_s=args.timeout,
+                         max_buffer=args.max_buffer, memory=memory_spec(args, args.mem),
+                         # sent to clients whose GPU arm uses this host's GPU buffer
+                         findings=run_doctor().findings)
     print(f"gdrprobe serve: listening on {args.bind}:{server.port}", flush=True)
     print(f"gdrprobe serve: token {token}", flush=True)
     server.serve(runs=1 if args.once else None)

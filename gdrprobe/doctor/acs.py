@@ -1,9 +1,13 @@
-"""PCIe Access Control Services on the bridges between each GPU and its nearest NIC.
+"""PCIe Access Control Services on the bridges between each GPU and the NIC NCCL uses for it.
 
 With Request Redirect or Completion Redirect enabled, a switch port sends peer
 transactions up to the root complex instead of across to the peer, which is the
-opposite of what GPUDirect RDMA needs. The state is in ACSCtl, read from the ACS
-extended capability of each bridge's config space (the part only root can read).
+opposite of what GPUDirect RDMA needs. With Egress Control enabled, the Egress Control
+Vector names the ports that peer requests may not go to directly: they are blocked, or
+redirected upstream when Request Redirect is on too (PCIe Base Specification, ACS
+Extended Capability: ACSCtl bit 5, the vector at offset 0x08, sized by ACSCap bits 15:8).
+The state is read from the ACS extended capability of each bridge's config space (the
+part only root can read).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from gdrprobe.report.model import Evidence, Finding, Status
 
 GROUP = "acs"
 ACS_CAPABILITY_ID = 0x000D
+ACS_CAPABILITY_OFFSET = 4    # ACSCap, 16 bits after the header
 ACS_CONTROL_OFFSET = 6       # ACSCtl, a 16-bit register after the header and ACSCap
+ACS_EGRESS_VECTOR_OFFSET = 8
+EGRESS_CONTROL_BIT = 5
 
 # ACSCtl bits in register order, with the names lspci prints.
 ACS_CONTROL_BITS = (("SV", "SrcValid"), ("TB", "TransBlk"), ("RR", "ReqRedir"),
@@ -32,6 +39,7 @@ class AcsState:
     readable: bool              # False: config space missing or only the 64-byte header
     capability_offset: int | None
     control: int | None
+    egress_vector: int | None = None   # the Egress Control Vector, read when EgressCtrl is on
 
     def enabled(self) -> tuple[str, ...]:
         if self.control is None:
@@ -41,6 +49,14 @@ class AcsState:
 
     def redirects(self) -> bool:
         return any(bit in REDIRECTING_BITS for bit in self.enabled())
+
+    def egress_blocks(self) -> bool:
+        """EgressCtrl on with a port in its vector: peer requests to that port are blocked or
+        redirected. A vector that cannot be read counts as set."""
+        return "EC" in self.enabled() and self.egress_vector != 0
+
+    def in_the_way(self) -> bool:
+        return self.redirects() or self.egress_blocks()
 
 
 def decode_control(control: int) -> str:
@@ -58,31 +74,52 @@ def read_acs(root, bdf: str) -> AcsState:
         return AcsState(bdf, readable=True, capability_offset=None, control=None)
     start = offset + ACS_CONTROL_OFFSET
     control = int.from_bytes(config[start:start + 2], "little")
-    return AcsState(bdf, readable=True, capability_offset=offset, control=control)
+    return AcsState(bdf, readable=True, capability_offset=offset, control=control,
+                    egress_vector=egress_vector(config, offset) if control >> EGRESS_CONTROL_BIT & 1 else None)
+
+
+def egress_vector(config: bytes, offset: int) -> int | None:
+    """The Egress Control Vector: ACSCap bits 15:8 give its size in bits (0 means 256)."""
+    capability = int.from_bytes(config[offset + ACS_CAPABILITY_OFFSET:offset + ACS_CAPABILITY_OFFSET + 2],
+                                "little")
+    bits = (capability >> 8 & 0xFF) or 256
+    start = offset + ACS_EGRESS_VECTOR_OFFSET
+    end = start + (bits + 31) // 32 * 4
+    return int.from_bytes(config[start:end], "little") if end <= len(config) else None
 
 
 def _evidence(state: AcsState) -> Evidence:
     source = pci.config_path(state.bdf)
     if state.capability_offset is None:
         return Evidence(source, "no ACS extended capability")
+    vector = "" if state.egress_vector is None else f"; Egress Control Vector 0x{state.egress_vector:x}"
     return Evidence(f"{source} @0x{state.capability_offset + ACS_CONTROL_OFFSET:x}",
-                    f"ACSCtl 0x{state.control:04x}: {decode_control(state.control)}")
+                    f"ACSCtl 0x{state.control:04x}: {decode_control(state.control)}{vector}")
 
 
-def bridges_on_paths(topology) -> dict[str, list[str]]:
-    """Bridge BDF -> the GPU-NIC pairs whose peer traffic crosses it."""
+def bridges_on_paths(ctx) -> dict[str, list[str]]:
+    """Bridge BDF -> the GPU-NIC pairs whose peer traffic crosses it: each GPU with the NIC
+    NCCL uses for it, or, on a PXN path, the NVLink peer that talks to that NIC."""
+    topology = ctx.topology
+    by_bdf = {e.bdf: e for e in topology.gpus}
+    nics = {nic.name: nic for nic in topology.nics}
     crossing: dict[str, list[str]] = {}
-    for gpu in topology.gpus:
-        nic, _ = topology.nearest_nic(gpu)
+    for decision in ctx.nccl_decisions:
+        if decision.nic is None:
+            continue
+        gpu, nic = by_bdf[decision.via_gpu or decision.gpu_bdf], nics[decision.nic]
         for bdf in topology.bridges_between(gpu, nic):
-            crossing.setdefault(bdf, []).append(f"{gpu.name}-{nic.name}")
+            pair = f"{gpu.name}-{nic.name}"
+            if pair not in crossing.setdefault(bdf, []):
+                crossing[bdf].append(pair)
     return crossing
 
 
 def redirect_finding(state: AcsState, pairs: list[str], in_vm: bool) -> Finding:
     enabled = "+".join(state.enabled())
-    summary = (f"ACS on bridge {state.bdf} ({enabled}) redirects peer traffic of "
-               f"{', '.join(pairs)} to the root complex")
+    effect = ("redirects peer traffic of {pairs} to the root complex" if state.redirects()
+              else "blocks or redirects peer traffic of {pairs} to the ports in its Egress Control Vector")
+    summary = f"ACS on bridge {state.bdf} ({enabled}) " + effect.format(pairs=", ".join(pairs))
     if in_vm:
         return Finding("acs.bridge", GROUP, Status.WARN, summary + " (virtual machine)",
                        (_evidence(state),),
@@ -98,25 +135,26 @@ def check(ctx) -> list[Finding]:
     if not (topology.gpus and topology.nics):
         return [Finding("acs.bridge", GROUP, Status.SKIP, "no GPU-NIC pair to check",
                         (Evidence(pci.PCI_DEVICES_DIR, "no GPU and PCI RDMA NIC pair"),))]
-    crossing = bridges_on_paths(topology)
+    crossing = bridges_on_paths(ctx)
     if not crossing:
         return [Finding("acs.bridge", GROUP, Status.SKIP,
-                        "no bridge between any GPU and its nearest NIC (flat topology)",
+                        "no bridge between any GPU and the NIC NCCL uses for it (flat topology)",
                         (Evidence("sysfs PCI tree", "GPUs and NICs sit directly on root buses"),))]
     states = [read_acs(ctx.root, bdf) for bdf in sorted(crossing)]
     in_vm = topology.virtualization.is_vm
-    findings = [redirect_finding(s, crossing[s.bdf], in_vm) for s in states if s.redirects()]
+    findings = [redirect_finding(s, crossing[s.bdf], in_vm) for s in states if s.in_the_way()]
     hidden = [s for s in states if not s.readable]
     if hidden:
         findings.append(Finding(
             "acs.bridge", GROUP, Status.SKIP,
             f"config space beyond 64 bytes not readable on {len(hidden)} bridge(s): ACS unknown",
-            tuple(Evidence(pci.config_path(s.bdf), "64 bytes or less readable") for s in hidden),
+            tuple(Evidence(pci.config_path(s.bdf), "permission denied" if ctx.root.is_denied(pci.config_path(s.bdf))
+                           else "64 bytes or less readable") for s in hidden),
             "Run the doctor as root (sudo) so the kernel returns the extended config space."))
-    clear = [s for s in states if s.readable and not s.redirects()]
+    clear = [s for s in states if s.readable and not s.in_the_way()]
     if clear:
         findings.append(Finding(
             "acs.bridge", GROUP, Status.OK,
-            f"no ACS redirection on {len(clear)} bridge(s) between GPUs and their nearest NICs",
+            f"no ACS redirection or egress blocking on {len(clear)} bridge(s) between GPUs and their NICs",
             tuple(_evidence(s) for s in clear)))
     return findings

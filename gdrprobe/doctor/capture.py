@@ -4,7 +4,8 @@ The doctor runs once against the source root with a recording :class:`SysRoot`; 
 path it touched is then copied: symbolic links stay links (sysfs topology lives in
 them), directories stay directories, and files are copied by reading them, because
 sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, CUDA,
-MLX5, UCX and KUBERNETES variables only) and the CUDA driver's facts go to CAPTURE_DIR.
+MLX5, UCX and KUBERNETES variables only), the CUDA driver's facts, NVML's facts and NCCL's
+DMA-BUF probe per NIC go to CAPTURE_DIR.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 import posixpath
 from typing import Mapping
 
-from gdrprobe.doctor.context import CUDA_FACTS_FILE, ENVIRON_FILE, DoctorContext
+from gdrprobe.doctor.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NIC_FACTS_FILE, NVML_FACTS_FILE,
+                                     DoctorContext)
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.sysroot import SysRoot
 
@@ -122,4 +124,6 @@ def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = 
         copier.copy_listing(path)
     _write_json(copier.dest_path(ENVIRON_FILE), captured_environ(ctx.environ))
     _write_json(copier.dest_path(CUDA_FACTS_FILE), ctx.cuda_facts)
+    _write_json(copier.dest_path(NVML_FACTS_FILE), ctx.nvml_facts)
+    _write_json(copier.dest_path(NIC_FACTS_FILE), ctx.nic_facts)
     return [p for p in touched if os.path.lexists(copier.dest_path(p))]

@@ -1,9 +1,10 @@
-"""What every doctor check reads from: the file-system root, the environment, CUDA facts.
+"""What every doctor check reads from: the file-system root, the environment, and the
+facts only a live call can give (the CUDA driver, NVML, NCCL's NIC DMA-BUF probe).
 
-On the live machine the environment is ``os.environ`` and CUDA facts come from the
-driver. When ``--root`` points at a captured tree, both come from the files the capture
-command wrote under ``CAPTURE_DIR`` inside that tree, so a replay sees what the live
-run saw.
+On the live machine the environment is ``os.environ`` and those facts come from the
+driver, NVML and verbs. When ``--root`` points at a captured tree, they come from the
+files the capture command wrote under ``CAPTURE_DIR`` inside that tree, so a replay sees
+what the live run saw.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from gdrprobe.sysroot import SysRoot
 CAPTURE_DIR = "/gdrprobe-capture"
 ENVIRON_FILE = CAPTURE_DIR + "/environ.json"
 CUDA_FACTS_FILE = CAPTURE_DIR + "/cuda.json"
+NVML_FACTS_FILE = CAPTURE_DIR + "/nvml.json"
+NIC_FACTS_FILE = CAPTURE_DIR + "/nics.json"
 
 
 class DoctorContext:
@@ -49,10 +52,42 @@ class DoctorContext:
         return collect_cuda_facts()
 
     @functools.cached_property
+    def nvml_facts(self) -> dict[str, Any] | None:
+        """GPU facts from NVML (:mod:`gdrprobe.doctor.nvml`), or None when none were captured."""
+        if not self.live:
+            return self._captured_json(NVML_FACTS_FILE)
+        from gdrprobe.doctor.nvml import collect_nvml_facts
+
+        return collect_nvml_facts()
+
+    @functools.cached_property
+    def nic_facts(self) -> dict[str, Any] | None:
+        """NCCL's DMA-BUF probe per NIC (:mod:`gdrprobe.doctor.nic_facts`), or None."""
+        if not self.live:
+            return self._captured_json(NIC_FACTS_FILE)
+        from gdrprobe.doctor.nic_facts import collect_nic_facts
+
+        return collect_nic_facts([nic.name for nic in self.topology.nics])
+
+    @functools.cached_property
     def topology(self):
         from gdrprobe.doctor.topology import build_topology
 
         return build_topology(self.root)
+
+    @functools.cached_property
+    def memory_paths(self):
+        """Per NIC and GPU: can NCCL register GPU memory, and through what (NCCL's R1-R4)."""
+        from gdrprobe.doctor.memory_path import read_memory_paths
+
+        return read_memory_paths(self)
+
+    @functools.cached_property
+    def nccl_decisions(self):
+        """Per GPU: the NIC NCCL uses, through which path, and whether with GPUDirect RDMA."""
+        from gdrprobe.doctor.nccl_decision import decide
+
+        return decide(self)
 
     def _captured_json(self, path: str) -> Any:
         text = self.root.read(path)

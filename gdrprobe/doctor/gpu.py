@@ -1,13 +1,15 @@
 """Per-GPU findings from the CUDA driver's facts (collected once, in
-:mod:`gdrprobe.doctor.context`), and the BAR1 aperture the NIC reads GPU memory through."""
+:mod:`gdrprobe.doctor.context`), NVML's facts (:mod:`gdrprobe.doctor.nvml`), and the BAR1
+aperture the NIC reads GPU memory through (NVML's total and used, else the size sysfs shows)."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from gdrprobe.memory import cuda
+from gdrprobe.doctor import nvml
 from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.memory import cuda
 from gdrprobe.report.model import Evidence, Finding, Status
 
 finding = functools.partial(Finding, group="gpu")
@@ -46,29 +48,65 @@ def format_mib(size: int) -> str:
     return f"{size // MiB} MiB"
 
 
-def bar1_finding(ctx: DoctorContext, bdf: str) -> Finding:
+def bar1_reading(ctx: DoctorContext, bdf: str) -> tuple[int | None, int | None, Evidence]:
+    """(BAR1 size, bytes in use or None, evidence): NVML when it answered, else sysfs."""
+    entry = nvml.gpu_entry(ctx.nvml_facts, bdf)
+    if entry is not None:
+        total, used = entry["bar1_total_bytes"], entry["bar1_used_bytes"]
+        return total, used, Evidence("nvmlDeviceGetBAR1MemoryInfo", f"total {format_mib(total)}, used {format_mib(used)}")
     path = resource_path(bdf)
     text = ctx.root.read(path)
     size = bar1_bytes(text) if text else None
+    if size is None:
+        return None, None, Evidence(path, "permission denied" if ctx.root.is_denied(path) else str(text))
+    return size, None, Evidence(path + " (line 1)", text.splitlines()[1] + " (NVML unavailable: size only)")
+
+
+def bar1_finding(ctx: DoctorContext, bdf: str) -> Finding:
+    size, used, evidence = bar1_reading(ctx, bdf)
     finding_id = f"gpu.{bdf}.bar1"
     if size is None:
         return finding(id=finding_id, status=Status.SKIP, summary=f"BAR1 size of {bdf} could not be read",
-                       evidence=(Evidence(path, str(text)),))
-    evidence = (Evidence(path + " (line 1)", text.splitlines()[1]),)
+                       evidence=(evidence,))
     resize_fix = ("Enable \"Above 4G Decoding\" and \"Resizable BAR\" in the BIOS, then power-cycle; "
                   "some servers also need a VBIOS update.")
+    in_use = "" if used is None else f" ({format_mib(used)} in use)"
     if size < PROBE_ARM_PINNED_BYTES:
         return finding(id=finding_id, status=Status.FAIL,
                        summary=f"BAR1 of {bdf} is {format_mib(size)}, smaller than the "
                                f"{format_mib(PROBE_ARM_PINNED_BYTES)} the probe pins per arm",
-                       evidence=evidence, fix=resize_fix)
+                       evidence=(evidence,), fix=resize_fix)
+    if used is not None and size - used < PROBE_ARM_PINNED_BYTES:
+        return finding(id=finding_id, status=Status.WARN,
+                       summary=f"BAR1 of {bdf} is {format_mib(size)}{in_use}: less than the "
+                               f"{format_mib(PROBE_ARM_PINNED_BYTES)} the probe pins is free",
+                       evidence=(evidence,), fix="Stop the processes that hold GPU memory registered with a NIC.")
     if size <= SMALL_BAR1_BYTES:
         return finding(id=finding_id, status=Status.WARN,
-                       summary=f"BAR1 of {bdf} is only {format_mib(size)}: the probe fits, but registering "
+                       summary=f"BAR1 of {bdf} is only {format_mib(size)}{in_use}: the probe fits, but registering "
                                "larger GPU buffers (NCCL) will fail",
-                       evidence=evidence, fix=resize_fix)
-    return finding(id=finding_id, status=Status.OK, summary=f"BAR1 of {bdf} is {format_mib(size)}",
-                   evidence=evidence)
+                       evidence=(evidence,), fix=resize_fix)
+    return finding(id=finding_id, status=Status.OK, summary=f"BAR1 of {bdf} is {format_mib(size)}{in_use}",
+                   evidence=(evidence,))
+
+
+def nvml_finding(facts: dict[str, Any] | None) -> Finding:
+    if not nvml.usable(facts):
+        reason = (facts or {}).get("error", "no NVML facts were captured with this tree")
+        return finding(id="gpu.nvml", status=Status.SKIP,
+                       summary="NVML unavailable, so the doctor falls back to sysfs and CUDA: BAR1 size without "
+                               "usage, and no NVLink or C2C, so PXN and P2C paths are not judged",
+                       evidence=(Evidence("import pynvml; nvmlInit()", reason),), fix=nvml.NVML_FIX)
+    gpus = facts["gpus"]
+    persistent = sum(bool(gpu.get("persistence_mode")) for gpu in gpus)
+    return finding(id="gpu.nvml", status=Status.INFO,
+                   summary=f"NVML: driver {facts.get('driver_version')}, {len(gpus)} GPU(s), persistence mode on "
+                           f"for {persistent}",
+                   evidence=tuple(Evidence(f"NVML {gpu['pci_bus_id']}",
+                                           f"NVLink links {len(gpu.get('nvlink_remote_bus_ids', []))}, "
+                                           f"C2C links {gpu.get('c2c_link_count', 0)}, "
+                                           f"persistence {'on' if gpu.get('persistence_mode') else 'off'}")
+                                  for gpu in gpus))
 
 
 # ---- per-GPU findings from the CUDA facts -----------------------------------
@@ -142,5 +180,6 @@ def check(ctx: DoctorContext) -> list[Finding]:
     else:
         for gpu in facts["gpus"]:
             findings += [rdma_support_finding(gpu), dmabuf_finding(gpu), write_visibility_finding(gpu)]
-    findings += [bar1_finding(ctx, bdf) for bdf in gpu_bdfs(ctx, facts)]
-    return findings
+    bdfs = gpu_bdfs(ctx, facts)
+    findings += [bar1_finding(ctx, bdf) for bdf in bdfs]
+    return findings + ([nvml_finding(ctx.nvml_facts)] if bdfs else [])

@@ -1,9 +1,15 @@
-"""Can this process pin the memory the probe registers? RLIMIT_MEMLOCK and CAP_IPC_LOCK.
+"""Can an RDMA job pin the memory it registers? RLIMIT_MEMLOCK and CAP_IPC_LOCK.
 
 Registering host memory, and creating queue pairs and completion queues, pins pages that
 the kernel charges to RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK. A low limit
-shows up as "ibv_reg_mr failed" or "ibv_create_qp failed" (NCCL prints both). The fix
-depends on where the process runs, so the container it runs in is detected too.
+shows up as "ibv_reg_mr failed" or "ibv_create_qp failed" (NCCL prints both). What a job
+needs is not what the probe pins (36 MiB): NCCL's troubleshooting guide and the NIC
+vendors ask for ``memlock unlimited``, so a finite limit warns and one below the probe's
+own need fails. The doctor is often run as root (the ACS check needs it), and root holds
+CAP_IPC_LOCK, so what a non-root job gets is read too: pam_limits (limits.conf and
+limits.d, in KiB; ``*`` does not cover root), systemd's DefaultLimitMEMLOCK, else the
+kernel's default (64 KiB before Linux 5.16, 8 MiB since). In a container the container's
+limit is the doctor's own. The fix depends on where the process runs.
 """
 
 from __future__ import annotations
@@ -20,6 +26,14 @@ from gdrprobe.sysroot import SysRoot
 finding = functools.partial(Finding, group="memlock")
 
 LIMITS_FILE = "/proc/self/limits"
+PAM_LIMITS_FILE = "/etc/security/limits.conf"
+PAM_LIMITS_DIR = "/etc/security/limits.d"
+SYSTEMD_CONF = "/etc/systemd/system.conf"
+SYSTEMD_CONF_DIR = "/etc/systemd/system.conf.d"
+KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"
+UNLIMITED = float("inf")
+# Linux 5.16 raised the default RLIMIT_MEMLOCK from 64 KiB to 8 MiB (MLOCK_LIMIT).
+KERNEL_DEFAULT_MEMLOCK = (((5, 16), 8 * 1024 * 1024), ((0, 0), 64 * 1024))
 STATUS_FILE = "/proc/self/status"
 INIT_CGROUP_FILE = "/proc/1/cgroup"
 CAP_IPC_LOCK_BIT = 14
@@ -53,7 +67,7 @@ def memlock_limits(root: SysRoot) -> tuple[str, str] | None:
 
 
 def limit_bytes(value: str) -> float:
-    return float("inf") if value == "unlimited" else int(value)
+    return UNLIMITED if value == "unlimited" else int(value)
 
 
 def effective_capabilities(root: SysRoot) -> int | None:
@@ -129,19 +143,26 @@ def capability_finding(cap_eff: int | None) -> Finding:
 
 
 def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container: Container) -> Finding:
+    """This process's own limit, judged against what an RDMA job needs (unlimited)."""
     if limits is None:
         return finding(id="memlock.limit", status=Status.SKIP, summary="RLIMIT_MEMLOCK could not be read",
                        evidence=(Evidence(LIMITS_FILE, "no 'Max locked memory' line"),))
     soft, hard = limits
     evidence = (Evidence(LIMITS_FILE + " Max locked memory", f"soft {soft}, hard {hard}"),)
     need = format_mib(PROBE_MEMLOCK_BYTES)
-    if limit_bytes(soft) >= PROBE_MEMLOCK_BYTES:
-        return finding(id="memlock.limit", status=Status.OK,
-                       summary=f"memlock soft limit {soft} covers the {need} the probe pins", evidence=evidence)
     if cap_eff is not None and has_ipc_lock(cap_eff):
         return finding(id="memlock.limit", status=Status.OK,
-                       summary=f"memlock soft limit {soft} is below {need}, but CAP_IPC_LOCK lifts it",
+                       summary=f"memlock soft limit {soft}, but this process holds CAP_IPC_LOCK, which lifts it "
+                               "(a process without it gets the limit: see memlock.jobs)",
                        evidence=evidence)
+    if limit_bytes(soft) == UNLIMITED:
+        return finding(id="memlock.limit", status=Status.OK,
+                       summary="memlock soft limit is unlimited, as RDMA jobs need", evidence=evidence)
+    if limit_bytes(soft) >= PROBE_MEMLOCK_BYTES:
+        return finding(id="memlock.limit", status=Status.WARN,
+                       summary=f"memlock soft limit {soft} covers the {need} the probe pins, but not an RDMA job: "
+                               "NCCL's troubleshooting guide and the NIC vendors ask for unlimited",
+                       evidence=evidence, fix=memlock_fix(container))
     if limit_bytes(hard) >= PROBE_MEMLOCK_BYTES:
         return finding(id="memlock.limit", status=Status.WARN,
                        summary=f"memlock soft limit {soft} is below the {need} the probe pins; the hard limit allows it",
@@ -154,11 +175,117 @@ def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container
                    evidence=evidence, fix=memlock_fix(container))
 
 
+# ---- what a job without CAP_IPC_LOCK gets -------------------------------------------
+
+
+def pam_value(text: str) -> float | None:
+    """A limits.conf memlock value in bytes (the file counts KiB)."""
+    if text in ("unlimited", "infinity", "-1"):
+        return UNLIMITED
+    return int(text) * 1024 if text.isdigit() else None
+
+
+def systemd_value(text: str) -> float | None:
+    """One side of DefaultLimitMEMLOCK= in bytes: infinity, or a number with K/M/G/T (1024-based)."""
+    match = re.fullmatch(r"(\d+)\s*([KMGT]?)B?", text.strip(), re.IGNORECASE)
+    if text.strip() == "infinity":
+        return UNLIMITED
+    if not match:
+        return None
+    return int(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " ")
+
+
+def pam_memlock(root: SysRoot) -> tuple[float | None, float | None, list[Evidence]]:
+    """(soft, hard) that pam_limits gives every non-root user ("*" lines), in file order."""
+    soft = hard = None
+    evidence = []
+    files = [PAM_LIMITS_FILE] + [f"{PAM_LIMITS_DIR}/{name}" for name in root.listdir(PAM_LIMITS_DIR)
+                                 if name.endswith(".conf")]
+    for path in files:
+        for line in (root.read(path) or "").splitlines():
+            fields = line.split("#", 1)[0].split()
+            if len(fields) != 4 or fields[2] != "memlock" or fields[0] != "*":
+                continue
+            value = pam_value(fields[3])
+            if value is None:
+                continue
+            evidence.append(Evidence(path, " ".join(fields)))
+            soft = value if fields[1] in ("soft", "-") else soft
+            hard = value if fields[1] in ("hard", "-") else hard
+    return soft, hard, evidence
+
+
+def systemd_memlock(root: SysRoot) -> tuple[float | None, list[Evidence]]:
+    """systemd's DefaultLimitMEMLOCK= soft value (services and user sessions inherit it)."""
+    soft, evidence = None, []
+    files = [SYSTEMD_CONF] + [f"{SYSTEMD_CONF_DIR}/{name}" for name in root.listdir(SYSTEMD_CONF_DIR)
+                              if name.endswith(".conf")]
+    for path in files:
+        for line in (root.read(path) or "").splitlines():
+            if line.strip().startswith("DefaultLimitMEMLOCK="):
+                value = systemd_value(line.split("=", 1)[1].split(":")[0])
+                if value is not None:
+                    soft = value
+                    evidence.append(Evidence(path, line.strip()))
+    return soft, evidence
+
+
+def kernel_default(root: SysRoot) -> tuple[float, Evidence]:
+    release = root.read(KERNEL_RELEASE_FILE) or ""
+    match = re.match(r"(\d+)\.(\d+)", release)
+    version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    value = next(size for floor, size in KERNEL_DEFAULT_MEMLOCK if version >= floor)
+    return value, Evidence(KERNEL_RELEASE_FILE, f"{release or 'unknown'}: kernel default {format_bytes(value)}")
+
+
+def format_bytes(value: float) -> str:
+    if value == UNLIMITED:
+        return "unlimited"
+    return format_mib(int(value)) if value >= MiB else f"{int(value) // 1024} KiB"
+
+
+def job_limit(ctx: DoctorContext, container: Container,
+              own: tuple[str, str] | None) -> tuple[float | None, str, tuple[Evidence, ...]]:
+    """(soft limit a non-root job gets, where it comes from, evidence)."""
+    if container.kind is not None:
+        soft = limit_bytes(own[0]) if own else None
+        return soft, "this container's limit", (Evidence(LIMITS_FILE, f"soft {own[0] if own else '?'}"),)
+    pam_soft, _pam_hard, pam_evidence = pam_memlock(ctx.root)
+    systemd_soft, systemd_evidence = systemd_memlock(ctx.root)
+    if pam_soft is not None:
+        return pam_soft, "pam_limits (a login: ssh, su, a batch system using PAM)", tuple(pam_evidence)
+    if systemd_soft is not None:
+        return systemd_soft, "systemd's DefaultLimitMEMLOCK (no memlock line in limits.conf)", tuple(systemd_evidence)
+    value, evidence = kernel_default(ctx.root)
+    return value, "the kernel's default (neither limits.conf nor systemd sets memlock)", (
+        Evidence(PAM_LIMITS_FILE, "no '*' memlock line"), Evidence(SYSTEMD_CONF, "no DefaultLimitMEMLOCK"), evidence)
+
+
+def job_finding(ctx: DoctorContext, container: Container, own: tuple[str, str] | None) -> Finding:
+    soft, source, evidence = job_limit(ctx, container, own)
+    need = format_mib(PROBE_MEMLOCK_BYTES)
+    if soft is None:
+        return finding(id="memlock.jobs", status=Status.SKIP,
+                       summary="the memlock limit of a job without CAP_IPC_LOCK could not be read", evidence=evidence)
+    got = f"a job without CAP_IPC_LOCK gets memlock {format_bytes(soft)} from {source}"
+    if soft == UNLIMITED:
+        return finding(id="memlock.jobs", status=Status.OK, summary=got, evidence=evidence)
+    if soft >= PROBE_MEMLOCK_BYTES:
+        return finding(id="memlock.jobs", status=Status.WARN,
+                       summary=got + f": enough for the probe's {need}, not for NCCL (vendors ask for unlimited)",
+                       evidence=evidence, fix=memlock_fix(container))
+    return finding(id="memlock.jobs", status=Status.FAIL,
+                   summary=got + f", below even the probe's {need}: its ibv_reg_mr and ibv_create_qp will fail "
+                                 "although this doctor, holding CAP_IPC_LOCK, is not limited",
+                   evidence=evidence, fix=memlock_fix(container))
+
+
 def check(ctx: DoctorContext) -> list[Finding]:
     container = detect_container(ctx)
     cap_eff = effective_capabilities(ctx.root)
-    return [
-        limit_finding(memlock_limits(ctx.root), cap_eff, container),
-        capability_finding(cap_eff),
-        container_finding(container),
-    ]
+    own = memlock_limits(ctx.root)
+    findings = [limit_finding(own, cap_eff, container)]
+    if cap_eff is not None and has_ipc_lock(cap_eff):
+        # Without the capability this process's limit is what its user's jobs get: judged above.
+        findings.append(job_finding(ctx, container, own))
+    return findings + [capability_finding(cap_eff), container_finding(container)]

@@ -1,8 +1,11 @@
-"""NCCL environment variables that disable or restrict GPUDirect RDMA, and what NCCL does with each.
+"""What NCCL will do for each GPU, and the NCCL variables that disable or restrict GPUDirect RDMA.
 
-The behaviour described follows NCCL 2.30's source (see shared/reference/nccl_gdr.md):
-for example NCCL_NET_GDR_LEVEL is matched case-sensitively and an unknown spelling is
-silently ignored, which is why it is parsed here exactly as NCCL parses it.
+``nccl.gpu.<bdf>`` is the per-GPU decision of :mod:`gdrprobe.doctor.nccl_decision` (the NIC,
+the path, GDR for receives and sends, why). The variable checks follow NCCL 2.30.7's source
+(NVIDIA/nccl, src/graph/paths.cc, src/misc/param.cc, src/transport/net_ib): variables are
+read with strtoll base 0 (so ``0x1`` is 1 and ``08`` is 0) and NCCL_NET_GDR_LEVEL is
+matched case-sensitively, an unknown spelling silently ignored, so both are parsed here
+exactly as NCCL parses them (:mod:`gdrprobe.nccl.env`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import functools
 from typing import Callable, Mapping
 
 from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.nccl.env import NCCL_CLASS_OF_DISTANCE, GdrLevel, gdr_level, int_value
+from gdrprobe.doctor.nccl_decision import decide
+from gdrprobe.nccl.env import GdrLevel, gdr_level, int_param, int_value, parse_hca_filter
+from gdrprobe.report.model import NcclGpuDecision
 from gdrprobe.report.model import Evidence, Finding, Status
 
 finding = functools.partial(Finding, group="nccl")
@@ -50,9 +55,9 @@ SIMPLE_RULES = (
     Rule("NCCL_NET_GDR_READ", is_zero, Status.WARN,
          "NCCL will not let the NIC read GPU memory on the send side: sends stage through host memory, "
          "receives can still use GPUDirect RDMA", UNSET_FIX),
-    Rule("NCCL_DMABUF_ENABLE", is_zero, Status.WARN,
-         "NCCL will not use DMA-BUF: GPU memory is registered only through nvidia-peermem, "
-         "and without it GPUDirect RDMA is off", UNSET_FIX),
+    Rule("NCCL_NET_GDR_READ", lambda value: (int_value(value) or 0) > 0, Status.INFO,
+         "NCCL lets the NIC read GPU memory on sends on every GPU, also where its default would not "
+         "(GPUs before Ampere without an NVLink peer)"),
     Rule("NCCL_NET_GDR_C2C", is_zero, Status.WARN,
          "the default GDR level becomes PXB instead of P2C: on C2C platforms (Grace) NICs attached to the CPU "
          "lose GPUDirect RDMA", UNSET_FIX),
@@ -96,14 +101,10 @@ def simple_rule_findings(environ: Mapping[str, str]) -> list[Finding]:
 # ---- NCCL_NET_GDR_LEVEL -----------------------------------------------------
 
 
-def pairs_beyond_level(ctx: DoctorContext, level: GdrLevel) -> list[Evidence]:
-    """Each GPU whose nearest NIC is farther than ``level``, so GDR is off for it."""
-    beyond = []
-    for gpu in ctx.topology.gpus:
-        nic, distance = ctx.topology.nearest_nic(gpu)
-        if nic is not None and not level.admits(NCCL_CLASS_OF_DISTANCE[distance]):
-            beyond.append(Evidence(f"GPU {gpu.bdf} -> nearest NIC {nic.name}", distance))
-    return beyond
+def gpus_beyond_level(ctx: DoctorContext, level: GdrLevel) -> list[Evidence]:
+    """Each GPU whose path to the NIC NCCL uses is farther than ``level``, so GDR is off for it."""
+    return [Evidence(f"GPU {d.gpu_bdf} -> {d.nic}", d.path_type) for d in ctx.nccl_decisions
+            if d.nic is not None and d.path_type != "PXN" and not level.admits(d.path_type)]
 
 
 def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
@@ -123,64 +124,126 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: no NIC is that close to a GPU, "
                                 "so NCCL disables GPUDirect RDMA everywhere",
                         evidence=evidence, fix=UNSET_FIX)]
-    beyond = pairs_beyond_level(ctx, level)
+    beyond = gpus_beyond_level(ctx, level)
     if beyond:
         return [finding(id="nccl.net_gdr_level", status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: GPUDirect RDMA is off for "
-                                f"{len(beyond)} GPU(s) whose nearest NIC is farther",
+                                f"{len(beyond)} GPU(s) whose NIC is farther",
                         evidence=evidence + tuple(beyond),
                         fix="Unset it (the default admits PIX, PXB and P2C) or move the NIC closer to the GPU.")]
     return [finding(id="nccl.net_gdr_level", status=Status.INFO,
                     summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}; it replaces NCCL's default (P2C from 2.29, PXB before) and "
-                            "admits every GPU's nearest NIC",
+                            "admits the path to every GPU's NIC",
                     evidence=evidence)]
 
 
 # ---- NCCL_IB_HCA ------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class HcaFilter:
-    """NCCL_IB_HCA parsed as NCCL parses it: "^" excludes, "=" asks for exact names."""
-
-    exclude: bool
-    exact: bool
-    names: tuple[str, ...]        # device names, ":port" stripped
-
-    def selects(self, device: str) -> bool:
-        matched = any(device == name if self.exact else device.startswith(name) for name in self.names)
-        return matched != self.exclude
-
-
-def parse_hca_filter(value: str) -> HcaFilter:
-    exclude = value.startswith("^")
-    rest = value[1:] if exclude else value
-    exact = rest.startswith("=")
-    rest = rest[1:] if exact else rest
-    names = tuple(entry.split(":")[0].strip() for entry in rest.split(",") if entry.strip())
-    return HcaFilter(exclude, exact, names)
-
-
 def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
+    """Compare NCCL's choice with and without the filter (NCCL drops the other devices first:
+    src/transport/net_ib/init.cc ncclIbInitDevices)."""
     value = ctx.environ.get("NCCL_IB_HCA")
     if value is None:
         return []
     hca_filter = parse_hca_filter(value)
-    excluded = []
-    for gpu in ctx.topology.gpus:
-        nic, distance = ctx.topology.nearest_nic(gpu)
-        if nic is not None and not hca_filter.selects(nic.name):
-            excluded.append(Evidence(f"GPU {gpu.bdf} -> nearest NIC {nic.name}", distance))
+    unfiltered = {k: v for k, v in ctx.environ.items() if k != "NCCL_IB_HCA"}
+    excluded = [Evidence(f"GPU {d.gpu_bdf} -> NCCL's NIC without the filter {d.nic}", d.path_type)
+                for d in decide(ctx, unfiltered) if d.nic is not None and not hca_filter.selects(d.nic)]
     evidence = (Evidence("environment NCCL_IB_HCA", value),)
     if excluded:
         return [finding(id="nccl.ib_hca", status=Status.WARN,
-                        summary=f"NCCL_IB_HCA={value} excludes the nearest NIC of {len(excluded)} GPU(s): "
-                                "NCCL will use a farther NIC, where GPUDirect RDMA may be off or slower",
+                        summary=f"NCCL_IB_HCA={value} excludes the NIC NCCL would pick for {len(excluded)} GPU(s): "
+                                "NCCL will use another NIC, where GPUDirect RDMA may be off or slower",
                         evidence=evidence + tuple(excluded),
-                        fix="Include every GPU's nearest NIC in NCCL_IB_HCA (mind that names without '=' "
+                        fix="Include those NICs in NCCL_IB_HCA (mind that names without '=' "
                             "match as prefixes), or unset it.")]
     return [finding(id="nccl.ib_hca", status=Status.INFO,
-                    summary=f"NCCL_IB_HCA={value} keeps every GPU's nearest NIC", evidence=evidence)]
+                    summary=f"NCCL_IB_HCA={value} keeps the NIC NCCL picks for every GPU", evidence=evidence)]
+
+
+# ---- NCCL_DMABUF_ENABLE ------------------------------------------------------
+
+
+def dmabuf_enable_findings(ctx: DoctorContext) -> list[Finding]:
+    """Harmless beside peer memory, fatal where DMA-BUF is the only path (src/init.cc
+    dmaBufSupported, src/graph/topo.cc ncclTopoPopulateNics)."""
+    value = ctx.environ.get("NCCL_DMABUF_ENABLE")
+    if value is None or int_param(ctx.environ, "NCCL_DMABUF_ENABLE", 1) != 0:
+        return []
+    paths = ctx.memory_paths
+    evidence = (Evidence("environment NCCL_DMABUF_ENABLE", value),)
+    if paths.peermem_file:
+        return [finding(id="nccl.dmabuf_enable", status=Status.INFO,
+                        summary=f"NCCL_DMABUF_ENABLE={value}: NCCL registers GPU memory through peer memory "
+                                f"({paths.peermem_file}) instead of DMA-BUF",
+                        evidence=evidence)]
+    if len(paths.disabled_pairs(dmabuf_enabled=True)) < len(paths.disabled_pairs()):
+        return [finding(id="nccl.dmabuf_enable", status=Status.FAIL,
+                        summary=f"NCCL_DMABUF_ENABLE={value} switches off DMA-BUF, this node's only path to GPU "
+                                "memory: NCCL logs \"GPU Direct RDMA Disabled\" for the HCAs",
+                        evidence=evidence + paths.evidence(), fix=UNSET_FIX)]
+    return [finding(id="nccl.dmabuf_enable", status=Status.WARN,
+                    summary=f"NCCL_DMABUF_ENABLE={value}: no effect today (DMA-BUF is not available here "
+                            "anyway), but it will block DMA-BUF once the stack supports it",
+                    evidence=evidence, fix=UNSET_FIX)]
+
+
+# ---- the per-GPU decision ----------------------------------------------------
+
+
+def path_words(decision: NcclGpuDecision, names: dict[str, str]) -> str:
+    if decision.path == "pxn":
+        return f"through {names.get(decision.via_gpu, decision.via_gpu)} over NVLink (PXN)"
+    if decision.path == "c2c":
+        return "over C2C through the CPU (P2C)"
+    return f"direct {decision.path_type} path"
+
+
+def decision_finding(decision: NcclGpuDecision, names: dict[str, str]) -> Finding:
+    label = f"{decision.gpu} ({decision.gpu_bdf})"
+    evidence = (Evidence("NIC NCCL uses (channel 0)", f"{decision.nic}, {decision.bandwidth_gbs} GB/s; "
+                                                        f"equal candidates: {', '.join(decision.candidates)}"),
+                Evidence("path", path_words(decision, names)),
+                Evidence("GDR receive (NIC writes GPU memory)", "yes" if decision.gdr_write else "no"),
+                Evidence("GDR send (NIC reads GPU memory)", "yes" if decision.gdr_read else "no"),
+                Evidence("why", "\n".join(decision.why)))
+    where = f"{decision.nic} {path_words(decision, names)}"
+    if decision.gdr_write and decision.gdr_read:
+        return finding(id=f"nccl.gpu.{decision.gpu_bdf}", status=Status.OK,
+                       summary=f"{label}: NCCL uses {where} with GPUDirect RDMA for sends and receives",
+                       evidence=evidence)
+    send_reason = next(r for r in decision.why if r.startswith("send: "))[len("send: "):]
+    if decision.gdr_write:
+        return finding(id=f"nccl.gpu.{decision.gpu_bdf}", status=Status.WARN,
+                       summary=f"{label}: NCCL uses {where} with GPUDirect RDMA for receives only; sends "
+                               f"stage through host memory: {send_reason}",
+                       evidence=evidence,
+                       fix="NCCL_NET_GDR_READ=1 lets the NIC read GPU memory on sends too (measure: NCCL keeps "
+                           "it off where it competes with other PCIe traffic)" if "Ampere" in send_reason
+                       else UNSET_FIX)
+    receive_reason = next(r for r in decision.why if r.startswith("receive: "))[len("receive: "):]
+    return finding(id=f"nccl.gpu.{decision.gpu_bdf}", status=Status.FAIL,
+                   summary=f"{label}: NCCL uses {where} WITHOUT GPUDirect RDMA: {receive_reason}",
+                   evidence=evidence, fix=decision_fix(receive_reason))
+
+
+def decision_fix(reason: str) -> str:
+    if "GDR level" in reason and "NCCL_NET_GDR_LEVEL=" in reason:
+        return "Unset NCCL_NET_GDR_LEVEL (NCCL's default admits PIX, PXB and P2C)."
+    if "GDR level" in reason:
+        return ("Put the NIC under the same PCIe switch as the GPU (see topology.distance), or give the GPU an "
+                "NVLink peer next to a NIC (PXN). NCCL takes the fastest NIC first and only then the nearest: "
+                "where a slower NIC sits nearer, NCCL_IB_HCA can restrict NCCL to it. Raising "
+                "NCCL_NET_GDR_LEVEL forces GDR over a path NVIDIA calls degraded.")
+    if "Disabled for HCA" in reason:
+        return "See stack.path: the NIC cannot register GPU memory."
+    return "See the GPU findings above."
+
+
+def decision_findings(ctx: DoctorContext) -> list[Finding]:
+    names = {gpu.bdf: gpu.name for gpu in ctx.topology.gpus}
+    return [decision_finding(d, names) for d in ctx.nccl_decisions if d.nic is not None]
 
 
 # ---- the check --------------------------------------------------------------
@@ -188,13 +251,18 @@ def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
 
 def check(ctx: DoctorContext) -> list[Finding]:
     nccl_variables = {name: value for name, value in ctx.environ.items() if name.startswith("NCCL_")}
-    findings = simple_rule_findings(ctx.environ) + gdr_level_findings(ctx) + ib_hca_findings(ctx)
-    if findings:
-        return findings
-    return [finding(
+    findings = (simple_rule_findings(ctx.environ) + dmabuf_enable_findings(ctx) + gdr_level_findings(ctx)
+                + ib_hca_findings(ctx))
+    if not findings:
+        findings.append(environment_ok_finding(nccl_variables))
+    return findings + decision_findings(ctx)
+
+
+def environment_ok_finding(nccl_variables: dict[str, str]) -> Finding:
+    return finding(
         id="nccl.env",
         status=Status.OK,
         summary="no NCCL variable restricts GPUDirect RDMA" if nccl_variables
         else "no NCCL variables are set; NCCL uses its defaults",
         evidence=tuple(Evidence(f"environment {name}", value) for name, value in sorted(nccl_variables.items())),
-    )]
+    )

@@ -169,3 +169,35 @@ def rdma_device_bdf(root: SysRoot, ibdev: str) -> str | None:
 def local_cpulist(root: SysRoot, bdf: str) -> str | None:
     """The CPUs closest to the device, as the kernel lists them (e.g. 0-55,112-167)."""
     return root.read(f"{device_dir(bdf)}/local_cpulist")
+
+
+# PCIe generation -> NCCL's per-lane figure in 100 Mb/s units (NCCL 2.30.7 src/graph/topo.cc
+# kvDictPciGen, both sysfs spellings); unknown or absent is NCCL's fallback, 60 (Gen3).
+PCI_GEN_PER_LANE = {"2.5 GT/s": 15, "5 GT/s": 30, "8 GT/s": 60, "16 GT/s": 120, "32 GT/s": 240,
+                    "2.5 GT/s PCIe": 15, "5.0 GT/s PCIe": 30, "8.0 GT/s PCIe": 60,
+                    "16.0 GT/s PCIe": 120, "32.0 GT/s PCIe": 240, "64.0 GT/s PCIe": 480}
+PCI_GEN_FALLBACK = 60
+
+
+def link_bandwidth_gbs(root: SysRoot, bdf: str) -> float:
+    """The device's PCIe link as NCCL rates it (GB/s): width x speed / 80, each the lower of
+    the device's and its parent port's maximum (src/graph/xml.cc reads max_link_speed and
+    ../max_link_speed; src/graph/topo.cc ncclTopoAddPci treats width 0 as 16)."""
+    path = resolved_path(root, bdf)
+    parent = path.rsplit("/", 1)[0]
+    directories = [path] + ([parent] if is_bdf(parent.rsplit("/", 1)[-1]) else [])
+    speeds = [PCI_GEN_PER_LANE.get(text, PCI_GEN_FALLBACK)
+              for text in (root.read(d + "/max_link_speed") for d in directories) if text]
+    widths = [int(text) for text in (root.read(d + "/max_link_width") for d in directories)
+              if text and text.isdigit()]
+    return (min(widths) or 16 if widths else 16) * (min(speeds) if speeds else PCI_GEN_FALLBACK) / 80.0
+
+
+def port_rate_gbps(root: SysRoot, ibdev: str) -> float | None:
+    """The first port's rate ("400 Gb/sec (4X NDR)") in Gb/s, or None when sysfs does not say."""
+    for port in root.listdir(f"{INFINIBAND_CLASS_DIR}/{ibdev}/ports"):
+        text = root.read(f"{INFINIBAND_CLASS_DIR}/{ibdev}/ports/{port}/rate")
+        match = re.match(r"\s*([\d.]+)\s*Gb/sec", text or "")
+        if match:
+            return float(match.group(1))
+    return None

@@ -27,7 +27,7 @@ CHECK_MODULES = (
     ("nccl", "gdrprobe.doctor.nccl_env"),
     ("nic", "gdrprobe.doctor.nic"),
 )
-GROUP_ORDER = tuple(group for group, _ in CHECK_MODULES)
+GROUP_ORDER = tuple(group for group, _ in CHECK_MODULES) + ("access",)
 
 
 def _crash_finding(group: str, module: str, error: BaseException) -> Finding:
@@ -47,13 +47,36 @@ def run_check(ctx: DoctorContext, group: str, module: str) -> list[Finding]:
         return [_crash_finding(group, module, error)]
 
 
+def denied_finding(ctx: DoctorContext) -> list[Finding]:
+    """Files that exist but this user may not read: an unknown, never an absence."""
+    denied = sorted(ctx.root.denied)
+    if not denied:
+        return []
+    return [Finding(
+        "access.denied", "access", Status.SKIP,
+        f"{len(denied)} file(s) exist but may not be read by this user: what they say is unknown, "
+        "and the checks above that read them say so or skipped",
+        tuple(Evidence(path, "permission denied") for path in denied),
+        "Run the doctor as root (sudo gdrprobe doctor), or capture as root and replay anywhere.")]
+
+
 def run_checks(ctx: DoctorContext) -> tuple[Finding, ...]:
     findings: list[Finding] = []
     for group, module in CHECK_MODULES:
         findings.extend(run_check(ctx, group, module))
-    return tuple(findings)
+    return tuple(findings + denied_finding(ctx))
 
 
-def run_doctor(root: str = "/", environ: Mapping[str, str] | None = None) -> DoctorReport:
-    ctx = DoctorContext(SysRoot(root), environ)
-    return DoctorReport(root=ctx.root.root, findings=run_checks(ctx))
+def nccl_decisions(ctx: DoctorContext) -> tuple:
+    """The per-GPU NCCL decisions for the report (the findings already say if computing them crashed)."""
+    try:
+        return ctx.nccl_decisions
+    except Exception:  # noqa: BLE001 - reported as nccl.crashed by run_checks
+        return ()
+
+
+def run_doctor(root: str = "/", environ: Mapping[str, str] | None = None,
+               sysroot: SysRoot | None = None) -> DoctorReport:
+    ctx = DoctorContext(sysroot or SysRoot(root), environ)
+    findings = run_checks(ctx)
+    return DoctorReport(root=ctx.root.root, findings=findings, nccl=nccl_decisions(ctx))

@@ -1,4 +1,4 @@
-"""Which kernel path gives the NIC access to GPU memory: DMA-BUF or legacy nvidia-peermem.
+"""Which kernel path gives the NIC access to GPU memory: DMA-BUF or legacy peer memory.
 
 The two paths have mirror-image prerequisites (NVIDIA GPU Operator documentation):
 
@@ -11,26 +11,24 @@ Linux kernel           5.12 or newer               no minimum
 MLNX_OFED / DOCA-OFED  optional                    required
 =====================  ==========================  ======================
 
-So an absent ``nvidia_peermem`` module is evidence of a fault only once the stack is
-known not to be on the DMA-BUF path.
+The table says what is possible; whether NCCL uses a path is decided per NIC the way NCCL
+decides it (:mod:`gdrprobe.doctor.memory_path`), so ``stack.path`` fails exactly where
+NCCL would log "GPU Direct RDMA Disabled for HCA".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 
 from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.memory_path import (DMABUF_MIN_CUDA_DRIVER, DMABUF_MIN_KERNEL, DRIVER_VERSION_FILE,
+                                         KERNEL_RELEASE_FILE, PEERMEM_FILES, MemoryPaths,
+                                         format_cuda_version, kernel_version)
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 finding = functools.partial(Finding, group="stack")
-
-DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
-KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"
-DMABUF_MIN_KERNEL = (5, 12)
-DMABUF_MIN_CUDA_DRIVER = 11070          # cuDriverGetVersion() encoding of 11.7
 
 # MLNX_OFED and DOCA-OFED both build their modules on the mlx_compat layer; the inbox
 # kernel drivers have no such module. ofed_info ships with both packages.
@@ -39,18 +37,17 @@ OFED_MARKERS = ("/sys/module/mlx_compat", "/usr/bin/ofed_info")
 NVIDIA_PEERMEM_MODULE = "/sys/module/nvidia_peermem"
 LEGACY_PEER_MEM_MODULE = "/sys/module/nv_peer_mem"
 GDRCOPY_MODULE = "/sys/module/gdrdrv"
-# A peer-memory client that registered with the OFED ib_core shows up here; NCCL 2.22+
-# probes nv_mem and nv_mem_nc (the non-coherent client of newer drivers).
-MEMORY_PEER_FILES = (
-    "/sys/kernel/mm/memory_peers/nv_mem/version",
-    "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
-)
+MEMORY_PEERS_DIR = "/sys/kernel/mm/memory_peers"
+# Kernel 6.6 dropped /sys/kernel/mm/memory_peers; NCCL before 2.23.4 looked only there.
+NO_MEMORY_PEERS_KERNEL = (6, 6)
 
 INSTALL_ORDER_FIX = (
     "Install MLNX_OFED or DOCA-OFED first, then reinstall the GPU driver so that "
     "nvidia-peermem is built against it, and load it with `modprobe nvidia-peermem` "
     "(nothing loads it at boot unless you add it to /etc/modules-load.d/)."
 )
+DMABUF_ENABLE_FIX = ("Unset NCCL_DMABUF_ENABLE (or set it to 1): DMA-BUF is this node's only path to GPU "
+                     "memory, and NCCL_DMABUF_ENABLE=0 switches it off.")
 
 
 # ---- facts: one small reader per fact ---------------------------------------
@@ -61,46 +58,9 @@ def driver_version_line(root: SysRoot) -> str | None:
     return text.splitlines()[0] if text else None
 
 
-def is_open_kernel_module(version_line: str) -> bool:
-    return "Open Kernel Module" in version_line
-
-
-def kernel_release(root: SysRoot) -> str | None:
-    return root.read(KERNEL_RELEASE_FILE)
-
-
-def kernel_version(release: str) -> tuple[int, int] | None:
-    match = re.match(r"(\d+)\.(\d+)", release)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def cuda_driver_version(ctx: DoctorContext) -> int | None:
-    facts = ctx.cuda_facts or {}
-    return facts.get("driver_version")
-
-
-def format_cuda_version(encoded: int) -> str:
-    return f"{encoded // 1000}.{encoded % 1000 // 10}"
-
-
-def gpus_reporting_no_dmabuf(ctx: DoctorContext) -> list[str]:
-    """PCI ids of GPUs whose driver says DMA_BUF_SUPPORTED is 0."""
-    gpus = (ctx.cuda_facts or {}).get("gpus", [])
-    return [gpu["pci_bus_id"] for gpu in gpus if gpu.get("dma_buf_supported") == 0]
-
-
 def ofed_marker(root: SysRoot) -> str | None:
     """The first path that shows an OFED stack is installed, or None."""
     return next((path for path in OFED_MARKERS if root.exists(path)), None)
-
-
-def registered_memory_peer(root: SysRoot) -> str | None:
-    """The memory_peers file of a registered NVIDIA peer-memory client, or None."""
-    return next((path for path in MEMORY_PEER_FILES if root.exists(path)), None)
-
-
-def module_loaded(root: SysRoot, module_dir: str) -> bool:
-    return root.exists(module_dir)
 
 
 # ---- the inventory the table is read against --------------------------------
@@ -111,47 +71,31 @@ class StackInventory:
     driver_line: str | None
     kernel_release: str | None
     cuda_driver: int | None
-    gpus_without_dmabuf: tuple[str, ...]
     ofed_marker: str | None
-    peermem_loaded: bool
-    memory_peer: str | None
+    peermem_loaded: bool             # /sys/module/nvidia_peermem
+    nv_peer_mem_loaded: bool         # /sys/module/nv_peer_mem
+    paths: MemoryPaths
 
     @property
     def open_module(self) -> bool:
-        return bool(self.driver_line) and is_open_kernel_module(self.driver_line)
+        return bool(self.driver_line) and "Open Kernel Module" in self.driver_line
 
     @property
     def kernel(self) -> tuple[int, int] | None:
-        return kernel_version(self.kernel_release) if self.kernel_release else None
-
-    def dmabuf_blockers(self) -> list[str]:
-        """The DMA-BUF prerequisites this machine does not meet (empty: path available)."""
-        blockers = []
-        if not self.open_module:
-            blockers.append("the GPU driver is not the Open Kernel Module flavour")
-        if self.kernel is None or self.kernel < DMABUF_MIN_KERNEL:
-            blockers.append(f"kernel {self.kernel_release} is older than 5.12")
-        if self.cuda_driver is not None and self.cuda_driver < DMABUF_MIN_CUDA_DRIVER:
-            blockers.append(f"CUDA driver {format_cuda_version(self.cuda_driver)} is older than 11.7")
-        if self.gpus_without_dmabuf:
-            blockers.append("CUDA reports DMA_BUF_SUPPORTED=0 on " + ", ".join(self.gpus_without_dmabuf))
-        return blockers
-
-    @property
-    def legacy_ready(self) -> bool:
-        return self.peermem_loaded and self.memory_peer is not None
+        return kernel_version(self.kernel_release)
 
 
 def read_inventory(ctx: DoctorContext) -> StackInventory:
     root = ctx.root
+    facts = ctx.cuda_facts if ctx.cuda_facts and "error" not in ctx.cuda_facts else {}
     return StackInventory(
         driver_line=driver_version_line(root),
-        kernel_release=kernel_release(root),
-        cuda_driver=cuda_driver_version(ctx),
-        gpus_without_dmabuf=tuple(gpus_reporting_no_dmabuf(ctx)),
+        kernel_release=root.read(KERNEL_RELEASE_FILE),
+        cuda_driver=facts.get("driver_version"),
         ofed_marker=ofed_marker(root),
-        peermem_loaded=module_loaded(root, NVIDIA_PEERMEM_MODULE),
-        memory_peer=registered_memory_peer(root),
+        peermem_loaded=root.exists(NVIDIA_PEERMEM_MODULE),
+        nv_peer_mem_loaded=root.exists(LEGACY_PEER_MEM_MODULE),
+        paths=ctx.memory_paths,
     )
 
 
@@ -214,60 +158,71 @@ def ofed_finding(inventory: StackInventory) -> Finding:
 
 
 def path_finding(inventory: StackInventory) -> Finding:
-    """The verdict of the table: which path is available, or why neither is."""
-    blockers = inventory.dmabuf_blockers()
-    evidence = (
-        Evidence(DRIVER_VERSION_FILE, inventory.driver_line),
-        Evidence(KERNEL_RELEASE_FILE, str(inventory.kernel_release)),
-        Evidence(NVIDIA_PEERMEM_MODULE, "loaded" if inventory.peermem_loaded else "absent"),
-    )
-    if not blockers:
-        unconfirmed = " (CUDA driver version unconfirmed)" if inventory.cuda_driver is None else ""
-        also = "; nvidia-peermem is registered too, NCCL prefers DMA-BUF" if inventory.legacy_ready else ""
+    """NCCL's per-NIC verdict (topo.cc ncclTopoPopulateNics): a path for every NIC, or the fix."""
+    paths = inventory.paths
+    evidence = (Evidence(DRIVER_VERSION_FILE, inventory.driver_line),
+                Evidence(KERNEL_RELEASE_FILE, str(inventory.kernel_release))) + paths.evidence()
+    disabled = inventory.paths.disabled_pairs()
+    if not disabled:
+        mechanisms = sorted({paths.mechanism(nic, gpu) for nic in paths.nics for gpu in paths.gpus})
+        inferred = any(paths.nic_half(nic).inferred for nic in paths.nics for gpu in paths.gpus
+                       if paths.mechanism(nic, gpu) == "DMA-BUF")
+        also = ("; peer memory is there too, NCCL prefers DMA-BUF"
+                if paths.peermem_file and mechanisms == ["DMA-BUF"] else "")
         return finding(id="stack.path", status=Status.OK,
-                       summary=f"DMA-BUF path available{unconfirmed}{also}", evidence=evidence)
-    if inventory.legacy_ready:
-        return finding(
-            id="stack.path",
-            status=Status.OK,
-            summary="legacy nvidia-peermem path: peermem is loaded and registered (DMA-BUF unavailable: "
-            + "; ".join(blockers) + ")",
-            evidence=evidence + (Evidence(inventory.memory_peer, "present"),),
-        )
+                       summary="NCCL can register GPU memory with every NIC through "
+                               + " and ".join(mechanisms) + (" (NIC side inferred)" if inferred else "") + also,
+                       evidence=evidence)
+    nics = sorted({nic for nic, _ in disabled})
+    nic, gpu = disabled[0]
     return finding(
         id="stack.path",
         status=Status.FAIL,
-        summary="neither DMA-BUF nor nvidia-peermem is available: " + "; ".join(blockers),
+        summary=f"NCCL will log \"GPU Direct RDMA Disabled for HCA\" for {', '.join(nics)}: "
+                + paths.why_not(nic, gpu),
         evidence=evidence,
         fix=neither_path_fix(inventory),
     )
 
 
 def neither_path_fix(inventory: StackInventory) -> str:
+    if not inventory.paths.dmabuf_enabled and not inventory.paths.disabled_pairs(dmabuf_enabled=True):
+        return DMABUF_ENABLE_FIX
     if inventory.peermem_loaded or inventory.ofed_marker:
         # OFED is there: the legacy path is one step away, the install order is the usual cause.
-        return "Load nvidia-peermem (`modprobe nvidia-peermem`); if it is missing or does not register, " \
+        return "Load nvidia-peermem (`modprobe nvidia-peermem`); if it is missing or does not load, " \
                "the GPU driver was installed before OFED: reinstall the GPU driver."
-    return ("For DMA-BUF use the Open Kernel Module driver on kernel 5.12+ with CUDA 11.7+; "
-            "for the legacy path: " + INSTALL_ORDER_FIX)
+    return ("For DMA-BUF use the Open Kernel Module driver on kernel 5.12+ with CUDA 11.7+ and "
+            "rdma-core 34+ (ibv_reg_dmabuf_mr); for the legacy path: " + INSTALL_ORDER_FIX)
+
+
+def old_nccl_note(inventory: StackInventory) -> str:
+    """On 6.6+ only the module's own file is left, which NCCL reads from 2.23.4 on."""
+    if inventory.paths.peermem_file != PEERMEM_FILES[-1] or inventory.kernel is None \
+            or inventory.kernel < NO_MEMORY_PEERS_KERNEL:
+        return ""
+    return (f"; kernel {inventory.kernel_release} has no {MEMORY_PEERS_DIR}, so NCCL older than 2.23.4 "
+            "(which looks only there) reports GPU Direct RDMA disabled")
 
 
 def peermem_findings(inventory: StackInventory) -> list[Finding]:
+    paths = inventory.paths
     module_evidence = Evidence(NVIDIA_PEERMEM_MODULE, "loaded" if inventory.peermem_loaded else "absent")
-    if inventory.legacy_ready:
+    if paths.peermem_file:
         return [finding(id="stack.peermem", status=Status.OK,
-                        summary="nvidia_peermem is loaded and registered as a peer-memory client",
-                        evidence=(module_evidence, Evidence(inventory.memory_peer, "present")))]
+                        summary=f"NCCL's peer-memory check passes: {paths.peermem_file} exists"
+                                + old_nccl_note(inventory),
+                        evidence=(module_evidence, Evidence(paths.peermem_file, "present")))]
     if inventory.peermem_loaded:
+        # nvidia-peermem refuses to load unless it registered, and then its version file is there.
         return [finding(
-            id="stack.peermem.unregistered",
-            status=Status.FAIL,
-            summary="nvidia_peermem is loaded but not registered with the RDMA core: ibv_reg_mr on GPU memory "
-                    "will fail, although NCCL 2.23+ still reports GPU Direct RDMA as supported",
-            evidence=(module_evidence,) + tuple(Evidence(path, "absent") for path in MEMORY_PEER_FILES),
-            fix=INSTALL_ORDER_FIX,
-        )]
-    if not inventory.dmabuf_blockers():
+            id="stack.peermem", status=Status.WARN,
+            summary="/sys/module/nvidia_peermem exists but none of NCCL's peer-memory files does: "
+                    "the module is half loaded or unloading, and NCCL does not count it",
+            evidence=(module_evidence,) + tuple(Evidence(path, "absent") for path in PEERMEM_FILES),
+            fix="Reload it (`rmmod nvidia_peermem; modprobe nvidia-peermem`) and read `dmesg`; if it does "
+                "not load: " + INSTALL_ORDER_FIX)]
+    if inventory.paths.dmabuf_everywhere():
         return [finding(id="stack.peermem", status=Status.OK,
                         summary="nvidia_peermem is not loaded, as expected on the DMA-BUF path",
                         evidence=(module_evidence,))]
@@ -278,18 +233,19 @@ def peermem_findings(inventory: StackInventory) -> list[Finding]:
 
 def legacy_module_findings(ctx: DoctorContext, inventory: StackInventory) -> list[Finding]:
     findings = []
-    if module_loaded(ctx.root, LEGACY_PEER_MEM_MODULE):
+    if inventory.nv_peer_mem_loaded:
         conflict = inventory.peermem_loaded
         findings.append(finding(
             id="stack.nv_peer_mem",
             status=Status.FAIL if conflict else Status.WARN,
             summary="nv_peer_mem is loaded alongside nvidia_peermem; only one may be loaded" if conflict
-            else "the deprecated nv_peer_mem module is loaded",
+            else "the deprecated nv_peer_mem module is the peer-memory path: it works (NCCL counts the "
+                 "nv_mem client it registers) but is no longer maintained",
             evidence=(Evidence(LEGACY_PEER_MEM_MODULE, "loaded"),),
             fix="Stop the nv_peer_mem service, `rmmod nv_peer_mem`, uninstall its package, "
-                "and use nvidia-peermem (or DMA-BUF) instead.",
+                "and use nvidia-peermem (shipped with the GPU driver since R470) or DMA-BUF instead.",
         ))
-    if module_loaded(ctx.root, GDRCOPY_MODULE):
+    if ctx.root.exists(GDRCOPY_MODULE):
         findings.append(finding(
             id="stack.gdrcopy",
             status=Status.INFO,
@@ -302,6 +258,13 @@ def legacy_module_findings(ctx: DoctorContext, inventory: StackInventory) -> lis
 def check(ctx: DoctorContext) -> list[Finding]:
     inventory = read_inventory(ctx)
     if inventory.driver_line is None:
+        if ctx.root.is_denied(DRIVER_VERSION_FILE):
+            return [finding(
+                id="stack.driver", status=Status.SKIP,
+                summary="the NVIDIA driver's version file exists but may not be read by this user: "
+                        "the GPU memory path is unknown",
+                evidence=(Evidence(DRIVER_VERSION_FILE, "permission denied"),),
+                fix="Run the doctor as root (sudo gdrprobe doctor).")]
         return [finding(
             id="stack.driver",
             status=Status.SKIP,

@@ -10,10 +10,9 @@ NUMA node hang off one CPU node in its graph, so NODE is PHB to NCCL.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
 
 from gdrprobe.doctor import pci
-from gdrprobe.nccl.env import NCCL_CLASS_OF_DISTANCE, GdrLevel, default_gdr_level, gdr_level
+from gdrprobe.nccl.env import NCCL_CLASS_OF_DISTANCE, GdrLevel, gdr_level
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
@@ -78,14 +77,6 @@ class Topology:
 
     def nccl_class(self, a: Endpoint, b: Endpoint) -> str:
         return NCCL_CLASS_OF_DISTANCE[pcie_distance(a, b)]
-
-    def nearest_nic(self, gpu: Endpoint) -> tuple[Endpoint, str] | None:
-        """The closest NIC and its distance; same-NUMA then bus order break ties. None: no NIC."""
-        if not self.nics:
-            return None
-        nic = min(self.nics, key=lambda n: (DISTANCES.index(pcie_distance(gpu, n)),
-                                            n.numa_node != gpu.numa_node, n.bdf))
-        return nic, pcie_distance(gpu, nic)
 
     def bridges_between(self, a: Endpoint, b: Endpoint) -> tuple[str, ...]:
         """Bridges a peer transaction from a to b crosses (all of both chains across host bridges)."""
@@ -302,13 +293,20 @@ def level_finding(level: GdrLevel) -> Finding:
                    (source,))
 
 
-def distance_finding(gpu: Endpoint, nic: Endpoint, distance: str) -> Finding:
+def distance_finding(gpu: Endpoint, nic: Endpoint, decision) -> Finding:
+    """Where the NIC NCCL uses for this GPU sits; a PXN or C2C path that NCCL runs with
+    GPUDirect RDMA is healthy whatever the PCIe distance (see nccl.gpu.<bdf>)."""
+    distance = pcie_distance(gpu, nic)
     nccl_class = NCCL_CLASS_OF_DISTANCE[distance]
-    summary = (f"{gpu.name} ({gpu.bdf}, NUMA {gpu.numa_node}) nearest NIC {nic.name} "
+    summary = (f"{gpu.name} ({gpu.bdf}, NUMA {gpu.numa_node}) and the NIC NCCL uses, {nic.name} "
                f"({nic.bdf}, NUMA {nic.numa_node}): {distance} (NCCL class {nccl_class})")
     evidence = _placement_evidence(gpu) + _placement_evidence(nic)
     if distance in ("PIX", "PXB"):
         return Finding("topology.distance", GROUP, Status.OK, summary, evidence)
+    if decision.path in ("pxn", "c2c") and decision.gdr_write:
+        route = "through an NVLink peer (PXN)" if decision.path == "pxn" else "over C2C (P2C)"
+        return Finding("topology.distance", GROUP, Status.OK,
+                       f"{summary}; NCCL reaches it {route} with GPUDirect RDMA", evidence)
     if distance == "PHB":
         return Finding("topology.distance", GROUP, Status.WARN,
                        summary + "; peer traffic crosses the root complex (works, but degraded)",
@@ -320,24 +318,30 @@ def distance_finding(gpu: Endpoint, nic: Endpoint, distance: str) -> Finding:
                    "same PCIe switch), or pair this GPU with a NIC that is there.")
 
 
-def gate_finding(environ: Mapping[str, str], level: GdrLevel, gpu: Endpoint, nic: Endpoint, distance: str) -> Finding:
-    nccl_class = NCCL_CLASS_OF_DISTANCE[distance]
-    evidence = (Evidence("environment NCCL_NET_GDR_LEVEL",
-                         "unset" if level.raw is None else repr(level.raw)),
-                Evidence(f"distance {gpu.name}-{nic.name}", f"{distance} (NCCL {nccl_class})"))
-    if level.admits(nccl_class):
-        return Finding("topology.nccl_gate", GROUP, Status.OK,
-                       f"NCCL admits GDR for {gpu.name}-{nic.name}: {nccl_class} <= {level.name}",
-                       evidence)
-    default = GdrLevel(default_gdr_level(environ), None, ignored=False)
-    if level.raw is not None and default.admits(nccl_class):
-        fix = "Unset NCCL_NET_GDR_LEVEL (NCCL's default admits PIX and PXB) or raise it to PXB."
-    else:
-        fix = ("Fix the placement (see topology.distance); raising NCCL_NET_GDR_LEVEL to "
-               f"{nccl_class} would force GDR over a path NVIDIA calls degraded or unreliable.")
-    return Finding("topology.nccl_gate", GROUP, Status.FAIL,
-                   f"NCCL will not use GDR for {gpu.name}-{nic.name}: {nccl_class} > {level.name}",
-                   evidence, fix)
+def nvml_crosscheck_finding(topology: Topology, facts) -> Finding | None:
+    """NVML's common ancestor of each GPU pair (nvidia-smi topo -m) against the sysfs tree."""
+    matrix = (facts or {}).get("common_ancestor") if facts and "error" not in facts else None
+    if not matrix:
+        return None
+    gpus = {gpu.bdf: gpu for gpu in topology.gpus}
+    compared, differing = 0, []
+    for first, row in sorted(matrix.items()):
+        for second, level in sorted(row.items()):
+            if first in gpus and second in gpus:
+                compared += 1
+                ours = pcie_distance(gpus[first], gpus[second])
+                if ours != level:
+                    differing.append(Evidence(f"{first} - {second}", f"NVML {level}, sysfs {ours}"))
+    if differing:
+        return Finding("topology.nvml", GROUP, Status.WARN,
+                       f"NVML and the sysfs tree disagree on {len(differing)} of {compared} GPU pair(s): the "
+                       "doctor judges by sysfs, as NCCL does, but something hides or fakes part of the tree",
+                       tuple(differing),
+                       "Compare `nvidia-smi topo -m` with `lspci -tv`; in a VM give NCCL the host's topology "
+                       "(NCCL_TOPO_FILE).")
+    return Finding("topology.nvml", GROUP, Status.OK,
+                   f"NVML's common ancestors agree with the sysfs tree for {compared} GPU pair(s)",
+                   (Evidence("nvmlDeviceGetTopologyCommonAncestor", f"{compared} pair(s) compared"),))
 
 
 def check(ctx) -> list[Finding]:
@@ -349,10 +353,11 @@ def check(ctx) -> list[Finding]:
     findings.append(Finding("topology.matrix", GROUP, Status.INFO,
                             "GPU/NIC matrix in nvidia-smi topo -m vocabulary",
                             (Evidence("sysfs PCI tree", render_matrix(topology)),)))
-    level = gdr_level(ctx.environ)
-    findings.append(level_finding(level))
-    for gpu in topology.gpus:
-        nic, distance = topology.nearest_nic(gpu)
-        findings.append(distance_finding(gpu, nic, distance))
-        findings.append(gate_finding(ctx.environ, level, gpu, nic, distance))
+    crosscheck = nvml_crosscheck_finding(topology, ctx.nvml_facts)
+    findings += [crosscheck] if crosscheck else []
+    findings.append(level_finding(gdr_level(ctx.environ)))
+    nics = {nic.name: nic for nic in topology.nics}
+    for gpu, decision in zip(topology.gpus, ctx.nccl_decisions):
+        if decision.nic is not None:
+            findings.append(distance_finding(gpu, nics[decision.nic], decision))
     return findings

@@ -12,9 +12,11 @@ import dataclasses
 from typing import Callable
 
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.errors import MissingDependency, NotTestable, RegistrationFailed, UsageError
+from gdrprobe.errors import (CompletionError, CudaError, IntegrityError, MissingDependency,
+                             NoRdmaDevice, NotTestable, RegistrationFailed, UsageError)
 from gdrprobe.report.model import ArmReport, CheckReport, RunReport
-from gdrprobe.measure.verdict import DEFAULT_THRESHOLD, ArmMeasurement, classify
+from gdrprobe.measure.verdict import (DEFAULT_THRESHOLD, STAGED_ARM, ArmMeasurement, arm_ratio,
+                                      classify, straddles)
 
 HOST = MemorySpec()
 
@@ -43,6 +45,8 @@ class ArmRecord:
     bandwidths: list[float] = dataclasses.field(default_factory=list)
     runs: list[RunReport] = dataclasses.field(default_factory=list)
     error: Exception | None = None
+    # The staged arm: per repeat, the pipelined bound (see pipelined_bound).
+    bounds: list[float] = dataclasses.field(default_factory=list)
 
     def gpu_memory(self) -> dict:
         """The description of the GPU side's memory in the last run (empty if none ran)."""
@@ -58,22 +62,31 @@ class ArmRecord:
 
     def measurement(self, size: int) -> ArmMeasurement:
         spec = self.plan.local if self.plan.local.kind == "gpu" else self.plan.remote
-        # Why this mechanism: from the provider that ran, else what was known when it failed.
+        # Why this mechanism: from the provider that ran, else what was known when it failed
+        # (a broken data path's evidence is the failure itself, kept in data_path_error).
+        known = self.error is not None and not isinstance(self.error, DATA_PATH_ERRORS)
         reason = (self.gpu_memory().get("mechanism_reason")
-                  or (self.error.evidence if self.error else ""))
+                  or (self.error.evidence if known else ""))
         common = dict(arm=self.arm, mechanism=None if self.arm == "host" else self.arm,
                       memory_kind="host" if self.plan.name == "host" else spec.memory_type,
                       message_bytes=size, mechanism_reason=reason)
         if isinstance(self.error, RegistrationFailed):
             return ArmMeasurement(registration_errno=self.error.error_code, **common)
+        if isinstance(self.error, DATA_PATH_ERRORS):
+            evidence = f" ({self.error.evidence})" if self.error.evidence else ""
+            return ArmMeasurement(data_path_error=self.error.cause + evidence, **common)
         if self.error is not None:
             return ArmMeasurement(not_testable=self.error.cause, fix=self.error.fix, **common)
+        if self.bounds:   # the staged arm competes with what a bounce pipeline reaches
+            common["mechanism_reason"] = PIPELINED_BOUND
+            return ArmMeasurement(bandwidths_gbps=tuple(self.bounds), **common)
         return ArmMeasurement(bandwidths_gbps=tuple(self.bandwidths), **common)
 
     def report(self, size: int) -> ArmReport:
         last = self.runs[-1] if self.runs else None
         outcome = ("measured" if self.error is None else
                    "registration failed" if isinstance(self.error, RegistrationFailed)
+                   else "data path broken" if isinstance(self.error, DATA_PATH_ERRORS)
                    else "not testable")
         return ArmReport(
             arm=self.arm, outcome=outcome, size_bytes=size,
@@ -81,47 +94,130 @@ class ArmRecord:
             local_memory=last.local.memory if last else self.plan.local.to_message(),
             remote_memory=last.remote.memory if last else self.plan.remote.to_message(),
             mechanism_reason=self.measurement(size).mechanism_reason,
-            detail=str(self.error.cause) if self.error else "",
-            fix=getattr(self.error, "fix", "") if self.error else "")
+            detail=(str(self.error.cause) if self.error else
+                    SERIALISED if self.bounds else ""),
+            fix=getattr(self.error, "fix", "") if self.error else "",
+            pipelined_bound_gbps=tuple(self.bounds))
 
 
-# What makes an arm "not testable here" rather than a failed run.
-ARM_ERRORS = (NotTestable, RegistrationFailed, MissingDependency)
+# How the staged arm's two figures are obtained.
+SERIALISED = ("serialised: measured, each message charged its GPU<->host copies one after "
+              "the other (no overlap)")
+PIPELINED_BOUND = ("pipelined bound: per repeat, the lower of the measured GPU<->host copy "
+                   "rate and the host arm's bandwidth, what a double-buffered bounce pipeline "
+                   "reaches at best (used for the comparison)")
+
+
+def pipelined_bound(run: RunReport, host: ArmRecord) -> float:
+    """A perfect pipeline overlaps the copies with the writes: the slower of the two
+    stages sets its rate. Without a copy rate (no staging happened) it is the run's own."""
+    row = run.bandwidth[-1]
+    if row.stage_copy_gbps is None:
+        return row.bandwidth_avg_gbps
+    return min(row.stage_copy_gbps, host.bandwidths[-1])
+
+
+# What makes a GPU arm "not testable here" (or not engaged) rather than a failed run. A
+# CUDA error is one of them: e.g. cuMemGetHandleForAddressRange refusing the PCIe mapping
+# means that mechanism is not available here, and the other arms still run.
+ARM_ERRORS = (NotTestable, RegistrationFailed, MissingDependency, CudaError)
+# After the host arm of the same repeat passed, corrupt payload or a failed completion in
+# a GPU arm is the broken peer-to-peer path the tool exists to find (a host arm's stays
+# the run's error).
+DATA_PATH_ERRORS = (IntegrityError, CompletionError)
+
+
+class StopSampling(Exception):
+    """Raised by a run_once that may start no further run (its time budget is spent): the
+    A/B classifies what it has measured so far."""
 
 
 def run_ab(run_once: Callable[[MemorySpec, MemorySpec], RunReport], arms: list[ArmPlan],
            repeats: int, threshold: float = DEFAULT_THRESHOLD,
-           doctor_findings=()) -> CheckReport:
-    """Alternate the arms `repeats` times and classify. run_once(local, remote) runs one
-    probe; errors of the host arm are the run's errors and propagate."""
+           doctor_findings=(), min_repeats: int | None = None) -> CheckReport:
+    """Alternate the arms up to `repeats` times and classify. run_once(local, remote) runs
+    one probe; errors of the host arm are the run's errors and propagate. Sampling stops as
+    soon as the answer is known: when no GPU arm that could prove GPUDirect can run (after
+    one host measurement, kept for the report), when run_once raises StopSampling, and, from
+    min_repeats repeats on, when no GPU arm's per-repeat ratios straddle the threshold."""
     records = [ArmRecord(plan) for plan in arms]
-    for _ in range(repeats):
-        for record in records:
-            if record.error is not None:
-                continue   # an arm that cannot run will not run on the next repeat either
-            try:
-                run = run_once(record.plan.local, record.plan.remote)
-            except ARM_ERRORS as error:
-                if record.plan.name == "host":
-                    raise
-                record.error = error
-                continue
-            record.runs.append(run)
-            record.bandwidths.append(run.bandwidth[-1].bandwidth_avg_gbps)
+    for repeat in range(1, repeats + 1):
+        try:
+            run_repeat(run_once, records)
+        except StopSampling as stop:
+            for record in records:
+                if not record.runs and record.error is None:   # the budget ran out first
+                    record.error = NotTestable(f"not testable: {stop}",
+                                               "give the check a larger time budget")
+            break
+        if deciding_arms_failed(records) or (
+                min_repeats is not None and repeat >= min_repeats
+                and conclusive(records, threshold)):
+            break
     host, gpu_arms = records[0], records[1:]
     size = host.runs[-1].bandwidth[-1].size_bytes
     verdict = classify(host.measurement(size), [r.measurement(size) for r in gpu_arms],
-                       threshold, doctor_findings)
+                       threshold, owner_findings(gpu_arms, doctor_findings))
     return CheckReport(verdict=verdict, arms=tuple(r.report(size) for r in records),
-                       settings=host.runs[-1].settings, repeats=repeats)
+                       settings=host.runs[-1].settings, repeats=len(host.runs))
+
+
+def owner_findings(gpu_arms: list[ArmRecord], doctor_findings) -> tuple:
+    """The doctor findings of the host that owns the GPU buffer: the caller's own (passed
+    in) for a local buffer, plus what the server sent in the handshake about its buffer
+    (from a run, or from the error that ended one)."""
+    sent = [findings for record in gpu_arms if record.plan.remote.kind == "gpu"
+            for findings in ([run.remote_findings for run in record.runs]
+                             + [getattr(record.error, "remote_findings", ())]) if findings]
+    return tuple(doctor_findings) + (tuple(sent[-1]) if sent else ())
+
+
+def run_repeat(run_once: Callable[[MemorySpec, MemorySpec], RunReport],
+               records: list[ArmRecord]) -> None:
+    """One run of each arm that can still run, in plan order."""
+    for record in records:
+        if record.error is not None:
+            continue   # an arm that cannot run will not run on the next repeat either
+        try:
+            run = run_once(record.plan.local, record.plan.remote)
+        except NoRdmaDevice as error:
+            # The README's promise: no RDMA device under a GPU arm is "not testable here".
+            raise NotTestable(f"not testable: {error.cause}", error.fix,
+                              evidence=error.evidence) from error
+        except (*ARM_ERRORS, *DATA_PATH_ERRORS) as error:
+            if record.plan.name == "host":
+                raise
+            record.error = error
+            continue
+        record.runs.append(run)
+        record.bandwidths.append(run.bandwidth[-1].bandwidth_avg_gbps)
+        if record.plan.name == STAGED_ARM:
+            record.bounds.append(pipelined_bound(run, records[0]))
+
+
+def deciding_arms_failed(records: list[ArmRecord]) -> bool:
+    """No GPU arm that decides the verdict can run any more (the staged arm only informs
+    a degraded verdict; it decides only when it is the sole GPU arm)."""
+    gpu_arms = records[1:]
+    deciding = [r for r in gpu_arms if r.plan.name != STAGED_ARM] or gpu_arms
+    return all(r.error is not None for r in deciding)
+
+
+def conclusive(records: list[ArmRecord], threshold: float) -> bool:
+    """Every GPU arm that measured has per-repeat ratios on one side of the threshold."""
+    host = records[0].measurement(0)
+    ratios = [arm_ratio(host, r.measurement(0)) for r in records[1:] if r.error is None]
+    return bool(ratios) and all(r is not None and not straddles(r, threshold) for r in ratios)
 
 
 def ab_test(run_once: Callable[[MemorySpec, MemorySpec], RunReport], local: MemorySpec,
             remote: MemorySpec | None = None, *, staged: bool = False, repeats: int = 3,
-            threshold: float = DEFAULT_THRESHOLD, doctor_findings=()) -> CheckReport:
+            threshold: float = DEFAULT_THRESHOLD, doctor_findings=(),
+            min_repeats: int | None = None) -> CheckReport:
     """The whole A/B: plan the arms, run them, and classify. doctor_findings are the
     findings of the host that owns the GPU buffer (the caller runs the doctor there); they
-    confirm or rule out the likely causes of a degraded result."""
+    confirm or rule out the likely causes of a degraded result. With min_repeats, repeats
+    is a ceiling: sampling stops once the ratios are clear (see :func:`run_ab`)."""
     if not 1 <= repeats <= 100:
         raise UsageError(f"{repeats} repeats: use 1 to 100", "")
     if not 0 < threshold <= 1:
@@ -130,4 +226,4 @@ def ab_test(run_once: Callable[[MemorySpec, MemorySpec], RunReport], local: Memo
     if local.kind == "host" and remote.kind == "host":
         raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")
     arms = plan_arms(local, remote, staged)
-    return run_ab(run_once, arms, repeats, threshold, doctor_findings)
+    return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats)

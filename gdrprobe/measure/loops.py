@@ -7,20 +7,41 @@ import threading
 import time
 
 from gdrprobe import _native
-from gdrprobe.errors import Interrupted, PeerError, RdmaError
+from gdrprobe.errors import CompletionError, Interrupted, PeerError, RdmaError
 from gdrprobe.report.model import BandwidthResult, Integrity, LatencyResult
 
-# The loop calls the peer stalled when no completion arrives for the time the slowest link
-# gdrprobe supports needs to drain what is in flight, and never sooner than the floor. Soft-
-# RoCE under emulation moves about 10 MiB/s; the rate below leaves it a tenfold margin. A
-# dead peer is reported sooner by the channel's heartbeat and the QP's retry-exceeded
-# completion.
+# The watchdog of a loop: how long it may see no completion before it calls the link
+# stalled. A signalled completion can wait for everything in flight to cross the wire (with
+# -n 20 -Q 20 only the 20th write is signalled, so 20 messages first), so the limit grows
+# with the bytes in flight over the port's rate. A port's nominal rate says little about a
+# shared, congested or emulated link: Soft-RoCE reports 2.5 Gb/s for a netdev of unknown
+# speed (the kernel's ib_get_eth_speed falls back to 1000 Mb/s, SDR 1X) and moved 11-76 MiB/s
+# in the lab, 4 to 27 times less; SLOW_LINK_FACTOR allows 100. The floor covers what does
+# not scale with bytes (the first completion, a scheduler's pause). A dead peer is reported
+# sooner, by the QP's retry-exceeded completion or the channel's heartbeat.
 STALL_FLOOR_S = 10.0
-SLOWEST_LINK_BYTES_PER_S = 1 << 20
+SLOW_LINK_FACTOR = 100
+SLOWEST_PORT_GBPS = 2.5        # SDR 1X, the slowest rate verbs names: the port's rate unknown
 
 
-def stall_timeout_s(in_flight_bytes: int) -> float:
-    return max(STALL_FLOOR_S, in_flight_bytes / SLOWEST_LINK_BYTES_PER_S)
+def stall_timeout_s(in_flight_bytes: int, port_gbps: float | None = None) -> float:
+    """Seconds without a completion after which a loop's peer counts as stalled."""
+    bytes_per_s = (port_gbps or SLOWEST_PORT_GBPS) * 1e9 / 8
+    return STALL_FLOOR_S + SLOW_LINK_FACTOR * in_flight_bytes / bytes_per_s
+
+
+def bandwidth_in_flight(size: int, qps: int, tx_depth: int, messages_per_qp: int | None) -> int:
+    """The most bytes outstanding before a signalled completion: tx depth messages per QP,
+    fewer when a QP sends fewer in all (messages_per_qp None: a -D run, unbounded)."""
+    depth = tx_depth if messages_per_qp is None else min(tx_depth, messages_per_qp)
+    return size * qps * depth
+
+
+def latency_in_flight(size: int) -> int:
+    """A round trip: one message each way."""
+    return 2 * size
+
+
 WC_RETRY_EXCEEDED = 12
 WC_REMOTE_ACCESS_ERROR = 10
 
@@ -60,9 +81,10 @@ class LoopThread:
             raise
         return self._result()
 
-    def finish(self) -> dict:
-        """Stop the loop if it still runs, wait for it (through further Ctrl-Cs) and return
-        its result."""
+    def finish(self, grace_s: float = 0.0) -> dict:
+        """Stop the loop if it still runs after grace_s, wait for it (through further
+        Ctrl-Cs) and return its result."""
+        self._thread.join(grace_s)
         if self._thread.is_alive():
             self.stop.set()
         while self._thread.is_alive():
@@ -78,7 +100,7 @@ class LoopThread:
         return self._outcome.get("value")
 
 
-def check_status(result: dict, what: str, stall_timeout: float = STALL_FLOOR_S) -> None:
+def check_status(result: dict, what: str, stall_timeout: float) -> None:
     """Raise the error a person can act on for a loop that did not finish."""
     status = result["status"]
     if status == _native.STATUS_OK:
@@ -86,8 +108,10 @@ def check_status(result: dict, what: str, stall_timeout: float = STALL_FLOOR_S) 
     if status == _native.STATUS_STOPPED:
         raise Interrupted(f"{what} was interrupted", "")
     if status == _native.STATUS_STALL:
-        raise PeerError(f"{what} made no progress for {stall_timeout:g} s",
-                        "the peer stopped answering: check that it is still running")
+        raise PeerError(f"{what} made no progress for {stall_timeout:.1f} s (the time what "
+                        f"was in flight needs on a link {SLOW_LINK_FACTOR}x slower than the "
+                        "port's rate)", "the peer or the link stopped: check that the peer "
+                        "is still running and the link is up")
     if status == _native.STATUS_WC:
         name = _native.wc_status_str(result["wc_status"])
         evidence = (f"work completion status {result['wc_status']} ({name}), vendor error "
@@ -97,9 +121,11 @@ def check_status(result: dict, what: str, stall_timeout: float = STALL_FLOOR_S) 
                             "check that the peer is still running and the link is up",
                             evidence=evidence)
         if result["wc_status"] == WC_REMOTE_ACCESS_ERROR:
-            raise RdmaError(f"{what} failed: the peer refused the write (remote access)",
-                            "the peer's buffer or key changed; run again", evidence=evidence)
-        raise RdmaError(f"{what} failed", "see 'gdrprobe doctor' and dmesg", evidence=evidence)
+            raise CompletionError(f"{what} failed: the peer refused the write (remote "
+                                  "access)", "the peer's buffer or key changed; run again",
+                                  evidence=evidence)
+        raise CompletionError(f"{what} failed", "see 'gdrprobe doctor' and dmesg",
+                              evidence=evidence)
     detail = _native.STATUS_NAMES.get(status, str(status))
     if result.get("errno"):
         detail += f" (errno {result['errno']})"

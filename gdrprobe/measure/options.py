@@ -20,6 +20,17 @@ MAX_TX_DEPTH = 16384
 MAX_POST_LIST = _native.MAX_POST_LIST
 MAX_INLINE = 1024
 SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -a
+# The shortest time-out a run can meet: its slowest out-of-band step is the server's set-up
+# (device, QPs, registering the buffer), which took up to 3 s in the emulated lab.
+MIN_TIMEOUT_S = 5.0
+MAX_TIMEOUT_S = 3600.0
+# Integrity sees every message it can: in a bandwidth round the k-th message goes to slot
+# k mod slots on both sides, each slot with a pattern of its own, so a wrong write that a
+# later one would overwrite is still caught in its slot. The slots of one size are bounded
+# in bytes (what the check pins, on both sides, within a default 8 MiB locked-memory limit)
+# and in number (each is one check per round); the report says how many were checked.
+INTEGRITY_CAP_BYTES = 4 << 20
+MAX_SLOTS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +50,7 @@ class ProbeOptions:
     mtu: int | None = None
     timeout_s: float = 30.0
     inline_size: int | None = None   # None: perftest's defaults (220 B latency, 0 bandwidth)
+    relaxed_ordering: bool = True    # register with IBV_ACCESS_RELAXED_ORDERING, as NCCL does
 
     def __post_init__(self):
         self.validate()
@@ -80,17 +92,29 @@ class ProbeOptions:
             problems.append("latency runs one QP and a fixed number of iterations")
         if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
             problems.append(f"inline size must be 0 to {MAX_INLINE} bytes")
-        if not 0.1 <= self.timeout_s <= 3600:
-            problems.append("time-out must be 0.1 to 3600 s")
+        if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:   # NaN fails this too
+            problems.append(f"time-out must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} s")
         if problems:
             raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
 
+    def slots(self, size: int) -> int:
+        """How many messages of this size each land in a slot of their own: as many as a
+        bandwidth round posts, within the caps; a latency round has one message each way."""
+        if self.mode == "latency":
+            return 1
+        fit = max(1, min(MAX_SLOTS, INTEGRITY_CAP_BYTES // size))
+        if self.duration_s:
+            return fit
+        return min(fit, (self.iterations + self.warmup_iterations) * self.qps)
+
     @property
     def buffer_bytes(self) -> int:
-        """Two page-rounded halves of the largest message: the target (or receive) half,
-        and room past it where stray writes show up (or the send half for latency)."""
-        half = -(-max(self.sizes) // PAGE) * PAGE
-        return 2 * half
+        """For the size that needs most: its slots and a message past them (where stray
+        writes show up), each page-rounded. Latency: the receive half and the send half."""
+        def pages(length: int) -> int:
+            return -(-length // PAGE) * PAGE
+
+        return max(pages(self.slots(size) * size) + pages(size) for size in self.sizes)
 
     def to_message(self) -> dict:
         return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
@@ -112,9 +136,11 @@ class ProbeOptions:
             cq_moderation=field(message, "cq_moderation", int, low=1, high=MAX_TX_DEPTH),
             post_list=field(message, "post_list", int, low=1, high=MAX_POST_LIST),
             mtu=None if message.get("mtu") is None else field(message, "mtu", int),
-            timeout_s=float(field(message, "timeout_s", (int, float), low=0.1, high=3600)),
+            timeout_s=float(field(message, "timeout_s", (int, float), low=MIN_TIMEOUT_S,
+                                  high=MAX_TIMEOUT_S)),
             inline_size=(None if message.get("inline_size") is None else
                          field(message, "inline_size", int, low=0, high=MAX_INLINE)),
+            relaxed_ordering=field(message, "relaxed_ordering", bool),
         )
 
     def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:

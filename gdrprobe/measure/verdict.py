@@ -8,8 +8,13 @@ Pure logic, no I/O. The probe measures; :func:`classify` decides:
   (distance, ACS, IOMMU, BAR1) are named and, when doctor findings are given, confirmed
   or ruled out by them;
 - **not engaged**: no direct arm could register its GPU memory; the errno is turned into a
-  cause and a fix by :mod:`gdrprobe.memory.causes` (the one table; memory_gpu uses it too);
-- **not testable**: no GPU, no CUDA driver, no RDMA device, or only memory that proves
+  cause and a fix by :mod:`gdrprobe.memory.causes` (the GPU providers use the same table);
+  or one registered but its data path is broken: after a host arm that passed, the GPU
+  arm's payload came back wrong or its writes completed in error, which is what ACS, a
+  translating IOMMU or a root complex that drops peer-to-peer traffic do (the doctor's
+  findings confirm or rule out the first two);
+- **not testable**: no GPU, no CUDA driver, no RDMA device, a mechanism the platform does
+  not offer (a CUDA error of the GPU arm, with its cause), or only memory that proves
   nothing about GPUDirect (managed, pinned host).
 
 Ratio and spread: the probe runs the arms in alternation, so repeat ``i`` of the host arm
@@ -51,6 +56,7 @@ class ArmMeasurement:
     registration_errno: int | None = None     # set when registration failed
     not_testable: str = ""                    # why the arm could not run at all
     fix: str = ""                             # the fix for not_testable
+    data_path_error: str = ""                 # corrupt payload or a failed completion
     mechanism_reason: str = ""                # why auto chose this mechanism
 
     @property
@@ -60,6 +66,7 @@ class ArmMeasurement:
     @property
     def measured(self) -> bool:
         return (not self.not_testable and self.registration_errno is None
+                and not self.data_path_error
                 and any(value > 0 for value in self.bandwidths_gbps))
 
 
@@ -96,26 +103,44 @@ def _is_bar1(finding_id: str) -> bool:
 
 
 # (cause, does a finding id speak to it)
-DEGRADED_CAUSES = (
-    ("distance: the NIC and GPU do not share a PCIe switch (the path crosses the CPU "
-     "or the socket interconnect)", lambda fid: fid == "topology.distance"),
-    ("ACS: PCIe Access Control Services redirect peer traffic up to the root complex",
-     lambda fid: fid == "acs.bridge"),
-    ("IOMMU: a translating IOMMU sits in the peer-to-peer path (GPUDirect needs 1:1 or off)",
-     lambda fid: fid.startswith("iommu.")),
-    ("BAR1: the GPU's BAR1 aperture is small (resizable BAR not enabled)", _is_bar1),
-)
+DISTANCE = ("distance: the NIC and GPU do not share a PCIe switch (the path crosses the CPU "
+            "or the socket interconnect)", lambda fid: fid == "topology.distance")
+ACS = ("ACS: PCIe Access Control Services redirect peer traffic up to the root complex",
+       lambda fid: fid == "acs.bridge")
+IOMMU = ("IOMMU: a translating IOMMU sits in the peer-to-peer path (GPUDirect needs 1:1 or "
+         "off)", lambda fid: fid.startswith("iommu."))
+BAR1 = ("BAR1: the GPU's BAR1 aperture is small (resizable BAR not enabled)", _is_bar1)
+ROOT_COMPLEX = ("root complex: the CPU's root complex does not forward peer-to-peer traffic "
+                "between these two devices", lambda fid: False)   # no finding can tell
+DEGRADED_CAUSES = (DISTANCE, ACS, IOMMU, BAR1)
+# What loses or refuses the NIC's peer-to-peer traffic once registration has succeeded.
+DATA_PATH_CAUSES = (ACS, IOMMU, ROOT_COMPLEX)
+SCATTER_TO_CQE = "nic.mlx5_scatter_to_cqe"   # the finding behind the MLX5 hint of not engaged
+
+
+def speaks_to_verdict(finding_id: str) -> bool:
+    """Whether a doctor finding confirms or rules out something the verdict can name (the
+    server sends only these about its GPU buffer)."""
+    return finding_id == SCATTER_TO_CQE or any(
+        speaks(finding_id) for _, speaks in (*DEGRADED_CAUSES, *DATA_PATH_CAUSES))
+
+
+DATA_PATH_FIX = ("run 'gdrprobe doctor' on the host that owns the GPU buffer: disable ACS "
+                 "redirection on the bridges between the GPU and the NIC, put the IOMMU in "
+                 "passthrough (iommu=pt) or off; if both are clear, pair the GPU with a NIC "
+                 "under the same PCIe switch")
 
 
 def _status(finding) -> str:
     return str(getattr(finding.status, "value", finding.status))
 
 
-def degraded_causes(findings: Sequence) -> tuple[list[str], list[str], list[str]]:
+def doctor_causes(findings: Sequence, candidates=DEGRADED_CAUSES
+                  ) -> tuple[list[str], list[str], list[str]]:
     """(likely causes, evidence lines, fixes): a cause a finding flags is confirmed, one a
     finding clears is ruled out, one no finding covers stays possible."""
     causes, evidence, fixes = [], [], []
-    for cause, speaks_to in DEGRADED_CAUSES:
+    for cause, speaks_to in candidates:
         relevant = [f for f in findings if speaks_to(f.id)]
         flagged = [f for f in relevant if _status(f) in ("fail", "warn")]
         if flagged:
@@ -156,7 +181,7 @@ def _measured_verdict(best: ArmRatio, ratios, threshold, evidence, findings) -> 
     if staged is not None and best.ratio <= staged.ratio:
         evidence.append(f"{best.arm} is no faster than the staged bounce through host memory "
                         f"({best.ratio:.2f} vs {staged.ratio:.2f})")
-    causes, doctor_evidence, fixes = degraded_causes(findings)
+    causes, doctor_evidence, fixes = doctor_causes(findings)
     fix = " ".join(fixes) or "run 'gdrprobe doctor' to find which of the likely causes applies"
     return Verdict(DEGRADED, evidence=tuple(evidence + doctor_evidence),
                    likely_causes=tuple(causes), fix=fix, **common)
@@ -170,12 +195,24 @@ def _not_engaged(failed: Sequence[ArmMeasurement], threshold, evidence, findings
                       f"{errno_name(arm.registration_errno)}: {known.cause}")
         if known.fix not in fixes:
             fixes.append(known.fix)
-    flagged = [f for f in findings if f.id == "nic.mlx5_scatter_to_cqe"
+    flagged = [f for f in findings if f.id == SCATTER_TO_CQE
                and _status(f) in ("fail", "warn")]
     evidence = list(evidence) + [f"doctor: {f.summary}" for f in flagged]
     return Verdict(NOT_ENGAGED, failed[0].mechanism, threshold=threshold,
                    evidence=tuple(evidence), likely_causes=tuple(causes),
                    fix=" | ".join(fixes))
+
+
+def _data_path_broken(broken: Sequence[ArmMeasurement], threshold, evidence,
+                      findings) -> Verdict:
+    """Registered, but the NIC's traffic to or from GPU memory is lost or refused."""
+    arm = broken[0]
+    causes, doctor_evidence, fixes = doctor_causes(findings, DATA_PATH_CAUSES)
+    summary = (f"the data path is broken: {arm.arm} registered the GPU memory, but the NIC's "
+               "peer-to-peer traffic to it was lost or refused (the host arm passed)")
+    return Verdict(NOT_ENGAGED, arm.mechanism, threshold=threshold,
+                   evidence=tuple(list(evidence) + doctor_evidence),
+                   likely_causes=(summary, *causes), fix=" ".join(fixes) or DATA_PATH_FIX)
 
 
 def arm_evidence(host: ArmMeasurement, arms: Iterable[ArmMeasurement],
@@ -194,6 +231,8 @@ def arm_evidence(host: ArmMeasurement, arms: Iterable[ArmMeasurement],
         elif arm.registration_errno is not None:
             lines.append(f"{arm.arm}: memory registration failed with "
                          f"{errno_name(arm.registration_errno)}")
+        elif arm.data_path_error:
+            lines.append(f"{arm.arm}: {arm.data_path_error}")
         elif arm.not_testable:
             lines.append(f"{arm.arm}: {arm.not_testable}")
     return lines
@@ -217,14 +256,22 @@ def classify(host: ArmMeasurement, gpu_arms: Sequence[ArmMeasurement],
     if direct:
         best = max(direct, key=lambda r: r.ratio)
         return _measured_verdict(best, list(ratios.values()), threshold, evidence, doctor_findings)
+    broken = [arm for arm in gpu_arms if arm.proves_gpudirect and arm.data_path_error]
+    if broken:
+        return _data_path_broken(broken, threshold, evidence, doctor_findings)
     failed = [arm for arm in gpu_arms
-              if arm.arm in DIRECT_ARMS and arm.registration_errno is not None]
+              if arm.proves_gpudirect and arm.registration_errno is not None]
     if failed:
         return _not_engaged(failed, threshold, evidence, doctor_findings)
-    unproven = [arm for arm in gpu_arms if arm.arm in DIRECT_ARMS and arm.arm in ratios]
+    # Whatever happened to an arm on managed or pinned-host memory, it says nothing about
+    # GPUDirect: the NIC reaches such memory through host pages.
+    unproven = [arm for arm in gpu_arms
+                if arm.arm in DIRECT_ARMS and arm.memory_kind != PROOF_MEMORY_KIND]
     if unproven:
-        return _not_testable(f"the GPU arm used {unproven[0].memory_kind} memory, which is not a "
-                             "GPUDirect proof", "rerun with device memory (the default)",
+        return _not_testable(f"memory that proves nothing: the GPU arm used "
+                             f"{unproven[0].memory_kind} memory, which the NIC reaches "
+                             "through host memory, not GPUDirect",
+                             "rerun with device memory (--gpu-mem-type device, the default)",
                              threshold, evidence)
     blocked = [arm for arm in gpu_arms if arm.not_testable]
     if blocked:

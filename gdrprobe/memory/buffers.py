@@ -8,10 +8,12 @@ import contextlib
 
 from gdrprobe.errors import GdrprobeError
 from gdrprobe.memory.cuda import open_gpu
-from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism, probe_nic_dmabuf
+from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism
+from gdrprobe.memory.nic_probe import probe_nic_dmabuf
 from gdrprobe.memory.host import HostMemory
-from gdrprobe.memory.provider import LOCAL_ACCESS, PROBE_ACCESS
+from gdrprobe.memory.provider import LOCAL_ACCESS, PROBE_ACCESS, MemoryProvider
 from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.rdma import verbs
 from gdrprobe.sysroot import SysRoot
 
 def nic_numa_node(device: str, root: SysRoot | None = None) -> int:
@@ -23,23 +25,56 @@ def nic_numa_node(device: str, root: SysRoot | None = None) -> int:
         return -1
 
 
+def relaxed_ordering_access(wanted: bool) -> int:
+    """IBV_ACCESS_RELAXED_ORDERING where this rdma-core has it, else 0: NCCL registers every
+    buffer with it when libibverbs has IBVERBS_1.8 and NCCL_IB_PCI_RELAXED_ORDERING is not 0
+    (net_ib ncclIbRelaxedOrderingCapable). It is an optional access flag (libibverbs
+    IBV_ACCESS_OPTIONAL_RANGE): a device that cannot relax ordering ignores it."""
+    if not wanted:
+        return 0
+    return int(getattr(verbs.pyverbs().enums, "IBV_ACCESS_RELAXED_ORDERING", 0))
+
+
 @contextlib.contextmanager
-def open_buffer(spec: MemorySpec, endpoint, length: int, remote_write: bool):
+def open_buffer(spec: MemorySpec, endpoint, length: int, remote_write: bool,
+                relaxed_ordering: bool = True):
     """A registered provider of `length` bytes on the endpoint's PD, as the spec says;
-    writable by the peer only when remote_write. A GPU provider also carries
-    ``choice_reason``: why this mechanism was used."""
+    writable by the peer only when remote_write; with relaxed ordering where wanted and
+    available. A GPU provider also carries ``choice_reason``: why this mechanism was used."""
+    relaxed = relaxed_ordering_access(relaxed_ordering)
     access = PROBE_ACCESS if remote_write else LOCAL_ACCESS
+    with open_provider(spec, endpoint, length, access, relaxed) as memory:
+        yield memory
+
+
+def register(memory: MemoryProvider, pd, access: int, relaxed: int) -> None:
+    """Register with relaxed ordering where asked; a driver that refuses the flag (some
+    rxe kernels reject access bits they do not know with EOPNOTSUPP) gets the plain
+    registration, and the provider says which one it has."""
+    if relaxed:
+        try:
+            memory.register(pd, access | relaxed)
+            memory.relaxed_ordering = True
+            return
+        except GdrprobeError:
+            pass    # the plain registration below says what is wrong, if anything is
+    memory.register(pd, access)
+    memory.relaxed_ordering = False
+
+
+@contextlib.contextmanager
+def open_provider(spec: MemorySpec, endpoint, length: int, access: int, relaxed: int):
     if spec.kind == "host":
         with HostMemory(length, nic_numa_node(endpoint.device), spec.huge_pages) as memory:
-            memory.register(endpoint.pd, access)
+            register(memory, endpoint.pd, access, relaxed)
             yield memory
         return
-    with open_gpu_buffer(spec, endpoint, length, access) as memory:
+    with open_gpu_buffer(spec, endpoint, length, access, relaxed) as memory:
         yield memory
 
 
 @contextlib.contextmanager
-def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int):
+def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int, relaxed: int):
     nic = probe_nic_dmabuf(endpoint.pd) if spec.mechanism in ("auto", "dmabuf") else None
     # Say what the NIC allows before the GPU is even opened: on a machine without CUDA the
     # reason still reaches the report, as the error's first piece of evidence.
@@ -54,7 +89,7 @@ def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int):
         extra = {"pcie_mapping": spec.pcie_mapping} if mechanism == "dmabuf" else {}
         with PROVIDERS[mechanism](gpu, length, spec.memory_type, **extra) as memory:
             memory.choice_reason = reason
-            memory.register(endpoint.pd, access)
+            register(memory, endpoint.pd, access, relaxed)
             yield memory
 
 
@@ -63,4 +98,4 @@ def mechanism_for(spec: MemorySpec, attributes, nic) -> tuple[str, str]:
         return "staged", "staged requested: the bounce through pinned host memory"
     if spec.mechanism == "peermem":
         return "peermem", "peermem requested: the CUDA address registered as is"
-    return choose_mechanism(spec.mechanism, attributes, nic)
+    return choose_mechanism(spec.mechanism, attributes, nic, spec.memory_type)

@@ -1,9 +1,16 @@
 """The probe's one door to the CUDA driver: the GPU, its memory, DMA-BUF export, flushes.
 
 cuda-python is imported on first use (only a GPU arm needs it). Every driver call goes
-through :func:`check`, which turns an error CUresult into a :class:`GdrprobeError` naming
-the call and the error. Whatever is allocated is freed on every path: allocations and the
-device are context managers, and their ``close`` is idempotent.
+through :func:`call`, which turns an error CUresult into a :class:`GdrprobeError` naming
+the call and the error (:func:`check`), and an entry point the driver lacks into "the
+driver is too old" rather than a traceback. Whatever is allocated is freed on every path:
+allocations and the device are context managers, and their ``close`` is idempotent.
+
+Supported bindings: cuda-python 12.6.2.post1 (the first on PyPI with ``cuda.bindings``)
+up to 13.x. The 12.x line needs driver 525.60.13+, the 13.x line 580.65.06+ (cuda-bindings
+install notes), so the package depends on ``cuda-python>=12.6.2.post1,<13``: the line that
+runs on the R535-R570 drivers still in service and on newer ones. tests/cuda_standin runs
+every call here through the real bindings of each line (binding call shapes, not a GPU).
 
 The doctor's read-only facts (:func:`gpu_inventory`, used by :mod:`gdrprobe.doctor.gpu`)
 go through the same door.
@@ -15,22 +22,29 @@ import dataclasses
 import functools
 import mmap
 import re
-from typing import Callable
-
-from gdrprobe.errors import (ExitCode, GdrprobeError, MissingDependency, NotTestable,
+from gdrprobe.errors import (CudaError, GdrprobeError, MissingDependency, NotTestable,
                              ResourceLimit, UsageError)
 
 HOST_PAGE_BYTES = mmap.PAGESIZE
+# The GPU's page: nvidia-peermem pins whole 64 KiB pages (GPU_PAGE_SIZE in the driver's
+# nv-p2p.h), and perftest rounds cuMemAlloc to it for that reason (ACCEL_PAGE_SIZE in
+# src/cuda_memory.c). Allocations are whole GPU pages; what is registered is what the run
+# needs, so a registration never reaches past the allocation.
+GPU_PAGE_BYTES = 64 << 10
 
-CUDA_PYTHON_FIX = ("pip install cuda-python (into the environment gdrprobe runs from; "
-                   "12.6.1 or newer)")
+CUDA_PYTHON_FIX = ("pip install 'cuda-python>=12.6.2.post1,<13' into the environment gdrprobe "
+                   "runs from (the 13.x line needs driver 580.65.06 or newer)")
 NO_DRIVER_FIX = ("install the NVIDIA driver (libcuda.so.1) on a machine with a GPU, and in a "
                  "container run with the NVIDIA container runtime (--gpus all); without a GPU "
                  "only the host arm can run")
 NO_GPU_FIX = ("check that nvidia-smi lists the GPU and that CUDA_VISIBLE_DEVICES does not hide "
               "it; without a GPU only the host arm can run")
 DRIVER_MISMATCH_FIX = ("use a cuda-python whose major version the installed driver supports "
-                       "(cuda-bindings 12.x needs driver 525.60.13+, 13.x needs 580.65.06+)")
+                       "(cuda-bindings 12.x needs driver 525.60.13+, 13.x needs 580.65.06+), "
+                       "or upgrade the NVIDIA driver")
+UPGRADE_DRIVER_FIX = ("upgrade the NVIDIA driver ('nvidia-smi' shows its version; DMA-BUF export "
+                      "needs CUDA 11.7+, the PCIe mapping CUDA 12.8+)")
+GENERIC_FIX = "check dmesg for Xid errors and 'nvidia-smi' for the GPU's state"
 
 # CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: cuFlushGPUDirectRDMAWrites is available.
 FLUSH_OPTION_HOST = 1
@@ -39,26 +53,54 @@ WRITES_ORDERING_OWNER = 100
 PCIE_MAPPING_MIN_DRIVER = 12080
 
 
-class CudaError(GdrprobeError):
-    """A CUDA driver call failed; the run stops as it does when a verbs call fails."""
-
-    exit_code = ExitCode.RDMA
-
-
-# CUresult names that mean something a person can act on, beyond "this call failed".
+# CUresult names that mean something a person can act on, beyond "this call failed"
+# (meanings from the CUresult documentation in cuda.h / cuda.bindings.driver). Every other
+# result is a CudaError naming the call and the result.
 _RESULT_ERRORS: dict[str, tuple[type[GdrprobeError], str, str]] = {
     "CUDA_ERROR_NO_DEVICE": (NotTestable, "not testable: no GPU: the CUDA driver sees none",
                              NO_GPU_FIX),
     "CUDA_ERROR_OUT_OF_MEMORY": (ResourceLimit, "the GPU is out of memory",
                                  "free GPU memory (other processes: nvidia-smi) or use "
                                  "smaller sizes"),
-    "CUDA_ERROR_INSUFFICIENT_DRIVER": (NotTestable, "not testable: the CUDA driver is older "
-                                       "than cuda-python needs", DRIVER_MISMATCH_FIX),
+    "CUDA_ERROR_STUB_LIBRARY": (NotTestable, "not testable: the libcuda.so.1 loaded is the CUDA "
+                                "toolkit's stub, not the driver",
+                                "take the toolkit's lib64/stubs directory out of "
+                                "LD_LIBRARY_PATH so the driver's libcuda.so.1 loads"),
+    "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER": (NotTestable, "not testable: the CUDA driver is "
+                                              "older than this call needs", UPGRADE_DRIVER_FIX),
+    "CUDA_ERROR_DEVICE_UNAVAILABLE": (NotTestable, "not testable: the GPU is unavailable "
+                                      "(exclusive-process compute mode with another process on "
+                                      "it, or taken by another container)",
+                                      "check 'nvidia-smi -q -d COMPUTE' and the processes on "
+                                      "the GPU; set the compute mode to DEFAULT or free it"),
+    "CUDA_ERROR_SYSTEM_NOT_READY": (NotTestable, "not testable: the CUDA system is not ready: "
+                                    "on an NVSwitch system (HGX, DGX) the NVIDIA fabric "
+                                    "manager is not running or has not finished",
+                                    "systemctl enable --now nvidia-fabricmanager (its version "
+                                    "must equal the driver's); 'nvidia-smi -q' shows the "
+                                    "fabric state"),
     "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": (NotTestable, "not testable: the CUDA driver library "
-                                          "and kernel module versions differ",
+                                          "(libcuda.so.1) and the nvidia kernel module "
+                                          "versions differ",
                                           "reboot or reload the nvidia kernel module after a "
-                                          "driver upgrade"),
+                                          "driver upgrade; in a container, use the host's "
+                                          "driver libraries (NVIDIA container runtime)"),
+    "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE": (NotTestable, "not testable: the CUDA "
+                                                  "forward-compatibility libraries are in use "
+                                                  "and this GPU does not support them",
+                                                  "take cuda-compat's directory out of "
+                                                  "LD_LIBRARY_PATH (or remove the cuda-compat "
+                                                  "package) so the driver's own libcuda.so.1 "
+                                                  "loads"),
+    "CUDA_ERROR_MPS_CONNECTION_FAILED": (NotTestable, "not testable: CUDA MPS is configured "
+                                         "but its control daemon cannot be reached",
+                                         "start it (nvidia-cuda-mps-control -d) or unset "
+                                         "CUDA_MPS_PIPE_DIRECTORY"),
 }
+# What cuMemGetHandleForAddressRange returns where the platform or driver will not export
+# the range (e.g. the PCIe mapping on a system that refuses it): not a fault, the DMA-BUF
+# mechanism is simply not available here.
+DMABUF_REFUSALS = ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE")
 
 
 def result_name(err) -> str:
@@ -72,9 +114,25 @@ def check(result: tuple, what: str):
         return values[0] if values else None
     name = result_name(err)
     error_class, cause, fix = _RESULT_ERRORS.get(
-        name, (CudaError, "a CUDA driver call failed",
-               "check dmesg for Xid errors and 'nvidia-smi' for the GPU's state"))
+        name, (CudaError, "a CUDA driver call failed", GENERIC_FIX))
     raise error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")
+
+
+def attempt(module, name: str, *args) -> tuple:
+    """module.<name>(*args)'s raw result tuple. The bindings resolve every entry point when
+    they load the driver and raise RuntimeError when called for one it lacks (an old driver):
+    that is said as such."""
+    try:
+        return getattr(module, name)(*args)
+    except RuntimeError as error:
+        raise NotTestable(f"not testable: the CUDA driver has no {name} (it is older than "
+                          "this call needs)", UPGRADE_DRIVER_FIX,
+                          evidence=f"{name}: {error}") from error
+
+
+def call(module, name: str, *args, what: str = ""):
+    """The value of module.<name>(*args), or the error its result means (:func:`check`)."""
+    return check(attempt(module, name, *args), what or name)
 
 
 def import_driver():
@@ -107,8 +165,8 @@ def device_attribute(module, device, name: str) -> int | None:
     if attribute is None:
         return None
     try:
-        return int(check(module.cuDeviceGetAttribute(attribute, device),
-                         f"cuDeviceGetAttribute({name})"))
+        return int(call(module, "cuDeviceGetAttribute", attribute, device,
+                        what=f"cuDeviceGetAttribute({name})"))
     except GdrprobeError:
         return None
 
@@ -132,17 +190,31 @@ def initialised(module):
     try:
         init_result = module.cuInit(0)
     except RuntimeError as error:
-        # The bindings load libcuda lazily: without it the first call raises instead of
-        # returning a CUresult.
-        raise NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
-                          NO_DRIVER_FIX, evidence=f"cuInit(0): {error}") from error
+        raise unloadable_driver(error) from error
     check(init_result, "cuInit(0)")
     return module
 
 
+def unloadable_driver(error: RuntimeError) -> NotTestable:
+    """Why the bindings could not start the driver. They load libcuda.so.1 on the first
+    call and raise instead of returning a CUresult: DynamicLibNotFoundError (12.9, 13.x) or
+    "Failed to dlopen libcuda.so.1" (12.6) when there is none; "Failed to get
+    cuGetProcAddress_v2" (12.9, 13.x) or 'Function "cuGetProcAddress_v2" not found' (12.6)
+    when the driver predates CUDA 12.0, which these bindings need to resolve entry points."""
+    text = str(error)
+    evidence = f"cuInit(0): {type(error).__name__}: {text}"
+    if type(error).__name__ != "DynamicLibNotFoundError" and (
+            "cuGetProcAddress" in text or "not found" in text):
+        return NotTestable("not testable: the CUDA driver is too old for this cuda-python "
+                           "(it lacks an entry point the bindings need)", DRIVER_MISMATCH_FIX,
+                           evidence=evidence)
+    return NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
+                       NO_DRIVER_FIX, evidence=evidence)
+
+
 def driver_version() -> int:
     """The driver's CUDA version as an int, e.g. 12080 for 12.8."""
-    return int(check(driver().cuDriverGetVersion(), "cuDriverGetVersion()"))
+    return int(call(driver(), "cuDriverGetVersion", what="cuDriverGetVersion()"))
 
 
 # ---- device attributes --------------------------------------------------------------
@@ -186,22 +258,23 @@ def read_attributes(module, device) -> GpuAttributes:
 
 
 def device_name(module, device) -> str:
-    return c_string(check(module.cuDeviceGetName(256, device), "cuDeviceGetName"))
+    return c_string(call(module, "cuDeviceGetName", 256, device))
 
 
 def device_bus_id(module, device) -> str:
     """The PCI bus id as sysfs spells it."""
-    return sysfs_bdf(c_string(check(module.cuDeviceGetPCIBusId(64, device),
-                                    "cuDeviceGetPCIBusId")))
+    return sysfs_bdf(c_string(call(module, "cuDeviceGetPCIBusId", 64, device)))
 
 
 def device_facts(module, ordinal: int) -> dict:
     """What the doctor records about one GPU, as JSON-ready data."""
-    device = check(module.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+    device = call(module, "cuDeviceGet", ordinal, what=f"cuDeviceGet({ordinal})")
     return {"ordinal": ordinal, "name": device_name(module, device),
             "pci_bus_id": device_bus_id(module, device),
-            "total_memory_bytes": int(check(module.cuDeviceTotalMem(device),
-                                            "cuDeviceTotalMem")),
+            "total_memory_bytes": int(call(module, "cuDeviceTotalMem", device)),
+            # NCCL's send-side GDR default depends on it (paths.cc ncclTopoCheckGdr: sm80).
+            "compute_capability_major": device_attribute(module, device, "COMPUTE_CAPABILITY_MAJOR"),
+            "compute_capability_minor": device_attribute(module, device, "COMPUTE_CAPABILITY_MINOR"),
             **read_attributes(module, device).as_dict()}
 
 
@@ -209,8 +282,9 @@ def gpu_inventory(module=None) -> dict:
     """The driver's version and every GPU it sees (:func:`device_facts`); module replaces
     cuda-python's in tests. Raises the error that says why there is no driver."""
     module = driver() if module is None else initialised(module)
-    count = check(module.cuDeviceGetCount(), "cuDeviceGetCount()")
-    return {"driver_version": int(check(module.cuDriverGetVersion(), "cuDriverGetVersion()")),
+    count = call(module, "cuDeviceGetCount", what="cuDeviceGetCount()")
+    return {"driver_version": int(call(module, "cuDriverGetVersion",
+                                       what="cuDriverGetVersion()")),
             "gpus": [device_facts(module, ordinal) for ordinal in range(count)]}
 
 
@@ -239,19 +313,29 @@ def dmabuf_range(address: int, length: int, page: int = HOST_PAGE_BYTES) -> DmaB
 # ---- allocations ----------------------------------------------------------------------
 
 
-class CudaAllocation:
-    """One driver allocation; ``ptr`` works for copies and, under UVA, for verbs too."""
+def gpu_pages(length: int) -> int:
+    """length rounded up to whole GPU pages."""
+    return -(-length // GPU_PAGE_BYTES) * GPU_PAGE_BYTES
 
-    def __init__(self, ptr: int, length: int, memory_type: str, free: Callable[[], tuple]):
+
+class CudaAllocation:
+    """One driver allocation of ``allocated`` bytes, of which the run uses ``length``;
+    ``ptr`` works for copies and, under UVA, for verbs too."""
+
+    def __init__(self, gpu: "GpuDevice", ptr: int, length: int, allocated: int,
+                 memory_type: str, free_call: str):
         self.ptr = ptr
         self.length = length
+        self.allocated = allocated
         self.memory_type = memory_type
-        self._free = free
+        self._gpu = gpu
+        self._free_call = free_call
 
     def close(self) -> None:
-        if self._free is not None:
-            free, self._free = self._free, None
-            check(free(), f"freeing {self.memory_type} memory at {self.ptr:#x}")
+        if self._free_call is not None:
+            free_call, self._free_call = self._free_call, None
+            self._gpu.call(free_call, self.ptr,
+                           what=f"{free_call}({self.memory_type} memory at {self.ptr:#x})")
 
     def __enter__(self):
         return self
@@ -267,27 +351,32 @@ def is_bus_id(selector: str) -> bool:
     return ":" in selector
 
 
+# What cuDeviceGet / cuDeviceGetByPCIBusId return for a GPU that is not there.
+NO_SUCH_GPU = ("CUDA_ERROR_INVALID_DEVICE", "CUDA_ERROR_INVALID_VALUE")
+
+
 def find_device(module, selector: str):
     """The CUdevice for a CUDA ordinal ("0") or a full PCI bus id ("0000:3b:00.0")."""
     if is_bus_id(selector):
         what = f"cuDeviceGetByPCIBusId({selector!r})"
-        result = module.cuDeviceGetByPCIBusId(selector.encode())
+        result = attempt(module, "cuDeviceGetByPCIBusId", selector.encode())
     elif selector.isdigit():
         what = f"cuDeviceGet({selector})"
-        result = module.cuDeviceGet(int(selector))
+        result = attempt(module, "cuDeviceGet", int(selector))
     else:
         raise UsageError(f"{selector!r} is neither a CUDA ordinal nor a PCI bus id",
                          "pass a GPU as an ordinal (0) or a full bus id (0000:3b:00.0)")
-    if int(result[0]) != 0:
-        count = check(module.cuDeviceGetCount(), "cuDeviceGetCount()")
+    if result_name(result[0]) in NO_SUCH_GPU:
+        count = call(module, "cuDeviceGetCount", what="cuDeviceGetCount()")
         raise UsageError(f"no GPU {selector!r} ({what} returned {result_name(result[0])})",
                          f"this machine has {count} GPU(s): use an ordinal below {count} or a "
                          "bus id from 'nvidia-smi --query-gpu=pci.bus_id --format=csv'")
-    return result[1]
+    return check(result, what)
 
 
 class GpuDevice:
-    """A GPU with its primary context retained and current on the opening thread."""
+    """A GPU with its primary context retained. Contexts are current per thread, so every
+    call that needs one makes it current on the calling thread first (:meth:`call`)."""
 
     def __init__(self, module, device, selector: str):
         self._driver = module
@@ -297,8 +386,8 @@ class GpuDevice:
         self.name = device_name(module, device)
         self.bus_id = device_bus_id(module, device)
         self.attributes = read_attributes(module, device)
-        self._context = check(module.cuDevicePrimaryCtxRetain(device),
-                              f"cuDevicePrimaryCtxRetain({self.bus_id})")
+        self._context = call(module, "cuDevicePrimaryCtxRetain", device,
+                             what=f"cuDevicePrimaryCtxRetain({self.bus_id})")
         try:
             self.activate()
         except GdrprobeError:
@@ -306,8 +395,13 @@ class GpuDevice:
             raise
 
     def activate(self) -> None:
-        """Make this GPU's context current on the calling thread (contexts are per thread)."""
-        check(self._driver.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+        """Make this GPU's context current on the calling thread."""
+        call(self._driver, "cuCtxSetCurrent", self._context)
+
+    def call(self, name: str, *args, what: str = ""):
+        """A driver call with this GPU's context current (see :func:`call`)."""
+        self.activate()
+        return call(self._driver, name, *args, what=what)
 
     def describe(self) -> dict:
         return {"ordinal": self.ordinal, "name": self.name, "pci_bus_id": self.bus_id,
@@ -316,8 +410,8 @@ class GpuDevice:
     def close(self) -> None:
         if self._context is not None:
             self._context = None
-            check(self._driver.cuDevicePrimaryCtxRelease(self._device),
-                  f"cuDevicePrimaryCtxRelease({self.bus_id})")
+            call(self._driver, "cuDevicePrimaryCtxRelease", self._device,
+                 what=f"cuDevicePrimaryCtxRelease({self.bus_id})")
 
     def __enter__(self):
         return self
@@ -329,33 +423,32 @@ class GpuDevice:
 
     def alloc_device(self, length: int) -> CudaAllocation:
         d = self._driver
-        self.activate()
-        ptr = int(check(d.cuMemAlloc(length), f"cuMemAlloc({length})"))
-        allocation = CudaAllocation(ptr, length, "device", lambda: d.cuMemFree(ptr))
+        size = gpu_pages(length)
+        ptr = int(self.call("cuMemAlloc", size, what=f"cuMemAlloc({size})"))
+        allocation = CudaAllocation(self, ptr, length, size, "device", "cuMemFree")
         try:
             # Synchronous memory operations on this buffer: a copy issued after the NIC
             # wrote it sees the data, which the integrity check relies on.
-            check(d.cuPointerSetAttribute(
-                1, d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptr),
-                "cuPointerSetAttribute(SYNC_MEMOPS)")
+            self.call("cuPointerSetAttribute", 1,
+                      d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptr,
+                      what="cuPointerSetAttribute(SYNC_MEMOPS)")
         except GdrprobeError:
             allocation.close()
             raise
         return allocation
 
     def alloc_managed(self, length: int) -> CudaAllocation:
-        d = self._driver
-        self.activate()
-        ptr = int(check(d.cuMemAllocManaged(length, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL),
-                        f"cuMemAllocManaged({length})"))
-        return CudaAllocation(ptr, length, "managed", lambda: d.cuMemFree(ptr))
+        size = gpu_pages(length)
+        ptr = int(self.call("cuMemAllocManaged", size,
+                            self._driver.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL,
+                            what=f"cuMemAllocManaged({size})"))
+        return CudaAllocation(self, ptr, length, size, "managed", "cuMemFree")
 
     def alloc_pinned_host(self, length: int) -> CudaAllocation:
         d = self._driver
-        self.activate()
         flags = d.CU_MEMHOSTALLOC_PORTABLE | d.CU_MEMHOSTALLOC_DEVICEMAP
-        ptr = int(check(d.cuMemHostAlloc(length, flags), f"cuMemHostAlloc({length})"))
-        return CudaAllocation(ptr, length, "pinned-host", lambda: d.cuMemFreeHost(ptr))
+        ptr = int(self.call("cuMemHostAlloc", length, flags, what=f"cuMemHostAlloc({length})"))
+        return CudaAllocation(self, ptr, length, length, "pinned-host", "cuMemFreeHost")
 
     def allocate(self, memory_type: str, length: int) -> CudaAllocation:
         allocators = {"device": self.alloc_device, "managed": self.alloc_managed,
@@ -366,14 +459,12 @@ class GpuDevice:
         return allocators[memory_type](length)
 
     def copy_to_device(self, device_ptr: int, host_address: int, length: int) -> None:
-        self.activate()
-        check(self._driver.cuMemcpyHtoD(device_ptr, host_address, length),
-              f"cuMemcpyHtoD({length} bytes)")
+        self.call("cuMemcpyHtoD", device_ptr, host_address, length,
+                  what=f"cuMemcpyHtoD({length} bytes)")
 
     def copy_to_host(self, host_address: int, device_ptr: int, length: int) -> None:
-        self.activate()
-        check(self._driver.cuMemcpyDtoH(host_address, device_ptr, length),
-              f"cuMemcpyDtoH({length} bytes)")
+        self.call("cuMemcpyDtoH", host_address, device_ptr, length,
+                  what=f"cuMemcpyDtoH({length} bytes)")
 
     # -- DMA-BUF and flushes --
 
@@ -401,24 +492,34 @@ class GpuDevice:
                               "and Linux 5.12+; otherwise use the peermem mechanism")
         span = dmabuf_range(ptr, length)
         flags = self._dmabuf_flags(pcie_mapping)
+        what = (f"cuMemGetHandleForAddressRange({span.aligned_address:#x}, "
+                f"{span.aligned_length}, DMA_BUF_FD, flags={int(flags)})")
         self.activate()
-        fd = check(self._driver.cuMemGetHandleForAddressRange(
-            span.aligned_address, span.aligned_length,
-            self._driver.CUmemRangeHandleType.CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags),
-            f"cuMemGetHandleForAddressRange({span.aligned_address:#x}, {span.aligned_length}, "
-            f"DMA_BUF_FD, flags={int(flags)})")
-        return int(fd), span.offset
+        result = attempt(self._driver, "cuMemGetHandleForAddressRange", span.aligned_address,
+                         span.aligned_length,
+                         self._driver.CUmemRangeHandleType.CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                         flags)
+        name = result_name(result[0])
+        if name in DMABUF_REFUSALS:
+            mapping = " with the PCIe mapping" if pcie_mapping else ""
+            raise NotTestable(f"not testable: the driver will not export this GPU memory as "
+                              f"DMA-BUF{mapping} ({what} returned {name}): the DMA-BUF "
+                              "mechanism is not available here",
+                              "use the peermem mechanism (--mem peermem, nvidia-peermem "
+                              "loaded)" + (", or drop --dmabuf-pcie" if pcie_mapping else ""),
+                              evidence=f"{what}: {name}")
+        return int(check(result, what)), span.offset
 
     def flush_rdma_writes(self) -> bool:
         """Make RDMA writes into this GPU visible to later CUDA work; True if it flushed."""
         if not (self.attributes.flush_available and self.attributes.flush_needed):
             return False
         d = self._driver
-        self.activate()
-        check(d.cuFlushGPUDirectRDMAWrites(
+        self.call(
+            "cuFlushGPUDirectRDMAWrites",
             d.CUflushGPUDirectRDMAWritesTarget.CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
-            d.CUflushGPUDirectRDMAWritesScope.CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER),
-            "cuFlushGPUDirectRDMAWrites(CURRENT_CTX, TO_OWNER)")
+            d.CUflushGPUDirectRDMAWritesScope.CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+            what="cuFlushGPUDirectRDMAWrites(CURRENT_CTX, TO_OWNER)")
         return True
 
 

@@ -16,19 +16,17 @@ Also here: NCCL's NIC DMA-BUF probe and the choice between the mechanisms.
 
 from __future__ import annotations
 
-import errno
 import os
 import time
-from typing import NamedTuple
 
 from gdrprobe import _native
 from gdrprobe.errors import UsageError
-from gdrprobe.memory.causes import (errno_name, gpu_registration_failed,
-                                    host_registration_error, registration_cause)
+from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
 from gdrprobe.memory.cuda import GpuAttributes, dmabuf_range
+from gdrprobe.memory.nic_probe import NicDmaBufSupport
+from gdrprobe.memory.nic_probe import dmabuf_mr
 from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MECHANISMS, MEMORY_TYPES
-from gdrprobe.rdma import verbs
 
 
 
@@ -92,6 +90,12 @@ class GpuMemory(MemoryProvider):
     def flush_remote_writes(self) -> None:
         self.gpu.flush_rdma_writes()
 
+    # IBV_SEND_INLINE makes the CPU memcpy the payload from the SGE address: for DMA-BUF
+    # that is an IOVA (0 for a fresh allocation), for peermem a GPU address the CPU cannot
+    # map; and an inline write bypasses GPUDirect, so it would prove nothing either way.
+    # perftest forces inline off for CUDA buffers for the same reason (ctx_set_max_inline).
+    inline_capable = False
+
     def _refused(self, error: Exception) -> Exception:
         return gpu_registration_failed(error, self.mechanism,
                                        f"{self.length} bytes of GPU memory")
@@ -143,8 +147,7 @@ class DmaBufGpuMemory(GpuMemory):
         fd, offset = self.gpu.export_dmabuf(self.buffer.ptr, self.length, self.pcie_mapping)
         try:
             self._register_with(
-                lambda pv: pv.mr.DmaBufMR(pd, self.length, access, dmabuf=fd, offset=offset),
-                self._refused)
+                lambda pv: dmabuf_mr(pv, pd, self.length, access, fd, offset), self._refused)
         finally:
             # The MR holds its own reference to the DMA-BUF.
             os.close(fd)
@@ -180,6 +183,7 @@ class StagedGpuMemory(GpuMemory):
     """
 
     mechanism = "staged"
+    inline_capable = True     # the NIC sends from the pinned host copy
 
     @property
     def address(self) -> int:
@@ -221,41 +225,6 @@ PROVIDERS = {"dmabuf": DmaBufGpuMemory, "peermem": PeermemGpuMemory, "staged": S
 # ---- which mechanism ------------------------------------------------------------------
 
 
-class NicDmaBufSupport(NamedTuple):
-    supported: bool
-    errno: int | None
-    reason: str
-
-
-# NCCL's reading of ibv_reg_dmabuf_mr(fd=-1): these two mean the path does not exist.
-DMABUF_UNSUPPORTED_ERRNOS = (errno.EOPNOTSUPP, errno.EPROTONOSUPPORT)
-
-
-def interpret_nic_probe(error_code: int | None) -> NicDmaBufSupport:
-    """What the errno of a DMA-BUF registration with fd -1 says about the NIC."""
-    if error_code is None:
-        return NicDmaBufSupport(True, None, "the NIC registered a DMA-BUF with fd -1 (unexpected, "
-                                            "but the path exists)")
-    name = errno_name(error_code)
-    if error_code in DMABUF_UNSUPPORTED_ERRNOS:
-        return NicDmaBufSupport(False, error_code, "the NIC cannot register DMA-BUF: "
-                                f"ibv_reg_dmabuf_mr(fd=-1) failed with {name} "
-                                f"({registration_cause(error_code).cause})")
-    return NicDmaBufSupport(True, error_code, f"ibv_reg_dmabuf_mr(fd=-1) failed with {name}, "
-                                              "past the support check: the NIC path exists")
-
-
-def probe_nic_dmabuf(pd) -> NicDmaBufSupport:
-    """NCCL's probe: register a DMA-BUF with fd -1 and read the errno."""
-    pv = verbs.pyverbs()
-    try:
-        mr = pv.mr.DmaBufMR(pd, 0, 0, dmabuf=-1, offset=0)
-    except pv.PyverbsRDMAError as error:
-        return interpret_nic_probe(error.error_code)
-    mr.close()
-    return interpret_nic_probe(None)
-
-
 def gpu_dmabuf_reason(gpu_attrs: GpuAttributes | None) -> str:
     if gpu_attrs is None:
         return "the GPU's DMA-BUF support is unknown"
@@ -265,14 +234,21 @@ def gpu_dmabuf_reason(gpu_attrs: GpuAttributes | None) -> str:
 
 
 def choose_mechanism(requested: str, gpu_attrs: GpuAttributes | None,
-                     nic_probe: NicDmaBufSupport) -> tuple[str, str]:
-    """(mechanism, why): auto takes DMA-BUF when both the GPU and the NIC can, else peermem."""
+                     nic_probe: NicDmaBufSupport,
+                     memory_type: str = GPUDIRECT_PROOF_MEMORY) -> tuple[str, str]:
+    """(mechanism, why): auto takes DMA-BUF when both the GPU and the NIC can, else peermem.
+    Only device memory can be exported as DMA-BUF; auto registers managed and pinned-host
+    memory by address (peermem), and the verdict calls it memory that proves nothing."""
     if requested not in MECHANISMS:
         raise UsageError(f"unknown registration mechanism {requested!r}",
                          f"use one of: {', '.join(MECHANISMS)}")
     gpu_reason = gpu_dmabuf_reason(gpu_attrs)
     if requested != "auto":
         return requested, f"{requested} requested; {gpu_reason}; {nic_probe.reason}"
+    if memory_type != GPUDIRECT_PROOF_MEMORY:
+        return "peermem", (f"auto: {memory_type} memory cannot be exported as DMA-BUF, so its "
+                           "address is registered as is (memory that proves nothing about "
+                           "GPUDirect)")
     gpu_can = gpu_attrs is not None and bool(gpu_attrs.dma_buf_supported)
     if gpu_can and nic_probe.supported:
         return "dmabuf", f"auto: {gpu_reason} and {nic_probe.reason}"

@@ -77,7 +77,8 @@ class MemoryProvider(abc.ABC):
     def report(self) -> dict:
         """The description plus why this provider was chosen, where something chose it."""
         reason = self.choice_reason
-        return self.describe() | ({"mechanism_reason": reason} if reason else {})
+        return (self.describe() | {"relaxed_ordering": self.relaxed_ordering}
+                | ({"mechanism_reason": reason} if reason else {}))
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -86,6 +87,10 @@ class MemoryProvider(abc.ABC):
     lkey: int = 0
     rkey: int = 0
     choice_reason: str = ""   # why this provider was chosen (set by gdrprobe.memory.buffers)
+    relaxed_ordering: bool = False   # registered with IBV_ACCESS_RELAXED_ORDERING
+    # Whether IBV_SEND_INLINE may send from this buffer: inline has the CPU copy the payload
+    # from the SGE address, so only memory the CPU reads where verbs addresses it qualifies.
+    inline_capable: bool = True
 
     def _register_with(self, create_mr: Callable, failure: Callable[[Exception], Exception]) -> None:
         """Register through create_mr(pyverbs) and keep the MR and its keys; a refusal

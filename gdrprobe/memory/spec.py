@@ -39,6 +39,9 @@ class MemorySpec:
         if self.memory_type not in MEMORY_TYPES:
             raise UsageError(f"unknown GPU memory type {self.memory_type!r}",
                              f"use one of: {', '.join(MEMORY_TYPES)}")
+        if self.mechanism == "dmabuf" and self.memory_type != GPUDIRECT_PROOF_MEMORY:
+            raise UsageError(f"DMA-BUF export needs device memory, not {self.memory_type}",
+                             "use --mem gpu or --mem peermem for that memory type")
 
     @classmethod
     def from_choice(cls, choice: str, **details) -> "MemorySpec":

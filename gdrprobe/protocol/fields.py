@@ -6,7 +6,12 @@ message ends as a :class:`PeerError` naming the field, never as a traceback.
 
 from __future__ import annotations
 
+import math
+import unicodedata
+
 from gdrprobe.errors import PeerError
+
+PEER_TEXT_CHARS = 200
 
 
 def field(message: dict, name: str, kind: type, *, low=None, high=None, default=...):
@@ -14,11 +19,14 @@ def field(message: dict, name: str, kind: type, *, low=None, high=None, default=
     if name not in message:
         if default is not ...:
             return default
-        raise PeerError(f"peer message {message.get('type')!r} lacks {name!r}", "")
+        raise PeerError(f"peer message {peer_text(message.get('type'), 40)!r} lacks {name!r}",
+                        "")
     value = message[name]
     if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
         expected = getattr(kind, "__name__", "number")
         raise PeerError(f"peer message field {name!r} is not a {expected}", "")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PeerError(f"peer message field {name!r} is not a finite number", "")
     if kind is str and len(value) > 4096:
         raise PeerError(f"peer message field {name!r} is too long", "")
     if low is not None and value < low or high is not None and value > high:
@@ -32,3 +40,13 @@ def int_list(message: dict, name: str, *, low: int, high: int, max_items: int) -
         raise PeerError(f"peer message field {name!r} has {len(values)} items "
                         f"(1 to {max_items} allowed)", "")
     return [field({name: v}, name, int, low=low, high=high) for v in values]
+
+
+def peer_text(value, limit: int = PEER_TEXT_CHARS) -> str:
+    """Text a peer sent, safe to log or show: every control or format character (newlines,
+    ANSI escapes, bidirectional overrides) shown as '?', and at most `limit` characters, so
+    a peer can neither forge lines of our output nor flood it."""
+    text = value if isinstance(value, str) else "" if value is None else repr(value)
+    cut = len(text) > limit
+    text = "".join("?" if unicodedata.category(ch)[0] == "C" else ch for ch in text[:limit])
+    return text + "..." if cut else text

@@ -58,7 +58,7 @@ def read_port(ctx, device: str, port: int, root: SysRoot) -> PortInfo:
         max_mtu_bytes=verbs.mtu_bytes(attr.max_mtu),
         active_speed=f"{lane_gbps} Gbps" if lane_gbps else f"unknown ({attr.active_speed})",
         active_width=f"{lanes}X" if lanes else f"unknown ({attr.active_width})",
-        rate_gbps=lane_gbps * lanes if lane_gbps and lanes else None,
+        rate_gbps=verbs.port_rate_gbps(attr),
         lid=attr.lid,
         gids=read_gids(ctx, device, port, attr, root),
     )

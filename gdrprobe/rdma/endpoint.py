@@ -81,6 +81,23 @@ def choose_gid(ctx, port: int, port_attr, local_ip: str | None, gid_index: int |
                    "--gid-index (see 'gdrprobe devices')")
 
 
+def check_queue_limits(device: str, device_attr, options: EndpointOptions) -> None:
+    """The queue depths against the device's limits (ibv_query_device), before any object
+    is created, naming the limit that is exceeded."""
+    entries = options.tx_depth * options.num_qps + 1   # the shared CQ, one spare
+    problems = []
+    if options.tx_depth > device_attr.max_qp_wr:
+        problems.append(f"TX depth {options.tx_depth} is over {device}'s max_qp_wr "
+                        f"{device_attr.max_qp_wr}")
+    if entries > device_attr.max_cqe:
+        problems.append(f"TX depth x QPs + 1 = {entries} completion entries is over "
+                        f"{device}'s max_cqe {device_attr.max_cqe}")
+    if options.num_qps > device_attr.max_qp:
+        problems.append(f"{options.num_qps} QPs is over {device}'s max_qp {device_attr.max_qp}")
+    if problems:
+        raise UsageError("; ".join(problems), "lower --tx-depth (-t) or --qp (-q)")
+
+
 class Endpoint:
     """One device context with a PD, a shared CQ and num_qps RC QPs in INIT state."""
 
@@ -115,21 +132,44 @@ class Endpoint:
                            "for RoCE) and check 'gdrprobe devices'")
         self.gid_index, self.gid = choose_gid(self.ctx, options.port, self.port_attr, local_ip,
                                               options.gid_index, self.device)
+        check_queue_limits(self.device, device_attr, options)
         self.pd = self._keep(pv.pd.PD(self.ctx))
         self.cq = self._keep(pv.cq.CQ(self.ctx, options.tx_depth * options.num_qps + 1))
         try:
             for _ in range(options.num_qps):
-                self.qps.append(self._keep(self._create_qp(pv)))
+                self.qps.append(self._keep(self._create_qp(pv, options.max_inline)))
         except pv.PyverbsRDMAError as error:
+            if options.max_inline and not self._takes_inline(pv, options.max_inline):
+                largest = self._largest_inline(pv, options.max_inline)
+                raise UsageError(f"{self.device} takes at most {largest} inline bytes per "
+                                 f"message (max_inline_data); {options.max_inline} were asked",
+                                 f"use -I {largest} or less") from error
             raise RdmaError(f"creating an RC QP on {self.device} failed",
-                            "lower --tx-depth or --qps; check the locked-memory limit "
-                            "('gdrprobe doctor')", evidence=str(error).splitlines()[0]) from error
+                            "check the locked-memory limit ('gdrprobe doctor') and 'dmesg'",
+                            evidence=str(error).splitlines()[0]) from error
         self.psns = tuple(secrets.randbelow(1 << 24) for _ in self.qps)
 
-    def _create_qp(self, pv):
+    def _takes_inline(self, pv, max_inline: int) -> bool:
+        """Whether a QP with this inline size can be created (verbs has no attribute for
+        the device's largest: trying is the only way to know)."""
+        try:
+            self._create_qp(pv, max_inline, tx_depth=1).close()
+            return True
+        except pv.PyverbsRDMAError:
+            return False
+
+    def _largest_inline(self, pv, refused: int) -> int:
+        """The largest inline size below `refused` the device takes (a bisection)."""
+        low, high = 0, refused   # low is taken (0 always is), high is not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self._takes_inline(pv, middle) else (low, middle)
+        return low
+
+    def _create_qp(self, pv, max_inline: int, tx_depth: int | None = None):
         e = pv.enums
-        cap = pv.qp.QPCap(max_send_wr=self.options.tx_depth, max_recv_wr=1, max_send_sge=1,
-                          max_recv_sge=1, max_inline_data=self.options.max_inline)
+        cap = pv.qp.QPCap(max_send_wr=tx_depth or self.options.tx_depth, max_recv_wr=1,
+                          max_send_sge=1, max_recv_sge=1, max_inline_data=max_inline)
         init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap,
                                 sq_sig_all=0)
         attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT, port_num=self.options.port)

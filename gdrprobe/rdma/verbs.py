@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import re
 
-from gdrprobe.errors import MissingDependency, NoDevice
+from gdrprobe.errors import MissingDependency, NoDevice, NoRdmaDevice
 
 PYVERBS_FIX = (
     "install rdma-core's Python bindings (Debian/Ubuntu: apt-get install python3-pyverbs; "
@@ -33,6 +34,13 @@ NODE_TYPES = {1: "CA", 2: "switch", 3: "router", 4: "RNIC", 5: "usNIC", 6: "usNI
 SPEED_GBPS = {1: 2.5, 2: 5.0, 4: 10.0, 8: 10.3125, 16: 14.0625, 32: 25.78125, 64: 50.0,
               128: 100.0, 256: 200.0}
 WIDTH_LANES = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
+
+
+def port_rate_gbps(port_attr) -> float | None:
+    """The port's signalling rate (speed per lane x lanes), None when verbs does not say."""
+    lane_gbps = SPEED_GBPS.get(port_attr.active_speed)
+    lanes = WIDTH_LANES.get(port_attr.active_width)
+    return lane_gbps * lanes if lane_gbps and lanes else None
 IBV_PORT_ACTIVE = 4
 LINK_LAYER_ETHERNET = 2
 GID_TYPE_SYSFS_ROCE_V2 = 1  # ibv_query_gid_type's enum (not ibv_gid_type's)
@@ -65,18 +73,31 @@ def pyverbs():
 
 
 def devices() -> dict:
-    """The RDMA devices the verbs library sees, by name; NoDevice when there are none."""
+    """The RDMA devices the verbs library sees, by name; NoRdmaDevice when there are none."""
     pv = pyverbs()
     try:
         listed = pv.device.get_device_list()
     except pv.PyverbsError as error:
-        raise NoDevice("no RDMA device found: the verbs library could not list devices",
-                       NO_DEVICE_FIX, evidence=str(error).splitlines()[0]) from error
+        raise NoRdmaDevice("no RDMA device found: the verbs library could not list devices",
+                           NO_DEVICE_FIX, evidence=str(error).splitlines()[0]) from error
     if not listed:
-        raise NoDevice("no RDMA device found", NO_DEVICE_FIX,
-                       evidence="ibv_get_device_list returned an empty list")
+        raise NoRdmaDevice("no RDMA device found", NO_DEVICE_FIX,
+                           evidence="ibv_get_device_list returned an empty list")
     # pyverbs 44 names devices in bytes, later versions in str.
     return {d.name.decode() if isinstance(d.name, bytes) else d.name: d for d in listed}
+
+
+def rdma_core_version() -> str | None:
+    """The rdma-core release of the libibverbs this process loaded (through pyverbs): its
+    file is libibverbs.so.1.<ABI minor>.<rdma-core version> (rdma-core's
+    libibverbs/CMakeLists.txt, Documentation/versioning.md). None when it cannot be seen."""
+    pyverbs()
+    try:
+        with open("/proc/self/maps") as maps:
+            found = re.search(r"libibverbs\.so\.1\.\d+\.(\d+\.\d+)", maps.read())
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 def device_names() -> list[str]:

@@ -1,7 +1,7 @@
 """The one report model: everything a user sees is one of these dataclasses.
 
 JSON output is this model serialised by :func:`to_json`; field names carry their
-units (``bandwidth_gbps``, ``latency_us_p99``). Renderers format these objects;
+units (``bandwidth_avg_gbps``, ``latency_us_p99``). Renderers format these objects;
 they never build their own dictionaries.
 """
 
@@ -48,10 +48,28 @@ class Finding:
 
 
 @dataclasses.dataclass(frozen=True)
+class NcclGpuDecision:
+    """What NCCL will do with one GPU's network traffic, decided by NCCL's rules (doctor)."""
+
+    gpu: str                      # GPU0, GPU1, ... in PCI bus order
+    gpu_bdf: str
+    nic: str | None               # the NIC channel 0 uses; None: no NIC NCCL may use
+    path: str                     # direct, pxn (through an NVLink peer), c2c (Grace), none
+    via_gpu: str | None           # pxn: bus id of the peer GPU whose NIC it is
+    path_type: str | None         # NCCL's path type (PIX, PXB, P2C, PXN, PHB, SYS)
+    bandwidth_gbs: float          # NCCL's path bandwidth, GB/s
+    gdr_write: bool               # receives: the NIC writes GPU memory directly
+    gdr_read: bool                # sends: the NIC reads GPU memory directly
+    why: tuple[str, ...]
+    candidates: tuple[str, ...]   # NICs NCCL rates equal; channels take them in turn
+
+
+@dataclasses.dataclass(frozen=True)
 class DoctorReport:
     kind = "doctor"
     root: str
     findings: tuple[Finding, ...]
+    nccl: tuple[NcclGpuDecision, ...] = ()
 
 
 # ---- RDMA device inventory -------------------------------------------------
@@ -135,6 +153,15 @@ class Integrity:
     first_bad_offset: int | None
     stray_bytes: int               # bytes past the message that were written
     first_stray_offset: int | None
+    messages_checked: int = 1      # the last this many messages of the size were checked,
+    messages_total: int = 1        # of this many (each in its own slot of the buffer)
+    bad_messages: int = 0          # of those checked, how many had a wrong byte
+
+    @property
+    def coverage(self) -> str:
+        if self.messages_checked >= self.messages_total:
+            return f"checked {self.messages_checked}/{self.messages_total} messages"
+        return f"checked the last {self.messages_checked} of {self.messages_total} messages"
 
     @property
     def ok(self) -> bool:
@@ -152,6 +179,8 @@ class BandwidthResult:
     bandwidth_peak_mib_s: float
     message_rate_mpps: float
     integrity: Integrity
+    # A staged side's GPU<->host copies of one message, as a rate (None without staging).
+    stage_copy_gbps: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +224,8 @@ class RunSettings:
     cq_moderation: int
     post_list: int
     mtu_bytes: int
+    inline_bytes: int = 0          # messages up to this size were posted inline
+    inline_note: str = ""          # why inline was forced off (a GPU source buffer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +237,8 @@ class RunReport:
     handle_route: str              # how the raw verbs handles were found
     bandwidth: tuple[BandwidthResult, ...]
     latency: tuple[LatencyResult, ...]
+    # The server's doctor findings about its own GPU buffer's path (empty for host memory).
+    remote_findings: tuple[Finding, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +254,9 @@ class ArmReport:
     mechanism_reason: str
     detail: str                    # the error, when the arm did not run
     fix: str
+    # The staged arm only: per repeat, what a perfect bounce pipeline reaches (the lower of
+    # the measured copy rate and the host arm's bandwidth); bandwidths_gbps is serialised.
+    pipelined_bound_gbps: tuple[float, ...] = ()
 
 
 # ---- the A/B's verdict -----------------------------------------------------------
@@ -276,7 +312,134 @@ class CheckReport:
     verdict: Verdict
     arms: tuple[ArmReport, ...]
     settings: RunSettings
-    repeats: int
+    repeats: int                   # repeats run (the host arm's runs)
+    placement: RankPair | None = None   # the GPU and NIC gdrprobe.check() chose, and why
+
+
+# ---- the pair a rank will use (gdrprobe.measure.gate) --------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPair:
+    """The GPU and NIC a check measured, and why: in a job, the pair its rank will use."""
+
+    rank: str                      # "LOCAL_RANK=3", "SLURM_LOCALID=1"; "" outside a job
+    cuda_ordinal: int | None       # the GPU's number among those this process sees
+    gpu: str                       # what the GPU arm opened: a PCI bus id, or the ordinal
+    gpu_reason: str
+    nic: str | None                # None: the first RDMA device
+    nic_reason: str
+    time_budget_s: float | None = None
+    elapsed_s: float | None = None  # the whole check, doctor and set-up included
+
+
+# ---- the benchmark sweep (gdrprobe.measure.bench) -------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRow:
+    """One size of one run of the sweep, or why that run could not be made.
+
+    Bandwidth rows fill the bandwidth fields, latency rows (host memory: the CPU polls)
+    the latency fields; the rest stay None, so both kinds share one CSV header."""
+
+    mode: str                      # bandwidth | latency
+    gpu: str                       # the GPU's PCI bus id (or CUDA ordinal); "" for host memory
+    nic: str
+    memory: str                    # host | dmabuf | peermem | staged
+    qps: int
+    size_bytes: int
+    outcome: str                   # measured | not testable | registration failed | failed
+    iterations: int | None = None
+    elapsed_s: float | None = None
+    bandwidth_avg_gbps: float | None = None
+    bandwidth_peak_gbps: float | None = None
+    message_rate_mpps: float | None = None
+    gpu_host_ratio: float | None = None        # over the host row of the same NIC, QPs, size
+    line_rate_fraction: float | None = None    # average bandwidth over the port's rate
+    latency_us_min: float | None = None
+    latency_us_median: float | None = None
+    latency_us_mean: float | None = None
+    latency_us_stdev: float | None = None
+    latency_us_p99: float | None = None
+    latency_us_p999: float | None = None
+    latency_us_max: float | None = None
+    detail: str = ""                # the error, when the run did not measure
+    fix: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchPair:
+    """One GPU-NIC pair of the sweep and the verdict its largest size gives."""
+
+    gpu: str
+    nic: str
+    nic_reason: str                # why this NIC: NCCL's choice, --matrix, the only device
+    line_rate_gbps: float | None   # the port's speed x width
+    verdict: Verdict | None        # None when no GPU memory kind was swept
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchEnvironment:
+    """What produced the numbers, so two sweeps can be compared."""
+
+    hostname: str
+    kernel: str
+    gdrprobe_version: str
+    rdma_core_version: str | None
+    cuda_python_version: str | None
+    cuda_driver_version: int | None   # CUDA's encoding: 12080 is 12.8
+    nvidia_driver_version: str | None
+    gpus: tuple[dict, ...]         # the CUDA driver's inventory (name, bus id, attributes)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSettings:
+    sizes_bytes: tuple[int, ...]
+    memory_kinds: tuple[str, ...]
+    qps: tuple[int, ...]
+    matrix: bool
+    iterations: int
+    duration_s: float | None
+    warmup_s: float
+    tx_depth: int
+    cq_moderation: int
+    latency_iterations: int        # 0: no latency rows
+    threshold: float
+    ib_port: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineChange:
+    """A row that fell against the baseline by more than the allowed drop."""
+
+    row: BenchRow                  # as measured now
+    before: float                  # the baseline's Gb/s (bandwidth) or median us (latency)
+    change: float | None           # now / before - 1 (None: not measured now)
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineComparison:
+    source: str
+    max_drop: float                # the allowed fall, as a fraction
+    compared: int                  # rows found in both
+    not_in_this_run: int           # baseline rows this sweep did not measure
+    changes: tuple[BaselineChange, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchReport:
+    kind = "bench"
+    environment: BenchEnvironment
+    devices: tuple[DeviceInfo, ...]
+    settings: BenchSettings
+    pairs: tuple[BenchPair, ...]
+    rows: tuple[BenchRow, ...]
+    interrupted: bool              # Ctrl-C: the rows measured until then
+    wall_s: float
+    measured_s: float              # the sum of the measurement windows
+    baseline: BaselineComparison | None = None
 
 
 # ---- what an NCCL log proves (gdrprobe.nccl.log) ------------------------------------
@@ -332,3 +495,34 @@ class NcclLogReport:
     dmabuf_gpus: tuple[int, ...]
     conclusions: tuple[str, ...]
     cannot_conclude: tuple[str, ...]
+
+
+# ---- every pair of nodes of a job (gdrprobe.measure.cluster) ---------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterPair:
+    """One pair's probe, from the client rank's node to the server rank's."""
+
+    client_rank: int
+    server_rank: int
+    client_node: str
+    server_node: str
+    host_gbps: float | None = None     # the host arm (median of its repeats)
+    gpu_gbps: float | None = None      # the GPU arm, where it ran
+    ratio: float | None = None         # GPU/host, as the verdict computed it
+    verdict: str | None = None         # engaged | degraded | not engaged | not testable
+    error: str = ""                    # why the pair could not be measured
+    exit_code: int = 0                 # the pair's own: the verdict's, or the error's
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterReport:
+    kind = "cluster"
+    ranks: int
+    pattern: str                       # all | ring
+    pairs: tuple[ClusterPair, ...]
+    median_host_gbps: float | None
+    slow_fraction: float               # below this fraction of the median a pair is slow
+    flagged: tuple[str, ...]           # the pairs that need a look, and why
+    exit_code: int

@@ -3,8 +3,9 @@ Renderers format; they never decide."""
 
 from __future__ import annotations
 
-from gdrprobe.report.model import (CheckReport, DeviceReport, DoctorReport, Finding,
-                                   NcclLogReport, RunReport, Status)
+from gdrprobe.report.model import (CheckReport, ClusterPair, ClusterReport, DeviceReport,
+                                   DoctorReport, Finding, NcclLogReport, RankPair, RunReport,
+                                   Status)
 
 
 def render_devices(report: DeviceReport) -> str:
@@ -35,7 +36,8 @@ def render_endpoints(report: RunReport) -> list[str]:
         qpns = ",".join(f"0x{q:06x}" for q in end.qp_numbers)
         lines.append(f" {role:<6} {end.host}  {end.device} port {end.port}  GID[{end.gid_index}]"
                      f" {end.gid}  MTU {end.mtu_bytes}  QPN {qpns}  memory "
-                     f"{end.memory.get('kind', '?')}")
+                     f"{end.memory.get('kind', '?')}"
+                     + ("  relaxed ordering" if end.memory.get("relaxed_ordering") else ""))
     return lines
 
 
@@ -44,7 +46,9 @@ def render_run(report: RunReport, gbits: bool = False) -> str:
     title = "RDMA_Write BW Test" if s.mode == "bandwidth" else "RDMA_Write Latency Test"
     lines = [RULE, f" {title} (gdrprobe, in-process)",
              f" QPs {s.qps}  TX depth {s.tx_depth}  CQ moderation {s.cq_moderation}"
-             f"  post list {s.post_list}  MTU {s.mtu_bytes}  handles via {report.handle_route}",
+             f"  post list {s.post_list}  MTU {s.mtu_bytes}  inline {s.inline_bytes} B"
+             f"  handles via {report.handle_route}",
+             *([f" {s.inline_note}"] if s.inline_note else []),
              *render_endpoints(report), RULE]
     if report.bandwidth:
         unit = "Gb/sec" if gbits else "MiB/sec"
@@ -77,7 +81,9 @@ def rate(value: float) -> str:
 
 
 def integrity_word(integrity) -> str:
-    return "ok" if integrity.ok else "CORRUPT"
+    """ok or CORRUPT, and the messages checked of those sent ("ok 64/1000": the last 64)."""
+    word = "ok" if integrity.ok else "CORRUPT"
+    return f"{word} {integrity.messages_checked}/{integrity.messages_total}"
 
 
 def render_check(report: CheckReport) -> str:
@@ -88,11 +94,16 @@ def render_check(report: CheckReport) -> str:
     if v.ratio is not None:
         lines.append(f" GPU/host bandwidth {v.ratio:.2f} (per repeat {v.ratio_min:.2f}.."
                      f"{v.ratio_max:.2f}; engaged at >= {v.threshold:.2f})")
+    if report.placement is not None:
+        lines += render_placement(report.placement)
     lines.append(RULE)
     lines.append(f" {'arm':<9} {'outcome':<20} {'size[B]':<9} Gb/s per repeat")
     for arm in report.arms:
         rates = " ".join(f"{b:.3f}" for b in arm.bandwidths_gbps) or "-"
         lines.append(f" {arm.arm:<9} {arm.outcome:<20} {arm.size_bytes:<9} {rates}")
+        if arm.pipelined_bound_gbps:
+            bound = " ".join(f"{b:.3f}" for b in arm.pipelined_bound_gbps)
+            lines.append(f" {'':<9} {'pipelined bound':<20} {arm.size_bytes:<9} {bound}")
         for text in (arm.mechanism_reason, arm.detail):
             if text:
                 lines.append(f"           {text}")
@@ -105,6 +116,14 @@ def render_check(report: CheckReport) -> str:
         lines.append(f" fix: {v.fix}")
     lines.append(RULE)
     return "\n".join(lines)
+
+
+def render_placement(pair: RankPair) -> list[str]:
+    """Which GPU and NIC gdrprobe.check() measured, why, and how long it took."""
+    budget = f" of a {pair.time_budget_s:g} s budget" if pair.time_budget_s else ""
+    return [f" GPU {pair.gpu}: {pair.gpu_reason}",
+            f" NIC {pair.nic or '(the first RDMA device)'}: {pair.nic_reason}",
+            f" {pair.elapsed_s:.1f} s{budget}, doctor and set-up included"]
 
 
 def render_nccl_log(report: NcclLogReport) -> str:
@@ -171,4 +190,64 @@ def render_doctor(report: DoctorReport) -> str:
             group = finding.group
             lines += ["", f"== {group} =="]
         lines += render_finding(finding)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + render_nccl_decisions(report)) + "\n"
+
+
+def render_nccl_decisions(report: DoctorReport) -> list[str]:
+    """One line per GPU: the NIC NCCL uses, the path, GDR for receives and sends."""
+    if not report.nccl:
+        return []
+    names = {d.gpu_bdf: d.gpu for d in report.nccl}
+    rows = [("GPU", "bus id", "NIC", "path", "GDR recv", "GDR send")]
+    for d in report.nccl:
+        path = {"pxn": f"PXN via {names.get(d.via_gpu, d.via_gpu)}", "c2c": "C2C (P2C)",
+                "none": "-"}.get(d.path, f"direct {d.path_type}")
+        rows.append((d.gpu, d.gpu_bdf, d.nic or "-", path, "yes" if d.gdr_write else "no",
+                     "yes" if d.gdr_read else "no"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["", "== what NCCL will do, per GPU =="] + [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+# ---- the cluster matrix ---------------------------------------------------------------
+
+
+def render_cluster(report: ClusterReport) -> str:
+    """Host Gb/s from each client rank (row) to each server rank (column), and the verdict
+    of each pair where a GPU arm ran."""
+    cells = {(p.client_rank, p.server_rank): p for p in report.pairs}
+    width = 12
+    lines = [f" {report.ranks} ranks, pattern {report.pattern}: host Gb/s, client rank (row) "
+             "-> server rank (column)", RULE,
+             (" " * 9 + "".join(f"{'rank ' + str(s):<{width}}"
+                                for s in range(report.ranks))).rstrip()]
+    for client in range(report.ranks):
+        row = "".join(f"{_cluster_cell(cells.get((client, server))):<{width}}"
+                      for server in range(report.ranks))
+        lines.append(f" rank {client:<2} {row}".rstrip())
+    lines.append(RULE)
+    nodes = {p.client_rank: p.client_node for p in report.pairs}
+    nodes.update({p.server_rank: p.server_node for p in report.pairs})
+    lines += [f" rank {rank}: {node}" for rank, node in sorted(nodes.items())]
+    verdicts = [p for p in report.pairs if p.verdict]
+    if verdicts:
+        lines.append(" GPUDirect RDMA per pair:")
+        lines += [f"   {p.client_rank}->{p.server_rank}: {p.verdict}"
+                  + (f" (GPU/host {p.ratio:.2f})" if p.ratio is not None else "")
+                  for p in verdicts]
+    if report.flagged:
+        lines.append(" needs a look:")
+        lines += [f"   - {text}" for text in report.flagged]
+    else:
+        lines.append(" every pair measured, none slow")
+    lines.append(RULE)
+    return "\n".join(lines)
+
+
+def _cluster_cell(pair: ClusterPair | None) -> str:
+    if pair is None:
+        return "-"
+    if pair.error:
+        return "failed"
+    return rate(pair.host_gbps) if pair.host_gbps is not None else "?"
+

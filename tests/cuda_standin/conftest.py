@@ -83,7 +83,10 @@ class Standin:
 def standin():
     STANDIN.standin_reset()
     yield Standin(STANDIN)
+    # Every test: no call that needs a context was made without one current.
+    without = STANDIN.standin_calls_without_context()
     STANDIN.standin_reset()
+    assert without == 0, f"{without} driver calls were made with no context current"
 
 
 def run_fresh(code: str, variant: str | None = "", before: str = "",

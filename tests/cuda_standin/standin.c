@@ -546,8 +546,8 @@ static CUresult copy_checked(void *to, const void *from, size_t length, CUdevice
 {
     if (!to || !from)
         return INVALID_VALUE;
-    struct allocation *a = allocation_holding(device_side, length);
-    if (!a || a->kind == KIND_HOST)
+    /* Under UVA a pinned host allocation (DEVICEMAP) is a valid device-side address too. */
+    if (!allocation_holding(device_side, length))
         return INVALID_VALUE;
     memmove(to, from, length);
     return SUCCESS;

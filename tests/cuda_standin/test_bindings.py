@@ -218,8 +218,8 @@ def test_every_result_of_each_call_is_a_named_error(standin, call):
     outcomes = {}
     for result in results():
         standin.reset()
-        standin.fail(call, result, 1)
         with cuda.open_gpu("0") as gpu:
+            standin.fail(call, result, 1)
             try:
                 ACTIONS[call](gpu)
                 outcome = "handled"          # e.g. an attribute read as "unknown"

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,6 +36,17 @@ def rdma_resources() -> dict[str, int]:
             if token in fields:
                 counts[token] = int(fields[fields.index(token) + 1])
     return counts
+
+
+def wait_for_run(qps: int = 3, timeout: float = 120) -> None:
+    """Wait until this guest holds `qps` QPs (the kernel's own one included: 3 = both ends
+    of a one-QP run), then a moment more: the run is then inside its loop, however slowly
+    the guest started the processes."""
+    deadline = time.monotonic() + timeout
+    while rdma_resources().get("qp", 0) < qps:
+        assert time.monotonic() < deadline, "the run did not reach its loop"
+        time.sleep(0.2)
+    time.sleep(1)
 
 
 class Server:

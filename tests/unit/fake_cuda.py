@@ -18,6 +18,8 @@ class FakeResult(enum.IntEnum):
 
 
 class CUdevice_attribute(enum.IntEnum):
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS = 117
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118
@@ -48,7 +50,7 @@ class FakeDriver:
     def __init__(self, attributes=None, fail=(), unknown=(), name=b"Fake H100",
                  bus_id=b"00000000:3B:00.0", driver_version=12080):
         # Attribute values by number; those in `unknown` are absent from an older driver.
-        self.attributes = {116: 1, 117: 1, 118: 0, 124: 1, **(attributes or {})}
+        self.attributes = {75: 9, 76: 0, 116: 1, 117: 1, 118: 0, 124: 1, **(attributes or {})}
         for number in unknown:
             del self.attributes[number]
         self.name, self.bus_id, self.version = name, bus_id, driver_version

@@ -4,10 +4,12 @@ evidence, the verdict reached. run_once is the seam: here it returns recorded ru
 import pytest
 
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.measure.ab import plan_arms, run_ab
-from gdrprobe.errors import NoDevice, NotTestable, RegistrationFailed
-from gdrprobe.report.model import (BandwidthResult, EndpointSummary, Integrity, RunReport,
-                             RunSettings)
+from gdrprobe.measure.ab import StopSampling, plan_arms, run_ab
+from gdrprobe.errors import (CompletionError, CudaError, IntegrityError, NoDevice,
+                             NoRdmaDevice, NotTestable, RegistrationFailed)
+from gdrprobe.protocol.messages import findings_from_message, findings_message
+from gdrprobe.report.model import (BandwidthResult, EndpointSummary, Finding, Integrity,
+                                   RunReport, RunSettings, Status)
 
 HOST = MemorySpec()
 GPU = MemorySpec.from_choice("gpu")
@@ -71,13 +73,13 @@ def test_no_cuda_driver_is_not_testable_and_the_arm_is_tried_once():
                         evidence="auto fell back to peermem: the NIC cannot register DMA-BUF")
     run_once, calls = fake_probe(gpu_error=error)
     report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=3)
-    assert calls == ["host", "gpu", "host", "host"]
+    assert calls == ["host", "gpu"]          # the verdict is known: no further host runs
     assert report.verdict.classification == "not testable"
     assert report.verdict.exit_code == 9
     gpu_arm = report.arms[1]
     assert gpu_arm.outcome == "not testable" and "no CUDA driver" in gpu_arm.detail
     assert "cannot register DMA-BUF" in gpu_arm.mechanism_reason
-    assert report.arms[0].bandwidths_gbps == (100.0, 100.0, 100.0)
+    assert report.arms[0].bandwidths_gbps == (100.0,) and report.repeats == 1
 
 
 def test_refused_registration_is_not_engaged_with_the_cause():
@@ -96,3 +98,230 @@ def test_a_host_arm_failure_is_the_run_failure():
 
     with pytest.raises(NoDevice):
         run_ab(run_once, plan_arms(GPU, HOST, False), repeats=1)
+
+
+def test_no_rdma_device_under_a_gpu_arm_is_not_testable():
+    def run_once(local, remote):
+        raise NoRdmaDevice("no RDMA device found", "load the RDMA driver")
+
+    with pytest.raises(NotTestable, match="not testable: no RDMA device found") as raised:
+        run_ab(run_once, plan_arms(GPU, HOST, False), repeats=3)
+    assert raised.value.exit_code == 9 and raised.value.fix == "load the RDMA driver"
+
+
+def test_a_failed_direct_arm_ends_the_ab_after_the_repeat_it_failed_in():
+    error = NotTestable("not testable: no CUDA driver", "install the driver")
+    run_once, calls = fake_probe(gpu_error=error)
+    report = run_ab(run_once, plan_arms(GPU, HOST, True), repeats=3)
+    assert calls == ["host", "gpu", "staged"]
+    assert report.verdict.classification == "not testable"
+
+
+def sequence_probe(gpu_rates):
+    """run_once whose GPU arm measures the given rates in turn (host: 100 Gb/s)."""
+    rates = iter(gpu_rates)
+    calls = []
+
+    def run_once(local, remote):
+        calls.append(local.label)
+        if local.kind == "host":
+            return recorded_run(100.0, {"kind": "host"})
+        return recorded_run(next(rates), {"kind": "gpu", "mechanism": "dmabuf"})
+
+    return run_once, calls
+
+
+def test_with_min_repeats_sampling_stops_once_the_ratios_are_clear():
+    run_once, calls = sequence_probe([97.0, 98.0, 96.0])
+    report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=5, min_repeats=2)
+    assert calls == ["host", "gpu"] * 2 and report.repeats == 2
+    assert report.verdict.classification == "engaged" and not report.verdict.inconclusive
+
+
+def test_ratios_that_straddle_the_threshold_keep_sampling_to_the_ceiling():
+    run_once, calls = sequence_probe([85.0, 95.0, 93.0])
+    report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=3, min_repeats=2)
+    assert calls == ["host", "gpu"] * 3
+    assert report.verdict.inconclusive and report.verdict.ratio == pytest.approx(0.93)
+
+
+def test_stop_sampling_classifies_what_was_measured():
+    run_once, calls = sequence_probe([97.0, 97.0])
+
+    def budgeted(local, remote):
+        if len(calls) == 3:
+            raise StopSampling("the time budget holds no further run")
+        return run_once(local, remote)
+
+    report = run_ab(budgeted, plan_arms(GPU, HOST, False), repeats=3)
+    assert calls == ["host", "gpu", "host"] and report.repeats == 2
+    assert report.arms[1].bandwidths_gbps == (97.0,)
+    assert report.verdict.classification == "engaged"
+
+
+# ---- the GPU arm as it meets a real machine (issue 9) ----------------------------------
+
+MANAGED = MemorySpec.from_choice("gpu", memory_type="managed")
+
+
+def probe_by_mechanism(outcomes: dict, calls: list):
+    """run_once whose GPU arms end as outcomes[mechanism] says: a bandwidth, or an error."""
+    def run_once(local: MemorySpec, remote: MemorySpec) -> RunReport:
+        calls.append(local.mechanism if local.kind == "gpu" else "host")
+        if local.kind == "host":
+            return recorded_run(100.0, {"kind": "host"})
+        outcome = outcomes[local.mechanism]
+        if isinstance(outcome, Exception):
+            raise outcome
+        mechanism = "peermem" if local.mechanism == "auto" else local.mechanism
+        return recorded_run(outcome, {"kind": "gpu", "mechanism": mechanism,
+                                      "memory_type": local.memory_type})
+    return run_once
+
+
+def test_managed_memory_in_auto_mode_is_memory_that_proves_nothing():
+    calls = []
+    report = run_ab(probe_by_mechanism({"auto": 99.0}, calls), plan_arms(MANAGED, HOST, False),
+                    repeats=2)
+    assert report.verdict.classification == "not testable"
+    assert report.verdict.likely_causes[0].startswith("memory that proves nothing")
+    assert report.verdict.exit_code == 9
+    assert calls == ["host", "auto"] * 2
+
+
+def test_a_cuda_error_in_the_gpu_arm_is_its_outcome_and_the_other_arms_run():
+    refused = CudaError("a CUDA driver call failed (cuMemGetHandleForAddressRange(...) "
+                        "returned CUDA_ERROR_UNKNOWN)", "check dmesg for Xid errors")
+    calls = []
+    run_once = probe_by_mechanism({"dmabuf": refused, "staged": 60.0}, calls)
+    report = run_ab(run_once, plan_arms(MemorySpec.from_choice("dmabuf"), HOST, True),
+                    repeats=2)
+    assert report.verdict.classification == "not testable"
+    assert "cuMemGetHandleForAddressRange" in report.verdict.likely_causes[0]
+    dmabuf = report.arms[1]
+    assert dmabuf.outcome == "not testable" and "CUDA_ERROR_UNKNOWN" in dmabuf.detail
+    assert report.arms[2].bandwidths_gbps == (60.0,)        # the staged arm still ran
+    assert report.arms[0].bandwidths_gbps == (100.0,)
+
+
+@pytest.mark.parametrize("error, evidence_words", [
+    (IntegrityError("payload corrupted at 8388608 B on the server: 8388608 of 8388608 bytes "
+                    "wrong, first at offset 0", "check the IOMMU"), "first at offset 0"),
+    (CompletionError("the 8388608-byte bandwidth round failed", "see dmesg",
+                     evidence="work completion status 4 (local protection error), vendor "
+                              "error 0x56, QP 0x11"), "work completion status 4"),
+])
+def test_a_broken_data_path_after_a_passing_host_arm_is_not_engaged(error, evidence_words):
+    error.mechanism = "peermem"           # as the client names the GPU side's mechanism
+    calls = []
+    report = run_ab(probe_by_mechanism({"auto": error}, calls), plan_arms(GPU, HOST, False),
+                    repeats=3)
+    verdict = report.verdict
+    assert verdict.classification == "not engaged" and verdict.mechanism == "peermem"
+    assert verdict.likely_causes[0].startswith("the data path is broken")
+    assert any(c.startswith("ACS") for c in verdict.likely_causes)
+    assert any(c.startswith("IOMMU") for c in verdict.likely_causes)
+    assert any(evidence_words in line for line in verdict.evidence)
+    assert report.arms[1].outcome == "data path broken"
+    assert report.arms[0].bandwidths_gbps == (100.0,)       # the host result is kept
+    assert calls == ["host", "auto"]                        # no point in repeating it
+
+
+def test_the_host_arms_corruption_stays_the_runs_error():
+    def run_once(local, remote):
+        raise IntegrityError("payload corrupted at 8388608 B on the server", "suspect the NIC")
+
+    with pytest.raises(IntegrityError):
+        run_ab(run_once, plan_arms(GPU, HOST, False), repeats=1)
+
+
+def test_the_staged_arm_competes_with_its_pipelined_bound_and_reports_both():
+    import dataclasses
+
+    def run_once(local: MemorySpec, remote: MemorySpec) -> RunReport:
+        if local.kind == "host":
+            return recorded_run(100.0, {"kind": "host"})
+        if local.mechanism == "staged":
+            run = recorded_run(40.0, {"kind": "gpu", "mechanism": "staged"})
+            row = dataclasses.replace(run.bandwidth[-1], stage_copy_gbps=70.0)
+            return dataclasses.replace(run, bandwidth=(row,))
+        return recorded_run(60.0, {"kind": "gpu", "mechanism": "dmabuf"})
+
+    report = run_ab(run_once, plan_arms(GPU, HOST, True), repeats=2)
+    staged = report.arms[2]
+    assert staged.bandwidths_gbps == (40.0, 40.0)            # serialised, as measured
+    assert staged.pipelined_bound_gbps == (70.0, 70.0)       # min(copy 70, host 100)
+    assert staged.detail.startswith("serialised")
+    verdict = report.verdict
+    assert verdict.classification == "degraded"
+    assert any("no faster than the staged bounce" in line and "0.70" in line
+               for line in verdict.evidence)
+    assert any(line.startswith("staged: pipelined bound") for line in verdict.evidence)
+
+
+# ---- the GPU on the server: its doctor's findings travel in the handshake --------------
+
+SERVER_ACS = Finding("acs.bridge", "acs", Status.FAIL, "ACS redirect on 0000:3a:00.0 (server)",
+                     fix="setpci -s 0000:3a:00.0 ECAP_ACS+0x6.w=0000")
+
+
+def test_the_servers_findings_survive_the_wire_and_bad_ones_are_refused():
+    from gdrprobe.errors import PeerError
+    assert findings_from_message({"findings": findings_message([SERVER_ACS])}) == (SERVER_ACS,)
+    assert findings_from_message({}) == ()
+    bad = findings_message([SERVER_ACS])
+    bad[0]["status"] = "great"
+    with pytest.raises(PeerError):
+        findings_from_message({"findings": bad})
+    with pytest.raises(PeerError):
+        findings_from_message({"findings": findings_message([SERVER_ACS]) * 40})
+
+
+def test_a_remote_gpu_is_judged_by_the_servers_findings():
+    import dataclasses
+
+    def run_once(local: MemorySpec, remote: MemorySpec) -> RunReport:
+        if remote.kind == "host":
+            return recorded_run(100.0, {"kind": "host"})
+        run = recorded_run(50.0, {"kind": "host"})
+        gpu_remote = dataclasses.replace(run.remote, memory={"kind": "gpu",
+                                                              "mechanism": "dmabuf"})
+        return dataclasses.replace(run, remote=gpu_remote, remote_findings=(SERVER_ACS,))
+
+    report = run_ab(run_once, plan_arms(HOST, MemorySpec.from_choice("dmabuf"), False),
+                    repeats=1)
+    assert report.verdict.classification == "degraded"
+    assert any("ACS" in c and "confirmed by doctor" in c and "(server)" in c
+               for c in report.verdict.likely_causes)
+    assert "setpci" in report.verdict.fix
+
+
+def test_a_broken_remote_data_path_keeps_the_servers_findings_from_the_error():
+    error = IntegrityError("payload corrupted at 8388608 B on the server: all wrong, first at "
+                           "offset 0", "check the IOMMU")
+    error.mechanism, error.remote_findings = "dmabuf", (SERVER_ACS,)
+
+    def run_once(local: MemorySpec, remote: MemorySpec) -> RunReport:
+        if remote.kind == "host":
+            return recorded_run(100.0, {"kind": "host"})
+        raise error
+
+    report = run_ab(run_once, plan_arms(HOST, MemorySpec.from_choice("dmabuf"), False),
+                    repeats=1)
+    assert report.verdict.likely_causes[0].startswith("the data path is broken")
+    assert any("(server)" in c for c in report.verdict.likely_causes)
+
+
+def test_a_gpu_arm_the_budget_never_reached_is_not_testable_and_says_why():
+    run_once, calls = sequence_probe([97.0])
+
+    def budgeted(local, remote):
+        if calls:
+            raise StopSampling("the time budget of 10 s holds no further run")
+        return run_once(local, remote)
+
+    report = run_ab(budgeted, plan_arms(GPU, HOST, False), repeats=3)
+    assert report.arms[1].outcome == "not testable"
+    assert "time budget of 10 s holds no further run" in report.arms[1].detail
+    assert report.verdict.classification == "not testable"
+    assert report.verdict.fix == "give the check a larger time budget"

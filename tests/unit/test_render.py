@@ -13,4 +13,4 @@ def test_bandwidth_table_rows():
     text = render_run(recorded_run(97.5, {"kind": "host"}), gbits=True)
     assert "BW average[Gb/sec]" in text
     row = [line for line in text.splitlines() if line.startswith(" 8388608")][0]
-    assert row.split()[:4] == ["8388608", "100", "97.50", "97.50"] and row.endswith("ok")
+    assert row.split()[:4] == ["8388608", "100", "97.50", "97.50"] and row.endswith("ok 1/1")

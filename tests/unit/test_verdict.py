@@ -199,8 +199,54 @@ def test_managed_or_host_memory_is_not_a_gpudirect_proof(kind):
     fast = ArmMeasurement("peermem", DMABUF_LINE_RATE.bandwidths_gbps, "peermem", memory_kind=kind)
     verdict = classify(HOST_400G, [fast])
     assert verdict.classification == NOT_TESTABLE
-    assert f"{kind} memory, which is not a GPUDirect proof" in verdict.likely_causes[0]
+    assert verdict.likely_causes[0].startswith("memory that proves nothing")
+    assert f"used {kind} memory" in verdict.likely_causes[0]
     assert any("not a GPUDirect proof" in line for line in verdict.evidence)
+
+
+@pytest.mark.parametrize("kind", ["managed", "pinned-host"])
+def test_a_refused_registration_of_managed_memory_still_proves_nothing(kind):
+    refused = ArmMeasurement("peermem", (), "peermem", memory_kind=kind,
+                             registration_errno=errno.EFAULT)
+    verdict = classify(HOST_400G, [refused])
+    assert verdict.classification == NOT_TESTABLE
+    assert verdict.likely_causes[0].startswith("memory that proves nothing")
+    assert verdict.exit_code == ExitCode.NOT_TESTABLE
+
+
+# ---- not engaged: the data path is broken -----------------------------------------
+
+CORRUPT = ("payload corrupted at 1048576 B on the server: 1048576 of 1048576 bytes wrong, "
+           "first at offset 0")
+IOMMU_FAIL = finding("iommu.domain", Status.FAIL, "0000:3b:00.0 is in a DMA (translating) "
+                     "domain", fix="boot with iommu=pt")
+
+
+def test_a_broken_data_path_is_not_engaged_with_acs_and_iommu_as_causes():
+    broken = ArmMeasurement("dmabuf", (), "dmabuf", data_path_error=CORRUPT)
+    verdict = classify(HOST_400G, [broken], doctor_findings=(ACS_FAIL, IOMMU_FAIL))
+    assert verdict.classification == NOT_ENGAGED and verdict.mechanism == "dmabuf"
+    assert verdict.likely_causes[0].startswith("the data path is broken")
+    assert any("ACS" in c and "confirmed by doctor" in c for c in verdict.likely_causes)
+    assert any("IOMMU" in c and "confirmed by doctor" in c for c in verdict.likely_causes)
+    assert any(c.startswith("root complex") for c in verdict.likely_causes)
+    assert "setpci" in verdict.fix and "iommu=pt" in verdict.fix
+    assert f"dmabuf: {CORRUPT}" in verdict.evidence       # the offsets are the evidence
+    assert verdict.exit_code == ExitCode.VERDICT_NOT_OK
+
+
+def test_a_failed_completion_with_acs_cleared_leaves_iommu_and_root_complex():
+    wc = ("the 1048576-byte bandwidth round failed; work completion status 4 "
+          "(local protection error)")
+    broken = ArmMeasurement("peermem", (), "peermem", data_path_error=wc)
+    clear = (finding("acs.bridge", Status.OK, "no ACS redirect"),)
+    verdict = classify(HOST_400G, [broken], doctor_findings=clear)
+    assert verdict.classification == NOT_ENGAGED
+    assert "ruled out by doctor: ACS" in verdict.evidence
+    assert not any(c.startswith("ACS") for c in verdict.likely_causes)
+    assert any(c.startswith("IOMMU") and "possible" in c for c in verdict.likely_causes)
+    assert "run 'gdrprobe doctor'" in verdict.fix
+    assert any("work completion status 4" in line for line in verdict.evidence)
 
 
 def test_no_gpu_arm_is_not_testable():

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from tests.lab.helpers import client, gdrprobe, gdrprobe_json, rdma_resources
+from tests.lab.helpers import client, gdrprobe, gdrprobe_json, rdma_resources, wait_for_run
 from tests.lab.loopback.conftest import TOKEN
 
 LONG_RUN = ("127.0.0.1", "--token", TOKEN, "-s", "65536", "-D", "60", "--timeout", "5")
 
 
-def wait_until_running(seconds: float = 4.0) -> None:
-    time.sleep(seconds)   # past setup, inside the timed loop
+def wait_until_running() -> None:
+    wait_for_run()   # past set-up, inside the timed loop
 
 
 def assert_server_still_serves():

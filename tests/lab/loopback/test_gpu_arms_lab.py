@@ -6,7 +6,7 @@ import errno
 import json
 
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
-from gdrprobe.memory.gpu import probe_nic_dmabuf
+from gdrprobe.memory.nic_probe import probe_nic_dmabuf
 from tests.lab.helpers import gdrprobe, rdma_resources
 from tests.lab.loopback.conftest import TOKEN
 
@@ -29,7 +29,8 @@ def test_auto_falls_back_with_the_reason_and_the_gpu_arm_is_not_testable(baselin
     assert report["kind"] == "check"
     assert report["verdict"]["classification"] == "not testable"
     host, gpu, staged = report["arms"]
-    assert host["outcome"] == "measured" and len(host["bandwidths_gbps"]) == 2
+    # The GPU arm cannot run: the verdict is known after one host run (issue 12).
+    assert host["outcome"] == "measured" and len(host["bandwidths_gbps"]) == 1
     assert all(rate > 0 for rate in host["bandwidths_gbps"])
     assert gpu["outcome"] == "not testable" and "no CUDA driver" in gpu["detail"]
     assert "auto fell back to peermem" in gpu["mechanism_reason"]

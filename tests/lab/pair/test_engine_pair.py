@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.lab.helpers import client, gdrprobe, gdrprobe_json, rdma_resources
+from tests.lab.helpers import client, gdrprobe, gdrprobe_json, rdma_resources, wait_for_run
 
 HOST_B = "10.77.0.2"
 TOKEN = "pair-token-0123456789"
@@ -52,10 +52,12 @@ def test_latency_host_to_host(server_on_b):
 
 def test_server_killed_mid_run_ends_the_client_with_a_peer_error(server_on_b):
     running = client(HOST_B, "--token", TOKEN, "-s", "65536", "-D", "60", "--timeout", "5")
-    time.sleep(6)
+    wait_for_run(qps=2)   # this host's QP (and the kernel's): the client is in its loop
     server_on_b.call("signal", name="serve", signal=signal.SIGKILL)
+    killed = time.monotonic()
     _, stderr = running.communicate(timeout=90)
     assert running.returncode == 5, stderr
+    assert time.monotonic() - killed < 5, stderr    # the heartbeat or the QP says so
     assert rdma_resources_settle(lambda: resources_on_b(server_on_b))
 
 
@@ -71,7 +73,7 @@ def rdma_resources_settle(read, tries: int = 20) -> bool:
 
 def test_client_killed_mid_run_leaves_the_server_serving(server_on_b):
     running = client(HOST_B, "--token", TOKEN, "-s", "65536", "-D", "60", "--timeout", "5")
-    time.sleep(6)
+    wait_for_run(qps=2)
     running.kill()
     running.wait()
     report = gdrprobe_json("run", HOST_B, "--token", TOKEN, "-s", "512", "-n", "10")

@@ -82,13 +82,15 @@ def nic_probe(tree: machines.SysfsTree, results: dict[str, int | None]) -> None:
 
 
 def nvml_facts(tree: machines.SysfsTree, gpus: list[str], nvlink: dict[str, list[str]] | None = None,
-               c2c: bool = False, bar1_total: int = 128 << 30) -> None:
+               c2c: bool = False, bar1_total: int = 128 << 30, ancestors: dict | None = None) -> dict:
     """What nvidia-ml-py reads, in the shape the capture stores (see gdrprobe.doctor.nvml)."""
     entries = [{"pci_bus_id": bdf, "bar1_total_bytes": bar1_total, "bar1_used_bytes": 64 << 20,
                 "persistence_mode": True, "c2c_link_count": 10 if c2c else 0,
                 "nvlink_remote_bus_ids": (nvlink or {}).get(bdf, [])}
                for bdf in gpus]
-    tree.write(f"{CAPTURE}/nvml.json", json.dumps({"driver_version": "570.86.15", "gpus": entries}))
+    facts = {"driver_version": "570.86.15", "gpus": entries, "common_ancestor": ancestors or {}}
+    tree.write(f"{CAPTURE}/nvml.json", json.dumps(facts))
+    return facts
 
 
 # ---- machines ---------------------------------------------------------------------------
@@ -133,9 +135,9 @@ def gh200(root) -> machines.SysfsTree:
     tree = machines.SysfsTree(root)
     tree.cpuinfo(hypervisor=False)
     gpu_host = tree.host_bridge(0x09, numa=0, cpus="0-71", domain=9)
-    gpu = tree.gpu(tree.bridge(gpu_host, "0009:00:00.0", vendor=machines.NVIDIA), "0009:01:00.0")
+    gpu = tree.gpu(tree.bridge(gpu_host, "0009:00:01.0", vendor=machines.NVIDIA), "0009:01:00.0")
     nic_host = tree.host_bridge(0x00, numa=0, cpus="0-71", domain=0)
-    tree.nic(tree.bridge(nic_host, "0000:00:00.0", vendor=machines.NVIDIA), "0000:01:00.0", "mlx5_0")
+    tree.nic(tree.bridge(nic_host, "0000:00:01.0", vendor=machines.NVIDIA), "0000:01:00.0", "mlx5_0")
     links_everywhere(tree)
     port_rate(tree, "mlx5_0", 400)
     stack(tree, driver=OPEN_DRIVER.replace("x86_64", "aarch64"), kernel="6.8.0-1013-nvidia-64k")
@@ -211,4 +213,21 @@ def slow_nic_nearer(root) -> machines.SysfsTree:
     port_rate(tree, "mlx5_0", 100)
     port_rate(tree, "mlx5_1", 400)
     healthy_stack(tree, [gpu], ["mlx5_0", "mlx5_1"])
+    return tree
+
+
+def pix_and_pxb(root) -> machines.SysfsTree:
+    """GPU0 shares a switch with mlx5_0 (PIX); GPU1 is two switches from mlx5_1 (PXB)."""
+    tree = machines.SysfsTree(root)
+    machines.pix_pair(tree, 0x18, numa=0, ibdev="mlx5_0")
+    host = tree.host_bridge(0x98, numa=1, cpus="56-111")
+    root_port = tree.bridge(host, "0000:98:01.0", vendor=machines.INTEL)
+    left, right = tree.switch(root_port, "0000:99:00.0", ["0000:9a:00.0", "0000:9a:01.0"])
+    (gpu_port,) = tree.switch(left, "0000:9b:00.0", ["0000:9c:00.0"])
+    tree.gpu(gpu_port, "0000:9d:00.0")
+    tree.nic(right, "0000:9e:00.0", "mlx5_1")
+    links_everywhere(tree)
+    for nic in ("mlx5_0", "mlx5_1"):
+        port_rate(tree, nic, 400)
+    healthy_stack(tree, gpu_bdfs(tree), ["mlx5_0", "mlx5_1"])
     return tree

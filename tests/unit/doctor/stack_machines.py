@@ -25,6 +25,20 @@ def write(root, path: str, text: str = "") -> None:
         handle.write(text)
 
 
+class DenyingRoot(SysRoot):
+    """A root where some files exist but may not be read, as for a non-root user (the tests
+    run as root, for whom chmod changes nothing)."""
+
+    def __init__(self, root: str, denied: set[str]):
+        super().__init__(root)
+        self.deny = denied
+
+    def open(self, path: str):
+        if path in self.deny:
+            raise PermissionError(13, "Permission denied", self.host_path(path))
+        return super().open(path)
+
+
 def context(root, environ: dict[str, str] | None = None, topology=None) -> DoctorContext:
     ctx = DoctorContext(SysRoot(str(root)), environ=environ or {})
     ctx.topology = topology or FakeTopology()
@@ -63,7 +77,8 @@ def legacy_inventory(root) -> DoctorContext:
 
 
 def peermem_unregistered(root) -> DoctorContext:
-    """The legacy node after the GPU driver was installed before OFED: module loads, never registers."""
+    """A /sys/module/nvidia_peermem directory without its version file (a module unloading):
+    none of NCCL's three peer-memory files exists."""
     write(root, "/proc/driver/nvidia/version", PROPRIETARY_DRIVER)
     write(root, "/proc/sys/kernel/osrelease", "4.18.0-553.el8_10.x86_64")
     module(root, "mlx_compat")

@@ -5,6 +5,7 @@ from gdrprobe.doctor.context import DoctorContext
 from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines
+from tests.unit.doctor.stack_machines import DenyingRoot
 
 
 def run(tmp_path):
@@ -66,3 +67,41 @@ def test_no_gpu_skips(tmp_path):
     machines.SysfsTree(tmp_path)
     (finding,) = run(tmp_path)
     assert finding.status is Status.SKIP
+
+
+EGRESS_CTRL = 1 << 5
+
+
+def set_egress(tree, bdf: str, vector: int) -> None:
+    """EgressCtrl on, with the 256-bit Egress Control Vector (ACSCap size field 0) holding ``vector``."""
+    tree.set_acs(bdf, EGRESS_CTRL)
+    config = bytearray(tree.path(tree.devices[bdf] + "/config").read_bytes())
+    start = machines.ACS_OFFSET + 8
+    config[start:start + 32] = vector.to_bytes(32, "little")
+    tree.write(tree.devices[bdf] + "/config", bytes(config))
+
+
+def test_egress_control_with_a_port_in_its_vector_fails(tmp_path):
+    """Was: ignored (only ReqRedir/CmpltRedir counted)."""
+    tree = machines.pix_node(tmp_path, pairs=1)
+    set_egress(tree, "0000:1a:00.0", 0b10)
+    (failing,) = [f for f in run(tmp_path) if f.status is Status.FAIL]
+    assert "(EC) blocks or redirects peer traffic of GPU0-mlx5_0" in failing.summary
+    assert failing.evidence[0].value.endswith("EgressCtrl+ DirectTrans-; Egress Control Vector 0x2")
+    assert "ECAP_ACS+0x6.w=0000" in failing.fix
+
+
+def test_egress_control_with_an_empty_vector_is_clear(tmp_path):
+    tree = machines.pix_node(tmp_path, pairs=1)
+    set_egress(tree, "0000:1a:00.0", 0)
+    (finding,) = run(tmp_path)
+    assert finding.status is Status.OK
+    assert "Egress Control Vector 0x0" in " ".join(e.value for e in finding.evidence)
+
+
+def test_config_space_refused_to_this_user_says_permission_denied(tmp_path):
+    machines.acs_node(tmp_path, pairs=1)
+    denied = {pci.config_path(bdf) for bdf in ("0000:19:00.0", "0000:1a:00.0", "0000:1a:01.0")}
+    (finding,) = acs.check(DoctorContext(DenyingRoot(str(tmp_path), denied), {}))
+    assert finding.status is Status.SKIP and "root" in finding.fix
+    assert {e.value for e in finding.evidence} == {"permission denied"}

@@ -39,6 +39,8 @@ def test_collect_from_driver_is_json_and_sysfs_spelled():
     assert only["name"] == "NVIDIA H100 80GB HBM3"
     assert only["gpu_direct_rdma_supported"] == 1
     assert only["dma_buf_supported"] is None
+    # NCCL's send-side GDR default depends on it (sm80).
+    assert (only["compute_capability_major"], only["compute_capability_minor"]) == (9, 0)
 
 
 def test_collect_without_libcuda_keeps_the_reason():

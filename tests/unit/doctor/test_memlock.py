@@ -37,10 +37,48 @@ def test_docker_container_gets_the_ulimit_fix(tmp_path):
     assert "--ulimit memlock=-1:-1" in by_id(memlock.check(ctx))["memlock.limit"].fix
 
 
-def test_cap_ipc_lock_lifts_a_low_limit(tmp_path):
-    found = by_id(memlock.check(memlock_machine(tmp_path, "65536", "65536", cap_eff=CAP_IPC_LOCK_ONLY)))
+def test_cap_ipc_lock_lifts_a_low_limit_for_this_process_only(tmp_path):
+    """Was: OK and nothing else. A root doctor passes because of its capability; the users
+    of the host get the 64 KiB the kernel (before 5.16) gives, and their jobs will fail."""
+    ctx = memlock_machine(tmp_path, "65536", "65536", cap_eff=CAP_IPC_LOCK_ONLY)
+    write(tmp_path, "/proc/sys/kernel/osrelease", "5.15.0-118-generic")
+    found = by_id(memlock.check(ctx))
     assert found["memlock.limit"].status is Status.OK
-    assert "CAP_IPC_LOCK lifts it" in found["memlock.limit"].summary
+    assert "holds CAP_IPC_LOCK, which lifts it" in found["memlock.limit"].summary
+    jobs = found["memlock.jobs"]
+    assert jobs.status is Status.FAIL
+    assert jobs.summary.startswith("a job without CAP_IPC_LOCK gets memlock 64 KiB from the kernel's default")
+    assert ("/proc/sys/kernel/osrelease", "5.15.0-118-generic: kernel default 64 KiB") in [
+        (e.source, e.value) for e in jobs.evidence]
+    assert "/etc/security/limits.conf" in jobs.fix
+
+
+def test_root_doctor_reads_what_limits_conf_gives_users(tmp_path):
+    ctx = memlock_machine(tmp_path, "unlimited", "unlimited", cap_eff=f"{(1 << 41) - 1:016x}")
+    write(tmp_path, "/etc/security/limits.conf", "# defaults\n*    hard    memlock    65536\n")
+    write(tmp_path, "/etc/security/limits.d/90-rdma.conf", "*  -  memlock  131072   # 128 MiB\n")
+    write(tmp_path, "/etc/systemd/system.conf", "[Manager]\nDefaultLimitMEMLOCK=infinity\n")
+    jobs = by_id(memlock.check(ctx))["memlock.jobs"]
+    assert jobs.status is Status.WARN
+    assert "128 MiB from pam_limits" in jobs.summary and "not for NCCL" in jobs.summary
+    assert [e.source for e in jobs.evidence] == ["/etc/security/limits.conf",
+                                                 "/etc/security/limits.d/90-rdma.conf"]
+
+
+def test_systemd_default_when_limits_conf_is_silent(tmp_path):
+    ctx = memlock_machine(tmp_path, "unlimited", "unlimited", cap_eff=CAP_IPC_LOCK_ONLY)
+    write(tmp_path, "/etc/systemd/system.conf.d/rdma.conf", "[Manager]\nDefaultLimitMEMLOCK=infinity:infinity\n")
+    jobs = by_id(memlock.check(ctx))["memlock.jobs"]
+    assert jobs.status is Status.OK and "unlimited from systemd's DefaultLimitMEMLOCK" in jobs.summary
+
+
+def test_a_limit_that_covers_the_probe_is_not_enough_for_an_rdma_job(tmp_path):
+    """Was: OK (judged against what the probe pins). NCCL and perftest need unlimited."""
+    found = by_id(memlock.check(memlock_machine(tmp_path, str(128 << 20), str(128 << 20))))
+    limit = found["memlock.limit"]
+    assert limit.status is Status.WARN
+    assert f"covers the {memlock.PROBE_MEMLOCK_BYTES >> 20} MiB the probe pins, but not an RDMA job" in limit.summary
+    assert "memlock.jobs" not in found      # without the capability, this limit is the jobs' limit
 
 
 def test_soft_limit_below_a_sufficient_hard_limit_warns(tmp_path):

@@ -127,3 +127,30 @@ def test_device_nodes_are_captured_as_placeholders_without_reading_them(tmp_path
     placeholder = dest / "dev" / "infiniband" / "uverbs0"
     assert placeholder.is_file() and placeholder.stat().st_size == 0
     assert "KUBERNETES_SERVICE_HOST" in (dest / "gdrprobe-capture" / "environ.json").read_text()
+
+
+def test_unreadable_files_are_reported_as_unknown_not_absent(tmp_path):
+    """Was: SysRoot turned every OSError into None, so a refused file read as an absent one."""
+    from tests.unit.doctor import nccl_machines
+    from tests.unit.doctor.stack_machines import DenyingRoot
+
+    nccl_machines.dmabuf_only(tmp_path)
+    denied = {"/proc/driver/nvidia/version", "/sys/bus/pci/devices/0000:1a:00.0/config"}
+    report = runner.run_doctor(sysroot=DenyingRoot(str(tmp_path), denied), environ={})
+    access = report.findings[-1]
+    assert (access.id, access.group, access.status) == ("access.denied", "access", Status.SKIP)
+    assert sorted(e.source for e in access.evidence) == sorted(denied)
+    assert "sudo gdrprobe doctor" in access.fix
+    assert next(f for f in report.findings if f.id == "stack.driver").status is Status.SKIP
+
+
+def test_capture_keeps_nccls_nic_probe_and_nvml_facts(tmp_path):
+    from tests.unit.doctor import nccl_machines
+
+    nccl_machines.gh200(tmp_path / "node")
+    capture(str(tmp_path / "copy"), root=str(tmp_path / "node"), environ={})
+    for name in ("nics.json", "nvml.json"):
+        assert (json.loads((tmp_path / "copy/gdrprobe-capture" / name).read_text())
+                == json.loads((tmp_path / "node/gdrprobe-capture" / name).read_text()))
+    original, replay = runner.run_doctor(str(tmp_path / "node")), runner.run_doctor(str(tmp_path / "copy"))
+    assert comparable(replay) == comparable(original) and replay.nccl == original.nccl

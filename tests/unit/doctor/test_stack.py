@@ -3,6 +3,10 @@ from __future__ import annotations
 from .stack_machines import dmabuf_inventory, legacy_inventory, module, peermem_unregistered, write, context
 
 from gdrprobe.doctor import stack
+from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.sysroot import SysRoot
+from tests.unit.doctor import nccl_machines
+from tests.unit.doctor.stack_machines import DenyingRoot
 from gdrprobe.report.model import Status
 
 
@@ -13,7 +17,9 @@ def by_id(findings):
 def test_dmabuf_node_without_peermem_is_healthy(tmp_path):
     found = by_id(stack.check(dmabuf_inventory(tmp_path)))
     assert found["stack.path"].status is Status.OK
-    assert "DMA-BUF path available" in found["stack.path"].summary
+    assert found["stack.path"].summary.startswith("NCCL can register GPU memory with every NIC through DMA-BUF")
+    # No NIC probe was captured with this tree: the NIC half is inferred, and it says so.
+    assert "(NIC side inferred)" in found["stack.path"].summary
     assert found["stack.peermem"].status is Status.OK
     assert "expected on the DMA-BUF path" in found["stack.peermem"].summary
     assert "Open Kernel Module" in found["stack.driver"].summary
@@ -27,22 +33,76 @@ def test_legacy_node_with_registered_peermem_is_healthy_as_legacy(tmp_path):
     found = by_id(stack.check(legacy_inventory(tmp_path)))
     path = found["stack.path"]
     assert path.status is Status.OK
-    assert path.summary.startswith("legacy nvidia-peermem path")
-    assert "not the Open Kernel Module" in path.summary and "older than 5.12" in path.summary
+    assert path.summary == "NCCL can register GPU memory with every NIC through peer memory (nvidia-peermem)"
+    assert ("DMA-BUF, GPU 0000:1b:00.0", "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED=0 (needs the Open Kernel "
+            "Module driver)") in [(e.source, e.value) for e in path.evidence]
     assert found["stack.peermem"].status is Status.OK
     assert found["stack.ofed"].evidence[0].source == "/sys/module/mlx_compat"
     assert found["stack.driver"].summary.endswith("proprietary kernel module")
 
 
-def test_peermem_loaded_but_not_registered_is_its_own_failure(tmp_path):
+def test_peermem_directory_without_version_file_is_not_counted(tmp_path):
+    """nvidia-peermem's init fails unless it registered, so a loaded module always has its
+    version file; a bare /sys/module directory (unloading) is what NCCL does not count."""
     found = by_id(stack.check(peermem_unregistered(tmp_path)))
-    unregistered = found["stack.peermem.unregistered"]
-    assert unregistered.status is Status.FAIL
-    assert unregistered.evidence[0].source == "/sys/module/nvidia_peermem"
-    assert {e.source for e in unregistered.evidence[1:]} == set(stack.MEMORY_PEER_FILES)
-    assert "reinstall" in unregistered.fix
+    peermem = found["stack.peermem"]
+    assert peermem.status is Status.WARN and "NCCL does not count it" in peermem.summary
+    assert {e.source for e in peermem.evidence[1:]} == set(stack.PEERMEM_FILES)
     assert found["stack.path"].status is Status.FAIL
-    assert "stack.peermem" not in found
+    assert "reinstall the GPU driver" in found["stack.path"].fix
+
+
+def test_peermem_on_kernel_6_8_without_memory_peers_is_healthy(tmp_path):
+    """Was: "loaded but not registered, reinstall the driver". NCCL 2.23.4+ reads
+    /sys/module/nvidia_peermem/version because 6.6+ has no /sys/kernel/mm/memory_peers."""
+    nccl_machines.peermem_kernel_6_8(tmp_path)
+    found = by_id(stack.check(DoctorContext(SysRoot(str(tmp_path)), {})))
+    assert found["stack.path"].status is Status.OK
+    assert "peer memory (nvidia-peermem)" in found["stack.path"].summary
+    peermem = found["stack.peermem"]
+    assert peermem.status is Status.OK
+    assert peermem.summary.startswith("NCCL's peer-memory check passes: /sys/module/nvidia_peermem/version exists")
+    assert "NCCL older than 2.23.4" in peermem.summary
+    assert not [f for f in found.values() if f.status is Status.FAIL]
+
+
+def test_nv_peer_mem_alone_is_a_working_legacy_path(tmp_path):
+    """Was: "neither DMA-BUF nor nvidia-peermem". nv_peer_mem registers nv_mem, which NCCL counts."""
+    nccl_machines.nv_peer_mem_only(tmp_path)
+    found = by_id(stack.check(DoctorContext(SysRoot(str(tmp_path)), {})))
+    assert found["stack.path"].status is Status.OK
+    assert found["stack.peermem"].evidence[1].source == "/sys/kernel/mm/memory_peers/nv_mem/version"
+    legacy = found["stack.nv_peer_mem"]
+    assert legacy.status is Status.WARN and "it works" in legacy.summary
+    assert "nvidia-peermem" in legacy.fix
+
+
+def test_dmabuf_enable_zero_fails_where_dmabuf_is_the_only_path(tmp_path):
+    nccl_machines.dmabuf_only(tmp_path)
+    ctx = DoctorContext(SysRoot(str(tmp_path)), {"NCCL_DMABUF_ENABLE": "0"})
+    path = by_id(stack.check(ctx))["stack.path"]
+    assert path.status is Status.FAIL
+    assert path.summary.startswith('NCCL will log "GPU Direct RDMA Disabled for HCA" for mlx5_0, mlx5_1')
+    assert "NCCL_DMABUF_ENABLE=0" in path.summary
+    assert path.fix == stack.DMABUF_ENABLE_FIX
+
+
+def test_dmabuf_is_decided_per_nic_by_nccls_probe(tmp_path):
+    """The GPU can export DMA-BUF, but mlx5_1's probe says EOPNOTSUPP: only mlx5_1 loses GDR."""
+    tree = nccl_machines.dmabuf_only(tmp_path)
+    nccl_machines.nic_probe(tree, {"mlx5_0": nccl_machines.EBADF, "mlx5_1": nccl_machines.EOPNOTSUPP})
+    path = by_id(stack.check(DoctorContext(SysRoot(str(tmp_path)), {})))["stack.path"]
+    assert path.status is Status.FAIL
+    assert 'for mlx5_1:' in path.summary and "mlx5_0" not in path.summary.split(":")[0]
+    assert "EOPNOTSUPP" in path.summary
+
+
+def test_unreadable_driver_file_is_a_skip_that_says_run_as_root(tmp_path):
+    nccl_machines.dmabuf_only(tmp_path)
+    root = DenyingRoot(str(tmp_path), {"/proc/driver/nvidia/version"})
+    (driver,) = stack.check(DoctorContext(root, {}))
+    assert driver.status is Status.SKIP and "may not be read" in driver.summary
+    assert driver.evidence[0].value == "permission denied" and "root" in driver.fix
 
 
 def test_neither_path_fails_with_install_fix(tmp_path):
@@ -73,14 +133,14 @@ def test_nv_peer_mem_beside_nvidia_peermem_conflicts_and_gdrdrv_is_gdrcopy(tmp_p
     assert "not GPUDirect RDMA" in found["stack.gdrcopy"].summary
 
 
-def test_nv_peer_mem_alone_is_deprecated(tmp_path):
-    ctx = peermem_unregistered(tmp_path)
-    module(tmp_path, "nv_peer_mem")
-    import shutil
-    shutil.rmtree(tmp_path / "sys/module/nvidia_peermem")
-    assert by_id(stack.check(ctx))["stack.nv_peer_mem"].status is Status.WARN
-
-
 def test_no_nvidia_driver_is_a_skip(tmp_path):
     findings = stack.check(context(tmp_path))
     assert [(f.id, f.status) for f in findings] == [("stack.driver", Status.SKIP)]
+
+
+def test_dmabuf_confirmed_by_nccls_probe_is_not_called_inferred(tmp_path):
+    nccl_machines.dmabuf_only(tmp_path)
+    path = by_id(stack.check(DoctorContext(SysRoot(str(tmp_path)), {})))["stack.path"]
+    assert (path.status, path.summary) == (Status.OK, "NCCL can register GPU memory with every NIC through DMA-BUF")
+    assert ("DMA-BUF, NIC mlx5_0", "ibv_reg_dmabuf_mr(fd=-1) failed with EBADF, past the support check: "
+            "the NIC path exists") in [(e.source, e.value) for e in path.evidence]

@@ -6,11 +6,22 @@ from gdrprobe.doctor import topology as topo
 from gdrprobe.doctor.context import DoctorContext
 from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
-from tests.unit.doctor import machines
+from tests.unit.doctor import machines, nccl_machines
 
 
 def run(tmp_path, environ=None):
     return topo.check(DoctorContext(SysRoot(str(tmp_path)), environ or {}))
+
+
+def with_stack(tree):
+    """A healthy DMA-BUF stack, so that only placement and the environment decide GDR."""
+    nics = sorted(p.name for p in tree.path("/sys/class/infiniband").iterdir())
+    nccl_machines.healthy_stack(tree, nccl_machines.gpu_bdfs(tree), nics)
+    return tree
+
+
+def decisions(tmp_path, environ=None):
+    return DoctorContext(SysRoot(str(tmp_path)), environ or {}).nccl_decisions
 
 
 def by_id(findings, finding_id):
@@ -24,9 +35,8 @@ def test_pix_node_pairs_each_gpu_with_its_switch_nic(tmp_path):
     assert [n.name for n in t.nics] == [f"mlx5_{i}" for i in range(8)]
     assert t.gpus[0].bdf == "0000:1b:00.0" and t.nics[0].bdf == "0000:1c:00.0"
     assert t.gpus[4].numa_node == 1
-    for i, gpu in enumerate(t.gpus):
-        nic, distance = t.nearest_nic(gpu)
-        assert (nic.name, distance) == (f"mlx5_{i}", "PIX")
+    assert [(d.nic, d.path_type, d.path) for d in decisions(tmp_path)] == [
+        (f"mlx5_{i}", "PIX", "direct") for i in range(8)]
     assert t.distance(t.gpus[0], t.nics[1]) == "NODE"
     assert t.nccl_class(t.gpus[0], t.nics[1]) == "PHB"
     assert t.distance(t.gpus[0], t.nics[4]) == "SYS"
@@ -40,13 +50,12 @@ def test_pix_node_findings_and_matrix(tmp_path):
     findings = run(tmp_path)
     distances = by_id(findings, "topology.distance")
     assert len(distances) == 8 and all(f.status is Status.OK for f in distances)
-    assert "GPU0 (0000:1b:00.0, NUMA 0) nearest NIC mlx5_0" in distances[0].summary
+    assert "GPU0 (0000:1b:00.0, NUMA 0) and the NIC NCCL uses, mlx5_0" in distances[0].summary
     assert distances[0].evidence[0].source == "realpath /sys/bus/pci/devices/0000:1b:00.0"
     assert distances[0].evidence[0].value == (
         "/sys/devices/pci0000:18/0000:18:01.0/0000:19:00.0/0000:1a:00.0/0000:1b:00.0")
     assert distances[0].evidence[2].source == "realpath /sys/class/infiniband/mlx5_0/device"
-    gates = by_id(findings, "topology.nccl_gate")
-    assert all(f.status is Status.OK for f in gates)
+    assert by_id(findings, "topology.nccl_gate") == []     # the gate is nccl.gpu.<bdf> now
     assert by_id(findings, "topology.vm")[0].status is Status.OK
     matrix = by_id(findings, "topology.matrix")[0].evidence[0].value
     lines = matrix.splitlines()
@@ -70,19 +79,20 @@ def test_pxb_through_two_switches(tmp_path):
     tree.gpu(gpu_port, "0000:17:00.0")
     tree.nic(nic_port, "0000:18:00.0", "mlx5_0")
     t = topo.build_topology(SysRoot(str(tmp_path)))
-    assert t.nearest_nic(t.gpus[0])[1] == "PXB"
+    assert t.distance(t.gpus[0], t.nics[0]) == "PXB"
+    assert decisions(tmp_path)[0].path_type == "PXB"
     assert by_id(run(tmp_path), "topology.distance")[0].status is Status.OK
 
 
 def test_dual_socket_node_reports_node_sys_and_phb(tmp_path):
-    machines.dual_socket_node(tmp_path)
+    with_stack(machines.dual_socket_node(tmp_path))
     t = topo.build_topology(SysRoot(str(tmp_path)))
     gpu0, gpu1 = t.gpus
     mlx5_0, mlx5_1 = t.nics
     assert t.distance(gpu0, mlx5_0) == "NODE"
     assert t.distance(gpu0, mlx5_1) == "SYS"
     assert t.distance(gpu1, mlx5_1) == "PHB"
-    assert t.nearest_nic(gpu0) == (mlx5_0, "NODE")
+    assert [d.nic for d in decisions(tmp_path)] == ["mlx5_0", "mlx5_1"]
     findings = run(tmp_path)
     first, second = by_id(findings, "topology.distance")
     assert first.status is Status.FAIL and "NODE (NCCL class PHB)" in first.summary
@@ -90,23 +100,22 @@ def test_dual_socket_node_reports_node_sys_and_phb(tmp_path):
     assert ("/sys/bus/pci/devices/0000:41:00.0/numa_node", "0") in [
         (e.source, e.value) for e in first.evidence]
     assert second.status is Status.WARN and "PHB" in second.summary
-    gates = by_id(findings, "topology.nccl_gate")
-    assert [g.status for g in gates] == [Status.FAIL, Status.FAIL]
-    assert "PHB > P2C" in gates[0].summary
+    verdicts = decisions(tmp_path)
+    assert [(d.gdr_write, d.gdr_read) for d in verdicts] == [(False, False), (False, False)]
+    assert "receive: path PHB is beyond the GDR level P2C (NCCL's default)" in verdicts[0].why
 
 
 def test_gate_follows_nccl_net_gdr_level(tmp_path):
-    machines.dual_socket_node(tmp_path)
-    gates = by_id(run(tmp_path, {"NCCL_NET_GDR_LEVEL": "PHB"}), "topology.nccl_gate")
-    assert [g.status for g in gates] == [Status.OK, Status.OK]
+    with_stack(machines.dual_socket_node(tmp_path))
+    verdicts = decisions(tmp_path, {"NCCL_NET_GDR_LEVEL": "PHB"})
+    assert [d.gdr_write for d in verdicts] == [True, True]
 
 
 def test_restrictive_level_blocks_pix_pair_and_says_unset(tmp_path):
-    machines.pix_node(tmp_path, pairs=1)
-    findings = run(tmp_path, {"NCCL_NET_GDR_LEVEL": "LOC"})
-    (gate,) = by_id(findings, "topology.nccl_gate")
-    assert gate.status is Status.FAIL and "PIX > LOC" in gate.summary
-    assert "Unset NCCL_NET_GDR_LEVEL" in gate.fix
+    with_stack(machines.pix_node(tmp_path, pairs=1))
+    (verdict,) = decisions(tmp_path, {"NCCL_NET_GDR_LEVEL": "LOC"})
+    assert not verdict.gdr_write
+    assert "receive: path PIX is beyond the GDR level LOC (NCCL_NET_GDR_LEVEL=LOC)" in verdict.why
 
 
 @pytest.mark.parametrize("environ, name, ignored", [
@@ -136,7 +145,7 @@ def test_flat_vm_is_flagged_with_its_consequence(tmp_path):
     machines.flat_vm(tmp_path)
     t = topo.build_topology(SysRoot(str(tmp_path)))
     assert t.virtualization.flat and t.virtualization.hypervisor
-    assert t.nearest_nic(t.gpus[0])[1] == "PHB"
+    assert decisions(tmp_path)[0].path_type == "PHB"
     findings = run(tmp_path)
     (vm,) = by_id(findings, "topology.vm")
     assert vm.status is Status.WARN and "flat virtual PCI topology" in vm.summary
@@ -145,7 +154,7 @@ def test_flat_vm_is_flagged_with_its_consequence(tmp_path):
     assert "/proc/cpuinfo" in sources
     assert "/sys/devices/virtual/dmi/id/sys_vendor" in sources
     assert "/sys/bus/pci/devices/0000:00:02.0/vendor" in sources
-    assert all(g.status is Status.FAIL for g in by_id(findings, "topology.nccl_gate"))
+    assert not any(d.gdr_write for d in decisions(tmp_path))
 
 
 def test_no_gpu_and_software_rdma_only(tmp_path):

@@ -1,0 +1,77 @@
+"""gdrprobe cluster: every pair of nodes of an MPI job, host arm and GPU arm across the wire.
+
+Run under mpirun or srun with one rank per node; rank 0 prints the node x node matrix and
+exits with the worst pair's code (a slow pair alone: 1). Every other rank exits 0 unless
+it failed itself.
+"""
+
+from __future__ import annotations
+
+from gdrprobe.cli.common import (add_device_flags, add_memory_flags, add_timeout_flag,
+                                 endpoint_options, memory_spec, terminate_as_interrupt)
+
+A_B_SIZE = 1 << 20
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "cluster", help="under mpirun/srun: probe every pair of nodes, print the matrix",
+        description="Launched with one MPI rank per node (mpirun -np N --map-by ppr:1:node, "
+                    "srun --ntasks-per-node=1), measure every pair of nodes (or a ring) from "
+                    "one rank's buffer to the other's NIC, round by round, and print on rank 0 "
+                    "the node x node matrix with the slow and not-engaged pairs named.")
+    add_device_flags(parser)
+    add_timeout_flag(parser)
+    add_memory_flags(parser, remote=False)
+    parser.set_defaults(mem="gpu")
+    parser.add_argument("--pattern", choices=("all", "ring"), default="all",
+                        help="every pair (default) or each rank with the next")
+    parser.add_argument("-s", "--size", type=int, default=A_B_SIZE,
+                        help=f"message size in bytes (default {A_B_SIZE})")
+    parser.add_argument("-n", "--iters", type=int, default=1000,
+                        help="iterations per run (default 1000)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="A/B repeats per pair with a GPU buffer (default 3)")
+    parser.add_argument("--threshold", type=float, default=0.9,
+                        help="GPU/host ratio that counts as engaged (default 0.9)")
+    parser.add_argument("--slow-fraction", type=float, default=0.8,
+                        help="a pair below this fraction of the median pair's host bandwidth "
+                             "is named slow (default 0.8)")
+    parser.add_argument("--oob-address", metavar="ADDR",
+                        help="the address other ranks reach this rank's server at (default: "
+                             "the IPv4 address of the device's RoCE v2 GID, else the host name's)")
+    parser.add_argument("--json", action="store_true", help="rank 0 prints the JSON document")
+    parser.add_argument("--output", metavar="FILE", help="rank 0 also writes the JSON here")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from gdrprobe.doctor.runner import run_doctor
+    from gdrprobe.errors import UsageError
+    from gdrprobe.measure import cluster
+    from gdrprobe.measure.options import ProbeOptions
+    from gdrprobe.report.model import to_json
+    from gdrprobe.report.text import render_cluster
+
+    if not 0 < args.slow_fraction <= 1:
+        raise UsageError(f"--slow-fraction {args.slow_fraction}: use a fraction over 0 and at "
+                         "most 1", "e.g. 0.8")
+    terminate_as_interrupt()
+    comm = cluster.world()
+    options = ProbeOptions(sizes=(args.size,), iterations=args.iters, timeout_s=args.timeout)
+    endpoint = endpoint_options(args)
+    local = memory_spec(args, args.mem)
+    findings = run_doctor().findings if local.kind == "gpu" else ()
+    report = cluster.run_cluster(
+        comm, args.pattern, cluster.pair_server(endpoint, args.timeout),
+        lambda: cluster.advertised_address(endpoint, args.oob_address),
+        cluster.pair_probe(options, endpoint, local, args.repeats, args.threshold, findings),
+        args.slow_fraction)
+    if report is None:
+        return 0
+    document = to_json(report)
+    if args.output:
+        with open(args.output, "w") as handle:
+            handle.write(document + "\n")
+    print(document if args.json else render_cluster(report))
+    return report.exit_code

@@ -1,0 +1,439 @@
+"""The microbenchmark sweep: message sizes x memory kinds x QP counts x GPU-NIC pairs.
+
+Each (pair, memory kind, QP count) is one run over every size, so a sweep pays one set-up
+per run, not per size; rows arrive size by size (the session's ``on_result``), so Ctrl-C
+keeps every row measured until then. Host memory is measured once per NIC and QP count, the
+reference for the GPU kinds on that NIC. A GPU kind has a GPU buffer on both ends: the NIC
+reads GPU memory on one side and writes it on the other, as an NCCL transfer between two
+nodes does. A kind that cannot run here (no CUDA driver, a NIC without DMA-BUF) fails the
+same way at every size and QP count: it is tried once and becomes rows with its outcome.
+
+Per pair, the verdict at the largest size comes from :func:`gdrprobe.measure.verdict.classify`,
+the A/B's own decision, each QP count counting as one repeat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import platform
+import socket
+import time
+from typing import Callable, Iterable, Mapping, Sequence
+
+from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
+                             UsageError)
+from gdrprobe.measure.ab import ARM_ERRORS, DATA_PATH_ERRORS
+from gdrprobe.measure.gate import MachineFacts, NicChoice
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.measure.verdict import ArmMeasurement, classify
+from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
+                                   BenchPair, BenchReport, BenchRow, BenchSettings,
+                                   LatencyResult)
+
+BENCH_KINDS = ("host", "dmabuf", "peermem", "staged")
+MEASURED = "measured"
+DEFAULT_MAX_DROP = 0.10
+
+
+@dataclasses.dataclass(frozen=True)
+class PairPlan:
+    gpu: str        # the GPU's selector: PCI bus id, or CUDA ordinal when unknown
+    nic: str
+    reason: str     # why this NIC for this GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One run of the sweep: every size of one mode, memory kind and QP count on a pair."""
+
+    mode: str       # bandwidth | latency
+    gpu: str        # "" for host memory
+    nic: str
+    memory: str
+    qps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchPlan:
+    pairs: tuple[PairPlan, ...]
+    memory_kinds: tuple[str, ...]
+    qps: tuple[int, ...]
+    options: ProbeOptions           # sizes, iterations or duration, queue settings
+    latency_iterations: int = 1000  # 0: no latency rows
+
+    def nics(self) -> list[str]:
+        return list(dict.fromkeys(pair.nic for pair in self.pairs))
+
+    def runs(self) -> list[RunPlan]:
+        """Per NIC: host bandwidth per QP count and host latency, then each of its pairs'
+        GPU kinds, so every GPU row has its host reference before it."""
+        runs = []
+        for nic in self.nics():
+            if "host" in self.memory_kinds:
+                runs += [RunPlan("bandwidth", "", nic, "host", qps) for qps in self.qps]
+            if self.latency_iterations:
+                runs.append(RunPlan("latency", "", nic, "host", 1))
+            runs += [RunPlan("bandwidth", pair.gpu, nic, kind, qps)
+                     for pair in self.pairs if pair.nic == nic
+                     for kind in self.memory_kinds if kind != "host" for qps in self.qps]
+        return runs
+
+    def run_options(self, run: RunPlan) -> ProbeOptions:
+        if run.mode == "latency":
+            return dataclasses.replace(
+                self.options, mode="latency", sizes=latency_sizes(self.options.sizes),
+                iterations=self.latency_iterations, warmup_iterations=0, duration_s=None, qps=1,
+                tx_depth=1, cq_moderation=1, post_list=1)
+        return dataclasses.replace(self.options, qps=run.qps)
+
+    def row_count(self) -> int:
+        """How many rows the sweep will produce: the length of its progress bar."""
+        return sum(len(self.run_options(run).sizes) for run in self.runs())
+
+
+def latency_sizes(sizes: Iterable[int]) -> tuple[int, ...]:
+    """The latency loop needs 2 bytes at least (the peer polls the last byte)."""
+    return tuple(dict.fromkeys(max(2, size) for size in sizes))
+
+
+def bench_pairs(gpus: Sequence[str], nics: Sequence[str], decisions: Mapping[str, NicChoice],
+                matrix: bool) -> tuple[PairPlan, ...]:
+    """Every GPU with every NIC (matrix), or each GPU with the NIC NCCL gives it; a GPU with
+    no known NIC (no PCI NIC in sysfs, the GPU's address unknown) pairs with every NIC."""
+    if matrix:
+        return tuple(PairPlan(gpu, nic, "--matrix: every GPU with every NIC")
+                     for gpu in gpus for nic in nics)
+    pairs = []
+    for gpu in gpus:
+        choice = decisions.get(gpu)
+        if choice is None:
+            pairs += [PairPlan(gpu, nic, f"no NCCL NIC decision for GPU {gpu}: every NIC")
+                      for nic in nics]
+        elif choice.nic in nics:
+            pairs.append(PairPlan(gpu, choice.nic, choice.reason))
+    return tuple(pairs)
+
+
+# ---- rows ----------------------------------------------------------------------------
+
+
+def measured_row(run: RunPlan, result) -> BenchRow:
+    common = dict(mode=run.mode, gpu=run.gpu, nic=run.nic, memory=run.memory, qps=run.qps,
+                  size_bytes=result.size_bytes, outcome=MEASURED, iterations=result.iterations)
+    if isinstance(result, LatencyResult):
+        return BenchRow(**common, latency_us_min=result.latency_us_min,
+                        latency_us_median=result.latency_us_median,
+                        latency_us_mean=result.latency_us_mean,
+                        latency_us_stdev=result.latency_us_stdev,
+                        latency_us_p99=result.latency_us_p99,
+                        latency_us_p999=result.latency_us_p999,
+                        latency_us_max=result.latency_us_max)
+    return BenchRow(**common, elapsed_s=result.elapsed_s,
+                    bandwidth_avg_gbps=result.bandwidth_avg_gbps,
+                    bandwidth_peak_gbps=result.bandwidth_peak_gbps,
+                    message_rate_mpps=result.message_rate_mpps)
+
+
+def outcome_of(error: GdrprobeError) -> str:
+    """The A/B's words for an arm that did not measure, and "failed" for any other error."""
+    if isinstance(error, RegistrationFailed):
+        return "registration failed"
+    if isinstance(error, DATA_PATH_ERRORS):
+        return "data path broken"
+    return "not testable" if isinstance(error, ARM_ERRORS) else "failed"
+
+
+def failed_rows(run: RunPlan, sizes: Iterable[int], error: GdrprobeError) -> list[BenchRow]:
+    return [BenchRow(mode=run.mode, gpu=run.gpu, nic=run.nic, memory=run.memory, qps=run.qps,
+                     size_bytes=size, outcome=outcome_of(error), detail=error.cause,
+                     fix=error.fix) for size in sizes]
+
+
+def row_key(row) -> tuple:
+    """What identifies a row across sweeps (a BenchRow or its JSON dict)."""
+    get = row.get if isinstance(row, dict) else lambda name: getattr(row, name)
+    return tuple(get(name) for name in ("mode", "gpu", "nic", "memory", "qps", "size_bytes"))
+
+
+def with_ratios(rows: Sequence[BenchRow], line_rates: Mapping[str, float | None]) -> list[BenchRow]:
+    """Each measured bandwidth row with its fraction of the port's line rate and, for GPU
+    memory, its ratio to the host row of the same NIC, QP count and size."""
+    host = {(r.nic, r.qps, r.size_bytes): r.bandwidth_avg_gbps for r in rows
+            if r.mode == "bandwidth" and r.memory == "host" and r.outcome == MEASURED}
+    finished = []
+    for row in rows:
+        if row.mode == "bandwidth" and row.outcome == MEASURED:
+            rate = line_rates.get(row.nic)
+            reference = host.get((row.nic, row.qps, row.size_bytes))
+            row = dataclasses.replace(
+                row, line_rate_fraction=row.bandwidth_avg_gbps / rate if rate else None,
+                gpu_host_ratio=(row.bandwidth_avg_gbps / reference
+                                if row.memory != "host" and reference else None))
+        finished.append(row)
+    return finished
+
+
+# ---- per-pair verdicts ---------------------------------------------------------------
+
+
+def arm_measurement(rows: Sequence[BenchRow], errors: Mapping[tuple, GdrprobeError],
+                    memory: str, gpu: str, nic: str, size: int) -> ArmMeasurement:
+    """One memory kind on a pair at one size, as the verdict reads an A/B arm: each QP
+    count is one repeat."""
+    common = dict(arm=memory, mechanism=None if memory == "host" else memory,
+                  memory_kind="host" if memory == "host" else "device", message_bytes=size)
+    error = errors.get((gpu, nic, memory))
+    if isinstance(error, RegistrationFailed):
+        return ArmMeasurement(registration_errno=error.error_code, **common)
+    if isinstance(error, DATA_PATH_ERRORS):
+        return ArmMeasurement(data_path_error=error.cause, **common)
+    if error is not None:
+        return ArmMeasurement(not_testable=error.cause, fix=error.fix, **common)
+    rates = tuple(r.bandwidth_avg_gbps for r in rows
+                  if (r.mode, r.gpu, r.nic, r.memory, r.size_bytes, r.outcome)
+                  == ("bandwidth", gpu, nic, memory, size, MEASURED))
+    return ArmMeasurement(bandwidths_gbps=rates, **common)
+
+
+def pair_verdicts(pairs: Sequence[PairPlan], rows: Sequence[BenchRow],
+                  errors: Mapping[tuple, GdrprobeError], kinds: Sequence[str],
+                  line_rates: Mapping[str, float | None], threshold: float,
+                  findings=()) -> tuple[BenchPair, ...]:
+    size = max((r.size_bytes for r in rows if r.mode == "bandwidth"), default=0)
+    gpu_kinds = [kind for kind in kinds if kind != "host"]
+    reports = []
+    for pair in pairs:
+        verdict = None
+        if gpu_kinds and size:
+            host = arm_measurement(rows, errors, "host", "", pair.nic, size)
+            arms = [arm_measurement(rows, errors, kind, pair.gpu, pair.nic, size)
+                    for kind in gpu_kinds]
+            verdict = classify(host, arms, threshold, findings)
+        reports.append(BenchPair(pair.gpu, pair.nic, pair.reason, line_rates.get(pair.nic),
+                                 verdict))
+    return tuple(reports)
+
+
+# ---- running the sweep ---------------------------------------------------------------
+
+
+Execute = Callable[[RunPlan, ProbeOptions, Callable[[object], None]], None]
+
+
+@dataclasses.dataclass
+class SweepResult:
+    rows: list[BenchRow]
+    errors: dict[tuple, GdrprobeError]   # (gpu, nic, memory) -> why that kind cannot run
+    interrupted: bool
+    measured_s: float
+
+
+OnRow = Callable[[BenchRow, int, int], None]   # (row, rows so far, rows planned)
+
+
+def run_sweep(plan: BenchPlan, execute: Execute,
+              on_row: OnRow = lambda row, done, total: None) -> SweepResult:
+    """Every run of the plan. execute(run, options, on_result) measures one run and calls
+    on_result with each size's result; its errors become rows. Ctrl-C ends the sweep with
+    the rows measured so far."""
+    result = SweepResult([], {}, False, 0.0)
+    total = plan.row_count()
+
+    def keep(row: BenchRow) -> None:
+        result.rows.append(row)
+        on_row(row, len(result.rows), total)
+
+    try:
+        for run in plan.runs():
+            options = plan.run_options(run)
+            known = result.errors.get((run.gpu, run.nic, run.memory))
+            if known is not None:
+                for row in failed_rows(run, options.sizes, known):
+                    keep(row)
+                continue
+            try:
+                execute(run, options, lambda measured: keep(measured_row(run, measured)))
+            except Interrupted:
+                raise            # a stopped loop: the sweep ends as at Ctrl-C
+            except GdrprobeError as error:
+                # A kind that cannot run here, or whose data path is broken, fails the same
+                # at every QP count; any other failure is this run's answer and the next QP
+                # count is still tried.
+                if isinstance(error, ARM_ERRORS) or (
+                        run.memory != "host" and isinstance(error, DATA_PATH_ERRORS)):
+                    result.errors[(run.gpu, run.nic, run.memory)] = error
+                done = {row.size_bytes for row in result.rows if _same_run(row, run)}
+                for row in failed_rows(run, [s for s in options.sizes if s not in done], error):
+                    keep(row)
+    except (KeyboardInterrupt, Interrupted):
+        result.interrupted = True
+    result.measured_s = sum(row.elapsed_s or 0.0 for row in result.rows)
+    return result
+
+
+def _same_run(row: BenchRow, run: RunPlan) -> bool:
+    return (row.mode, row.gpu, row.nic, row.memory, row.qps) == (
+        run.mode, run.gpu, run.nic, run.memory, run.qps)
+
+
+# ---- comparison with an earlier sweep ----------------------------------------------------
+
+
+def compare_rows(rows: Sequence[BenchRow], baseline_rows: Sequence[dict], source: str,
+                 max_drop: float = DEFAULT_MAX_DROP) -> BaselineComparison:
+    """Flag each row that fell by more than max_drop against the baseline (bandwidth lower,
+    median latency higher), or was measured then and is not now."""
+    check_max_drop(max_drop)
+    before = {row_key(row): row for row in baseline_rows}
+    changes, compared = [], 0
+    for row in rows:
+        old = before.get(row_key(row))
+        if old is None:
+            continue
+        compared += 1
+        change = baseline_change(old, row, max_drop)
+        if change is not None:
+            changes.append(change)
+    current = {row_key(row) for row in rows}
+    return BaselineComparison(source=source, max_drop=max_drop, compared=compared,
+                              not_in_this_run=sum(key not in current for key in before),
+                              changes=tuple(changes))
+
+
+def check_max_drop(max_drop: float) -> None:
+    if not 0 < max_drop < 1:
+        raise UsageError(f"maximum drop {max_drop:g}: use a fraction between 0 and 1",
+                         "e.g. 0.1 flags a row that fell by more than 10%")
+
+
+def baseline_change(old: dict, row: BenchRow, max_drop: float) -> BaselineChange | None:
+    field = "bandwidth_avg_gbps" if row.mode == "bandwidth" else "latency_us_median"
+    before = old.get(field)
+    if old.get("outcome") != MEASURED or not isinstance(before, (int, float)) or before <= 0:
+        return None
+    if row.outcome != MEASURED:
+        return BaselineChange(row, before, None, f"measured in the baseline, now {row.outcome}"
+                                                 f": {row.detail}")
+    change = getattr(row, field) / before - 1
+    worse = -change if row.mode == "bandwidth" else change
+    if worse <= max_drop:
+        return None
+    what = "bandwidth fell" if row.mode == "bandwidth" else "median latency rose"
+    return BaselineChange(row, before, change,
+                          f"{what} by {abs(change):.0%} (allowed {max_drop:.0%})")
+
+
+# ---- what produced the numbers -------------------------------------------------------------
+
+
+def bench_environment(cuda_facts: Mapping | None, nvidia_driver: str | None) -> BenchEnvironment:
+    """Host, kernel and every version a comparison between two sweeps needs. cuda_facts is
+    :func:`gdrprobe.memory.cuda.gpu_inventory` (or ``{"error": ...}``); nvidia_driver the
+    first line of /proc/driver/nvidia/version."""
+    from gdrprobe import __version__
+    from gdrprobe.rdma.verbs import rdma_core_version
+
+    facts = cuda_facts or {}
+    return BenchEnvironment(
+        hostname=socket.gethostname(), kernel=platform.release(), gdrprobe_version=__version__,
+        rdma_core_version=rdma_core_version(), cuda_python_version=distribution("cuda-python"),
+        cuda_driver_version=facts.get("driver_version"), nvidia_driver_version=nvidia_driver,
+        gpus=tuple(facts.get("gpus", ())))
+
+
+def distribution(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ---- the whole sweep -------------------------------------------------------------------------
+
+
+def run_bench(settings: BenchSettings, facts: MachineFacts, *, gpus: Sequence[str] = (),
+              devices: Sequence[str] = (), gid_index: int | None = None,
+              timeout_s: float = 30.0,
+              on_row: OnRow = lambda row, done, total: None) -> BenchReport:
+    """Plan the sweep over this machine's GPUs (or `gpus`) and RDMA devices (or `devices`),
+    run it in loopback and report. Ctrl-C ends it with the rows measured so far."""
+    from gdrprobe.rdma.devices import list_devices
+
+    started = time.monotonic()
+    listed = {device.name: device for device in list_devices().devices}
+    plan = bench_plan(settings, facts, gpus, select_nics(listed, devices), timeout_s)
+    line_rates = {name: port_rate(listed[name], settings.ib_port) for name in plan.nics()}
+    sweep = run_sweep(plan, loopback_executor(settings.ib_port, gid_index), on_row)
+    rows = with_ratios(sweep.rows, line_rates)
+    return BenchReport(
+        environment=bench_environment(facts.cuda_facts, facts.nvidia_driver),
+        devices=tuple(listed[name] for name in plan.nics()), settings=settings,
+        pairs=pair_verdicts(plan.pairs, rows, sweep.errors, settings.memory_kinds, line_rates,
+                            settings.threshold, facts.findings),
+        rows=tuple(rows), interrupted=sweep.interrupted, wall_s=time.monotonic() - started,
+        measured_s=sweep.measured_s)
+
+
+def select_nics(listed: Mapping[str, object], devices: Sequence[str]) -> list[str]:
+    unknown = [name for name in devices if name not in listed]
+    if unknown:
+        raise NoDevice(f"no RDMA device {', '.join(unknown)}",
+                       f"this machine has {', '.join(listed)} ('gdrprobe devices')")
+    return list(devices) or list(listed)
+
+
+def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str],
+               nics: Sequence[str], timeout_s: float) -> BenchPlan:
+    """The runs of a sweep, every one's options checked before the first run starts."""
+    unknown = [kind for kind in settings.memory_kinds if kind not in BENCH_KINDS]
+    if unknown or not settings.memory_kinds:
+        raise UsageError(f"memory kinds {', '.join(unknown) or '(none)'}: use "
+                         f"{', '.join(BENCH_KINDS)}", "e.g. --mem host,dmabuf")
+    if settings.memory_kinds == ("host",):
+        pairs = tuple(PairPlan("", nic, "host memory only") for nic in nics)
+    else:
+        # With no GPU known (no CUDA driver, none in sysfs) CUDA ordinal 0 still runs the
+        # GPU kinds, so their rows say why they cannot run here.
+        gpu_list = (tuple(bus_id(gpu, facts.gpus.cuda_bus_ids) for gpu in gpus)
+                    or facts.gpus.cuda_bus_ids or facts.gpus.sysfs_bus_ids or ("0",))
+        pairs = bench_pairs(gpu_list, nics, facts.nics, settings.matrix)
+    if not pairs:
+        raise UsageError(f"NCCL pairs no GPU with {', '.join(nics)}",
+                         "add --matrix to pair every GPU with every NIC")
+    options = ProbeOptions(sizes=settings.sizes_bytes, iterations=settings.iterations,
+                           duration_s=settings.duration_s, warmup_s=settings.warmup_s,
+                           tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
+                           timeout_s=timeout_s)
+    plan = BenchPlan(pairs, settings.memory_kinds, settings.qps, options,
+                     settings.latency_iterations)
+    for run in plan.runs():
+        plan.run_options(run)   # raises UsageError now rather than mid-sweep
+    return plan
+
+
+def bus_id(gpu: str, cuda_bus_ids: Sequence[str] | None) -> str:
+    """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
+    if gpu.isdigit() and cuda_bus_ids is not None and int(gpu) < len(cuda_bus_ids):
+        return cuda_bus_ids[int(gpu)]
+    return gpu
+
+
+def port_rate(device, port: int) -> float | None:
+    """The port's rate (speed x width) from the device listing."""
+    return next((p.rate_gbps for p in device.ports if p.port == port), None)
+
+
+def loopback_executor(ib_port: int, gid_index: int | None) -> Execute:
+    """Execute for :func:`run_sweep`: each run in loopback on its NIC, the memory kind on
+    both ends."""
+    from gdrprobe.measure.session import runner
+    from gdrprobe.memory.spec import MemorySpec
+    from gdrprobe.rdma.endpoint import EndpointOptions
+
+    def execute(run: RunPlan, options: ProbeOptions, on_result) -> None:
+        memory = MemorySpec.from_choice(run.memory, gpu=run.gpu or "0")
+        endpoint = EndpointOptions(device=run.nic, port=ib_port, gid_index=gid_index)
+        runner(options, endpoint, on_result=on_result)(memory, memory)
+
+    return execute

