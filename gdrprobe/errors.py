@@ -84,7 +84,12 @@ class RegistrationFailed(RdmaError):
 
 
 class CompletionError(RdmaError):
-    """A work completion came back with an error status (the loop's QP is then in error)."""
+    """A work completion came back with an error status (the loop's QP is then in error);
+    ``wc_status`` is the ibv_wc_status, -1 where unknown (a peer's report)."""
+
+    def __init__(self, cause: str, fix: str = "", evidence: str = "", wc_status: int = -1):
+        super().__init__(cause, fix, evidence)
+        self.wc_status = wc_status
 
 
 class CudaError(GdrprobeError):

@@ -15,6 +15,10 @@ PAIR_TESTS = "tests/lab/pair"
 
 
 DEMO_TOKEN = "lab-demo-token-0001"
+# Guests run under emulation on two cores: the loopback suite takes about 10 minutes on an
+# idle machine and twice that on a loaded one. These bound a hung guest, not a slow one.
+LOOPBACK_SUITE_TIMEOUT_S = 3600
+PAIR_SUITE_TIMEOUT_S = 1800
 
 
 def demo() -> int:
@@ -28,6 +32,8 @@ def demo() -> int:
     results = vm.run_pair(client, server)
     for result in results:
         vm.print_result(result)
+    failed = max(result.returncode for result in results) != 0
+    print(f"demo: {int(not failed)} passed, {int(failed)} failed")
     return max(result.returncode for result in results)
 
 
@@ -38,9 +44,10 @@ def pytest_command(path: str, extra: list[str]) -> str:
 
 def run_suites(extra: list[str]) -> int:
     """The loopback suite in one guest, then the two-host suite across two guests."""
-    loopback = vm.run_loopback(pytest_command(LOOPBACK_TESTS, extra))
+    loopback = vm.run_loopback(pytest_command(LOOPBACK_TESTS, extra), LOOPBACK_SUITE_TIMEOUT_S)
     vm.print_result(loopback)
-    host_a, host_b = vm.run_pair(pytest_command(PAIR_TESTS, extra), f"{PYTHON} -m lab.agent")
+    host_a, host_b = vm.run_pair(pytest_command(PAIR_TESTS, extra), f"{PYTHON} -m lab.agent",
+                                 PAIR_SUITE_TIMEOUT_S)
     vm.print_result(host_a)
     vm.print_result(host_b)
     failed = [r.name for r in (loopback, host_a) if r.returncode != 0]

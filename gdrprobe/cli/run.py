@@ -96,7 +96,7 @@ def run(args) -> int:
     from gdrprobe.doctor.runner import run_doctor
     from gdrprobe.measure.ab import ab_test
     from gdrprobe.measure.session import DEFAULT_PORT, runner
-    from gdrprobe.report.text import render_check, render_run
+    from gdrprobe.report.text import render_check
     from gdrprobe.report.model import to_json
 
     if bool(args.host) == bool(args.loopback):
@@ -113,13 +113,14 @@ def run(args) -> int:
     token = None if args.loopback else token_from(args, True)
     if not 0 <= args.connect_wait <= 3600:
         raise UsageError("--connect-wait must be 0 to 3600 s", "")
-    probe = runner(options, endpoint_options(args), args.host,
-                   DEFAULT_PORT if args.port is None else args.port, token, args.connect_wait,
-                   notice=notice)
+    def probe_with(on_result=None):
+        return runner(options, endpoint_options(args), args.host,
+                      DEFAULT_PORT if args.port is None else args.port, token,
+                      args.connect_wait, on_result=on_result, notice=notice)
+
     if not a_b:
-        report = probe(local, remote)
-        print(to_json(report) if args.json else render_run(report, gbits=args.report_gbits))
-        return 0
+        return run_rows_as_measured(probe_with, local, remote, args.json, args.report_gbits)
+    probe = probe_with()
     # The doctor speaks for this host's GPU (in loopback the server's buffer is here too);
     # a server sends its own findings about its GPU buffer in the handshake.
     findings = run_doctor().findings if local.kind == "gpu" or args.loopback else ()
@@ -127,3 +128,35 @@ def run(args) -> int:
                      threshold=args.threshold, doctor_findings=findings)
     print(to_json(report) if args.json else render_check(report))
     return report.verdict.exit_code
+
+
+def run_rows_as_measured(probe_with, local, remote, as_json: bool, gbits: bool) -> int:
+    """A sweep prints each size's row as soon as it is measured (a long sweep shows its
+    progress, and a failure keeps what came before it), then what the run used. With
+    --json the one document comes at the end; a run that fails after some sizes prints a
+    partial-run document with those rows and the error before it exits."""
+    from gdrprobe.errors import GdrprobeError
+    from gdrprobe.report.model import BandwidthResult, PartialRunReport, to_json
+    from gdrprobe.report.text import render_run_settings, result_columns, result_row
+
+    rows = []
+
+    def on_result(result) -> None:
+        if not as_json:
+            if not rows:
+                print(result_columns(result, gbits))
+            print(result_row(result, gbits), flush=True)
+        rows.append(result)
+
+    try:
+        report = probe_with(on_result)(local, remote)
+    except GdrprobeError as error:
+        if as_json and rows:
+            bandwidth = tuple(r for r in rows if isinstance(r, BandwidthResult))
+            latency = tuple(r for r in rows if not isinstance(r, BandwidthResult))
+            print(to_json(PartialRunReport(bandwidth, latency, error.cause, error.fix,
+                                           error.evidence, int(error.exit_code))))
+        raise
+    print(to_json(report) if as_json else render_run_settings(report))
+    return 0
+

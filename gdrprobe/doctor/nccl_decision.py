@@ -5,17 +5,24 @@ own rules (NVIDIA/nccl 2.30.7):
 1. Path type and bandwidth of each GPU-NIC pair (``src/graph/paths.cc`` ncclTopoSetPaths):
    the worst hop (PIX, PXB, PHB, SYS; NODE is PHB); bandwidth is the narrowest link: each
    PCIe link (:func:`gdrprobe.doctor.pci.link_bandwidth_gbs`), the NIC's port speed / 8
-   (``src/graph/topo.cc`` ncclTopoAddNet) and, across sockets, the inter-CPU link
-   (``src/graph/topo.h``: Intel 10 GB/s as Skylake, AMD 16, others 6).
+   (``src/graph/topo.cc`` ncclTopoAddNet; only the ACTIVE ports NCCL_IB_HCA keeps,
+   :func:`gdrprobe.doctor.pci.nccl_ports`) and, across sockets, the inter-CPU link
+   (``src/graph/topo.cc`` ncclTopoGetInterCpuBw with the ``src/graph/topo.h`` figures, by
+   CPU vendor, family and model: :func:`inter_cpu_bandwidth`).
 2. P2C (ncclTopoComputePaths, mergePathType): a GPU that reaches its CPU over C2C (Grace;
    NVML's C2C link count) gets P2C to the NICs of that CPU that are local to it.
-3. PXN (ncclTopoComputePaths, "Update paths for NICs"): unless NCCL_PXN_DISABLE=1, a GPU
-   reaches a NIC through the NVLink peer whose own NIC it is, when that peer is at most P2C
-   from it (PXB with NCCL_PXN_C2C=0) with GDR, and the peer has more bandwidth to it or our
-   own path is PHB or SYS.
-4. The NIC (ncclTopoGetLocal / ncclTopoGetLocalNetType): the NICs with the highest
-   bandwidth, then the lowest path type; among those, channel 0 takes
-   ``dev % localGpuCount`` (bits mirrored when the NIC count is a power of two).
+3. PXN (ncclTopoComputePaths, "Update paths for NICs"): unless NCCL_PXN_DISABLE is exactly
+   1, a GPU reaches a NIC through the NVLink peer ncclTopoGetLocalGpu names for it (none:
+   no PXN), when that peer is at most P2C from it (PXB with NCCL_PXN_C2C=0) with GDR, and
+   the peer has more bandwidth to it or our own path is PHB or SYS. NIC by NIC and GPU by
+   GPU, each on the table as updated so far, as NCCL loops (see :attr:`Machine.table` for
+   what is not modelled).
+4. The NIC (topo.cc ncclTopoGetLocal / ncclTopoGetLocalNetType): the NICs with the highest
+   bandwidth, then the lowest path type; among those, channel c takes
+   ``dev % localGpuCount`` (bits mirrored when the NIC count is a power of two) plus
+   ``c % netsPerGpu``, where dev is NVML's index of the GPU (PCI bus order of all the
+   node's GPUs, not the CUDA ordinal), localGpuCount the GPUs local to the first of those
+   NICs and netsPerGpu set by NCCL_NETDEVS_POLICY (AUTO: DIVUP(NICs, GPUs); ALL; MAX:n).
 5. GDR (ncclTopoCheckGdr): the NIC must support it (:mod:`gdrprobe.doctor.memory_path`),
    the GPU too; for sends, NCCL_NET_GDR_READ=0 turns it off, and its default turns it off
    on GPUs before sm80 that have no NVLink peer (unless they are the only GPU); then the
@@ -30,14 +37,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 from gdrprobe.doctor import nvml, pci
-from gdrprobe.doctor.topology import Endpoint, pcie_distance
-from gdrprobe.nccl.env import NCCL_CLASS_OF_DISTANCE, PATH_RANK, gdr_level, int_param, parse_hca_filter
+from gdrprobe.doctor.topology import PcieDevice, pcie_distance
+from gdrprobe.nccl.env import (NCCL_CLASS_OF_DISTANCE, PATH_RANK, gdr_level, int_param, netdevs_policy,
+                               parse_hca_filter, pxn_disabled)
 from gdrprobe.report.model import NcclGpuDecision
 
 NVLINK_GBS_PER_LINK = ((100, 40.1), (90, 20.6), (87, 20.0), (86, 12.0), (80, 20.0), (70, 20.0), (60, 18.0))
-INTER_CPU_GBS = {"GenuineIntel": 10.0, "AuthenticAMD": 16.0}
-OTHER_CPU_GBS = 6.0
-NET_FALLBACK_GBS = 10000 / 8000.0      # ncclTopoAddNet: a NIC without a speed counts as 10 Gb/s
+# src/graph/topo.h: the inter-socket link per CPU (GB/s), chosen by topo.cc ncclTopoGetInterCpuBw.
+LOC_BW, P9_BW, ARM_BW, AMD_BW = 5000.0, 32.0, 6.0, 16.0
+BDW_QPI_BW, SKL_QPI_BW, SRP_QPI_BW, ERP_QPI_BW = 6.0, 10.0, 22.0, 40.0
+ZPI_BW, YONGFENG_ZPI_BW = 6.0, 9.0
+ASSUMED_INTER_CPU_GBS = ARM_BW
+# topo.cc kvDictCpuVendor, matched as prefixes by kvConvertToInt, in this order.
+X86_VENDORS = (("GenuineIntel", "Intel"), ("AuthenticAMD", "AMD"), ("CentaurHauls", "Zhaoxin"),
+               ("  Shanghai  ", "Zhaoxin"))
 PRE_AMPERE = 80
 
 
@@ -45,7 +58,7 @@ PRE_AMPERE = 80
 class PairPath:
     type: str                      # NCCL path type
     bw: float                      # GB/s
-    via: Endpoint | None = None    # the NVLink peer a PXN path relays through
+    via: PcieDevice | None = None    # the NVLink peer a PXN path relays through
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,9 +75,14 @@ class Machine:
         self.environ = ctx.environ if environ is None else environ
         self.gpus = ctx.topology.gpus
         hca = self.environ.get("NCCL_IB_HCA")
-        self.hca = parse_hca_filter(hca) if hca else None
-        # NCCL drops what NCCL_IB_HCA leaves out before it reads the topology (net_ib/init.cc).
-        self.nics = tuple(n for n in ctx.topology.nics if self.hca is None or self.hca.selects(n.name))
+        self.hca = parse_hca_filter(hca) if hca is not None else None
+        # NCCL opens only the ACTIVE ports NCCL_IB_HCA keeps (net_ib/init.cc ncclIbInitDevices);
+        # a device whose ports sysfs does not list is kept (a capture may lack them).
+        self.ports = {n.name: pci.nccl_ports(ctx.root, n.name, self.hca) for n in ctx.topology.nics}
+        self.nics = tuple(n for n in ctx.topology.nics if self.ports[n.name] or (
+            not ctx.root.listdir(f"{pci.INFINIBAND_CLASS_DIR}/{n.name}/ports")
+            and (self.hca is None or self.hca.selects(n.name))))
+        self.policy = netdevs_policy(self.environ)
         self.paths = ctx.memory_paths
         self.nvml = ctx.nvml_facts if nvml.usable(ctx.nvml_facts) else None
         cuda = ctx.cuda_facts if ctx.cuda_facts and "error" not in ctx.cuda_facts else {}
@@ -73,35 +91,33 @@ class Machine:
 
     # -- facts ----------------------------------------------------------------------
     @functools.cached_property
-    def inter_cpu_gbs(self) -> float:
-        cpuinfo = self.ctx.root.read("/proc/cpuinfo") or ""
-        vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
-                       if line.startswith("vendor_id")), "")
-        return INTER_CPU_GBS.get(vendor, OTHER_CPU_GBS)
+    def inter_cpu(self) -> "InterCpu":
+        return inter_cpu_bandwidth(self.ctx.root.read("/proc/cpuinfo") or "")
 
     @functools.lru_cache(maxsize=None)
     def link_gbs(self, bdf: str) -> float:
         return pci.link_bandwidth_gbs(self.ctx.root, bdf)
 
-    @functools.lru_cache(maxsize=None)
     def port_gbs(self, nic: str) -> float:
-        rate = pci.port_rate_gbps(self.ctx.root, nic)
-        return rate / 8.0 if rate else NET_FALLBACK_GBS
+        """The NET link (topo.cc ncclTopoAddNet: Mb/s / 8000) of the fastest port NCCL opens;
+        NCCL makes every port its own network device, the doctor one per PCI function."""
+        rates = [port.rate_gbps for port in self.ports[nic]] or [pci.NET_FALLBACK_GBPS]
+        return max(rates) / 8.0
 
-    def capability(self, gpu: Endpoint) -> int | None:
+    def capability(self, gpu: PcieDevice) -> int | None:
         facts = self.cuda.get(gpu.bdf, {})
         major, minor = facts.get("compute_capability_major"), facts.get("compute_capability_minor")
         return None if major is None else major * 10 + (minor or 0)
 
-    def c2c(self, gpu: Endpoint) -> bool:
+    def c2c(self, gpu: PcieDevice) -> bool:
         entry = nvml.gpu_entry(self.nvml, gpu.bdf)
         return bool(entry and entry.get("c2c_link_count"))
 
-    def nvlinks(self, gpu: Endpoint) -> list[str]:
+    def nvlinks(self, gpu: PcieDevice) -> list[str]:
         entry = nvml.gpu_entry(self.nvml, gpu.bdf)
         return list(entry.get("nvlink_remote_bus_ids", [])) if entry else []
 
-    def nvlink_count(self, gpu: Endpoint, peer: Endpoint) -> int:
+    def nvlink_count(self, gpu: PcieDevice, peer: PcieDevice) -> int:
         """Links between two GPUs: direct ones, or, through NVSwitches (far ends that are no
         GPU of this node), the fewer of the two GPUs' switch links."""
         gpu_bdfs = {g.bdf for g in self.gpus}
@@ -111,21 +127,21 @@ class Machine:
         switched = [len([r for r in self.nvlinks(g) if r not in gpu_bdfs]) for g in (gpu, peer)]
         return min(switched)
 
-    def nvlink_gbs(self, gpu: Endpoint, peer: Endpoint) -> float:
+    def nvlink_gbs(self, gpu: PcieDevice, peer: PcieDevice) -> float:
         cc = self.capability(gpu) or 90
         per_link = next((bw for floor, bw in NVLINK_GBS_PER_LINK if cc >= floor), 20.0)
         return self.nvlink_count(gpu, peer) * per_link
 
     # -- step 1 and 2: the direct paths ------------------------------------------------
     @functools.lru_cache(maxsize=None)
-    def direct(self, gpu: Endpoint, nic: Endpoint) -> PairPath:
+    def direct(self, gpu: PcieDevice, nic: PcieDevice) -> PairPath:
         distance = pcie_distance(gpu, nic)
         kind = NCCL_CLASS_OF_DISTANCE[distance]
         # Over C2C the GPU's own PCIe link is not on the way to the CPU's NICs.
         gpu_link = float("inf") if self.c2c(gpu) and kind != "SYS" else self.link_gbs(gpu.bdf)
         bw = min(gpu_link, self.link_gbs(nic.bdf), self.port_gbs(nic.name))
         if kind == "SYS":
-            bw = min(bw, self.inter_cpu_gbs)
+            bw = min(bw, self.inter_cpu.gbs)
         return PairPath(kind, bw)
 
     def local(self, options: dict) -> list:
@@ -138,7 +154,7 @@ class Machine:
         return [k for k, p in top.items() if PATH_RANK[p.type] == lowest]
 
     @functools.cached_property
-    def before_pxn(self) -> dict[Endpoint, dict[Endpoint, PairPath]]:
+    def before_pxn(self) -> dict[PcieDevice, dict[PcieDevice, PairPath]]:
         table = {gpu: {nic: self.direct(gpu, nic) for nic in self.nics} for gpu in self.gpus}
         for gpu in self.gpus:
             if not self.c2c(gpu):
@@ -148,32 +164,49 @@ class Machine:
                     table[gpu][nic] = dataclasses.replace(table[gpu][nic], type="P2C")
         return table
 
-    def local_gpus(self, nic: Endpoint) -> list[Endpoint]:
+    def local_gpus(self, nic: PcieDevice) -> list[PcieDevice]:
         """The NIC's own GPUs (PXN is one-way, GPU to NIC, so the direct paths count)."""
         return self.local({gpu: self.before_pxn[gpu][nic] for gpu in self.gpus})
 
-    def channel_nic(self, gpu: Endpoint, table, channel: int = 0) -> Endpoint | None:
+    def nvml_index(self, gpu: PcieDevice) -> int:
+        """NCCL's gpu.dev: NVML's index (src/graph/xml.cc ncclTopoGetXmlFromGpu ->
+        ncclNvmlDeviceGetIndex), not the CUDA ordinal, which CUDA_VISIBLE_DEVICES and
+        CUDA_DEVICE_ORDER change. NVML numbers every GPU of the node in PCI bus order; its
+        captured list is in index order, and without it the bus order stands in."""
+        listed = [entry.get("pci_bus_id") for entry in (self.nvml or {}).get("gpus", [])]
+        if gpu.bdf in listed:
+            return listed.index(gpu.bdf)
+        return sorted(g.bdf for g in self.gpus).index(gpu.bdf)
+
+    def nets_per_gpu(self, gpu: PcieDevice, table) -> int:
+        nets = self.local(table[gpu])
+        return self.policy.nets_per_gpu(len(nets), len(self.local_gpus(nets[0]))) if nets else 0
+
+    def channel_nic(self, gpu: PcieDevice, table, channel: int = 0) -> PcieDevice | None:
+        """topo.cc ncclTopoGetLocalNetType: start at ``dev % localGpuCount`` (localGpuCount:
+        the GPUs local to the first local NIC; bits mirrored when the NIC count is a power
+        of two), then ``channel % netsPerGpu`` further (NCCL_NETDEVS_POLICY)."""
         nets = self.local(table[gpu])
         if not nets:
             return None
-        gpus_of_first = max(len(self.local_gpus(nets[0])), 1)
-        # NCCL's gpu.dev is the CUDA ordinal; bus order stands in without CUDA facts.
-        dev = self.cuda.get(gpu.bdf, {}).get("ordinal", self.gpus.index(gpu))
-        index = dev % gpus_of_first
+        index = self.nvml_index(gpu) % max(len(self.local_gpus(nets[0])), 1)
         if len(nets) & (len(nets) - 1) == 0:
             index = mirror_bits(index, len(nets))
-        return nets[(index + channel) % len(nets)]
+        index += channel % self.nets_per_gpu(gpu, table)
+        return nets[index % len(nets)]
 
-    def local_gpu(self, nic: Endpoint) -> Endpoint | None:
-        """ncclTopoGetLocalGpu: the first of the NIC's GPUs that uses it on some channel."""
+    def local_gpu(self, nic: PcieDevice, table) -> PcieDevice | None:
+        """topo.cc ncclTopoGetLocalGpu: over channels, then the NIC's own GPUs in order, the
+        first whose channel lands on the NIC; None (NCCL's -1: no PXN relay) when none does.
+        Channels repeat every netsPerGpu, which is at most the NIC count."""
         for channel in range(max(len(self.nics), 1)):
             for gpu in self.local_gpus(nic):
-                if self.channel_nic(gpu, self.before_pxn, channel) == nic:
+                if self.channel_nic(gpu, table, channel) == nic:
                     return gpu
         return None
 
     # -- step 5: the GDR gate -----------------------------------------------------------
-    def gdr(self, gpu: Endpoint, nic: Endpoint, path: PairPath, read: bool) -> Gdr:
+    def gdr(self, gpu: PcieDevice, nic: PcieDevice, path: PairPath, read: bool) -> Gdr:
         if not self.paths.nic_gdr(nic.name, gpu.bdf):
             return Gdr(False, f"NCCL says \"GPU Direct RDMA Disabled for HCA\" {nic.name}: "
                               + self.paths.why_not(nic.name, gpu.bdf))
@@ -184,12 +217,16 @@ class Machine:
             if refused:
                 return Gdr(False, refused)
         distance = self.before_pxn[path.via][nic].type if path.via is not None else path.type
+        origin = ("NCCL's default" if self.level.raw is None else
+                  f"NCCL_NET_GDR_LEVEL={self.level.raw} is undefined in NCCL, default assumed" if self.level.undefined
+                  else f"NCCL_NET_GDR_LEVEL={self.level.raw}")
         if not self.level.admits(distance):
-            origin = "NCCL's default" if self.level.raw is None else f"NCCL_NET_GDR_LEVEL={self.level.raw}"
             return Gdr(False, f"path {distance} is beyond the GDR level {self.level.name} ({origin})")
+        if self.level.undefined:
+            return Gdr(True, f"path {distance} <= GDR level {self.level.name} ({origin})")
         return Gdr(True, f"path {distance} <= GDR level {self.level.name}")
 
-    def read_refusal(self, gpu: Endpoint) -> str | None:
+    def read_refusal(self, gpu: PcieDevice) -> str | None:
         """Why NCCL keeps the NIC from reading GPU memory on sends, or None."""
         setting = int_param(self.environ, "NCCL_NET_GDR_READ", -2)
         if setting == 0:
@@ -205,25 +242,78 @@ class Machine:
 
     # -- step 3: PXN --------------------------------------------------------------------
     @functools.cached_property
-    def table(self) -> dict[Endpoint, dict[Endpoint, PairPath]]:
+    def table(self) -> dict[PcieDevice, dict[PcieDevice, PairPath]]:
+        """paths.cc ncclTopoComputePaths, "Update paths for NICs": NIC by NIC, GPU by GPU,
+        the relay (ncclTopoGetLocalGpu) is looked up on the table as updated so far. Not
+        modelled: the same loop's diversion through the CPU of pairs nearer than PHB
+        without GDR (addInterStep CPU), which can change later NICs' relays."""
         table = {gpu: dict(paths) for gpu, paths in self.before_pxn.items()}
-        if int_param(self.environ, "NCCL_PXN_DISABLE", 0) == 1:
+        if pxn_disabled(self.environ):
             return table
         pxn_level = "P2C" if int_param(self.environ, "NCCL_PXN_C2C", 1) else "PXB"
         for nic in self.nics:
-            peer = self.local_gpu(nic)
-            if peer is None:
-                continue
-            peer_path = self.before_pxn[peer][nic]
-            if PATH_RANK[peer_path.type] > PATH_RANK[pxn_level] or not self.gdr(peer, nic, peer_path, True).on:
-                continue
             for gpu in self.gpus:
-                own = table[gpu][nic]
-                if gpu == peer or not self.nvlink_count(gpu, peer):
+                # Asked again for every pair, as NCCL does: earlier PXN paths change the answer.
+                peer = self.local_gpu(nic, table)
+                if peer is None or peer == gpu or not self.nvlink_count(gpu, peer):
+                    continue
+                peer_path, own = table[peer][nic], table[gpu][nic]
+                if PATH_RANK[peer_path.type] > PATH_RANK[pxn_level] or not self.gdr(peer, nic, peer_path, True).on:
                     continue
                 if peer_path.bw > own.bw or PATH_RANK[own.type] > PATH_RANK["PXN"]:
                     table[gpu][nic] = PairPath("PXN", min(self.nvlink_gbs(gpu, peer), peer_path.bw), peer)
         return table
+
+
+@dataclasses.dataclass(frozen=True)
+class InterCpu:
+    gbs: float
+    source: str                    # how the figure was found, for the decision's why
+    assumed: bool = False
+
+
+def cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
+    """The first processor's fields; values keep their blanks (Zhaoxin's "  Shanghai  ")."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.split("\n\n", 1)[0].splitlines():
+        name, colon, value = line.partition(":")
+        if colon:
+            fields.setdefault(name.strip(), value[1:] if value.startswith(" ") else value)
+    return fields
+
+
+def inter_cpu_bandwidth(cpuinfo: str) -> InterCpu:
+    """topo.cc ncclTopoGetInterCpuBw with the CPU NCCL describes in xml.cc
+    ncclTopoGetXmlFromCpu (cpuid vendor, family and model, which /proc/cpuinfo shows for
+    these families) and topo.cc ncclTopoAddCpu (Intel family 6: model >= 0xCF Emerald
+    Rapids, >= 0x8F Sapphire Rapids, >= 0x55 Skylake, else Broadwell; Zhaoxin family 7
+    model 0x5B Yongfeng). An x86 vendor NCCL does not know gets LOC_BW: no limit."""
+    fields = cpuinfo_fields(cpuinfo)
+    if "vendor_id" in fields:
+        vendor_id = fields["vendor_id"]
+        vendor = next((name for prefix, name in X86_VENDORS if vendor_id.startswith(prefix)), None)
+        family, model = (decimal_or_none(fields.get(key, "")) for key in ("cpu family", "model"))
+        what = f"{vendor_id.strip()} family {family} model {model:#x}" if model is not None else vendor_id.strip()
+        if vendor == "Intel":
+            gbs = next((bw for floor, bw in ((0xCF, ERP_QPI_BW), (0x8F, SRP_QPI_BW), (0x55, SKL_QPI_BW))
+                        if family == 6 and model is not None and model >= floor), BDW_QPI_BW)
+        elif vendor == "AMD":
+            gbs = AMD_BW
+        elif vendor == "Zhaoxin":
+            gbs = YONGFENG_ZPI_BW if (family, model) == (7, 0x5B) else ZPI_BW
+        else:
+            return InterCpu(LOC_BW, f"{what}: a vendor NCCL does not know, so no inter-CPU limit (LOC_BW)")
+        return InterCpu(gbs, f"{what} (/proc/cpuinfo)")
+    if "CPU implementer" in fields:
+        return InterCpu(ARM_BW, "an Arm CPU (/proc/cpuinfo)")
+    if fields.get("cpu", "").strip().startswith("POWER"):
+        return InterCpu(P9_BW, f"{fields['cpu'].strip()} (/proc/cpuinfo)")
+    return InterCpu(ASSUMED_INTER_CPU_GBS, "the CPU is unknown (no /proc/cpuinfo NCCL's table can place): "
+                                           f"{ASSUMED_INTER_CPU_GBS:g} GB/s assumed", assumed=True)
+
+
+def decimal_or_none(text: str) -> int | None:
+    return int(text.strip()) if text.strip().isdigit() else None
 
 
 def mirror_bits(value: int, pow2: int) -> int:
@@ -240,7 +330,7 @@ def path_kind(path: PairPath) -> str:
     return {"PXN": "pxn", "P2C": "c2c"}.get(path.type, "direct")
 
 
-def gpu_decision(machine: Machine, gpu: Endpoint) -> NcclGpuDecision:
+def gpu_decision(machine: Machine, gpu: PcieDevice) -> NcclGpuDecision:
     nic = machine.channel_nic(gpu, machine.table)
     candidates = tuple(n.name for n in machine.local(machine.table[gpu]))
     if nic is None:
@@ -256,6 +346,9 @@ def gpu_decision(machine: Machine, gpu: Endpoint) -> NcclGpuDecision:
         why.append(f"PXN: {gpu.name} sends through {path.via.name} over NVLink, "
                    f"{machine.before_pxn[path.via][nic].type} from there to {nic.name}")
     why += [f"receive: {write.reason}", f"send: {read.reason}"]
+    if any(p.type == "SYS" for p in machine.before_pxn[gpu].values()):
+        why.append(f"across sockets NCCL counts {machine.inter_cpu.gbs:g} GB/s (topo.cc ncclTopoGetInterCpuBw): "
+                   + machine.inter_cpu.source)
     if machine.nvml is None:
         why.append("NVLink and C2C unknown (NVML unavailable): PXN and P2C are not considered")
     if machine.capability(gpu) is None:

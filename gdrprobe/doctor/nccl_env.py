@@ -16,7 +16,8 @@ from typing import Callable, Mapping
 
 from gdrprobe.doctor.context import DoctorContext
 from gdrprobe.doctor.nccl_decision import decide
-from gdrprobe.nccl.env import GdrLevel, gdr_level, int_param, int_value, parse_hca_filter
+from gdrprobe.doctor import pci
+from gdrprobe.nccl.env import GdrLevel, gdr_level, int_param, int_value, parse_hca_filter, pxn_disabled
 from gdrprobe.report.model import NcclGpuDecision
 from gdrprobe.report.model import Evidence, Finding, Status
 
@@ -68,7 +69,7 @@ SIMPLE_RULES = (
          "NCCL reads the topology from this file instead of detecting it; a gdr= attribute in the file wins "
          "over the detected value even though the log shows the detected one",
          "Make sure the file describes this machine, or unset it to let NCCL detect the topology."),
-    Rule("NCCL_PXN_DISABLE", is_nonzero, Status.INFO,
+    Rule("NCCL_PXN_DISABLE", lambda value: pxn_disabled({"NCCL_PXN_DISABLE": value}), Status.INFO,
          "NCCL will not relay through an NVLink peer GPU to that GPU's nearer NIC, so some GPUs use a farther NIC"),
     Rule("NCCL_IB_PCI_RELAXED_ORDERING", is_zero, Status.INFO,
          "NCCL registers memory without PCIe relaxed ordering, which costs bandwidth in virtual machines"),
@@ -119,6 +120,13 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
                                 "case-sensitive, NODE does not exist): NCCL silently ignores it and uses its default",
                         evidence=evidence,
                         fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
+    if level.undefined:
+        return [finding(id="nccl.net_gdr_level", status=Status.WARN,
+                        summary=f"NCCL_NET_GDR_LEVEL={value} is a number NCCL stores in a C int, where it becomes "
+                                "negative: NCCL then reads before its level table (undefined behaviour), so the GDR "
+                                f"level is unknown; the doctor assumes the default {level.name}",
+                        evidence=evidence,
+                        fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
     if not level.admits("PIX"):
         return [finding(id="nccl.net_gdr_level", status=Status.FAIL,
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: no NIC is that close to a GPU, "
@@ -149,7 +157,8 @@ def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
     hca_filter = parse_hca_filter(value)
     unfiltered = {k: v for k, v in ctx.environ.items() if k != "NCCL_IB_HCA"}
     excluded = [Evidence(f"GPU {d.gpu_bdf} -> NCCL's NIC without the filter {d.nic}", d.path_type)
-                for d in decide(ctx, unfiltered) if d.nic is not None and not hca_filter.selects(d.nic)]
+                for d in decide(ctx, unfiltered) if d.nic is not None
+                and not hca_filter.selects(d.nic, tuple(port.number for port in pci.nccl_ports(ctx.root, d.nic)))]
     evidence = (Evidence("environment NCCL_IB_HCA", value),)
     if excluded:
         return [finding(id="nccl.ib_hca", status=Status.WARN,

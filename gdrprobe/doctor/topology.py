@@ -41,7 +41,7 @@ XEN_HYPERVISOR_TYPE = "/sys/hypervisor/type"
 
 
 @dataclasses.dataclass(frozen=True)
-class Endpoint:
+class PcieDevice:
     """A GPU or an RDMA NIC and where it sits on the PCIe tree."""
 
     kind: str                      # "GPU" or "NIC"
@@ -67,18 +67,18 @@ class Virtualization:
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    gpus: tuple[Endpoint, ...]
-    nics: tuple[Endpoint, ...]
+    gpus: tuple[PcieDevice, ...]
+    nics: tuple[PcieDevice, ...]
     software_nics: tuple[str, ...]     # RDMA devices with no PCI function (rxe, siw)
     virtualization: Virtualization
 
-    def distance(self, a: Endpoint, b: Endpoint) -> str:
+    def distance(self, a: PcieDevice, b: PcieDevice) -> str:
         return pcie_distance(a, b)
 
-    def nccl_class(self, a: Endpoint, b: Endpoint) -> str:
+    def nccl_class(self, a: PcieDevice, b: PcieDevice) -> str:
         return NCCL_CLASS_OF_DISTANCE[pcie_distance(a, b)]
 
-    def bridges_between(self, a: Endpoint, b: Endpoint) -> tuple[str, ...]:
+    def bridges_between(self, a: PcieDevice, b: PcieDevice) -> tuple[str, ...]:
         """Bridges a peer transaction from a to b crosses (all of both chains across host bridges)."""
         common = 0
         if a.host_bridge == b.host_bridge:
@@ -97,7 +97,7 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     return count
 
 
-def pcie_distance(a: Endpoint, b: Endpoint) -> str:
+def pcie_distance(a: PcieDevice, b: PcieDevice) -> str:
     if a.bdf == b.bdf:
         return "X"
     if a.host_bridge != b.host_bridge:
@@ -114,20 +114,20 @@ def pcie_distance(a: Endpoint, b: Endpoint) -> str:
 # ---- building --------------------------------------------------------------
 
 
-def _endpoint(root: SysRoot, kind: str, name: str, bdf: str) -> Endpoint:
+def _endpoint(root: SysRoot, kind: str, name: str, bdf: str) -> PcieDevice:
     path = pci.resolved_path(root, bdf)
-    return Endpoint(kind=kind, name=name, bdf=bdf, numa_node=pci.numa_node(root, bdf),
+    return PcieDevice(kind=kind, name=name, bdf=bdf, numa_node=pci.numa_node(root, bdf),
                     sysfs_path=path, host_bridge=pci.host_bridge(path),
                     local_cpus=pci.local_cpulist(root, bdf),
                     bridges=pci.parent_bridges(path))
 
 
-def find_gpus(root: SysRoot, bdfs: list[str]) -> tuple[Endpoint, ...]:
+def find_gpus(root: SysRoot, bdfs: list[str]) -> tuple[PcieDevice, ...]:
     gpu_bdfs = [bdf for bdf in bdfs if pci.is_nvidia_gpu(root, bdf)]
     return tuple(_endpoint(root, "GPU", f"GPU{i}", bdf) for i, bdf in enumerate(gpu_bdfs))
 
 
-def find_nics(root: SysRoot) -> tuple[tuple[Endpoint, ...], tuple[str, ...]]:
+def find_nics(root: SysRoot) -> tuple[tuple[PcieDevice, ...], tuple[str, ...]]:
     """RDMA devices split into PCI NICs and software devices."""
     nics, software = [], []
     for ibdev in pci.rdma_devices(root):
@@ -167,7 +167,7 @@ def hypervisor_evidence(root: SysRoot, bdfs: list[str]) -> list[Evidence]:
 
 
 def detect_virtualization(root: SysRoot, bdfs: list[str],
-                          endpoints: tuple[Endpoint, ...]) -> Virtualization:
+                          endpoints: tuple[PcieDevice, ...]) -> Virtualization:
     hints = hypervisor_evidence(root, bdfs)
     flat = bool(endpoints) and all(not e.bridges for e in endpoints)
     placement = [Evidence("resolved /sys/bus/pci/devices links",
@@ -217,7 +217,7 @@ def render_matrix(topology: Topology) -> str:
 # ---- findings ------------------------------------------------------------------
 
 
-def _placement_evidence(endpoint: Endpoint) -> tuple[Evidence, ...]:
+def _placement_evidence(endpoint: PcieDevice) -> tuple[Evidence, ...]:
     link = (f"{pci.INFINIBAND_CLASS_DIR}/{endpoint.name}/device" if endpoint.kind == "NIC"
             else pci.device_dir(endpoint.bdf))
     return (Evidence(f"realpath {link}", endpoint.sysfs_path),
@@ -293,7 +293,7 @@ def level_finding(level: GdrLevel) -> Finding:
                    (source,))
 
 
-def distance_finding(gpu: Endpoint, nic: Endpoint, decision) -> Finding:
+def distance_finding(gpu: PcieDevice, nic: PcieDevice, decision) -> Finding:
     """Where the NIC NCCL uses for this GPU sits; a PXN or C2C path that NCCL runs with
     GPUDirect RDMA is healthy whatever the PCIe distance (see nccl.gpu.<bdf>)."""
     distance = pcie_distance(gpu, nic)

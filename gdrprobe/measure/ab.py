@@ -12,7 +12,7 @@ import dataclasses
 from typing import Callable
 
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.errors import (CompletionError, CudaError, IntegrityError, MissingDependency,
+from gdrprobe.errors import (CompletionError, CudaError, IntegrityError,
                              NoRdmaDevice, NotTestable, RegistrationFailed, UsageError)
 from gdrprobe.report.model import ArmReport, CheckReport, RunReport
 from gdrprobe.measure.verdict import (DEFAULT_THRESHOLD, STAGED_ARM, ArmMeasurement, arm_ratio,
@@ -64,7 +64,7 @@ class ArmRecord:
         spec = self.plan.local if self.plan.local.kind == "gpu" else self.plan.remote
         # Why this mechanism: from the provider that ran, else what was known when it failed
         # (a broken data path's evidence is the failure itself, kept in data_path_error).
-        known = self.error is not None and not isinstance(self.error, DATA_PATH_ERRORS)
+        known = self.error is not None and not is_data_path_error(self.error)
         reason = (self.gpu_memory().get("mechanism_reason")
                   or (self.error.evidence if known else ""))
         common = dict(arm=self.arm, mechanism=None if self.arm == "host" else self.arm,
@@ -72,7 +72,7 @@ class ArmRecord:
                       message_bytes=size, mechanism_reason=reason)
         if isinstance(self.error, RegistrationFailed):
             return ArmMeasurement(registration_errno=self.error.error_code, **common)
-        if isinstance(self.error, DATA_PATH_ERRORS):
+        if is_data_path_error(self.error):
             evidence = f" ({self.error.evidence})" if self.error.evidence else ""
             return ArmMeasurement(data_path_error=self.error.cause + evidence, **common)
         if self.error is not None:
@@ -86,7 +86,7 @@ class ArmRecord:
         last = self.runs[-1] if self.runs else None
         outcome = ("measured" if self.error is None else
                    "registration failed" if isinstance(self.error, RegistrationFailed)
-                   else "data path broken" if isinstance(self.error, DATA_PATH_ERRORS)
+                   else "data path broken" if is_data_path_error(self.error)
                    else "not testable")
         return ArmReport(
             arm=self.arm, outcome=outcome, size_bytes=size,
@@ -120,11 +120,21 @@ def pipelined_bound(run: RunReport, host: ArmRecord) -> float:
 # What makes a GPU arm "not testable here" (or not engaged) rather than a failed run. A
 # CUDA error is one of them: e.g. cuMemGetHandleForAddressRange refusing the PCIe mapping
 # means that mechanism is not available here, and the other arms still run.
-ARM_ERRORS = (NotTestable, RegistrationFailed, MissingDependency, CudaError)
-# After the host arm of the same repeat passed, corrupt payload or a failed completion in
-# a GPU arm is the broken peer-to-peer path the tool exists to find (a host arm's stays
-# the run's error).
-DATA_PATH_ERRORS = (IntegrityError, CompletionError)
+# A missing cuda-python is not among them: it is a missing dependency (exit 3) with its fix.
+ARM_ERRORS = (NotTestable, RegistrationFailed, CudaError)
+# ibv_wc_status values a NIC reports when its DMA to or from the buffer fails: local
+# length, QP operation, protection and access errors, the remote side's access and
+# operation errors, and the general error (verbs.h). Transport retries (RETRY_EXC 12,
+# RNR_RETRY_EXC 13) and flushes (5) say the link or the peer went away, not the data path.
+DATA_PATH_WC_STATUSES = frozenset({1, 2, 4, 8, 10, 11, 21})
+
+
+def is_data_path_error(error: Exception) -> bool:
+    """After the host arm of the same repeat passed, corrupt payload or a DMA failure in a
+    GPU arm is the broken peer-to-peer path the tool exists to find (a host arm's stays the
+    run's error)."""
+    return isinstance(error, IntegrityError) or (
+        isinstance(error, CompletionError) and error.wc_status in DATA_PATH_WC_STATUSES)
 
 
 class StopSampling(Exception):
@@ -184,8 +194,9 @@ def run_repeat(run_once: Callable[[MemorySpec, MemorySpec], RunReport],
             # The README's promise: no RDMA device under a GPU arm is "not testable here".
             raise NotTestable(f"not testable: {error.cause}", error.fix,
                               evidence=error.evidence) from error
-        except (*ARM_ERRORS, *DATA_PATH_ERRORS) as error:
-            if record.plan.name == "host":
+        except (*ARM_ERRORS, IntegrityError, CompletionError) as error:
+            if record.plan.name == "host" or (isinstance(error, CompletionError)
+                                              and not is_data_path_error(error)):
                 raise
             record.error = error
             continue

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
                              UsageError)
-from gdrprobe.measure.ab import ARM_ERRORS, DATA_PATH_ERRORS
+from gdrprobe.measure.ab import ARM_ERRORS, is_data_path_error
 from gdrprobe.measure.gate import MachineFacts, NicChoice
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.verdict import ArmMeasurement, classify
@@ -139,7 +139,7 @@ def outcome_of(error: GdrprobeError) -> str:
     """The A/B's words for an arm that did not measure, and "failed" for any other error."""
     if isinstance(error, RegistrationFailed):
         return "registration failed"
-    if isinstance(error, DATA_PATH_ERRORS):
+    if is_data_path_error(error):
         return "data path broken"
     return "not testable" if isinstance(error, ARM_ERRORS) else "failed"
 
@@ -186,7 +186,7 @@ def arm_measurement(rows: Sequence[BenchRow], errors: Mapping[tuple, GdrprobeErr
     error = errors.get((gpu, nic, memory))
     if isinstance(error, RegistrationFailed):
         return ArmMeasurement(registration_errno=error.error_code, **common)
-    if isinstance(error, DATA_PATH_ERRORS):
+    if is_data_path_error(error):
         return ArmMeasurement(data_path_error=error.cause, **common)
     if error is not None:
         return ArmMeasurement(not_testable=error.cause, fix=error.fix, **common)
@@ -261,7 +261,7 @@ def run_sweep(plan: BenchPlan, execute: Execute,
                 # at every QP count; any other failure is this run's answer and the next QP
                 # count is still tried.
                 if isinstance(error, ARM_ERRORS) or (
-                        run.memory != "host" and isinstance(error, DATA_PATH_ERRORS)):
+                        run.memory != "host" and is_data_path_error(error)):
                     result.errors[(run.gpu, run.nic, run.memory)] = error
                 done = {row.size_bytes for row in result.rows if _same_run(row, run)}
                 for row in failed_rows(run, [s for s in options.sizes if s not in done], error):

@@ -123,9 +123,9 @@ def check_status(result: dict, what: str, stall_timeout: float) -> None:
         if result["wc_status"] == WC_REMOTE_ACCESS_ERROR:
             raise CompletionError(f"{what} failed: the peer refused the write (remote "
                                   "access)", "the peer's buffer or key changed; run again",
-                                  evidence=evidence)
-        raise CompletionError(f"{what} failed", "see 'gdrprobe doctor' and dmesg",
-                              evidence=evidence)
+                                  evidence, result["wc_status"])
+        raise CompletionError(f"{what} failed", "see 'gdrprobe doctor' and dmesg", evidence,
+                              result["wc_status"])
     detail = _native.STATUS_NAMES.get(status, str(status))
     if result.get("errno"):
         detail += f" (errno {result['errno']})"

@@ -108,6 +108,15 @@ def endpoint_summary(endpoint: Endpoint, memory: MemoryProvider) -> EndpointSumm
 
 
 
+def findings_in(error: GdrprobeError) -> tuple:
+    """The findings a server's error carried about the host that owns its GPU buffer; a
+    malformed list is dropped rather than hiding the error it came with."""
+    try:
+        return findings_from_message(getattr(error, "peer_message", {}))
+    except PeerError:
+        return ()
+
+
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
                    max_inline: int, initiator: bool, stall_s: float):
     """The ping-pong loop's settings for one side: it sends from the upper half of its
@@ -189,7 +198,7 @@ class ProbeClient:
                 # What the A/B needs of a GPU arm that ended in error: its mechanism, and
                 # the findings of the host that owns a remote GPU buffer.
                 error.mechanism = getattr(error, "mechanism", "") or self.gpu_mechanism
-                error.remote_findings = self.remote_findings
+                error.remote_findings = self.remote_findings or findings_in(error)
             raise
         finally:
             channel.close()
@@ -563,7 +572,8 @@ class ProbeServer:
         try:
             self.serve_one(channel, source)
         except GdrprobeError as error:
-            channel.send_last("error", **error_message(error))
+            channel.send_last("error", **error_message(error),
+                              findings=getattr(error, "owner_findings", []))
             if not self._closing:
                 self.log(f"gdrprobe serve: run from {source} ended: {error.cause}")
             return error
@@ -603,12 +613,23 @@ class ProbeServer:
         with self._nic.turn(source, heartbeat_s, waiting):
             self.stop.clear()
             local_ip = channel.sock.getsockname()[0]
-            with Endpoint(options.endpoint_options(self.endpoint_options, server=True),
-                          local_ip) as endpoint:
-                with open_buffer(spec, endpoint, options.buffer_bytes, True,
-                                 options.relaxed_ordering) as memory:
-                    self._serve_rounds(channel, options, endpoint, memory, remote_address,
-                                       remote_buffer)
+            try:
+                with Endpoint(options.endpoint_options(self.endpoint_options, server=True),
+                              local_ip) as endpoint:
+                    with open_buffer(spec, endpoint, options.buffer_bytes, True,
+                                     options.relaxed_ordering) as memory:
+                        self._serve_rounds(channel, options, endpoint, memory,
+                                           remote_address, remote_buffer)
+            except GdrprobeError as error:
+                # A GPU buffer that would not register, or a broken path into it: the
+                # client's verdict needs this host's findings about it all the more.
+                if spec.kind == "gpu":
+                    error.owner_findings = self._verdict_findings()
+                raise
+
+    def _verdict_findings(self) -> list[dict]:
+        """This host's doctor findings that confirm or rule out a verdict's causes."""
+        return findings_message(f for f in self.findings if speaks_to_verdict(f.id))
 
     def _memory_for(self, setup: dict, options: ProbeOptions) -> MemorySpec:
         """The client's choice of this side's memory, else the server's own."""
@@ -643,9 +664,7 @@ class ProbeServer:
                      timeout_s=self.timeout_s,
                      # This host's doctor on its GPU buffer's path: the client's verdict
                      # confirms or rules out causes with them.
-                     findings=findings_message(f for f in self.findings
-                                               if speaks_to_verdict(f.id))
-                     if memory.kind == "gpu" else [])
+                     findings=self._verdict_findings() if memory.kind == "gpu" else [])
         while True:
             message = channel.receive("start", "bye")
             if message["type"] == "bye":

@@ -13,7 +13,7 @@ SYS), else NCCL keeps its default and says nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Callable, Mapping
 
 # NCCL's path types, nearest first, with the rank its gates compare (src/include/graph.h).
 PATH_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6,
@@ -77,6 +77,7 @@ class GdrLevel:
     name: str
     raw: str | None                # the variable's value; None when unset
     ignored: bool                  # set to something NCCL does not parse, so the default holds
+    undefined: bool = False        # a number NCCL reads outside its table: ``name`` is the default, assumed
 
     def admits(self, nccl_class: str) -> bool:
         return PATH_RANK[nccl_class] <= PATH_RANK[self.name]
@@ -87,34 +88,112 @@ def default_gdr_level(environ: Mapping[str, str]) -> str:
     return "P2C" if int_param(environ, "NCCL_NET_GDR_C2C", 1) else "PXB"
 
 
+def c_int(value: int) -> int:
+    """A C ``long`` stored in an ``int``: the low 32 bits, two's complement (gcc, x86-64/aarch64)."""
+    return (value + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
 def gdr_level(environ: Mapping[str, str]) -> GdrLevel:
-    """NCCL_NET_GDR_LEVEL as NCCL parses it: exact names, integers, else ignored."""
+    """NCCL_NET_GDR_LEVEL as NCCL parses it (src/graph/paths.cc ncclGetLevel): exact names;
+    else, when the first character is a digit, ``int oldLevel = strtol(str, NULL, 0)`` (the
+    long truncated to a C int; an overflow saturates at LONG_MAX first), clamped at the end
+    of levelsOldToNew, where a negative int indexes before the table: undefined behaviour,
+    reported as such with the default assumed; else ignored."""
     raw = environ.get("NCCL_NET_GDR_LEVEL")
+    default = default_gdr_level(environ)
     if raw is None:
-        return GdrLevel(default_gdr_level(environ), None, ignored=False)
+        return GdrLevel(default, None, ignored=False)
     if raw in PATH_RANK:
         return GdrLevel(raw, raw, ignored=False)
-    # ncclGetLevel: strtol(str, NULL, 0) only when the first character is a digit.
     if raw[:1] in "0123456789":
         number = strtoll(raw)
-        # strtol saturates on overflow; levelsOldToNew clamps anything past its end to SYS.
-        top = len(LEGACY_LEVELS) - 1
-        return GdrLevel(LEGACY_LEVELS[top if number is None else min(number, top)], raw, ignored=False)
-    return GdrLevel(default_gdr_level(environ), raw, ignored=True)
+        number = c_int(INT64_MAX if number is None else number)
+        if number < 0:
+            return GdrLevel(default, raw, ignored=False, undefined=True)
+        return GdrLevel(LEGACY_LEVELS[min(number, len(LEGACY_LEVELS) - 1)], raw, ignored=False)
+    return GdrLevel(default, raw, ignored=True)
+
+
+def pxn_disabled(environ: Mapping[str, str]) -> bool:
+    """NCCL_PXN_DISABLE turns PXN off only when it reads exactly 1 (src/graph/paths.cc
+    ncclPxnDisable and ncclTopoComputePaths ``if (ncclPxnDisable(comm) != 1)``): 2 or -1
+    leave PXN on."""
+    return int_param(environ, "NCCL_PXN_DISABLE", 0) == 1
+
+
+@dataclasses.dataclass(frozen=True)
+class NetDevsPolicy:
+    """NCCL_NETDEVS_POLICY (src/graph/topo.cc getNetDevsPolicyOnce): how many of its local
+    NICs each GPU spreads its channels over. AUTO: DIVUP(local NICs, local GPUs); ALL:
+    every local NIC; MAX:n: at most n (n read with atoi, must be > 0). Names are matched
+    case-insensitively; anything else is AUTO."""
+
+    kind: str                      # "AUTO", "ALL" or "MAX"
+    limit: int = 0                 # n of MAX:n
+    raw: str | None = None
+    recognised: bool = True
+
+    def nets_per_gpu(self, local_nets: int, local_gpus: int) -> int:
+        """ncclTopoGetLocalNetType's netsPerGpu."""
+        if self.kind == "ALL":
+            return local_nets
+        if self.kind == "MAX":
+            return min(self.limit, local_nets)
+        return -(-local_nets // max(local_gpus, 1))
+
+
+def atoi(text: str) -> int:
+    """C's ``atoi``: optional blanks and sign, then decimal digits up to the first other character."""
+    rest = text.lstrip(" \t\n\r\f\v")
+    sign = -1 if rest[:1] == "-" else 1
+    rest = rest[1:] if rest[:1] in "+-" else rest
+    digits = rest[:len(rest) - len(rest.lstrip("0123456789"))]
+    return c_int(sign * int(digits)) if digits else 0
+
+
+def netdevs_policy(environ: Mapping[str, str]) -> NetDevsPolicy:
+    raw = environ.get("NCCL_NETDEVS_POLICY")
+    if raw is None:
+        return NetDevsPolicy("AUTO")
+    if raw.upper() in ("AUTO", "ALL"):
+        return NetDevsPolicy(raw.upper(), raw=raw)
+    if raw[:4].upper() == "MAX:" and atoi(raw[4:]) > 0:
+        return NetDevsPolicy("MAX", atoi(raw[4:]), raw=raw)
+    return NetDevsPolicy("AUTO", raw=raw, recognised=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class HcaEntry:
+    """One NCCL_IB_HCA entry (src/misc/utils.cc parseStringList): ``prefix[:port[:rail[:plane]]]``;
+    the port is atoi'd, -1 when absent or empty (any port)."""
+
+    prefix: str
+    port: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
 class HcaFilter:
-    """NCCL_IB_HCA parsed as NCCL parses it (src/transport/net_ib/init.cc ncclIbInitDevices,
-    parseStringList/matchIfList): "^" excludes, "=" asks for exact names, else prefixes."""
+    """NCCL_IB_HCA parsed and matched as NCCL does (src/transport/net_ib/init.cc
+    ncclIbInitDevices; src/misc/utils.cc parseStringList, matchIfList, matchIf, matchPort):
+    a leading "^" excludes, then "=" asks for exact names, else names are prefixes; an entry's
+    port must equal the port's number unless either is -1. An empty list matches everything,
+    so "^" alone (or "^=") excludes every device, and "" or "=" selects every one. Entries are
+    not trimmed: NCCL compares " mlx5_0" with its blank."""
 
     exclude: bool
     exact: bool
-    names: tuple[str, ...]        # device names, ":port" stripped
+    entries: tuple[HcaEntry, ...]
 
-    def selects(self, device: str) -> bool:
-        matched = any(device == name if self.exact else device.startswith(name) for name in self.names)
-        return matched != self.exclude
+    def matches(self, device: str, port: int = -1) -> bool:
+        """matchIfList for one device port (-1: any port)."""
+        if not self.entries:
+            return True
+        return any((device == e.prefix if self.exact else device.startswith(e.prefix))
+                   and (port == -1 or e.port == -1 or port == e.port) for e in self.entries)
+
+    def selects(self, device: str, ports: tuple[int, ...] = ()) -> bool:
+        """Whether NCCL keeps some of the device's ``ports`` (none known: any port)."""
+        return any(self.matches(device, port) != self.exclude for port in ports or (-1,))
 
 
 def parse_hca_filter(value: str) -> HcaFilter:
@@ -122,5 +201,55 @@ def parse_hca_filter(value: str) -> HcaFilter:
     rest = value[1:] if exclude else value
     exact = rest.startswith("=")
     rest = rest[1:] if exact else rest
-    names = tuple(entry.split(":")[0].strip() for entry in rest.split(",") if entry.strip())
-    return HcaFilter(exclude, exact, names)
+    entries = []
+    for entry in (e for e in rest.split(",") if e):          # strtok_r skips empty entries
+        prefix, _, tail = entry.partition(":")
+        if prefix:
+            port = tail.partition(":")[0]
+            entries.append(HcaEntry(prefix, atoi(port) if port else -1))
+    return HcaFilter(exclude, exact, tuple(entries))
+
+
+# ---- NCCL's configuration files ---------------------------------------------------------
+SYSTEM_CONF_FILE = "/etc/nccl.conf"
+CONF_NAME_MAX = 1023               # setEnvFile's envVar and envValue buffers, less the NUL
+
+
+def conf_files(environ: Mapping[str, str]) -> list[str]:
+    """The files NCCL loads, in order (src/misc/param.cc initEnvFunc): NCCL_CONF_FILE when
+    set and non-empty, else $HOME/.nccl.conf; then /etc/nccl.conf."""
+    user = environ.get("NCCL_CONF_FILE")
+    if user:
+        first = [user]
+    else:
+        first = [environ["HOME"] + "/.nccl.conf"] if environ.get("HOME") is not None else []
+    return first + [SYSTEM_CONF_FILE]
+
+
+def conf_assignments(text: str) -> list[tuple[str, str]]:
+    """setEnvFile's reading of one file: per line, one trailing newline and then one carriage
+    return dropped; lines starting with '#' or without '=' skipped; the name is everything
+    before the first '=' and the value everything after it, nothing trimmed."""
+    assignments = []
+    for line in text.split("\n"):
+        line = line[:-1] if line.endswith("\r") else line
+        name, equals, value = line.partition("=")
+        if line.startswith("#") or not equals or not name:
+            continue
+        assignments.append((name[:CONF_NAME_MAX], value[:CONF_NAME_MAX]))
+    return assignments
+
+
+def with_conf_files(environ: Mapping[str, str],
+                    read: Callable[[str], str | None]) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment NCCL ends up with, and where each value came from ("environment" or
+    a file's path). NCCL sets each file's variables with setenv(name, value, 0): the
+    environment wins, and an earlier file (or line) wins over a later one."""
+    merged = dict(environ)
+    sources = {name: "environment" for name in environ}
+    for path in conf_files(environ):
+        text = read(path)
+        for name, value in conf_assignments(text or ""):
+            if name not in merged:
+                merged[name], sources[name] = value, path
+    return merged, sources

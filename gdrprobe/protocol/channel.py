@@ -307,9 +307,12 @@ def error_from_message(message: dict, peer: str) -> GdrprobeError:
     evidence = peer_text(message.get("evidence", ""))
     cls = WIRE_ERRORS.get(message.get("category"))
     if cls is RegistrationFailed:
-        return cls(reason, fix, evidence, field(message, "errno", int, default=-1),
-                   peer_text(message.get("mechanism", ""), 40))
-    return (cls or PeerError)(reason, fix, evidence)
+        error = cls(reason, fix, evidence, field(message, "errno", int, default=-1),
+                    peer_text(message.get("mechanism", ""), 40))
+    else:
+        error = (cls or PeerError)(reason, fix, evidence)
+    error.peer_message = message   # the rest (findings, say) for the layer that reads it
+    return error
 
 
 def _hex_field(message: dict, name: str, size: int) -> bytes:

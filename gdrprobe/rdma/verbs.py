@@ -30,14 +30,17 @@ LINK_LAYERS = {0: "Unspecified", 1: "InfiniBand", 2: "Ethernet"}
 TRANSPORTS = {0: "InfiniBand", 1: "iWARP", 2: "usNIC", 3: "usNIC UDP", 4: "unspecified"}
 NODE_TYPES = {1: "CA", 2: "switch", 3: "router", 4: "RNIC", 5: "usNIC", 6: "usNIC UDP",
               7: "unspecified"}
-# Gb/s per lane of ibv_port_attr.active_speed, and lanes of active_width.
-SPEED_GBPS = {1: 2.5, 2: 5.0, 4: 10.0, 8: 10.3125, 16: 14.0625, 32: 25.78125, 64: 50.0,
-              128: 100.0, 256: 200.0}
+# Data rate in Gb/s per lane of ibv_port_attr.active_speed (SDR .. XDR), and lanes of
+# active_width: the kernel's table (drivers/infiniband/core/sysfs.c rate_show, the
+# ports/N/rate file) and rdma-core's (ibv_devinfo.c speed_str), so speed x width is the line
+# rate sysfs states, e.g. "100 Gb/sec (4X EDR)".
+SPEED_GBPS = {1: 2.5, 2: 5.0, 4: 10.0, 8: 10.0, 16: 14.0, 32: 25.0, 64: 50.0, 128: 100.0,
+              256: 200.0}
 WIDTH_LANES = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
 
 
 def port_rate_gbps(port_attr) -> float | None:
-    """The port's signalling rate (speed per lane x lanes), None when verbs does not say."""
+    """The port's line rate (speed per lane x lanes), None when verbs does not say."""
     lane_gbps = SPEED_GBPS.get(port_attr.active_speed)
     lanes = WIDTH_LANES.get(port_attr.active_width)
     return lane_gbps * lanes if lane_gbps and lanes else None

@@ -57,9 +57,11 @@ def render_pairs(report: BenchReport) -> list[str]:
         v = pair.verdict
         ratio = f", GPU/host {v.ratio:.2f}" if v.ratio is not None else ""
         via = f" via {v.mechanism}" if v.mechanism else ""
-        cause = f": {v.likely_causes[0]}" if v.likely_causes else ""
-        lines.append(f" GPU {pair.gpu} - {pair.nic}: {v.classification}{via}{ratio}{cause}"
-                     f"  (NIC: {pair.nic_reason})")
+        answer = f"{v.classification}{via}{ratio}"
+        cause = v.likely_causes[0] if v.likely_causes else ""
+        if cause:   # not testable causes already say so
+            answer = cause if cause.startswith(v.classification) else f"{answer}: {cause}"
+        lines.append(f" GPU {pair.gpu} - {pair.nic}: {answer}  (NIC: {pair.nic_reason})")
     return [RULE] + lines if lines else []
 
 

@@ -242,6 +242,19 @@ class RunReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class PartialRunReport:
+    """A run that failed after some sizes: the rows measured before the failure, and it."""
+
+    kind = "partial-run"
+    bandwidth: tuple[BandwidthResult, ...]
+    latency: tuple[LatencyResult, ...]
+    error_cause: str
+    error_fix: str
+    error_evidence: str
+    exit_code: int
+
+
+@dataclasses.dataclass(frozen=True)
 class ArmReport:
     """One arm of the A/B: which memory each side used and what it measured."""
 

@@ -3,9 +3,9 @@ Renderers format; they never decide."""
 
 from __future__ import annotations
 
-from gdrprobe.report.model import (CheckReport, ClusterPair, ClusterReport, DeviceReport,
-                                   DoctorReport, Finding, NcclLogReport, RankPair, RunReport,
-                                   Status)
+from gdrprobe.report.model import (BandwidthResult, CheckReport, ClusterPair, ClusterReport,
+                                   DeviceReport, DoctorReport, Finding, LatencyResult,
+                                   NcclLogReport, RankPair, RunReport, Status)
 
 
 def render_devices(report: DeviceReport) -> str:
@@ -42,36 +42,48 @@ def render_endpoints(report: RunReport) -> list[str]:
 
 
 def render_run(report: RunReport, gbits: bool = False) -> str:
+    rows = report.bandwidth or report.latency
+    table = [result_columns(rows[0], gbits)] + [result_row(r, gbits) for r in rows] if rows else []
+    return "\n".join([render_run_settings(report), *table, RULE])
+
+
+def render_run_settings(report: RunReport) -> str:
+    """What a run used: the settings, each side's endpoint and memory."""
     s = report.settings
     title = "RDMA_Write BW Test" if s.mode == "bandwidth" else "RDMA_Write Latency Test"
-    lines = [RULE, f" {title} (gdrprobe, in-process)",
-             f" QPs {s.qps}  TX depth {s.tx_depth}  CQ moderation {s.cq_moderation}"
-             f"  post list {s.post_list}  MTU {s.mtu_bytes}  inline {s.inline_bytes} B"
-             f"  handles via {report.handle_route}",
-             *([f" {s.inline_note}"] if s.inline_note else []),
-             *render_endpoints(report), RULE]
-    if report.bandwidth:
+    return "\n".join([
+        RULE, f" {title} (gdrprobe, in-process)",
+        f" QPs {s.qps}  TX depth {s.tx_depth}  CQ moderation {s.cq_moderation}"
+        f"  post list {s.post_list}  MTU {s.mtu_bytes}  inline {s.inline_bytes} B"
+        f"  handles via {report.handle_route}",
+        *([f" {s.inline_note}"] if s.inline_note else []),
+        *render_endpoints(report), RULE])
+
+
+def result_columns(result: BandwidthResult | LatencyResult, gbits: bool = False) -> str:
+    """The column titles of a table of results like this one."""
+    if isinstance(result, BandwidthResult):
         unit = "Gb/sec" if gbits else "MiB/sec"
-        lines.append(f" {'#bytes':<10} {'#iterations':<13} {'BW peak[' + unit + ']':<20}"
-                     f" {'BW average[' + unit + ']':<23} {'MsgRate[Mpps]':<15} integrity")
-        for r in report.bandwidth:
-            peak = r.bandwidth_peak_gbps if gbits else r.bandwidth_peak_mib_s
-            avg = r.bandwidth_avg_gbps if gbits else r.bandwidth_avg_mib_s
-            lines.append(f" {r.size_bytes:<10} {r.iterations:<13} {rate(peak):<20}"
-                         f" {rate(avg):<23} {r.message_rate_mpps:<15.6f}"
-                         f" {integrity_word(r.integrity)}")
-    if report.latency:
-        lines.append(f" {'#bytes':<9} {'#iters':<8} {'min[us]':<9} {'median[us]':<11}"
-                     f" {'mean[us]':<9} {'stdev[us]':<10} {'p99[us]':<9} {'p99.9[us]':<10}"
-                     f" {'max[us]':<9} integrity")
-        for r in report.latency:
-            lines.append(f" {r.size_bytes:<9} {r.iterations:<8} {r.latency_us_min:<9.2f}"
-                         f" {r.latency_us_median:<11.2f} {r.latency_us_mean:<9.2f}"
-                         f" {r.latency_us_stdev:<10.2f} {r.latency_us_p99:<9.2f}"
-                         f" {r.latency_us_p999:<10.2f} {r.latency_us_max:<9.2f}"
-                         f" {integrity_word(r.integrity)}")
-    lines.append(RULE)
-    return "\n".join(lines)
+        return (f" {'#bytes':<10} {'#iterations':<13} {'BW peak[' + unit + ']':<20}"
+                f" {'BW average[' + unit + ']':<23} {'MsgRate[Mpps]':<15} integrity")
+    return (f" {'#bytes':<9} {'#iters':<8} {'min[us]':<9} {'median[us]':<11}"
+            f" {'mean[us]':<9} {'stdev[us]':<10} {'p99[us]':<9} {'p99.9[us]':<10}"
+            f" {'max[us]':<9} integrity")
+
+
+def result_row(r: BandwidthResult | LatencyResult, gbits: bool = False) -> str:
+    """One size's row, in perftest's columns."""
+    if isinstance(r, BandwidthResult):
+        peak = r.bandwidth_peak_gbps if gbits else r.bandwidth_peak_mib_s
+        avg = r.bandwidth_avg_gbps if gbits else r.bandwidth_avg_mib_s
+        return (f" {r.size_bytes:<10} {r.iterations:<13} {rate(peak):<20}"
+                f" {rate(avg):<23} {r.message_rate_mpps:<15.6f}"
+                f" {integrity_word(r.integrity)}")
+    return (f" {r.size_bytes:<9} {r.iterations:<8} {r.latency_us_min:<9.2f}"
+            f" {r.latency_us_median:<11.2f} {r.latency_us_mean:<9.2f}"
+            f" {r.latency_us_stdev:<10.2f} {r.latency_us_p99:<9.2f}"
+            f" {r.latency_us_p999:<10.2f} {r.latency_us_max:<9.2f}"
+            f" {integrity_word(r.integrity)}")
 
 
 def rate(value: float) -> str:

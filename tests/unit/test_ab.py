@@ -5,8 +5,8 @@ import pytest
 
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.measure.ab import StopSampling, plan_arms, run_ab
-from gdrprobe.errors import (CompletionError, CudaError, IntegrityError, NoDevice,
-                             NoRdmaDevice, NotTestable, RegistrationFailed)
+from gdrprobe.errors import (CompletionError, CudaError, IntegrityError, MissingDependency,
+                             NoDevice, NoRdmaDevice, NotTestable, RegistrationFailed)
 from gdrprobe.protocol.messages import findings_from_message, findings_message
 from gdrprobe.report.model import (BandwidthResult, EndpointSummary, Finding, Integrity,
                                    RunReport, RunSettings, Status)
@@ -209,7 +209,7 @@ def test_a_cuda_error_in_the_gpu_arm_is_its_outcome_and_the_other_arms_run():
                     "wrong, first at offset 0", "check the IOMMU"), "first at offset 0"),
     (CompletionError("the 8388608-byte bandwidth round failed", "see dmesg",
                      evidence="work completion status 4 (local protection error), vendor "
-                              "error 0x56, QP 0x11"), "work completion status 4"),
+                              "error 0x56, QP 0x11", wc_status=4), "work completion status 4"),
 ])
 def test_a_broken_data_path_after_a_passing_host_arm_is_not_engaged(error, evidence_words):
     error.mechanism = "peermem"           # as the client names the GPU side's mechanism
@@ -225,6 +225,21 @@ def test_a_broken_data_path_after_a_passing_host_arm_is_not_engaged(error, evide
     assert report.arms[1].outcome == "data path broken"
     assert report.arms[0].bandwidths_gbps == (100.0,)       # the host result is kept
     assert calls == ["host", "auto"]                        # no point in repeating it
+
+
+def test_a_transport_retry_in_a_gpu_arm_stays_the_runs_error():
+    """RNR retries say the peer or the link stalled, not that the data path dropped DMA."""
+    error = CompletionError("the 1048576-byte bandwidth round failed", "see dmesg",
+                            evidence="work completion status 13 (RNR retry counter "
+                                     "exceeded)", wc_status=13)
+    with pytest.raises(CompletionError):
+        run_ab(probe_by_mechanism({"auto": error}, []), plan_arms(GPU, HOST, False), repeats=3)
+
+
+def test_a_missing_cuda_python_is_a_missing_dependency_not_an_answer():
+    error = MissingDependency("cuda-python is not installed", "pip install cuda-python")
+    with pytest.raises(MissingDependency):
+        run_ab(probe_by_mechanism({"auto": error}, []), plan_arms(GPU, HOST, False), repeats=3)
 
 
 def test_the_host_arms_corruption_stays_the_runs_error():

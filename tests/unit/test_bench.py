@@ -151,6 +151,8 @@ def test_a_pair_with_nothing_measured_on_the_gpu_is_not_testable_and_nan_in_the_
     assert verdict.likely_causes == ("not testable: no CUDA driver",)
     _, _, values = outputs.matrix_data(report)
     assert math.isnan(values[0][0])
+    assert (f" GPU {GPU} - mlx5_0: not testable: no CUDA driver  (NIC: NCCL: PIX)"
+            in outputs.render_bench(report))
 
 
 def test_baseline_flags_a_drop_a_rise_in_latency_and_a_lost_kind():

@@ -181,3 +181,10 @@ def test_a_rank_that_cannot_take_part_stops_every_rank_with_its_reason(tmp_path)
     assert lines == ["rank 0: PeerError: other ranks cannot take part: rank 2: no RDMA device found",
                      "rank 1: PeerError: other ranks cannot take part: rank 2: no RDMA device found",
                      "rank 2: NoDevice: no RDMA device found"]
+
+
+def test_without_mpi4py_the_cluster_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)     # import mpi4py now fails
+    with pytest.raises(Exception) as raised:
+        cluster.world()
+    assert raised.value.exit_code == 3 and "python3-mpi4py" in raised.value.fix

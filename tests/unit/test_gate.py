@@ -152,3 +152,24 @@ def test_the_readme_prolog_table_is_the_commands_own():
         codes, _meaning, action = (cell.strip() for cell in line.strip().strip("|").split("|"))
         documented.update({int(code): action for code in codes.split(", ")})
     assert documented == {code: action for code, action in SCHEDULER_ACTION.items()}
+
+
+def test_the_quiet_line_and_the_json_name_the_pair():
+    import dataclasses
+    import json
+
+    from gdrprobe.cli.check import one_line
+    from gdrprobe.memory.spec import MemorySpec
+    from gdrprobe.measure.ab import plan_arms, run_ab
+    from gdrprobe.report.model import to_json
+    from tests.unit.test_ab import fake_probe
+
+    run_once, _ = fake_probe(gpu_gbps=30.0, mechanism="peermem")
+    report = run_ab(run_once, plan_arms(MemorySpec.from_choice("gpu"), MemorySpec(), False), 2)
+    pair = gate.rank_pair({"LOCAL_RANK": "1"}, CUDA, DECISIONS)
+    report = dataclasses.replace(report, placement=pair)
+    assert one_line(report).startswith(
+        f"gdrprobe check: GPUDirect RDMA degraded on GPU {BUS[1]} via mlx5_1 (exit 1: drain): ")
+    placement = json.loads(to_json(report))["placement"]
+    assert (placement["rank"], placement["gpu"], placement["nic"]) == ("LOCAL_RANK=1", BUS[1],
+                                                                       "mlx5_1")

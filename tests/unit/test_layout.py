@@ -41,6 +41,27 @@ def test_lower_layers_import_neither_cli_nor_doctor(layer):
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
+# What each layer must not import: the layers above it (README, "Layout"). memory and
+# protocol both sit on rdma; memory borrows protocol's pure field validators only.
+NOT_BELOW = {
+    "rdma": ("gdrprobe.memory", "gdrprobe.protocol", "gdrprobe.measure", "gdrprobe.nccl"),
+    "memory": ("gdrprobe.protocol.channel", "gdrprobe.protocol.messages", "gdrprobe.measure"),
+    "protocol": ("gdrprobe.memory", "gdrprobe.measure"),
+    "nccl": ("gdrprobe.rdma", "gdrprobe.memory", "gdrprobe.protocol", "gdrprobe.measure",
+             "gdrprobe._native"),
+    "report": ("gdrprobe.rdma", "gdrprobe.memory", "gdrprobe.protocol", "gdrprobe.measure",
+               "gdrprobe.nccl", "gdrprobe._native"),
+    "doctor": ("gdrprobe.cli", "gdrprobe.measure", "gdrprobe.protocol", "gdrprobe._native"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(NOT_BELOW))
+def test_each_layer_imports_nothing_above_it(layer):
+    offenders = {str(path.relative_to(PACKAGE)): reaching_up(path, NOT_BELOW[layer])
+                 for path in sorted((PACKAGE / layer).glob("*.py"))}
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
 def test_the_verdict_and_the_report_model_are_pure():
     heavy = ("gdrprobe._native", "gdrprobe.rdma", "gdrprobe.memory.cuda", "pyverbs", "cuda")
     for path in (PACKAGE / "measure" / "verdict.py", PACKAGE / "report" / "model.py",
