@@ -4,7 +4,8 @@ The doctor runs once against the source root with a recording :class:`SysRoot`; 
 path it touched is then copied: symbolic links stay links (sysfs topology lives in
 them), directories stay directories, and files are copied by reading them, because
 sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, CUDA,
-MLX5, UCX and KUBERNETES variables only), the CUDA driver's facts, NVML's facts and NCCL's
+MLX5, UCX and KUBERNETES variables and HOME only; NCCL's configuration files are among the
+files copied), the CUDA driver's facts, NVML's facts and NCCL's
 DMA-BUF probe per NIC go to CAPTURE_DIR.
 """
 
@@ -21,12 +22,14 @@ from gdrprobe.doctor.runner import run_checks
 from gdrprobe.sysroot import SysRoot
 
 CAPTURED_ENV_PREFIXES = ("NCCL_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
+CAPTURED_ENV_NAMES = ("HOME",)    # where NCCL looks for ~/.nccl.conf
 MAX_FILE_BYTES = 1 << 20      # what SysRoot.read reads at most
 MAX_LINK_HOPS = 40            # the kernel's own limit on nested symbolic links
 
 
 def captured_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(CAPTURED_ENV_PREFIXES)}
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith(CAPTURED_ENV_PREFIXES) or k in CAPTURED_ENV_NAMES}
 
 
 class _Copier:
@@ -122,7 +125,9 @@ def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = 
     for path in touched:
         copier.copy(path)
         copier.copy_listing(path)
-    _write_json(copier.dest_path(ENVIRON_FILE), captured_environ(ctx.environ))
+    # The process environment only: NCCL's configuration files are copied like every file
+    # the doctor read, so a replay merges them again and still says where each value came from.
+    _write_json(copier.dest_path(ENVIRON_FILE), captured_environ(ctx.process_environ))
     _write_json(copier.dest_path(CUDA_FACTS_FILE), ctx.cuda_facts)
     _write_json(copier.dest_path(NVML_FACTS_FILE), ctx.nvml_facts)
     _write_json(copier.dest_path(NIC_FACTS_FILE), ctx.nic_facts)

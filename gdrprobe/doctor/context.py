@@ -4,7 +4,9 @@ facts only a live call can give (the CUDA driver, NVML, NCCL's NIC DMA-BUF probe
 On the live machine the environment is ``os.environ`` and those facts come from the
 driver, NVML and verbs. When ``--root`` points at a captured tree, they come from the
 files the capture command wrote under ``CAPTURE_DIR`` inside that tree, so a replay sees
-what the live run saw.
+what the live run saw. Either way NCCL's configuration files (NCCL_CONF_FILE or
+~/.nccl.conf, then /etc/nccl.conf) are read under the root and merged in as NCCL merges
+them (:func:`gdrprobe.nccl.env.with_conf_files`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Mapping
 
 from gdrprobe.errors import GdrprobeError
 from gdrprobe.memory import cuda
+from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.sysroot import SysRoot
 
 CAPTURE_DIR = "/gdrprobe-capture"
@@ -37,12 +40,31 @@ class DoctorContext:
         return self.root.root == "/"
 
     @functools.cached_property
-    def environ(self) -> Mapping[str, str]:
+    def process_environ(self) -> Mapping[str, str]:
+        """The process environment alone: given, live, or captured."""
         if self._environ is not None:
             return self._environ
         if self.live:
             return dict(os.environ)
         return self._captured_json(ENVIRON_FILE) or {}
+
+    @functools.cached_property
+    def _nccl_environ(self) -> tuple[dict[str, str], dict[str, str]]:
+        return with_conf_files(self.process_environ, self._read_conf_file)
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        """The environment as NCCL sees it: the process's, then its configuration files."""
+        return self._nccl_environ[0]
+
+    def environ_source(self, name: str) -> str:
+        """Where a variable of :attr:`environ` comes from: "environment" or a file's path."""
+        return self._nccl_environ[1].get(name, "environment")
+
+    def _read_conf_file(self, path: str) -> str | None:
+        # fopen resolves a relative NCCL_CONF_FILE against the working directory.
+        data = self.root.read_bytes(os.path.join(os.getcwd(), path), 1 << 20)
+        return None if data is None else data.decode("utf-8", "replace")
 
     @functools.cached_property
     def cuda_facts(self) -> dict[str, Any] | None:

@@ -5,8 +5,8 @@ own rules (NVIDIA/nccl 2.30.7):
 1. Path type and bandwidth of each GPU-NIC pair (``src/graph/paths.cc`` ncclTopoSetPaths):
    the worst hop (PIX, PXB, PHB, SYS; NODE is PHB); bandwidth is the narrowest link: each
    PCIe link (:func:`gdrprobe.doctor.pci.link_bandwidth_gbs`), the NIC's port speed / 8
-   (``src/graph/topo.cc`` ncclTopoAddNet; only the ACTIVE ports NCCL_IB_HCA keeps,
-   :func:`gdrprobe.doctor.pci.nccl_ports`) and, across sockets, the inter-CPU link
+   (``src/graph/topo.cc`` ncclTopoAddNet; each ACTIVE port NCCL_IB_HCA keeps is its own
+   network device, :class:`Net`) and, across sockets, the inter-CPU link
    (``src/graph/topo.cc`` ncclTopoGetInterCpuBw with the ``src/graph/topo.h`` figures, by
    CPU vendor, family and model: :func:`inter_cpu_bandwidth`).
 2. P2C (ncclTopoComputePaths, mergePathType): a GPU that reaches its CPU over C2C (Grace;
@@ -62,6 +62,17 @@ class PairPath:
 
 
 @dataclasses.dataclass(frozen=True)
+class Net:
+    """One of NCCL's network devices: a port of an RDMA device (src/transport/net_ib/init.cc
+    ncclIbInitDevices makes every ACTIVE port NCCL_IB_HCA keeps its own device)."""
+
+    device: PcieDevice
+    port: int | None               # None: sysfs lists no port (a capture without them)
+    gbs: float                     # topo.cc ncclTopoAddNet: the port's Mb/s / 8000
+    label: str                     # the device's name, with ":port" where it has several nets
+
+
+@dataclasses.dataclass(frozen=True)
 class Gdr:
     on: bool
     reason: str
@@ -76,12 +87,7 @@ class Machine:
         self.gpus = ctx.topology.gpus
         hca = self.environ.get("NCCL_IB_HCA")
         self.hca = parse_hca_filter(hca) if hca is not None else None
-        # NCCL opens only the ACTIVE ports NCCL_IB_HCA keeps (net_ib/init.cc ncclIbInitDevices);
-        # a device whose ports sysfs does not list is kept (a capture may lack them).
-        self.ports = {n.name: pci.nccl_ports(ctx.root, n.name, self.hca) for n in ctx.topology.nics}
-        self.nics = tuple(n for n in ctx.topology.nics if self.ports[n.name] or (
-            not ctx.root.listdir(f"{pci.INFINIBAND_CLASS_DIR}/{n.name}/ports")
-            and (self.hca is None or self.hca.selects(n.name))))
+        self.nets = tuple(net for nic in ctx.topology.nics for net in self.device_nets(nic))
         self.policy = netdevs_policy(self.environ)
         self.paths = ctx.memory_paths
         self.nvml = ctx.nvml_facts if nvml.usable(ctx.nvml_facts) else None
@@ -98,11 +104,18 @@ class Machine:
     def link_gbs(self, bdf: str) -> float:
         return pci.link_bandwidth_gbs(self.ctx.root, bdf)
 
-    def port_gbs(self, nic: str) -> float:
-        """The NET link (topo.cc ncclTopoAddNet: Mb/s / 8000) of the fastest port NCCL opens;
-        NCCL makes every port its own network device, the doctor one per PCI function."""
-        rates = [port.rate_gbps for port in self.ports[nic]] or [pci.NET_FALLBACK_GBPS]
-        return max(rates) / 8.0
+    def device_nets(self, nic: PcieDevice) -> list[Net]:
+        """The device's ports NCCL opens, in port order; a device whose ports sysfs does not
+        list counts as one net at NCCL's fallback speed, unless NCCL_IB_HCA drops it."""
+        ports = pci.nccl_ports(self.ctx.root, nic.name, self.hca)
+        if ports:
+            return [Net(nic, port.number, port.rate_gbps / 8.0,
+                        nic.name if len(ports) == 1 else f"{nic.name}:{port.number}") for port in ports]
+        if self.ctx.root.listdir(f"{pci.INFINIBAND_CLASS_DIR}/{nic.name}/ports"):
+            return []
+        if self.hca is not None and not self.hca.selects(nic.name):
+            return []
+        return [Net(nic, None, pci.NET_FALLBACK_GBPS / 8.0, nic.name)]
 
     def capability(self, gpu: PcieDevice) -> int | None:
         facts = self.cuda.get(gpu.bdf, {})
@@ -134,12 +147,12 @@ class Machine:
 
     # -- step 1 and 2: the direct paths ------------------------------------------------
     @functools.lru_cache(maxsize=None)
-    def direct(self, gpu: PcieDevice, nic: PcieDevice) -> PairPath:
-        distance = pcie_distance(gpu, nic)
+    def direct(self, gpu: PcieDevice, net: Net) -> PairPath:
+        distance = pcie_distance(gpu, net.device)
         kind = NCCL_CLASS_OF_DISTANCE[distance]
         # Over C2C the GPU's own PCIe link is not on the way to the CPU's NICs.
         gpu_link = float("inf") if self.c2c(gpu) and kind != "SYS" else self.link_gbs(gpu.bdf)
-        bw = min(gpu_link, self.link_gbs(nic.bdf), self.port_gbs(nic.name))
+        bw = min(gpu_link, self.link_gbs(net.device.bdf), net.gbs)
         if kind == "SYS":
             bw = min(bw, self.inter_cpu.gbs)
         return PairPath(kind, bw)
@@ -154,17 +167,17 @@ class Machine:
         return [k for k, p in top.items() if PATH_RANK[p.type] == lowest]
 
     @functools.cached_property
-    def before_pxn(self) -> dict[PcieDevice, dict[PcieDevice, PairPath]]:
-        table = {gpu: {nic: self.direct(gpu, nic) for nic in self.nics} for gpu in self.gpus}
+    def before_pxn(self) -> dict[PcieDevice, dict[Net, PairPath]]:
+        table = {gpu: {net: self.direct(gpu, net) for net in self.nets} for gpu in self.gpus}
         for gpu in self.gpus:
             if not self.c2c(gpu):
                 continue
-            for nic in self.local(table[gpu]):
-                if table[gpu][nic].type == "PHB" and pcie_distance(gpu, nic) in ("PHB", "NODE"):
-                    table[gpu][nic] = dataclasses.replace(table[gpu][nic], type="P2C")
+            for net in self.local(table[gpu]):
+                if table[gpu][net].type == "PHB" and pcie_distance(gpu, net.device) in ("PHB", "NODE"):
+                    table[gpu][net] = dataclasses.replace(table[gpu][net], type="P2C")
         return table
 
-    def local_gpus(self, nic: PcieDevice) -> list[PcieDevice]:
+    def local_gpus(self, nic: Net) -> list[PcieDevice]:
         """The NIC's own GPUs (PXN is one-way, GPU to NIC, so the direct paths count)."""
         return self.local({gpu: self.before_pxn[gpu][nic] for gpu in self.gpus})
 
@@ -182,7 +195,7 @@ class Machine:
         nets = self.local(table[gpu])
         return self.policy.nets_per_gpu(len(nets), len(self.local_gpus(nets[0]))) if nets else 0
 
-    def channel_nic(self, gpu: PcieDevice, table, channel: int = 0) -> PcieDevice | None:
+    def channel_nic(self, gpu: PcieDevice, table, channel: int = 0) -> Net | None:
         """topo.cc ncclTopoGetLocalNetType: start at ``dev % localGpuCount`` (localGpuCount:
         the GPUs local to the first local NIC; bits mirrored when the NIC count is a power
         of two), then ``channel % netsPerGpu`` further (NCCL_NETDEVS_POLICY)."""
@@ -195,21 +208,22 @@ class Machine:
         index += channel % self.nets_per_gpu(gpu, table)
         return nets[index % len(nets)]
 
-    def local_gpu(self, nic: PcieDevice, table) -> PcieDevice | None:
+    def local_gpu(self, nic: Net, table) -> PcieDevice | None:
         """topo.cc ncclTopoGetLocalGpu: over channels, then the NIC's own GPUs in order, the
         first whose channel lands on the NIC; None (NCCL's -1: no PXN relay) when none does.
         Channels repeat every netsPerGpu, which is at most the NIC count."""
-        for channel in range(max(len(self.nics), 1)):
+        for channel in range(max(len(self.nets), 1)):
             for gpu in self.local_gpus(nic):
                 if self.channel_nic(gpu, table, channel) == nic:
                     return gpu
         return None
 
     # -- step 5: the GDR gate -----------------------------------------------------------
-    def gdr(self, gpu: PcieDevice, nic: PcieDevice, path: PairPath, read: bool) -> Gdr:
-        if not self.paths.nic_gdr(nic.name, gpu.bdf):
-            return Gdr(False, f"NCCL says \"GPU Direct RDMA Disabled for HCA\" {nic.name}: "
-                              + self.paths.why_not(nic.name, gpu.bdf))
+    def gdr(self, gpu: PcieDevice, nic: Net, path: PairPath, read: bool) -> Gdr:
+        device = nic.device.name
+        if not self.paths.nic_gdr(device, gpu.bdf):
+            return Gdr(False, f"NCCL says \"GPU Direct RDMA Disabled for HCA\" {device}: "
+                              + self.paths.why_not(device, gpu.bdf))
         if self.cuda.get(gpu.bdf, {}).get("gpu_direct_rdma_supported") == 0:
             return Gdr(False, "the GPU does not support GPUDirect RDMA (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED=0)")
         if read:
@@ -242,7 +256,7 @@ class Machine:
 
     # -- step 3: PXN --------------------------------------------------------------------
     @functools.cached_property
-    def table(self) -> dict[PcieDevice, dict[PcieDevice, PairPath]]:
+    def table(self) -> dict[PcieDevice, dict[Net, PairPath]]:
         """paths.cc ncclTopoComputePaths, "Update paths for NICs": NIC by NIC, GPU by GPU,
         the relay (ncclTopoGetLocalGpu) is looked up on the table as updated so far. Not
         modelled: the same loop's diversion through the CPU of pairs nearer than PHB
@@ -251,7 +265,7 @@ class Machine:
         if pxn_disabled(self.environ):
             return table
         pxn_level = "P2C" if int_param(self.environ, "NCCL_PXN_C2C", 1) else "PXB"
-        for nic in self.nics:
+        for nic in self.nets:
             for gpu in self.gpus:
                 # Asked again for every pair, as NCCL does: earlier PXN paths change the answer.
                 peer = self.local_gpu(nic, table)
@@ -332,19 +346,19 @@ def path_kind(path: PairPath) -> str:
 
 def gpu_decision(machine: Machine, gpu: PcieDevice) -> NcclGpuDecision:
     nic = machine.channel_nic(gpu, machine.table)
-    candidates = tuple(n.name for n in machine.local(machine.table[gpu]))
+    candidates = tuple(n.label for n in machine.local(machine.table[gpu]))
     if nic is None:
         return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=None, path="none", via_gpu=None,
                                path_type=None, bandwidth_gbs=0.0, gdr_write=False, gdr_read=False,
                                why=("no RDMA NIC that NCCL may use",), candidates=())
     path = machine.table[gpu][nic]
     write, read = machine.gdr(gpu, nic, path, False), machine.gdr(gpu, nic, path, True)
-    why = [f"{nic.name} has the highest bandwidth ({path.bw:.1f} GB/s) and then the lowest path type "
+    why = [f"{nic.label} has the highest bandwidth ({path.bw:.1f} GB/s) and then the lowest path type "
            f"among {', '.join(candidates)}" if len(candidates) > 1 else
-           f"{nic.name} is the only NIC with the highest bandwidth ({path.bw:.1f} GB/s) and lowest path type"]
+           f"{nic.label} is the only NIC with the highest bandwidth ({path.bw:.1f} GB/s) and lowest path type"]
     if path.via is not None:
         why.append(f"PXN: {gpu.name} sends through {path.via.name} over NVLink, "
-                   f"{machine.before_pxn[path.via][nic].type} from there to {nic.name}")
+                   f"{machine.before_pxn[path.via][nic].type} from there to {nic.label}")
     why += [f"receive: {write.reason}", f"send: {read.reason}"]
     if any(p.type == "SYS" for p in machine.before_pxn[gpu].values()):
         why.append(f"across sockets NCCL counts {machine.inter_cpu.gbs:g} GB/s (topo.cc ncclTopoGetInterCpuBw): "
@@ -353,7 +367,7 @@ def gpu_decision(machine: Machine, gpu: PcieDevice) -> NcclGpuDecision:
         why.append("NVLink and C2C unknown (NVML unavailable): PXN and P2C are not considered")
     if machine.capability(gpu) is None:
         why.append("compute capability unknown (no CUDA facts): the pre-Ampere send rule is not applied")
-    return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=nic.name, path=path_kind(path),
+    return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=nic.device.name, path=path_kind(path),
                            via_gpu=path.via.bdf if path.via else None, path_type=path.type,
                            bandwidth_gbs=round(path.bw, 2), gdr_write=write.on, gdr_read=read.on,
                            why=tuple(why), candidates=candidates)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Mapping
+from typing import Callable
 
 from gdrprobe.doctor.context import DoctorContext
 from gdrprobe.doctor.nccl_decision import decide
 from gdrprobe.doctor import pci
-from gdrprobe.nccl.env import GdrLevel, gdr_level, int_param, int_value, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl.env import (GdrLevel, gdr_level, int_param, int_value, netdevs_policy, parse_hca_filter,
+                               pxn_disabled)
 from gdrprobe.report.model import NcclGpuDecision
 from gdrprobe.report.model import Evidence, Finding, Status
 
@@ -84,19 +85,26 @@ SIMPLE_RULES = (
 )
 
 
-def rule_finding(rule: Rule, value: str) -> Finding:
+def variable_evidence(ctx: DoctorContext, name: str) -> Evidence:
+    """A variable's value and where NCCL gets it: the environment or a configuration file
+    (src/misc/param.cc initEnvFunc, :attr:`DoctorContext.environ`)."""
+    return Evidence(f"{ctx.environ_source(name)} {name}", ctx.environ[name])
+
+
+def rule_finding(ctx: DoctorContext, rule: Rule) -> Finding:
+    value = ctx.environ[rule.variable]
     return finding(
         id="nccl." + rule.variable[len("NCCL_"):].lower(),
         status=rule.status,
         summary=f"{rule.variable}={value}: {rule.effect}",
-        evidence=(Evidence(f"environment {rule.variable}", value),),
+        evidence=(variable_evidence(ctx, rule.variable),),
         fix=rule.fix,
     )
 
 
-def simple_rule_findings(environ: Mapping[str, str]) -> list[Finding]:
-    return [rule_finding(rule, environ[rule.variable]) for rule in SIMPLE_RULES
-            if rule.variable in environ and rule.applies(environ[rule.variable])]
+def simple_rule_findings(ctx: DoctorContext) -> list[Finding]:
+    return [rule_finding(ctx, rule) for rule in SIMPLE_RULES
+            if rule.variable in ctx.environ and rule.applies(ctx.environ[rule.variable])]
 
 
 # ---- NCCL_NET_GDR_LEVEL -----------------------------------------------------
@@ -112,7 +120,7 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
     value = ctx.environ.get("NCCL_NET_GDR_LEVEL")
     if value is None:
         return []
-    evidence = (Evidence("environment NCCL_NET_GDR_LEVEL", value),)
+    evidence = (variable_evidence(ctx, "NCCL_NET_GDR_LEVEL"),)
     level = gdr_level(ctx.environ)
     if level.ignored:
         return [finding(id="nccl.net_gdr_level", status=Status.WARN,
@@ -159,7 +167,7 @@ def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
     excluded = [Evidence(f"GPU {d.gpu_bdf} -> NCCL's NIC without the filter {d.nic}", d.path_type)
                 for d in decide(ctx, unfiltered) if d.nic is not None
                 and not hca_filter.selects(d.nic, tuple(port.number for port in pci.nccl_ports(ctx.root, d.nic)))]
-    evidence = (Evidence("environment NCCL_IB_HCA", value),)
+    evidence = (variable_evidence(ctx, "NCCL_IB_HCA"),)
     if excluded:
         return [finding(id="nccl.ib_hca", status=Status.WARN,
                         summary=f"NCCL_IB_HCA={value} excludes the NIC NCCL would pick for {len(excluded)} GPU(s): "
@@ -181,7 +189,7 @@ def dmabuf_enable_findings(ctx: DoctorContext) -> list[Finding]:
     if value is None or int_param(ctx.environ, "NCCL_DMABUF_ENABLE", 1) != 0:
         return []
     paths = ctx.memory_paths
-    evidence = (Evidence("environment NCCL_DMABUF_ENABLE", value),)
+    evidence = (variable_evidence(ctx, "NCCL_DMABUF_ENABLE"),)
     if paths.peermem_file:
         return [finding(id="nccl.dmabuf_enable", status=Status.INFO,
                         summary=f"NCCL_DMABUF_ENABLE={value}: NCCL registers GPU memory through peer memory "
@@ -255,23 +263,39 @@ def decision_findings(ctx: DoctorContext) -> list[Finding]:
     return [decision_finding(d, names) for d in ctx.nccl_decisions if d.nic is not None]
 
 
+# ---- NCCL_NETDEVS_POLICY ------------------------------------------------------
+
+
+def netdevs_policy_findings(ctx: DoctorContext) -> list[Finding]:
+    """src/graph/topo.cc getNetDevsPolicyOnce: AUTO, ALL or MAX:n (n > 0), case-insensitive;
+    anything else is AUTO, said only in an NCCL_DEBUG=INFO line."""
+    policy = netdevs_policy(ctx.environ)
+    if policy.recognised:
+        return []
+    return [finding(id="nccl.netdevs_policy", status=Status.WARN,
+                    summary=f"NCCL_NETDEVS_POLICY={policy.raw} is not a policy NCCL recognises: it uses AUTO "
+                            "(each GPU spreads its channels over as many NICs as its share of the local ones)",
+                    evidence=(variable_evidence(ctx, "NCCL_NETDEVS_POLICY"),),
+                    fix="Use AUTO, ALL or MAX:n with n > 0, or unset it.")]
+
+
 # ---- the check --------------------------------------------------------------
 
 
 def check(ctx: DoctorContext) -> list[Finding]:
-    nccl_variables = {name: value for name, value in ctx.environ.items() if name.startswith("NCCL_")}
-    findings = (simple_rule_findings(ctx.environ) + dmabuf_enable_findings(ctx) + gdr_level_findings(ctx)
-                + ib_hca_findings(ctx))
+    findings = (simple_rule_findings(ctx) + dmabuf_enable_findings(ctx) + gdr_level_findings(ctx)
+                + ib_hca_findings(ctx) + netdevs_policy_findings(ctx))
     if not findings:
-        findings.append(environment_ok_finding(nccl_variables))
+        findings.append(environment_ok_finding(ctx))
     return findings + decision_findings(ctx)
 
 
-def environment_ok_finding(nccl_variables: dict[str, str]) -> Finding:
+def environment_ok_finding(ctx: DoctorContext) -> Finding:
+    nccl_variables = sorted(name for name in ctx.environ if name.startswith("NCCL_"))
     return finding(
         id="nccl.env",
         status=Status.OK,
         summary="no NCCL variable restricts GPUDirect RDMA" if nccl_variables
         else "no NCCL variables are set; NCCL uses its defaults",
-        evidence=tuple(Evidence(f"environment {name}", value) for name, value in sorted(nccl_variables.items())),
+        evidence=tuple(variable_evidence(ctx, name) for name in nccl_variables),
     )

@@ -275,8 +275,8 @@ def virtualization_finding(topology: Topology) -> Finding:
                     Evidence(DMI_FILES[0], "no hypervisor vendor")))
 
 
-def level_finding(level: GdrLevel) -> Finding:
-    source = Evidence("environment NCCL_NET_GDR_LEVEL",
+def level_finding(level: GdrLevel, where: str = "environment") -> Finding:
+    source = Evidence(f"{where} NCCL_NET_GDR_LEVEL",
                       "unset" if level.raw is None else repr(level.raw))
     if level.ignored:
         return Finding(
@@ -285,7 +285,9 @@ def level_finding(level: GdrLevel) -> Finding:
             f"silently and uses its default ({level.name})", (source,),
             "Use an exact upper-case name (LOC, PIX, PXB, PHB, SYS, P2C...) or an integer 0-4, "
             "or unset the variable.")
-    origin = "NCCL's default" if level.raw is None else "set by NCCL_NET_GDR_LEVEL"
+    origin = ("NCCL's default" if level.raw is None else
+              "NCCL_NET_GDR_LEVEL is undefined in NCCL, its default assumed" if level.undefined
+              else "set by NCCL_NET_GDR_LEVEL")
     # P2C only differs from PXB for NICs reached through a C2C-attached CPU (Grace).
     meaning = ": PIX and PXB on PCIe" if level.name == "P2C" else ""
     return Finding("topology.nccl_level", GROUP, Status.INFO,
@@ -355,7 +357,7 @@ def check(ctx) -> list[Finding]:
                             (Evidence("sysfs PCI tree", render_matrix(topology)),)))
     crosscheck = nvml_crosscheck_finding(topology, ctx.nvml_facts)
     findings += [crosscheck] if crosscheck else []
-    findings.append(level_finding(gdr_level(ctx.environ)))
+    findings.append(level_finding(gdr_level(ctx.environ), ctx.environ_source("NCCL_NET_GDR_LEVEL")))
     nics = {nic.name: nic for nic in topology.nics}
     for gpu, decision in zip(topology.gpus, ctx.nccl_decisions):
         if decision.nic is not None:

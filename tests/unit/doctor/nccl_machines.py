@@ -231,3 +231,36 @@ def pix_and_pxb(root) -> machines.SysfsTree:
         port_rate(tree, nic, 400)
     healthy_stack(tree, gpu_bdfs(tree), ["mlx5_0", "mlx5_1"])
     return tree
+
+
+def shared_switch(root, gpus: tuple[str, ...] = ("0000:1b:00.0", "0000:1e:00.0"), nics: int = 2,
+                  elsewhere: tuple[str, ...] = ()) -> machines.SysfsTree:
+    """GPUs ``gpus`` and ``nics`` NICs under one PCIe switch (PIX to each other), GPUs
+    ``elsewhere`` on another root port of the same root complex (PHB); every GPU's NVLinks
+    end on NVSwitches. GPU bus ids are chosen by the tests: NVML numbers GPUs in bus order."""
+    tree = machines.SysfsTree(root)
+    host = tree.host_bridge(0x18)
+    root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
+    ports = tree.switch(root_port, "0000:19:00.0", [f"0000:1a:{k:02x}.0" for k in range(len(gpus) + nics)])
+    for port, bdf in zip(ports, gpus):
+        tree.gpu(port, bdf)
+    names = [f"mlx5_{k}" for k in range(nics)]
+    for k, (port, name) in enumerate(zip(ports[len(gpus):], names)):
+        tree.nic(port, f"0000:1c:{k:02x}.0", name)
+    for k, bdf in enumerate(elsewhere):
+        tree.gpu(tree.bridge(host, f"0000:18:{k + 2:02x}.0", vendor=machines.INTEL), bdf)
+    links_everywhere(tree)
+    for name in names:
+        port_rate(tree, name, 400)
+    every_gpu = sorted(gpus + elsewhere)
+    healthy_stack(tree, every_gpu, names)
+    nvml_facts(tree, every_gpu, nvlink={bdf: ["0000:05:00.0"] * 18 for bdf in every_gpu})
+    return tree
+
+
+def cpu(tree: machines.SysfsTree, vendor: str, family: int | None = None, model: int | None = None) -> None:
+    """/proc/cpuinfo's first processor as the kernel prints it on x86."""
+    lines = ["processor\t: 0", f"vendor_id\t: {vendor}"]
+    lines += [f"cpu family\t: {family}"] if family is not None else []
+    lines += [f"model\t\t: {model}"] if model is not None else []
+    tree.write("/proc/cpuinfo", "\n".join(lines) + "\nflags\t\t: fpu\n\n")

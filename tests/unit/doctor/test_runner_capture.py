@@ -72,8 +72,9 @@ def test_capture_replays_to_the_same_findings(tmp_path):
     copied = capture(str(dest), root=str(source), environ=environ)
     replay = runner.run_doctor(str(dest))
     assert comparable(replay) == comparable(original)
+    # HOME is kept: NCCL reads $HOME/.nccl.conf (src/misc/param.cc initEnvFunc).
     assert json.loads((dest / "gdrprobe-capture/environ.json").read_text()) == {
-        "NCCL_NET_GDR_LEVEL": "PHB", "UCX_TLS": "rc"}
+        "HOME": "/root", "NCCL_NET_GDR_LEVEL": "PHB", "UCX_TLS": "rc"}
     assert json.loads((dest / "gdrprobe-capture/cuda.json").read_text()) is None
     # sysfs links stay links, with the kernel's relative targets.
     link = dest / "sys/bus/pci/devices/0000:01:00.0"
