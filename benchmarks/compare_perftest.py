@@ -3,9 +3,11 @@
 Runs inside a lab guest (or on any host with an RDMA device and perftest installed):
 both programs run as a server process and a client process over 127.0.0.1 on the same
 device, with the same message sizes, iterations, queue depth and CQ moderation. Each
-pair is repeated, alternating the programs, and the median of the per-repeat ratios is
-reported: > 1.0 means gdrprobe moved more bytes (or messages) per second, and for
-latency < 1.0 means gdrprobe was faster.
+pair of runs is repeated in ABBA order (perftest first in odd pairs, gdrprobe first in
+even ones, so drift over time favours neither), and the median of the per-pair ratios is
+reported with their range: > 1.0 means gdrprobe moved more bytes (or messages) per
+second, and for latency < 1.0 means gdrprobe was faster. perftest's bandwidth is read
+from its MB/sec column (2^20 byte/s with two decimals), its most precise figure.
 
     python -m lab loopback -- .venv/bin/python benchmarks/compare_perftest.py
 """
@@ -73,36 +75,57 @@ def gdrprobe(device: str, args: list[str]) -> dict:
     return report
 
 
-def bandwidth_pair(device: str, gid: int, size: int, iters: int, depth: int, cq_mod: int):
+def in_abba_order(pair: int, perftest_run, gdrprobe_run) -> tuple:
+    """(perftest's result, gdrprobe's), run perftest first in even pairs (0, 2, ...)."""
+    if pair % 2 == 0:
+        theirs = perftest_run()
+        return theirs, gdrprobe_run()
+    mine = gdrprobe_run()
+    return perftest_run(), mine
+
+
+def bandwidth_pair(pair: int, device: str, gid: int, size: int, iters: int, depth: int,
+                   cq_mod: int):
     common = ["-s", str(size), "-n", str(iters), "-t", str(depth), "-Q", str(cq_mod)]
-    peak, avg, rate = perftest("ib_write_bw", device, gid, [*common, "--report_gbits"], 5)[2:]
-    row = gdrprobe(device, common)["bandwidth"][0]
-    return {"perftest_gbps": avg, "gdrprobe_gbps": row["bandwidth_avg_gbps"],
+    numbers, report = in_abba_order(
+        pair, lambda: perftest("ib_write_bw", device, gid, common, 5),
+        lambda: gdrprobe(device, common))
+    _, _, _, avg_mib_s, rate = numbers
+    row = report["bandwidth"][0]
+    return {"perftest_mib_s": avg_mib_s, "gdrprobe_mib_s": row["bandwidth_avg_mib_s"],
             "perftest_mpps": rate, "gdrprobe_mpps": row["message_rate_mpps"]}
 
 
-def latency_pair(device: str, gid: int, size: int, iters: int, inline: int):
+def latency_pair(pair: int, device: str, gid: int, size: int, iters: int, inline: int):
     common = ["-s", str(size), "-n", str(iters), "-I", str(inline)]
-    numbers = perftest("ib_write_lat", device, gid, common, 9)
-    row = gdrprobe(device, [*common, "--latency"])["latency"][0]
+    numbers, report = in_abba_order(
+        pair, lambda: perftest("ib_write_lat", device, gid, common, 9),
+        lambda: gdrprobe(device, [*common, "--latency"]))
+    row = report["latency"][0]
     return {"perftest_us": numbers[4], "gdrprobe_us": row["latency_us_median"],
             "perftest_avg_us": numbers[5], "gdrprobe_avg_us": row["latency_us_mean"]}
 
 
-def median_ratio(runs: list[dict], mine: str, theirs: str) -> float:
-    return statistics.median(r[mine] / r[theirs] for r in runs if r[theirs] > 0)
+def ratios(runs: list[dict], mine: str, theirs: str) -> list[float]:
+    return [r[mine] / r[theirs] for r in runs if r[theirs] > 0]
+
+
+def median_and_range(runs: list[dict], mine: str, theirs: str) -> str:
+    values = ratios(runs, mine, theirs)
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-d", "--device", default="rxe0")
     parser.add_argument("-x", "--gid-index", type=int, default=1)
-    parser.add_argument("--sizes", default="2,64,1024,4096,65536,1048576")
+    parser.add_argument("--sizes", default="2,64,1024,4096,65536,1048576,8388608")
     parser.add_argument("--bytes-per-run", type=int, default=64 << 20,
                         help="iterations are sized so each run moves about this much")
     parser.add_argument("--max-iters", type=int, default=5000)
     parser.add_argument("--lat-iters", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=9,
+                        help="ABBA pairs per size (9 resolve a few percent in the lab)")
     parser.add_argument("-t", "--tx-depth", type=int, default=128)
     parser.add_argument("-Q", "--cq-mod", type=int, default=100)
     parser.add_argument("-I", "--inline-size", type=int, default=0,
@@ -114,29 +137,30 @@ def main() -> int:
     print(f"# gdrprobe vs perftest on {args.device}, {platform.node()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, kernel {platform.release()}")
     print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, latency inline size "
-          f"{args.inline_size}, {args.repeats} repeats; ratio = median over repeats of "
+          f"{args.inline_size}, {args.pairs} ABBA pairs; ratio = median (range) over pairs of "
           "gdrprobe / perftest")
-    print("| size B | iters | perftest Gb/s | gdrprobe Gb/s | BW ratio | msg-rate ratio |")
+    print("| size B | iters | perftest MiB/s | gdrprobe MiB/s | BW ratio | msg-rate ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
         iters = max(100, min(args.max_iters, args.bytes_per_run // size))
-        runs = [bandwidth_pair(args.device, args.gid_index, size, iters, args.tx_depth,
-                               args.cq_mod) for _ in range(args.repeats)]
-        print(f"| {size} | {iters} | {statistics.median(r['perftest_gbps'] for r in runs):.4f}"
-              f" | {statistics.median(r['gdrprobe_gbps'] for r in runs):.4f}"
-              f" | {median_ratio(runs, 'gdrprobe_gbps', 'perftest_gbps'):.3f}"
-              f" | {median_ratio(runs, 'gdrprobe_mpps', 'perftest_mpps'):.3f} |", flush=True)
+        runs = [bandwidth_pair(pair, args.device, args.gid_index, size, iters, args.tx_depth,
+                               args.cq_mod) for pair in range(args.pairs)]
+        print(f"| {size} | {iters} | {statistics.median(r['perftest_mib_s'] for r in runs):.2f}"
+              f" | {statistics.median(r['gdrprobe_mib_s'] for r in runs):.2f}"
+              f" | {median_and_range(runs, 'gdrprobe_mib_s', 'perftest_mib_s')}"
+              f" | {median_and_range(runs, 'gdrprobe_mpps', 'perftest_mpps')} |", flush=True)
     print()
     print("| size B | iters | perftest typical us | gdrprobe median us | latency ratio | avg ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in [s for s in sizes if s <= 65536]:
-        runs = [latency_pair(args.device, args.gid_index, max(size, 2), args.lat_iters,
-                             args.inline_size) for _ in range(args.repeats)]
+        runs = [latency_pair(pair, args.device, args.gid_index, max(size, 2), args.lat_iters,
+                             args.inline_size) for pair in range(args.pairs)]
         print(f"| {max(size, 2)} | {args.lat_iters}"
               f" | {statistics.median(r['perftest_us'] for r in runs):.2f}"
               f" | {statistics.median(r['gdrprobe_us'] for r in runs):.2f}"
-              f" | {median_ratio(runs, 'gdrprobe_us', 'perftest_us'):.3f}"
-              f" | {median_ratio(runs, 'gdrprobe_avg_us', 'perftest_avg_us'):.3f} |", flush=True)
+              f" | {median_and_range(runs, 'gdrprobe_us', 'perftest_us')}"
+              f" | {median_and_range(runs, 'gdrprobe_avg_us', 'perftest_avg_us')} |",
+              flush=True)
     return 0
 
 

@@ -44,6 +44,8 @@ def port_rate_gbps(port_attr) -> float | None:
     lane_gbps = SPEED_GBPS.get(port_attr.active_speed)
     lanes = WIDTH_LANES.get(port_attr.active_width)
     return lane_gbps * lanes if lane_gbps and lanes else None
+
+
 IBV_PORT_ACTIVE = 4
 LINK_LAYER_ETHERNET = 2
 GID_TYPE_SYSFS_ROCE_V2 = 1  # ibv_query_gid_type's enum (not ibv_gid_type's)
