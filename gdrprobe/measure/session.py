@@ -22,7 +22,6 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable
 
 from gdrprobe import _native
 from gdrprobe.memory.buffers import open_buffer

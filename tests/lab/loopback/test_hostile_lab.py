@@ -13,11 +13,7 @@ import time
 
 import pytest
 
-from gdrprobe.errors import PeerError
-from gdrprobe.measure import session
-from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION
-from gdrprobe.rdma.endpoint import EndpointOptions
 from tests.lab.helpers import (REPO, Server, client, gdrprobe, gdrprobe_json, rdma_resources,
                                wait_for_run)
 from tests.lab.loopback.conftest import TOKEN
@@ -243,31 +239,3 @@ def test_bad_input_is_refused_with_its_exit_code_and_no_traceback(argv, code, wo
     assert done.returncode == code, done.stderr
     assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
 
-
-class DoneWithoutWriting(session.ProbeClient):
-    """An authenticated client that says done before it wrote anything."""
-
-    def _bandwidth_round(self, channel, handles, memory, remote, size):
-        channel.send("start", size=size, round=self.round)
-        channel.receive("ready")
-        channel.send("done", messages=0)
-        channel.receive("verified")
-
-    def _latency_round(self, channel, handles, memory, remote, size):
-        channel.send("start", size=size, round=self.round)
-        channel.receive("ready")
-        channel.send("done")
-        channel.receive("verified")
-
-
-@pytest.mark.parametrize("options, words", [
-    (ProbeOptions(sizes=(4096,), iterations=10), "without writing"),
-    (ProbeOptions(mode="latency", sizes=(8,), iterations=10, tx_depth=1, cq_moderation=1),
-     "round trips|no progress"),
-])
-def test_done_without_writing_is_the_clients_fault_not_an_interruption(server, options, words):
-    client = DoneWithoutWriting("127.0.0.1", server.port, TOKEN, options, EndpointOptions())
-    with pytest.raises(PeerError, match=words) as caught:
-        client.run()
-    assert "interrupted" not in caught.value.cause
-    assert "interrupted" not in server.stop().split("\n")[0]
