@@ -176,10 +176,11 @@ def test_a_rank_that_cannot_take_part_stops_every_rank_with_its_reason(tmp_path)
         '(lambda: f"10.0.0.{rank}") if rank != 2 else '
         '(lambda: (_ for _ in ()).throw(__import__("gdrprobe.errors").errors.NoDevice("no RDMA device found")))')
     script = script.replace("report = cluster.run_cluster", "try:\n    report = cluster.run_cluster")
-    script = script.replace("\nif report is not None:", "\nexcept Exception as error:\n    print(f'rank {rank}: {type(error).__name__}: {error.cause}'); raise SystemExit(0)\nif report is not None:")
+    # Each rank writes its own file: lines the ranks print can interleave on the way out.
+    script = script.replace("\nif report is not None:", "\nexcept Exception as error:\n    open(f'rank{rank}.txt', 'w').write(f'rank {rank}: {type(error).__name__}: {error.cause}'); raise SystemExit(0)\nif report is not None:")
     done = mpirun(3, script, tmp_path)
     assert done.returncode == 0, done.stderr
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    lines = sorted((tmp_path / f"rank{rank}.txt").read_text() for rank in range(3))
     assert lines == ["rank 0: PeerError: other ranks cannot take part: rank 2: no RDMA device found",
                      "rank 1: PeerError: other ranks cannot take part: rank 2: no RDMA device found",
                      "rank 2: NoDevice: no RDMA device found"]
