@@ -19,11 +19,6 @@ struct qp_progress {
     uint64_t unsignaled;   /* messages posted since the last signalled one */
 };
 
-/* Where the next message goes: its slot, counted over all QPs in posting order. */
-struct slot_cursor {
-    uint32_t slot;
-    uint64_t posted;
-};
 
 struct bw_window {
     int measuring;
@@ -51,7 +46,7 @@ static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
 
 /* Post as many messages on one QP as its send queue has room for, each to its slot. */
 static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct qp_progress *p,
-                      struct ibv_send_wr *wrs, struct ibv_sge *sges, struct slot_cursor *cursor,
+                      struct ibv_send_wr *wrs, struct ibv_sge *sges, uint32_t *slot,
                       struct gdr_bw_result *res)
 {
     unsigned int inline_flag = cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
@@ -68,13 +63,13 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
             count = (uint32_t)left;
         for (i = 0; i < count; i++) {
             uint64_t number = p->posted + i + 1;
-            uint64_t offset = (uint64_t)cursor->slot * cfg->msg_size;
+            uint64_t offset = (uint64_t)*slot * cfg->msg_size;
             int signalled = number % cfg->cq_mod == 0 || number == p->target;
 
             sges[i].addr = cfg->local_addr + offset;
             wrs[i].wr.rdma.remote_addr = cfg->remote_addr + offset;
-            if (++cursor->slot == cfg->slots)
-                cursor->slot = 0;
+            if (++*slot == cfg->slots)   /* the next message's slot, over all QPs */
+                *slot = 0;
 
             p->unsignaled++;
             wrs[i].send_flags = (signalled ? IBV_SEND_SIGNALED : 0) | inline_flag;
@@ -91,7 +86,6 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
             return -1;
         }
         p->posted += count;
-        cursor->posted += count;
     }
     return 0;
 }
@@ -164,7 +158,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
     struct ibv_send_wr wrs[GDR_MAX_POST_LIST];
     struct ibv_wc wc[POLL_BATCH];
     struct ibv_sge sges[GDR_MAX_POST_LIST];
-    struct slot_cursor cursor = {0, 0};
+    uint32_t slot = 0;
     struct bw_window w;
     uint64_t total = 0, t0, last_progress, spins = 0;
     uint32_t q;
@@ -191,7 +185,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
             return res->status;
         }
         for (q = 0; q < cfg->num_qps; q++) {
-            if (post_burst(cfg, q, &qps[q], wrs, sges, &cursor, res))
+            if (post_burst(cfg, q, &qps[q], wrs, sges, &slot, res))
                 return res->status;
         }
         if (all_completed(qps, cfg->num_qps))
@@ -227,7 +221,8 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
         w.end_msgs = total;
     }
     res->messages = w.end_msgs - w.start_msgs;
-    res->posted = cursor.posted;
+    for (q = 0; q < cfg->num_qps; q++)
+        res->posted += qps[q].posted;
     res->elapsed_ns = w.end_ns - w.start_ns;
     res->status = GDR_OK;
     return res->status;

@@ -12,7 +12,8 @@ import argparse
 import dataclasses
 import sys
 
-from gdrprobe.cli.common import add_timeout_flag, notice, terminate_as_interrupt
+from gdrprobe.cli.common import (add_timeout_flag, add_verdict_flags, notice,
+                                 terminate_as_interrupt)
 from gdrprobe.errors import ExitCode
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -75,8 +76,7 @@ def register(subparsers) -> None:
                         help="one signalled write in N (default 100)")
     parser.add_argument("--latency-iters", type=int, default=1000,
                         help="latency round trips per size, host memory (0: no latency rows)")
-    parser.add_argument("--threshold", type=float, default=0.9,
-                        help="GPU/host ratio that counts as engaged (default 0.9)")
+    add_verdict_flags(parser, None)
     add_timeout_flag(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     parser.add_argument("-o", "--output", metavar="FILE", help="write the JSON document")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from gdrprobe.cli.common import terminate_as_interrupt
+from gdrprobe.cli.common import add_verdict_flags, terminate_as_interrupt
 from gdrprobe.errors import ExitCode
 
 # What a prolog does with each exit code: drain for what is wrong with this node (GPUDirect
@@ -48,11 +48,7 @@ def register(subparsers) -> None:
     parser.add_argument("--time-budget", type=float, default=DEFAULT_BUDGET_S,
                         metavar="SECONDS", help="hard limit on the whole check, set-up "
                         f"included (default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="A/B repeats at most; sampling stops once the verdict is clear "
-                             "(default 3)")
-    parser.add_argument("--threshold", type=float, default=0.9,
-                        help="GPU/host bandwidth ratio that counts as engaged (default 0.9)")
+    add_verdict_flags(parser, "A/B repeats at most; sampling stops once the verdict is clear")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the JSON document")
     output.add_argument("-q", "--quiet", action="store_true",

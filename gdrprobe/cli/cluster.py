@@ -8,6 +8,7 @@ it failed itself.
 from __future__ import annotations
 
 from gdrprobe.cli.common import (add_device_flags, add_memory_flags, add_timeout_flag,
+                                 add_verdict_flags,
                                  endpoint_options, memory_spec, terminate_as_interrupt)
 
 A_B_SIZE = 1 << 20
@@ -30,10 +31,7 @@ def register(subparsers) -> None:
                         help=f"message size in bytes (default {A_B_SIZE})")
     parser.add_argument("-n", "--iters", type=int, default=1000,
                         help="iterations per run (default 1000)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="A/B repeats per pair with a GPU buffer (default 3)")
-    parser.add_argument("--threshold", type=float, default=0.9,
-                        help="GPU/host ratio that counts as engaged (default 0.9)")
+    add_verdict_flags(parser, "A/B repeats per pair with a GPU buffer")
     parser.add_argument("--slow-fraction", type=float, default=0.8,
                         help="a pair below this fraction of the median pair's host bandwidth "
                              "is named slow (default 0.8)")

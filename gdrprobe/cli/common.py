@@ -36,6 +36,18 @@ def add_device_flags(parser) -> None:
                              "reach the peer)")
 
 
+def add_verdict_flags(parser, repeats_help: str | None) -> None:
+    """--threshold, and --repeats where the command repeats the A/B (repeats_help says how)."""
+    from gdrprobe.report.model import DEFAULT_THRESHOLD
+
+    if repeats_help is not None:
+        parser.add_argument("--repeats", type=int, default=3,
+                            help=f"{repeats_help} (default 3)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help="GPU/host bandwidth ratio that counts as engaged (default "
+                             f"{DEFAULT_THRESHOLD:g})")
+
+
 def tcp_port(text: str) -> int:
     """An argparse type: a TCP port, 1 to 65535 (a larger number would wrap around)."""
     try:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, endpoint_options,
-                                     memory_spec, notice, terminate_as_interrupt, token_from)
+from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, add_verdict_flags,
+                                 endpoint_options, memory_spec, notice,
+                                 terminate_as_interrupt, token_from)
 from gdrprobe.errors import UsageError
 from gdrprobe.nccl.env import relaxed_ordering_wanted
 
@@ -58,11 +59,7 @@ def register(subparsers) -> None:
     parser.add_argument("--staged", action="store_true",
                         help="with a GPU buffer: add the staged arm (the bounce through host "
                              "memory) to the A/B")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="with a GPU buffer: A/B repeats (default 3)")
-    parser.add_argument("--threshold", type=float, default=0.9,
-                        help="with a GPU buffer: GPU/host bandwidth ratio that counts as "
-                             "engaged (default 0.9)")
+    add_verdict_flags(parser, "with a GPU buffer: A/B repeats")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     parser.set_defaults(handler=run)
 
