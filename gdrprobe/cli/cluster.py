@@ -23,8 +23,7 @@ def register(subparsers) -> None:
                     "the node x node matrix with the slow and not-engaged pairs named.")
     add_device_flags(parser)
     add_timeout_flag(parser)
-    add_memory_flags(parser, remote=False)
-    parser.set_defaults(mem="gpu")
+    add_memory_flags(parser, remote=False, default="gpu")
     parser.add_argument("--pattern", choices=("all", "ring"), default="all",
                         help="every pair (default) or each rank with the next")
     parser.add_argument("-s", "--size", type=int, default=A_B_SIZE,

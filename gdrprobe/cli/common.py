@@ -92,13 +92,15 @@ def terminate_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def add_memory_flags(parser, remote: bool) -> None:
+def add_memory_flags(parser, remote: bool, default: str = "host") -> None:
+    """--mem (default: the command's own, which the help states), the GPU and buffer flags,
+    and --remote-mem where the command asks a server for its buffer."""
     from gdrprobe.memory.spec import MEM_CHOICES, MEMORY_TYPES
 
-    parser.add_argument("--mem", default="host", choices=MEM_CHOICES,
+    parser.add_argument("--mem", default=default, choices=MEM_CHOICES,
                         help="this side's buffer: host, or a GPU buffer registered through "
                              "DMA-BUF or nvidia-peermem (gpu: choose automatically) or "
-                             "staged through host memory (default host)")
+                             f"staged through host memory (default {default})")
     if remote:
         parser.add_argument("--remote-mem", choices=MEM_CHOICES,
                             help="ask the server for this kind of buffer (default: the "

@@ -87,7 +87,8 @@ class Meeting:
     token: str
     node: str
     error: str = ""       # why the server rank could not start a server
-    exit_code: int = 0    # and that error's exit code
+    fix: str = ""         # that error's fix
+    exit_code: int = 0    # and its exit code
 
 
 def serve_pair(start_server: Callable[[str], object], address: str, comm, client: int) -> None:
@@ -98,7 +99,8 @@ def serve_pair(start_server: Callable[[str], object], address: str, comm, client
         server = start_server(token)
     except GdrprobeError as error:
         comm.send(Meeting(address, 0, "", socket.gethostname(), error=error.cause,
-                          exit_code=int(error.exit_code)), dest=client, tag=ROUND_TAG)
+                          fix=error.fix, exit_code=int(error.exit_code)),
+                  dest=client, tag=ROUND_TAG)
         comm.recv(source=client, tag=ROUND_TAG)
         return
     thread = threading.Thread(target=_serve_quietly, args=(server,), daemon=True,
@@ -133,7 +135,7 @@ def measure_pair(measure: Callable[[Meeting], object], comm, server: int,
     if meeting.error:
         return ClusterPair(client, server, socket.gethostname(), meeting.node,
                            error=f"the server rank could not serve: {meeting.error}",
-                           exit_code=meeting.exit_code)
+                           fix=meeting.fix, exit_code=meeting.exit_code)
     return pair_row(client, server, socket.gethostname(), meeting.node, outcome)
 
 
@@ -143,7 +145,8 @@ def pair_row(client: int, server: int, client_node: str, server_node: str,
     common = dict(client_rank=client, server_rank=server, client_node=client_node,
                   server_node=server_node)
     if isinstance(outcome, GdrprobeError):
-        return ClusterPair(**common, error=outcome.cause, exit_code=int(outcome.exit_code))
+        return ClusterPair(**common, error=outcome.cause, fix=outcome.fix,
+                           exit_code=int(outcome.exit_code))
     if isinstance(outcome, RunReport):
         return ClusterPair(**common, host_gbps=outcome.bandwidth[-1].bandwidth_avg_gbps)
     host = next(arm for arm in outcome.arms if arm.arm == "host")
@@ -154,7 +157,8 @@ def pair_row(client: int, server: int, client_node: str, server_node: str,
         host_gbps=statistics.median(host.bandwidths_gbps) if host.bandwidths_gbps else None,
         gpu_gbps=(statistics.median(gpu[0].bandwidths_gbps)
                   if gpu and gpu[0].bandwidths_gbps else None),
-        ratio=verdict.ratio, verdict=verdict.classification, exit_code=verdict.exit_code)
+        ratio=verdict.ratio, verdict=verdict.classification,
+        likely_causes=verdict.likely_causes, fix=verdict.fix, exit_code=verdict.exit_code)
 
 
 def pair_probe(options: ProbeOptions, endpoint: EndpointOptions, local: MemorySpec,

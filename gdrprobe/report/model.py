@@ -525,7 +525,9 @@ class ClusterPair:
     gpu_gbps: float | None = None      # the GPU arm, where it ran
     ratio: float | None = None         # GPU/host, as the verdict computed it
     verdict: str | None = None         # engaged | degraded | not engaged | not testable
+    likely_causes: tuple[str, ...] = ()   # the verdict's: why not engaged, not testable
     error: str = ""                    # why the pair could not be measured
+    fix: str = ""                      # the verdict's fix, or the error's
     exit_code: int = 0                 # the pair's own: the verdict's, or the error's
 
 

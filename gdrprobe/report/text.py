@@ -244,9 +244,14 @@ def render_cluster(report: ClusterReport) -> str:
     verdicts = [p for p in report.pairs if p.verdict]
     if verdicts:
         lines.append(" GPUDirect RDMA per pair:")
-        lines += [f"   {p.client_rank}->{p.server_rank}: {p.verdict}"
-                  + (f" (GPU/host {p.ratio:.2f})" if p.ratio is not None else "")
-                  for p in verdicts]
+        for p in verdicts:
+            ratio = f" (GPU/host {p.ratio:.2f})" if p.ratio is not None else ""
+            lines += _cluster_pair(p, f"{p.verdict}{ratio}", p.likely_causes)
+    failed = [p for p in report.pairs if p.error]
+    if failed:
+        lines.append(" failed pairs:")
+        for p in failed:
+            lines += _cluster_pair(p, p.error, ())
     if report.flagged:
         lines.append(" needs a look:")
         lines += [f"   - {text}" for text in report.flagged]
@@ -254,6 +259,13 @@ def render_cluster(report: ClusterReport) -> str:
         lines.append(" every pair measured, none slow")
     lines.append(RULE)
     return "\n".join(lines)
+
+
+def _cluster_pair(pair: ClusterPair, answer: str, causes: tuple[str, ...]) -> list[str]:
+    """One pair's answer, then its causes and its fix as check and a finding show them."""
+    return ([f"   {pair.client_rank}->{pair.server_rank}: {answer}"]
+            + [f"{INDENT}- {cause}" for cause in causes]
+            + (_indented("fix", pair.fix) if pair.fix else []))
 
 
 def _cluster_cell(pair: ClusterPair | None) -> str:

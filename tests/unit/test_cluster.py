@@ -15,6 +15,8 @@ import pytest
 
 from gdrprobe.errors import NoDevice
 from gdrprobe.measure import cluster
+from gdrprobe.measure.verdict import ArmMeasurement, classify
+from gdrprobe.memory.cuda import NO_DRIVER_FIX, unloadable_driver
 from gdrprobe.report.model import (ArmReport, BandwidthResult, CheckReport, ClusterPair,
                                    EndpointSummary, Integrity, RunReport, RunSettings, Verdict,
                                    to_json)
@@ -74,8 +76,56 @@ def test_pair_rows_from_a_run_an_a_b_and_an_error():
     assert (host_only.host_gbps, host_only.verdict, host_only.exit_code) == (90.0, None, 0)
     a_b = cluster.pair_row(0, 2, "a", "c", check_report([90, 92, 91], [45, 46, 44], "degraded"))
     assert (a_b.host_gbps, a_b.gpu_gbps, a_b.verdict, a_b.exit_code) == (91, 45, "degraded", 1)
-    failed = cluster.pair_row(1, 2, "b", "c", NoDevice("no RDMA device found"))
-    assert (failed.error, failed.exit_code) == ("no RDMA device found", 4)
+    failed = cluster.pair_row(1, 2, "b", "c", NoDevice("no RDMA device found", "load rxe"))
+    assert (failed.error, failed.fix, failed.exit_code) == ("no RDMA device found", "load rxe", 4)
+
+
+def not_testable_check() -> CheckReport:
+    """The A/B on a node without a CUDA driver, as ab_test builds it."""
+    error = unloadable_driver(RuntimeError("Failed to dlopen libcuda.so.1"))
+    host = ArmMeasurement("host", (90.0,), memory_kind="host", message_bytes=1 << 20)
+    gpu = ArmMeasurement("gpu", not_testable=error.cause, fix=error.fix)
+    arms = (ArmReport("host", "measured", 1 << 20, (90.0,), {}, {}, "", "", ""),
+            ArmReport("gpu", "not testable", 1 << 20, (), {}, {}, "", error.cause, error.fix))
+    return CheckReport(classify(host, [gpu]), arms, run_report(90.0).settings, 1)
+
+
+def test_a_not_testable_pair_says_why_and_how_to_fix_it_in_text_and_json():
+    row = cluster.pair_row(0, 1, "a", "b", not_testable_check())
+    cause = "not testable: no CUDA driver (libcuda.so.1 could not be loaded)"
+    assert (row.verdict, row.likely_causes, row.fix, row.exit_code) == (
+        "not testable", (cause,), NO_DRIVER_FIX, 9)
+    report = cluster.cluster_report(2, "ring", [row], 0.8)
+    text = render_cluster(report)
+    assert (" GPUDirect RDMA per pair:\n"
+            "   0->1: not testable\n"
+            f"       - {cause}\n"
+            f"       fix: {NO_DRIVER_FIX}\n") in text
+    (pair,) = json.loads(to_json(report))["pairs"]
+    assert (pair["verdict"], pair["likely_causes"], pair["fix"]) == (
+        "not testable", [cause], NO_DRIVER_FIX)
+
+
+class OneMeeting:
+    """A communicator that hands the client rank one meeting and takes its "done"."""
+
+    def __init__(self, meeting):
+        self.meeting, self.sent = meeting, []
+
+    def recv(self, source, tag):
+        return self.meeting
+
+    def send(self, message, dest, tag):
+        self.sent.append(message)
+
+
+def test_a_server_rank_that_cannot_serve_passes_its_fix_to_the_row():
+    comm = OneMeeting(cluster.Meeting("10.0.0.1", 0, "", "b", error="no RDMA device found",
+                                      fix="load rxe", exit_code=4))
+    row = cluster.measure_pair(lambda meeting: pytest.fail("nothing to measure"), comm, 1, 0)
+    assert comm.sent == ["done"]
+    assert (row.error, row.fix, row.exit_code) == (
+        "the server rank could not serve: no RDMA device found", "load rxe", 4)
 
 
 def test_report_names_failed_not_engaged_and_slow_pairs():
@@ -83,7 +133,8 @@ def test_report_names_failed_not_engaged_and_slow_pairs():
             ClusterPair(0, 2, "a", "c", host_gbps=97.0, gpu_gbps=30.0, ratio=0.31,
                         verdict="not engaged", exit_code=1),
             ClusterPair(1, 2, "b", "c", host_gbps=40.0),
-            ClusterPair(2, 3, "c", "d", error="the server went away", exit_code=5),
+            ClusterPair(2, 3, "c", "d", error="the server went away",
+                        fix="check that rank 3's node is up", exit_code=5),
             ClusterPair(0, 3, "a", "d", host_gbps=96.0)]
     report = cluster.cluster_report(4, "all", rows, 0.8)
     assert report.median_host_gbps == 95.5
@@ -95,6 +146,8 @@ def test_report_names_failed_not_engaged_and_slow_pairs():
     assert " rank 1  -           -           40.00       -\n" in text
     assert " rank 2  -           -           -           failed\n" in text
     assert "failed" in text and "0->2: not engaged (GPU/host 0.31)" in text
+    assert (" failed pairs:\n   2->3: the server went away\n"
+            "       fix: check that rank 3's node is up\n") in text
     assert json.loads(to_json(report))["kind"] == "cluster"
 
 
@@ -146,14 +199,15 @@ def measure(meeting):
     assert meeting.port == 4242 and len(meeting.token) >= 16
     server = int(meeting.host.split(".")[-1])
     if server == 3:
-        raise PeerError("rank 3 refused")
+        raise PeerError("rank 3 refused", "let rank 3 in")
     return run_report(10.0 * (server + 1))
 
 comm = cluster.world()
 rank = comm.Get_rank()
 report = cluster.run_cluster(comm, "all", FakeServer, lambda: f"10.0.0.{rank}", measure)
 if report is not None:
-    print(json.dumps([[p.client_rank, p.server_rank, p.host_gbps, p.error] for p in report.pairs]))
+    print(json.dumps([[p.client_rank, p.server_rank, p.host_gbps, p.error, p.fix]
+                      for p in report.pairs]))
 """
 
 
@@ -164,9 +218,9 @@ def test_every_pair_meets_through_mpi_and_rank_0_gathers_the_matrix(tmp_path):
     # Open MPI may add notices of its own to stdout under load: take rank 0's one line.
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("[[")]
     rows = json.loads(line)
-    assert rows == [[0, 1, 20.0, ""], [0, 2, 30.0, ""], [0, 3, None, "rank 3 refused"],
-                    [1, 2, 30.0, ""], [1, 3, None, "rank 3 refused"],
-                    [2, 3, None, "rank 3 refused"]]
+    refused = ["rank 3 refused", "let rank 3 in"]
+    assert rows == [[0, 1, 20.0, "", ""], [0, 2, 30.0, "", ""], [0, 3, None, *refused],
+                    [1, 2, 30.0, "", ""], [1, 3, None, *refused], [2, 3, None, *refused]]
 
 
 @needs_mpi
