@@ -6,7 +6,7 @@ Only a C compiler and libibverbs-dev are needed; CUDA comes from cuda-python at 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-CSRC = ["csrc/gdr_stats.c", "csrc/gdr_pattern.c", "csrc/gdr_hostmem.c", "csrc/gdr_loop.c"]
+CSRC = ["csrc/gdr_clock.c", "csrc/gdr_stats.c", "csrc/gdr_pattern.c", "csrc/gdr_hostmem.c", "csrc/gdr_loop.c"]
 
 native = Extension(
     "gdrprobe._native",

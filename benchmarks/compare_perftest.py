@@ -10,6 +10,11 @@ second, and for latency < 1.0 means gdrprobe was faster. perftest's bandwidth is
 from its MB/sec column (2^20 byte/s with two decimals), its most precise figure.
 
     python -m lab loopback -- .venv/bin/python benchmarks/compare_perftest.py
+
+gdrprobe times with the clock ``--clock`` names (default auto: the cycle counter where the
+kernel reports the TSC constant and non-stop, else CLOCK_MONOTONIC; the lab's guest reports
+neither, so auto is CLOCK_MONOTONIC there and ``--clock counter`` reads the TSC as perftest
+does).
 """
 
 from __future__ import annotations
@@ -85,22 +90,23 @@ def in_abba_order(pair: int, perftest_run, gdrprobe_run) -> tuple:
 
 
 def bandwidth_pair(pair: int, device: str, gid: int, size: int, iters: int, depth: int,
-                   cq_mod: int):
+                   cq_mod: int, clock: str):
     common = ["-s", str(size), "-n", str(iters), "-t", str(depth), "-Q", str(cq_mod)]
     numbers, report = in_abba_order(
         pair, lambda: perftest("ib_write_bw", device, gid, common, 5),
-        lambda: gdrprobe(device, common))
+        lambda: gdrprobe(device, [*common, "--clock", clock]))
     _, _, _, avg_mib_s, rate = numbers
     row = report["bandwidth"][0]
     return {"perftest_mib_s": avg_mib_s, "gdrprobe_mib_s": row["bandwidth_avg_mib_s"],
             "perftest_mpps": rate, "gdrprobe_mpps": row["message_rate_mpps"]}
 
 
-def latency_pair(pair: int, device: str, gid: int, size: int, iters: int, inline: int):
+def latency_pair(pair: int, device: str, gid: int, size: int, iters: int, inline: int,
+                 clock: str):
     common = ["-s", str(size), "-n", str(iters), "-I", str(inline)]
     numbers, report = in_abba_order(
         pair, lambda: perftest("ib_write_lat", device, gid, common, 9),
-        lambda: gdrprobe(device, [*common, "--latency"]))
+        lambda: gdrprobe(device, [*common, "--latency", "--clock", clock]))
     row = report["latency"][0]
     return {"perftest_us": numbers[4], "gdrprobe_us": row["latency_us_median"],
             "perftest_avg_us": numbers[5], "gdrprobe_avg_us": row["latency_us_mean"]}
@@ -131,37 +137,51 @@ def main() -> int:
     parser.add_argument("-I", "--inline-size", type=int, default=0,
                         help="inline size for both programs' latency runs (perftest picks 0 "
                              "on rxe)")
+    parser.add_argument("--clock", choices=("auto", "counter", "monotonic"), default="auto",
+                        help="gdrprobe's --clock")
+    parser.add_argument("--only", choices=("bandwidth", "latency"),
+                        help="measure only bandwidth and message rate, or only latency")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
     print(f"# gdrprobe vs perftest on {args.device}, {platform.node()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, kernel {platform.release()}")
     print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, latency inline size "
-          f"{args.inline_size}, {args.pairs} ABBA pairs; ratio = median (range) over pairs of "
-          "gdrprobe / perftest")
+          f"{args.inline_size}, {args.pairs} ABBA pairs, gdrprobe --clock {args.clock}; "
+          "ratio = median (range) over pairs of gdrprobe / perftest")
+    if args.only != "latency":
+        bandwidth_table(args, sizes)
+    if args.only != "bandwidth":
+        latency_table(args, sizes)
+    return 0
+
+
+def bandwidth_table(args, sizes: list[int]) -> None:
     print("| size B | iters | perftest MiB/s | gdrprobe MiB/s | BW ratio | msg-rate ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
         iters = max(100, min(args.max_iters, args.bytes_per_run // size))
         runs = [bandwidth_pair(pair, args.device, args.gid_index, size, iters, args.tx_depth,
-                               args.cq_mod) for pair in range(args.pairs)]
+                               args.cq_mod, args.clock) for pair in range(args.pairs)]
         print(f"| {size} | {iters} | {statistics.median(r['perftest_mib_s'] for r in runs):.2f}"
               f" | {statistics.median(r['gdrprobe_mib_s'] for r in runs):.2f}"
               f" | {median_and_range(runs, 'gdrprobe_mib_s', 'perftest_mib_s')}"
               f" | {median_and_range(runs, 'gdrprobe_mpps', 'perftest_mpps')} |", flush=True)
     print()
+
+
+def latency_table(args, sizes: list[int]) -> None:
     print("| size B | iters | perftest typical us | gdrprobe median us | latency ratio | avg ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in [s for s in sizes if s <= 65536]:
         runs = [latency_pair(pair, args.device, args.gid_index, max(size, 2), args.lat_iters,
-                             args.inline_size) for pair in range(args.pairs)]
+                             args.inline_size, args.clock) for pair in range(args.pairs)]
         print(f"| {max(size, 2)} | {args.lat_iters}"
               f" | {statistics.median(r['perftest_us'] for r in runs):.2f}"
               f" | {statistics.median(r['gdrprobe_us'] for r in runs):.2f}"
               f" | {median_and_range(runs, 'gdrprobe_us', 'perftest_us')}"
               f" | {median_and_range(runs, 'gdrprobe_avg_us', 'perftest_avg_us')} |",
               flush=True)
-    return 0
 
 
 if __name__ == "__main__":

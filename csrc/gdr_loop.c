@@ -2,10 +2,13 @@
 
 #include <string.h>
 
-#include "gdr_clock.h"
-
 #define POLL_BATCH 16
-#define SPINS_BETWEEN_CHECKS 1024
+/* Busy waits look at the stop flag (a memory read) every SPINS_BETWEEN_STOP_CHECKS empty
+ * polls or spins, and at the clock, for the stall deadline, only every
+ * SPINS_BETWEEN_CLOCK_CHECKS: the deadline is seconds, and with CLOCK_MONOTONIC on a
+ * clocksource without a vDSO path each read is a system call. */
+#define SPINS_BETWEEN_STOP_CHECKS 1024
+#define SPINS_BETWEEN_CLOCK_CHECKS 65536
 
 /* wr_id of a signalled request: the QP index and how many messages it completes. */
 #define WR_ID(qp_index, covered) (((uint64_t)(qp_index) << 32) | (uint32_t)(covered))
@@ -20,12 +23,67 @@ struct qp_progress {
 };
 
 
+/* The measured window and the current peak window, in ticks of the run's clock. */
 struct bw_window {
+    uint64_t warmup_ticks, duration_ticks;
     int measuring;
-    uint64_t start_ns, start_msgs;
-    uint64_t end_ns, end_msgs;
-    uint64_t peak_ns, peak_msgs;   /* start of the current peak window */
+    uint64_t start, start_msgs;
+    uint64_t end, end_msgs;
+    uint64_t peak_start, peak_msgs;
 };
+
+/* The stall deadline of a busy wait: progress only sets a flag; the clock is read every
+ * SPINS_BETWEEN_CLOCK_CHECKS idle spins, which then either restarts the deadline (there was
+ * progress since the last look) or compares against it. */
+struct watchdog {
+    uint64_t stall_ticks;
+    uint64_t spins;
+    uint64_t last_progress;    /* 0: not looked at the clock yet */
+    int progressed;
+};
+
+static void watchdog_init(struct watchdog *w, const struct gdr_clock *clock, uint64_t stall_ns)
+{
+    memset(w, 0, sizeof(*w));
+    w->stall_ticks = gdr_clock_ticks_in(clock, stall_ns);
+}
+
+/* One idle spin: GDR_OK to go on, or the status that ends the wait. */
+static int watchdog_spin(struct watchdog *w, const struct gdr_clock *clock, volatile int *stop)
+{
+    uint64_t now;
+
+    if (++w->spins % SPINS_BETWEEN_STOP_CHECKS)
+        return GDR_OK;
+    if (*stop)
+        return GDR_ERR_STOPPED;
+    if (w->spins % SPINS_BETWEEN_CLOCK_CHECKS)
+        return GDR_OK;
+    now = gdr_clock_ticks(clock);
+    if (!w->last_progress || w->progressed) {
+        w->last_progress = now;
+        w->progressed = 0;
+        return GDR_OK;
+    }
+    return now - w->last_progress > w->stall_ticks ? GDR_ERR_STALL : GDR_OK;
+}
+
+static void check_clock(const struct gdr_clock *clock, const struct gdr_clock_mark *start,
+                        struct gdr_clock_check *check)
+{
+    struct gdr_clock_mark end;
+
+    gdr_clock_mark(clock, &end);
+    check->agreement = gdr_clock_agreement(clock, start, &end);
+    check->span_ns = end.ns - start->ns;
+}
+
+static int clock_valid(const struct gdr_clock *clock)
+{
+    return (clock->source == GDR_CLOCK_MONOTONIC ||
+            (clock->source == GDR_CLOCK_COUNTER && GDR_HAVE_COUNTER)) &&
+           clock->ns_per_tick > 0;
+}
 
 static int bw_config_valid(const struct gdr_bw_config *cfg)
 {
@@ -33,7 +91,7 @@ static int bw_config_valid(const struct gdr_bw_config *cfg)
            cfg->tx_depth >= 1 && cfg->cq_mod >= 1 && cfg->cq_mod <= cfg->tx_depth &&
            cfg->post_list >= 1 && cfg->post_list <= GDR_MAX_POST_LIST &&
            cfg->post_list <= cfg->tx_depth && (cfg->duration_ns > 0 || cfg->iterations > 0) &&
-           cfg->slots >= 1 && cfg->stop;
+           cfg->slots >= 1 && cfg->stop && clock_valid(&cfg->clock);
 }
 
 static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
@@ -117,34 +175,44 @@ static void prepare_wrs(const struct gdr_bw_config *cfg, struct ibv_send_wr *wrs
     }
 }
 
-/* Advance the measured window and the peak window after completions at time now. */
+/* Advance the measured window and the peak window after completions. The clock is read
+ * only when a window may open or close: at the end of the warm-up, when a peak window of
+ * tx_depth x QPs messages is complete, and (duration mode) to see whether time is up. */
 static void track_window(const struct gdr_bw_config *cfg, struct bw_window *w, struct qp_progress *qps,
-                         uint64_t t0, uint64_t now, uint64_t total, double *peak)
+                         uint64_t t0, uint64_t total, double *peak)
 {
     uint64_t peak_span = (uint64_t)cfg->tx_depth * cfg->num_qps;
+    int peak_due;
+    uint64_t now;
     uint32_t q;
 
     if (!w->measuring) {
-        int warm = cfg->duration_ns ? now - t0 >= cfg->warmup_ns
-                                    : total >= cfg->warmup_iterations * cfg->num_qps;
-        if (!warm)
+        if (!cfg->duration_ns && total < cfg->warmup_iterations * cfg->num_qps)
+            return;
+        now = gdr_clock_ticks(&cfg->clock);
+        if (cfg->duration_ns && now - t0 < w->warmup_ticks)
             return;
         w->measuring = 1;
-        w->start_ns = w->peak_ns = now;
+        w->start = w->peak_start = now;
         w->start_msgs = w->peak_msgs = total;
         return;
     }
-    if (w->end_ns)
+    if (w->end)
         return;
-    if (total - w->peak_msgs >= peak_span && now > w->peak_ns) {
-        double rate = (double)(total - w->peak_msgs) * cfg->msg_size * 1e9 / (double)(now - w->peak_ns);
+    peak_due = total - w->peak_msgs >= peak_span;
+    if (!peak_due && !cfg->duration_ns)
+        return;
+    now = gdr_clock_ticks(&cfg->clock);
+    if (peak_due && now > w->peak_start) {
+        double rate = (double)(total - w->peak_msgs) * cfg->msg_size * 1e9 /
+                      gdr_clock_ns(&cfg->clock, now - w->peak_start);
         if (rate > *peak)
             *peak = rate;
-        w->peak_ns = now;
+        w->peak_start = now;
         w->peak_msgs = total;
     }
-    if (cfg->duration_ns && now - w->start_ns >= cfg->duration_ns) {
-        w->end_ns = now;
+    if (cfg->duration_ns && now - w->start >= w->duration_ticks) {
+        w->end = now;
         w->end_msgs = total;
         /* Stop posting; one more signalled message per QP lets the drain see every write land. */
         for (q = 0; q < cfg->num_qps; q++)
@@ -160,7 +228,9 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
     struct ibv_sge sges[GDR_MAX_POST_LIST];
     uint32_t slot = 0;
     struct bw_window w;
-    uint64_t total = 0, t0, last_progress, spins = 0;
+    struct watchdog watch;
+    struct gdr_clock_mark mark;
+    uint64_t total = 0, t0;
     uint32_t q;
 
     memset(res, 0, sizeof(*res));
@@ -174,9 +244,13 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
         memset(&qps[q], 0, sizeof(qps[q]));
         qps[q].target = cfg->duration_ns ? UINT64_MAX : cfg->iterations + cfg->warmup_iterations;
     }
+    w.warmup_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->warmup_ns);
+    w.duration_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->duration_ns);
+    watchdog_init(&watch, &cfg->clock, cfg->stall_timeout_ns);
 
-    t0 = last_progress = gdr_now_ns();
-    track_window(cfg, &w, qps, t0, t0, 0, &res->peak_bytes_per_s);
+    gdr_clock_mark(&cfg->clock, &mark);
+    t0 = mark.ticks;
+    track_window(cfg, &w, qps, t0, 0, &res->peak_bytes_per_s);
     for (;;) {
         int n, i;
 
@@ -197,11 +271,8 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
             return res->status;
         }
         if (n == 0) {
-            if (++spins % SPINS_BETWEEN_CHECKS == 0 &&
-                gdr_now_ns() - last_progress > cfg->stall_timeout_ns) {
-                res->status = GDR_ERR_STALL;
+            if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
                 return res->status;
-            }
             continue;
         }
         for (i = 0; i < n; i++) {
@@ -212,58 +283,40 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
             qps[WR_QP_INDEX(wc[i].wr_id)].completed += WR_COVERED(wc[i].wr_id);
             total += WR_COVERED(wc[i].wr_id);
         }
-        last_progress = gdr_now_ns();
-        track_window(cfg, &w, qps, t0, last_progress, total, &res->peak_bytes_per_s);
+        watch.progressed = 1;
+        track_window(cfg, &w, qps, t0, total, &res->peak_bytes_per_s);
     }
 
-    if (!w.end_ns) {   /* iteration mode: the window closes at the last completion */
-        w.end_ns = last_progress;
+    if (!w.end) {   /* iteration mode: the window closes at the last completion */
+        w.end = gdr_clock_ticks(&cfg->clock);
         w.end_msgs = total;
     }
+    check_clock(&cfg->clock, &mark, &res->clock_check);
     res->messages = w.end_msgs - w.start_msgs;
     for (q = 0; q < cfg->num_qps; q++)
         res->posted += qps[q].posted;
-    res->elapsed_ns = w.end_ns - w.start_ns;
+    res->elapsed_ns = (uint64_t)gdr_clock_ns(&cfg->clock, w.end - w.start);
     res->status = GDR_OK;
     return res->status;
 }
 
 /* ---- latency ------------------------------------------------------------------ */
 
-/* Bookkeeping of a busy wait: every SPINS_BETWEEN_CHECKS spins, look at the stop flag
- * and the clock. Returns 0 to go on spinning, else the status that ends the wait. */
-struct spin {
-    uint64_t spins;
-    uint64_t started;
-};
-
-static int spin_check(struct spin *s, volatile int *stop, uint64_t stall_timeout_ns)
-{
-    if (++s->spins % SPINS_BETWEEN_CHECKS)
-        return GDR_OK;
-    if (*stop)
-        return GDR_ERR_STOPPED;
-    if (!s->started)
-        s->started = gdr_now_ns();
-    else if (gdr_now_ns() - s->started > stall_timeout_ns)
-        return GDR_ERR_STALL;
-    return GDR_OK;
-}
-
 static int lat_config_valid(const struct gdr_lat_config *cfg)
 {
     return cfg->qp && cfg->cq && cfg->recv_buf && cfg->msg_size > 0 && cfg->iterations > 0 &&
-           cfg->stop && (!cfg->initiator || cfg->samples_ns);
+           cfg->stop && (!cfg->initiator || cfg->samples_ns) && clock_valid(&cfg->clock);
 }
 
 /* Spin until the last byte of the receive buffer carries tag. */
 static int wait_for_tag(const struct gdr_lat_config *cfg, uint8_t tag, struct gdr_lat_result *res)
 {
     volatile uint8_t *last = cfg->recv_buf + cfg->msg_size - 1;
-    struct spin spin = {0, 0};
+    struct watchdog watch;
 
+    watchdog_init(&watch, &cfg->clock, cfg->stall_timeout_ns);
     while (*last != tag) {
-        if ((res->status = spin_check(&spin, cfg->stop, cfg->stall_timeout_ns)))
+        if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
             return -1;
     }
     return 0;
@@ -272,11 +325,12 @@ static int wait_for_tag(const struct gdr_lat_config *cfg, uint8_t tag, struct gd
 static int wait_for_send(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 {
     struct ibv_wc wc;
-    struct spin spin = {0, 0};
+    struct watchdog watch;
     int n;
 
+    watchdog_init(&watch, &cfg->clock, cfg->stall_timeout_ns);
     while ((n = ibv_poll_cq(cfg->cq, 1, &wc)) == 0) {
-        if ((res->status = spin_check(&spin, cfg->stop, cfg->stall_timeout_ns)))
+        if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
             return -1;
     }
     if (n < 0) {
@@ -312,6 +366,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 {
     struct ibv_sge sge = {.addr = cfg->send_addr, .length = cfg->msg_size, .lkey = cfg->lkey};
     struct ibv_send_wr wr;
+    struct gdr_clock_mark mark;
     uint64_t i, last_post;
 
     memset(res, 0, sizeof(*res));
@@ -329,7 +384,8 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 
     /* One clock read per round trip, between the echo's arrival and the next post: a
      * sample is the time from one post to the next, as perftest times it. */
-    last_post = cfg->initiator ? gdr_now_ns() : 0;
+    gdr_clock_mark(&cfg->clock, &mark);
+    last_post = mark.ticks;
     for (i = 0; i < cfg->iterations; i++) {
         uint8_t tag = (uint8_t)(i % 255 + 1);   /* never 0: the buffers start zeroed */
 
@@ -338,13 +394,18 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 
             if (send_tag(cfg, &wr, tag, res) || wait_for_tag(cfg, tag, res))
                 return res->status;
-            now = gdr_now_ns();
-            cfg->samples_ns[i] = now - last_post;
+            now = gdr_clock_ticks(&cfg->clock);
+            cfg->samples_ns[i] = now - last_post;   /* ticks until the run ends */
             last_post = now;
         } else if (wait_for_tag(cfg, tag, res) || send_tag(cfg, &wr, tag, res)) {
             return res->status;
         }
         res->completed = i + 1;
+    }
+    check_clock(&cfg->clock, &mark, &res->clock_check);
+    if (cfg->initiator) {
+        for (i = 0; i < cfg->iterations; i++)
+            cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
     }
     res->status = GDR_OK;
     return res->status;

@@ -1,11 +1,13 @@
 /* The measurement loops: RDMA WRITE bandwidth and ping-pong latency over raw verbs
  * handles. No allocation and no Python inside the timed region; besides the provider's
- * calls, only the clock reads (gdr_clock.h says when those are system calls). */
+ * calls, only the clock reads (gdr_clock.h: a cycle counter, or CLOCK_MONOTONIC). */
 #ifndef GDR_LOOP_H
 #define GDR_LOOP_H
 
 #include <infiniband/verbs.h>
 #include <stdint.h>
+
+#include "gdr_clock.h"
 
 #define GDR_MAX_QPS 64
 #define GDR_MAX_POST_LIST 64
@@ -42,7 +44,14 @@ struct gdr_bw_config {
                                    * k mod slots, at that times msg_size on both sides, so
                                    * the receiver can check the last `slots` messages */
     uint64_t stall_timeout_ns;
+    struct gdr_clock clock;
     volatile int *stop;
+};
+
+/* How far the run's clock agreed with CLOCK_MONOTONIC from the loop's start to its end. */
+struct gdr_clock_check {
+    double agreement;             /* gdr_clock_agreement: 1.0 when they agree */
+    uint64_t span_ns;             /* the span, by CLOCK_MONOTONIC */
 };
 
 struct gdr_bw_result {
@@ -55,6 +64,7 @@ struct gdr_bw_result {
     uint64_t posted;              /* posted in all, all QPs, warm-up included */
     uint64_t elapsed_ns;          /* length of the measured window */
     double peak_bytes_per_s;      /* best rate over windows of tx_depth x QPs messages */
+    struct gdr_clock_check clock_check;
 };
 
 struct gdr_lat_config {
@@ -71,6 +81,7 @@ struct gdr_lat_config {
     int initiator;                /* the initiator writes first and times round trips */
     uint64_t *samples_ns;         /* initiator: one round-trip time per iteration */
     uint64_t stall_timeout_ns;
+    struct gdr_clock clock;
     volatile int *stop;
 };
 
@@ -80,6 +91,7 @@ struct gdr_lat_result {
     int wc_status;
     uint32_t wc_vendor_err;
     uint64_t completed;           /* round trips completed */
+    struct gdr_clock_check clock_check;
 };
 
 int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res);

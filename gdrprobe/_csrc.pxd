@@ -35,6 +35,17 @@ cdef extern from "gdr_hostmem.h" nogil:
     int gdr_host_free(void *addr, size_t mapped_len)
 
 
+cdef extern from "gdr_clock.h" nogil:
+    enum gdr_clock_source:
+        GDR_CLOCK_MONOTONIC, GDR_CLOCK_COUNTER
+    enum:
+        GDR_HAVE_COUNTER
+    struct gdr_clock:
+        int source
+        double ns_per_tick
+    double gdr_counter_calibrate(uint64_t window_ns)
+
+
 cdef extern from "gdr_loop.h" nogil:
     enum:
         GDR_MAX_QPS
@@ -62,7 +73,12 @@ cdef extern from "gdr_loop.h" nogil:
         uint32_t max_inline
         uint32_t slots
         uint64_t stall_timeout_ns
+        gdr_clock clock
         volatile int *stop
+
+    struct gdr_clock_check:
+        double agreement
+        uint64_t span_ns
 
     struct gdr_bw_result:
         int status
@@ -74,6 +90,7 @@ cdef extern from "gdr_loop.h" nogil:
         uint64_t posted
         uint64_t elapsed_ns
         double peak_bytes_per_s
+        gdr_clock_check clock_check
 
     struct gdr_lat_config:
         ibv_qp *qp
@@ -89,6 +106,7 @@ cdef extern from "gdr_loop.h" nogil:
         int initiator
         uint64_t *samples_ns
         uint64_t stall_timeout_ns
+        gdr_clock clock
         volatile int *stop
 
     struct gdr_lat_result:
@@ -97,6 +115,7 @@ cdef extern from "gdr_loop.h" nogil:
         int wc_status
         uint32_t wc_vendor_err
         uint64_t completed
+        gdr_clock_check clock_check
 
     int gdr_bw_run(const gdr_bw_config *cfg, gdr_bw_result *res)
     int gdr_lat_run(const gdr_lat_config *cfg, gdr_lat_result *res)

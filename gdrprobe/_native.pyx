@@ -30,6 +30,7 @@ STATUS_WC = c.GDR_ERR_WC
 MAX_QPS = c.GDR_MAX_QPS
 MAX_POST_LIST = c.GDR_MAX_POST_LIST
 MAX_SIZE = c.GDR_MAX_MSG_SIZE
+HAVE_COUNTER = bool(c.GDR_HAVE_COUNTER)
 
 
 cdef class StopFlag:
@@ -155,7 +156,27 @@ def cq_fields(uintptr_t ptr):
     return {"context": <uintptr_t>cq.context, "cqe": cq.cqe}
 
 
-# ---- loops --------------------------------------------------------------------------
+# ---- clock and loops -----------------------------------------------------------------
+
+def calibrate_counter(uint64_t window_ns):
+    """The cycle counter's nanoseconds per tick against CLOCK_MONOTONIC over a busy window
+    of window_ns; 0.0 where this build has no counter."""
+    cdef double ns_per_tick
+    with nogil:
+        ns_per_tick = c.gdr_counter_calibrate(window_ns)
+    return ns_per_tick
+
+
+cdef c.gdr_clock _loop_clock(bint counter, double ns_per_tick):
+    cdef c.gdr_clock clock
+    clock.source = c.GDR_CLOCK_COUNTER if counter else c.GDR_CLOCK_MONOTONIC
+    clock.ns_per_tick = ns_per_tick if counter else 1.0
+    return clock
+
+
+cdef dict _clock_check_dict(c.gdr_clock_check *check):
+    return {"agreement": check.agreement, "span_ns": check.span_ns}
+
 
 cdef class BandwidthConfig:
     """The bandwidth loop's settings, held in the C struct the loop reads."""
@@ -166,7 +187,8 @@ cdef class BandwidthConfig:
                  uint64_t remote_addr, uint32_t rkey, uint32_t msg_size, uint64_t iterations,
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
-                 uint32_t post_list=1, uint32_t max_inline=0, uint32_t slots=1):
+                 uint32_t post_list=1, uint32_t max_inline=0, uint32_t slots=1,
+                 bint counter=False, double ns_per_tick=1.0):
         cdef size_t i
         if not 1 <= len(qps) <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
@@ -184,6 +206,7 @@ cdef class BandwidthConfig:
         self.cfg.max_inline = max_inline
         self.cfg.slots = slots
         self.cfg.stall_timeout_ns = stall_timeout_ns
+        self.cfg.clock = _loop_clock(counter, ns_per_tick)
 
 
 cdef class LatencyConfig:
@@ -194,7 +217,7 @@ cdef class LatencyConfig:
     def __init__(self, uintptr_t qp, uintptr_t cq, *, uint64_t send_addr, uint32_t lkey,
                  uintptr_t recv_addr, uint64_t remote_addr, uint32_t rkey, uint32_t msg_size,
                  uint64_t iterations, bint initiator, uint64_t stall_timeout_ns,
-                 uint32_t max_inline=0):
+                 uint32_t max_inline=0, bint counter=False, double ns_per_tick=1.0):
         memset(&self.cfg, 0, sizeof(self.cfg))
         self.cfg.qp, self.cfg.cq = <c.ibv_qp *>qp, <c.ibv_cq *>cq
         self.cfg.send_addr, self.cfg.lkey = send_addr, lkey
@@ -204,6 +227,7 @@ cdef class LatencyConfig:
         self.cfg.max_inline = max_inline
         self.cfg.initiator = initiator
         self.cfg.stall_timeout_ns = stall_timeout_ns
+        self.cfg.clock = _loop_clock(counter, ns_per_tick)
 
 
 def run_bandwidth(BandwidthConfig config, StopFlag stop):
@@ -215,7 +239,8 @@ def run_bandwidth(BandwidthConfig config, StopFlag stop):
     return {"status": res.status, "errno": res.err_errno, "wc_status": res.wc_status,
             "wc_vendor_err": res.wc_vendor_err, "wc_qp_num": res.wc_qp_num,
             "messages": res.messages, "posted": res.posted, "elapsed_ns": res.elapsed_ns,
-            "peak_bytes_per_s": res.peak_bytes_per_s}
+            "peak_bytes_per_s": res.peak_bytes_per_s,
+            "clock_check": _clock_check_dict(&res.clock_check)}
 
 
 def run_latency(LatencyConfig config, StopFlag stop):
@@ -236,7 +261,7 @@ def run_latency(LatencyConfig config, StopFlag stop):
             c.gdr_lat_run(&config.cfg, &res)
         result = {"status": res.status, "errno": res.err_errno, "wc_status": res.wc_status,
                   "wc_vendor_err": res.wc_vendor_err, "completed": res.completed,
-                  "round_trip": None}
+                  "round_trip": None, "clock_check": _clock_check_dict(&res.clock_check)}
         if samples != NULL and res.status == c.GDR_OK:
             c.gdr_latency_summarize(samples, iterations, &s)
             result["round_trip"] = _summary_dict(&s)

@@ -51,6 +51,11 @@ def register(subparsers) -> None:
                         help="register with IBV_ACCESS_RELAXED_ORDERING where rdma-core has it, "
                              "as NCCL does (default: on, or off when "
                              "NCCL_IB_PCI_RELAXED_ORDERING=0)")
+    parser.add_argument("--clock", choices=("auto", "counter", "monotonic"), default="auto",
+                        help="what the loops time with: auto (default) the CPU's cycle counter "
+                             "where the kernel reports it constant and non-stop, else "
+                             "CLOCK_MONOTONIC; counter: the cycle counter anyway (each run is "
+                             "still cross-checked against CLOCK_MONOTONIC)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
     parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
@@ -86,6 +91,7 @@ def probe_options(args, a_b: bool):
         timeout_s=args.timeout,
         inline_size=args.inline_size,
         relaxed_ordering=args.relaxed_ordering == "on",
+        clock=args.clock,
     )
 
 

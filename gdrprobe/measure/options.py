@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from gdrprobe import _native
+from gdrprobe.measure.clock import CLOCK_CHOICES
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.rdma.endpoint import LATENCY_MAX_INLINE, EndpointOptions
 from gdrprobe.rdma.verbs import MTUS
@@ -51,6 +52,7 @@ class ProbeOptions:
     timeout_s: float = 30.0
     inline_size: int | None = None   # None: perftest's defaults (220 B latency, 0 bandwidth)
     relaxed_ordering: bool = True    # register with IBV_ACCESS_RELAXED_ORDERING, as NCCL does
+    clock: str = "auto"              # the loops' clock: measure/clock.py
 
     def __post_init__(self):
         self.validate()
@@ -94,6 +96,8 @@ class ProbeOptions:
             problems.append(f"inline size must be 0 to {MAX_INLINE} bytes")
         if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:   # NaN fails this too
             problems.append(f"time-out must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} s")
+        if self.clock not in CLOCK_CHOICES:
+            problems.append(f"clock must be one of {', '.join(CLOCK_CHOICES)}")
         if problems:
             raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
 
@@ -141,6 +145,7 @@ class ProbeOptions:
             inline_size=(None if message.get("inline_size") is None else
                          field(message, "inline_size", int, low=0, high=MAX_INLINE)),
             relaxed_ordering=field(message, "relaxed_ordering", bool),
+            clock=field(message, "clock", str),
         )
 
     def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:

@@ -27,6 +27,7 @@ from gdrprobe import _native
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
+from gdrprobe.measure.clock import LoopClock, loop_clock, monotonic
 from gdrprobe.measure.loops import (LoopThread, bandwidth_in_flight, bandwidth_result,
                                     check_status, latency_in_flight, latency_result,
                                     stall_timeout_s)
@@ -117,7 +118,7 @@ def findings_in(error: GdrprobeError) -> tuple:
 
 
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
-                   max_inline: int, initiator: bool, stall_s: float):
+                   max_inline: int, initiator: bool, stall_s: float, clock: LoopClock):
     """The ping-pong loop's settings for one side: it sends from the upper half of its
     buffer and the peer writes into the lower half."""
     half = memory.length // 2
@@ -125,7 +126,7 @@ def latency_config(handles, memory: MemoryProvider, remote, size: int, iteration
         handles.qps[0], handles.cq, send_addr=memory.address + half, lkey=memory.lkey,
         recv_addr=memory.address, remote_addr=remote.address, rkey=remote.rkey,
         msg_size=size, iterations=iterations, max_inline=max_inline, initiator=initiator,
-        stall_timeout_ns=int(stall_s * 1e9))
+        stall_timeout_ns=int(stall_s * 1e9), **clock.loop_args())
 
 
 # ---- client --------------------------------------------------------------------------
@@ -155,6 +156,7 @@ class ProbeClient:
         check_latency_memory(options, memory, remote_memory)
         self.stop = _native.StopFlag()
         self.round = 0
+        self.clock: LoopClock | None = None   # chosen when the loops are about to run
         self.gpu_mechanism = ""   # the GPU side's mechanism, once both buffers are open
         self.remote_findings = ()   # the server's doctor findings about its GPU buffer
 
@@ -223,15 +225,12 @@ class ProbeClient:
         handles = endpoint.handles()
         self.port_gbps = port_rate_gbps(endpoint.port_attr)
 
+        self.clock = loop_clock(self.options.clock)
         bandwidth, latency = [], []
+        rows = bandwidth if self.options.mode == "bandwidth" else latency
         for size in self.options.sizes:
-            self.round += 1
-            if self.options.mode == "bandwidth":
-                result = self._bandwidth_round(channel, handles, memory, remote_buffer, size)
-                bandwidth.append(result)
-            else:
-                result = self._latency_round(channel, handles, memory, remote_buffer, size)
-                latency.append(result)
+            result = self._measured_round(channel, handles, memory, remote_buffer, size)
+            rows.append(result)
             if self.on_result is not None:
                 self.on_result(result)
         channel.send("bye")
@@ -240,6 +239,20 @@ class ProbeClient:
             local=endpoint_summary(endpoint, memory), remote=remote,
             bandwidth=tuple(bandwidth), latency=tuple(latency),
             remote_findings=self.remote_findings)
+
+    def _measured_round(self, channel, handles, memory, remote, size):
+        """One size's round; measured again with CLOCK_MONOTONIC, which this run then
+        keeps, when the cycle counter disagreed with it over the round."""
+        measure = (self._bandwidth_round if self.options.mode == "bandwidth" else
+                   self._latency_round)
+        while True:
+            self.round += 1
+            result, clock_check = measure(channel, handles, memory, remote, size)
+            doubt = self.clock.doubt(clock_check)
+            if doubt is None:
+                return result
+            self.clock = monotonic(doubt)
+            self.notice(f"{doubt}: measuring the {size}-byte round again with CLOCK_MONOTONIC")
 
     def _await_turn(self, channel: Channel) -> dict:
         """The server's setup_ok, after any number of 'queued' messages while other runs
@@ -270,6 +283,7 @@ class ProbeClient:
                            tx_depth=o.tx_depth, cq_moderation=o.cq_moderation,
                            post_list=o.post_list, mtu_bytes=endpoint.mtu,
                            inline_bytes=self._inline_bytes(memory),
+                           clock=self.clock.description if self.clock else "",
                            inline_note=("" if memory.inline_capable or not o.max_inline else
                                         f"inline off: the source is a {memory.kind} buffer "
                                         "the CPU cannot read where verbs addresses it"))
@@ -329,7 +343,7 @@ class ProbeClient:
             duration_ns=duration_ns, warmup_ns=int(o.warmup_s * 1e9) if duration_ns else 0,
             tx_depth=o.tx_depth, cq_mod=o.cq_moderation, post_list=o.post_list,
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
-            slots=slots)
+            slots=slots, **self.clock.loop_args())
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
             **self._heartbeat(channel, what))
         self._check_loop(channel, raw, what, stall_s)
@@ -344,7 +358,7 @@ class ProbeClient:
         if stage_out_s + stage_in_s > 0:   # what a pipeline overlapping copies could reach
             result = dataclasses.replace(
                 result, stage_copy_gbps=size * 8 / (stage_out_s + stage_in_s) / 1e9)
-        return result
+        return result, raw["clock_check"]
 
     def _latency_round(self, channel, handles, memory, remote, size):
         o = self.options
@@ -357,7 +371,7 @@ class ProbeClient:
         channel.receive("ready")
         stall_s = stall_timeout_s(latency_in_flight(size), self.port_gbps)
         config = latency_config(handles, memory, remote, size, o.iterations,
-                                self.endpoint_options.max_inline, True, stall_s)
+                                self.endpoint_options.max_inline, True, stall_s, self.clock)
         raw = LoopThread(_native.run_latency, config, self.stop).wait(
             **self._heartbeat(channel, what))
         self._check_loop(channel, raw, what, stall_s)
@@ -372,7 +386,7 @@ class ProbeClient:
                          first_stray_offset=None, messages_total=o.iterations,
                          bad_messages=int(echo_bad > 0))
         raise_if_corrupt(echo, size, "this side (the server's echo)")
-        return latency_result(size, o.iterations, raw["round_trip"], integrity)
+        return latency_result(size, o.iterations, raw["round_trip"], integrity), raw["clock_check"]
 
 
 # ---- server --------------------------------------------------------------------------
@@ -712,8 +726,9 @@ class ProbeServer:
         memory.fill_pattern(half, size, seed)
         what = f"the {size}-byte latency round"
         stall_s = stall_timeout_s(latency_in_flight(size), port_rate_gbps(endpoint.port_attr))
+        # The responder times nothing: its clock only keeps the stall deadline.
         config = latency_config(handles, memory, remote, size, options.iterations,
-                                options.max_inline, False, stall_s)
+                                options.max_inline, False, stall_s, loop_clock(options.clock))
         responder = LoopThread(_native.run_latency, config, self.stop)
         try:
             channel.send("ready")

@@ -226,6 +226,7 @@ class RunSettings:
     mtu_bytes: int
     inline_bytes: int = 0          # messages up to this size were posted inline
     inline_note: str = ""          # why inline was forced off (a GPU source buffer)
+    clock: str = ""                # what the loops timed with, and why (measure/clock.py)
 
 
 @dataclasses.dataclass(frozen=True)

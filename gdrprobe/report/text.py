@@ -57,6 +57,7 @@ def render_run_settings(report: RunReport) -> str:
         f"  post list {s.post_list}  MTU {s.mtu_bytes}  inline {s.inline_bytes} B"
         f"  handles via {report.handle_route}",
         *([f" {s.inline_note}"] if s.inline_note else []),
+        *([f" clock: {s.clock}"] if s.clock else []),
         *render_endpoints(report), RULE])
 
 

@@ -36,6 +36,29 @@ def test_loopback_latency(baseline):
     assert rdma_resources() == baseline
 
 
+def test_each_clock_times_the_loops_and_the_report_names_it(baseline):
+    """The guest's kernel distrusts the TSC (TCG: no invariant-TSC flag), so auto falls back
+    to CLOCK_MONOTONIC and says why; counter reads the TSC anyway and its runs pass the
+    cross-check against CLOCK_MONOTONIC, so they keep it."""
+    clocks = {}
+    for choice in ("auto", "counter", "monotonic"):
+        latency = gdrprobe_json("run", "--loopback", "--latency", "-s", "8", "-n", "300",
+                                "--clock", choice)
+        bandwidth = gdrprobe_json("run", "--loopback", "-s", "65536", "-D", "0.5",
+                                  "--warmup", "0.2", "--clock", choice)
+        assert latency["settings"]["clock"] == bandwidth["settings"]["clock"]
+        clocks[choice] = latency["settings"]["clock"]
+        row = latency["latency"][0]
+        assert 0 < row["latency_us_min"] <= row["latency_us_median"] <= row["latency_us_max"]
+        assert 0.4 <= bandwidth["bandwidth"][0]["elapsed_s"] <= 1.5
+    assert clocks["auto"] == ("CLOCK_MONOTONIC (the kernel does not report the TSC "
+                              "constant_tsc and nonstop_tsc)")
+    assert clocks["counter"].startswith("TSC at ")
+    assert "calibrated against CLOCK_MONOTONIC" in clocks["counter"]
+    assert clocks["monotonic"] == "CLOCK_MONOTONIC (asked for)"
+    assert rdma_resources() == baseline
+
+
 def test_loopback_several_qps_post_lists_and_moderation():
     report = gdrprobe_json("run", "--loopback", "-s", "4096", "-n", "64", "-q", "4",
                            "-t", "32", "-Q", "8", "-l", "4")

@@ -13,7 +13,11 @@ import time
 
 import pytest
 
+from gdrprobe.errors import PeerError
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.measure.session import ProbeClient
 from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION
+from gdrprobe.rdma.endpoint import EndpointOptions
 from tests.lab.helpers import (REPO, Server, client, gdrprobe, gdrprobe_json, rdma_resources,
                                wait_for_run)
 from tests.lab.loopback.conftest import TOKEN
@@ -205,6 +209,28 @@ def test_a_server_whose_stderr_reader_went_away_keeps_serving():
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=30)
+
+
+class ClientThatWritesNothing(ProbeClient):
+    """An authenticated client that says done without having posted one write."""
+
+    def _bandwidth_round(self, channel, handles, memory, remote, size):
+        channel.send("start", size=size, round=self.round)
+        channel.receive("ready")
+        channel.send("done", messages=0)
+        channel.receive("verified")
+
+
+def test_a_client_that_says_done_without_writing_is_told_so_not_called_interrupted(baseline):
+    serving = Server(TOKEN, port=18762, timeout=5.0)
+    lazy = ClientThatWritesNothing("127.0.0.1", 18762, TOKEN,
+                                   ProbeOptions(sizes=(512,), iterations=10, timeout_s=5.0),
+                                   EndpointOptions())
+    with pytest.raises(PeerError, match="the client ended the 512-byte round without writing"):
+        lazy.run()
+    log = serving.stop()
+    assert "without writing" in log and "interrupted" not in log, log
+    assert rdma_resources() == baseline
 
 
 def test_a_server_killed_during_a_latency_run_is_reported_within_5_s(server):

@@ -1,0 +1,126 @@
+"""The loops' clock: when the cycle counter is trusted, its calibration, and the per-run
+cross-check that sends a round back to CLOCK_MONOTONIC."""
+
+import ctypes
+import platform
+
+import pytest
+
+from gdrprobe import _native as native
+from gdrprobe.errors import UsageError
+from gdrprobe.measure import clock
+from gdrprobe.measure.options import ProbeOptions
+
+X86_FLAGS = "fpu tsc msr constant_tsc rep_good nopl nonstop_tsc cpuid tsc_known_freq"
+
+
+def cpuinfo(flags: str, key: str = "flags") -> str:
+    return (f"processor\t: 0\nvendor_id\t: GenuineIntel\n{key}\t\t: {flags}\n\n"
+            f"processor\t: 1\n{key}\t\t: something else\n")
+
+
+class Root:
+    """A SysRoot with one /proc/cpuinfo."""
+
+    def __init__(self, text: str | None):
+        self.text = text
+
+    def read(self, path: str):
+        assert path == "/proc/cpuinfo"
+        return self.text
+
+
+def test_cpu_flags_are_the_first_processors():
+    assert "nonstop_tsc" in clock.cpu_flags(cpuinfo(X86_FLAGS))
+    assert clock.cpu_flags(cpuinfo("fp asimd evtstrm", "Features")) == {"fp", "asimd", "evtstrm"}
+    assert clock.cpu_flags("") == frozenset()
+
+
+def test_the_tsc_is_trusted_only_when_constant_and_non_stop():
+    assert clock.counter_distrust("x86_64", clock.cpu_flags(cpuinfo(X86_FLAGS))) is None
+    # The lab's TCG guest: "tsc" and "rdtscp" but neither invariant-TSC flag.
+    reason = clock.counter_distrust("x86_64", frozenset({"tsc", "rdtscp"}))
+    assert reason == "the kernel does not report the TSC constant_tsc and nonstop_tsc"
+    assert "nonstop_tsc" in clock.counter_distrust("x86_64", frozenset({"constant_tsc"}))
+
+
+def test_arm64_generic_timer_is_always_trusted():
+    assert clock.counter_distrust("aarch64", frozenset()) is None
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the TSC rules need an x86-64 build")
+def test_auto_picks_the_counter_where_trusted_and_says_why_not_elsewhere():
+    trusted = clock.loop_clock("auto", Root(cpuinfo(X86_FLAGS)))
+    assert trusted.counter and trusted.ns_per_tick > 0
+    assert trusted.description.startswith("TSC at ")
+    assert trusted.loop_args() == {"counter": True, "ns_per_tick": trusted.ns_per_tick}
+    guest = clock.loop_clock("auto", Root(cpuinfo("fpu tsc rdtscp")))
+    assert not guest.counter and guest.ns_per_tick == 1.0
+    assert guest.description == ("CLOCK_MONOTONIC (the kernel does not report the TSC "
+                                 "constant_tsc and nonstop_tsc)")
+    assert not clock.loop_clock("auto", Root(None)).counter
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the TSC rules need an x86-64 build")
+def test_counter_when_asked_for_names_what_the_kernel_did_not_promise():
+    forced = clock.loop_clock("counter", Root(cpuinfo("fpu tsc")))
+    assert forced.counter
+    assert "(asked for, though the kernel does not report the TSC" in forced.description
+
+
+def test_monotonic_when_asked_for_or_without_a_counter():
+    assert clock.loop_clock("monotonic").description == "CLOCK_MONOTONIC (asked for)"
+    other = clock.loop_clock("counter", Root(cpuinfo(X86_FLAGS)), machine="riscv64")
+    assert other == clock.monotonic("no cycle counter is read on riscv64")
+
+
+@pytest.mark.skipif(not native.HAVE_COUNTER, reason="this build reads no cycle counter")
+def test_calibration_matches_a_second_one():
+    first = native.calibrate_counter(5_000_000)
+    second = native.calibrate_counter(5_000_000)
+    assert first > 0
+    assert second == pytest.approx(first, rel=0.01)
+
+
+def check(agreement: float, span_ns: int = 50_000_000) -> dict:
+    return {"agreement": agreement, "span_ns": span_ns}
+
+
+def test_a_run_is_doubted_only_when_the_counter_strays_over_a_checkable_span():
+    counter = clock.LoopClock(True, 0.4, "TSC")
+    assert counter.doubt(check(1.0)) is None
+    assert counter.doubt(check(1.009)) is None
+    assert counter.doubt(check(1.02)) == ("the cycle counter measured 1.0200 times "
+                                         "CLOCK_MONOTONIC's 50.0 ms over a run")
+    assert counter.doubt(check(-3.0)) is not None           # went backwards
+    assert counter.doubt(check(2.0, span_ns=10_000)) is None   # too short to judge
+    assert clock.monotonic("").doubt(check(5.0)) is None
+
+
+class Mark(ctypes.Structure):   # struct gdr_clock_mark (csrc/gdr_clock.h)
+    _fields_ = [("ns", ctypes.c_uint64), ("ticks", ctypes.c_uint64)]
+
+
+class Clock(ctypes.Structure):  # struct gdr_clock
+    _fields_ = [("source", ctypes.c_int), ("ns_per_tick", ctypes.c_double)]
+
+
+def agreement(ns_per_tick, start, end):
+    library = ctypes.CDLL(native.__file__)
+    library.gdr_clock_agreement.restype = ctypes.c_double
+    return library.gdr_clock_agreement(ctypes.byref(Clock(1, ns_per_tick)),
+                                       ctypes.byref(Mark(*start)), ctypes.byref(Mark(*end)))
+
+
+def test_agreement_is_the_counters_span_over_the_monotonic_span():
+    assert agreement(0.5, (1000, 10_000), (3000, 14_000)) == 1.0
+    assert agreement(0.5, (1000, 10_000), (3000, 14_400)) == pytest.approx(1.1)
+    assert agreement(0.5, (1000, 10_000), (3000, 6_000)) == -1.0   # backwards: never huge
+    assert agreement(0.5, (1000, 10_000), (1000, 99_999)) == 1.0   # no span: nothing to say
+
+
+def test_the_clock_choice_is_checked_and_travels_in_the_handshake():
+    options = ProbeOptions(clock="counter")
+    assert ProbeOptions.from_message(options.to_message()).clock == "counter"
+    with pytest.raises(UsageError, match="clock must be one of auto, counter, monotonic"):
+        ProbeOptions(clock="tsc")
