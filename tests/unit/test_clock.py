@@ -10,6 +10,8 @@ from gdrprobe import _native as native
 from gdrprobe.errors import UsageError
 from gdrprobe.measure import clock
 from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.measure.session import ProbeClient
+from gdrprobe.rdma.endpoint import EndpointOptions
 
 X86_FLAGS = "fpu tsc msr constant_tsc rep_good nopl nonstop_tsc cpuid tsc_known_freq"
 
@@ -124,3 +126,31 @@ def test_the_clock_choice_is_checked_and_travels_in_the_handshake():
     assert ProbeOptions.from_message(options.to_message()).clock == "counter"
     with pytest.raises(UsageError, match="clock must be one of auto, counter, monotonic"):
         ProbeOptions(clock="tsc")
+
+
+class RoundsOnAStrayingCounter(ProbeClient):
+    """A client whose rounds report what the loop's clock check would: the counter strays
+    over the first round and agrees afterwards."""
+
+    def __init__(self):
+        self.notices, self.clocks = [], []
+        super().__init__("127.0.0.1", 18750, "t" * 20, ProbeOptions(sizes=(64,)),
+                         EndpointOptions(), notice=self.notices.append)
+
+    def _bandwidth_round(self, channel, handles, memory, remote, size):
+        self.clocks.append(self.clock)
+        agreement = 1.5 if len(self.clocks) == 1 else 1.0
+        return f"row {len(self.clocks)}", check(agreement)
+
+
+def test_a_round_the_counter_strayed_over_is_measured_again_with_monotonic():
+    client = RoundsOnAStrayingCounter()
+    client.clock = clock.LoopClock(True, 0.4, "TSC")
+    assert client._measured_round(None, None, None, None, 64) == "row 2"
+    assert [c.counter for c in client.clocks] == [True, False]
+    doubt = "the cycle counter measured 1.5000 times CLOCK_MONOTONIC's 50.0 ms over a run"
+    assert client.clock.description == f"CLOCK_MONOTONIC ({doubt})"
+    assert client.notices == [f"{doubt}: measuring the 64-byte round again with CLOCK_MONOTONIC"]
+    assert client.round == 2   # each measurement is a round of its own (its own pattern seed)
+    # The run keeps CLOCK_MONOTONIC: the next size is measured once.
+    assert client._measured_round(None, None, None, None, 64) == "row 3"
