@@ -49,7 +49,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         gpu: str = "0", gpu_mem_type: str = "device", **settings):
     """One probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
     this process). settings are :class:`gdrprobe.measure.options.ProbeOptions` fields (mode, sizes,
-    iterations, duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s);
+    iterations, duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s,
+    clock);
     mem and remote_mem are host, gpu, dmabuf, peermem or staged.
     Returns a :class:`gdrprobe.report.model.RunReport`; raises :class:`GdrprobeError`."""
     probe = _runner(host, token, loopback, port, device, ib_port, gid_index, settings)
