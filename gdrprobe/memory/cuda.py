@@ -18,6 +18,7 @@ go through the same door.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import mmap
@@ -177,12 +178,27 @@ def driver():
 
     Cached only on success (lru_cache does not keep exceptions), so a later call retries.
     """
+    missing = driver_library_error()
+    if missing:
+        raise NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
+                          NO_DRIVER_FIX, evidence=f"dlopen(libcuda.so.1): {missing}")
     try:
         module = import_driver()
     except ImportError as error:
         raise MissingDependency(f"cuda-python is not installed ({error})",
                                 CUDA_PYTHON_FIX) from error
     return initialised(module)
+
+
+def driver_library_error() -> str | None:
+    """Why the dynamic loader cannot open libcuda.so.1, or None when it can: asked before
+    importing cuda-python, whose import alone took 3.6 s in the emulated lab guest, and
+    which loads the library by the same system search."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as error:
+        return str(error)
+    return None
 
 
 def initialised(module):

@@ -33,7 +33,7 @@ def test_opening_a_gpu_without_a_driver_is_not_testable(selector):
     assert "not testable: no CUDA driver" in error.cause
     assert error.exit_code == ExitCode.NOT_TESTABLE == 9
     assert "NVIDIA driver" in error.fix
-    assert error.evidence.startswith("cuInit(0)")
+    assert error.evidence.startswith("dlopen(libcuda.so.1): libcuda.so.1: cannot open")
 
 
 @no_cuda_driver_only
