@@ -202,12 +202,24 @@ class Budget:
         return math.inf if self.seconds is None else self.seconds - self.elapsed()
 
 
+# A check's runs measure bandwidth for at most MAX_WINDOW_S (a 400 Gb/s port moves 50 GB in
+# it; a steady rate needs far less), so that a clear verdict comes in seconds whatever the
+# budget, and keep at most MAX_IN_FLIGHT_BYTES in flight per QP: over ten times what fills a
+# 400 Gb/s port for a 30 us round trip, and closing a window waits for all of it (perftest's
+# 128 messages of 1 MiB took 3 s to drain in the emulated lab).
+MAX_WINDOW_S = 1.0
+MAX_IN_FLIGHT_BYTES = 16 << 20
+
+
 def sized_for_budget(options: ProbeOptions, budget_s: float, runs: int) -> ProbeOptions:
-    """Fixed-duration runs: half the budget measures across `runs` runs; the rest is for
-    set-up, warm-up and the doctor."""
-    duration = options.duration_s or max(0.1, budget_s / 2 / runs)
+    """Fixed-duration runs: half the budget measures across `runs` runs, in windows of at
+    most MAX_WINDOW_S; the rest is for set-up, warm-up and the doctor."""
+    duration = options.duration_s or min(MAX_WINDOW_S, max(0.1, budget_s / 2 / runs))
     warmup = min(options.warmup_s, duration / 4)
-    return dataclasses.replace(options, duration_s=duration, warmup_s=warmup)
+    depth = max(1, min(options.tx_depth, MAX_IN_FLIGHT_BYTES // max(options.sizes)))
+    return dataclasses.replace(options, duration_s=duration, warmup_s=warmup, tx_depth=depth,
+                               cq_moderation=min(options.cq_moderation, depth),
+                               post_list=min(options.post_list, depth))
 
 
 RunOnce = Callable[..., RunReport]

@@ -91,8 +91,8 @@ class Clock:
 def test_the_budget_refuses_a_run_that_would_not_fit_and_caps_time_outs():
     clock = Clock()
     budget = gate.Budget(20.0, clock)
-    options = gate.sized_for_budget(ProbeOptions(sizes=(1 << 20,), timeout_s=10), 20.0, runs=6)
-    assert options.duration_s == pytest.approx(20 / 2 / 6)
+    options = gate.sized_for_budget(ProbeOptions(sizes=(1 << 20,), timeout_s=10), 60.0, runs=12)
+    assert options.duration_s == pytest.approx(60 / 2 / 12 / 2.5)   # capped: MAX_WINDOW_S
     seen = []
 
     def make_run_once(run_options):
@@ -109,6 +109,17 @@ def test_the_budget_refuses_a_run_that_would_not_fit_and_caps_time_outs():
     assert seen == [10.0, 10.0, 10.0, 10.0, pytest.approx(7.0)]
     with pytest.raises(StopSampling, match="holds no further run"):
         run_once(None, None)          # 4 s left: less than the shortest time-out
+
+
+def test_a_check_window_is_short_and_holds_little_in_flight():
+    small = gate.sized_for_budget(ProbeOptions(sizes=(1 << 20,)), 4.0, runs=4)
+    assert small.duration_s == 0.5 and small.warmup_s == 0.125
+    assert (small.tx_depth, small.cq_moderation) == (16, 16)   # 16 MiB of 1 MiB messages
+    capped = gate.sized_for_budget(ProbeOptions(sizes=(4096,)), 600.0, runs=6)
+    assert capped.duration_s == gate.MAX_WINDOW_S
+    assert (capped.tx_depth, capped.cq_moderation) == (128, 100)   # as asked
+    huge = gate.sized_for_budget(ProbeOptions(sizes=(64 << 20,)), 30.0, runs=6)
+    assert huge.tx_depth == 1 and huge.cq_moderation == 1
 
 
 def test_a_budget_spent_before_the_first_run_is_a_usage_error():
