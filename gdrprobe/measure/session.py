@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import math
 import socket
 import sys
@@ -439,7 +440,7 @@ class ProbeServer:
     def __init__(self, token: str, endpoint_options: EndpointOptions, *, bind: str = "0.0.0.0",
                  port: int = DEFAULT_PORT, timeout_s: float = 30.0,
                  max_buffer: int = DEFAULT_MAX_BUFFER, memory: MemorySpec = MemorySpec(),
-                 log=None, findings=()):
+                 log=None, findings=(), secret: ServerSecret | None = None):
         check_timeout(timeout_s, "server time-out")
         check_tcp_port(port, "server port", allow_any=True)
         if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or \
@@ -463,7 +464,7 @@ class ProbeServer:
         self._served = 0
         self._last_error: GdrprobeError | None = None
         self._preflight(bind)
-        self.secret = ServerSecret(token)
+        self.secret = secret or ServerSecret(token)
         try:
             self.listener = socket.create_server((bind, port), backlog=LISTEN_BACKLOG)
         except (OSError, OverflowError) as error:
@@ -754,18 +755,27 @@ class ProbeServer:
 # ---- both ends in one process ------------------------------------------------------------
 
 
+@functools.cache
+def loopback_secret() -> tuple[str, ServerSecret]:
+    """One token and salt for every loopback run of this process. Both ends are this
+    process and the token (144 random bits) never leaves it, so one scrypt serves every
+    run: an A/B or a bench sweep runs many, and each scrypt took seconds in the emulated
+    lab (0.16 s on this machine's host)."""
+    from gdrprobe.protocol.channel import new_token
+
+    token = new_token()
+    return token, ServerSecret(token)
+
+
 def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
                  memory: MemorySpec = MemorySpec(),
                  remote_memory: MemorySpec | None = None, on_result=None) -> RunReport:
     """A server thread and a client on 127.0.0.1 and the same device: one process, the
     same code path as two hosts."""
-    from gdrprobe.protocol.channel import new_token
-
-    token = new_token()
+    token, secret = loopback_secret()
     # The server thread stays quiet: its errors reach the caller through the client.
     server = ProbeServer(token, endpoint_options, bind="127.0.0.1", port=0,
-                         timeout_s=options.timeout_s,
-                         log=lambda text: None)
+                         timeout_s=options.timeout_s, log=lambda text: None, secret=secret)
     try:
         client = ProbeClient("127.0.0.1", server.port, token, options, endpoint_options,
                              memory, remote_memory, on_result=on_result)

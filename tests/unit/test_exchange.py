@@ -387,3 +387,14 @@ def test_an_error_the_peer_sent_unasked_is_raised_when_looked_for(sealed):
     time.sleep(0.1)
     with pytest.raises(PeerError, match="reported: the connection was tampered with"):
         b.raise_if_peer_spoke()
+
+
+def test_loopback_runs_share_one_token_and_one_scrypt():
+    from gdrprobe.measure import session
+
+    token, secret = session.loopback_secret()
+    assert session.loopback_secret() == (token, secret)
+    assert len(token) == 24 and len(secret.salt) == ch.SALT_BYTES
+    hits = ch.stretch.cache_info().hits
+    assert ch.stretch(token, secret.salt) == secret.key   # the client's side
+    assert ch.stretch.cache_info().hits == hits + 1       # no second scrypt
