@@ -8,8 +8,8 @@ message's round trip; reading the cycle counter is one instruction, as perftest 
 
 - x86-64: /proc/cpuinfo's flags name both ``constant_tsc`` (its rate does not follow the
   core's frequency) and ``nonstop_tsc`` (it keeps counting in deep C-states), the kernel's
-  X86_FEATURE_CONSTANT_TSC and X86_FEATURE_NONSTOP_TSC, set from CPUID 0x80000007 EDX bit 8
-  ("invariant TSC", arch/x86/kernel/cpu/common.c and intel.c);
+  X86_FEATURE_CONSTANT_TSC and X86_FEATURE_NONSTOP_TSC, both set from CPUID 0x80000007 EDX
+  bit 8, the invariant TSC (early_init_intel and early_init_amd, arch/x86/kernel/cpu/);
 - aarch64: always; the generic timer's virtual count runs at the fixed frequency of
   CNTFRQ_EL0 by the architecture's definition.
 
