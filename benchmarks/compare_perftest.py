@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from gdrprobe.measure.clock import CLOCK_CHOICES
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "benchmark-token-0123"
 PERFTEST_PORT = 18515
@@ -137,7 +139,7 @@ def main() -> int:
     parser.add_argument("-I", "--inline-size", type=int, default=0,
                         help="inline size for both programs' latency runs (perftest picks 0 "
                              "on rxe)")
-    parser.add_argument("--clock", choices=("auto", "counter", "monotonic"), default="auto",
+    parser.add_argument("--clock", choices=CLOCK_CHOICES, default="auto",
                         help="gdrprobe's --clock")
     parser.add_argument("--only", choices=("bandwidth", "latency"),
                         help="measure only bandwidth and message rate, or only latency")

@@ -68,6 +68,8 @@ import sys
 import tempfile
 import time
 
+from compare_perftest import in_abba_order   # this script's folder is on sys.path
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PERFTEST_PORT = 18515
 MIB = 1 << 20
@@ -147,14 +149,6 @@ def check_run(device: str, budget: float, size: int, env: dict | None, extra: li
             "host_gbps": host_bw, "window_s": window,
             "details": [arm["detail"] for arm in arms if arm["outcome"] != "measured"],
             "messages": round(host_bw * 1e9 / 8 * window / size) if window else None}
-
-
-def in_abba_order(pair: int, perftest, gdrprobe) -> tuple:
-    if pair % 2 == 0:
-        theirs = perftest()
-        return theirs, gdrprobe()
-    mine = gdrprobe()
-    return perftest(), mine
 
 
 def spread(values: list[float], digits: int = 2) -> str:

@@ -42,10 +42,10 @@ struct watchdog {
     int progressed;
 };
 
-static void watchdog_init(struct watchdog *w, const struct gdr_clock *clock, uint64_t stall_ns)
+static void watchdog_init(struct watchdog *w, uint64_t stall_ticks)
 {
     memset(w, 0, sizeof(*w));
-    w->stall_ticks = gdr_clock_ticks_in(clock, stall_ns);
+    w->stall_ticks = stall_ticks;
 }
 
 /* One idle spin: GDR_OK to go on, or the status that ends the wait. */
@@ -246,7 +246,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
     }
     w.warmup_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->warmup_ns);
     w.duration_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->duration_ns);
-    watchdog_init(&watch, &cfg->clock, cfg->stall_timeout_ns);
+    watchdog_init(&watch, gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns));
 
     gdr_clock_mark(&cfg->clock, &mark);
     t0 = mark.ticks;
@@ -309,12 +309,13 @@ static int lat_config_valid(const struct gdr_lat_config *cfg)
 }
 
 /* Spin until the last byte of the receive buffer carries tag. */
-static int wait_for_tag(const struct gdr_lat_config *cfg, uint8_t tag, struct gdr_lat_result *res)
+static int wait_for_tag(const struct gdr_lat_config *cfg, uint64_t stall_ticks, uint8_t tag,
+                        struct gdr_lat_result *res)
 {
     volatile uint8_t *last = cfg->recv_buf + cfg->msg_size - 1;
     struct watchdog watch;
 
-    watchdog_init(&watch, &cfg->clock, cfg->stall_timeout_ns);
+    watchdog_init(&watch, stall_ticks);
     while (*last != tag) {
         if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
             return -1;
@@ -322,13 +323,14 @@ static int wait_for_tag(const struct gdr_lat_config *cfg, uint8_t tag, struct gd
     return 0;
 }
 
-static int wait_for_send(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
+static int wait_for_send(const struct gdr_lat_config *cfg, uint64_t stall_ticks,
+                         struct gdr_lat_result *res)
 {
     struct ibv_wc wc;
     struct watchdog watch;
     int n;
 
-    watchdog_init(&watch, &cfg->clock, cfg->stall_timeout_ns);
+    watchdog_init(&watch, stall_ticks);
     while ((n = ibv_poll_cq(cfg->cq, 1, &wc)) == 0) {
         if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
             return -1;
@@ -346,8 +348,8 @@ static int wait_for_send(const struct gdr_lat_config *cfg, struct gdr_lat_result
     return 0;
 }
 
-static int send_tag(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr, uint8_t tag,
-                    struct gdr_lat_result *res)
+static int send_tag(const struct gdr_lat_config *cfg, uint64_t stall_ticks,
+                    struct ibv_send_wr *wr, uint8_t tag, struct gdr_lat_result *res)
 {
     struct ibv_send_wr *bad = NULL;
     int rc;
@@ -359,7 +361,7 @@ static int send_tag(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr, ui
         res->err_errno = rc;
         return -1;
     }
-    return wait_for_send(cfg, res);
+    return wait_for_send(cfg, stall_ticks, res);
 }
 
 int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
@@ -367,7 +369,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     struct ibv_sge sge = {.addr = cfg->send_addr, .length = cfg->msg_size, .lkey = cfg->lkey};
     struct ibv_send_wr wr;
     struct gdr_clock_mark mark;
-    uint64_t i, last_post;
+    uint64_t i, last_post, stall_ticks;
 
     memset(res, 0, sizeof(*res));
     if (!lat_config_valid(cfg)) {
@@ -381,6 +383,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     wr.send_flags = IBV_SEND_SIGNALED | (cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0);
     wr.wr.rdma.remote_addr = cfg->remote_addr;
     wr.wr.rdma.rkey = cfg->rkey;
+    stall_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns);   /* once, not per wait */
 
     /* One clock read per round trip, between the echo's arrival and the next post: a
      * sample is the time from one post to the next, as perftest times it. */
@@ -392,12 +395,14 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
         if (cfg->initiator) {
             uint64_t now;
 
-            if (send_tag(cfg, &wr, tag, res) || wait_for_tag(cfg, tag, res))
+            if (send_tag(cfg, stall_ticks, &wr, tag, res) ||
+                wait_for_tag(cfg, stall_ticks, tag, res))
                 return res->status;
             now = gdr_clock_ticks(&cfg->clock);
             cfg->samples_ns[i] = now - last_post;   /* ticks until the run ends */
             last_post = now;
-        } else if (wait_for_tag(cfg, tag, res) || send_tag(cfg, &wr, tag, res)) {
+        } else if (wait_for_tag(cfg, stall_ticks, tag, res) ||
+                   send_tag(cfg, stall_ticks, &wr, tag, res)) {
             return res->status;
         }
         res->completed = i + 1;

@@ -15,6 +15,8 @@ A_B_SIZE = 1 << 20
 
 
 def register(subparsers) -> None:
+    from gdrprobe.measure.clock import CLOCK_CHOICES
+
     parser = subparsers.add_parser(
         "run", help="run a probe against 'gdrprobe serve' (or --loopback)",
         description="Measure RDMA WRITE bandwidth (default) or latency to a server.")
@@ -51,7 +53,7 @@ def register(subparsers) -> None:
                         help="register with IBV_ACCESS_RELAXED_ORDERING where rdma-core has it, "
                              "as NCCL does (default: on, or off when "
                              "NCCL_IB_PCI_RELAXED_ORDERING=0)")
-    parser.add_argument("--clock", choices=("auto", "counter", "monotonic"), default="auto",
+    parser.add_argument("--clock", choices=CLOCK_CHOICES, default="auto",
                         help="what the loops time with: auto (default) the CPU's cycle counter "
                              "where the kernel reports it constant and non-stop, else "
                              "CLOCK_MONOTONIC; counter: the cycle counter anyway (each run is "

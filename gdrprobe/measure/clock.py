@@ -22,9 +22,9 @@ then keeps, and the report says why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 
-from gdrprobe import _native
 from gdrprobe.sysroot import SysRoot
 
 CLOCK_CHOICES = ("auto", "counter", "monotonic")
@@ -36,8 +36,6 @@ CALIBRATION_WINDOW_NS = 20_000_000
 # off by far more.
 AGREEMENT_TOLERANCE = 0.01
 MIN_CHECKED_SPAN_NS = 1_000_000
-
-_process_calibration: dict[str, float] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +83,24 @@ def counter_distrust(machine: str, flags: frozenset[str]) -> str | None:
     return None
 
 
+@functools.cache
+def counter_ns_per_tick() -> float:
+    """The counter's ns per tick, calibrated once per process; 0.0 where it did not advance
+    or this build reads none. (The extension is imported here, not with the module, so the
+    CLI can name CLOCK_CHOICES without loading it.)"""
+    from gdrprobe import _native
+
+    return _native.calibrate_counter(CALIBRATION_WINDOW_NS)
+
+
+@functools.cache
+def this_cpus_flags() -> frozenset[str]:
+    return cpu_flags(SysRoot().read("/proc/cpuinfo") or "")
+
+
 def counter_clock(name: str, note: str = "") -> LoopClock | None:
-    """The counter, calibrated once per process; None when it did not advance."""
-    if "ns_per_tick" not in _process_calibration:
-        _process_calibration["ns_per_tick"] = _native.calibrate_counter(CALIBRATION_WINDOW_NS)
-    ns_per_tick = _process_calibration["ns_per_tick"]
+    """The calibrated counter; None when there is none to read."""
+    ns_per_tick = counter_ns_per_tick()
     if ns_per_tick <= 0:
         return None
     return LoopClock(True, ns_per_tick, f"{name} at {1e3 / ns_per_tick:.1f} MHz{note}, "
@@ -104,9 +115,9 @@ def loop_clock(choice: str = "auto", root: SysRoot | None = None,
     if choice == "monotonic":
         return monotonic("asked for")
     machine = machine if machine is not None else platform.machine()
-    if not _native.HAVE_COUNTER or machine not in ("x86_64", "aarch64"):
+    if machine not in ("x86_64", "aarch64"):
         return monotonic(f"no cycle counter is read on {machine or 'this CPU'}")
-    flags = cpu_flags((root or SysRoot()).read("/proc/cpuinfo") or "")
+    flags = cpu_flags(root.read("/proc/cpuinfo") or "") if root else this_cpus_flags()
     distrust = counter_distrust(machine, flags)
     if distrust and choice == "auto":
         return monotonic(distrust)
