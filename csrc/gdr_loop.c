@@ -386,7 +386,8 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     stall_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns);   /* once, not per wait */
 
     /* One clock read per round trip, between the echo's arrival and the next post: a
-     * sample is the time from one post to the next, as perftest times it. */
+     * sample is the time from one post to the next, as perftest times it (tposted[], read
+     * just before each post in perftest_resources.c run_iter_lat_write). */
     gdr_clock_mark(&cfg->clock, &mark);
     last_post = mark.ticks;
     for (i = 0; i < cfg->iterations; i++) {
