@@ -42,6 +42,10 @@ half of perftest's time only where its own fixed cost (interpreter, doctor, set-
 well under perftest's two start-ups and the windows are short; the guest form measures
 one window.
 
+The same pair also times the A/B as an operator types it: two `ib_write_bw` runs at
+perftest's own defaults (65536-byte messages, 5000 of them per run), what "run perftest
+twice and compare" costs when nobody sizes it to the check.
+
 Each timed pair runs in ABBA order (perftest first in even pairs, gdrprobe first in odd
 ones, so drift favours neither); the ratio is check / perftest A/B per pair, reported as
 median (range). The target is a ratio of at most 0.5.
@@ -106,10 +110,12 @@ def listening(port: int) -> bool:
     return False
 
 
-def perftest_run(device: str, gid: int, size: int, iters: int) -> float:
-    """One ib_write_bw server+client run, spawn of the server to exit of both, in s."""
-    base = ["ib_write_bw", "-d", device, "-x", str(gid), "-p", str(PERFTEST_PORT), "-F",
-            "-s", str(size), "-n", str(iters)]
+def perftest_run(device: str, gid: int, size: int | None, iters: int | None) -> float:
+    """One ib_write_bw server+client run, spawn of the server to exit of both, in s; size
+    and iters None: perftest's own defaults (65536 B x 5000)."""
+    base = ["ib_write_bw", "-d", device, "-x", str(gid), "-p", str(PERFTEST_PORT), "-F"]
+    if size is not None:
+        base += ["-s", str(size), "-n", str(iters)]
     started = time.monotonic()
     server = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while not listening(PERFTEST_PORT):
@@ -125,9 +131,11 @@ def perftest_run(device: str, gid: int, size: int, iters: int) -> float:
 
 
 def perftest_ab(device: str, gid: int, size: int, iters: int) -> dict:
+    """The A/B at the check's bytes per run, and the A/B as typed (perftest's defaults)."""
     first = perftest_run(device, gid, size, iters)
     second = perftest_run(device, gid, size, iters)
-    return {"first_s": first, "ab_s": first + second}
+    as_typed = perftest_run(device, gid, None, None) + perftest_run(device, gid, None, None)
+    return {"first_s": first, "ab_s": first + second, "defaults_ab_s": as_typed}
 
 
 def check_run(device: str, budget: float, size: int, env: dict | None, extra: list[str]) -> dict:
@@ -178,9 +186,10 @@ def check_part(args) -> None:
               f"-> perftest -n {iters} per run; outcomes {calibration['outcomes']}, "
               f"exit {calibration['exit']}; {'; '.join(calibration['details'])[:300]}")
         print()
-        print("| pair | order | perftest run 1 s | perftest A/B s | check spawn-exit s "
-              "| check in-process s | check runs | exit | check / A/B | check / one run |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| pair | order | perftest run 1 s | perftest A/B s | perftest A/B at its "
+              "defaults s | check spawn-exit s | check in-process s | check runs | exit "
+              "| check / A/B | check / one run | check / A/B at defaults |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         results = []
         for pair in range(args.pairs):
             theirs, mine = in_abba_order(
@@ -188,10 +197,12 @@ def check_part(args) -> None:
                 lambda: check_run(args.device, budget, args.size, env, extra))
             results.append((theirs, mine))
             print(f"| {pair} | {'perftest first' if pair % 2 == 0 else 'check first'} "
-                  f"| {theirs['first_s']:.2f} | {theirs['ab_s']:.2f} | {mine['wall_s']:.2f} "
+                  f"| {theirs['first_s']:.2f} | {theirs['ab_s']:.2f} "
+                  f"| {theirs['defaults_ab_s']:.2f} | {mine['wall_s']:.2f} "
                   f"| {mine['in_process_s']:.2f} | {mine['runs']} | {mine['exit']} "
                   f"| {mine['wall_s'] / theirs['ab_s']:.2f} "
-                  f"| {mine['wall_s'] / theirs['first_s']:.2f} |", flush=True)
+                  f"| {mine['wall_s'] / theirs['first_s']:.2f} "
+                  f"| {mine['wall_s'] / theirs['defaults_ab_s']:.2f} |", flush=True)
         print()
         print("| | median (range) |")
         print("|---|---:|")
@@ -202,6 +213,10 @@ def check_part(args) -> None:
         print(f"| check / perftest A/B | {spread([m['wall_s'] / t['ab_s'] for t, m in results])} |")
         print(f"| check / one perftest run | "
               f"{spread([m['wall_s'] / t['first_s'] for t, m in results])} |")
+        print(f"| perftest A/B at its defaults s | "
+              f"{spread([t['defaults_ab_s'] for t, _ in results])} |")
+        print(f"| check / perftest A/B at its defaults | "
+              f"{spread([m['wall_s'] / t['defaults_ab_s'] for t, m in results])} |")
         print(flush=True)
 
 

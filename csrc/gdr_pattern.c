@@ -54,6 +54,37 @@ size_t gdr_pattern_verify(const uint8_t *buf, size_t len, uint64_t seed, size_t 
     return bad;
 }
 
+uint64_t gdr_slot_seed(uint64_t seed, uint64_t slot)
+{
+    return seed + slot * 0x9e3779b97f4a7c15ull;   /* golden ratio: spreads the seeds apart */
+}
+
+void gdr_slots_fill(uint8_t *buf, size_t size, size_t slots, uint64_t seed)
+{
+    size_t slot;
+
+    for (slot = 0; slot < slots; slot++)
+        gdr_pattern_fill(buf + slot * size, size, gdr_slot_seed(seed, slot));
+}
+
+size_t gdr_slots_verify(const uint8_t *buf, size_t size, size_t slots, uint64_t seed,
+                        size_t *bad_slots, size_t *first_bad)
+{
+    size_t slot, bad = 0, first = 0, wrong;
+
+    *bad_slots = 0;
+    for (slot = 0; slot < slots; slot++) {
+        wrong = gdr_pattern_verify(buf + slot * size, size, gdr_slot_seed(seed, slot), &first);
+        if (wrong == 0)
+            continue;
+        if (bad == 0)
+            *first_bad = slot * size + first;
+        bad += wrong;
+        (*bad_slots)++;
+    }
+    return bad;
+}
+
 size_t gdr_poison_verify(const uint8_t *buf, size_t len, size_t *first_bad)
 {
     size_t bad = 0, i;

@@ -27,6 +27,10 @@ cdef extern from "gdr_pattern.h" nogil:
     uint64_t gdr_pattern_seed(uint64_t size, uint64_t round)
     void gdr_pattern_fill(uint8_t *buf, size_t length, uint64_t seed)
     size_t gdr_pattern_verify(const uint8_t *buf, size_t length, uint64_t seed, size_t *first_bad)
+    uint64_t gdr_slot_seed(uint64_t seed, uint64_t slot)
+    void gdr_slots_fill(uint8_t *buf, size_t size, size_t slots, uint64_t seed)
+    size_t gdr_slots_verify(const uint8_t *buf, size_t size, size_t slots, uint64_t seed,
+                            size_t *bad_slots, size_t *first_bad)
     size_t gdr_poison_verify(const uint8_t *buf, size_t length, size_t *first_bad)
 
 

@@ -80,6 +80,25 @@ def pattern_verify(uintptr_t addr, size_t length, uint64_t seed):
     return bad, (first if bad else -1)
 
 
+def slot_seed(uint64_t seed, uint64_t slot):
+    """The pattern seed of one slot of a round."""
+    return c.gdr_slot_seed(seed, slot)
+
+
+def slots_fill(uintptr_t addr, size_t size, size_t slots, uint64_t seed):
+    """Each of `slots` messages of `size` bytes from addr with its slot's pattern."""
+    with nogil:
+        c.gdr_slots_fill(<uint8_t *>addr, size, slots, seed)
+
+
+def slots_verify(uintptr_t addr, size_t size, size_t slots, uint64_t seed):
+    """(slots with a wrong byte, wrong bytes, first wrong offset from addr or -1)."""
+    cdef size_t bad_slots = 0, first = 0, bad
+    with nogil:
+        bad = c.gdr_slots_verify(<const uint8_t *>addr, size, slots, seed, &bad_slots, &first)
+    return bad_slots, bad, (first if bad else -1)
+
+
 def poison_fill(uintptr_t addr, size_t length):
     with nogil:
         memset(<void *>addr, c.GDR_POISON_BYTE, length)

@@ -120,7 +120,8 @@ def bench_pairs(gpus: Sequence[str], nics: Sequence[str], decisions: Mapping[str
 
 def measured_row(run: RunPlan, result) -> BenchRow:
     common = dict(mode=run.mode, gpu=run.gpu, nic=run.nic, memory=run.memory, qps=run.qps,
-                  size_bytes=result.size_bytes, outcome=MEASURED, iterations=result.iterations)
+                  size_bytes=result.size_bytes, outcome=MEASURED, iterations=result.iterations,
+                  elapsed_s=result.elapsed_s)
     if isinstance(result, LatencyResult):
         return BenchRow(**common, latency_us_min=result.latency_us_min,
                         latency_us_median=result.latency_us_median,
@@ -129,8 +130,7 @@ def measured_row(run: RunPlan, result) -> BenchRow:
                         latency_us_p99=result.latency_us_p99,
                         latency_us_p999=result.latency_us_p999,
                         latency_us_max=result.latency_us_max)
-    return BenchRow(**common, elapsed_s=result.elapsed_s,
-                    bandwidth_avg_gbps=result.bandwidth_avg_gbps,
+    return BenchRow(**common, bandwidth_avg_gbps=result.bandwidth_avg_gbps,
                     bandwidth_peak_gbps=result.bandwidth_peak_gbps,
                     message_rate_mpps=result.message_rate_mpps)
 

@@ -164,4 +164,5 @@ def latency_result(size: int, iterations: int, round_trip: dict,
         latency_us_p999=one_way["p999_ns"],
         latency_us_max=one_way["max_ns"],
         integrity=integrity,
+        elapsed_s=round_trip["mean_ns"] * round_trip["samples"] / 1e9,
     )

@@ -62,12 +62,6 @@ LISTEN_BACKLOG = 1024          # the kernel caps it at net.core.somaxconn
 PREFLIGHT_BYTES = MIN_MAX_BUFFER
 ACCEPT_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED)
 MAX_QUEUE_POSITION = 1 << 20
-GOLDEN = 0x9E3779B97F4A7C15    # spreads the slots' seeds apart
-
-
-def slot_seed(seed: int, slot: int) -> int:
-    """The pattern of one slot: its own, so a message that lands in another slot is caught."""
-    return (seed + slot * GOLDEN) % (1 << 64)
 
 
 def check_timeout(timeout_s: float, what: str) -> None:
@@ -137,7 +131,7 @@ class ProbeClient:
     """One run against a server: connect, authenticate, set up (waiting for the server's NIC
     if another run holds it), measure, say goodbye."""
 
-    def __init__(self, host: str, port: int, token: str, options: ProbeOptions,
+    def __init__(self, host: str, port: int, token: str | ServerSecret, options: ProbeOptions,
                  endpoint_options: EndpointOptions, memory: MemorySpec = MemorySpec(),
                  remote_memory: MemorySpec | None = None, connect_wait_s: float = 0.0,
                  on_result=None, notice=None):
@@ -328,8 +322,7 @@ class ProbeClient:
         what = f"the {size}-byte bandwidth round"
         seed = _native.pattern_seed(size, self.round)
         slots = o.slots(size)
-        for slot in range(slots):
-            memory.fill_pattern(slot * size, size, slot_seed(seed, slot))
+        memory.fill_slots(size, slots, seed)
         stage_out_s = memory.stage_out(0, slots * size) / slots   # per message
         channel.send("start", size=size, round=self.round)
         channel.receive("ready")
@@ -437,10 +430,10 @@ class ProbeServer:
     """Serves runs, one at a time on the NIC, to clients that prove the token; a failed
     or hostile client ends only its own connection, and a stranger never delays anyone."""
 
-    def __init__(self, token: str, endpoint_options: EndpointOptions, *, bind: str = "0.0.0.0",
-                 port: int = DEFAULT_PORT, timeout_s: float = 30.0,
+    def __init__(self, token: str | ServerSecret, endpoint_options: EndpointOptions, *,
+                 bind: str = "0.0.0.0", port: int = DEFAULT_PORT, timeout_s: float = 30.0,
                  max_buffer: int = DEFAULT_MAX_BUFFER, memory: MemorySpec = MemorySpec(),
-                 log=None, findings=(), secret: ServerSecret | None = None):
+                 log=None, findings=(), preflight: bool = True):
         check_timeout(timeout_s, "server time-out")
         check_tcp_port(port, "server port", allow_any=True)
         if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or \
@@ -463,8 +456,10 @@ class ProbeServer:
         self._runs: int | None = None
         self._served = 0
         self._last_error: GdrprobeError | None = None
-        self._preflight(bind)
-        self.secret = secret or ServerSecret(token)
+        if preflight:
+            self._preflight(bind)
+        # A ServerSecret instead of a token: a loopback server, its key shared in-process.
+        self.secret = token if isinstance(token, ServerSecret) else ServerSecret(token)
         try:
             self.listener = socket.create_server((bind, port), backlog=LISTEN_BACKLOG)
         except (OSError, OverflowError) as error:
@@ -707,12 +702,7 @@ class ProbeServer:
         used = min(options.slots(size), posted)   # slots holding the last messages
         memory.flush_remote_writes()
         stage_in_s = memory.stage_in(0, used * size) / used   # per message
-        bad_messages, bad, first_bad = 0, 0, -1
-        for slot in range(used):
-            wrong, first = memory.verify_pattern(slot * size, size, slot_seed(seed, slot))
-            if wrong:
-                bad_messages, bad = bad_messages + 1, bad + wrong
-                first_bad = slot * size + first if first_bad < 0 else first_bad
+        bad_messages, bad, first_bad = memory.verify_slots(size, used, seed)
         stray, first_stray = memory.verify_poison(used * size)
         channel.send("verified", bytes_checked=used * size, bad_bytes=bad,
                      first_bad_offset=first_bad, stray_bytes=stray,
@@ -756,15 +746,11 @@ class ProbeServer:
 
 
 @functools.cache
-def loopback_secret() -> tuple[str, ServerSecret]:
-    """One token and salt for every loopback run of this process. Both ends are this
-    process and the token (144 random bits) never leaves it, so one scrypt serves every
-    run: an A/B or a bench sweep runs many, and each scrypt took seconds in the emulated
-    lab (0.16 s on this machine's host)."""
-    from gdrprobe.protocol.channel import new_token
-
-    token = new_token()
-    return token, ServerSecret(token)
+def loopback_secret() -> ServerSecret:
+    """One random key and salt for every loopback run of this process: both ends are this
+    process, the client authenticates with this object (no token is stretched), and an A/B
+    or a bench sweep runs many times."""
+    return ServerSecret(None)
 
 
 def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
@@ -772,12 +758,14 @@ def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
                  remote_memory: MemorySpec | None = None, on_result=None) -> RunReport:
     """A server thread and a client on 127.0.0.1 and the same device: one process, the
     same code path as two hosts."""
-    token, secret = loopback_secret()
-    # The server thread stays quiet: its errors reach the caller through the client.
-    server = ProbeServer(token, endpoint_options, bind="127.0.0.1", port=0,
-                         timeout_s=options.timeout_s, log=lambda text: None, secret=secret)
+    secret = loopback_secret()
+    # The server thread stays quiet: its errors reach the caller through the client. It
+    # skips the preflight: the client opens the same device at once and fails with the
+    # same cause; a run saves a device open and a registration.
+    server = ProbeServer(secret, endpoint_options, bind="127.0.0.1", port=0,
+                         timeout_s=options.timeout_s, log=lambda text: None, preflight=False)
     try:
-        client = ProbeClient("127.0.0.1", server.port, token, options, endpoint_options,
+        client = ProbeClient("127.0.0.1", server.port, secret, options, endpoint_options,
                              memory, remote_memory, on_result=on_result)
     except BaseException:
         server.close()

@@ -69,6 +69,14 @@ class GpuMemory(MemoryProvider):
         self._from_gpu(offset, length)
         return _native.pattern_verify(self.staging.ptr + offset, length, seed)
 
+    def fill_slots(self, size: int, slots: int, seed: int) -> None:
+        _native.slots_fill(self.staging.ptr, size, slots, seed)
+        self._to_gpu(0, size * slots)
+
+    def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
+        self._from_gpu(0, size * slots)
+        return _native.slots_verify(self.staging.ptr, size, slots, seed)
+
     def poison(self) -> None:
         _native.poison_fill(self.staging.ptr, self.length)
         self._to_gpu(0, self.length)

@@ -41,6 +41,12 @@ class HostMemory(MemoryProvider):
     def verify_pattern(self, offset: int, length: int, seed: int) -> tuple[int, int]:
         return _native.pattern_verify(self.address + offset, length, seed)
 
+    def fill_slots(self, size: int, slots: int, seed: int) -> None:
+        _native.slots_fill(self.address, size, slots, seed)
+
+    def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
+        return _native.slots_verify(self.address, size, slots, seed)
+
     def poison(self) -> None:
         _native.poison_fill(self.address, self.length)
 

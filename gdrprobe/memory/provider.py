@@ -45,6 +45,16 @@ class MemoryProvider(abc.ABC):
         """(wrong bytes, first wrong offset from `offset` or -1) of length bytes there."""
 
     @abc.abstractmethod
+    def fill_slots(self, size: int, slots: int, seed: int) -> None:
+        """A bandwidth round's messages from offset 0: slot k holds size bytes of the
+        pattern of the slot's own seed (gdr_slot_seed of seed and k)."""
+
+    @abc.abstractmethod
+    def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
+        """(slots holding a wrong byte, wrong bytes, first wrong offset or -1) of what
+        fill_slots would have written."""
+
+    @abc.abstractmethod
     def poison(self) -> None:
         """Fill the whole buffer with the poison byte."""
 

@@ -23,29 +23,20 @@ def gid_netdev(root: SysRoot, device: str, port: int, index: int) -> str | None:
     return root.read(f"/sys/class/infiniband/{device}/ports/{port}/gid_attrs/ndevs/{index}")
 
 
-def gid_type_name(gid_type: int, link_layer: int) -> str:
-    if gid_type == verbs.GID_TYPE_SYSFS_ROCE_V2:
-        return "RoCE v2"
-    return "RoCE v1" if link_layer == verbs.LINK_LAYER_ETHERNET else "IB"
-
-
-def read_gids(ctx, device: str, port: int, attr, root: SysRoot) -> tuple[GidEntry, ...]:
+def read_gids(ctx, device: str, port: int, attr, port_count: int,
+              root: SysRoot) -> tuple[GidEntry, ...]:
     """The populated GID entries of a port (empty slots are skipped)."""
-    entries = []
-    for index, gid in verbs.populated_gids(ctx, port, attr):
-        gid_type = ctx.query_gid_type(port, index)
-        ethernet = attr.link_layer == verbs.LINK_LAYER_ETHERNET
-        entries.append(GidEntry(
-            index=index,
-            gid=gid,
-            type=gid_type_name(gid_type, attr.link_layer),
-            netdev=gid_netdev(root, device, port, index) if ethernet else None,
-            ip_address=verbs.gid_ip_address(gid) if ethernet else None,
-        ))
-    return tuple(entries)
+    ethernet = attr.link_layer == verbs.LINK_LAYER_ETHERNET
+    return tuple(GidEntry(
+        index=index,
+        gid=gid,
+        type=gid_type,
+        netdev=gid_netdev(root, device, port, index) if ethernet else None,
+        ip_address=verbs.gid_ip_address(gid) if ethernet else None,
+    ) for index, gid, gid_type in verbs.populated_gids(ctx, port, attr, port_count))
 
 
-def read_port(ctx, device: str, port: int, root: SysRoot) -> PortInfo:
+def read_port(ctx, device: str, port: int, port_count: int, root: SysRoot) -> PortInfo:
     attr = ctx.query_port(port)
     lane_gbps = verbs.SPEED_GBPS.get(attr.active_speed)
     lanes = verbs.WIDTH_LANES.get(attr.active_width)
@@ -60,7 +51,7 @@ def read_port(ctx, device: str, port: int, root: SysRoot) -> PortInfo:
         active_width=f"{lanes}X" if lanes else f"unknown ({attr.active_width})",
         rate_gbps=verbs.port_rate_gbps(attr),
         lid=attr.lid,
-        gids=read_gids(ctx, device, port, attr, root),
+        gids=read_gids(ctx, device, port, attr, port_count, root),
     )
 
 
@@ -69,7 +60,7 @@ def read_device(name: str, listed, root: SysRoot) -> DeviceInfo:
     pv = verbs.pyverbs()
     with pv.device.Context(name=name) as ctx:
         attr = ctx.query_device()
-        ports = tuple(read_port(ctx, name, port, root)
+        ports = tuple(read_port(ctx, name, port, attr.phys_port_cnt, root)
                       for port in range(1, attr.phys_port_cnt + 1))
     return DeviceInfo(
         name=name,

@@ -50,8 +50,8 @@ class EndpointAddress:
                 "qp_numbers": list(self.qp_numbers), "psns": list(self.psns)}
 
 
-def choose_gid(ctx, port: int, port_attr, local_ip: str | None, gid_index: int | None,
-               device: str) -> tuple[int, str]:
+def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
+               gid_index: int | None, device: str) -> tuple[int, str]:
     """The GID to use: the given index, or the RoCE v2 GID of the address the out-of-band
     connection uses (InfiniBand ports: index 0)."""
     if gid_index is not None:
@@ -65,8 +65,9 @@ def choose_gid(ctx, port: int, port_attr, local_ip: str | None, gid_index: int |
         return gid_index, gid
     if port_attr.link_layer != verbs.LINK_LAYER_ETHERNET:
         return 0, ctx.query_gid(port, 0).gid
-    roce_v2 = [(index, gid) for index, gid in verbs.populated_gids(ctx, port, port_attr)
-               if ctx.query_gid_type(port, index) == verbs.GID_TYPE_SYSFS_ROCE_V2]
+    roce_v2 = [(index, gid) for index, gid, gid_type
+               in verbs.populated_gids(ctx, port, port_attr, port_count)
+               if gid_type == verbs.ROCE_V2]
     for index, gid in roce_v2:
         if verbs.gid_ip_address(gid) == local_ip:
             return index, gid
@@ -130,7 +131,8 @@ class Endpoint:
             raise NoDevice(f"{self.device} port {options.port} is {state}, not ACTIVE",
                            "bring the link up (cable, switch port, 'ip link set IFACE up' "
                            "for RoCE) and check 'gdrprobe devices'")
-        self.gid_index, self.gid = choose_gid(self.ctx, options.port, self.port_attr, local_ip,
+        self.gid_index, self.gid = choose_gid(self.ctx, options.port, self.port_attr,
+                                              device_attr.phys_port_cnt, local_ip,
                                               options.gid_index, self.device)
         check_queue_limits(self.device, device_attr, options)
         self.pd = self._keep(pv.pd.PD(self.ctx))

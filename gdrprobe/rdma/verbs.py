@@ -49,6 +49,10 @@ def port_rate_gbps(port_attr) -> float | None:
 IBV_PORT_ACTIVE = 4
 LINK_LAYER_ETHERNET = 2
 GID_TYPE_SYSFS_ROCE_V2 = 1  # ibv_query_gid_type's enum (not ibv_gid_type's)
+# ibv_gid_entry.gid_type, as ibv_query_gid_table reports it: enum ibv_gid_type in rdma-core's
+# libibverbs/verbs.h (the kernel's IB_UVERBS_GID_TYPE_* in the same order).
+GID_TYPES = {0: "IB", 1: "RoCE v1", 2: "RoCE v2"}
+ROCE_V2 = GID_TYPES[2]
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,12 +125,37 @@ def resolve_device(name: str | None, names: list[str] | None = None) -> str:
     return name
 
 
-def populated_gids(ctx, port: int, port_attr):
-    """(index, gid) of every populated entry of a port's GID table (empty slots skipped)."""
+def populated_gids(ctx, port: int, port_attr, port_count: int) -> list[tuple[int, str, str]]:
+    """(index, gid, type) of every populated entry of a port's GID table, type one of
+    GID_TYPES' names.
+
+    One ibv_query_gid_table call (rdma-core 32+; it reads sysfs itself where the kernel
+    lacks the ioctl) instead of an ibv_query_gid per slot: a RoCE port's table has 1024
+    slots (rxe, mlx5), and reading them one by one made opening a device take most of a
+    second in the lab. The call returns the valid entries of every port of the device and
+    fails when they do not fit (the kernel's rdma_query_gid_table), hence room for
+    port_count tables.
+    """
+    try:
+        table = ctx.query_gid_table(port_attr.gid_tbl_len * port_count)
+    except AttributeError:   # pyverbs before rdma-core 32
+        return _populated_gids_by_slot(ctx, port, port_attr)
+    return sorted((entry.gid_index, entry.gid_str(),
+                   GID_TYPES.get(entry.gid_type, f"unknown ({entry.gid_type})"))
+                  for entry in table
+                  if entry.port_num == port and not is_zero_gid(entry.gid_str()))
+
+
+def _populated_gids_by_slot(ctx, port: int, port_attr) -> list[tuple[int, str, str]]:
+    ethernet = port_attr.link_layer == LINK_LAYER_ETHERNET
+    entries = []
     for index in range(port_attr.gid_tbl_len):
         gid = ctx.query_gid(port, index).gid
-        if not is_zero_gid(gid):
-            yield index, gid
+        if is_zero_gid(gid):
+            continue
+        v2 = ethernet and ctx.query_gid_type(port, index) == GID_TYPE_SYSFS_ROCE_V2
+        entries.append((index, gid, ROCE_V2 if v2 else "RoCE v1" if ethernet else "IB"))
+    return entries
 
 
 def mtu_bytes(mtu_enum: int) -> int:
@@ -156,4 +185,5 @@ def gid_ip_address(gid: str) -> str | None:
 
 
 def is_zero_gid(gid: str) -> bool:
-    return gid_ip_address(gid) is None
+    """Whether a GID as pyverbs writes it (eight groups of four hex digits) is all zero."""
+    return not gid.replace(":", "").strip("0")

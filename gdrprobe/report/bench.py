@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from gdrprobe.errors import MissingDependency, UsageError
 from gdrprobe.report.model import BenchReport, BenchRow, to_json
-from gdrprobe.report.text import RULE, rate
+from gdrprobe.report.text import RULE, answer_and_causes, rate
 
 CSV_FIELDS = tuple(field.name for field in dataclasses.fields(BenchRow))
 PLOT_FIX = "pip install 'gdrprobe[plot]' (matplotlib)"
@@ -57,10 +57,10 @@ def render_pairs(report: BenchReport) -> list[str]:
         v = pair.verdict
         ratio = f", GPU/host {v.ratio:.2f}" if v.ratio is not None else ""
         via = f" via {v.mechanism}" if v.mechanism else ""
-        answer = f"{v.classification}{via}{ratio}"
-        cause = v.likely_causes[0] if v.likely_causes else ""
-        if cause:   # not testable causes already say so
-            answer = cause if cause.startswith(v.classification) else f"{answer}: {cause}"
+        answer, causes = answer_and_causes(f"{v.classification}{via}{ratio}",
+                                           v.classification, v.likely_causes[:1])
+        if causes:
+            answer = f"{answer}: {causes[0]}"
         lines.append(f" GPU {pair.gpu} - {pair.nic}: {answer}  (NIC: {pair.nic_reason})")
     return [RULE] + lines if lines else []
 

@@ -197,6 +197,7 @@ class LatencyResult:
     latency_us_p999: float
     latency_us_max: float
     integrity: Integrity
+    elapsed_s: float               # the timed round trips added up: the time spent measuring
 
 
 @dataclasses.dataclass(frozen=True)

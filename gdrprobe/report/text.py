@@ -3,6 +3,8 @@ Renderers format; they never decide."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gdrprobe.report.model import (BandwidthResult, CheckReport, ClusterPair, ClusterReport,
                                    DeviceReport, DoctorReport, Finding, LatencyResult,
                                    NcclLogReport, RankPair, RunReport, Status)
@@ -247,7 +249,8 @@ def render_cluster(report: ClusterReport) -> str:
         lines.append(" GPUDirect RDMA per pair:")
         for p in verdicts:
             ratio = f" (GPU/host {p.ratio:.2f})" if p.ratio is not None else ""
-            lines += _cluster_pair(p, f"{p.verdict}{ratio}", p.likely_causes)
+            lines += _cluster_pair(p, *answer_and_causes(f"{p.verdict}{ratio}", p.verdict,
+                                                         p.likely_causes))
     failed = [p for p in report.pairs if p.error]
     if failed:
         lines.append(" failed pairs:")
@@ -260,6 +263,16 @@ def render_cluster(report: ClusterReport) -> str:
         lines.append(" every pair measured, none slow")
     lines.append(RULE)
     return "\n".join(lines)
+
+
+def answer_and_causes(answer: str, classification: str,
+                      causes: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """A verdict's line and the causes left to list: a first cause that restates the
+    classification ("not testable: no CUDA driver ...") becomes the line, so that nothing
+    is said twice."""
+    if causes and causes[0].startswith(classification):
+        return causes[0], tuple(causes[1:])
+    return answer, tuple(causes)
 
 
 def _cluster_pair(pair: ClusterPair, answer: str, causes: tuple[str, ...]) -> list[str]:

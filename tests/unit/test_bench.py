@@ -33,7 +33,7 @@ def bw(size, gbps):
 
 
 def lat(size):
-    return LatencyResult(size, 100, 1.0, 1.5, 1.6, 0.1, 2.5, 3.0, 4.0, OK)
+    return LatencyResult(size, 100, 1.0, 1.5, 1.6, 0.1, 2.5, 3.0, 4.0, OK, 0.0003)
 
 
 def execute_with(gpu_factor=0.95, peermem_error=None, interrupt_at=None):
@@ -108,7 +108,8 @@ def test_rows_ratios_line_rate_and_the_pair_verdict():
     assert host.gpu_host_ratio is None and host.line_rate_fraction == pytest.approx(0.2)
     verdict = report.pairs[0].verdict
     assert (verdict.classification, verdict.mechanism) == ("engaged", "dmabuf")
-    assert report.measured_s == pytest.approx(0.5 * 12)   # bandwidth rows' windows
+    # the bandwidth rows' windows and the latency rows' timed round trips
+    assert report.measured_s == pytest.approx(0.5 * 12 + 0.0003 * 2)
 
 
 def test_a_kind_that_cannot_run_is_tried_once_and_becomes_rows():

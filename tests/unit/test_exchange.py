@@ -253,11 +253,13 @@ def test_short_tokens_get_a_warning():
     assert token_warning(ch.new_token()) is None and len(ch.new_token()) == 24
 
 
-def authenticate(server_token: str, client_token: str):
+def authenticate(server_token, client_token):
+    """Both handshakes over a TCP pair; a token or a ServerSecret on either side."""
     left, right = tcp_pair()
     server, client = Channel(left, 5.0, "client"), Channel(right, 5.0, "server")
     outcome = {}
-    secret = ServerSecret(server_token)
+    secret = (server_token if isinstance(server_token, ServerSecret) else
+              ServerSecret(server_token))
 
     def serve():
         try:
@@ -389,12 +391,18 @@ def test_an_error_the_peer_sent_unasked_is_raised_when_looked_for(sealed):
         b.raise_if_peer_spoke()
 
 
-def test_loopback_runs_share_one_token_and_one_scrypt():
+def test_loopback_runs_share_one_random_key_and_make_no_scrypt(monkeypatch):
     from gdrprobe.measure import session
 
-    token, secret = session.loopback_secret()
-    assert session.loopback_secret() == (token, secret)
-    assert len(token) == 24 and len(secret.salt) == ch.SALT_BYTES
-    hits = ch.stretch.cache_info().hits
-    assert ch.stretch(token, secret.salt) == secret.key   # the client's side
-    assert ch.stretch.cache_info().hits == hits + 1       # no second scrypt
+    session.loopback_secret.cache_clear()
+    monkeypatch.setattr(ch.hashlib, "scrypt", None)   # any stretch would fail
+    secret = session.loopback_secret()
+    assert session.loopback_secret() is secret
+    assert len(secret.key) == ch.KEY_BYTES and len(secret.salt) == ch.SALT_BYTES
+    outcome = authenticate(secret, secret)
+    assert outcome == {"server": "ok", "client": "ok", "server_got": 42}
+
+
+def test_a_token_cannot_stand_in_for_a_loopback_servers_random_key():
+    outcome = authenticate(ch.ServerSecret(None), TOKEN)
+    assert isinstance(outcome["server"], WrongToken)

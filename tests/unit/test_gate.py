@@ -114,7 +114,7 @@ def test_the_budget_refuses_a_run_that_would_not_fit_and_caps_time_outs():
 def test_a_check_window_is_short_and_holds_little_in_flight():
     small = gate.sized_for_budget(ProbeOptions(sizes=(1 << 20,)), 4.0, runs=4)
     assert small.duration_s == 0.5 and small.warmup_s == 0.125
-    assert (small.tx_depth, small.cq_moderation) == (16, 16)   # 16 MiB of 1 MiB messages
+    assert (small.tx_depth, small.cq_moderation) == (8, 8)   # 8 MiB of 1 MiB messages
     capped = gate.sized_for_budget(ProbeOptions(sizes=(4096,)), 600.0, runs=6)
     assert capped.duration_s == gate.MAX_WINDOW_S
     assert (capped.tx_depth, capped.cq_moderation) == (128, 100)   # as asked

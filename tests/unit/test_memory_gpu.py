@@ -267,6 +267,19 @@ def test_gpu_provider_patterns_and_poison_go_through_the_staging_copy():
     memory.close()
 
 
+def test_gpu_provider_slots_go_through_the_staging_copy_in_one_copy_each_way():
+    driver, gpu = fake_gpu()
+    with PeermemGpuMemory(gpu, 8192) as memory:
+        memory.fill_slots(1024, 6, 21)
+        _native.zero_fill(memory.staging.ptr, 8192)     # the check must read the GPU side
+        assert memory.verify_slots(1024, 6, 21) == (0, 0, -1)
+        ctypes.c_uint8.from_address(memory.buffer.ptr + 2 * 1024 + 3).value ^= 0xFF
+        assert memory.verify_slots(1024, 6, 21) == (1, 1, 2 * 1024 + 3)
+    assert driver.calls.count("cuMemcpyHtoD") == 1    # the six slots' fill, in one copy
+    assert driver.calls.count("cuMemcpyDtoH") == 2    # one per verify
+    assert driver.live == {}
+
+
 def test_managed_memory_is_described_as_no_proof():
     driver = FakeDriver()
     driver.cuMemAllocManaged = lambda length, flags: driver._alloc("cuMemAllocManaged", length,

@@ -81,6 +81,22 @@ def test_pattern_verify_reports_first_bad_offset_and_count(buffer):
     assert native.pattern_verify(addr, 9000, seed) == (3, 4242)
 
 
+def test_slots_each_have_their_own_pattern_and_a_wrong_one_is_counted(buffer):
+    addr, length = buffer
+    seed, size, slots = native.pattern_seed(1000, 2), 1000, 5
+    native.slots_fill(addr, size, slots, seed)
+    assert native.slots_verify(addr, size, slots, seed) == (0, 0, -1)
+    assert native.slot_seed(seed, 0) == seed
+    assert native.slot_seed(seed, 1) == (seed + 0x9E3779B97F4A7C15) % (1 << 64)
+    assert native.pattern_verify(addr + 3 * size, size, native.slot_seed(seed, 3)) == (0, -1)
+    # slot 2 written with slot 1's pattern (a message in the wrong slot), one byte of slot 4
+    native.pattern_fill(addr + 2 * size, size, native.slot_seed(seed, 1))
+    ctypes.c_uint8.from_address(addr + 4 * size + 17).value ^= 0xFF
+    bad_slots, bad, first = native.slots_verify(addr, size, slots, seed)
+    assert (bad_slots, first) == (2, 2 * size)
+    assert size * 0.9 < bad <= size + 1
+
+
 def test_poison_detects_stray_writes(buffer):
     addr, _ = buffer
     native.poison_fill(addr, 1000)

@@ -3,7 +3,7 @@
 import pytest
 
 from gdrprobe.rdma import verbs
-from gdrprobe.rdma.devices import format_guid, gid_type_name
+from gdrprobe.rdma.devices import format_guid
 from tests.unit.machine import no_rdma_device_only
 
 
@@ -29,10 +29,67 @@ def test_mtu_enum_round_trip():
         verbs.mtu_enum(1500)
 
 
-def test_gid_type_names():
-    assert gid_type_name(1, verbs.LINK_LAYER_ETHERNET) == "RoCE v2"
-    assert gid_type_name(0, verbs.LINK_LAYER_ETHERNET) == "RoCE v1"
-    assert gid_type_name(0, 1) == "IB"
+class TableEntry:
+    """One ibv_gid_entry as pyverbs' GIDEntry shows it."""
+
+    def __init__(self, port_num, gid_index, gid, gid_type):
+        self.port_num, self.gid_index, self._gid, self.gid_type = (
+            port_num, gid_index, gid, gid_type)
+
+    def gid_str(self):
+        return self._gid
+
+
+V4 = "0000:0000:0000:0000:0000:ffff:7f00:0001"
+LINK_LOCAL = "fe80:0000:0000:0000:5054:00ff:fe00:0001"
+ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+class PortAttr:
+    gid_tbl_len = 1024
+    link_layer = verbs.LINK_LAYER_ETHERNET
+
+
+class TableContext:
+    """A device context whose GID table holds two ports' entries, out of order."""
+
+    def __init__(self):
+        self.asked = None
+
+    def query_gid_table(self, max_entries):
+        self.asked = max_entries
+        return [TableEntry(1, 1, V4, 2), TableEntry(2, 0, LINK_LOCAL, 0),
+                TableEntry(1, 0, LINK_LOCAL, 1), TableEntry(1, 7, ZERO, 2)]
+
+
+def test_gid_table_is_one_query_with_room_for_every_port():
+    ctx = TableContext()
+    assert verbs.populated_gids(ctx, 1, PortAttr(), port_count=2) == [
+        (0, LINK_LOCAL, "RoCE v1"), (1, V4, "RoCE v2")]
+    assert ctx.asked == 2048
+
+
+class SlotContext:
+    """pyverbs before rdma-core 32: no query_gid_table, one slot per query."""
+
+    slots = {0: LINK_LOCAL, 1: V4}
+    sysfs_types = {0: 0, 1: verbs.GID_TYPE_SYSFS_ROCE_V2}
+
+    def query_gid(self, port, index):
+        return type("GID", (), {"gid": self.slots.get(index, ZERO)})
+
+    def query_gid_type(self, port, index):
+        return self.sysfs_types[index]
+
+
+def test_gid_table_slot_by_slot_where_pyverbs_is_older():
+    assert verbs.populated_gids(SlotContext(), 1, PortAttr(), port_count=1) == [
+        (0, LINK_LOCAL, "RoCE v1"), (1, V4, "RoCE v2")]
+
+
+@pytest.mark.parametrize("gid, zero", [(ZERO, True), (V4, False), (LINK_LOCAL, False)])
+def test_zero_gid(gid, zero):
+    assert verbs.is_zero_gid(gid) is zero
 
 
 @no_rdma_device_only

@@ -7,9 +7,11 @@ import threading
 
 import pytest
 
+from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, IntegrityError
 from gdrprobe.measure import session
 from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.memory.host import HostMemory
 from gdrprobe.protocol.channel import new_token
 from gdrprobe.rdma.endpoint import EndpointOptions
 from tests.lab.helpers import gdrprobe_json
@@ -32,8 +34,13 @@ def test_a_long_round_reports_the_last_messages_it_checked(server):
 def test_one_wrong_message_among_right_ones_is_caught(server, monkeypatch):
     """The client writes message 3 of 10 from a wrong pattern; messages after it are right,
     as is the last one, which is all a single-slot check would have seen."""
-    right = session.slot_seed
-    monkeypatch.setattr(session, "slot_seed", lambda seed, slot: right(seed, slot) ^ (slot == 3))
+    fill = HostMemory.fill_slots
+
+    def fill_with_one_wrong(memory, size, slots, seed):
+        fill(memory, size, slots, seed)
+        memory.fill_pattern(3 * size, size, _native.slot_seed(seed, 3) ^ 1)
+
+    monkeypatch.setattr(HostMemory, "fill_slots", fill_with_one_wrong)
     client = session.ProbeClient("127.0.0.1", server.port, TOKEN,
                                  ProbeOptions(sizes=(4096,), iterations=10, timeout_s=10),
                                  EndpointOptions())
