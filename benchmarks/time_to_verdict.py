@@ -112,7 +112,8 @@ def listening(port: int) -> bool:
 
 def perftest_run(device: str, gid: int, size: int | None, iters: int | None) -> float:
     """One ib_write_bw server+client run, spawn of the server to exit of both, in s; size
-    and iters None: perftest's own defaults (65536 B x 5000)."""
+    and iters None: perftest's own defaults (DEF_SIZE_BW 65536 B x DEF_ITERS_WB 5000,
+    src/perftest_parameters.h)."""
     base = ["ib_write_bw", "-d", device, "-x", str(gid), "-p", str(PERFTEST_PORT), "-F"]
     if size is not None:
         base += ["-s", str(size), "-n", str(iters)]
@@ -179,7 +180,7 @@ def check_part(args) -> None:
             continue
         calibration = check_run(args.device, budget, args.size, env, extra)
         iters = max(5, calibration["messages"])
-        perftest_ab(args.device, args.gid_index, args.size, iters)   # warm-up, not counted
+        perftest_run(args.device, args.gid_index, args.size, iters)   # warm-up, not counted
         print(f"### {name}, --time-budget {budget:g}")
         print(f"calibration (not counted): {calibration['runs']} run(s), window "
               f"{calibration['window_s']:.2f} s, host {calibration['host_gbps']:.3f} Gb/s "

@@ -33,8 +33,8 @@ def port_file(root: SysRoot, device: str, port: str, name: str) -> str | None:
 
 def roce_v2_gid_indices(root: SysRoot, device: str, port: str) -> list[str]:
     """GID table entries of type RoCE v2 that hold an address (unused entries read as zero).
-    The type is read first: an unused entry's type does not read (ENODATA from the kernel's
-    rdma_get_gid_attr), so of a table of 1024 only the few RoCE v2 entries' GIDs are read."""
+    The type is read first: an unused entry's type does not read (EINVAL on the lab's 6.1
+    kernel), so of a table of 1024 only the few RoCE v2 entries' GIDs are read."""
     port_dir = f"{INFINIBAND_CLASS_DIR}/{device}/ports/{port}"
     return [index for index in root.listdir(f"{port_dir}/gid_attrs/types")
             if root.read(f"{port_dir}/gid_attrs/types/{index}") == "RoCE v2"

@@ -204,10 +204,10 @@ class Budget:
 
 # A check's runs measure bandwidth for at most MAX_WINDOW_S (a 400 Gb/s port moves 50 GB in
 # it; a steady rate needs far less), so that a clear verdict comes in seconds whatever the
-# budget, and keep at most MAX_IN_FLIGHT_BYTES in flight per QP: what perftest keeps in flight
-# at its defaults (tx depth 128 x 64 KiB messages), five times what fills a 400 Gb/s port for
-# a 30 us round trip; closing a window waits for all of it (128 messages of 1 MiB took 3 s
-# to drain in the emulated lab, 16 MiB about 0.45 s).
+# budget, and keep at most MAX_IN_FLIGHT_BYTES in flight per QP: what perftest keeps in
+# flight at its defaults (DEF_TX_BW 128 x DEF_SIZE_BW 65536, src/perftest_parameters.h),
+# five times what fills a 400 Gb/s port for a 30 us round trip; closing a window waits for
+# all of it (128 messages of 1 MiB took 3 s to drain in the emulated lab, 16 MiB 0.45 s).
 MAX_WINDOW_S = 1.0
 MAX_IN_FLIGHT_BYTES = 8 << 20
 

@@ -136,10 +136,9 @@ def populated_gids(ctx, port: int, port_attr, port_count: int) -> list[tuple[int
     fails when they do not fit (the kernel's rdma_query_gid_table), hence room for
     port_count tables.
     """
-    try:
-        table = ctx.query_gid_table(port_attr.gid_tbl_len * port_count)
-    except AttributeError:   # pyverbs before rdma-core 32
+    if not hasattr(ctx, "query_gid_table"):   # pyverbs before rdma-core 32
         return _populated_gids_by_slot(ctx, port, port_attr)
+    table = ctx.query_gid_table(port_attr.gid_tbl_len * port_count)
     return sorted((entry.gid_index, entry.gid_str(),
                    GID_TYPES.get(entry.gid_type, f"unknown ({entry.gid_type})"))
                   for entry in table
