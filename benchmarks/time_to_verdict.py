@@ -34,7 +34,8 @@ the two. The gdrprobe side, timed from spawn to exit of `python -m gdrprobe chec
   nothing about a GPU.
 
 The check's budget sizes its runs (fixed-duration windows of budget / 2 / (2 x repeats)
-seconds, at most 1 s, with at most 16 MiB in flight per QP: `measure/gate.py`): 20 s (the README's Slurm prolog) for the guest form, 60 s (what
+seconds, at most 1 s or 328 MB, with at most 8 MiB in flight per QP: `measure/gate.py`;
+rxe reaches the 1 s first): 20 s (the README's Slurm prolog) for the guest form, 60 s (what
 the lab tests give) for the stand-in form, whose four runs do not fit in 20 s in the
 emulated guest. At equal bytes per run the full A/B measures at least two repeats of each
 arm (four windows, each after a warm-up) where perftest's A/B measures two, so it takes

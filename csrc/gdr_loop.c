@@ -175,9 +175,16 @@ static void prepare_wrs(const struct gdr_bw_config *cfg, struct ibv_send_wr *wrs
     }
 }
 
+/* Whether a duration-mode warm-up or window has completed the messages that bound it. */
+static int window_full(const struct gdr_bw_config *cfg, uint64_t messages)
+{
+    return cfg->window_messages && messages >= cfg->window_messages;
+}
+
 /* Advance the measured window and the peak window after completions. The clock is read
  * only when a window may open or close: at the end of the warm-up, when a peak window of
- * tx_depth x QPs messages is complete, and (duration mode) to see whether time is up. */
+ * tx_depth x QPs messages is complete, and (duration mode) to see whether time is up; a
+ * duration-mode warm-up or window also ends early once it holds window_messages. */
 static void track_window(const struct gdr_bw_config *cfg, struct bw_window *w, struct qp_progress *qps,
                          uint64_t t0, uint64_t total, double *peak)
 {
@@ -190,7 +197,7 @@ static void track_window(const struct gdr_bw_config *cfg, struct bw_window *w, s
         if (!cfg->duration_ns && total < cfg->warmup_iterations * cfg->num_qps)
             return;
         now = gdr_clock_ticks(&cfg->clock);
-        if (cfg->duration_ns && now - t0 < w->warmup_ticks)
+        if (cfg->duration_ns && now - t0 < w->warmup_ticks && !window_full(cfg, total))
             return;
         w->measuring = 1;
         w->start = w->peak_start = now;
@@ -211,7 +218,8 @@ static void track_window(const struct gdr_bw_config *cfg, struct bw_window *w, s
         w->peak_start = now;
         w->peak_msgs = total;
     }
-    if (cfg->duration_ns && now - w->start >= w->duration_ticks) {
+    if (cfg->duration_ns && (now - w->start >= w->duration_ticks ||
+                             window_full(cfg, total - w->start_msgs))) {
         w->end = now;
         w->end_msgs = total;
         /* Stop posting; one more signalled message per QP lets the drain see every write land. */

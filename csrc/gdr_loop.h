@@ -36,6 +36,8 @@ struct gdr_bw_config {
     uint64_t warmup_iterations;   /* messages per QP completed before timing starts */
     uint64_t duration_ns;         /* > 0: duration mode; iterations is then ignored */
     uint64_t warmup_ns;           /* duration mode: time before the measured window */
+    uint64_t window_messages;     /* duration mode, > 0: the warm-up and the window each also
+                                   * end once this many messages (all QPs) completed in it */
     uint32_t tx_depth;            /* outstanding work requests per QP */
     uint32_t cq_mod;              /* one signalled request every cq_mod */
     uint32_t post_list;           /* work requests chained per ibv_post_send */

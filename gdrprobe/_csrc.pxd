@@ -71,6 +71,7 @@ cdef extern from "gdr_loop.h" nogil:
         uint64_t warmup_iterations
         uint64_t duration_ns
         uint64_t warmup_ns
+        uint64_t window_messages
         uint32_t tx_depth
         uint32_t cq_mod
         uint32_t post_list

@@ -206,7 +206,7 @@ cdef class BandwidthConfig:
                  uint64_t remote_addr, uint32_t rkey, uint32_t msg_size, uint64_t iterations,
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
-                 uint32_t post_list=1, uint32_t max_inline=0, uint32_t slots=1,
+                 uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0, uint32_t slots=1,
                  bint counter=False, double ns_per_tick=1.0):
         cdef size_t i
         if not 1 <= len(qps) <= c.GDR_MAX_QPS:
@@ -221,6 +221,7 @@ cdef class BandwidthConfig:
         self.cfg.msg_size = msg_size
         self.cfg.iterations, self.cfg.warmup_iterations = iterations, warmup_iterations
         self.cfg.duration_ns, self.cfg.warmup_ns = duration_ns, warmup_ns
+        self.cfg.window_messages = window_messages
         self.cfg.tx_depth, self.cfg.cq_mod, self.cfg.post_list = tx_depth, cq_mod, post_list
         self.cfg.max_inline = max_inline
         self.cfg.slots = slots

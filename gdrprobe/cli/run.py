@@ -37,6 +37,10 @@ def register(subparsers) -> None:
     parser.add_argument("-D", "--duration", type=float, help="seconds per size instead of -n")
     parser.add_argument("--warmup", type=float, default=0.5,
                         help="seconds excluded before a -D window (default 0.5)")
+    parser.add_argument("--window-bytes", type=int, default=None,
+                        help="with -D: the warm-up and the window each also end once this many "
+                             "bytes have landed (what 'gdrprobe check' does: perftest's "
+                             "default run, 65536 x 5000 B)")
     parser.add_argument("-q", "--qp", type=int, default=1, help="number of QPs (bandwidth)")
     parser.add_argument("-t", "--tx-depth", type=int, default=128,
                         help="outstanding writes per QP (default 128)")
@@ -85,6 +89,7 @@ def probe_options(args, a_b: bool):
         warmup_iterations=args.warmup_iters,
         duration_s=args.duration,
         warmup_s=args.warmup,
+        window_bytes=args.window_bytes,
         qps=args.qp,
         tx_depth=tx_depth,
         cq_moderation=min(100, tx_depth) if args.cq_mod is None else args.cq_mod,

@@ -16,6 +16,7 @@ from gdrprobe.protocol.fields import field, int_list
 PAGE = 4096
 MAX_SIZE = _native.MAX_SIZE
 MAX_ITERATIONS = 10**9
+MAX_WINDOW_BYTES = 1 << 50
 MAX_QPS = _native.MAX_QPS
 MAX_TX_DEPTH = 16384
 MAX_POST_LIST = _native.MAX_POST_LIST
@@ -44,6 +45,9 @@ class ProbeOptions:
     warmup_iterations: int = 0
     duration_s: float | None = None
     warmup_s: float = 0.5
+    # With duration_s: the warm-up and the measured window each also end once this many
+    # bytes (all QPs) have landed, if that comes first; None: time alone ends them.
+    window_bytes: int | None = None
     qps: int = 1
     tx_depth: int = 128
     cq_moderation: int = 100
@@ -80,6 +84,10 @@ class ProbeOptions:
             problems.append("duration must be over 0 and at most 3600 s")
         if not 0 <= self.warmup_s <= 600:
             problems.append("warm-up must be 0 to 600 s")
+        if self.window_bytes is not None and not (
+                self.duration_s and 1 <= self.window_bytes <= MAX_WINDOW_BYTES):
+            problems.append(f"window bytes must be 1 to {MAX_WINDOW_BYTES} and bound a run "
+                            "of fixed duration")
         if not 1 <= self.qps <= MAX_QPS:
             problems.append(f"QPs must be 1 to {MAX_QPS}")
         if not 1 <= self.tx_depth <= MAX_TX_DEPTH:
@@ -135,6 +143,8 @@ class ProbeOptions:
             duration_s=None if duration is None else float(field(message, "duration_s",
                                                                   (int, float), low=0)),
             warmup_s=float(field(message, "warmup_s", (int, float), low=0, high=600)),
+            window_bytes=(None if message.get("window_bytes") is None else
+                          field(message, "window_bytes", int, low=1, high=MAX_WINDOW_BYTES)),
             qps=field(message, "qps", int, low=1, high=MAX_QPS),
             tx_depth=field(message, "tx_depth", int, low=1, high=MAX_TX_DEPTH),
             cq_moderation=field(message, "cq_moderation", int, low=1, high=MAX_TX_DEPTH),
@@ -147,6 +157,12 @@ class ProbeOptions:
             relaxed_ordering=field(message, "relaxed_ordering", bool),
             clock=field(message, "clock", str),
         )
+
+    def window_messages(self, size: int) -> int:
+        """The messages (all QPs) that end a warm-up or window early; 0: none do."""
+        if not (self.duration_s and self.window_bytes):
+            return 0
+        return -(-self.window_bytes // size)
 
     def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:
         """The endpoint for one side: the server's QPs take writes, and in a latency run

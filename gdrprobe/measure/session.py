@@ -274,7 +274,8 @@ class ProbeClient:
         o = self.options
         return RunSettings(mode=o.mode, sizes_bytes=o.sizes, iterations=o.iterations,
                            warmup_iterations=o.warmup_iterations, duration_s=o.duration_s,
-                           warmup_s=o.warmup_s if o.duration_s else 0.0, qps=o.qps,
+                           warmup_s=o.warmup_s if o.duration_s else 0.0,
+                           window_bytes=o.window_bytes if o.duration_s else None, qps=o.qps,
                            tx_depth=o.tx_depth, cq_moderation=o.cq_moderation,
                            post_list=o.post_list, mtu_bytes=endpoint.mtu,
                            inline_bytes=self._inline_bytes(memory),
@@ -324,8 +325,9 @@ class ProbeClient:
         slots = o.slots(size)
         memory.fill_slots(size, slots, seed)
         stage_out_s = memory.stage_out(0, slots * size) / slots   # per message
+        # No wait for the server: its buffer was poisoned before setup_ok or the last
+        # "verified", and the channel keeps "start" ahead of "done".
         channel.send("start", size=size, round=self.round)
-        channel.receive("ready")
         duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
         per_qp = None if o.duration_s else o.iterations + o.warmup_iterations
         stall_s = stall_timeout_s(bandwidth_in_flight(size, o.qps, o.tx_depth, per_qp),
@@ -335,7 +337,7 @@ class ProbeClient:
             remote_addr=remote.address, rkey=remote.rkey, msg_size=size,
             iterations=o.iterations, warmup_iterations=o.warmup_iterations,
             duration_ns=duration_ns, warmup_ns=int(o.warmup_s * 1e9) if duration_ns else 0,
-            tx_depth=o.tx_depth, cq_mod=o.cq_moderation, post_list=o.post_list,
+            window_messages=o.window_messages(size), tx_depth=o.tx_depth, cq_mod=o.cq_moderation, post_list=o.post_list,
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
             slots=slots, **self.clock.loop_args())
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
@@ -666,6 +668,8 @@ class ProbeServer:
     def _serve_rounds(self, channel, options, endpoint, memory, remote_address, remote_buffer):
         endpoint.connect(remote_address)
         handles = endpoint.handles()
+        if options.mode == "bandwidth":
+            memory.poison()   # for the first round (see _bandwidth_round)
         channel.send("setup_ok", endpoint=endpoint.address().to_message(),
                      buffer={"address": memory.address, "rkey": memory.rkey,
                              "length": memory.length},
@@ -694,8 +698,9 @@ class ProbeServer:
         return message
 
     def _bandwidth_round(self, channel, options, memory, size, seed):
-        memory.poison()
-        channel.send("ready")
+        """Verify a round the client has written. The buffer is poisoned again for the next
+        round (the slots: past them a stray write fails the run) before "verified" goes
+        out, so the client writes at once after "start": one round trip a size, not two."""
         posted = field(self._wait_for_done(channel), "messages", int, low=0, high=1 << 62)
         if posted == 0:
             raise PeerError(f"the client ended the {size}-byte round without writing", "")
@@ -704,6 +709,7 @@ class ProbeServer:
         stage_in_s = memory.stage_in(0, used * size) / used   # per message
         bad_messages, bad, first_bad = memory.verify_slots(size, used, seed)
         stray, first_stray = memory.verify_poison(used * size)
+        memory.poison(used * size)   # the rest was just found to be poison still
         channel.send("verified", bytes_checked=used * size, bad_bytes=bad,
                      first_bad_offset=first_bad, stray_bytes=stray,
                      first_stray_offset=first_stray, messages_checked=used,

@@ -77,9 +77,10 @@ class GpuMemory(MemoryProvider):
         self._from_gpu(0, size * slots)
         return _native.slots_verify(self.staging.ptr, size, slots, seed)
 
-    def poison(self) -> None:
-        _native.poison_fill(self.staging.ptr, self.length)
-        self._to_gpu(0, self.length)
+    def poison(self, end: int | None = None) -> None:
+        end = self.length if end is None else end
+        _native.poison_fill(self.staging.ptr, end)
+        self._to_gpu(0, end)
 
     def verify_poison(self, start: int) -> tuple[int, int]:
         if start >= self.length:

@@ -47,8 +47,8 @@ class HostMemory(MemoryProvider):
     def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
         return _native.slots_verify(self.address, size, slots, seed)
 
-    def poison(self) -> None:
-        _native.poison_fill(self.address, self.length)
+    def poison(self, end: int | None = None) -> None:
+        _native.poison_fill(self.address, self.length if end is None else end)
 
     def verify_poison(self, start: int) -> tuple[int, int]:
         bad, first = _native.poison_verify(self.address + start, self.length - start)

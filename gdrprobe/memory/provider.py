@@ -55,8 +55,8 @@ class MemoryProvider(abc.ABC):
         fill_slots would have written."""
 
     @abc.abstractmethod
-    def poison(self) -> None:
-        """Fill the whole buffer with the poison byte."""
+    def poison(self, end: int | None = None) -> None:
+        """Fill the buffer up to end (all of it: None) with the poison byte."""
 
     @abc.abstractmethod
     def verify_poison(self, start: int) -> tuple[int, int]:

@@ -29,7 +29,7 @@ import time
 from gdrprobe.errors import WIRE_ERRORS, GdrprobeError, PeerError, RegistrationFailed
 from gdrprobe.protocol.fields import field, peer_text
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAGIC = b"GDRP"
 HEADER = struct.Struct(">4sHI")
 SEQUENCE = struct.Struct(">Q")

@@ -225,6 +225,7 @@ class RunSettings:
     cq_moderation: int
     post_list: int
     mtu_bytes: int
+    window_bytes: int | None = None   # with duration_s: a warm-up or window ends at this too
     inline_bytes: int = 0          # messages up to this size were posted inline
     inline_note: str = ""          # why inline was forced off (a GPU source buffer)
     clock: str = ""                # what the loops timed with, and why (measure/clock.py)

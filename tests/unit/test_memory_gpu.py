@@ -261,6 +261,10 @@ def test_gpu_provider_patterns_and_poison_go_through_the_staging_copy():
         assert memory.verify_poison(4096) == (0, -1)
         ctypes.c_uint8.from_address(memory.buffer.ptr + 5000).value = 0   # a stray write
         assert memory.verify_poison(4096) == (1, 5000)
+        memory.poison(4096)                                  # the slots only
+        assert memory.verify_poison(0) == (1, 5000)
+        memory.poison()
+        assert memory.verify_poison(0) == (0, -1)
         assert memory.describe()["gpudirect_proof"] is True
         assert memory.stage_out(0, 4096) == 0.0
     assert driver.live == {}

@@ -103,6 +103,12 @@ def test_poison_detects_stray_writes(buffer):
     assert native.poison_verify(addr, 1000) == (0, -1)
     ctypes.c_uint8.from_address(addr + 700).value = 0
     assert native.poison_verify(addr, 1000) == (1, 700)
+    # Checked a word at a time: two bad bytes in one word, and one in the odd tail.
+    native.poison_fill(addr, 1003)
+    for offset in (1001, 5, 6, 700):
+        ctypes.c_uint8.from_address(addr + offset).value = 0
+    assert native.poison_verify(addr, 1003) == (4, 5)
+    assert native.poison_verify(addr + 7, 1003 - 7) == (2, 700 - 7)   # unaligned start
 
 
 def test_host_buffer_failure_is_an_oserror():

@@ -45,16 +45,29 @@ def test_round_trip_through_a_message():
     ({"mode": "latency", "sizes": (1,)}, "at least 2 bytes"),
     ({"mode": "latency", "qps": 2}, "one QP"),
     ({"duration_s": -1}, "duration"),
+    ({"window_bytes": 1 << 20}, "window bytes .* fixed duration"),
+    ({"duration_s": 1, "window_bytes": 0}, "window bytes"),
 ])
 def test_impossible_settings_are_usage_errors(changes, text):
     with pytest.raises(UsageError, match=text):
         ProbeOptions(**changes)
 
 
+def test_a_window_bounded_in_bytes_counts_whole_messages_and_crosses_the_wire():
+    options = ProbeOptions(sizes=(1 << 20,), duration_s=1.0, window_bytes=65536 * 5000)
+    assert options.window_messages(1 << 20) == 313          # 312.5 rounded up
+    assert options.window_messages(65536) == 5000
+    assert ProbeOptions(duration_s=1.0).window_messages(65536) == 0   # time alone
+    assert ProbeOptions.from_message(options.to_message()) == options
+    # A peer of an earlier version sends no window_bytes: time alone ends its windows.
+    older = {k: v for k, v in options.to_message().items() if k != "window_bytes"}
+    assert ProbeOptions.from_message(older).window_bytes is None
+
+
 def test_a_hostile_message_is_refused():
     message = ProbeOptions().to_message()
     for key, value in (("sizes", [1 << 40]), ("iterations", "many"), ("qps", True),
-                       ("sizes", list(range(1, 100)))):
+                       ("sizes", list(range(1, 100))), ("window_bytes", 1 << 60)):
         with pytest.raises((PeerError, UsageError)):
             ProbeOptions.from_message(message | {key: value})
 

@@ -77,6 +77,16 @@ def test_duration_mode_excludes_warmup():
     assert_all_verified(report["bandwidth"])
 
 
+def test_a_window_bounded_in_bytes_ends_before_its_time():
+    report = gdrprobe_json("run", "--loopback", "-s", "65536", "-D", "30", "--warmup", "20",
+                           "--window-bytes", str(4 << 20))
+    row = report["bandwidth"][0]
+    assert report["settings"]["window_bytes"] == 4 << 20
+    assert row["iterations"] >= 64          # 4 MiB of 64 KiB messages, whole completions
+    assert row["elapsed_s"] < 30            # the bytes ended the window, not the 30 s
+    assert_all_verified(report["bandwidth"])
+
+
 def test_two_processes_on_one_host_and_server_serves_runs_one_after_another(server, baseline):
     for _ in range(2):
         report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-s", "1024", "-n", "50")
