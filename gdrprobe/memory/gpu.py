@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import time
 
-from gdrprobe import _native
 from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
 from gdrprobe.memory.cuda import GpuAttributes, dmabuf_range
@@ -55,46 +54,15 @@ class GpuMemory(MemoryProvider):
 
     # -- payload, through the staging copy --
 
-    def _to_gpu(self, offset: int, length: int) -> None:
+    @property
+    def cpu_view(self) -> int:
+        return self.staging.ptr
+
+    def push(self, offset: int, length: int) -> None:
         self.gpu.copy_to_device(self.buffer.ptr + offset, self.staging.ptr + offset, length)
 
-    def _from_gpu(self, offset: int, length: int) -> None:
+    def pull(self, offset: int, length: int) -> None:
         self.gpu.copy_to_host(self.staging.ptr + offset, self.buffer.ptr + offset, length)
-
-    def fill_pattern(self, offset: int, length: int, seed: int) -> None:
-        _native.pattern_fill(self.staging.ptr + offset, length, seed)
-        self._to_gpu(offset, length)
-
-    def verify_pattern(self, offset: int, length: int, seed: int) -> tuple[int, int]:
-        self._from_gpu(offset, length)
-        return _native.pattern_verify(self.staging.ptr + offset, length, seed)
-
-    def fill_slots(self, size: int, slots: int, seed: int) -> None:
-        _native.slots_fill(self.staging.ptr, size, slots, seed)
-        self._to_gpu(0, size * slots)
-
-    def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
-        self._from_gpu(0, size * slots)
-        return _native.slots_verify(self.staging.ptr, size, slots, seed)
-
-    def poison(self, end: int | None = None) -> None:
-        end = self.length if end is None else end
-        _native.poison_fill(self.staging.ptr, end)
-        self._to_gpu(0, end)
-
-    def verify_poison(self, start: int) -> tuple[int, int]:
-        if start >= self.length:
-            return 0, -1
-        self._from_gpu(start, self.length - start)
-        return self._staging_poison(start)
-
-    def _staging_poison(self, start: int) -> tuple[int, int]:
-        bad, first = _native.poison_verify(self.staging.ptr + start, self.length - start)
-        return bad, (first + start if bad else -1)
-
-    def zero(self) -> None:
-        _native.zero_fill(self.staging.ptr, self.length)
-        self._to_gpu(0, self.length)
 
     def flush_remote_writes(self) -> None:
         self.gpu.flush_rdma_writes()
@@ -212,19 +180,19 @@ class StagedGpuMemory(GpuMemory):
         # Stray writes land in the staging buffer, the only memory the NIC can reach.
         if start >= self.length:
             return 0, -1
-        return self._staging_poison(start)
+        return self._poison_in_view(start)
 
     def flush_remote_writes(self) -> None:
         """Nothing to flush: the writes landed in host memory; stage_in moves them."""
 
     def stage_out(self, offset: int, length: int) -> float:
         started = time.perf_counter()
-        self._from_gpu(offset, length)
+        self.pull(offset, length)
         return time.perf_counter() - started
 
     def stage_in(self, offset: int, length: int) -> float:
         started = time.perf_counter()
-        self._to_gpu(offset, length)
+        self.push(offset, length)
         return time.perf_counter() - started
 
 

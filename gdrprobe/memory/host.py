@@ -35,28 +35,6 @@ class HostMemory(MemoryProvider):
             lambda pv: pv.mr.MR(pd, self.length, access, address=self.address),
             lambda error: host_registration_error(error, f"{self.length} bytes of host memory"))
 
-    def fill_pattern(self, offset: int, length: int, seed: int) -> None:
-        _native.pattern_fill(self.address + offset, length, seed)
-
-    def verify_pattern(self, offset: int, length: int, seed: int) -> tuple[int, int]:
-        return _native.pattern_verify(self.address + offset, length, seed)
-
-    def fill_slots(self, size: int, slots: int, seed: int) -> None:
-        _native.slots_fill(self.address, size, slots, seed)
-
-    def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
-        return _native.slots_verify(self.address, size, slots, seed)
-
-    def poison(self, end: int | None = None) -> None:
-        _native.poison_fill(self.address, self.length if end is None else end)
-
-    def verify_poison(self, start: int) -> tuple[int, int]:
-        bad, first = _native.poison_verify(self.address + start, self.length - start)
-        return bad, (first + start if bad else -1)
-
-    def zero(self) -> None:
-        _native.zero_fill(self.address, self.length)
-
     def describe(self) -> dict:
         return {"kind": self.kind, "length_bytes": self.length, "numa_node": self.numa_node,
                 "huge_pages": self.huge_pages, "gpudirect_proof": False}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from typing import Callable
 
+from gdrprobe import _native
 from gdrprobe.rdma import verbs
 
 ACCESS_LOCAL_WRITE = 1
@@ -36,35 +37,63 @@ class MemoryProvider(abc.ABC):
     def register(self, pd, access: int = PROBE_ACCESS) -> None:
         """Register the buffer with the protection domain; sets lkey and rkey."""
 
-    @abc.abstractmethod
+    # The CPU writes and checks the payload in its view of the buffer: host memory is its
+    # own view; GPU memory has a pinned host copy, kept in step by push and pull.
+
+    @property
+    def cpu_view(self) -> int:
+        """The address of the bytes the CPU fills and checks."""
+        return self.address
+
+    def push(self, offset: int, length: int) -> None:
+        """Copy length bytes at offset from the CPU's view to the buffer (host: nothing)."""
+
+    def pull(self, offset: int, length: int) -> None:
+        """Copy length bytes at offset from the buffer to the CPU's view (host: nothing)."""
+
     def fill_pattern(self, offset: int, length: int, seed: int) -> None:
         """Write the payload pattern of seed into length bytes starting at offset."""
+        _native.pattern_fill(self.cpu_view + offset, length, seed)
+        self.push(offset, length)
 
-    @abc.abstractmethod
     def verify_pattern(self, offset: int, length: int, seed: int) -> tuple[int, int]:
         """(wrong bytes, first wrong offset from `offset` or -1) of length bytes there."""
+        self.pull(offset, length)
+        return _native.pattern_verify(self.cpu_view + offset, length, seed)
 
-    @abc.abstractmethod
     def fill_slots(self, size: int, slots: int, seed: int) -> None:
         """A bandwidth round's messages from offset 0: slot k holds size bytes of the
         pattern of the slot's own seed (gdr_slot_seed of seed and k)."""
+        _native.slots_fill(self.cpu_view, size, slots, seed)
+        self.push(0, size * slots)
 
-    @abc.abstractmethod
     def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
         """(slots holding a wrong byte, wrong bytes, first wrong offset or -1) of what
         fill_slots would have written."""
+        self.pull(0, size * slots)
+        return _native.slots_verify(self.cpu_view, size, slots, seed)
 
-    @abc.abstractmethod
     def poison(self, end: int | None = None) -> None:
         """Fill the buffer up to end (all of it: None) with the poison byte."""
+        end = self.length if end is None else end
+        _native.poison_fill(self.cpu_view, end)
+        self.push(0, end)
 
-    @abc.abstractmethod
     def verify_poison(self, start: int) -> tuple[int, int]:
         """(non-poison bytes, first such offset or -1) from start to the end."""
+        if start >= self.length:
+            return 0, -1
+        self.pull(start, self.length - start)
+        return self._poison_in_view(start)
 
-    @abc.abstractmethod
+    def _poison_in_view(self, start: int) -> tuple[int, int]:
+        bad, first = _native.poison_verify(self.cpu_view + start, self.length - start)
+        return bad, (first + start if bad else -1)
+
     def zero(self) -> None:
         """Clear the whole buffer."""
+        _native.zero_fill(self.cpu_view, self.length)
+        self.push(0, self.length)
 
     def flush_remote_writes(self) -> None:
         """Make the peer's RDMA writes visible to the checks (a no-op for host memory)."""
