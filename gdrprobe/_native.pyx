@@ -206,8 +206,8 @@ cdef class BandwidthConfig:
                  uint64_t remote_addr, uint32_t rkey, uint32_t msg_size, uint64_t iterations,
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
-                 uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0, uint32_t slots=1,
-                 bint counter=False, double ns_per_tick=1.0):
+                 uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0,
+                 uint32_t slots=1, bint counter=False, double ns_per_tick=1.0):
         cdef size_t i
         if not 1 <= len(qps) <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")

@@ -36,5 +36,7 @@ if [ -n "$address" ]; then
   done
   grep -qx "$gid" /sys/class/infiniband/rxe0/ports/1/gids/* || fail "no GID for $address on rxe0"
 fi
-export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# PYTHONFAULTHANDLER: a process that crashes in a guest prints every thread's stack (a test
+# that sees only "returncode -11" cannot say where).
+export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 exec "$@"

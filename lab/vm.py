@@ -20,6 +20,8 @@ import time
 from lab.kernel import REPO, LabError, ensure_kernel
 
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
+# lab/bin/virtiofsd lets virtme-ng share the root through virtiofs with a cache (see there).
+LAB_BIN = os.path.join(REPO, "lab", "bin")
 GUEST_INIT = os.path.join(REPO, "lab", "guest_init.sh")
 WIRE_PREFIX = "10.77.0"
 HOST_ADDRESSES = {"a": f"{WIRE_PREFIX}.1", "b": f"{WIRE_PREFIX}.2"}
@@ -62,7 +64,8 @@ class Guest:
 
     def start(self, kernel: str) -> "Guest":
         compile_checkout()
-        env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+        path = os.pathsep.join([LAB_BIN, VENV_BIN, os.environ.get("PATH", "")])
+        env = dict(os.environ, PATH=path)
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             self.argv(kernel), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -3,6 +3,7 @@ the loop runs without the GIL, and turn what the loop returns into results or er
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -46,16 +47,32 @@ WC_RETRY_EXCEEDED = 12
 WC_REMOTE_ACCESS_ERROR = 10
 
 
+# What the command line turns into KeyboardInterrupt (cli/common.py terminate_as_interrupt).
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+
+
 class LoopThread:
     """One C loop running in a worker thread with the GIL released, so Ctrl-C, heartbeats and
-    the other side of the channel stay responsive; the loop polls ``stop`` to end early."""
+    the other side of the channel stay responsive; the loop polls ``stop`` to end early.
+    The loop starts in :meth:`start` or :meth:`wait` and must not outlive the verbs objects
+    it uses: every interrupt after that is raised where the loop is stopped first."""
 
     def __init__(self, loop, config, stop: _native.StopFlag):
         self.stop = stop
         self._outcome: dict = {}
         self._thread = threading.Thread(target=self._target, args=(loop, config),
                                         name="gdrprobe-loop", daemon=True)
-        self._thread.start()
+
+    def start(self) -> None:
+        """Start the loop. Thread.start() waits for the thread to begin, and an interrupt
+        raised inside that wait would leave the loop running unwatched while the caller
+        tears down its QPs (a segmentation fault): the interrupts are held until start()
+        returns, then raised in the caller, whose handler stops the loop."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+        try:
+            self._thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _target(self, loop, config) -> None:
         try:
@@ -64,11 +81,13 @@ class LoopThread:
             self._outcome["error"] = error
 
     def wait(self, tick=None, tick_every_s: float = 2.0) -> dict:
-        """The loop's result once it ends; tick, if given, is called every tick_every_s
-        meanwhile (a heartbeat). On Ctrl-C the loop is stopped before this re-raises, so no
-        verbs object is torn down under it."""
+        """Start the loop if it is not running yet; its result once it ends; tick, if given,
+        is called every tick_every_s meanwhile (a heartbeat). On Ctrl-C the loop is stopped
+        before this re-raises, so no verbs object is torn down under it."""
         next_tick = time.monotonic() + tick_every_s
         try:
+            if self._thread.ident is None:
+                self.start()
             while self._thread.is_alive():
                 # Waking only for the next heartbeat keeps this thread off the CPUs the loop
                 # and the NIC's driver need; a signal still interrupts the wait at once.
@@ -83,7 +102,9 @@ class LoopThread:
 
     def finish(self, grace_s: float = 0.0) -> dict:
         """Stop the loop if it still runs after grace_s, wait for it (through further
-        Ctrl-Cs) and return its result."""
+        Ctrl-Cs) and return its result (None if it never started)."""
+        if self._thread.ident is None:
+            return None
         self._thread.join(grace_s)
         if self._thread.is_alive():
             self.stop.set()

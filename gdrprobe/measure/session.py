@@ -337,7 +337,8 @@ class ProbeClient:
             remote_addr=remote.address, rkey=remote.rkey, msg_size=size,
             iterations=o.iterations, warmup_iterations=o.warmup_iterations,
             duration_ns=duration_ns, warmup_ns=int(o.warmup_s * 1e9) if duration_ns else 0,
-            window_messages=o.window_messages(size), tx_depth=o.tx_depth, cq_mod=o.cq_moderation, post_list=o.post_list,
+            window_messages=o.window_messages(size), tx_depth=o.tx_depth,
+            cq_mod=o.cq_moderation, post_list=o.post_list,
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
             slots=slots, **self.clock.loop_args())
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
@@ -728,6 +729,7 @@ class ProbeServer:
                                 options.max_inline, False, stall_s, loop_clock(options.clock))
         responder = LoopThread(_native.run_latency, config, self.stop)
         try:
+            responder.start()
             channel.send("ready")
             self._wait_for_done(channel)
         except BaseException:

@@ -1,5 +1,7 @@
 """The lab's own logic that needs no guest: command lines and wiring."""
 
+import time
+
 from lab import vm
 
 
@@ -35,8 +37,19 @@ def test_a_guest_past_its_time_out_is_killed_with_its_whole_process_group(monkey
     result = guest.wait(timeout=1.0)
     assert result.timed_out and result.returncode == 124
     child = int(result.output.split()[0])
-    assert not running(child), "the guest's child process outlived the time-out"
+    assert gone_within(child, 5.0), "the guest's child process outlived the time-out"
     assert guest.process.poll() is not None
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """The group's SIGTERM reaches the child at once, but a loaded machine may run its exit
+    a moment after the leader's."""
+    deadline = time.monotonic() + seconds
+    while running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def running(pid: int) -> bool:
