@@ -159,10 +159,9 @@ class ProbeOptions:
         )
 
     def window_messages(self, size: int) -> int:
-        """The messages (all QPs) that end a warm-up or window early; 0: none do."""
-        if not (self.duration_s and self.window_bytes):
-            return 0
-        return -(-self.window_bytes // size)
+        """The messages (all QPs) that end a warm-up or window early; 0: none do (window
+        bytes come only with a duration: validate)."""
+        return -(-self.window_bytes // size) if self.window_bytes else 0
 
     def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:
         """The endpoint for one side: the server's QPs take writes, and in a latency run

@@ -275,7 +275,7 @@ class ProbeClient:
         return RunSettings(mode=o.mode, sizes_bytes=o.sizes, iterations=o.iterations,
                            warmup_iterations=o.warmup_iterations, duration_s=o.duration_s,
                            warmup_s=o.warmup_s if o.duration_s else 0.0,
-                           window_bytes=o.window_bytes if o.duration_s else None, qps=o.qps,
+                           window_bytes=o.window_bytes, qps=o.qps,
                            tx_depth=o.tx_depth, cq_moderation=o.cq_moderation,
                            post_list=o.post_list, mtu_bytes=endpoint.mtu,
                            inline_bytes=self._inline_bytes(memory),

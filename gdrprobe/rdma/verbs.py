@@ -153,7 +153,7 @@ def _populated_gids_by_slot(ctx, port: int, port_attr) -> list[tuple[int, str, s
         if is_zero_gid(gid):
             continue
         v2 = ethernet and ctx.query_gid_type(port, index) == GID_TYPE_SYSFS_ROCE_V2
-        entries.append((index, gid, ROCE_V2 if v2 else "RoCE v1" if ethernet else "IB"))
+        entries.append((index, gid, GID_TYPES[2 if v2 else 1 if ethernet else 0]))
     return entries
 
 
