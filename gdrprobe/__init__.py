@@ -76,8 +76,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     import os
 
     from gdrprobe.errors import UsageError
-    from gdrprobe.measure.ab import ab_test
-    from gdrprobe.measure.gate import Budget, budgeted, rank_pair, sized_for_budget
+    from gdrprobe.campaign.ab import ab_test
+    from gdrprobe.campaign.gate import Budget, budgeted, rank_pair, sized_for_budget
     from gdrprobe.measure.options import ProbeOptions
     from gdrprobe.measure.session import DEFAULT_PORT, runner
     from gdrprobe.rdma.endpoint import EndpointOptions
@@ -121,7 +121,7 @@ def bench(*, sizes=None, memory=("host", "dmabuf", "peermem", "staged"), qps=(1,
     rows_planned) sees each :class:`gdrprobe.report.model.BenchRow` as it is measured;
     Ctrl-C ends the sweep with the rows so far (``report.interrupted``). Returns a
     :class:`gdrprobe.report.model.BenchReport`."""
-    from gdrprobe.measure.bench import run_bench
+    from gdrprobe.campaign.bench import run_bench
     from gdrprobe.measure.options import SWEEP_SIZES
     from gdrprobe.report.model import BenchSettings
 
@@ -142,11 +142,11 @@ def _as_tuple(value) -> tuple:
 
 def _machine_facts(root: str = "/", environ=None):
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once:
-    a :class:`gdrprobe.measure.gate.MachineFacts` (root and environ: a captured machine)."""
+    a :class:`gdrprobe.campaign.gate.MachineFacts` (root and environ: a captured machine)."""
     from gdrprobe.doctor.context import DoctorContext
     from gdrprobe.doctor.runner import run_checks
     from gdrprobe.doctor.stack import driver_version_line
-    from gdrprobe.measure.gate import GpuFacts, MachineFacts
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts
     from gdrprobe.sysroot import SysRoot
 
     ctx = DoctorContext(SysRoot(root), environ)
@@ -159,7 +159,7 @@ def _machine_facts(root: str = "/", environ=None):
 def _nccl_nics(ctx) -> dict:
     """GPU bus id -> the NIC NCCL will use for it and why, as the doctor decides it by NCCL's
     rules (NCCL_IB_HCA honoured): :func:`gdrprobe.doctor.nccl_decision.decide`."""
-    from gdrprobe.measure.gate import NicChoice
+    from gdrprobe.campaign.gate import NicChoice
 
     return {decision.gpu_bdf: NicChoice(decision.nic, "NCCL's choice: " + decision.why[0])
             for decision in ctx.nccl_decisions if decision.nic is not None}
@@ -203,7 +203,7 @@ def cluster(*, pattern: str = "all", mem: str = "gpu", gpu: str = "0",
     call it on every rank. Rank 0 gets the :class:`gdrprobe.report.model.ClusterReport`,
     the other ranks None."""
     from gdrprobe.doctor.runner import run_doctor
-    from gdrprobe.measure import cluster as _cluster
+    from gdrprobe.campaign import cluster as _cluster
     from gdrprobe.measure.options import ProbeOptions
     from gdrprobe.rdma.endpoint import EndpointOptions
 

@@ -122,7 +122,7 @@ class Progress:
 
 def run(args) -> int:
     import gdrprobe
-    from gdrprobe.measure.bench import check_max_drop, compare_rows
+    from gdrprobe.campaign.bench import check_max_drop, compare_rows
     from gdrprobe.report import bench as outputs
     from gdrprobe.report.model import to_json
 

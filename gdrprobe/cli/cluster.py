@@ -45,7 +45,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from gdrprobe.doctor.runner import run_doctor
     from gdrprobe.errors import UsageError
-    from gdrprobe.measure import cluster
+    from gdrprobe.campaign import cluster
     from gdrprobe.measure.options import ProbeOptions
     from gdrprobe.report.model import to_json
     from gdrprobe.report.text import render_cluster

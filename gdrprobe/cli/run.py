@@ -104,7 +104,7 @@ def probe_options(args, a_b: bool):
 
 def run(args) -> int:
     from gdrprobe.doctor.runner import run_doctor
-    from gdrprobe.measure.ab import ab_test
+    from gdrprobe.campaign.ab import ab_test
     from gdrprobe.measure.session import DEFAULT_PORT, runner
     from gdrprobe.report.text import render_check
     from gdrprobe.report.model import to_json

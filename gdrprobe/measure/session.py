@@ -46,7 +46,7 @@ from gdrprobe.report.model import EndpointSummary, Integrity, RunReport, RunSett
 from gdrprobe.protocol.messages import (RemoteBuffer, address_from_message, findings_from_message,
                                         findings_message, integrity_from_message,
                                         summary_from_message)
-from gdrprobe.measure.verdict import speaks_to_verdict
+from gdrprobe.campaign.verdict import speaks_to_verdict
 
 DEFAULT_PORT = 18750
 DEFAULT_MAX_BUFFER = 256 << 20

@@ -332,7 +332,7 @@ class CheckReport:
     placement: RankPair | None = None   # the GPU and NIC gdrprobe.check() chose, and why
 
 
-# ---- the pair a rank will use (gdrprobe.measure.gate) --------------------------------
+# ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,7 +349,7 @@ class RankPair:
     elapsed_s: float | None = None  # the whole check, doctor and set-up included
 
 
-# ---- the benchmark sweep (gdrprobe.measure.bench) -------------------------------------
+# ---- the benchmark sweep (gdrprobe.campaign.bench) -------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -513,7 +513,7 @@ class NcclLogReport:
     cannot_conclude: tuple[str, ...]
 
 
-# ---- every pair of nodes of a job (gdrprobe.measure.cluster) ---------------------------
+# ---- every pair of nodes of a job (gdrprobe.campaign.cluster) ---------------------------
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ evidence, the verdict reached. run_once is the seam: here it returns recorded ru
 import pytest
 
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.measure.ab import StopSampling, plan_arms, run_ab
+from gdrprobe.campaign.ab import StopSampling, plan_arms, run_ab
 from gdrprobe.errors import (CompletionError, CudaError, IntegrityError, MissingDependency,
                              NoDevice, NoRdmaDevice, NotTestable, RegistrationFailed)
 from gdrprobe.protocol.messages import findings_from_message, findings_message

@@ -12,8 +12,8 @@ import pytest
 
 from gdrprobe.errors import (IntegrityError, MissingDependency, NotTestable, RdmaError,
                              RegistrationFailed, UsageError)
-from gdrprobe.measure import bench
-from gdrprobe.measure.gate import GpuFacts, MachineFacts, NicChoice
+from gdrprobe.campaign import bench
+from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.report import bench as outputs
 from gdrprobe.report.model import (BandwidthResult, BenchEnvironment, BenchReport,

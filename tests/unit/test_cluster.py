@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from gdrprobe.errors import NoDevice
-from gdrprobe.measure import cluster
-from gdrprobe.measure.verdict import ArmMeasurement, classify
+from gdrprobe.campaign import cluster
+from gdrprobe.campaign.verdict import ArmMeasurement, classify
 from gdrprobe.memory.cuda import NO_DRIVER_FIX, unloadable_driver
 from gdrprobe.report.model import (ArmReport, BandwidthResult, CheckReport, ClusterPair,
                                    EndpointSummary, Integrity, RunReport, RunSettings, Verdict,
@@ -182,7 +182,7 @@ needs_mpi = pytest.mark.skipif(not mpi_available(), reason="no mpirun or mpi4py 
 FAKE_RANKS = """
 import json, threading
 from gdrprobe.errors import PeerError
-from gdrprobe.measure import cluster
+from gdrprobe.campaign import cluster
 from tests.unit.test_cluster import run_report
 
 class FakeServer:

@@ -13,8 +13,8 @@ import gdrprobe
 from gdrprobe.doctor.context import DoctorContext
 from gdrprobe.doctor.nccl_decision import decide
 from gdrprobe.errors import UsageError
-from gdrprobe.measure import gate
-from gdrprobe.measure.ab import StopSampling
+from gdrprobe.campaign import gate
+from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines
@@ -174,7 +174,7 @@ def test_the_quiet_line_and_the_json_name_the_pair():
 
     from gdrprobe.cli.check import one_line
     from gdrprobe.memory.spec import MemorySpec
-    from gdrprobe.measure.ab import plan_arms, run_ab
+    from gdrprobe.campaign.ab import plan_arms, run_ab
     from gdrprobe.report.model import to_json
     from tests.unit.test_ab import fake_probe
 

@@ -64,7 +64,7 @@ def test_each_layer_imports_nothing_above_it(layer):
 
 def test_the_verdict_and_the_report_model_are_pure():
     heavy = ("gdrprobe._native", "gdrprobe.rdma", "gdrprobe.memory.cuda", "pyverbs", "cuda")
-    for path in (PACKAGE / "measure" / "verdict.py", PACKAGE / "report" / "model.py",
+    for path in (PACKAGE / "campaign" / "verdict.py", PACKAGE / "report" / "model.py",
                  PACKAGE / "memory" / "spec.py", PACKAGE / "memory" / "causes.py"):
         assert reaching_up(path, heavy) == [], path
 

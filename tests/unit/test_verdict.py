@@ -8,7 +8,7 @@ import pytest
 
 from gdrprobe.errors import ExitCode
 from gdrprobe.report.model import Finding, Status
-from gdrprobe.measure.verdict import (DEGRADED, ENGAGED, NOT_ENGAGED, NOT_TESTABLE, ArmMeasurement,
+from gdrprobe.campaign.verdict import (DEGRADED, ENGAGED, NOT_ENGAGED, NOT_TESTABLE, ArmMeasurement,
                               classify, paired_ratios)
 
 MiB = 1 << 20

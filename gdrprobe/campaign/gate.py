@@ -21,7 +21,7 @@ import time
 from typing import Callable, Mapping
 
 from gdrprobe.errors import UsageError
-from gdrprobe.measure.ab import StopSampling
+from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.report.model import RankPair, RunReport
 

@@ -8,7 +8,7 @@ reads GPU memory on one side and writes it on the other, as an NCCL transfer bet
 nodes does. A kind that cannot run here (no CUDA driver, a NIC without DMA-BUF) fails the
 same way at every size and QP count: it is tried once and becomes rows with its outcome.
 
-Per pair, the verdict at the largest size comes from :func:`gdrprobe.measure.verdict.classify`,
+Per pair, the verdict at the largest size comes from :func:`gdrprobe.campaign.verdict.classify`,
 the A/B's own decision, each QP count counting as one repeat.
 """
 
@@ -23,10 +23,10 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
                              UsageError)
-from gdrprobe.measure.ab import ARM_ERRORS, is_data_path_error
-from gdrprobe.measure.gate import MachineFacts, NicChoice
+from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
+from gdrprobe.campaign.gate import MachineFacts, NicChoice
 from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.measure.verdict import ArmMeasurement, classify
+from gdrprobe.campaign.verdict import ArmMeasurement, classify
 from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
                                    BenchPair, BenchReport, BenchRow, BenchSettings,
                                    LatencyResult)

@@ -15,7 +15,7 @@ from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.errors import (CompletionError, CudaError, IntegrityError,
                              NoRdmaDevice, NotTestable, RegistrationFailed, UsageError)
 from gdrprobe.report.model import ArmReport, CheckReport, RunReport
-from gdrprobe.measure.verdict import (DEFAULT_THRESHOLD, STAGED_ARM, ArmMeasurement, arm_ratio,
+from gdrprobe.campaign.verdict import (DEFAULT_THRESHOLD, STAGED_ARM, ArmMeasurement, arm_ratio,
                                       classify, straddles)
 
 HOST = MemorySpec()

@@ -16,7 +16,7 @@ import threading
 from typing import Callable
 
 from gdrprobe.errors import GdrprobeError, MissingDependency, PeerError, UsageError
-from gdrprobe.measure.ab import ab_test
+from gdrprobe.campaign.ab import ab_test
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.session import ProbeServer, runner
 from gdrprobe.memory.spec import MemorySpec
