@@ -35,7 +35,7 @@ the two. The gdrprobe side, timed from spawn to exit of `python -m gdrprobe chec
 
 The check's budget sizes its runs (fixed-duration windows of budget / 2 / (2 x repeats)
 seconds, at most 1 s or 328 MB, with at most 8 MiB in flight per QP: `measure/gate.py`;
-rxe reaches the 1 s first): 20 s (the README's Slurm prolog) for the guest form, 60 s (what
+rxe reaches the 1 s first): 20 s (the Slurm prolog in docs/check.md) for the guest form, 60 s (what
 the lab tests give) for the stand-in form, whose four runs do not fit in 20 s in the
 emulated guest. At equal bytes per run the full A/B measures at least two repeats of each
 arm (four windows, each after a warm-up) where perftest's A/B measures two, so it takes
@@ -63,6 +63,7 @@ Latency rows have no window in `measured_s`, so the default sweeps here have
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -194,9 +195,10 @@ def check_part(args) -> None:
         print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         results = []
         for pair in range(args.pairs):
+            # partial, not lambda: each callable holds this form's values, not the loop's
             theirs, mine = in_abba_order(
-                pair, lambda: perftest_ab(args.device, args.gid_index, args.size, iters),
-                lambda: check_run(args.device, budget, args.size, env, extra))
+                pair, functools.partial(perftest_ab, args.device, args.gid_index, args.size, iters),
+                functools.partial(check_run, args.device, budget, args.size, env, extra))
             results.append((theirs, mine))
             print(f"| {pair} | {'perftest first' if pair % 2 == 0 else 'check first'} "
                   f"| {theirs['first_s']:.2f} | {theirs['ab_s']:.2f} "

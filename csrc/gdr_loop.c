@@ -351,6 +351,7 @@ static int wait_for_send(const struct gdr_lat_config *cfg, uint64_t stall_ticks,
         res->status = GDR_ERR_WC;
         res->wc_status = wc.status;
         res->wc_vendor_err = wc.vendor_err;
+        res->wc_qp_num = wc.qp_num;
         return -1;
     }
     return 0;

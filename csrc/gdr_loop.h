@@ -92,6 +92,7 @@ struct gdr_lat_result {
     int err_errno;
     int wc_status;
     uint32_t wc_vendor_err;
+    uint32_t wc_qp_num;
     uint64_t completed;           /* round trips completed */
     struct gdr_clock_check clock_check;
 };

@@ -34,6 +34,10 @@ cdef extern from "gdr_pattern.h" nogil:
     size_t gdr_poison_verify(const uint8_t *buf, size_t length, size_t *first_bad)
 
 
+cdef extern from "gdr_peek.h" nogil:
+    int gdr_peek(void *dst, const void *src, size_t len)
+
+
 cdef extern from "gdr_hostmem.h" nogil:
     void *gdr_host_alloc(size_t length, int numa_node, int huge_pages, size_t *mapped_len)
     int gdr_host_free(void *addr, size_t mapped_len)
@@ -119,6 +123,7 @@ cdef extern from "gdr_loop.h" nogil:
         int err_errno
         int wc_status
         uint32_t wc_vendor_err
+        uint32_t wc_qp_num
         uint64_t completed
         gdr_clock_check clock_check
 

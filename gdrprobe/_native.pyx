@@ -1,10 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Thin wrappers over csrc/: plain numbers in, plain numbers out.
+"""Thin wrappers over csrc/: plain numbers in, typed immutable results out.
 
-Addresses and verbs handles travel as Python ints. Every call that loops releases the
-GIL, so the Python side can watch a clock or a Ctrl-C while the C code runs.
+Addresses and verbs handles travel as Python ints; a loop's configuration also holds the
+Python objects that own them, so none is collected while the loop reads it. Every call
+that loops or sorts releases the GIL, so the Python side can watch a clock or a Ctrl-C
+while the C code runs.
 """
 
+cimport cython
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
+from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer
 from cpython.object cimport PyObject
 from libc.errno cimport errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
@@ -55,10 +60,39 @@ def wc_status_str(int status):
 
 # ---- statistics -----------------------------------------------------------------
 
-cdef dict _summary_dict(c.gdr_latency_summary *s):
-    return {"samples": s.samples, "min_ns": s.min_ns, "median_ns": s.median_ns,
-            "mean_ns": s.mean_ns, "stdev_ns": s.stdev_ns, "p99_ns": s.p99_ns,
-            "p999_ns": s.p999_ns, "max_ns": s.max_ns}
+@cython.dataclasses.dataclass(frozen=True)
+cdef class RoundTripSummary:
+    """Round-trip times of a latency run, in ns (struct gdr_latency_summary)."""
+
+    cdef readonly size_t samples
+    cdef readonly double min_ns, median_ns, mean_ns, stdev_ns, p99_ns, p999_ns, max_ns
+
+
+cdef RoundTripSummary _round_trip_summary(uint64_t *samples, size_t n):
+    """Sorts the n samples in place, without the GIL: a million samples take a while."""
+    cdef c.gdr_latency_summary s
+    cdef int rc
+    with nogil:
+        rc = c.gdr_latency_summarize(samples, n, &s)
+    if rc != 0:
+        raise ValueError("no samples to summarise")
+    return RoundTripSummary(s.samples, s.min_ns, s.median_ns, s.mean_ns, s.stdev_ns,
+                            s.p99_ns, s.p999_ns, s.max_ns)
+
+
+def summarize_round_trips(samples):
+    """The summary run_latency gives, of round-trip times in ns measured elsewhere:
+    samples is a writable contiguous buffer of uint64 (array('Q')), sorted in place."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(samples, &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
+    try:
+        code = (<bytes>view.format).lstrip(b"@=<")   # native or little-endian order
+        if view.itemsize != sizeof(uint64_t) or code not in (b"Q", b"L"):
+            raise TypeError(f"samples must be unsigned 64-bit integers, not format "
+                            f"{view.format.decode()!r}")
+        return _round_trip_summary(<uint64_t *>view.buf, <size_t>view.len // sizeof(uint64_t))
+    finally:
+        PyBuffer_Release(&view)
 
 
 # ---- payload pattern --------------------------------------------------------------
@@ -158,20 +192,36 @@ cdef class HostBuffer:
 
 # ---- raw verbs handles --------------------------------------------------------------
 
-def object_slot(obj, size_t offset):
-    """The pointer-sized word at offset inside a Python object's C struct."""
+def object_slot(obj, Py_ssize_t offset):
+    """The pointer-sized word at offset inside a Python object's C struct; ValueError
+    where that word does not lie inside the struct (its type's basic size)."""
+    cdef Py_ssize_t size = type(obj).__basicsize__
+    if offset < 0 or offset > size - <Py_ssize_t>sizeof(uintptr_t):
+        raise ValueError(f"offset {offset} is outside the {size}-byte C struct of type "
+                         f"{type(obj).__name__}")
     return (<uintptr_t *>(<char *><PyObject *>obj + offset))[0]
+
+
+cdef int _peek(void *dst, uintptr_t address, size_t length) except -1:
+    """Copy what address holds without loading through it here (csrc/gdr_peek.h): a pointer
+    that is not readable memory raises OSError instead of ending the process."""
+    cdef int err = c.gdr_peek(dst, <const void *>address, length)
+    if err:
+        raise OSError(err, f"{strerror(err).decode()}: {length} bytes at 0x{address:x}")
+    return 0
 
 
 def qp_fields(uintptr_t ptr):
     """The ibv_qp fields the handle validation compares with pyverbs' own values."""
-    cdef c.ibv_qp *qp = <c.ibv_qp *>ptr
+    cdef c.ibv_qp qp
+    _peek(&qp, ptr, sizeof(qp))
     return {"send_cq": <uintptr_t>qp.send_cq, "qp_num": qp.qp_num, "qp_type": qp.qp_type}
 
 
 def cq_fields(uintptr_t ptr):
     """The ibv_cq fields the handle validation compares with pyverbs' own values."""
-    cdef c.ibv_cq *cq = <c.ibv_cq *>ptr
+    cdef c.ibv_cq cq
+    _peek(&cq, ptr, sizeof(cq))
     return {"context": <uintptr_t>cq.context, "cqe": cq.cqe}
 
 
@@ -193,31 +243,89 @@ cdef c.gdr_clock _loop_clock(bint counter, double ns_per_tick):
     return clock
 
 
-cdef dict _clock_check_dict(c.gdr_clock_check *check):
-    return {"agreement": check.agreement, "span_ns": check.span_ns}
+@cython.dataclasses.dataclass(frozen=True)
+cdef class ClockCheck:
+    """How far the loop's clock agreed with CLOCK_MONOTONIC over a run (gdr_clock_check)."""
+
+    cdef readonly double agreement     # 1.0 when they agree
+    cdef readonly uint64_t span_ns     # the span, by CLOCK_MONOTONIC
+
+
+cdef ClockCheck _clock_check(const c.gdr_clock_check *check):
+    return ClockCheck(check.agreement, check.span_ns)
+
+
+# The results are immutable: time a caller adds to a loop's (a staged side's copies) is
+# accounted where the result becomes a report row (measure/loops.py bandwidth_result).
+# errno is a C macro, so the C member behind each result's `errno` field has another name.
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class BandwidthLoopResult:
+    """What one bandwidth loop did (struct gdr_bw_result)."""
+
+    cdef readonly int status
+    cdef readonly int errno "errno_"
+    cdef readonly int wc_status
+    cdef readonly uint32_t wc_vendor_err
+    cdef readonly uint32_t wc_qp_num
+    cdef readonly uint64_t messages          # completed inside the measured window, all QPs
+    cdef readonly uint64_t posted            # posted in all, warm-up included
+    cdef readonly uint64_t elapsed_ns        # the measured window
+    cdef readonly double peak_bytes_per_s
+    cdef readonly ClockCheck clock_check
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class LatencyLoopResult:
+    """What one ping-pong loop did (struct gdr_lat_result)."""
+
+    cdef readonly int status
+    cdef readonly int errno "errno_"
+    cdef readonly int wc_status
+    cdef readonly uint32_t wc_vendor_err
+    cdef readonly uint32_t wc_qp_num
+    cdef readonly uint64_t completed                 # round trips completed
+    cdef readonly ClockCheck clock_check
+    cdef readonly RoundTripSummary round_trip        # None: the responder, or a failed run
+
+
+cdef int _check_inside(str what, uint64_t end, memory) except -1:
+    """The loop's CPU (the latency tag) and the NIC under the config's lkey touch the local
+    buffer: nothing it is told to touch may lie past the buffer's end."""
+    if end > memory.length:
+        raise ValueError(f"{what} end at byte {end}, past the {memory.length}-byte buffer")
+    return 0
 
 
 cdef class BandwidthConfig:
-    """The bandwidth loop's settings, held in the C struct the loop reads."""
+    """The bandwidth loop's settings in the C struct the loop reads, with the objects that
+    own what that struct points at: handles (rdma.handles.RawHandles, which holds the pyverbs
+    QPs and CQ) and memory (the memory provider: the buffer and its MR). As in pyverbs,
+    where a QP holds its PD and CQs, the user holds its owners: the addresses and the lkey
+    are read from them, never passed apart from them, and they live at least as long as the
+    config, which run_bandwidth holds until the loop returns. remote is the peer's buffer
+    (address, rkey)."""
 
     cdef c.gdr_bw_config cfg
+    cdef readonly object handles, memory
 
-    def __init__(self, qps, uintptr_t cq, *, uint64_t local_addr, uint32_t lkey,
-                 uint64_t remote_addr, uint32_t rkey, uint32_t msg_size, uint64_t iterations,
+    def __init__(self, handles, memory, remote, *, uint32_t msg_size, uint64_t iterations,
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
                  uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0,
                  uint32_t slots=1, bint counter=False, double ns_per_tick=1.0):
-        cdef size_t i
-        if not 1 <= len(qps) <= c.GDR_MAX_QPS:
+        cdef Py_ssize_t i, num_qps = len(handles.qps)
+        if not 1 <= num_qps <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
+        _check_inside("the slots", <uint64_t>slots * msg_size, memory)
+        self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
-        for i in range(len(qps)):
-            self.cfg.qps[i] = <c.ibv_qp *><uintptr_t>qps[i]
-        self.cfg.num_qps = len(qps)
-        self.cfg.cq = <c.ibv_cq *>cq
-        self.cfg.local_addr, self.cfg.lkey = local_addr, lkey
-        self.cfg.remote_addr, self.cfg.rkey = remote_addr, rkey
+        for i in range(num_qps):
+            self.cfg.qps[i] = <c.ibv_qp *><uintptr_t>handles.qps[i]
+        self.cfg.num_qps = <uint32_t>num_qps
+        self.cfg.cq = <c.ibv_cq *><uintptr_t>handles.cq
+        self.cfg.local_addr, self.cfg.lkey = memory.address, memory.lkey
+        self.cfg.remote_addr, self.cfg.rkey = remote.address, remote.rkey
         self.cfg.msg_size = msg_size
         self.cfg.iterations, self.cfg.warmup_iterations = iterations, warmup_iterations
         self.cfg.duration_ns, self.cfg.warmup_ns = duration_ns, warmup_ns
@@ -230,19 +338,24 @@ cdef class BandwidthConfig:
 
 
 cdef class LatencyConfig:
-    """The ping-pong loop's settings, held in the C struct the loop reads."""
+    """The ping-pong loop's settings in the C struct the loop reads, with the objects that
+    own what it points at (see BandwidthConfig): it sends from send_offset in memory and the
+    peer writes into memory's start; it writes to the start of remote's buffer."""
 
     cdef c.gdr_lat_config cfg
+    cdef readonly object handles, memory
 
-    def __init__(self, uintptr_t qp, uintptr_t cq, *, uint64_t send_addr, uint32_t lkey,
-                 uintptr_t recv_addr, uint64_t remote_addr, uint32_t rkey, uint32_t msg_size,
+    def __init__(self, handles, memory, remote, *, uint64_t send_offset, uint32_t msg_size,
                  uint64_t iterations, bint initiator, uint64_t stall_timeout_ns,
                  uint32_t max_inline=0, bint counter=False, double ns_per_tick=1.0):
+        _check_inside("the message sent", send_offset + msg_size, memory)
+        self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
-        self.cfg.qp, self.cfg.cq = <c.ibv_qp *>qp, <c.ibv_cq *>cq
-        self.cfg.send_addr, self.cfg.lkey = send_addr, lkey
-        self.cfg.recv_buf = <volatile uint8_t *>recv_addr
-        self.cfg.remote_addr, self.cfg.rkey = remote_addr, rkey
+        self.cfg.qp = <c.ibv_qp *><uintptr_t>handles.qps[0]
+        self.cfg.cq = <c.ibv_cq *><uintptr_t>handles.cq
+        self.cfg.send_addr, self.cfg.lkey = memory.address + send_offset, memory.lkey
+        self.cfg.recv_buf = <volatile uint8_t *><uintptr_t>memory.address
+        self.cfg.remote_addr, self.cfg.rkey = remote.address, remote.rkey
         self.cfg.msg_size, self.cfg.iterations = msg_size, iterations
         self.cfg.max_inline = max_inline
         self.cfg.initiator = initiator
@@ -251,25 +364,27 @@ cdef class LatencyConfig:
 
 
 def run_bandwidth(BandwidthConfig config, StopFlag stop):
-    """RDMA WRITE bandwidth loop; returns the C result as a dict."""
+    """RDMA WRITE bandwidth loop; a BandwidthLoopResult. This call holds config (and so
+    its owners) and stop until the loop has returned."""
     cdef c.gdr_bw_result res
     config.cfg.stop = &stop.value
-    with nogil:
-        c.gdr_bw_run(&config.cfg, &res)
-    return {"status": res.status, "errno": res.err_errno, "wc_status": res.wc_status,
-            "wc_vendor_err": res.wc_vendor_err, "wc_qp_num": res.wc_qp_num,
-            "messages": res.messages, "posted": res.posted, "elapsed_ns": res.elapsed_ns,
-            "peak_bytes_per_s": res.peak_bytes_per_s,
-            "clock_check": _clock_check_dict(&res.clock_check)}
+    try:
+        with nogil:
+            c.gdr_bw_run(&config.cfg, &res)
+    finally:
+        config.cfg.stop = NULL   # the flag is the caller's: no pointer to it outlives the call
+    return BandwidthLoopResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
+                               res.wc_qp_num, res.messages, res.posted, res.elapsed_ns,
+                               res.peak_bytes_per_s, _clock_check(&res.clock_check))
 
 
 def run_latency(LatencyConfig config, StopFlag stop):
-    """Ping-pong loop; returns the C result as a dict, with a summary of the round trips
-    (initiator only)."""
+    """Ping-pong loop; a LatencyLoopResult, with a summary of the round trips (initiator
+    only). This call holds config (and so its owners) and stop until the loop has returned."""
     cdef c.gdr_lat_result res
-    cdef c.gdr_latency_summary s
     cdef uint64_t *samples = NULL
     cdef uint64_t iterations = config.cfg.iterations
+    cdef RoundTripSummary round_trip = None
     if config.cfg.initiator:
         samples = <uint64_t *>malloc(iterations * sizeof(uint64_t))
         if samples == NULL:
@@ -279,13 +394,12 @@ def run_latency(LatencyConfig config, StopFlag stop):
         config.cfg.stop = &stop.value
         with nogil:
             c.gdr_lat_run(&config.cfg, &res)
-        result = {"status": res.status, "errno": res.err_errno, "wc_status": res.wc_status,
-                  "wc_vendor_err": res.wc_vendor_err, "completed": res.completed,
-                  "round_trip": None, "clock_check": _clock_check_dict(&res.clock_check)}
         if samples != NULL and res.status == c.GDR_OK:
-            c.gdr_latency_summarize(samples, iterations, &s)
-            result["round_trip"] = _summary_dict(&s)
-        return result
+            round_trip = _round_trip_summary(samples, iterations)
     finally:
         config.cfg.samples_ns = NULL
+        config.cfg.stop = NULL
         free(samples)
+    return LatencyLoopResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
+                             res.wc_qp_num, res.completed, _clock_check(&res.clock_check),
+                             round_trip)

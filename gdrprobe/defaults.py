@@ -24,6 +24,40 @@ POST_LIST = 1
 LATENCY_ITERATIONS = 1000          # DEF_ITERS for the latency tests
 SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -a
 
+# ---- integrity: what a run pins ---------------------------------------------------------
+# In a bandwidth round the k-th message goes to slot k mod slots on both sides, each slot
+# with a pattern of its own, so a wrong write that a later one would overwrite is still
+# caught in its slot. The slots of one size are bounded in bytes (what the check pins, on
+# both sides, within a default 8 MiB locked-memory limit) and in number (each is one check
+# per round). ProbeOptions sizes a run's buffers with these two rules; the doctor compares
+# the BAR1 aperture and the memlock limit with what a sweep pins by the same rules.
+PAGE = 4096
+INTEGRITY_CAP_BYTES = 4 << 20
+MAX_SLOTS = 1024
+
+
+def integrity_slots(size: int, messages: int | None = None) -> int:
+    """How many messages of this size land in a slot of their own: as many as the caps
+    allow, and no more than a run of ``messages`` sends (None: a run of fixed duration)."""
+    fit = max(1, min(MAX_SLOTS, INTEGRITY_CAP_BYTES // size))
+    return fit if messages is None else min(fit, messages)
+
+
+def buffer_bytes(size: int, slots: int) -> int:
+    """One side's buffer for messages of ``size`` in ``slots`` slots: the slots and a message
+    past them (where stray writes show up), each page-rounded."""
+    def pages(length: int) -> int:
+        return -(-length // PAGE) * PAGE
+
+    return pages(slots * size) + pages(size)
+
+# ---- what a choice may be (the command line's choices and the API's checks) -------------
+MEM_CHOICES = ("host", "gpu", "dmabuf", "peermem", "staged")   # gpu: the mechanism chosen
+GPU_MEMORY_TYPES = ("device", "managed", "pinned-host")
+GPU_MEMORY_TYPE = "device"
+CLOCKS = ("auto", "counter", "monotonic")                        # measure/clock.py
+CLOCK = "auto"
+
 # ---- the A/B and its verdict ------------------------------------------------------------
 A_B_SIZE = 1 << 20                 # the verdict compares bandwidth at large messages
 REPEATS = 3                        # A/B repeats at most; sampling stops once it is clear
@@ -33,3 +67,5 @@ GPU_MEMORY = "gpu"                 # the GPU arm's mechanism: chosen automatical
 # ---- the campaigns built on the A/B -----------------------------------------------------
 CHECK_TIME_BUDGET_S = 30.0         # gdrprobe check's hard limit, set-up included
 SLOW_FRACTION = 0.8                # cluster: a pair below this share of the median is slow
+BENCH_MEMORY = ("host", "dmabuf", "peermem", "staged")   # bench's memory kinds
+MAX_DROP = 0.10                    # bench --baseline: the fall that flags a row

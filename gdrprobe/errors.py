@@ -23,6 +23,19 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130        # Ctrl-C
 
 
+# What a prolog does with each exit code of 'gdrprobe check': drain for what is wrong with
+# this node (GPUDirect not engaged or degraded, the NIC missing or down, verbs or
+# completions failing, corrupt payloads, memlock too low); warn for what is wrong with the
+# check itself or says nothing about the node (usage, a missing Python dependency, a peer,
+# no GPU to test, Ctrl-C). The README's table and the prolog recipe in docs/check.md are
+# tested against it.
+DRAIN_CODES = (ExitCode.VERDICT_NOT_OK, ExitCode.NO_DEVICE, ExitCode.RDMA, ExitCode.INTEGRITY,
+               ExitCode.RESOURCE_LIMIT)
+SCHEDULER_ACTION = {int(code): ("start the job" if code == ExitCode.OK else
+                                "drain" if code in DRAIN_CODES else "warn")
+                    for code in ExitCode}
+
+
 class GdrprobeError(Exception):
     """Base of every error that reaches a person: cause, evidence and fix."""
 

@@ -2,13 +2,34 @@
 
 Every reader in gdrprobe goes through a :class:`SysRoot` so that a captured tree of
 another machine can be read exactly like the live one, and so that the capture command
-knows which paths the readers touch.
+knows which paths the readers touch. Also how sysfs names a PCI function, the one spelling
+of a bus id gdrprobe keeps.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import re
+
+# domain:bus:device.function in lower-case hex, as sysfs names /sys/bus/pci/devices/*.
+PCI_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_ANY_BUS_ID = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
+
+
+def is_pci_bus_id(name: str) -> bool:
+    """Whether a name is a PCI function as sysfs spells it (0000:3b:00.0)."""
+    return PCI_BUS_ID.fullmatch(name) is not None
+
+
+def pci_bus_id(text: str) -> str:
+    """A bus id as sysfs spells it, from CUDA's or NVML's ("00000000:3B:00.0" ->
+    "0000:3b:00.0"); text that is no bus id comes back lower-cased."""
+    match = _ANY_BUS_ID.fullmatch(text)
+    if not match:
+        return text.lower()
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
 
 
 class SysRoot:

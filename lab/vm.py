@@ -62,7 +62,7 @@ class Guest:
             argv.append(f"--qemu-opts={self.qemu_opts}")
         return argv
 
-    def start(self, kernel: str) -> "Guest":
+    def start(self, kernel: str) -> Guest:
         compile_checkout()
         path = os.pathsep.join([LAB_BIN, VENV_BIN, os.environ.get("PATH", "")])
         env = dict(os.environ, PATH=path)
@@ -99,7 +99,7 @@ class Guest:
             except subprocess.TimeoutExpired:
                 continue
 
-    def __enter__(self) -> "Guest":
+    def __enter__(self) -> Guest:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from gdrprobe import defaults
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.errors import (CompletionError, CudaError, IntegrityError,
                              NoRdmaDevice, NotTestable, RegistrationFailed, UsageError)
 from gdrprobe.report.model import ArmReport, CheckReport, RunReport
-from gdrprobe.campaign.verdict import (DEFAULT_THRESHOLD, STAGED_ARM, ArmMeasurement, arm_ratio,
+from gdrprobe.campaign.verdict import (STAGED_ARM, ArmMeasurement, arm_ratio,
                                       classify, straddles)
 
 HOST = MemorySpec()
@@ -143,7 +144,7 @@ class StopSampling(Exception):
 
 
 def run_ab(run_once: Callable[[MemorySpec, MemorySpec], RunReport], arms: list[ArmPlan],
-           repeats: int, threshold: float = DEFAULT_THRESHOLD,
+           repeats: int, threshold: float = defaults.THRESHOLD,
            doctor_findings=(), min_repeats: int | None = None) -> CheckReport:
     """Alternate the arms up to `repeats` times and classify. run_once(local, remote) runs
     one probe; errors of the host arm are the run's errors and propagate. Sampling stops as
@@ -223,7 +224,7 @@ def conclusive(records: list[ArmRecord], threshold: float) -> bool:
 
 def ab_test(run_once: Callable[[MemorySpec, MemorySpec], RunReport], local: MemorySpec,
             remote: MemorySpec | None = None, *, staged: bool = False, repeats: int = 3,
-            threshold: float = DEFAULT_THRESHOLD, doctor_findings=(),
+            threshold: float = defaults.THRESHOLD, doctor_findings=(),
             min_repeats: int | None = None) -> CheckReport:
     """The whole A/B: plan the arms, run them, and classify. doctor_findings are the
     findings of the host that owns the GPU buffer (the caller runs the doctor there); they

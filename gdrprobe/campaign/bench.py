@@ -21,6 +21,7 @@ import socket
 import time
 from typing import Callable, Iterable, Mapping, Sequence
 
+from gdrprobe import defaults
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
                              UsageError)
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
@@ -33,7 +34,6 @@ from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvi
 
 BENCH_KINDS = ("host", "dmabuf", "peermem", "staged")
 MEASURED = "measured"
-DEFAULT_MAX_DROP = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +281,7 @@ def _same_run(row: BenchRow, run: RunPlan) -> bool:
 
 
 def compare_rows(rows: Sequence[BenchRow], baseline_rows: Sequence[dict], source: str,
-                 max_drop: float = DEFAULT_MAX_DROP) -> BaselineComparison:
+                 max_drop: float = defaults.MAX_DROP) -> BaselineComparison:
     """Flag each row that fell by more than max_drop against the baseline (bandwidth lower,
     median latency higher), or was measured then and is not now."""
     check_max_drop(max_drop)
@@ -327,16 +327,16 @@ def baseline_change(old: dict, row: BenchRow, max_drop: float) -> BaselineChange
 # ---- what produced the numbers -------------------------------------------------------------
 
 
-def bench_environment(cuda_facts: Mapping | None, nvidia_driver: str | None) -> BenchEnvironment:
+def bench_environment(cuda_facts: Mapping | None, nvidia_driver: str | None,
+                      version: str) -> BenchEnvironment:
     """Host, kernel and every version a comparison between two sweeps needs. cuda_facts is
     :func:`gdrprobe.memory.cuda.gpu_inventory` (or ``{"error": ...}``); nvidia_driver the
-    first line of /proc/driver/nvidia/version."""
-    from gdrprobe import __version__
+    first line of /proc/driver/nvidia/version; version gdrprobe's (the caller's, above)."""
     from gdrprobe.rdma.verbs import rdma_core_version
 
     facts = cuda_facts or {}
     return BenchEnvironment(
-        hostname=socket.gethostname(), kernel=platform.release(), gdrprobe_version=__version__,
+        hostname=socket.gethostname(), kernel=platform.release(), gdrprobe_version=version,
         rdma_core_version=rdma_core_version(), cuda_python_version=distribution("cuda-python"),
         cuda_driver_version=facts.get("driver_version"), nvidia_driver_version=nvidia_driver,
         gpus=tuple(facts.get("gpus", ())))
@@ -352,9 +352,9 @@ def distribution(name: str) -> str | None:
 # ---- the whole sweep -------------------------------------------------------------------------
 
 
-def run_bench(settings: BenchSettings, facts: MachineFacts, *, gpus: Sequence[str] = (),
-              devices: Sequence[str] = (), gid_index: int | None = None,
-              timeout_s: float = 30.0,
+def run_bench(settings: BenchSettings, facts: MachineFacts, version: str, *,
+              gpus: Sequence[str] = (), devices: Sequence[str] = (),
+              gid_index: int | None = None, timeout_s: float = defaults.TIMEOUT_S,
               on_row: OnRow = lambda row, done, total: None) -> BenchReport:
     """Plan the sweep over this machine's GPUs (or `gpus`) and RDMA devices (or `devices`),
     run it in loopback and report. Ctrl-C ends it with the rows measured so far."""
@@ -367,7 +367,7 @@ def run_bench(settings: BenchSettings, facts: MachineFacts, *, gpus: Sequence[st
     sweep = run_sweep(plan, loopback_executor(settings.ib_port, gid_index), on_row)
     rows = with_ratios(sweep.rows, line_rates)
     return BenchReport(
-        environment=bench_environment(facts.cuda_facts, facts.nvidia_driver),
+        environment=bench_environment(facts.cuda_facts, facts.nvidia_driver, version),
         devices=tuple(listed[name] for name in plan.nics()), settings=settings,
         pairs=pair_verdicts(plan.pairs, rows, sweep.errors, settings.memory_kinds, line_rates,
                             settings.threshold, facts.findings),
@@ -427,7 +427,7 @@ def port_rate(device, port: int) -> float | None:
 def loopback_executor(ib_port: int, gid_index: int | None) -> Execute:
     """Execute for :func:`run_sweep`: each run in loopback on its NIC, the memory kind on
     both ends."""
-    from gdrprobe.measure.session import runner
+    from gdrprobe.measure.loopback import runner
     from gdrprobe.memory.spec import MemorySpec
     from gdrprobe.rdma.endpoint import EndpointOptions
 

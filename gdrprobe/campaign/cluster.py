@@ -15,12 +15,15 @@ import statistics
 import threading
 from typing import Callable
 
+from gdrprobe import defaults
 from gdrprobe.errors import GdrprobeError, MissingDependency, PeerError, UsageError
 from gdrprobe.campaign.ab import ab_test
 from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.measure.session import ProbeServer, runner
+from gdrprobe.measure.loopback import runner
+from gdrprobe.measure.server import ProbeServer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import new_token
+from gdrprobe.rdma import verbs
 from gdrprobe.rdma.devices import list_devices
 from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.report.model import ClusterPair, ClusterReport, RunReport
@@ -29,8 +32,6 @@ PATTERNS = ("all", "ring")
 MPI4PY_FIX = ("install mpi4py for the system's MPI (Debian/Ubuntu: apt-get install "
               "python3-mpi4py openmpi-bin; or pip install mpi4py against your MPI) and launch "
               "with mpirun or srun, one rank per node")
-# A pair is slow when its host bandwidth is below this fraction of the median pair's.
-DEFAULT_SLOW_FRACTION = 0.8
 ROUND_TAG = 41
 
 
@@ -191,9 +192,9 @@ def advertised_address(endpoint: EndpointOptions, explicit: str | None = None) -
         for port in device.ports:
             if port.port != endpoint.port:
                 continue
-            for gid in port.gids:
-                if gid.type == "RoCE v2" and gid.ip_address and "." in gid.ip_address:
-                    return gid.ip_address
+            found = verbs.ipv4_roce_v2_gid((gid.index, gid.gid, gid.type) for gid in port.gids)
+            if found is not None:
+                return verbs.gid_ip_address(found[1])
     return socket.gethostbyname(socket.gethostname())
 
 
@@ -220,7 +221,7 @@ def ready_everywhere(comm, find_address: Callable[[], str]) -> str:
 
 def run_cluster(comm, pattern: str, serve: Callable[[str], object],
                 find_address: Callable[[], str], measure: Callable[[Meeting], object],
-                slow_fraction: float = DEFAULT_SLOW_FRACTION) -> ClusterReport | None:
+                slow_fraction: float = defaults.SLOW_FRACTION) -> ClusterReport | None:
     """Every rank calls this; rank 0 gets the report, the others None."""
     rank, size = comm.Get_rank(), comm.Get_size()
     plan = rounds_of(pairs_of(size, pattern))

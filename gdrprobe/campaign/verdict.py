@@ -32,8 +32,9 @@ import dataclasses
 import statistics
 from typing import Iterable, Sequence
 
+from gdrprobe import defaults
 from gdrprobe.memory.causes import errno_name, registration_cause
-from gdrprobe.report.model import (DEFAULT_THRESHOLD, DEGRADED, ENGAGED, NOT_ENGAGED,
+from gdrprobe.report.model import (DEGRADED, ENGAGED, NOT_ENGAGED,
                                     NOT_TESTABLE, ArmRatio, Verdict)
 
 DIRECT_ARMS = ("dmabuf", "peermem")   # arms whose speed proves or disproves GPUDirect
@@ -239,7 +240,7 @@ def arm_evidence(host: ArmMeasurement, arms: Iterable[ArmMeasurement],
 
 
 def classify(host: ArmMeasurement, gpu_arms: Sequence[ArmMeasurement],
-             threshold: float = DEFAULT_THRESHOLD, doctor_findings: Sequence = ()) -> Verdict:
+             threshold: float = defaults.THRESHOLD, doctor_findings: Sequence = ()) -> Verdict:
     """The verdict on GPUDirect RDMA from the host arm and the GPU arms of one run."""
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold {threshold} must be in (0, 1]")

@@ -1,29 +1,22 @@
-"""The command line: one subcommand per use, each registered by the module that owns it.
+"""The command line: a thin face over the public API (``gdrprobe``), one subcommand per
+use, each registered by the module that owns it.
 
 A subcommand module provides ``register(subparsers)``, which adds its parser and sets
-``handler`` to a function taking the parsed arguments and returning an exit code. This
+``handler`` to a function taking the parsed arguments and returning an exit code. The
+handlers call only the public API and render what it returns (gdrprobe.report); this
 module only dispatches and turns :class:`GdrprobeError` into a message and exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from gdrprobe import __version__
+from gdrprobe.cli import bench, check, cluster, devices, doctor, nccl_log, run, serve
 from gdrprobe.errors import ExitCode, GdrprobeError
 
-COMMAND_MODULES = (
-    "gdrprobe.cli.devices",
-    "gdrprobe.cli.serve",
-    "gdrprobe.cli.run",
-    "gdrprobe.cli.doctor",
-    "gdrprobe.cli.nccl_log",
-    "gdrprobe.cli.check",
-    "gdrprobe.cli.bench",
-    "gdrprobe.cli.cluster",
-)
+COMMAND_MODULES = (devices, serve, run, doctor, nccl_log, check, bench, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gdrprobe {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for module in COMMAND_MODULES:
+        module.register(subparsers)
     return parser
 
 

@@ -9,12 +9,12 @@ rows measured until then were printed and written; the errors of every command o
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
+import gdrprobe
+from gdrprobe import defaults
 from gdrprobe.cli.common import (add_timeout_flag, add_verdict_flags, notice,
                                  terminate_as_interrupt)
-from gdrprobe.errors import ExitCode
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -61,21 +61,23 @@ def register(subparsers) -> None:
     parser.add_argument("--sizes", type=size_list, metavar="LIST",
                         help="message sizes, e.g. 4K,64K,1M (default 2 B to 8 MiB)")
     parser.add_argument("--mem", dest="memory", type=name_list,
-                        default=("host", "dmabuf", "peermem", "staged"), metavar="LIST",
-                        help="memory kinds (default host,dmabuf,peermem,staged)")
-    parser.add_argument("-q", "--qp", dest="qps", type=int_list, default=(1,), metavar="LIST",
-                        help="QP counts, e.g. 1,4 (default 1)")
-    parser.add_argument("-n", "--iters", type=int, default=1000,
-                        help="messages per QP and size (default 1000)")
+                        default=defaults.BENCH_MEMORY, metavar="LIST",
+                        help=f"memory kinds (default {','.join(defaults.BENCH_MEMORY)})")
+    parser.add_argument("-q", "--qp", dest="qps", type=int_list, default=(defaults.QPS,),
+                        metavar="LIST", help=f"QP counts, e.g. 1,4 (default {defaults.QPS})")
+    parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
+                        help=f"messages per QP and size (default {defaults.ITERATIONS})")
     parser.add_argument("-D", "--duration", type=float, help="seconds per size instead of -n")
-    parser.add_argument("--warmup", type=float, default=0.5,
-                        help="seconds excluded before a -D window (default 0.5)")
-    parser.add_argument("-t", "--tx-depth", type=int, default=128,
-                        help="outstanding writes per QP (default 128)")
-    parser.add_argument("-Q", "--cq-mod", type=int, default=100,
-                        help="one signalled write in N (default 100)")
-    parser.add_argument("--latency-iters", type=int, default=1000,
-                        help="latency round trips per size, host memory (0: no latency rows)")
+    parser.add_argument("--warmup", type=float, default=defaults.WARMUP_S,
+                        help="seconds excluded before a -D window "
+                             f"(default {defaults.WARMUP_S:g})")
+    parser.add_argument("-t", "--tx-depth", type=int, default=defaults.TX_DEPTH,
+                        help=f"outstanding writes per QP (default {defaults.TX_DEPTH})")
+    parser.add_argument("-Q", "--cq-mod", type=int, default=defaults.CQ_MODERATION,
+                        help=f"one signalled write in N (default {defaults.CQ_MODERATION})")
+    parser.add_argument("--latency-iters", type=int, default=defaults.LATENCY_ITERATIONS,
+                        help="latency round trips per size, host memory (0: no latency rows; "
+                             f"default {defaults.LATENCY_ITERATIONS})")
     add_verdict_flags(parser, None)
     add_timeout_flag(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON document")
@@ -85,8 +87,9 @@ def register(subparsers) -> None:
                         help="write bandwidth.png, matrix.png and latency.png (gdrprobe[plot])")
     parser.add_argument("--baseline", metavar="FILE",
                         help="compare with an earlier --output file; exit 1 when a row fell")
-    parser.add_argument("--max-drop", type=float, default=0.10, metavar="FRACTION",
-                        help="with --baseline: the fall that flags a row (default 0.10)")
+    parser.add_argument("--max-drop", type=float, default=defaults.MAX_DROP, metavar="FRACTION",
+                        help="with --baseline: the fall that flags a row "
+                             f"(default {defaults.MAX_DROP:g})")
     parser.add_argument("--prometheus", metavar="FILE",
                         help="write node-exporter text-file metrics (gdrprobe[prometheus])")
     parser.set_defaults(handler=run)
@@ -121,18 +124,15 @@ class Progress:
 
 
 def run(args) -> int:
-    import gdrprobe
-    from gdrprobe.campaign.bench import check_max_drop, compare_rows
     from gdrprobe.report import bench as outputs
     from gdrprobe.report.model import to_json
 
-    # Everything that can refuse does so before the first measurement.
+    # Everything that can refuse does so before the first measurement (the baseline and
+    # max_drop inside gdrprobe.bench).
     if args.plot:
         outputs.require_matplotlib()
     if args.prometheus:
         outputs.require_prometheus()
-    baseline = outputs.read_baseline(args.baseline) if args.baseline else None
-    check_max_drop(args.max_drop)
     terminate_as_interrupt()
     progress = Progress(sys.stderr.isatty() and not args.json)
     try:
@@ -142,18 +142,13 @@ def run(args) -> int:
             gid_index=args.gid_index, iterations=args.iters, duration_s=args.duration,
             warmup_s=args.warmup, tx_depth=args.tx_depth, cq_moderation=args.cq_mod,
             latency_iterations=args.latency_iters, threshold=args.threshold,
-            timeout_s=args.timeout, on_row=progress)
+            timeout_s=args.timeout, baseline=args.baseline, max_drop=args.max_drop,
+            on_row=progress)
     finally:
         progress.close()
-    if baseline is not None:
-        report = dataclasses.replace(report, baseline=compare_rows(
-            report.rows, baseline, args.baseline, args.max_drop))
     write_files(report, args, outputs)
     print(to_json(report) if args.json else outputs.render_bench(report))
-    if report.interrupted:
-        return int(ExitCode.INTERRUPTED)
-    return int(ExitCode.VERDICT_NOT_OK if report.baseline and report.baseline.changes
-               else ExitCode.OK)
+    return report.exit_code
 
 
 def write_files(report, args, outputs) -> None:

@@ -3,27 +3,19 @@
 The A/B on the GPU this process's rank will use (``LOCAL_RANK`` / ``SLURM_LOCALID``
 through ``CUDA_VISIBLE_DEVICES``, or ``--gpu``) and the NIC NCCL will use for it (or
 ``-d``), inside a hard time budget. The exit code is the A/B's (0 engaged, 1 degraded or
-not engaged, 9 not testable) or an error's (2 to 8); :data:`SCHEDULER_ACTION` says which
-of them should drain the node and which only warn, and the README's table mirrors it.
+not engaged, 9 not testable) or an error's (2 to 8);
+:data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
+which only warn, and the README's table mirrors it.
 """
 
 from __future__ import annotations
 
 import sys
 
+import gdrprobe
+from gdrprobe import defaults
 from gdrprobe.cli.common import add_verdict_flags, terminate_as_interrupt
-from gdrprobe.errors import ExitCode
-
-# What a prolog does with each exit code: drain for what is wrong with this node (GPUDirect
-# not engaged or degraded, the NIC missing or down, verbs or completions failing, corrupt
-# payloads, memlock too low); warn for what is wrong with the check itself or says nothing
-# about the node (usage, a missing Python dependency, a peer, no GPU to test, Ctrl-C).
-DRAIN_CODES = (ExitCode.VERDICT_NOT_OK, ExitCode.NO_DEVICE, ExitCode.RDMA, ExitCode.INTEGRITY,
-               ExitCode.RESOURCE_LIMIT)
-SCHEDULER_ACTION = {int(code): ("start the job" if code == ExitCode.OK else
-                                "drain" if code in DRAIN_CODES else "warn")
-                    for code in ExitCode}
-DEFAULT_BUDGET_S = 30.0
+from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
 
 
 def register(subparsers) -> None:
@@ -41,13 +33,14 @@ def register(subparsers) -> None:
                         help="device port (default 1)")
     parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
                         help="GID index (default: the RoCE v2 GID of 127.0.0.1's route)")
-    parser.add_argument("--mem", default="gpu", choices=("gpu", "dmabuf", "peermem"),
+    parser.add_argument("--mem", default=defaults.GPU_MEMORY,
+                        choices=("gpu", "dmabuf", "peermem"),
                         help="the GPU arm's mechanism (default gpu: chosen automatically)")
-    parser.add_argument("-s", "--size", type=int, default=1 << 20,
-                        help="message size in bytes (default 1 MiB)")
-    parser.add_argument("--time-budget", type=float, default=DEFAULT_BUDGET_S,
+    parser.add_argument("-s", "--size", type=int, default=defaults.A_B_SIZE,
+                        help=f"message size in bytes (default {defaults.A_B_SIZE >> 20} MiB)")
+    parser.add_argument("--time-budget", type=float, default=defaults.CHECK_TIME_BUDGET_S,
                         metavar="SECONDS", help="hard limit on the whole check, set-up "
-                        f"included (default {DEFAULT_BUDGET_S:g})")
+                        f"included (default {defaults.CHECK_TIME_BUDGET_S:g})")
     add_verdict_flags(parser, "A/B repeats at most; sampling stops once the verdict is clear")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the JSON document")
@@ -57,7 +50,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import gdrprobe
     from gdrprobe.report.model import to_json
     from gdrprobe.report.text import render_check
 
@@ -65,7 +57,7 @@ def run(args) -> int:
     report = gdrprobe.check(device=args.device, gpu=args.gpu, ib_port=args.ib_port,
                             gid_index=args.gid_index, mem=args.mem, repeats=args.repeats,
                             threshold=args.threshold, time_budget_s=args.time_budget,
-                            sizes=(args.size,))
+                            size=args.size)
     code = report.verdict.exit_code
     if args.json:
         print(to_json(report))

@@ -7,11 +7,11 @@ it failed itself.
 
 from __future__ import annotations
 
+import gdrprobe
+from gdrprobe import defaults
 from gdrprobe.cli.common import (add_device_flags, add_memory_flags, add_timeout_flag,
-                                 add_verdict_flags,
-                                 endpoint_options, memory_spec, terminate_as_interrupt)
-
-A_B_SIZE = 1 << 20
+                                 add_verdict_flags, endpoint_arguments, memory_arguments,
+                                 terminate_as_interrupt)
 
 
 def register(subparsers) -> None:
@@ -23,17 +23,17 @@ def register(subparsers) -> None:
                     "the node x node matrix with the slow and not-engaged pairs named.")
     add_device_flags(parser)
     add_timeout_flag(parser)
-    add_memory_flags(parser, remote=False, default="gpu")
+    add_memory_flags(parser, remote=False, default=defaults.GPU_MEMORY)
     parser.add_argument("--pattern", choices=("all", "ring"), default="all",
                         help="every pair (default) or each rank with the next")
-    parser.add_argument("-s", "--size", type=int, default=A_B_SIZE,
-                        help=f"message size in bytes (default {A_B_SIZE})")
-    parser.add_argument("-n", "--iters", type=int, default=1000,
-                        help="iterations per run (default 1000)")
+    parser.add_argument("-s", "--size", type=int, default=defaults.A_B_SIZE,
+                        help=f"message size in bytes (default {defaults.A_B_SIZE})")
+    parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
+                        help=f"iterations per run (default {defaults.ITERATIONS})")
     add_verdict_flags(parser, "A/B repeats per pair with a GPU buffer")
-    parser.add_argument("--slow-fraction", type=float, default=0.8,
+    parser.add_argument("--slow-fraction", type=float, default=defaults.SLOW_FRACTION,
                         help="a pair below this fraction of the median pair's host bandwidth "
-                             "is named slow (default 0.8)")
+                             f"is named slow (default {defaults.SLOW_FRACTION:g})")
     parser.add_argument("--oob-address", metavar="ADDR",
                         help="the address other ranks reach this rank's server at (default: "
                              "the IPv4 address of the device's RoCE v2 GID, else the host name's)")
@@ -43,27 +43,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from gdrprobe.doctor.runner import run_doctor
-    from gdrprobe.errors import UsageError
-    from gdrprobe.campaign import cluster
-    from gdrprobe.measure.options import ProbeOptions
     from gdrprobe.report.model import to_json
     from gdrprobe.report.text import render_cluster
 
-    if not 0 < args.slow_fraction <= 1:
-        raise UsageError(f"--slow-fraction {args.slow_fraction}: use a fraction over 0 and at "
-                         "most 1", "e.g. 0.8")
     terminate_as_interrupt()
-    comm = cluster.world()
-    options = ProbeOptions(sizes=(args.size,), iterations=args.iters, timeout_s=args.timeout)
-    endpoint = endpoint_options(args)
-    local = memory_spec(args, args.mem)
-    findings = run_doctor().findings if local.kind == "gpu" else ()
-    report = cluster.run_cluster(
-        comm, args.pattern, cluster.pair_server(endpoint, args.timeout),
-        lambda: cluster.advertised_address(endpoint, args.oob_address),
-        cluster.pair_probe(options, endpoint, local, args.repeats, args.threshold, findings),
-        args.slow_fraction)
+    report = gdrprobe.cluster(
+        pattern=args.pattern, size=args.size, iterations=args.iters, repeats=args.repeats,
+        threshold=args.threshold, slow_fraction=args.slow_fraction, timeout_s=args.timeout,
+        oob_address=args.oob_address, **endpoint_arguments(args), **memory_arguments(args))
     if report is None:
         return 0
     document = to_json(report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gdrprobe
 from gdrprobe.report.model import to_json
 
 
@@ -15,9 +16,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from gdrprobe.rdma.devices import list_devices
     from gdrprobe.report.text import render_devices
 
-    report = list_devices(args.device)
+    report = gdrprobe.list_devices(args.device)
     print(to_json(report) if args.json else render_devices(report))
     return 0

@@ -8,30 +8,20 @@ from __future__ import annotations
 
 import sys
 
-from gdrprobe.errors import ExitCode
+import gdrprobe
 
 
 def _doctor(args) -> int:
-    from gdrprobe.doctor.runner import run_doctor
     from gdrprobe.report.model import to_json
     from gdrprobe.report.text import render_doctor
 
-    report = run_doctor(args.root)
+    report = gdrprobe.doctor(args.root)
     sys.stdout.write(to_json(report) + "\n" if args.json else render_doctor(report))
-    return doctor_exit_code(report)
-
-
-def doctor_exit_code(report) -> int:
-    from gdrprobe.report.model import Status
-
-    failed = any(finding.status is Status.FAIL for finding in report.findings)
-    return int(ExitCode.VERDICT_NOT_OK if failed else ExitCode.OK)
+    return report.exit_code
 
 
 def _capture(args) -> int:
-    from gdrprobe.doctor.capture import capture
-
-    copied = capture(args.dest, root=args.root)
+    copied = gdrprobe.capture(args.dest, root=args.root)
     print(f"captured {len(copied)} paths into {args.dest}; "
           f"replay with: gdrprobe doctor --root {args.dest}")
     return 0

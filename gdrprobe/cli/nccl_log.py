@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from gdrprobe.errors import ExitCode
+import gdrprobe
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -22,10 +23,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gdrprobe.nccl.log import read_nccl_log
     from gdrprobe.report.model import to_json
     from gdrprobe.report.text import render_nccl_log
 
-    report = read_nccl_log(args.file)
+    report = gdrprobe.read_nccl_log(args.file)
     print(to_json(report) if args.json else render_nccl_log(report))
-    return int(ExitCode.VERDICT_NOT_OK if report.verdict in ("gdr-none", "socket") else ExitCode.OK)
+    return report.exit_code

@@ -16,8 +16,8 @@ import os
 import posixpath
 from typing import Mapping
 
-from gdrprobe.doctor.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NIC_FACTS_FILE, NVML_FACTS_FILE,
-                                     DoctorContext)
+from gdrprobe.doctor.facts.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NIC_FACTS_FILE,
+                                           NVML_FACTS_FILE, DoctorContext)
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.sysroot import SysRoot
 

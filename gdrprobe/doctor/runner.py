@@ -1,50 +1,44 @@
 """Run every doctor check in the order of the diagnosis flowchart.
 
-Each check module has ``check(ctx) -> list[Finding]``. A check that raises is a bug in
-gdrprobe, not a fact about the machine, so it becomes a failing finding that says so
-and the remaining checks still run.
+Each check module has ``GROUP`` and ``check(ctx) -> list[Finding]``. A check that raises is
+a bug in gdrprobe, not a fact about the machine, so it becomes a failing finding that says
+so and the remaining checks still run.
 """
 
 from __future__ import annotations
 
-import importlib
 import traceback
+from types import ModuleType
 from typing import Mapping
 
-from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.checks import acs, gpu, iommu, memlock, nccl_env, nic, stack, topology
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import DoctorReport, Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
-# (group, module) in flowchart order: placement, peer-memory stack, GPU, memlock, IOMMU, ACS,
-# then the NCCL environment and the NIC ports.
-CHECK_MODULES = (
-    ("topology", "gdrprobe.doctor.topology"),
-    ("stack", "gdrprobe.doctor.stack"),
-    ("gpu", "gdrprobe.doctor.gpu"),
-    ("memlock", "gdrprobe.doctor.memlock"),
-    ("iommu", "gdrprobe.doctor.iommu"),
-    ("acs", "gdrprobe.doctor.acs"),
-    ("nccl", "gdrprobe.doctor.nccl_env"),
-    ("nic", "gdrprobe.doctor.nic"),
-)
-GROUP_ORDER = tuple(group for group, _ in CHECK_MODULES) + ("access",)
+# Flowchart order: placement, peer-memory stack, GPU, memlock, IOMMU, ACS, then the NCCL
+# environment and the NIC ports.
+CHECKS: tuple[ModuleType, ...] = (topology, stack, gpu, memlock, iommu, acs, nccl_env, nic)
+GROUP_ORDER = tuple(check.GROUP for check in CHECKS) + (ids.ACCESS,)
 
 
-def _crash_finding(group: str, module: str, error: BaseException) -> Finding:
+def _crash_finding(check: ModuleType, error: BaseException) -> Finding:
     where = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
     location = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+    group = check.GROUP
     return Finding(
-        f"{group}.crashed", group, Status.FAIL,
+        ids.crashed(group), group, Status.FAIL,
         f"the {group} check crashed; this is a gdrprobe bug, not a finding about the machine",
-        (Evidence(module, f"{type(error).__name__}: {error}{location}"),),
+        (Evidence(check.__name__, f"{type(error).__name__}: {error}{location}"),),
         "Report it with the output of `gdrprobe capture DIR` attached; the other checks still ran.")
 
 
-def run_check(ctx: DoctorContext, group: str, module: str) -> list[Finding]:
+def run_check(ctx: DoctorContext, check: ModuleType) -> list[Finding]:
     try:
-        return list(importlib.import_module(module).check(ctx))
+        return list(check.check(ctx))
     except Exception as error:  # noqa: BLE001 - any crash must become a finding
-        return [_crash_finding(group, module, error)]
+        return [_crash_finding(check, error)]
 
 
 def denied_finding(ctx: DoctorContext) -> list[Finding]:
@@ -53,7 +47,7 @@ def denied_finding(ctx: DoctorContext) -> list[Finding]:
     if not denied:
         return []
     return [Finding(
-        "access.denied", "access", Status.SKIP,
+        ids.ACCESS_DENIED, ids.ACCESS, Status.SKIP,
         f"{len(denied)} file(s) exist but may not be read by this user: what they say is unknown, "
         "and the checks above that read them say so or skipped",
         tuple(Evidence(path, "permission denied") for path in denied),
@@ -62,8 +56,8 @@ def denied_finding(ctx: DoctorContext) -> list[Finding]:
 
 def run_checks(ctx: DoctorContext) -> tuple[Finding, ...]:
     findings: list[Finding] = []
-    for group, module in CHECK_MODULES:
-        findings.extend(run_check(ctx, group, module))
+    for check in CHECKS:
+        findings.extend(run_check(ctx, check))
     return tuple(findings + denied_finding(ctx))
 
 

@@ -25,9 +25,10 @@ import dataclasses
 import functools
 import platform
 
+from gdrprobe.defaults import CLOCKS
 from gdrprobe.sysroot import SysRoot
 
-CLOCK_CHOICES = ("auto", "counter", "monotonic")
+CLOCK_CHOICES = CLOCKS
 COUNTER_FLAGS = ("constant_tsc", "nonstop_tsc")
 CALIBRATION_WINDOW_NS = 20_000_000
 # The marks of a run are each bracketed by two CLOCK_MONOTONIC reads (about 1.4 us apart

@@ -1,5 +1,6 @@
 """Drive the C loops: in a worker thread, so Ctrl-C and deadlines stay responsive while
-the loop runs without the GIL, and turn what the loop returns into results or errors."""
+the loop runs without the GIL, and turn what the loop returns (the native layer's typed,
+immutable BandwidthLoopResult and LatencyLoopResult) into report rows or errors."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ class LoopThread:
         except BaseException as error:   # handed to the caller's thread
             self._outcome["error"] = error
 
-    def wait(self, tick=None, tick_every_s: float = 2.0) -> dict:
+    def wait(self, tick=None, tick_every_s: float = 2.0):
         """Start the loop if it is not running yet; its result once it ends; tick, if given,
         is called every tick_every_s meanwhile (a heartbeat). On Ctrl-C the loop is stopped
         before this re-raises, so no verbs object is torn down under it."""
@@ -100,7 +101,7 @@ class LoopThread:
             raise
         return self._result()
 
-    def finish(self, grace_s: float = 0.0) -> dict:
+    def finish(self, grace_s: float = 0.0):
         """Stop the loop if it still runs after grace_s, wait for it (through further
         Ctrl-Cs) and return its result (None if it never started)."""
         if self._thread.ident is None:
@@ -115,15 +116,16 @@ class LoopThread:
                 continue
         return self._result()
 
-    def _result(self) -> dict:
+    def _result(self):
         if "error" in self._outcome:
             raise self._outcome["error"]
         return self._outcome.get("value")
 
 
-def check_status(result: dict, what: str, stall_timeout: float) -> None:
-    """Raise the error a person can act on for a loop that did not finish."""
-    status = result["status"]
+def check_status(result, what: str, stall_timeout: float) -> None:
+    """Raise the error a person can act on for a loop (either result type) that did not
+    finish."""
+    status = result.status
     if status == _native.STATUS_OK:
         return
     if status == _native.STATUS_STOPPED:
@@ -134,56 +136,72 @@ def check_status(result: dict, what: str, stall_timeout: float) -> None:
                         "port's rate)", "the peer or the link stopped: check that the peer "
                         "is still running and the link is up")
     if status == _native.STATUS_WC:
-        name = _native.wc_status_str(result["wc_status"])
-        evidence = (f"work completion status {result['wc_status']} ({name}), vendor error "
-                    f"0x{result['wc_vendor_err']:x}, QP 0x{result['wc_qp_num']:x}")
-        if result["wc_status"] == WC_RETRY_EXCEEDED:
-            raise PeerError(f"{what} failed: the peer stopped acknowledging writes",
-                            "check that the peer is still running and the link is up",
-                            evidence=evidence)
-        if result["wc_status"] == WC_REMOTE_ACCESS_ERROR:
-            raise CompletionError(f"{what} failed: the peer refused the write (remote "
-                                  "access)", "the peer's buffer or key changed; run again",
-                                  evidence, result["wc_status"])
-        raise CompletionError(f"{what} failed", "see 'gdrprobe doctor' and dmesg", evidence,
-                              result["wc_status"])
+        raise completion_error(result, what)
     detail = _native.STATUS_NAMES.get(status, str(status))
-    if result.get("errno"):
-        detail += f" (errno {result['errno']})"
+    if result.errno:
+        detail += f" (errno {result.errno})"
     raise RdmaError(f"{what} failed: {detail}", "see 'gdrprobe doctor' and dmesg")
 
 
-def bandwidth_result(size: int, raw: dict, integrity: Integrity) -> BandwidthResult:
-    seconds = raw["elapsed_ns"] / 1e9
-    total = raw["messages"] * size
+def completion_error(result, what: str) -> RdmaError:
+    """The error of a loop that ended on a work completion with an error status."""
+    name = _native.wc_status_str(result.wc_status)
+    evidence = (f"work completion status {result.wc_status} ({name}), vendor error "
+                f"0x{result.wc_vendor_err:x}, QP 0x{result.wc_qp_num:x}")
+    if result.wc_status == WC_RETRY_EXCEEDED:
+        return PeerError(f"{what} failed: the peer stopped acknowledging writes",
+                         "check that the peer is still running and the link is up",
+                         evidence=evidence)
+    if result.wc_status == WC_REMOTE_ACCESS_ERROR:
+        return CompletionError(f"{what} failed: the peer refused the write (remote access)",
+                               "the peer's buffer or key changed; run again", evidence,
+                               result.wc_status)
+    return CompletionError(f"{what} failed", "see 'gdrprobe doctor' and dmesg", evidence,
+                           result.wc_status)
+
+
+def bandwidth_result(size: int, loop, integrity: Integrity,
+                     stage_s_per_message: float = 0.0) -> BandwidthResult:
+    """The report row of a bandwidth loop. A staged side copies every message once between
+    GPU and host (stage_s_per_message, both sides together): that time is charged to the
+    measured window, and stage_copy_gbps says what a pipeline overlapping the copies could
+    reach. The loop's own result is left as the loop measured it."""
+    seconds = loop.elapsed_ns / 1e9 + loop.messages * stage_s_per_message
+    total = loop.messages * size
     average = total / seconds if seconds > 0 else 0.0
-    peak = max(raw["peak_bytes_per_s"], average)
+    peak = max(loop.peak_bytes_per_s, average)
     return BandwidthResult(
         size_bytes=size,
-        iterations=raw["messages"],
+        iterations=loop.messages,
         elapsed_s=seconds,
         bandwidth_avg_gbps=average * 8 / 1e9,
         bandwidth_peak_gbps=peak * 8 / 1e9,
         bandwidth_avg_mib_s=average / (1 << 20),
         bandwidth_peak_mib_s=peak / (1 << 20),
-        message_rate_mpps=raw["messages"] / seconds / 1e6 if seconds > 0 else 0.0,
+        message_rate_mpps=loop.messages / seconds / 1e6 if seconds > 0 else 0.0,
         integrity=integrity,
+        stage_copy_gbps=size * 8 / stage_s_per_message / 1e9 if stage_s_per_message > 0 else None,
     )
 
 
-def latency_result(size: int, iterations: int, round_trip: dict,
+def one_way_us(round_trip_ns: float) -> float:
+    """Half a round trip, in microseconds, as perftest reports latency."""
+    return round_trip_ns / 2 / 1000
+
+
+def latency_result(size: int, iterations: int, round_trip,
                    integrity: Integrity) -> LatencyResult:
-    one_way = {key: value / 2 / 1000 for key, value in round_trip.items() if key != "samples"}
+    """The report row of a latency loop's round trips (a RoundTripSummary)."""
     return LatencyResult(
         size_bytes=size,
         iterations=iterations,
-        latency_us_min=one_way["min_ns"],
-        latency_us_median=one_way["median_ns"],
-        latency_us_mean=one_way["mean_ns"],
-        latency_us_stdev=one_way["stdev_ns"],
-        latency_us_p99=one_way["p99_ns"],
-        latency_us_p999=one_way["p999_ns"],
-        latency_us_max=one_way["max_ns"],
+        latency_us_min=one_way_us(round_trip.min_ns),
+        latency_us_median=one_way_us(round_trip.median_ns),
+        latency_us_mean=one_way_us(round_trip.mean_ns),
+        latency_us_stdev=one_way_us(round_trip.stdev_ns),
+        latency_us_p99=one_way_us(round_trip.p99_ns),
+        latency_us_p999=one_way_us(round_trip.p999_ns),
+        latency_us_max=one_way_us(round_trip.max_ns),
         integrity=integrity,
-        elapsed_s=round_trip["mean_ns"] * round_trip["samples"] / 1e9,
+        elapsed_s=round_trip.mean_ns * round_trip.samples / 1e9,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gdrprobe import _native
+from gdrprobe import _native, defaults
 from gdrprobe.measure.clock import CLOCK_CHOICES
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.rdma.endpoint import LATENCY_MAX_INLINE, EndpointOptions
@@ -13,7 +13,6 @@ from gdrprobe.rdma.verbs import MTUS
 from gdrprobe.errors import UsageError
 from gdrprobe.protocol.fields import field, int_list
 
-PAGE = 4096
 MAX_SIZE = _native.MAX_SIZE
 MAX_ITERATIONS = 10**9
 MAX_WINDOW_BYTES = 1 << 50
@@ -21,18 +20,28 @@ MAX_QPS = _native.MAX_QPS
 MAX_TX_DEPTH = 16384
 MAX_POST_LIST = _native.MAX_POST_LIST
 MAX_INLINE = 1024
-SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -a
+SWEEP_SIZES = defaults.SWEEP_SIZES
 # The shortest time-out a run can meet: its slowest out-of-band step is the server's set-up
 # (device, QPs, registering the buffer), which took up to 3 s in the emulated lab.
 MIN_TIMEOUT_S = 5.0
 MAX_TIMEOUT_S = 3600.0
-# Integrity sees every message it can: in a bandwidth round the k-th message goes to slot
-# k mod slots on both sides, each slot with a pattern of its own, so a wrong write that a
-# later one would overwrite is still caught in its slot. The slots of one size are bounded
-# in bytes (what the check pins, on both sides, within a default 8 MiB locked-memory limit)
-# and in number (each is one check per round); the report says how many were checked.
-INTEGRITY_CAP_BYTES = 4 << 20
-MAX_SLOTS = 1024
+# Integrity sees every message it can, in slots bounded in bytes and number (the rules:
+# gdrprobe.defaults.integrity_slots, buffer_bytes); the report says how many were checked.
+INTEGRITY_CAP_BYTES = defaults.INTEGRITY_CAP_BYTES
+MAX_SLOTS = defaults.MAX_SLOTS
+
+
+def dependent_settings(options: "ProbeOptions") -> dict:
+    """The settings left to follow from others (perftest adjusts its dependent settings in
+    one function too): a latency run is a ping-pong, one write in flight, so its TX depth
+    is 1 unless asked; CQ moderation is perftest's 100, never above the TX depth."""
+    tx_depth = options.tx_depth
+    if tx_depth is None:
+        tx_depth = 1 if options.mode == "latency" else defaults.TX_DEPTH
+    cq_moderation = options.cq_moderation
+    if cq_moderation is None:
+        cq_moderation = min(defaults.CQ_MODERATION, tx_depth)
+    return {"tx_depth": tx_depth, "cq_moderation": cq_moderation}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,25 +49,27 @@ class ProbeOptions:
     """What the client asks for; the server receives and re-checks it."""
 
     mode: str = "bandwidth"
-    sizes: tuple[int, ...] = (65536,)
-    iterations: int = 1000
+    sizes: tuple[int, ...] = (defaults.SIZE,)
+    iterations: int = defaults.ITERATIONS
     warmup_iterations: int = 0
     duration_s: float | None = None
-    warmup_s: float = 0.5
+    warmup_s: float = defaults.WARMUP_S
     # With duration_s: the warm-up and the measured window each also end once this many
     # bytes (all QPs) have landed, if that comes first; None: time alone ends them.
     window_bytes: int | None = None
-    qps: int = 1
-    tx_depth: int = 128
-    cq_moderation: int = 100
-    post_list: int = 1
+    qps: int = defaults.QPS
+    tx_depth: int | None = None       # None: 1 for latency (a ping-pong), else TX_DEPTH
+    cq_moderation: int | None = None  # None: CQ_MODERATION, at most the TX depth
+    post_list: int = defaults.POST_LIST
     mtu: int | None = None
-    timeout_s: float = 30.0
+    timeout_s: float = defaults.TIMEOUT_S
     inline_size: int | None = None   # None: perftest's defaults (220 B latency, 0 bandwidth)
     relaxed_ordering: bool = True    # register with IBV_ACCESS_RELAXED_ORDERING, as NCCL does
-    clock: str = "auto"              # the loops' clock: measure/clock.py
+    clock: str = defaults.CLOCK      # the loops' clock: measure/clock.py
 
     def __post_init__(self):
+        for name, value in dependent_settings(self).items():
+            object.__setattr__(self, name, value)
         self.validate()
         if self.duration_s is None:
             # perftest clamps both to the iteration count (perftest_parameters.c): with more
@@ -114,19 +125,14 @@ class ProbeOptions:
         bandwidth round posts, within the caps; a latency round has one message each way."""
         if self.mode == "latency":
             return 1
-        fit = max(1, min(MAX_SLOTS, INTEGRITY_CAP_BYTES // size))
-        if self.duration_s:
-            return fit
-        return min(fit, (self.iterations + self.warmup_iterations) * self.qps)
+        messages = None if self.duration_s else (self.iterations + self.warmup_iterations) * self.qps
+        return defaults.integrity_slots(size, messages)
 
     @property
     def buffer_bytes(self) -> int:
         """For the size that needs most: its slots and a message past them (where stray
         writes show up), each page-rounded. Latency: the receive half and the send half."""
-        def pages(length: int) -> int:
-            return -(-length // PAGE) * PAGE
-
-        return max(pages(self.slots(size) * size) + pages(size) for size in self.sizes)
+        return max(defaults.buffer_bytes(size, self.slots(size)) for size in self.sizes)
 
     def to_message(self) -> dict:
         return dataclasses.asdict(self) | {"sizes": list(self.sizes)}

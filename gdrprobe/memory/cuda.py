@@ -22,9 +22,9 @@ import ctypes
 import dataclasses
 import functools
 import mmap
-import re
 from gdrprobe.errors import (CudaError, GdrprobeError, MissingDependency, NotTestable,
                              ResourceLimit, UsageError)
+from gdrprobe.sysroot import pci_bus_id
 
 HOST_PAGE_BYTES = mmap.PAGESIZE
 # The GPU's page: nvidia-peermem pins whole 64 KiB pages (GPU_PAGE_SIZE in the driver's
@@ -150,16 +150,6 @@ def c_string(raw: bytes) -> str:
     return raw.split(b"\0")[0].decode("ascii", "replace").strip()
 
 
-def sysfs_bdf(cuda_bus_id: str) -> str:
-    """CUDA's "00000000:3B:00.0" as sysfs spells it: "0000:3b:00.0"."""
-    match = re.fullmatch(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])",
-                         cuda_bus_id)
-    if not match:
-        return cuda_bus_id.lower()
-    domain, bus, device, function = match.groups()
-    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
-
-
 def device_attribute(module, device, name: str) -> int | None:
     """One CU_DEVICE_ATTRIBUTE_<name>, or None when this driver does not know it."""
     attribute = getattr(module.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
@@ -279,7 +269,7 @@ def device_name(module, device) -> str:
 
 def device_bus_id(module, device) -> str:
     """The PCI bus id as sysfs spells it."""
-    return sysfs_bdf(c_string(call(module, "cuDeviceGetPCIBusId", 64, device)))
+    return pci_bus_id(c_string(call(module, "cuDeviceGetPCIBusId", 64, device)))
 
 
 def device_facts(module, ordinal: int) -> dict:

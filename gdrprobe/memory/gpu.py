@@ -11,7 +11,8 @@ All three fill and check the payload through a pinned host staging copy (the pat
 works on host addresses), so a check reads back what the NIC really left in GPU memory.
 Providers borrow an open :class:`gdrprobe.memory.cuda.GpuDevice`; they free only what they allocate.
 
-Also here: NCCL's NIC DMA-BUF probe and the choice between the mechanisms.
+Also here: the choice between the mechanisms (NCCL's NIC DMA-BUF probe is in
+:mod:`gdrprobe.memory.nic_probe`).
 """
 
 from __future__ import annotations

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from gdrprobe.defaults import GPU_MEMORY_TYPES as MEMORY_TYPES
+from gdrprobe.defaults import MEM_CHOICES
 from gdrprobe.errors import UsageError
 from gdrprobe.protocol.fields import field
 
 MECHANISMS = ("auto", "dmabuf", "peermem")
-MEMORY_TYPES = ("device", "managed", "pinned-host")
 # Managed and pinned-host memory sit in (or migrate to) host pages the NIC reaches without
 # GPUDirect, so a fast result with them proves nothing.
 GPUDIRECT_PROOF_MEMORY = "device"
 KINDS = ("host", "gpu")
 GPU_MECHANISMS = (*MECHANISMS, "staged")
-# The --mem spellings: host, gpu (auto), or a mechanism by name.
-MEM_CHOICES = ("host", "gpu", "dmabuf", "peermem", "staged")
 
 
 @dataclasses.dataclass(frozen=True)

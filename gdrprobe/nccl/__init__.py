@@ -1,2 +1,13 @@
-"""What NCCL will do: its environment variables read as NCCL reads them (``env``) and
-what an NCCL_DEBUG=INFO log proves (``log``). Pure Python."""
+"""What NCCL will do, decided as NCCL's own source decides it (NVIDIA/nccl 2.30.7):
+
+- ``env``: its environment variables and configuration files, read as NCCL reads them
+  (``cparse``: C's number parsing that reading uses);
+- ``topo``: its path types, how it classes a PCIe distance, the bandwidth of each link;
+- ``gdr_support``: whether it can register GPU memory with a NIC, and through what;
+- ``decision``: per GPU, the NIC it uses, the path, and GPUDirect RDMA for sends and receives;
+- ``log``: what an NCCL_DEBUG=INFO log proves.
+
+Pure rules over facts handed in as data: the doctor (:mod:`gdrprobe.doctor`) reads the
+machine and asks these modules; nothing here reads the machine or imports the doctor, the
+verbs layer or the memory layer.
+"""

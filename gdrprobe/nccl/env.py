@@ -1,10 +1,12 @@
 """NCCL's environment variables read as NCCL reads them, and its GDR level: one table, one
-parser, used by every doctor check that needs them.
+parser, used by NCCL's decision (:mod:`gdrprobe.nccl.decision`) and every doctor check that
+needs them.
 
-The rules follow NCCL 2.30.7's source (NVIDIA/nccl): the path types and their order are
-``src/include/graph.h``; integer variables are read by ``ncclLoadParam``
-(``src/misc/param.cc``) with ``strtoll(str, NULL, 0)``, so ``0x10`` is hex, ``010`` is
-octal (8), ``08`` is 0 and ``yes`` is 0; NCCL_NET_GDR_LEVEL is parsed by ``ncclGetLevel``
+The rules follow NCCL 2.30.7's source (NVIDIA/nccl): the path types the GDR level compares
+are :data:`gdrprobe.nccl.topo.PATH_RANK` (``src/include/graph.h``); integer variables are
+read by ``ncclLoadParam`` (``src/misc/param.cc``) with ``strtoll(str, NULL, 0)``
+(:mod:`gdrprobe.nccl.cparse`), so ``0x10`` is hex, ``010`` is octal (8), ``08`` is 0 and
+``yes`` is 0; NCCL_NET_GDR_LEVEL is parsed by ``ncclGetLevel``
 (``src/graph/paths.cc``): an exact, case-sensitive path name, else, when the first
 character is a digit, ``strtol(str, NULL, 0)`` into the old levels (0..3, anything larger
 SYS), else NCCL keeps its default and says nothing.
@@ -15,40 +17,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping
 
-# NCCL's path types, nearest first, with the rank its gates compare (src/include/graph.h).
-PATH_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6,
-             "PXN": 7, "PHB": 8, "SYS": 9}
+from gdrprobe.nccl.cparse import INT64_MAX, atoi, c_int, strtoll
+from gdrprobe.nccl.topo import PATH_RANK
+
 # Integers NCCL_NET_GDR_LEVEL accepted before the names existed; 4 and above mean SYS.
 LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
-# nvidia-smi's distances as NCCL classes them: NCCL has no NODE (two host bridges of one
-# NUMA node hang off one CPU node in its graph), so NODE is PHB to NCCL.
-NCCL_CLASS_OF_DISTANCE = {"X": "LOC", "PIX": "PIX", "PXB": "PXB", "PHB": "PHB",
-                          "NODE": "PHB", "SYS": "SYS"}
-
-
-_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
-INT64_MAX = (1 << 63) - 1
-
-
-def strtoll(text: str) -> int | None:
-    """C's ``strtoll(text, NULL, 0)``: leading blanks and sign, ``0x`` hex, a leading ``0``
-    octal, else decimal, up to the first character that is no digit of the base; 0 when
-    there is no digit at all; None where C sets ERANGE (NCCL then keeps the default)."""
-    rest = text.lstrip(" \t\n\r\f\v")
-    sign = -1 if rest[:1] == "-" else 1
-    rest = rest[1:] if rest[:1] in "+-" else rest
-    base = 10
-    if rest[:2].lower() == "0x" and rest[2:3].lower() in _DIGITS[:16] and rest[2:3]:
-        base, rest = 16, rest[2:]
-    elif rest[:1] == "0":
-        base = 8
-    digits = ""
-    for char in rest.lower():
-        if char not in _DIGITS[:base]:
-            break
-        digits += char
-    value = sign * int(digits, base) if digits else 0
-    return value if -INT64_MAX - 1 <= value <= INT64_MAX else None
 
 
 def int_value(text: str) -> int | None:
@@ -86,11 +59,6 @@ class GdrLevel:
 def default_gdr_level(environ: Mapping[str, str]) -> str:
     """NCCL's own threshold: P2C while NCCL_NET_GDR_C2C is on (its default), else PXB."""
     return "P2C" if int_param(environ, "NCCL_NET_GDR_C2C", 1) else "PXB"
-
-
-def c_int(value: int) -> int:
-    """A C ``long`` stored in an ``int``: the low 32 bits, two's complement (gcc, x86-64/aarch64)."""
-    return (value + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
 def gdr_level(environ: Mapping[str, str]) -> GdrLevel:
@@ -140,15 +108,6 @@ class NetDevsPolicy:
         if self.kind == "MAX":
             return min(self.limit, local_nets)
         return -(-local_nets // max(local_gpus, 1))
-
-
-def atoi(text: str) -> int:
-    """C's ``atoi``: optional blanks and sign, then decimal digits up to the first other character."""
-    rest = text.lstrip(" \t\n\r\f\v")
-    sign = -1 if rest[:1] == "-" else 1
-    rest = rest[1:] if rest[:1] in "+-" else rest
-    digits = rest[:len(rest) - len(rest.lstrip("0123456789"))]
-    return c_int(sign * int(digits)) if digits else 0
 
 
 def netdevs_policy(environ: Mapping[str, str]) -> NetDevsPolicy:

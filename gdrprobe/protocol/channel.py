@@ -11,7 +11,7 @@ derived from the stretched token and both nonces. A frame that was altered, forg
 replayed, reordered or dropped is refused with the reason.
 
 What this does not give: confidentiality (an eavesdropper reads addresses, keys and QP
-numbers) and any protection of the RDMA traffic itself; see the README's security section.
+numbers) and any protection of the RDMA traffic itself; see SECURITY.md.
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ class Channel:
         if kind == "error" and "error" not in expected:
             raise error_from_message(message, self.peer)
         if kind == "abort" and "abort" not in expected:
-            raise PeerError(f"the {self.peer} gave up: {peer_text(message.get('reason'))}", "")
+            raise abort_from_message(message, self.peer)
         if kind not in expected:
             raise PeerError(f"the {self.peer} sent {peer_text(kind, 40)!r} where "
                             f"{' or '.join(expected)} was expected", "run the same gdrprobe "
@@ -297,6 +297,16 @@ def error_message(error: GdrprobeError) -> dict:
     return {"reason": error.cause, "fix": error.fix, "evidence": error.evidence,
             "category": type(error).__name__, "errno": getattr(error, "error_code", -1),
             "mechanism": getattr(error, "mechanism", "")}
+
+
+def abort_message(error: BaseException) -> dict:
+    """Why this side gives up a run (see :func:`abort_from_message`)."""
+    return {"reason": getattr(error, "cause", "") or type(error).__name__}
+
+
+def abort_from_message(message: dict, peer: str) -> PeerError:
+    """An authenticated peer that gave up, its reason made safe to print."""
+    return PeerError(f"the {peer} gave up: {peer_text(message.get('reason'))}", "")
 
 
 def error_from_message(message: dict, peer: str) -> GdrprobeError:

@@ -1,35 +1,77 @@
-"""The handshake's messages that describe an endpoint, a buffer and a verification, with
-every field a peer sends checked before it is used."""
+"""Every message of a run after the handshake, each built and parsed in one place.
+
+A run's conversation, client to server unless marked (<-)::
+
+    setup, queued* <-, setup_ok <-,
+    then each round: start, ready <- (latency only), progress*, done, verified <-,
+    and at the end: bye
+
+A message with fields is a frozen dataclass: ``KIND`` is its type on the wire,
+``to_message()`` its fields in the order they are sent, and ``from_message()`` rebuilds it
+from what a peer sent, every field checked before it is used. :func:`send` puts one on a
+channel. A message without fields is its type alone (READY, PROGRESS, BYE).
+
+Owned elsewhere: the handshake (hello, challenge, auth, welcome) and the error or abort that
+may end any step belong to the channel (channel.py); this module adds only what a server's
+error says about its GPU buffer (:func:`error_with_findings`, :func:`findings_in`). Two
+blocks of setup travel in their owners' wire forms, which live in layers above this one:
+the run's settings (ProbeOptions) and the client's choice of the server's memory
+(MemorySpec). This module carries them and hands their parsing back to the caller.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Callable, ClassVar, Protocol
 
 from gdrprobe import _native
+from gdrprobe.errors import GdrprobeError, PeerError
+from gdrprobe.protocol.channel import Channel, error_message
+from gdrprobe.protocol.fields import field, int_list, peer_text
 from gdrprobe.rdma.endpoint import EndpointAddress
 from gdrprobe.rdma.verbs import MTUS
-from gdrprobe.errors import PeerError
-from gdrprobe.protocol.fields import field, int_list, peer_text
-from gdrprobe.report.model import EndpointSummary, Finding, Integrity, Status
+from gdrprobe.report.model import EndpointSummary, Finding, Integrity, Status, to_dict
 
 QPN_MAX = (1 << 24) - 1
 MAX_FINDINGS = 32        # a GPU buffer owner's doctor findings, sent with setup_ok
 FINDING_TEXT_CHARS = 400
+MAX_ROUND = 2**62
+MAX_MESSAGES = 1 << 62   # the messages a bandwidth round may say it posted
+MAX_QUEUE_POSITION = 1 << 20
+MAX_STAGE_S = 3600       # a staged side's copy time per message, in seconds
 # The form pyverbs' GID() takes (pyverbs/utils.py gid_str_to_array, rdma-core v44): eight
 # ':'-separated groups of exactly four hex digits. '::1', which ipaddress would accept, is
 # refused there, so it is refused here, before the QP is touched.
 VERBS_GID = re.compile(r"[0-9a-fA-F]{4}(:[0-9a-fA-F]{4}){7}")
 
+# Messages that say nothing but their type.
+READY = "ready"          # <- a latency round's responder is polling: the client may start
+PROGRESS = "progress"    # a heartbeat while the client's loop runs
+BYE = "bye"              # the last round is over
+
+
+def send(channel: Channel, message) -> None:
+    """Put one of this module's messages on the channel."""
+    channel.send(message.KIND, **message.to_message())
+
+
+# ---- the blocks messages are made of -------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class RemoteBuffer:
+    """Where the peer may write: its registered buffer's address, key and length."""
+
     address: int
     rkey: int
     length: int
 
+    def to_message(self) -> dict:
+        return {"address": self.address, "rkey": self.rkey, "length": self.length}
+
     @classmethod
-    def from_message(cls, message: dict) -> "RemoteBuffer":
+    def from_message(cls, message: dict) -> RemoteBuffer:
         return cls(field(message, "address", int, low=0, high=2**64 - 1),
                    field(message, "rkey", int, low=0, high=2**32 - 1),
                    field(message, "length", int, low=1, high=2 * _native.MAX_SIZE))
@@ -45,19 +87,27 @@ def gid_from_message(message: dict) -> str:
     return text
 
 
+def address_message(address: EndpointAddress) -> dict:
+    """What the peer needs to connect its QPs to ours (the GID index stays local)."""
+    return {"gid": address.gid, "lid": address.lid, "mtu": address.mtu,
+            "qp_numbers": list(address.qp_numbers), "psns": list(address.psns)}
+
+
 def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> EndpointAddress:
     mtu = field(message, "mtu", int)
     if mtu not in MTUS:
         raise PeerError(f"peer MTU {mtu} is not an RDMA MTU", "")
-    return EndpointAddress(
-        gid=gid_from_message(message),
-        gid_index=-1,
-        lid=field(message, "lid", int, low=0, high=0xFFFF),
-        mtu=mtu,
-        qp_numbers=tuple(int_list(message, "qp_numbers", low=1, high=QPN_MAX,
-                                  max_items=max_qps)),
-        psns=tuple(int_list(message, "psns", low=0, high=QPN_MAX, max_items=max_qps)),
-    )
+    qp_numbers = int_list(message, "qp_numbers", low=1, high=QPN_MAX, max_items=max_qps)
+    psns = int_list(message, "psns", low=0, high=QPN_MAX, max_items=max_qps)
+    if len(psns) != len(qp_numbers):
+        raise PeerError(f"the peer sent {len(qp_numbers)} QP numbers and {len(psns)} PSNs", "")
+    return EndpointAddress(gid=gid_from_message(message), gid_index=-1,
+                           lid=field(message, "lid", int, low=0, high=0xFFFF), mtu=mtu,
+                           qp_numbers=tuple(qp_numbers), psns=tuple(psns))
+
+
+def summary_message(summary: EndpointSummary) -> dict:
+    return to_dict(summary)
 
 
 def summary_from_message(message: dict) -> EndpointSummary:
@@ -74,6 +124,21 @@ def summary_from_message(message: dict) -> EndpointSummary:
                 for k, v in list(memory.items())[:16]
                 if isinstance(v, (str, int, float, bool, type(None)))},
     )
+
+
+def integrity_message(integrity: Integrity) -> dict:
+    """What a receiver found; no offset is sent as -1."""
+    return {"bytes_checked": integrity.bytes_checked, "bad_bytes": integrity.bad_bytes,
+            "first_bad_offset": _offset_message(integrity.first_bad_offset),
+            "stray_bytes": integrity.stray_bytes,
+            "first_stray_offset": _offset_message(integrity.first_stray_offset),
+            "messages_checked": integrity.messages_checked,
+            "messages_total": integrity.messages_total,
+            "bad_messages": integrity.bad_messages}
+
+
+def _offset_message(offset: int | None) -> int:
+    return -1 if offset is None else offset
 
 
 def integrity_from_message(message: dict) -> Integrity:
@@ -116,3 +181,176 @@ def findings_from_message(message: dict) -> tuple[Finding, ...]:
                              peer_text(field(item, "summary", str), FINDING_TEXT_CHARS),
                              fix=peer_text(field(item, "fix", str), FINDING_TEXT_CHARS)))
     return tuple(found)
+
+
+# ---- a server's error about its GPU buffer --------------------------------------------------
+
+
+def error_with_findings(error: GdrprobeError, findings) -> dict:
+    """The fields of a server's error: the channel's, and the doctor findings of the host
+    that owns the buffer, with which the client's verdict confirms or rules out causes."""
+    return error_message(error) | {"findings": findings_message(findings)}
+
+
+def findings_in(error: GdrprobeError) -> tuple[Finding, ...]:
+    """The findings a server's error carried (:func:`error_with_findings`); a malformed
+    list is dropped rather than hiding the error it came with."""
+    try:
+        return findings_from_message(getattr(error, "peer_message", {}))
+    except PeerError:
+        return ()
+
+
+# ---- the messages of a run ----------------------------------------------------------------
+
+
+class WireForm(Protocol):
+    """A block whose owner writes its wire form (to_message) and reads it back."""
+
+    def to_message(self) -> dict: ...
+
+
+class Settings(WireForm, Protocol):
+    """The run's settings (ProbeOptions): setup's endpoint has one QP number per QP."""
+
+    qps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """The client's request: the run's settings, its endpoint, its buffer (a latency run
+    only: the server writes back) and its choice of the server's memory (None: the
+    server's own)."""
+
+    KIND: ClassVar[str] = "setup"
+    settings: Settings
+    endpoint: EndpointAddress
+    buffer: RemoteBuffer | None
+    server_memory: WireForm | None   # MemorySpec
+
+    def to_message(self) -> dict:
+        return {"settings": self.settings.to_message(),
+                "endpoint": address_message(self.endpoint),
+                "buffer": None if self.buffer is None else self.buffer.to_message(),
+                "server_memory": (None if self.server_memory is None else
+                                  self.server_memory.to_message())}
+
+    @classmethod
+    def from_message(cls, message: dict, read_settings: Callable[[dict], Settings],
+                     read_memory: Callable[[dict], WireForm]) -> Setup:
+        """read_settings and read_memory rebuild the blocks this layer carries but does
+        not own, each raising PeerError; the settings say how many QPs the endpoint has."""
+        settings = read_settings(field(message, "settings", dict))
+        return cls(settings,
+                   address_from_message(field(message, "endpoint", dict), settings.qps),
+                   None if message.get("buffer") is None else
+                   RemoteBuffer.from_message(field(message, "buffer", dict)),
+                   None if message.get("server_memory") is None else
+                   read_memory(field(message, "server_memory", dict)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """<- The client's place in the server's queue for its NIC, the client 1 behind the
+    run that holds it; sent every heartbeat, so a waiting client never times out."""
+
+    KIND: ClassVar[str] = "queued"
+    position: int
+    running: str              # where the run that holds the NIC comes from
+    running_s: float          # how long it has held it
+
+    def to_message(self) -> dict:
+        return {"position": self.position, "running": self.running,
+                "running_s": self.running_s}
+
+    @classmethod
+    def from_message(cls, message: dict) -> Queued:
+        return cls(field(message, "position", int, low=1, high=MAX_QUEUE_POSITION),
+                   peer_text(field(message, "running", str, default="another client"), 64),
+                   field(message, "running_s", (int, float), low=0, default=0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupOk:
+    """<- The server's side of the run, set up and connected: its endpoint, its buffer,
+    what a report says about it, its time-out (the client's heartbeats keep within it)
+    and, for a GPU buffer, its host's doctor findings."""
+
+    KIND: ClassVar[str] = "setup_ok"
+    endpoint: EndpointAddress
+    buffer: RemoteBuffer
+    summary: EndpointSummary
+    timeout_s: float
+    findings: tuple[Finding, ...]
+
+    def to_message(self) -> dict:
+        return {"endpoint": address_message(self.endpoint), "buffer": self.buffer.to_message(),
+                "summary": summary_message(self.summary), "timeout_s": self.timeout_s,
+                "findings": findings_message(self.findings)}
+
+    @classmethod
+    def from_message(cls, message: dict, max_qps: int,
+                     timeout_bounds: tuple[float, float]) -> SetupOk:
+        low, high = timeout_bounds
+        return cls(address_from_message(field(message, "endpoint", dict), max_qps),
+                   RemoteBuffer.from_message(field(message, "buffer", dict)),
+                   summary_from_message(field(message, "summary", dict)),
+                   field(message, "timeout_s", (int, float), low=low, high=high),
+                   findings_from_message(message))
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """A round of one size; its number seeds the pattern both sides fill and check."""
+
+    KIND: ClassVar[str] = "start"
+    size: int
+    round: int
+
+    def to_message(self) -> dict:
+        return {"size": self.size, "round": self.round}
+
+    @classmethod
+    def from_message(cls, message: dict, max_size: int) -> Start:
+        return cls(field(message, "size", int, low=1, high=max_size),
+                   field(message, "round", int, low=0, high=MAX_ROUND))
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """The client's loop has ended; a bandwidth round says how many messages it posted
+    (the server checks the slots that hold the last ones), a latency round nothing."""
+
+    KIND: ClassVar[str] = "done"
+    messages: int | None = None
+
+    def to_message(self) -> dict:
+        return {} if self.messages is None else {"messages": self.messages}
+
+    @classmethod
+    def from_message(cls, message: dict, bandwidth: bool) -> Done:
+        if not bandwidth:
+            return cls()
+        return cls(field(message, "messages", int, low=0, high=MAX_MESSAGES))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """<- What the server found in its buffer after a round; a bandwidth round adds the
+    seconds a staged buffer spent copying each message in (latency: None)."""
+
+    KIND: ClassVar[str] = "verified"
+    integrity: Integrity
+    stage_in_s: float | None = None
+
+    def to_message(self) -> dict:
+        staged = {} if self.stage_in_s is None else {"stage_in_s": self.stage_in_s}
+        return integrity_message(self.integrity) | staged
+
+    @classmethod
+    def from_message(cls, message: dict, bandwidth: bool) -> Verified:
+        integrity = integrity_from_message(message)
+        if not bandwidth:
+            return cls(integrity)
+        return cls(integrity, field(message, "stage_in_s", (int, float), low=0,
+                                    high=MAX_STAGE_S))

@@ -45,10 +45,6 @@ class EndpointAddress:
     qp_numbers: tuple[int, ...]
     psns: tuple[int, ...]
 
-    def to_message(self) -> dict:
-        return {"gid": self.gid, "lid": self.lid, "mtu": self.mtu,
-                "qp_numbers": list(self.qp_numbers), "psns": list(self.psns)}
-
 
 def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
                gid_index: int | None, device: str) -> tuple[int, str]:
@@ -65,17 +61,16 @@ def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
         return gid_index, gid
     if port_attr.link_layer != verbs.LINK_LAYER_ETHERNET:
         return 0, ctx.query_gid(port, 0).gid
-    roce_v2 = [(index, gid) for index, gid, gid_type
-               in verbs.populated_gids(ctx, port, port_attr, port_count)
-               if gid_type == verbs.ROCE_V2]
+    populated = verbs.populated_gids(ctx, port, port_attr, port_count)
+    roce_v2 = [(index, gid) for index, gid, gid_type in populated if gid_type == verbs.ROCE_V2]
     for index, gid in roce_v2:
         if verbs.gid_ip_address(gid) == local_ip:
             return index, gid
     if local_ip is None or ipaddress.ip_address(local_ip).is_loopback:
         # Both ends on this host: any IPv4 RoCE v2 GID of the port reaches itself.
-        for index, gid in roce_v2:
-            if ipaddress.IPv6Address(gid).ipv4_mapped:
-                return index, gid
+        found = verbs.ipv4_roce_v2_gid(populated)
+        if found is not None:
+            return found
     raise NoDevice(f"{device} port {port} has no RoCE v2 GID for {local_ip}, the address "
                    "this host uses to reach its peer",
                    "connect to the peer over the RDMA interface's IP address, or pass "

@@ -9,7 +9,12 @@ return the C struct *as a Python object*, and merely reading them corrupts memor
 A property is used only where pyverbs has ``QP.qp``: on 54 to 60 ``CQ.cq`` exists but still
 returns the struct as an object. Whichever route found a pointer, it is checked against values pyverbs reports itself
 (QP number, QP type, CQ size) and against the other located handle (the QP's send CQ must
-be the located CQ) before the C loop may use it.
+be the located CQ) before the C loop may use it. The check never loads through a pointer it
+has not yet trusted: the native layer has the kernel copy what it points at, so a pointer
+into unmapped memory is an RdmaError, not a segmentation fault.
+
+The pointers travel with the pyverbs objects that own them (RawHandles.owners), so a loop's
+configuration can hold those objects for as long as the loop may use the pointers.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ class RawHandles:
     qps: tuple[int, ...]
     cq: int
     route: str   # "property", "layout", or "property+layout" when only some had one
+    # The pyverbs QPs and CQ the pointers belong to: whoever holds these handles keeps the
+    # verbs objects from being collected (and destroyed) under the pointers.
+    owners: tuple = dataclasses.field(repr=False, compare=False)
 
 
 def has_pointer_properties(qp_class) -> bool:
@@ -44,9 +52,11 @@ def layout_pointer(obj, expected_class) -> int:
         raise RdmaError(f"expected a pyverbs {expected_class.__name__}, got "
                         f"{type(obj).__name__}", FIX)
     offset = verbs.pyverbs().base.PyverbsCM.__basicsize__
-    if type(obj).__basicsize__ < offset + 8:
-        raise RdmaError(f"pyverbs {type(obj).__name__} is smaller than its pointer field", FIX)
-    pointer = _native.object_slot(obj, offset)
+    try:
+        pointer = _native.object_slot(obj, offset)
+    except ValueError as error:
+        raise RdmaError(f"pyverbs {type(obj).__name__} is smaller than its pointer field", FIX,
+                        evidence=str(error)) from error
     if not pointer:
         raise RdmaError(f"pyverbs {type(obj).__name__} holds no verbs object (closed?)", FIX)
     return pointer
@@ -62,8 +72,18 @@ def locate(obj, expected_class, attribute: str, modern: bool) -> tuple[int, str]
     return layout_pointer(obj, expected_class), "layout"
 
 
+def read_fields(reader, pointer: int, what: str) -> dict:
+    """What reader (qp_fields, cq_fields) finds at pointer; RdmaError where the pointer
+    does not lead to readable memory."""
+    try:
+        return reader(pointer)
+    except OSError as error:
+        raise RdmaError(f"the located {what} is not readable memory", FIX,
+                        evidence=str(error)) from error
+
+
 def check_qp(pointer: int, qp, cq_pointer: int) -> None:
-    fields = _native.qp_fields(pointer)
+    fields = read_fields(_native.qp_fields, pointer, "ibv_qp")
     expected = {"qp_num": qp.qp_num, "qp_type": IBV_QPT_RC}
     found = {"qp_num": fields["qp_num"], "qp_type": fields["qp_type"]}
     if found != expected:
@@ -75,14 +95,14 @@ def check_qp(pointer: int, qp, cq_pointer: int) -> None:
 
 
 def check_cq(pointer: int, cq) -> None:
-    fields = _native.cq_fields(pointer)
+    fields = read_fields(_native.cq_fields, pointer, "ibv_cq")
     if fields["cqe"] != cq.cqe or not fields["context"]:
         raise RdmaError("the located ibv_cq does not match its pyverbs CQ", FIX,
                         evidence=f"pyverbs cqe {cq.cqe}, the pointer holds {fields['cqe']}")
 
 
 def raw_handles(qps, cq) -> RawHandles:
-    """Validated pointers of the QPs and their shared send CQ."""
+    """Validated pointers of the QPs and their shared send CQ, with those objects."""
     pv = verbs.pyverbs()
     modern = has_pointer_properties(type(qps[0]))
     cq_pointer, cq_route = locate(cq, pv.cq.CQ, "cq", modern)
@@ -93,4 +113,5 @@ def raw_handles(qps, cq) -> RawHandles:
         check_qp(pointer, qp, cq_pointer)
         pointers.append(pointer)
         routes.add(route)
-    return RawHandles(tuple(pointers), cq_pointer, "+".join(sorted(routes, reverse=True)))
+    return RawHandles(tuple(pointers), cq_pointer, "+".join(sorted(routes, reverse=True)),
+                      owners=(*qps, cq))

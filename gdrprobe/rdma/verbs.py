@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+from typing import Iterable
 
 from gdrprobe.errors import MissingDependency, NoDevice, NoRdmaDevice
 
@@ -44,6 +45,14 @@ def port_rate_gbps(port_attr) -> float | None:
     lane_gbps = SPEED_GBPS.get(port_attr.active_speed)
     lanes = WIDTH_LANES.get(port_attr.active_width)
     return lane_gbps * lanes if lane_gbps and lanes else None
+
+
+def rate_file_gbps(text: str | None) -> float | None:
+    """The line rate the kernel states in /sys/class/infiniband/DEV/ports/N/rate, e.g.
+    "100 Gb/sec (4X EDR)": its rate_show prints speed x width from the table above, the
+    same product as :func:`port_rate_gbps`. None when the file states none."""
+    match = re.match(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec", text or "")
+    return float(match.group(1)) if match else None
 
 
 IBV_PORT_ACTIVE = 4
@@ -181,6 +190,16 @@ def gid_ip_address(gid: str) -> str | None:
     if address.ipv4_mapped:
         return str(address.ipv4_mapped)
     return None if address.is_unspecified else str(address)
+
+
+def ipv4_roce_v2_gid(gids: Iterable[tuple[int, str, str]]) -> tuple[int, str] | None:
+    """The first (index, gid) of a port's populated GIDs, given as (index, gid, type), that is
+    RoCE v2 and maps an IPv4 address: the GID that reaches this port over IPv4."""
+    for index, gid, gid_type in gids:
+        address = gid_ip_address(gid) if gid_type == ROCE_V2 else None
+        if address is not None and ipaddress.ip_address(address).version == 4:
+            return index, gid
+    return None
 
 
 def is_zero_gid(gid: str) -> bool:

@@ -12,6 +12,7 @@ import enum
 import json
 from typing import Any
 
+from gdrprobe import defaults
 from gdrprobe.errors import ExitCode
 
 SCHEMA_VERSION = 1
@@ -70,6 +71,12 @@ class DoctorReport:
     root: str
     findings: tuple[Finding, ...]
     nccl: tuple[NcclGpuDecision, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a check failed; warnings, skips and infos do not change it."""
+        failed = any(finding.status is Status.FAIL for finding in self.findings)
+        return int(ExitCode.VERDICT_NOT_OK if failed else ExitCode.OK)
 
 
 # ---- RDMA device inventory -------------------------------------------------
@@ -285,7 +292,6 @@ NOT_TESTABLE = "not testable"
 EXIT_CODES = {ENGAGED: ExitCode.OK, DEGRADED: ExitCode.VERDICT_NOT_OK,
               NOT_ENGAGED: ExitCode.VERDICT_NOT_OK, NOT_TESTABLE: ExitCode.NOT_TESTABLE}
 
-DEFAULT_THRESHOLD = 0.9   # the GPU/host ratio that counts as engaged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +314,7 @@ class Verdict:
     ratio: float | None = None           # gpu/host, median of paired repeats
     ratio_min: float | None = None
     ratio_max: float | None = None
-    threshold: float = DEFAULT_THRESHOLD
+    threshold: float = defaults.THRESHOLD
     inconclusive: bool = False           # the per-repeat ratios straddle the threshold
     evidence: tuple[str, ...] = ()
     likely_causes: tuple[str, ...] = ()
@@ -457,6 +463,14 @@ class BenchReport:
     measured_s: float              # the sum of the measurement windows
     baseline: BaselineComparison | None = None
 
+    @property
+    def exit_code(self) -> int:
+        """130 when Ctrl-C ended the sweep, 1 when a row fell against the baseline."""
+        if self.interrupted:
+            return int(ExitCode.INTERRUPTED)
+        return int(ExitCode.VERDICT_NOT_OK if self.baseline and self.baseline.changes
+                   else ExitCode.OK)
+
 
 # ---- what an NCCL log proves (gdrprobe.nccl.log) ------------------------------------
 
@@ -511,6 +525,12 @@ class NcclLogReport:
     dmabuf_gpus: tuple[int, ...]
     conclusions: tuple[str, ...]
     cannot_conclude: tuple[str, ...]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when the log shows network channels and none used GPUDirect RDMA."""
+        return int(ExitCode.VERDICT_NOT_OK if self.verdict in ("gdr-none", "socket")
+                   else ExitCode.OK)
 
 
 # ---- every pair of nodes of a job (gdrprobe.campaign.cluster) ---------------------------

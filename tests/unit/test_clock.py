@@ -10,7 +10,7 @@ from gdrprobe import _native as native
 from gdrprobe.errors import UsageError
 from gdrprobe.measure import clock
 from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.measure.session import ProbeClient
+from gdrprobe.measure.client import ProbeClient
 from gdrprobe.rdma.endpoint import EndpointOptions
 
 X86_FLAGS = "fpu tsc msr constant_tsc rep_good nopl nonstop_tsc cpuid tsc_known_freq"

@@ -230,7 +230,12 @@ def test_a_rank_that_cannot_take_part_stops_every_rank_with_its_reason(tmp_path)
         '(lambda: (_ for _ in ()).throw(__import__("gdrprobe.errors").errors.NoDevice("no RDMA device found")))')
     script = script.replace("report = cluster.run_cluster", "try:\n    report = cluster.run_cluster")
     # Each rank writes its own file: lines the ranks print can interleave on the way out.
-    script = script.replace("\nif report is not None:", "\nexcept Exception as error:\n    open(f'rank{rank}.txt', 'w').write(f'rank {rank}: {type(error).__name__}: {error.cause}'); raise SystemExit(0)\nif report is not None:")
+    script = script.replace(
+        "\nif report is not None:",
+        "\nexcept Exception as error:\n"
+        "    open(f'rank{rank}.txt', 'w').write("
+        "f'rank {rank}: {type(error).__name__}: {error.cause}'); raise SystemExit(0)\n"
+        "if report is not None:")
     done = mpirun(3, script, tmp_path)
     assert done.returncode == 0, done.stderr
     lines = sorted((tmp_path / f"rank{rank}.txt").read_text() for rank in range(3))

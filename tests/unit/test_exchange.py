@@ -392,12 +392,12 @@ def test_an_error_the_peer_sent_unasked_is_raised_when_looked_for(sealed):
 
 
 def test_loopback_runs_share_one_random_key_and_make_no_scrypt(monkeypatch):
-    from gdrprobe.measure import session
+    from gdrprobe.measure.loopback import loopback_secret
 
-    session.loopback_secret.cache_clear()
+    loopback_secret.cache_clear()
     monkeypatch.setattr(ch.hashlib, "scrypt", None)   # any stretch would fail
-    secret = session.loopback_secret()
-    assert session.loopback_secret() is secret
+    secret = loopback_secret()
+    assert loopback_secret() is secret
     assert len(secret.key) == ch.KEY_BYTES and len(secret.salt) == ch.SALT_BYTES
     outcome = authenticate(secret, secret)
     assert outcome == {"server": "ok", "client": "ok", "server_got": 42}

@@ -15,6 +15,7 @@ from gdrprobe.doctor.nccl_decision import decide
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign import gate
 from gdrprobe.campaign.ab import StopSampling
+from gdrprobe.campaign.machine import machine_facts
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines
@@ -139,7 +140,7 @@ def test_the_rank_gets_the_nic_the_doctors_nccl_decision_names(tmp_path):
     machines.pix_node(tmp_path)
     root = str(tmp_path)
     for environ in ({"LOCAL_RANK": "5"}, {"SLURM_LOCALID": "5", "NCCL_IB_HCA": "^mlx5_5"}):
-        facts = gdrprobe._machine_facts(root, environ)
+        facts = machine_facts(root, environ)
         pair = gate.rank_pair(environ, facts.gpus, facts.nics)
         decision = decide(DoctorContext(SysRoot(root), environ))[5]
         assert (pair.gpu, pair.nic) == (decision.gpu_bdf, decision.nic)

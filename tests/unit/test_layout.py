@@ -1,24 +1,210 @@
-"""The package's layering, checked: imports point down, and the doctor runs on a machine
-where the native extension is not built (a capture replayed on a laptop)."""
+"""The package's layering, checked: imports point down, modules stay readable, and the doctor
+runs on a machine where the native extension is not built (a capture replayed on a laptop).
+
+One table says what each layer may import (design.md, "The layout that shows it"):
+
+    C loop -> _native -> rdma -> memory, protocol -> measure, nccl, doctor -> campaign
+           -> the public API (gdrprobe/__init__.py) -> cli
+
+report/ (models and renderers) sits beside the base modules: every layer may use it, and it
+uses none of them. Importing the bare package ``gdrprobe`` (or ``from gdrprobe import X``
+where X is no submodule) is importing the public API, which only the command line may do.
+"""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
+import textwrap
+from dataclasses import dataclass
 
 import pytest
 
 from tests.unit.doctor import machines
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gdrprobe"
-LOWER_LAYERS = ("rdma", "memory", "protocol", "measure", "nccl", "report")
-UPPER = ("gdrprobe.cli", "gdrprobe.doctor")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "gdrprobe"
+
+# ---- the table ---------------------------------------------------------------------------
+API = "gdrprobe"        # the bare package: matched exactly, never as a prefix of everything
+BASE = ("gdrprobe.errors", "gdrprobe.sysroot", "gdrprobe.defaults")
+REPORT = BASE
+RDMA = BASE + ("gdrprobe.report", "gdrprobe._native")
+PROTOCOL = RDMA + ("gdrprobe.rdma",)
+# memory borrows protocol's pure field validators, not its channel or messages
+MEMORY = RDMA + ("gdrprobe.rdma", "gdrprobe.protocol.fields")
+MEASURE = RDMA + ("gdrprobe.rdma", "gdrprobe.memory", "gdrprobe.protocol")
+NCCL = BASE + ("gdrprobe.report",)
+DOCTOR = NCCL + ("gdrprobe.nccl",)
+CAMPAIGN = MEASURE + ("gdrprobe.measure", "gdrprobe.nccl", "gdrprobe.doctor")
+PUBLIC = CAMPAIGN + ("gdrprobe.campaign",)
+# The command line parses, calls the public API and renders; nothing below the API.
+CLI = (API, "gdrprobe.errors", "gdrprobe.defaults", "gdrprobe.report")
 
 
-def imported_modules(path: pathlib.Path) -> set[str]:
-    """Every module a file imports, at the top or inside a function."""
+@dataclass(frozen=True)
+class Rule:
+    may_import: tuple[str, ...]
+    # Allowed inside a function only: the doctor asks verbs and the CUDA driver for facts
+    # when it runs, so `import gdrprobe.doctor` stays light and replays without them.
+    lazily: tuple[str, ...] = ()
+
+
+# Every layer, by the module its files live under; each may also import itself.
+RULES = {
+    "gdrprobe.errors": Rule(BASE),
+    "gdrprobe.sysroot": Rule(BASE),
+    "gdrprobe.defaults": Rule(BASE),
+    "gdrprobe.report": Rule(REPORT),
+    "gdrprobe.rdma": Rule(RDMA),
+    "gdrprobe.protocol": Rule(PROTOCOL),
+    "gdrprobe.memory": Rule(MEMORY),
+    "gdrprobe.measure": Rule(MEASURE),
+    "gdrprobe.nccl": Rule(NCCL),
+    "gdrprobe.doctor": Rule(DOCTOR, lazily=("gdrprobe.rdma", "gdrprobe.memory")),
+    "gdrprobe.campaign": Rule(CAMPAIGN),
+    API: Rule(PUBLIC),
+    "gdrprobe.cli": Rule(CLI),
+    "gdrprobe.__main__": Rule(("gdrprobe.cli",)),
+}
+
+MAX_LINES = 600
+# A dotted name in a string is an import by name (importlib.import_module over a list).
+MODULE_NAME = re.compile(r"gdrprobe(\.\w+)+")
+
+
+# ---- the checker -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Import:
+    name: str        # the module it loads: "gdrprobe" for the public API
+    line: int
+    lazy: bool       # inside a function: runs when called, not when imported
+
+
+def module_name(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> str:
+    """gdrprobe/doctor/nccl/rules.py -> gdrprobe.doctor; gdrprobe/__init__.py -> gdrprobe."""
+    parts = module_name(path, package).split(".")
+    return ".".join(parts[:2])
+
+
+def is_submodule(name: str, package: pathlib.Path) -> bool:
+    """Whether a dotted gdrprobe name is a module or package on disk (not an attribute)."""
+    where = package.parent.joinpath(*name.split("."))
+    return (where.is_dir() or where.with_suffix(".py").is_file()
+            or where.with_suffix(".pyx").is_file())
+
+
+def resolve_from(node: ast.ImportFrom, here: str, is_package: bool) -> str:
+    """The module named by `from <...> import`, relative ones included."""
+    if not node.level:
+        return node.module or ""
+    base = here.split(".") if is_package else here.split(".")[:-1]
+    base = base[:len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def from_targets(node: ast.ImportFrom, here: str, is_package: bool,
+                 package: pathlib.Path) -> list[str]:
+    """`from gdrprobe import _native` loads a submodule; `from gdrprobe import check` loads
+    the package itself: the public API."""
+    source = resolve_from(node, here, is_package)
+    targets = []
+    for alias in node.names:
+        candidate = f"{source}.{alias.name}"
+        targets.append(candidate if alias.name != "*" and is_submodule(candidate, package)
+                       else source)
+    return list(dict.fromkeys(targets))     # once per statement: `import a, b` of one module
+
+
+def imports_of(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> list[Import]:
+    """Every gdrprobe module a file imports, at the top or inside a function, by statement
+    or by name in a string."""
+    here, is_package = module_name(path, package), path.name == "__init__.py"
+    found: list[Import] = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend(Import(alias.name, node.lineno, lazy) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.extend(Import(name, node.lineno, lazy)
+                         for name in from_targets(node, here, is_package, package))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and MODULE_NAME.fullmatch(node.value)):
+            found.append(Import(node.value, node.lineno, lazy=True))
+        inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text()), lazy=False)
+    return [found_import for found_import in found
+            if found_import.name == API or found_import.name.startswith(API + ".")]
+
+
+def within(name: str, allowed: tuple[str, ...]) -> bool:
+    return any(name == prefix or (prefix != API and name.startswith(prefix + "."))
+               for prefix in allowed)
+
+
+def violations(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> list[str]:
+    """What a file imports that its layer may not, as 'line: name (why)'."""
+    layer = layer_of(path, package)
+    rule = RULES[layer]
+    found = []
+    for imported in imports_of(path, package):
+        if within(imported.name, rule.may_import + (layer,)):
+            continue
+        if imported.lazy and within(imported.name, rule.lazily):
+            continue
+        why = ("the public API" if imported.name == API
+               else "only inside a function" if within(imported.name, rule.lazily)
+               else "a layer it may not use")
+        found.append(f"{imported.line}: {imported.name} ({why})")
+    return found
+
+
+def python_files(folder: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(path for path in folder.rglob("*.py") if "__pycache__" not in path.parts)
+
+
+def files_of(layer: str) -> list[pathlib.Path]:
+    return [path for path in python_files(PACKAGE) if layer_of(path) == layer]
+
+
+# ---- the package obeys the table ----------------------------------------------------------
+def test_every_module_of_the_package_has_a_layer():
+    unruled = sorted({layer_of(path) for path in python_files(PACKAGE)} - set(RULES))
+    assert unruled == [], "add these to RULES, between the layers they sit between"
+
+
+@pytest.mark.parametrize("layer", sorted(RULES))
+def test_each_layer_imports_only_what_lies_below_it(layer):
+    offenders = {str(path.relative_to(PACKAGE)): violations(path) for path in files_of(layer)}
+    assert {path: found for path, found in offenders.items() if found} == {}
+
+
+def test_the_verdict_and_the_report_model_are_pure():
+    heavy = ("gdrprobe._native", "gdrprobe.rdma", "gdrprobe.memory.cuda", "pyverbs", "cuda")
+    for path in (PACKAGE / "campaign" / "verdict.py", PACKAGE / "report" / "model.py",
+                 PACKAGE / "memory" / "spec.py", PACKAGE / "memory" / "causes.py"):
+        assert reaching(path, heavy) == [], path
+
+
+def test_options_open_no_device_and_no_memory():
+    assert reaching(PACKAGE / "measure" / "options.py",
+                    ("gdrprobe.memory.buffers", "gdrprobe.memory.gpu", "gdrprobe.memory.host",
+                     "gdrprobe.memory.cuda", "gdrprobe.protocol.channel")) == []
+
+
+def reaching(path: pathlib.Path, forbidden: tuple[str, ...]) -> list[str]:
+    """Which of the forbidden modules (gdrprobe's or third-party) a file imports."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -26,55 +212,79 @@ def imported_modules(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    return sorted(name for name in names if within(name, forbidden))
 
 
-def reaching_up(path: pathlib.Path, forbidden: tuple[str, ...]) -> list[str]:
-    return sorted(name for name in imported_modules(path)
-                  if any(name == top or name.startswith(top + ".") for top in forbidden))
+@pytest.mark.parametrize("folder", ["gdrprobe", "lab", "benchmarks"])
+def test_no_module_is_over_600_lines(folder):
+    sources = python_files(ROOT / folder) + sorted((ROOT / folder).rglob("*.pyx"))
+    too_long = {str(path.relative_to(ROOT)): lines for path in sources
+                if (lines := len(path.read_text().splitlines())) > MAX_LINES}
+    assert too_long == {}, f"split these below {MAX_LINES} lines"
 
 
-@pytest.mark.parametrize("layer", LOWER_LAYERS)
-def test_lower_layers_import_neither_cli_nor_doctor(layer):
-    offenders = {str(path.relative_to(PACKAGE)): reaching_up(path, UPPER)
-                 for path in sorted((PACKAGE / layer).glob("*.py"))}
-    assert {path: names for path, names in offenders.items() if names} == {}
+# ---- the checker catches what it should ---------------------------------------------------
+def synthetic_package(tmp_path: pathlib.Path, relative: str, source: str) -> pathlib.Path:
+    """A throwaway gdrprobe/ with one file, plus the submodules the imports name."""
+    package = tmp_path / "gdrprobe"
+    for sub in ("rdma", "doctor", "memory", "report", "nccl"):
+        (package / sub).mkdir(parents=True, exist_ok=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "errors.py").write_text("")
+    (package / "_native.pyx").write_text("")
+    (package / "rdma" / "verbs.py").write_text("")
+    path = package / relative
+    path.write_text(textwrap.dedent(source))
+    return path
 
 
-# What each layer must not import: the layers above it (README, "Layout"). memory and
-# protocol both sit on rdma; memory borrows protocol's pure field validators only.
-NOT_BELOW = {
-    "rdma": ("gdrprobe.memory", "gdrprobe.protocol", "gdrprobe.measure", "gdrprobe.nccl"),
-    "memory": ("gdrprobe.protocol.channel", "gdrprobe.protocol.messages", "gdrprobe.measure"),
-    "protocol": ("gdrprobe.memory", "gdrprobe.measure"),
-    "nccl": ("gdrprobe.rdma", "gdrprobe.memory", "gdrprobe.protocol", "gdrprobe.measure",
-             "gdrprobe._native"),
-    "report": ("gdrprobe.rdma", "gdrprobe.memory", "gdrprobe.protocol", "gdrprobe.measure",
-               "gdrprobe.nccl", "gdrprobe._native"),
-    "doctor": ("gdrprobe.cli", "gdrprobe.measure", "gdrprobe.protocol", "gdrprobe._native"),
-}
+def synthetic_violations(tmp_path: pathlib.Path, relative: str, source: str) -> list[str]:
+    path = synthetic_package(tmp_path, relative, source)
+    return violations(path, tmp_path / "gdrprobe")
 
 
-@pytest.mark.parametrize("layer", sorted(NOT_BELOW))
-def test_each_layer_imports_nothing_above_it(layer):
-    offenders = {str(path.relative_to(PACKAGE)): reaching_up(path, NOT_BELOW[layer])
-                 for path in sorted((PACKAGE / layer).glob("*.py"))}
-    assert {path: names for path, names in offenders.items() if names} == {}
+def test_a_lower_layer_importing_the_public_api_is_caught(tmp_path):
+    found = synthetic_violations(tmp_path, "rdma/verbs.py", "from gdrprobe import check\n")
+    assert found == ["1: gdrprobe (the public API)"]
 
 
-def test_the_verdict_and_the_report_model_are_pure():
-    heavy = ("gdrprobe._native", "gdrprobe.rdma", "gdrprobe.memory.cuda", "pyverbs", "cuda")
-    for path in (PACKAGE / "campaign" / "verdict.py", PACKAGE / "report" / "model.py",
-                 PACKAGE / "memory" / "spec.py", PACKAGE / "memory" / "causes.py"):
-        assert reaching_up(path, heavy) == [], path
+@pytest.mark.parametrize("source", [
+    "import gdrprobe\n",
+    "from .. import check\n",
+    "def later():\n    from gdrprobe import check\n",
+])
+def test_every_way_of_reaching_the_public_api_is_caught(tmp_path, source):
+    found = synthetic_violations(tmp_path, "rdma/verbs.py", source)
+    assert len(found) == 1 and "gdrprobe (the public API)" in found[0]
 
 
-def test_options_open_no_device_and_no_memory():
-    assert reaching_up(PACKAGE / "measure" / "options.py",
-                       ("gdrprobe.memory.buffers", "gdrprobe.memory.gpu", "gdrprobe.memory.host",
-                        "gdrprobe.memory.cuda", "gdrprobe.protocol.channel")) == []
+def test_a_submodule_of_the_package_is_not_the_public_api(tmp_path):
+    source = "from gdrprobe import _native, errors\nfrom . import verbs\n"
+    assert synthetic_violations(tmp_path, "rdma/handles.py", source) == []
 
 
+def test_an_import_by_name_is_caught(tmp_path):
+    source = "import importlib\nMODULES = ('gdrprobe.measure.session',)\n"
+    found = synthetic_violations(tmp_path, "rdma/verbs.py", source)
+    assert found == ["2: gdrprobe.measure.session (a layer it may not use)"]
+
+
+def test_the_doctor_asks_verbs_only_inside_a_function(tmp_path):
+    top = synthetic_violations(tmp_path, "doctor/facts.py", "from gdrprobe.rdma import verbs\n")
+    lazy = synthetic_violations(tmp_path, "doctor/facts.py",
+                                "def facts():\n    from gdrprobe.rdma import verbs\n")
+    assert top == ["1: gdrprobe.rdma.verbs (only inside a function)"] and lazy == []
+
+
+def test_a_doctor_subfolder_is_still_the_doctor(tmp_path):
+    (tmp_path / "gdrprobe" / "doctor" / "checks").mkdir(parents=True)
+    found = synthetic_violations(tmp_path, "doctor/checks/acs.py",
+                                 "from gdrprobe.measure import loops\n")
+    assert found == ["1: gdrprobe.measure (a layer it may not use)"]
+
+
+# ---- the doctor without the native extension ---------------------------------------------
 # Imports of the native extension fail, as on a machine that never built it.
 WITHOUT_NATIVE = """
 import importlib.abc, sys
@@ -88,7 +298,7 @@ sys.meta_path.insert(0, NoNative())
 
 def run_without_native(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", WITHOUT_NATIVE + code],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_doctor_and_capture_replay_without_the_native_extension(tmp_path):

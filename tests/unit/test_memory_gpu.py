@@ -549,7 +549,7 @@ def test_a_driver_that_refuses_relaxed_ordering_gets_the_plain_registration():
 def test_a_run_posts_nothing_inline_from_a_gpu_buffer_and_says_so():
     import types
     from gdrprobe.measure.options import ProbeOptions
-    from gdrprobe.measure.session import ProbeClient
+    from gdrprobe.measure.client import ProbeClient
     from gdrprobe.rdma.endpoint import EndpointOptions
     client = ProbeClient("127.0.0.1", 18750, "token", ProbeOptions(sizes=(64,), inline_size=128),
                          EndpointOptions())

@@ -1,8 +1,6 @@
-"""The C helpers through their Cython wrapper: statistics, payload pattern, host memory.
+"""The C helpers through their Cython wrapper: statistics, payload pattern, host memory."""
 
-The statistics are called through ctypes on the extension's own exported C symbol, so the
-wrapper needs no entry point that only tests would use."""
-
+import array
 import ctypes
 import mmap
 
@@ -11,35 +9,26 @@ import pytest
 from gdrprobe import _native as native
 
 
-class Summary(ctypes.Structure):   # struct gdr_latency_summary (csrc/gdr_stats.h)
-    _fields_ = [("samples", ctypes.c_size_t)] + [
-        (name, ctypes.c_double) for name in ("min_ns", "median_ns", "mean_ns", "stdev_ns",
-                                             "p99_ns", "p999_ns", "max_ns")]
-
-
 def latency_summary(samples):
-    library = ctypes.CDLL(native.__file__)
-    values = (ctypes.c_uint64 * len(samples))(*samples)
-    summary = Summary()
-    assert library.gdr_latency_summarize(values, ctypes.c_size_t(len(samples)),
-                                         ctypes.byref(summary)) == 0
-    return {name: getattr(summary, name) for name, _ in Summary._fields_}
+    return native.summarize_round_trips(array.array("Q", samples))
 
 
 def test_latency_summary_percentiles_use_nearest_rank():
-    summary = latency_summary(list(reversed(range(1, 1001))))   # 1..1000 ns
-    assert summary["samples"] == 1000
-    assert summary["min_ns"] == 1
-    assert summary["max_ns"] == 1000
-    assert summary["median_ns"] == 500.5
-    assert summary["mean_ns"] == 500.5
-    assert summary["p99_ns"] == 990
-    assert summary["p999_ns"] == 999
+    samples = array.array("Q", reversed(range(1, 1001)))   # 1..1000 ns
+    summary = native.summarize_round_trips(samples)
+    assert summary.samples == 1000
+    assert summary.min_ns == 1
+    assert summary.max_ns == 1000
+    assert summary.median_ns == 500.5
+    assert summary.mean_ns == 500.5
+    assert summary.p99_ns == 990
+    assert summary.p999_ns == 999
+    assert list(samples) == list(range(1, 1001))   # sorted in place
 
 
 def test_latency_summary_of_one_sample():
-    assert latency_summary([7])["p99_ns"] == 7
-    assert latency_summary([7])["stdev_ns"] == 0
+    assert latency_summary([7]).p99_ns == 7
+    assert latency_summary([7]).stdev_ns == 0
 
 
 @pytest.fixture

@@ -71,7 +71,8 @@ def test_2_18_one_nic_without_gdr():
     nic1 = report.nics[1]
     assert (nic1.name, nic1.gdr_capable, nic1.gdrdma_channels, nic1.host_memory_channels) == ("mlx5_1", False, 0, 1)
     decision, = report.pair_decisions
-    assert (decision.gpu, decision.nic, decision.enabled, decision.distance, decision.level) == ("9b000", "1", False, 5, 4)
+    assert (decision.gpu, decision.nic, decision.enabled, decision.distance,
+            decision.level) == ("9b000", "1", False, 5, 4)
     assert "1 of 2 network channel connections used GPUDirect RDMA (/GDRDMA)" in report.conclusions
     assert not any("TRACE" in text for text in report.cannot_conclude)
 

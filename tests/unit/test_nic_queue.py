@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from gdrprobe.errors import PeerError
-from gdrprobe.measure.session import NicQueue
+from gdrprobe.measure.nic_queue import NicQueue
 
 
 def test_clients_take_the_nic_in_order_and_waiters_hear_their_place():

@@ -2,9 +2,8 @@
 client's verdict can confirm or rule out causes on the host that owns the buffer."""
 
 from gdrprobe.errors import RegistrationFailed
-from gdrprobe.measure.session import findings_in
 from gdrprobe.protocol.channel import error_from_message, error_message
-from gdrprobe.protocol.messages import findings_message
+from gdrprobe.protocol.messages import findings_in, findings_message
 from gdrprobe.report.model import Finding, Status
 
 ACS = Finding("acs.bridge", "acs", Status.FAIL, "ACS redirects peer traffic on 0000:1a:00.0",

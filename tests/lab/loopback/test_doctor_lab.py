@@ -37,5 +37,8 @@ def test_capture_replays_to_the_same_findings(tmp_path):
     live = doctor_json()
     gdrprobe("capture", str(tmp_path / "node"), check=True)
     replay = doctor_json("--root", str(tmp_path / "node"))
-    strip = lambda report: [(f["id"], f["status"], f["summary"]) for f in report["findings"]]
-    assert strip(replay) == strip(live)
+    assert findings_of(replay) == findings_of(live)
+
+
+def findings_of(report: dict) -> list[tuple]:
+    return [(f["id"], f["status"], f["summary"]) for f in report["findings"]]

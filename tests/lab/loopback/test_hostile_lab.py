@@ -15,8 +15,9 @@ import pytest
 
 from gdrprobe.errors import PeerError
 from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.measure.session import ProbeClient
+from gdrprobe.measure.client import ProbeClient
 from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION
+from gdrprobe.protocol.messages import Done, Start, Verified, send
 from gdrprobe.rdma.endpoint import EndpointOptions
 from tests.lab.helpers import (REPO, Server, client, gdrprobe, gdrprobe_json, rdma_resources,
                                wait_for_run)
@@ -216,9 +217,9 @@ class ClientThatWritesNothing(ProbeClient):
     """An authenticated client that says done without having posted one write."""
 
     def _bandwidth_round(self, channel, handles, memory, remote, size):
-        channel.send("start", size=size, round=self.round)
-        channel.send("done", messages=0)
-        channel.receive("verified")
+        send(channel, Start(size, self.round))
+        send(channel, Done(messages=0))
+        channel.receive(Verified.KIND)
 
 
 def test_a_client_that_says_done_without_writing_is_told_so_not_called_interrupted(baseline):

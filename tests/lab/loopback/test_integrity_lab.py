@@ -9,8 +9,9 @@ import pytest
 
 from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, IntegrityError
-from gdrprobe.measure import session
+from gdrprobe.measure.client import ProbeClient
 from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.measure.server import ProbeServer
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.protocol.channel import new_token
 from gdrprobe.rdma.endpoint import EndpointOptions
@@ -41,14 +42,14 @@ def test_one_wrong_message_among_right_ones_is_caught(server, monkeypatch):
         memory.fill_pattern(3 * size, size, _native.slot_seed(seed, 3) ^ 1)
 
     monkeypatch.setattr(HostMemory, "fill_slots", fill_with_one_wrong)
-    client = session.ProbeClient("127.0.0.1", server.port, TOKEN,
-                                 ProbeOptions(sizes=(4096,), iterations=10, timeout_s=10),
-                                 EndpointOptions())
+    client = ProbeClient("127.0.0.1", server.port, TOKEN,
+                         ProbeOptions(sizes=(4096,), iterations=10, timeout_s=10),
+                         EndpointOptions())
     with pytest.raises(IntegrityError, match=r"in 1 message\(s\) \(checked 10/10 messages\)"):
         client.run()
 
 
-class GarbageEcho(session.ProbeServer):
+class GarbageEcho(ProbeServer):
     """A server whose latency echo carries the wrong pattern (and which checks the client's
     messages correctly)."""
 
@@ -77,8 +78,7 @@ def test_a_garbage_latency_echo_is_caught_by_the_client():
                            cq_moderation=1, timeout_s=10)
     try:
         with pytest.raises(IntegrityError, match="server's echo"):
-            session.ProbeClient("127.0.0.1", server.port, token, options,
-                                EndpointOptions()).run()
+            ProbeClient("127.0.0.1", server.port, token, options, EndpointOptions()).run()
     finally:
         server.close()
         thread.join(30)

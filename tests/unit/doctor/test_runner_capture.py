@@ -47,13 +47,13 @@ def test_findings_follow_flowchart_order_and_first_blocker_leads(tmp_path, monke
     assert "[FAIL] acs.bridge" in text and "[ OK ] topology.distance" in text
     assert "\n       fix: Disable ACS in the BIOS" in text
     assert text.index("== topology ==") < text.index("== iommu ==") < text.index("== acs ==")
-    assert doctor_command.doctor_exit_code(report) == ExitCode.VERDICT_NOT_OK == 1
+    assert report.exit_code == ExitCode.VERDICT_NOT_OK == 1
 
 
 def test_exit_code_zero_without_failures():
     report = DoctorReport("/", (Finding("x.y", "topology", Status.WARN, "w"),
                                 Finding("x.z", "acs", Status.SKIP, "s")))
-    assert doctor_command.doctor_exit_code(report) == 0
+    assert report.exit_code == 0
     assert render.doctor_headline(report) == "No blocking failure found (1 warning(s))."
 
 

@@ -1,6 +1,6 @@
 """What NCCL will do for each GPU, and the NCCL variables that disable or restrict GPUDirect RDMA.
 
-``nccl.gpu.<bdf>`` is the per-GPU decision of :mod:`gdrprobe.doctor.nccl_decision` (the NIC,
+``nccl.gpu.<bdf>`` is the per-GPU decision of :mod:`gdrprobe.nccl.decision` (the NIC,
 the path, GDR for receives and sends, why). The variable checks follow NCCL 2.30.7's source
 (NVIDIA/nccl, src/graph/paths.cc, src/misc/param.cc, src/transport/net_ib): variables are
 read with strtoll base 0 (so ``0x1`` is 1 and ``08`` is 0) and NCCL_NET_GDR_LEVEL is
@@ -14,15 +14,17 @@ import dataclasses
 import functools
 from typing import Callable
 
-from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.doctor.nccl_decision import decide
-from gdrprobe.doctor import pci
-from gdrprobe.nccl.env import (GdrLevel, gdr_level, int_param, int_value, netdevs_policy, parse_hca_filter,
-                               pxn_disabled)
-from gdrprobe.report.model import NcclGpuDecision
-from gdrprobe.report.model import Evidence, Finding, Status
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.nccl.decision import decide
+from gdrprobe.nccl.env import GdrLevel, gdr_level, int_value, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl.gdr_support import dmabuf_enabled
+from gdrprobe.nccl.topo import nccl_ports
+from gdrprobe.report import finding_ids as ids
+from gdrprobe.report.model import Evidence, Finding, NcclGpuDecision, Status
 
-finding = functools.partial(Finding, group="nccl")
+GROUP = ids.NCCL
+finding = functools.partial(Finding, group=GROUP)
+
 
 def is_nonzero(text: str) -> bool:
     return int_value(text) not in (None, 0)
@@ -94,7 +96,7 @@ def variable_evidence(ctx: DoctorContext, name: str) -> Evidence:
 def rule_finding(ctx: DoctorContext, rule: Rule) -> Finding:
     value = ctx.environ[rule.variable]
     return finding(
-        id="nccl." + rule.variable[len("NCCL_"):].lower(),
+        id=ids.nccl_variable(rule.variable),
         status=rule.status,
         summary=f"{rule.variable}={value}: {rule.effect}",
         evidence=(variable_evidence(ctx, rule.variable),),
@@ -123,37 +125,42 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
     evidence = (variable_evidence(ctx, "NCCL_NET_GDR_LEVEL"),)
     level = gdr_level(ctx.environ)
     if level.ignored:
-        return [finding(id="nccl.net_gdr_level", status=Status.WARN,
+        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} is not a spelling NCCL accepts (names are "
                                 "case-sensitive, NODE does not exist): NCCL silently ignores it and uses its default",
                         evidence=evidence,
                         fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
     if level.undefined:
-        return [finding(id="nccl.net_gdr_level", status=Status.WARN,
+        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} is a number NCCL stores in a C int, where it becomes "
                                 "negative: NCCL then reads before its level table (undefined behaviour), so the GDR "
                                 f"level is unknown; the doctor assumes the default {level.name}",
                         evidence=evidence,
                         fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
     if not level.admits("PIX"):
-        return [finding(id="nccl.net_gdr_level", status=Status.FAIL,
+        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.FAIL,
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: no NIC is that close to a GPU, "
                                 "so NCCL disables GPUDirect RDMA everywhere",
                         evidence=evidence, fix=UNSET_FIX)]
     beyond = gpus_beyond_level(ctx, level)
     if beyond:
-        return [finding(id="nccl.net_gdr_level", status=Status.WARN,
+        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: GPUDirect RDMA is off for "
                                 f"{len(beyond)} GPU(s) whose NIC is farther",
                         evidence=evidence + tuple(beyond),
                         fix="Unset it (the default admits PIX, PXB and P2C) or move the NIC closer to the GPU.")]
-    return [finding(id="nccl.net_gdr_level", status=Status.INFO,
+    return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.INFO,
                     summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}; it replaces NCCL's default (P2C from 2.29, PXB before) and "
                             "admits the path to every GPU's NIC",
                     evidence=evidence)]
 
 
 # ---- NCCL_IB_HCA ------------------------------------------------------------
+
+
+def active_ports(ctx: DoctorContext, nic: str) -> tuple[int, ...]:
+    """The numbers of the NIC's ports NCCL would open without a filter."""
+    return tuple(port.number for port in nccl_ports(nic, ctx.nccl_node.ports[nic]))
 
 
 def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
@@ -165,17 +172,17 @@ def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
     hca_filter = parse_hca_filter(value)
     unfiltered = {k: v for k, v in ctx.environ.items() if k != "NCCL_IB_HCA"}
     excluded = [Evidence(f"GPU {d.gpu_bdf} -> NCCL's NIC without the filter {d.nic}", d.path_type)
-                for d in decide(ctx, unfiltered) if d.nic is not None
-                and not hca_filter.selects(d.nic, tuple(port.number for port in pci.nccl_ports(ctx.root, d.nic)))]
+                for d in decide(ctx.nccl_node, unfiltered)
+                if d.nic is not None and not hca_filter.selects(d.nic, active_ports(ctx, d.nic))]
     evidence = (variable_evidence(ctx, "NCCL_IB_HCA"),)
     if excluded:
-        return [finding(id="nccl.ib_hca", status=Status.WARN,
+        return [finding(id=ids.nccl_variable("NCCL_IB_HCA"), status=Status.WARN,
                         summary=f"NCCL_IB_HCA={value} excludes the NIC NCCL would pick for {len(excluded)} GPU(s): "
                                 "NCCL will use another NIC, where GPUDirect RDMA may be off or slower",
                         evidence=evidence + tuple(excluded),
                         fix="Include those NICs in NCCL_IB_HCA (mind that names without '=' "
                             "match as prefixes), or unset it.")]
-    return [finding(id="nccl.ib_hca", status=Status.INFO,
+    return [finding(id=ids.nccl_variable("NCCL_IB_HCA"), status=Status.INFO,
                     summary=f"NCCL_IB_HCA={value} keeps the NIC NCCL picks for every GPU", evidence=evidence)]
 
 
@@ -186,21 +193,21 @@ def dmabuf_enable_findings(ctx: DoctorContext) -> list[Finding]:
     """Harmless beside peer memory, fatal where DMA-BUF is the only path (src/init.cc
     dmaBufSupported, src/graph/topo.cc ncclTopoPopulateNics)."""
     value = ctx.environ.get("NCCL_DMABUF_ENABLE")
-    if value is None or int_param(ctx.environ, "NCCL_DMABUF_ENABLE", 1) != 0:
+    if value is None or dmabuf_enabled(ctx.environ):
         return []
     paths = ctx.memory_paths
     evidence = (variable_evidence(ctx, "NCCL_DMABUF_ENABLE"),)
     if paths.peermem_file:
-        return [finding(id="nccl.dmabuf_enable", status=Status.INFO,
+        return [finding(id=ids.nccl_variable("NCCL_DMABUF_ENABLE"), status=Status.INFO,
                         summary=f"NCCL_DMABUF_ENABLE={value}: NCCL registers GPU memory through peer memory "
                                 f"({paths.peermem_file}) instead of DMA-BUF",
                         evidence=evidence)]
     if len(paths.disabled_pairs(dmabuf_enabled=True)) < len(paths.disabled_pairs()):
-        return [finding(id="nccl.dmabuf_enable", status=Status.FAIL,
+        return [finding(id=ids.nccl_variable("NCCL_DMABUF_ENABLE"), status=Status.FAIL,
                         summary=f"NCCL_DMABUF_ENABLE={value} switches off DMA-BUF, this node's only path to GPU "
                                 "memory: NCCL logs \"GPU Direct RDMA Disabled\" for the HCAs",
                         evidence=evidence + paths.evidence(), fix=UNSET_FIX)]
-    return [finding(id="nccl.dmabuf_enable", status=Status.WARN,
+    return [finding(id=ids.nccl_variable("NCCL_DMABUF_ENABLE"), status=Status.WARN,
                     summary=f"NCCL_DMABUF_ENABLE={value}: no effect today (DMA-BUF is not available here "
                             "anyway), but it will block DMA-BUF once the stack supports it",
                     evidence=evidence, fix=UNSET_FIX)]
@@ -227,12 +234,12 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str]) -> Findin
                 Evidence("why", "\n".join(decision.why)))
     where = f"{decision.nic} {path_words(decision, names)}"
     if decision.gdr_write and decision.gdr_read:
-        return finding(id=f"nccl.gpu.{decision.gpu_bdf}", status=Status.OK,
+        return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.OK,
                        summary=f"{label}: NCCL uses {where} with GPUDirect RDMA for sends and receives",
                        evidence=evidence)
     send_reason = next(r for r in decision.why if r.startswith("send: "))[len("send: "):]
     if decision.gdr_write:
-        return finding(id=f"nccl.gpu.{decision.gpu_bdf}", status=Status.WARN,
+        return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.WARN,
                        summary=f"{label}: NCCL uses {where} with GPUDirect RDMA for receives only; sends "
                                f"stage through host memory: {send_reason}",
                        evidence=evidence,
@@ -240,7 +247,7 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str]) -> Findin
                            "it off where it competes with other PCIe traffic)" if "Ampere" in send_reason
                        else UNSET_FIX)
     receive_reason = next(r for r in decision.why if r.startswith("receive: "))[len("receive: "):]
-    return finding(id=f"nccl.gpu.{decision.gpu_bdf}", status=Status.FAIL,
+    return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
                    summary=f"{label}: NCCL uses {where} WITHOUT GPUDirect RDMA: {receive_reason}",
                    evidence=evidence, fix=decision_fix(receive_reason))
 
@@ -272,7 +279,7 @@ def netdevs_policy_findings(ctx: DoctorContext) -> list[Finding]:
     policy = netdevs_policy(ctx.environ)
     if policy.recognised:
         return []
-    return [finding(id="nccl.netdevs_policy", status=Status.WARN,
+    return [finding(id=ids.nccl_variable("NCCL_NETDEVS_POLICY"), status=Status.WARN,
                     summary=f"NCCL_NETDEVS_POLICY={policy.raw} is not a policy NCCL recognises: it uses AUTO "
                             "(each GPU spreads its channels over as many NICs as its share of the local ones)",
                     evidence=(variable_evidence(ctx, "NCCL_NETDEVS_POLICY"),),
@@ -293,7 +300,7 @@ def check(ctx: DoctorContext) -> list[Finding]:
 def environment_ok_finding(ctx: DoctorContext) -> Finding:
     nccl_variables = sorted(name for name in ctx.environ if name.startswith("NCCL_"))
     return finding(
-        id="nccl.env",
+        id=ids.NCCL_ENV,
         status=Status.OK,
         summary="no NCCL variable restricts GPUDirect RDMA" if nccl_variables
         else "no NCCL variables are set; NCCL uses its defaults",

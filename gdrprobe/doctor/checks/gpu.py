@@ -1,25 +1,23 @@
 """Per-GPU findings from the CUDA driver's facts (collected once, in
-:mod:`gdrprobe.doctor.context`), NVML's facts (:mod:`gdrprobe.doctor.nvml`), and the BAR1
-aperture the NIC reads GPU memory through (NVML's total and used, else the size sysfs shows)."""
+:mod:`gdrprobe.doctor.facts.context`), NVML's facts (:mod:`gdrprobe.doctor.facts.nvml`), and
+the BAR1 aperture the NIC reads GPU memory through (NVML's total and used, else the size
+sysfs shows)."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from gdrprobe.doctor import nvml
-from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.checks.probe_needs import MiB, PROBE_ARM_PINNED_BYTES, format_mib
+from gdrprobe.doctor.facts import nvml, pci
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.memory import cuda
+from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 
-finding = functools.partial(Finding, group="gpu")
+GROUP = ids.GPU
+finding = functools.partial(Finding, group=GROUP)
 
-MiB = 1 << 20
-# What the probe pins per arm in loopback: two buffers (one per side), each twice the largest
-# message (the message and room for stray writes, ProbeOptions.buffer_bytes), 8 MiB in a sweep.
-PROBE_BUFFERS_PER_ARM = 2
-PROBE_BUFFER_BYTES = 2 * 8 * MiB
-PROBE_ARM_PINNED_BYTES = PROBE_BUFFERS_PER_ARM * PROBE_BUFFER_BYTES
 # A BAR1 this small means the firmware did not resize the BAR: the probe fits, real
 # workloads (NCCL registers far more) will fail to register GPU memory.
 SMALL_BAR1_BYTES = 256 * MiB
@@ -32,7 +30,7 @@ WRITES_ORDERING_NAMES = {0: "none", 100: "owner", 200: "all devices"}
 
 
 def resource_path(bdf: str) -> str:
-    return f"/sys/bus/pci/devices/{bdf}/resource"
+    return f"{pci.device_dir(bdf)}/resource"
 
 
 def bar1_bytes(resource_text: str) -> int | None:
@@ -42,10 +40,6 @@ def bar1_bytes(resource_text: str) -> int | None:
         return None
     start, end, _flags = (int(field, 16) for field in lines[1].split())
     return end - start + 1 if end > start else None
-
-
-def format_mib(size: int) -> str:
-    return f"{size // MiB} MiB"
 
 
 def bar1_reading(ctx: DoctorContext, bdf: str) -> tuple[int | None, int | None, Evidence]:
@@ -64,7 +58,7 @@ def bar1_reading(ctx: DoctorContext, bdf: str) -> tuple[int | None, int | None, 
 
 def bar1_finding(ctx: DoctorContext, bdf: str) -> Finding:
     size, used, evidence = bar1_reading(ctx, bdf)
-    finding_id = f"gpu.{bdf}.bar1"
+    finding_id = ids.gpu_bar1(bdf)
     if size is None:
         return finding(id=finding_id, status=Status.SKIP, summary=f"BAR1 size of {bdf} could not be read",
                        evidence=(evidence,))
@@ -93,13 +87,13 @@ def bar1_finding(ctx: DoctorContext, bdf: str) -> Finding:
 def nvml_finding(facts: dict[str, Any] | None) -> Finding:
     if not nvml.usable(facts):
         reason = (facts or {}).get("error", "no NVML facts were captured with this tree")
-        return finding(id="gpu.nvml", status=Status.SKIP,
+        return finding(id=ids.GPU_NVML, status=Status.SKIP,
                        summary="NVML unavailable, so the doctor falls back to sysfs and CUDA: BAR1 size without "
                                "usage, and no NVLink or C2C, so PXN and P2C paths are not judged",
                        evidence=(Evidence("import pynvml; nvmlInit()", reason),), fix=nvml.NVML_FIX)
     gpus = facts["gpus"]
     persistent = sum(bool(gpu.get("persistence_mode")) for gpu in gpus)
-    return finding(id="gpu.nvml", status=Status.INFO,
+    return finding(id=ids.GPU_NVML, status=Status.INFO,
                    summary=f"NVML: driver {facts.get('driver_version')}, {len(gpus)} GPU(s), persistence mode on "
                            f"for {persistent}",
                    evidence=tuple(Evidence(f"NVML {gpu['pci_bus_id']}",
@@ -122,7 +116,7 @@ def rdma_support_finding(gpu: dict[str, Any]) -> Finding:
     supported = gpu.get("gpu_direct_rdma_supported")
     label = f"GPU {gpu['ordinal']} ({gpu['name']}, {gpu['pci_bus_id']})"
     return finding(
-        id=f"gpu.{gpu['pci_bus_id']}.rdma",
+        id=ids.gpu_rdma(gpu['pci_bus_id']),
         status=Status.OK if supported else Status.FAIL,
         summary=f"{label} {'supports' if supported else 'does not support'} GPUDirect RDMA",
         evidence=(attribute_evidence(gpu, "gpu_direct_rdma_supported"),),
@@ -134,7 +128,7 @@ def rdma_support_finding(gpu: dict[str, Any]) -> Finding:
 def dmabuf_finding(gpu: dict[str, Any]) -> Finding:
     supported = gpu.get("dma_buf_supported")
     return finding(
-        id=f"gpu.{gpu['pci_bus_id']}.dmabuf",
+        id=ids.gpu_dmabuf(gpu['pci_bus_id']),
         status=Status.OK if supported else Status.WARN,
         summary=f"GPU {gpu['ordinal']} {'can' if supported else 'cannot'} export memory as DMA-BUF"
                 + ("" if supported else "; only the legacy nvidia-peermem path is left"),
@@ -149,7 +143,7 @@ def write_visibility_finding(gpu: dict[str, Any]) -> Finding:
     ordering = gpu.get("gpu_direct_rdma_writes_ordering")
     option_names = [name for bit, name in FLUSH_OPTION_NAMES.items() if options & bit] or ["none"]
     return finding(
-        id=f"gpu.{gpu['pci_bus_id']}.write_ordering",
+        id=ids.gpu_write_ordering(gpu['pci_bus_id']),
         status=Status.INFO,
         summary=f"GPU {gpu['ordinal']}: RDMA writes ordering {WRITES_ORDERING_NAMES.get(ordering, ordering)}, "
                 f"flush options {', '.join(option_names)}",
@@ -167,7 +161,7 @@ def gpu_bdfs(ctx: DoctorContext, facts: dict[str, Any] | None) -> list[str]:
 
 def no_driver_finding(facts: dict[str, Any] | None) -> Finding:
     reason = facts["error"] if facts else "no CUDA facts were captured with this tree"
-    return finding(id="gpu.cuda", status=Status.SKIP,
+    return finding(id=ids.GPU_CUDA, status=Status.SKIP,
                    summary=f"per-GPU CUDA checks skipped: {reason}",
                    evidence=(Evidence("cuInit(0)", reason),))
 

@@ -3,9 +3,9 @@
 Registering host memory, and creating queue pairs and completion queues, pins pages that
 the kernel charges to RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK. A low limit
 shows up as "ibv_reg_mr failed" or "ibv_create_qp failed" (NCCL prints both). What a job
-needs is not what the probe pins (36 MiB): NCCL's troubleshooting guide and the NIC
-vendors ask for ``memlock unlimited``, so a finite limit warns and one below the probe's
-own need fails. The doctor is often run as root (the ACS check needs it), and root holds
+needs is not what the probe pins (:mod:`gdrprobe.doctor.checks.probe_needs`): NCCL's
+troubleshooting guide and the NIC vendors ask for ``memlock unlimited``, so a finite limit
+warns and one below the probe's own need fails. The doctor is often run as root (the ACS check needs it), and root holds
 CAP_IPC_LOCK, so what a non-root job gets is read too: pam_limits (limits.conf and
 limits.d, in KiB; ``*`` does not cover root), systemd's DefaultLimitMEMLOCK, else the
 kernel's default (64 KiB before Linux 5.16, 8 MiB since). In a container the container's
@@ -14,38 +14,30 @@ limit is the doctor's own. The fix depends on where the process runs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 
-from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.doctor.gpu import MiB, PROBE_ARM_PINNED_BYTES, format_mib
+from gdrprobe.doctor.checks.probe_needs import PROBE_MEMLOCK_BYTES, MiB, format_mib
+from gdrprobe.doctor.facts.container import Container, detect_container
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.doctor.facts.memory_path import KERNEL_RELEASE_FILE, kernel_version
+from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
-finding = functools.partial(Finding, group="memlock")
+GROUP = ids.MEMLOCK
+finding = functools.partial(Finding, group=GROUP)
 
 LIMITS_FILE = "/proc/self/limits"
 PAM_LIMITS_FILE = "/etc/security/limits.conf"
 PAM_LIMITS_DIR = "/etc/security/limits.d"
 SYSTEMD_CONF = "/etc/systemd/system.conf"
 SYSTEMD_CONF_DIR = "/etc/systemd/system.conf.d"
-KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"
 UNLIMITED = float("inf")
 # Linux 5.16 raised the default RLIMIT_MEMLOCK from 64 KiB to 8 MiB (MLOCK_LIMIT).
 KERNEL_DEFAULT_MEMLOCK = (((5, 16), 8 * 1024 * 1024), ((0, 0), 64 * 1024))
 STATUS_FILE = "/proc/self/status"
-INIT_CGROUP_FILE = "/proc/1/cgroup"
 CAP_IPC_LOCK_BIT = 14
-# Host-pinned memory: the host arm's buffers, the staged arm's bounce buffers, and a
-# margin for the verbs queues (QP and CQ rings are pinned too). GPU memory registered
-# through DMA-BUF or peermem is not charged to RLIMIT_MEMLOCK.
-QUEUE_MARGIN_BYTES = 4 * MiB
-PROBE_MEMLOCK_BYTES = 2 * PROBE_ARM_PINNED_BYTES + QUEUE_MARGIN_BYTES
-
-# cgroup paths that name a container runtime (cgroup v1; under v2 /proc/1/cgroup is "0::/").
-CGROUP_RUNTIME_MARKERS = (("kubepods", "kubernetes"), ("docker", "docker"),
-                          ("libpod", "podman"), ("containerd", "containerd"), ("lxc", "lxc"))
 
 KUBERNETES_FIX = ('Add the capability to the container: securityContext.capabilities.add: ["IPC_LOCK"] '
                   "(the memlock limit then no longer applies to RDMA registrations).")
@@ -81,33 +73,6 @@ def has_ipc_lock(cap_eff: int) -> bool:
     return bool(cap_eff >> CAP_IPC_LOCK_BIT & 1)
 
 
-@dataclasses.dataclass(frozen=True)
-class Container:
-    kind: str | None          # "kubernetes", "docker", "podman", ...; None on the host
-    evidence: tuple[Evidence, ...]
-
-
-def detect_container(ctx: DoctorContext) -> Container:
-    """Whether the doctor runs in a container, and which kind, from the usual markers."""
-    evidence = []
-    kind = None
-    cgroup = ctx.root.read(INIT_CGROUP_FILE) or ""
-    for marker, runtime in CGROUP_RUNTIME_MARKERS:
-        if marker in cgroup:
-            kind = kind or runtime
-            evidence.append(Evidence(INIT_CGROUP_FILE, f"mentions {marker}"))
-            break
-    for path, runtime in (("/.dockerenv", "docker"), ("/run/.containerenv", "podman")):
-        if ctx.root.exists(path):
-            kind = kind or runtime
-            evidence.append(Evidence(path, "present"))
-    if "KUBERNETES_SERVICE_HOST" in ctx.environ:
-        # A pod's runtime may be docker or containerd; the fix belongs in the pod spec.
-        kind = "kubernetes"
-        evidence.append(Evidence("environment KUBERNETES_SERVICE_HOST", ctx.environ["KUBERNETES_SERVICE_HOST"]))
-    return Container(kind, tuple(evidence))
-
-
 def memlock_fix(container: Container) -> str:
     if container.kind == "kubernetes":
         return KUBERNETES_FIX
@@ -121,7 +86,7 @@ def memlock_fix(container: Container) -> str:
 
 def container_finding(container: Container) -> Finding:
     return finding(
-        id="memlock.container",
+        id=ids.MEMLOCK_CONTAINER,
         status=Status.INFO,
         summary=f"running in a {container.kind} container" if container.kind else "not running in a container",
         evidence=container.evidence or (Evidence("/.dockerenv, /proc/1/cgroup, KUBERNETES_SERVICE_HOST", "none"),),
@@ -130,12 +95,12 @@ def container_finding(container: Container) -> Finding:
 
 def capability_finding(cap_eff: int | None) -> Finding:
     if cap_eff is None:
-        return finding(id="memlock.cap_ipc_lock", status=Status.SKIP,
+        return finding(id=ids.MEMLOCK_CAP_IPC_LOCK, status=Status.SKIP,
                        summary="effective capabilities could not be read",
                        evidence=(Evidence(STATUS_FILE + " CapEff", "absent"),))
     held = has_ipc_lock(cap_eff)
     return finding(
-        id="memlock.cap_ipc_lock",
+        id=ids.MEMLOCK_CAP_IPC_LOCK,
         status=Status.INFO,
         summary=f"CAP_IPC_LOCK is {'in' if held else 'not in'} the effective set",
         evidence=(Evidence(STATUS_FILE + " CapEff", f"{cap_eff:016x}"),),
@@ -145,31 +110,31 @@ def capability_finding(cap_eff: int | None) -> Finding:
 def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container: Container) -> Finding:
     """This process's own limit, judged against what an RDMA job needs (unlimited)."""
     if limits is None:
-        return finding(id="memlock.limit", status=Status.SKIP, summary="RLIMIT_MEMLOCK could not be read",
+        return finding(id=ids.MEMLOCK_LIMIT, status=Status.SKIP, summary="RLIMIT_MEMLOCK could not be read",
                        evidence=(Evidence(LIMITS_FILE, "no 'Max locked memory' line"),))
     soft, hard = limits
     evidence = (Evidence(LIMITS_FILE + " Max locked memory", f"soft {soft}, hard {hard}"),)
     need = format_mib(PROBE_MEMLOCK_BYTES)
     if cap_eff is not None and has_ipc_lock(cap_eff):
-        return finding(id="memlock.limit", status=Status.OK,
+        return finding(id=ids.MEMLOCK_LIMIT, status=Status.OK,
                        summary=f"memlock soft limit {soft}, but this process holds CAP_IPC_LOCK, which lifts it "
                                "(a process without it gets the limit: see memlock.jobs)",
                        evidence=evidence)
     if limit_bytes(soft) == UNLIMITED:
-        return finding(id="memlock.limit", status=Status.OK,
+        return finding(id=ids.MEMLOCK_LIMIT, status=Status.OK,
                        summary="memlock soft limit is unlimited, as RDMA jobs need", evidence=evidence)
     if limit_bytes(soft) >= PROBE_MEMLOCK_BYTES:
-        return finding(id="memlock.limit", status=Status.WARN,
+        return finding(id=ids.MEMLOCK_LIMIT, status=Status.WARN,
                        summary=f"memlock soft limit {soft} covers the {need} the probe pins, but not an RDMA job: "
                                "NCCL's troubleshooting guide and the NIC vendors ask for unlimited",
                        evidence=evidence, fix=memlock_fix(container))
     if limit_bytes(hard) >= PROBE_MEMLOCK_BYTES:
-        return finding(id="memlock.limit", status=Status.WARN,
+        return finding(id=ids.MEMLOCK_LIMIT, status=Status.WARN,
                        summary=f"memlock soft limit {soft} is below the {need} the probe pins; the hard limit allows it",
                        evidence=evidence,
                        fix=f"Raise the soft limit in the launching shell (`ulimit -l {hard}`); to make it stick: "
                            + memlock_fix(container))
-    return finding(id="memlock.limit", status=Status.FAIL,
+    return finding(id=ids.MEMLOCK_LIMIT, status=Status.FAIL,
                    summary=f"memlock limit (soft {soft}, hard {hard}) is below the {need} the probe pins and "
                            "CAP_IPC_LOCK is not held: ibv_reg_mr and ibv_create_qp will fail",
                    evidence=evidence, fix=memlock_fix(container))
@@ -232,8 +197,7 @@ def systemd_memlock(root: SysRoot) -> tuple[float | None, list[Evidence]]:
 
 def kernel_default(root: SysRoot) -> tuple[float, Evidence]:
     release = root.read(KERNEL_RELEASE_FILE) or ""
-    match = re.match(r"(\d+)\.(\d+)", release)
-    version = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    version = kernel_version(release) or (0, 0)
     value = next(size for floor, size in KERNEL_DEFAULT_MEMLOCK if version >= floor)
     return value, Evidence(KERNEL_RELEASE_FILE, f"{release or 'unknown'}: kernel default {format_bytes(value)}")
 
@@ -265,16 +229,16 @@ def job_finding(ctx: DoctorContext, container: Container, own: tuple[str, str] |
     soft, source, evidence = job_limit(ctx, container, own)
     need = format_mib(PROBE_MEMLOCK_BYTES)
     if soft is None:
-        return finding(id="memlock.jobs", status=Status.SKIP,
+        return finding(id=ids.MEMLOCK_JOBS, status=Status.SKIP,
                        summary="the memlock limit of a job without CAP_IPC_LOCK could not be read", evidence=evidence)
     got = f"a job without CAP_IPC_LOCK gets memlock {format_bytes(soft)} from {source}"
     if soft == UNLIMITED:
-        return finding(id="memlock.jobs", status=Status.OK, summary=got, evidence=evidence)
+        return finding(id=ids.MEMLOCK_JOBS, status=Status.OK, summary=got, evidence=evidence)
     if soft >= PROBE_MEMLOCK_BYTES:
-        return finding(id="memlock.jobs", status=Status.WARN,
+        return finding(id=ids.MEMLOCK_JOBS, status=Status.WARN,
                        summary=got + f": enough for the probe's {need}, not for NCCL (vendors ask for unlimited)",
                        evidence=evidence, fix=memlock_fix(container))
-    return finding(id="memlock.jobs", status=Status.FAIL,
+    return finding(id=ids.MEMLOCK_JOBS, status=Status.FAIL,
                    summary=got + f", below even the probe's {need}: its ibv_reg_mr and ibv_create_qp will fail "
                                  "although this doctor, holding CAP_IPC_LOCK, is not limited",
                    evidence=evidence, fix=memlock_fix(container))

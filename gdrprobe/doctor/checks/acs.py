@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from gdrprobe.doctor import pci
+from gdrprobe.doctor.facts import pci
+from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 
-GROUP = "acs"
+GROUP = ids.ACS
 ACS_CAPABILITY_ID = 0x000D
 ACS_CAPABILITY_OFFSET = 4    # ACSCap, 16 bits after the header
 ACS_CONTROL_OFFSET = 6       # ACSCtl, a 16-bit register after the header and ACSCap
@@ -121,11 +122,11 @@ def redirect_finding(state: AcsState, pairs: list[str], in_vm: bool) -> Finding:
               else "blocks or redirects peer traffic of {pairs} to the ports in its Egress Control Vector")
     summary = f"ACS on bridge {state.bdf} ({enabled}) " + effect.format(pairs=", ".join(pairs))
     if in_vm:
-        return Finding("acs.bridge", GROUP, Status.WARN, summary + " (virtual machine)",
+        return Finding(ids.ACS_BRIDGE, GROUP, Status.WARN, summary + " (virtual machine)",
                        (_evidence(state),),
                        "ACS cannot be disabled from a guest and protects its isolation; enable "
                        "ATS on the NIC (ConnectX firmware ATS_ENABLED) and in the hypervisor instead.")
-    return Finding("acs.bridge", GROUP, Status.FAIL, summary, (_evidence(state),),
+    return Finding(ids.ACS_BRIDGE, GROUP, Status.FAIL, summary, (_evidence(state),),
                    f"Disable ACS in the BIOS, or until the next reboot run as root: "
                    f"setpci -s {state.bdf} ECAP_ACS+0x6.w=0000")
 
@@ -133,11 +134,11 @@ def redirect_finding(state: AcsState, pairs: list[str], in_vm: bool) -> Finding:
 def check(ctx) -> list[Finding]:
     topology = ctx.topology
     if not (topology.gpus and topology.nics):
-        return [Finding("acs.bridge", GROUP, Status.SKIP, "no GPU-NIC pair to check",
+        return [Finding(ids.ACS_BRIDGE, GROUP, Status.SKIP, "no GPU-NIC pair to check",
                         (Evidence(pci.PCI_DEVICES_DIR, "no GPU and PCI RDMA NIC pair"),))]
     crossing = bridges_on_paths(ctx)
     if not crossing:
-        return [Finding("acs.bridge", GROUP, Status.SKIP,
+        return [Finding(ids.ACS_BRIDGE, GROUP, Status.SKIP,
                         "no bridge between any GPU and the NIC NCCL uses for it (flat topology)",
                         (Evidence("sysfs PCI tree", "GPUs and NICs sit directly on root buses"),))]
     states = [read_acs(ctx.root, bdf) for bdf in sorted(crossing)]
@@ -146,7 +147,7 @@ def check(ctx) -> list[Finding]:
     hidden = [s for s in states if not s.readable]
     if hidden:
         findings.append(Finding(
-            "acs.bridge", GROUP, Status.SKIP,
+            ids.ACS_BRIDGE, GROUP, Status.SKIP,
             f"config space beyond 64 bytes not readable on {len(hidden)} bridge(s): ACS unknown",
             tuple(Evidence(pci.config_path(s.bdf), "permission denied" if ctx.root.is_denied(pci.config_path(s.bdf))
                            else "64 bytes or less readable") for s in hidden),
@@ -154,7 +155,7 @@ def check(ctx) -> list[Finding]:
     clear = [s for s in states if s.readable and not s.in_the_way()]
     if clear:
         findings.append(Finding(
-            "acs.bridge", GROUP, Status.OK,
+            ids.ACS_BRIDGE, GROUP, Status.OK,
             f"no ACS redirection or egress blocking on {len(clear)} bridge(s) between GPUs and their NICs",
             tuple(_evidence(s) for s in clear)))
     return findings

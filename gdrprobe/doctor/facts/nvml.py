@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gdrprobe.sysroot import pci_bus_id
+
 NVML_FIX = "install the optional extra: pip install 'gdrprobe[nvml]' (nvidia-ml-py)"
 # nvmlGpuTopologyLevel_t -> the nvidia-smi topo -m name of the common ancestor.
 TOPOLOGY_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -43,12 +45,6 @@ def text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def sysfs_bus_id(nvml_bus_id) -> str:
-    """NVML's 00000000:1B:00.0 as sysfs spells it: 0000:1b:00.0."""
-    domain, rest = text(nvml_bus_id).lower().split(":", 1)
-    return f"{int(domain, 16):04x}:{rest}"
-
-
 def nvlink_remotes(nvml, handle) -> list[str]:
     """Bus ids at the far end of every active NVLink (GPUs or NVSwitches)."""
     remotes = []
@@ -56,7 +52,8 @@ def nvlink_remotes(nvml, handle) -> list[str]:
         try:
             if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
                 continue
-            remotes.append(sysfs_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+            remote = nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+            remotes.append(pci_bus_id(text(remote.busId)))
         except nvml.NVMLError:
             continue        # no such link on this GPU, or NVLink not supported at all
     return remotes
@@ -73,7 +70,7 @@ def c2c_link_count(nvml, handle) -> int:
 
 def gpu_facts(nvml, handle) -> dict[str, Any]:
     bar1 = nvml.nvmlDeviceGetBAR1MemoryInfo(handle)
-    return {"pci_bus_id": sysfs_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId),
+    return {"pci_bus_id": pci_bus_id(text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
             "bar1_total_bytes": int(bar1.bar1Total), "bar1_used_bytes": int(bar1.bar1Used),
             "persistence_mode": nvml.nvmlDeviceGetPersistenceMode(handle) == nvml.NVML_FEATURE_ENABLED,
             "c2c_link_count": c2c_link_count(nvml, handle),

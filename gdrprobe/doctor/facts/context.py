@@ -16,9 +16,17 @@ import json
 import os
 from typing import Any, Mapping
 
+from gdrprobe.doctor.facts.memory_path import read_memory_paths
+from gdrprobe.doctor.facts.nccl_node import collect_node_facts
+from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
+from gdrprobe.doctor.facts.nvml import collect_nvml_facts
+from gdrprobe.doctor.facts.topology import Topology, build_topology
 from gdrprobe.errors import GdrprobeError
 from gdrprobe.memory import cuda
+from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
+from gdrprobe.nccl.gdr_support import MemoryPaths
+from gdrprobe.report.model import NcclGpuDecision
 from gdrprobe.sysroot import SysRoot
 
 CAPTURE_DIR = "/gdrprobe-capture"
@@ -75,41 +83,36 @@ class DoctorContext:
 
     @functools.cached_property
     def nvml_facts(self) -> dict[str, Any] | None:
-        """GPU facts from NVML (:mod:`gdrprobe.doctor.nvml`), or None when none were captured."""
+        """GPU facts from NVML (:mod:`gdrprobe.doctor.facts.nvml`), or None when none were captured."""
         if not self.live:
             return self._captured_json(NVML_FACTS_FILE)
-        from gdrprobe.doctor.nvml import collect_nvml_facts
-
         return collect_nvml_facts()
 
     @functools.cached_property
     def nic_facts(self) -> dict[str, Any] | None:
-        """NCCL's DMA-BUF probe per NIC (:mod:`gdrprobe.doctor.nic_facts`), or None."""
+        """NCCL's DMA-BUF probe per NIC (:mod:`gdrprobe.doctor.facts.nic_facts`), or None."""
         if not self.live:
             return self._captured_json(NIC_FACTS_FILE)
-        from gdrprobe.doctor.nic_facts import collect_nic_facts
-
         return collect_nic_facts([nic.name for nic in self.topology.nics])
 
     @functools.cached_property
-    def topology(self):
-        from gdrprobe.doctor.topology import build_topology
-
+    def topology(self) -> Topology:
         return build_topology(self.root)
 
     @functools.cached_property
-    def memory_paths(self):
+    def memory_paths(self) -> MemoryPaths:
         """Per NIC and GPU: can NCCL register GPU memory, and through what (NCCL's R1-R4)."""
-        from gdrprobe.doctor.memory_path import read_memory_paths
-
         return read_memory_paths(self)
 
     @functools.cached_property
-    def nccl_decisions(self):
-        """Per GPU: the NIC NCCL uses, through which path, and whether with GPUDirect RDMA."""
-        from gdrprobe.doctor.nccl_decision import decide
+    def nccl_node(self) -> NodeFacts:
+        """What NCCL's rules read of this machine (:mod:`gdrprobe.doctor.facts.nccl_node`)."""
+        return collect_node_facts(self)
 
-        return decide(self)
+    @functools.cached_property
+    def nccl_decisions(self) -> tuple[NcclGpuDecision, ...]:
+        """Per GPU: the NIC NCCL uses, through which path, and whether with GPUDirect RDMA."""
+        return decide(self.nccl_node, self.environ)
 
     def _captured_json(self, path: str) -> Any:
         text = self.root.read(path)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import functools
 import posixpath
 
-from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.doctor.pci import INFINIBAND_CLASS_DIR, rdma_devices
-from gdrprobe.doctor.memlock import detect_container
+from gdrprobe.doctor.facts.container import detect_container
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.doctor.facts.pci import INFINIBAND_CLASS_DIR, PCI_DEVICES_DIR, rdma_devices
+from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
-finding = functools.partial(Finding, group="nic")
+GROUP = ids.NIC
+finding = functools.partial(Finding, group=GROUP)
 
-PCI_DEVICES = "/sys/bus/pci/devices"
 DEV_INFINIBAND = "/dev/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 # Kernel modules whose presence without an RDMA device names the likely cause.
@@ -57,12 +58,12 @@ def uverbs_node(root: SysRoot, device: str) -> str | None:
 
 def sysfs_finding(root: SysRoot) -> Finding | None:
     """/sys without PCI devices is a container or chroot without a proper sysfs mount."""
-    if root.listdir(PCI_DEVICES):
+    if root.listdir(PCI_DEVICES_DIR):
         return None
-    return finding(id="nic.sysfs", status=Status.FAIL,
+    return finding(id=ids.NIC_SYSFS, status=Status.FAIL,
                    summary="/sys shows no PCI devices: sysfs is not mounted properly, so neither the RDMA devices "
                            "nor the PCI topology can be discovered",
-                   evidence=(Evidence(PCI_DEVICES, "empty or absent"),),
+                   evidence=(Evidence(PCI_DEVICES_DIR, "empty or absent"),),
                    fix="Mount sysfs at /sys (in a container, do not mask /sys; the runtime's default read-only "
                        "sysfs mount is enough).")
 
@@ -78,27 +79,26 @@ def no_device_finding(root: SysRoot) -> Finding:
                "in a container, the RDMA namespace must share the host's devices (`rdma system` shows the mode)",
                "for Soft-RoCE, create the device with `rdma link add rxe0 type rxe netdev <if>`"]
     fix = "; ".join(causes)
-    return finding(id="nic.devices", status=Status.FAIL, summary="no RDMA devices are visible",
+    return finding(id=ids.NIC_DEVICES, status=Status.FAIL, summary="no RDMA devices are visible",
                    evidence=tuple(evidence), fix=fix[0].upper() + fix[1:] + ".")
 
 
 def port_findings(root: SysRoot, device: str, port: str) -> list[Finding]:
     state = port_file(root, device, port, "state") or "unknown"
     link_layer = port_file(root, device, port, "link_layer")
-    prefix = f"nic.{device}.port{port}"
     port_dir = f"{INFINIBAND_CLASS_DIR}/{device}/ports/{port}"
     findings = []
     if "ACTIVE" not in state:
         physical = port_file(root, device, port, "phys_state")
         findings.append(finding(
-            id=prefix + ".state", status=Status.WARN,
+            id=ids.nic_port(device, port, "state"), status=Status.WARN,
             summary=f"{device} port {port} is {state} (physical state {physical})",
             evidence=(Evidence(port_dir + "/state", state), Evidence(port_dir + "/phys_state", str(physical))),
             fix="Check the cable and the switch port; on InfiniBand, a port stuck in INIT needs a subnet manager.",
         ))
     if link_layer == "Ethernet" and not roce_v2_gid_indices(root, device, port):
         findings.append(finding(
-            id=prefix + ".roce_v2_gid", status=Status.WARN,
+            id=ids.nic_port(device, port, "roce_v2_gid"), status=Status.WARN,
             summary=f"{device} port {port} is Ethernet but has no RoCE v2 GID, so routable RoCE is impossible",
             evidence=(Evidence(port_dir + "/gid_attrs/types/*", "no 'RoCE v2' entry"),),
             fix="Give the port's network interface an IP address and bring it up; GIDs follow its addresses.",
@@ -111,7 +111,7 @@ def ports_summary_finding(root: SysRoot, devices: list[str]) -> Finding:
               for device in devices for port in ports(root, device)}
     active = [name for name, state in states.items() if "ACTIVE" in state]
     return finding(
-        id="nic.ports",
+        id=ids.NIC_PORTS,
         status=Status.OK if active else Status.FAIL,
         summary=f"{len(active)} of {len(states)} RDMA ports are active",
         evidence=tuple(Evidence(f"{INFINIBAND_CLASS_DIR}/{name.replace('/', '/ports/')}/state", state)
@@ -126,7 +126,7 @@ def device_nodes_finding(ctx: DoctorContext, devices: list[str]) -> Finding:
     missing = [f"{device} ({node})" for device, node in expected.items() if node and node not in present]
     evidence = (Evidence(DEV_INFINIBAND, ", ".join(sorted(present)) or "empty or absent"),)
     if not missing:
-        return finding(id="nic.dev_infiniband", status=Status.OK,
+        return finding(id=ids.NIC_DEV_INFINIBAND, status=Status.OK,
                        summary="every RDMA device has its verbs node in /dev/infiniband", evidence=evidence)
     container = detect_container(ctx)
     if container.kind == "kubernetes":
@@ -135,7 +135,7 @@ def device_nodes_finding(ctx: DoctorContext, devices: list[str]) -> Finding:
         fix = "Pass /dev/infiniband into the container (`--device=/dev/infiniband`)."
     else:
         fix = "Load the verbs character-device module: `modprobe ib_uverbs`."
-    return finding(id="nic.dev_infiniband", status=Status.FAIL,
+    return finding(id=ids.NIC_DEV_INFINIBAND, status=Status.FAIL,
                    summary="verbs device nodes are missing for " + ", ".join(missing) + ": no process can open them",
                    evidence=evidence + container.evidence, fix=fix)
 
@@ -149,9 +149,9 @@ def scatter_to_cqe_finding(ctx: DoctorContext, devices: list[str]) -> Finding | 
     value = ctx.environ.get("MLX5_SCATTER_TO_CQE")
     evidence = (Evidence("environment MLX5_SCATTER_TO_CQE", str(value)),)
     if value == "0":
-        return finding(id="nic.mlx5_scatter_to_cqe", status=Status.OK,
+        return finding(id=ids.NIC_MLX5_SCATTER_TO_CQE, status=Status.OK,
                        summary="MLX5_SCATTER_TO_CQE=0: scatter-to-CQE is off for GPU buffers", evidence=evidence)
-    return finding(id="nic.mlx5_scatter_to_cqe", status=Status.INFO,
+    return finding(id=ids.NIC_MLX5_SCATTER_TO_CQE, status=Status.INFO,
                    summary=f"mlx5 devices ({', '.join(mlx5)}) with scatter-to-CQE on; if registering GPU memory "
                            "fails with \"Couldn't allocate MR\", turn it off",
                    evidence=evidence, fix="Set MLX5_SCATTER_TO_CQE=0 in the environment of the process.")
@@ -164,7 +164,7 @@ def check(ctx: DoctorContext) -> list[Finding]:
     devices = rdma_devices(ctx.root)
     if not devices:
         return [no_device_finding(ctx.root)]
-    findings = [finding(id="nic.devices", status=Status.OK, summary=f"RDMA devices: {', '.join(devices)}",
+    findings = [finding(id=ids.NIC_DEVICES, status=Status.OK, summary=f"RDMA devices: {', '.join(devices)}",
                         evidence=(Evidence(INFINIBAND_CLASS_DIR, ", ".join(devices)),)),
                 ports_summary_finding(ctx.root, devices)]
     for device in devices:

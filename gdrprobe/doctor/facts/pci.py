@@ -8,11 +8,10 @@ and a BDF (``0000:1b:00.0``) and returns None (or -1 for NUMA) when sysfs does n
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
-from gdrprobe.nccl.env import strtoll
-from gdrprobe.sysroot import SysRoot
+from gdrprobe.nccl.topo import PcieLink, Port
+from gdrprobe.sysroot import SysRoot, is_pci_bus_id
 
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
 INFINIBAND_CLASS_DIR = "/sys/class/infiniband"
@@ -27,12 +26,7 @@ CONVENTIONAL_CONFIG_BYTES = 256
 EXTENDED_CONFIG_BYTES = 4096
 EXTENDED_CAPABILITIES_START = 0x100
 
-BDF_PATTERN = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 HOST_BRIDGE_PATTERN = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
-
-
-def is_bdf(name: str) -> bool:
-    return bool(BDF_PATTERN.match(name))
 
 
 def device_dir(bdf: str) -> str:
@@ -41,7 +35,7 @@ def device_dir(bdf: str) -> str:
 
 def list_devices(root: SysRoot) -> list[str]:
     """Every PCI function the kernel knows, by BDF, in bus order."""
-    return [name for name in root.listdir(PCI_DEVICES_DIR) if is_bdf(name)]
+    return [name for name in root.listdir(PCI_DEVICES_DIR) if is_pci_bus_id(name)]
 
 
 def resolved_path(root: SysRoot, bdf: str) -> str:
@@ -91,7 +85,7 @@ def host_bridge(path: str) -> str | None:
 
 def parent_bridges(path: str) -> tuple[str, ...]:
     """BDFs of the bridges above a device, from its root port down to its direct parent."""
-    functions = [part for part in path.split("/") if is_bdf(part)]
+    functions = [part for part in path.split("/") if is_pci_bus_id(part)]
     return tuple(functions[:-1])
 
 
@@ -165,7 +159,7 @@ def rdma_device_bdf(root: SysRoot, ibdev: str) -> str | None:
     if not root.exists(link):
         return None
     name = root.realpath(link).rstrip("/").rsplit("/", 1)[-1]
-    return name if is_bdf(name) else None
+    return name if is_pci_bus_id(name) else None
 
 
 def local_cpulist(root: SysRoot, bdf: str) -> str | None:
@@ -173,75 +167,22 @@ def local_cpulist(root: SysRoot, bdf: str) -> str | None:
     return root.read(f"{device_dir(bdf)}/local_cpulist")
 
 
-# PCIe generation -> NCCL's per-lane figure in 100 Mb/s units (NCCL 2.30.7 src/graph/topo.cc
-# kvDictPciGen, both sysfs spellings, matched in this order as prefixes by kvConvertToInt);
-# anything else is NCCL's fallback, 60 (Gen3).
-PCI_GEN_PER_LANE = (("2.5 GT/s", 15), ("5 GT/s", 30), ("8 GT/s", 60), ("16 GT/s", 120), ("32 GT/s", 240),
-                    ("2.5 GT/s PCIe", 15), ("5.0 GT/s PCIe", 30), ("8.0 GT/s PCIe", 60),
-                    ("16.0 GT/s PCIe", 120), ("32.0 GT/s PCIe", 240), ("64.0 GT/s PCIe", 480))
-PCI_GEN_FALLBACK = 60
-FLT_MAX = float("inf")          # what a speed sscanf cannot read stays: larger than any speed
-_LEADING_FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-
-
-def gt_per_s(text: str) -> float:
-    """``sscanf(str, "%f GT/s", &speed)`` with speed preset to FLT_MAX (src/graph/xml.cc)."""
-    match = _LEADING_FLOAT.match(text)
-    return float(match.group(0)) if match else FLT_MAX
-
-
-def per_lane(text: str) -> int:
-    """kvConvertToInt(str, kvDictPciGen): the first entry the text starts with, else 60."""
-    return next((value for prefix, value in PCI_GEN_PER_LANE if text.startswith(prefix)), PCI_GEN_FALLBACK)
-
-
-def link_bandwidth_gbs(root: SysRoot, bdf: str) -> float:
-    """The device's PCIe link as NCCL rates it (GB/s): width x per-lane speed / 80
-    (src/graph/topo.cc ncclTopoAddPci, width 0 counted as 16). src/graph/xml.cc
-    ncclTopoGetPciNode's sysfs branch reads max_link_speed and ../max_link_speed and keeps
-    the text of the slower one, a speed it cannot parse counting as FLT_MAX, so the other
-    side's wins and the Gen3 fallback applies only when neither is readable; the width is
-    min(strtol(max_link_width), strtol(../max_link_width)), 0 where a file is missing."""
+def pcie_link(root: SysRoot, bdf: str) -> PcieLink:
+    """The device's PCIe link as sysfs states it: its own max_link_speed and max_link_width
+    and those of the port above it (NCCL rates the pair: :func:`gdrprobe.nccl.topo.link_bandwidth_gbs`)."""
     path = resolved_path(root, bdf)
     parent = path.rsplit("/", 1)[0]
-    device_speed = root.read(path + "/max_link_speed") or ""
-    port_speed = root.read(parent + "/max_link_speed") or ""
-    speed = port_speed if gt_per_s(port_speed) < gt_per_s(device_speed) else device_speed
-    width = min(strtoll(root.read(d + "/max_link_width") or "") or 0 for d in (path, parent))
-    return (width or 16) * per_lane(speed) / 80.0
+    return PcieLink(device_speed=root.read(path + "/max_link_speed") or "",
+                    port_speed=root.read(parent + "/max_link_speed") or "",
+                    device_width=root.read(path + "/max_link_width") or "",
+                    port_width=root.read(parent + "/max_link_width") or "")
 
 
-NET_FALLBACK_GBPS = 10.0        # ncclTopoAddNet: "Some NICs define speed = -1": <= 0 counts as 10 Gb/s
-ACTIVE = "4: ACTIVE"
+def rdma_ports(root: SysRoot, ibdev: str) -> tuple[Port, ...]:
+    """The ports of an RDMA device with their state and the line rate the kernel states."""
+    from gdrprobe.rdma.verbs import rate_file_gbps
 
-
-@dataclasses.dataclass(frozen=True)
-class NetPort:
-    """One port of an RDMA device: NCCL makes each its own network device (net_ib/init.cc)."""
-
-    number: int
-    rate_gbps: float               # NCCL's speed: NET_FALLBACK_GBPS where sysfs gives none
-
-
-def port_rate(text: str | None) -> float:
-    match = re.match(r"\s*([\d.]+)\s*Gb/sec", text or "")
-    rate = float(match.group(1)) if match else 0.0
-    return rate if rate > 0 else NET_FALLBACK_GBPS
-
-
-def nccl_ports(root: SysRoot, ibdev: str, hca=None) -> list[NetPort]:
-    """The device's ports NCCL opens (src/transport/net_ib/init.cc ncclIbInitDevices): ACTIVE
-    ones (a port without a readable state counts: a capture may lack it) that ``hca``
-    (:class:`gdrprobe.nccl.env.HcaFilter`, None: all) keeps, each with its rate."""
     base = f"{INFINIBAND_CLASS_DIR}/{ibdev}/ports"
-    ports = []
-    for name in root.listdir(base):
-        if not name.isdigit():
-            continue
-        state = root.read(f"{base}/{name}/state")
-        if state is not None and state != ACTIVE:
-            continue
-        if hca is not None and not hca.selects(ibdev, (int(name),)):
-            continue
-        ports.append(NetPort(int(name), port_rate(root.read(f"{base}/{name}/rate"))))
-    return ports
+    return tuple(Port(int(name), root.read(f"{base}/{name}/state"),
+                      rate_file_gbps(root.read(f"{base}/{name}/rate")))
+                 for name in root.listdir(base) if name.isdigit())

@@ -1,14 +1,15 @@
 """For every GPU: the NIC NCCL will use, through which path, and whether with GPUDirect RDMA
 for receives (the NIC writes GPU memory) and sends (the NIC reads it), decided by NCCL's
-own rules (NVIDIA/nccl 2.30.7):
+own rules (NVIDIA/nccl 2.30.7) over the node's facts (:class:`NodeFacts`, which the doctor
+collects: :mod:`gdrprobe.doctor.facts.nccl_node`):
 
 1. Path type and bandwidth of each GPU-NIC pair (``src/graph/paths.cc`` ncclTopoSetPaths):
    the worst hop (PIX, PXB, PHB, SYS; NODE is PHB); bandwidth is the narrowest link: each
-   PCIe link (:func:`gdrprobe.doctor.pci.link_bandwidth_gbs`), the NIC's port speed / 8
+   PCIe link (:func:`gdrprobe.nccl.topo.link_bandwidth_gbs`), the NIC's port speed / 8
    (``src/graph/topo.cc`` ncclTopoAddNet; each ACTIVE port NCCL_IB_HCA keeps is its own
    network device, :class:`Net`) and, across sockets, the inter-CPU link
    (``src/graph/topo.cc`` ncclTopoGetInterCpuBw with the ``src/graph/topo.h`` figures, by
-   CPU vendor, family and model: :func:`inter_cpu_bandwidth`).
+   CPU vendor, family and model: :func:`gdrprobe.nccl.topo.inter_cpu_bandwidth`).
 2. P2C (ncclTopoComputePaths, mergePathType): a GPU that reaches its CPU over C2C (Grace;
    NVML's C2C link count) gets P2C to the NICs of that CPU that are local to it.
 3. PXN (ncclTopoComputePaths, "Update paths for NICs"): unless NCCL_PXN_DISABLE is exactly
@@ -23,7 +24,7 @@ own rules (NVIDIA/nccl 2.30.7):
    ``c % netsPerGpu``, where dev is NVML's index of the GPU (PCI bus order of all the
    node's GPUs, not the CUDA ordinal), localGpuCount the GPUs local to the first of those
    NICs and netsPerGpu set by NCCL_NETDEVS_POLICY (AUTO: DIVUP(NICs, GPUs); ALL; MAX:n).
-5. GDR (ncclTopoCheckGdr): the NIC must support it (:mod:`gdrprobe.doctor.memory_path`),
+5. GDR (ncclTopoCheckGdr): the NIC must support it (:mod:`gdrprobe.nccl.gdr_support`),
    the GPU too; for sends, NCCL_NET_GDR_READ=0 turns it off, and its default turns it off
    on GPUs before sm80 that have no NVLink peer (unless they are the only GPU); then the
    path type (the proxy GPU's, for PXN) must not exceed the GDR level.
@@ -36,29 +37,56 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from gdrprobe.doctor import nvml, pci
-from gdrprobe.doctor.topology import PcieDevice, pcie_distance
-from gdrprobe.nccl.env import (NCCL_CLASS_OF_DISTANCE, PATH_RANK, gdr_level, int_param, netdevs_policy,
-                               parse_hca_filter, pxn_disabled)
+from typing import Mapping
+
+from gdrprobe.nccl.env import gdr_level, int_param, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl.gdr_support import MemoryPaths
+from gdrprobe.nccl.topo import (NET_FALLBACK_GBPS, PATH_RANK, InterCpu, PcieEndpoint, PcieLink, Port,
+                                inter_cpu_bandwidth, link_bandwidth_gbs, nccl_path_type, nccl_ports,
+                                nvlink_gbs_per_link, pcie_distance)
 from gdrprobe.report.model import NcclGpuDecision
 
-NVLINK_GBS_PER_LINK = ((100, 40.1), (90, 20.6), (87, 20.0), (86, 12.0), (80, 20.0), (70, 20.0), (60, 18.0))
-# src/graph/topo.h: the inter-socket link per CPU (GB/s), chosen by topo.cc ncclTopoGetInterCpuBw.
-LOC_BW, P9_BW, ARM_BW, AMD_BW = 5000.0, 32.0, 6.0, 16.0
-BDW_QPI_BW, SKL_QPI_BW, SRP_QPI_BW, ERP_QPI_BW = 6.0, 10.0, 22.0, 40.0
-ZPI_BW, YONGFENG_ZPI_BW = 6.0, 9.0
-ASSUMED_INTER_CPU_GBS = ARM_BW
-# topo.cc kvDictCpuVendor, matched as prefixes by kvConvertToInt, in this order.
-X86_VENDORS = (("GenuineIntel", "Intel"), ("AuthenticAMD", "AMD"), ("CentaurHauls", "Zhaoxin"),
-               ("  Shanghai  ", "Zhaoxin"))
 PRE_AMPERE = 80
+
+
+# ---- the facts the rules read -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFacts:
+    """What the CUDA driver and NVML say of one GPU; None or empty where they did not say."""
+
+    capability: int | None = None          # compute capability x 10 (90: sm90)
+    gdr_supported: bool | None = None      # CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+    c2c_links: int = 0                     # NVML's C2C link count (Grace)
+    nvlinks: tuple[str, ...] = ()          # bus id at the far end of each active NVLink
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    """What NCCL's rules read of one node, gathered once by whoever reads the machine."""
+
+    gpus: tuple[PcieEndpoint, ...]         # NVIDIA GPUs, in PCI bus order
+    nics: tuple[PcieEndpoint, ...]         # RDMA devices with a PCI function
+    ports: Mapping[str, tuple[Port, ...]]  # NIC name -> its ports (empty: sysfs lists none)
+    links: Mapping[str, PcieLink]          # bus id -> its PCIe link, for every GPU and NIC
+    gpu_facts: Mapping[str, GpuFacts]      # bus id -> the CUDA driver's and NVML's facts
+    nvml_order: tuple[str, ...] | None     # NVML's GPUs (bus ids) by index; None: NVML unavailable
+    cpuinfo: str                           # /proc/cpuinfo
+    gdr_support: MemoryPaths               # per NIC and GPU: can NCCL register GPU memory
+
+    def gpu(self, bdf: str) -> GpuFacts:
+        return self.gpu_facts.get(bdf, GpuFacts())
+
+
+# ---- what the rules work on ---------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class PairPath:
-    type: str                      # NCCL path type
-    bw: float                      # GB/s
-    via: PcieDevice | None = None    # the NVLink peer a PXN path relays through
+    type: str                        # NCCL path type
+    bw: float                        # GB/s
+    via: PcieEndpoint | None = None  # the NVLink peer a PXN path relays through
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +94,7 @@ class Net:
     """One of NCCL's network devices: a port of an RDMA device (src/transport/net_ib/init.cc
     ncclIbInitDevices makes every ACTIVE port NCCL_IB_HCA keeps its own device)."""
 
-    device: PcieDevice
+    device: PcieEndpoint
     port: int | None               # None: sysfs lists no port (a capture without them)
     gbs: float                     # topo.cc ncclTopoAddNet: the port's Mb/s / 8000
     label: str                     # the device's name, with ":port" where it has several nets
@@ -79,58 +107,50 @@ class Gdr:
 
 
 class Machine:
-    """What the rules read, gathered once: endpoints, links, NVLink, C2C, facts, environment."""
+    """NCCL's rules applied to one node's facts under one environment."""
 
-    def __init__(self, ctx, environ=None):
-        self.ctx = ctx
-        self.environ = ctx.environ if environ is None else environ
-        self.gpus = ctx.topology.gpus
-        hca = self.environ.get("NCCL_IB_HCA")
+    def __init__(self, facts: NodeFacts, environ: Mapping[str, str]):
+        self.facts = facts
+        self.environ = environ
+        self.gpus = facts.gpus
+        hca = environ.get("NCCL_IB_HCA")
         self.hca = parse_hca_filter(hca) if hca is not None else None
-        self.nets = tuple(net for nic in ctx.topology.nics for net in self.device_nets(nic))
-        self.policy = netdevs_policy(self.environ)
-        self.paths = ctx.memory_paths
-        self.nvml = ctx.nvml_facts if nvml.usable(ctx.nvml_facts) else None
-        cuda = ctx.cuda_facts if ctx.cuda_facts and "error" not in ctx.cuda_facts else {}
-        self.cuda = {gpu["pci_bus_id"]: gpu for gpu in cuda.get("gpus", [])}
-        self.level = gdr_level(self.environ)
+        self.nets = tuple(net for nic in facts.nics for net in self.device_nets(nic))
+        self.policy = netdevs_policy(environ)
+        self.paths = facts.gdr_support
+        self.level = gdr_level(environ)
 
     # -- facts ----------------------------------------------------------------------
     @functools.cached_property
-    def inter_cpu(self) -> "InterCpu":
-        return inter_cpu_bandwidth(self.ctx.root.read("/proc/cpuinfo") or "")
+    def inter_cpu(self) -> InterCpu:
+        return inter_cpu_bandwidth(self.facts.cpuinfo)
 
     @functools.lru_cache(maxsize=None)
     def link_gbs(self, bdf: str) -> float:
-        return pci.link_bandwidth_gbs(self.ctx.root, bdf)
+        return link_bandwidth_gbs(self.facts.links.get(bdf, PcieLink()))
 
-    def device_nets(self, nic: PcieDevice) -> list[Net]:
+    def device_nets(self, nic: PcieEndpoint) -> list[Net]:
         """The device's ports NCCL opens, in port order; a device whose ports sysfs does not
         list counts as one net at NCCL's fallback speed, unless NCCL_IB_HCA drops it."""
-        ports = pci.nccl_ports(self.ctx.root, nic.name, self.hca)
+        listed = self.facts.ports.get(nic.name, ())
+        ports = nccl_ports(nic.name, listed, self.hca)
         if ports:
-            return [Net(nic, port.number, port.rate_gbps / 8.0,
+            return [Net(nic, port.number, port.nccl_gbps / 8.0,
                         nic.name if len(ports) == 1 else f"{nic.name}:{port.number}") for port in ports]
-        if self.ctx.root.listdir(f"{pci.INFINIBAND_CLASS_DIR}/{nic.name}/ports"):
+        if listed or (self.hca is not None and not self.hca.selects(nic.name)):
             return []
-        if self.hca is not None and not self.hca.selects(nic.name):
-            return []
-        return [Net(nic, None, pci.NET_FALLBACK_GBPS / 8.0, nic.name)]
+        return [Net(nic, None, NET_FALLBACK_GBPS / 8.0, nic.name)]
 
-    def capability(self, gpu: PcieDevice) -> int | None:
-        facts = self.cuda.get(gpu.bdf, {})
-        major, minor = facts.get("compute_capability_major"), facts.get("compute_capability_minor")
-        return None if major is None else major * 10 + (minor or 0)
+    def capability(self, gpu: PcieEndpoint) -> int | None:
+        return self.facts.gpu(gpu.bdf).capability
 
-    def c2c(self, gpu: PcieDevice) -> bool:
-        entry = nvml.gpu_entry(self.nvml, gpu.bdf)
-        return bool(entry and entry.get("c2c_link_count"))
+    def c2c(self, gpu: PcieEndpoint) -> bool:
+        return bool(self.facts.gpu(gpu.bdf).c2c_links)
 
-    def nvlinks(self, gpu: PcieDevice) -> list[str]:
-        entry = nvml.gpu_entry(self.nvml, gpu.bdf)
-        return list(entry.get("nvlink_remote_bus_ids", [])) if entry else []
+    def nvlinks(self, gpu: PcieEndpoint) -> list[str]:
+        return list(self.facts.gpu(gpu.bdf).nvlinks)
 
-    def nvlink_count(self, gpu: PcieDevice, peer: PcieDevice) -> int:
+    def nvlink_count(self, gpu: PcieEndpoint, peer: PcieEndpoint) -> int:
         """Links between two GPUs: direct ones, or, through NVSwitches (far ends that are no
         GPU of this node), the fewer of the two GPUs' switch links."""
         gpu_bdfs = {g.bdf for g in self.gpus}
@@ -140,16 +160,13 @@ class Machine:
         switched = [len([r for r in self.nvlinks(g) if r not in gpu_bdfs]) for g in (gpu, peer)]
         return min(switched)
 
-    def nvlink_gbs(self, gpu: PcieDevice, peer: PcieDevice) -> float:
-        cc = self.capability(gpu) or 90
-        per_link = next((bw for floor, bw in NVLINK_GBS_PER_LINK if cc >= floor), 20.0)
-        return self.nvlink_count(gpu, peer) * per_link
+    def nvlink_gbs(self, gpu: PcieEndpoint, peer: PcieEndpoint) -> float:
+        return self.nvlink_count(gpu, peer) * nvlink_gbs_per_link(self.capability(gpu))
 
     # -- step 1 and 2: the direct paths ------------------------------------------------
     @functools.lru_cache(maxsize=None)
-    def direct(self, gpu: PcieDevice, net: Net) -> PairPath:
-        distance = pcie_distance(gpu, net.device)
-        kind = NCCL_CLASS_OF_DISTANCE[distance]
+    def direct(self, gpu: PcieEndpoint, net: Net) -> PairPath:
+        kind = nccl_path_type(gpu, net.device)
         # Over C2C the GPU's own PCIe link is not on the way to the CPU's NICs.
         gpu_link = float("inf") if self.c2c(gpu) and kind != "SYS" else self.link_gbs(gpu.bdf)
         bw = min(gpu_link, self.link_gbs(net.device.bdf), net.gbs)
@@ -167,7 +184,7 @@ class Machine:
         return [k for k, p in top.items() if PATH_RANK[p.type] == lowest]
 
     @functools.cached_property
-    def before_pxn(self) -> dict[PcieDevice, dict[Net, PairPath]]:
+    def before_pxn(self) -> dict[PcieEndpoint, dict[Net, PairPath]]:
         table = {gpu: {net: self.direct(gpu, net) for net in self.nets} for gpu in self.gpus}
         for gpu in self.gpus:
             if not self.c2c(gpu):
@@ -177,25 +194,25 @@ class Machine:
                     table[gpu][net] = dataclasses.replace(table[gpu][net], type="P2C")
         return table
 
-    def local_gpus(self, nic: Net) -> list[PcieDevice]:
+    def local_gpus(self, nic: Net) -> list[PcieEndpoint]:
         """The NIC's own GPUs (PXN is one-way, GPU to NIC, so the direct paths count)."""
         return self.local({gpu: self.before_pxn[gpu][nic] for gpu in self.gpus})
 
-    def nvml_index(self, gpu: PcieDevice) -> int:
+    def nvml_index(self, gpu: PcieEndpoint) -> int:
         """NCCL's gpu.dev: NVML's index (src/graph/xml.cc ncclTopoGetXmlFromGpu ->
         ncclNvmlDeviceGetIndex), not the CUDA ordinal, which CUDA_VISIBLE_DEVICES and
         CUDA_DEVICE_ORDER change. NVML numbers every GPU of the node in PCI bus order; its
-        captured list is in index order, and without it the bus order stands in."""
-        listed = [entry.get("pci_bus_id") for entry in (self.nvml or {}).get("gpus", [])]
+        list is in index order, and without it the bus order stands in."""
+        listed = self.facts.nvml_order or ()
         if gpu.bdf in listed:
             return listed.index(gpu.bdf)
         return sorted(g.bdf for g in self.gpus).index(gpu.bdf)
 
-    def nets_per_gpu(self, gpu: PcieDevice, table) -> int:
+    def nets_per_gpu(self, gpu: PcieEndpoint, table) -> int:
         nets = self.local(table[gpu])
         return self.policy.nets_per_gpu(len(nets), len(self.local_gpus(nets[0]))) if nets else 0
 
-    def channel_nic(self, gpu: PcieDevice, table, channel: int = 0) -> Net | None:
+    def channel_nic(self, gpu: PcieEndpoint, table, channel: int = 0) -> Net | None:
         """topo.cc ncclTopoGetLocalNetType: start at ``dev % localGpuCount`` (localGpuCount:
         the GPUs local to the first local NIC; bits mirrored when the NIC count is a power
         of two), then ``channel % netsPerGpu`` further (NCCL_NETDEVS_POLICY)."""
@@ -208,7 +225,7 @@ class Machine:
         index += channel % self.nets_per_gpu(gpu, table)
         return nets[index % len(nets)]
 
-    def local_gpu(self, nic: Net, table) -> PcieDevice | None:
+    def local_gpu(self, nic: Net, table) -> PcieEndpoint | None:
         """topo.cc ncclTopoGetLocalGpu: over channels, then the NIC's own GPUs in order, the
         first whose channel lands on the NIC; None (NCCL's -1: no PXN relay) when none does.
         Channels repeat every netsPerGpu, which is at most the NIC count."""
@@ -219,12 +236,12 @@ class Machine:
         return None
 
     # -- step 5: the GDR gate -----------------------------------------------------------
-    def gdr(self, gpu: PcieDevice, nic: Net, path: PairPath, read: bool) -> Gdr:
+    def gdr(self, gpu: PcieEndpoint, nic: Net, path: PairPath, read: bool) -> Gdr:
         device = nic.device.name
         if not self.paths.nic_gdr(device, gpu.bdf):
             return Gdr(False, f"NCCL says \"GPU Direct RDMA Disabled for HCA\" {device}: "
                               + self.paths.why_not(device, gpu.bdf))
-        if self.cuda.get(gpu.bdf, {}).get("gpu_direct_rdma_supported") == 0:
+        if self.facts.gpu(gpu.bdf).gdr_supported is False:
             return Gdr(False, "the GPU does not support GPUDirect RDMA (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED=0)")
         if read:
             refused = self.read_refusal(gpu)
@@ -240,7 +257,7 @@ class Machine:
             return Gdr(True, f"path {distance} <= GDR level {self.level.name} ({origin})")
         return Gdr(True, f"path {distance} <= GDR level {self.level.name}")
 
-    def read_refusal(self, gpu: PcieDevice) -> str | None:
+    def read_refusal(self, gpu: PcieEndpoint) -> str | None:
         """Why NCCL keeps the NIC from reading GPU memory on sends, or None."""
         setting = int_param(self.environ, "NCCL_NET_GDR_READ", -2)
         if setting == 0:
@@ -250,13 +267,17 @@ class Machine:
             return None
         if any(self.nvlink_count(gpu, peer) for peer in self.gpus if peer != gpu):
             return None
-        nvlink = "no NVLink peer" if self.nvml else "no NVLink peer known (NVML unavailable)"
+        nvlink = "no NVLink peer" if self.nvml_known else "no NVLink peer known (NVML unavailable)"
         return (f"sm{cc} is older than Ampere and has {nvlink}: NCCL_NET_GDR_READ's default keeps "
                 "send-side GDR off to spare the PCIe bus")
 
+    @property
+    def nvml_known(self) -> bool:
+        return self.facts.nvml_order is not None
+
     # -- step 3: PXN --------------------------------------------------------------------
     @functools.cached_property
-    def table(self) -> dict[PcieDevice, dict[Net, PairPath]]:
+    def table(self) -> dict[PcieEndpoint, dict[Net, PairPath]]:
         """paths.cc ncclTopoComputePaths, "Update paths for NICs": NIC by NIC, GPU by GPU,
         the relay (ncclTopoGetLocalGpu) is looked up on the table as updated so far. Not
         modelled: the same loop's diversion through the CPU of pairs nearer than PHB
@@ -279,57 +300,6 @@ class Machine:
         return table
 
 
-@dataclasses.dataclass(frozen=True)
-class InterCpu:
-    gbs: float
-    source: str                    # how the figure was found, for the decision's why
-    assumed: bool = False
-
-
-def cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
-    """The first processor's fields; values keep their blanks (Zhaoxin's "  Shanghai  ")."""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.split("\n\n", 1)[0].splitlines():
-        name, colon, value = line.partition(":")
-        if colon:
-            fields.setdefault(name.strip(), value[1:] if value.startswith(" ") else value)
-    return fields
-
-
-def inter_cpu_bandwidth(cpuinfo: str) -> InterCpu:
-    """topo.cc ncclTopoGetInterCpuBw with the CPU NCCL describes in xml.cc
-    ncclTopoGetXmlFromCpu (cpuid vendor, family and model, which /proc/cpuinfo shows for
-    these families) and topo.cc ncclTopoAddCpu (Intel family 6: model >= 0xCF Emerald
-    Rapids, >= 0x8F Sapphire Rapids, >= 0x55 Skylake, else Broadwell; Zhaoxin family 7
-    model 0x5B Yongfeng). An x86 vendor NCCL does not know gets LOC_BW: no limit."""
-    fields = cpuinfo_fields(cpuinfo)
-    if "vendor_id" in fields:
-        vendor_id = fields["vendor_id"]
-        vendor = next((name for prefix, name in X86_VENDORS if vendor_id.startswith(prefix)), None)
-        family, model = (decimal_or_none(fields.get(key, "")) for key in ("cpu family", "model"))
-        what = f"{vendor_id.strip()} family {family} model {model:#x}" if model is not None else vendor_id.strip()
-        if vendor == "Intel":
-            gbs = next((bw for floor, bw in ((0xCF, ERP_QPI_BW), (0x8F, SRP_QPI_BW), (0x55, SKL_QPI_BW))
-                        if family == 6 and model is not None and model >= floor), BDW_QPI_BW)
-        elif vendor == "AMD":
-            gbs = AMD_BW
-        elif vendor == "Zhaoxin":
-            gbs = YONGFENG_ZPI_BW if (family, model) == (7, 0x5B) else ZPI_BW
-        else:
-            return InterCpu(LOC_BW, f"{what}: a vendor NCCL does not know, so no inter-CPU limit (LOC_BW)")
-        return InterCpu(gbs, f"{what} (/proc/cpuinfo)")
-    if "CPU implementer" in fields:
-        return InterCpu(ARM_BW, "an Arm CPU (/proc/cpuinfo)")
-    if fields.get("cpu", "").strip().startswith("POWER"):
-        return InterCpu(P9_BW, f"{fields['cpu'].strip()} (/proc/cpuinfo)")
-    return InterCpu(ASSUMED_INTER_CPU_GBS, "the CPU is unknown (no /proc/cpuinfo NCCL's table can place): "
-                                           f"{ASSUMED_INTER_CPU_GBS:g} GB/s assumed", assumed=True)
-
-
-def decimal_or_none(text: str) -> int | None:
-    return int(text.strip()) if text.strip().isdigit() else None
-
-
 def mirror_bits(value: int, pow2: int) -> int:
     """NCCL's mirrorBits (src/include/utils.h): reverse the low log2(pow2) bits."""
     mirrored, bit, mirror_bit = 0, 1, pow2 >> 1
@@ -340,17 +310,24 @@ def mirror_bits(value: int, pow2: int) -> int:
     return mirrored
 
 
+# ---- the decision, said ---------------------------------------------------------------
+
+
 def path_kind(path: PairPath) -> str:
     return {"PXN": "pxn", "P2C": "c2c"}.get(path.type, "direct")
 
 
-def gpu_decision(machine: Machine, gpu: PcieDevice) -> NcclGpuDecision:
+def no_nic_decision(gpu: PcieEndpoint) -> NcclGpuDecision:
+    return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=None, path="none", via_gpu=None,
+                           path_type=None, bandwidth_gbs=0.0, gdr_write=False, gdr_read=False,
+                           why=("no RDMA NIC that NCCL may use",), candidates=())
+
+
+def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
     nic = machine.channel_nic(gpu, machine.table)
-    candidates = tuple(n.label for n in machine.local(machine.table[gpu]))
     if nic is None:
-        return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=None, path="none", via_gpu=None,
-                               path_type=None, bandwidth_gbs=0.0, gdr_write=False, gdr_read=False,
-                               why=("no RDMA NIC that NCCL may use",), candidates=())
+        return no_nic_decision(gpu)
+    candidates = tuple(n.label for n in machine.local(machine.table[gpu]))
     path = machine.table[gpu][nic]
     write, read = machine.gdr(gpu, nic, path, False), machine.gdr(gpu, nic, path, True)
     why = [f"{nic.label} has the highest bandwidth ({path.bw:.1f} GB/s) and then the lowest path type "
@@ -363,7 +340,7 @@ def gpu_decision(machine: Machine, gpu: PcieDevice) -> NcclGpuDecision:
     if any(p.type == "SYS" for p in machine.before_pxn[gpu].values()):
         why.append(f"across sockets NCCL counts {machine.inter_cpu.gbs:g} GB/s (topo.cc ncclTopoGetInterCpuBw): "
                    + machine.inter_cpu.source)
-    if machine.nvml is None:
+    if not machine.nvml_known:
         why.append("NVLink and C2C unknown (NVML unavailable): PXN and P2C are not considered")
     if machine.capability(gpu) is None:
         why.append("compute capability unknown (no CUDA facts): the pre-Ampere send rule is not applied")
@@ -373,7 +350,8 @@ def gpu_decision(machine: Machine, gpu: PcieDevice) -> NcclGpuDecision:
                            why=tuple(why), candidates=candidates)
 
 
-def decide(ctx, environ=None) -> tuple[NcclGpuDecision, ...]:
-    """Every GPU's decision; ``environ`` replaces the context's (what-if: a variable unset)."""
-    machine = Machine(ctx, environ)
+def decide(facts: NodeFacts, environ: Mapping[str, str]) -> tuple[NcclGpuDecision, ...]:
+    """Every GPU's decision under ``environ``, the environment as NCCL sees it (a what-if:
+    the same facts with a variable unset)."""
+    machine = Machine(facts, environ)
     return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)

@@ -12,7 +12,7 @@ MLNX_OFED / DOCA-OFED  optional                    required
 =====================  ==========================  ======================
 
 The table says what is possible; whether NCCL uses a path is decided per NIC the way NCCL
-decides it (:mod:`gdrprobe.doctor.memory_path`), so ``stack.path`` fails exactly where
+decides it (:mod:`gdrprobe.nccl.gdr_support`), so ``stack.path`` fails exactly where
 NCCL would log "GPU Direct RDMA Disabled for HCA".
 """
 
@@ -21,14 +21,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.doctor.memory_path import (DMABUF_MIN_CUDA_DRIVER, DMABUF_MIN_KERNEL, DRIVER_VERSION_FILE,
-                                         KERNEL_RELEASE_FILE, PEERMEM_FILES, MemoryPaths,
-                                         format_cuda_version, kernel_version)
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.doctor.facts.memory_path import (DMABUF_MIN_KERNEL, DRIVER_VERSION_FILE, KERNEL_RELEASE_FILE,
+                                               driver_version_line, kernel_version)
+from gdrprobe.nccl.gdr_support import DMABUF_MIN_CUDA_DRIVER, PEERMEM_FILES, MemoryPaths, format_cuda_version
+from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
-finding = functools.partial(Finding, group="stack")
+GROUP = ids.STACK
+finding = functools.partial(Finding, group=GROUP)
 
 # MLNX_OFED and DOCA-OFED both build their modules on the mlx_compat layer; the inbox
 # kernel drivers have no such module. ofed_info ships with both packages.
@@ -51,11 +53,6 @@ DMABUF_ENABLE_FIX = ("Unset NCCL_DMABUF_ENABLE (or set it to 1): DMA-BUF is this
 
 
 # ---- facts: one small reader per fact ---------------------------------------
-
-
-def driver_version_line(root: SysRoot) -> str | None:
-    text = root.read(DRIVER_VERSION_FILE)
-    return text.splitlines()[0] if text else None
 
 
 def ofed_marker(root: SysRoot) -> str | None:
@@ -105,7 +102,7 @@ def read_inventory(ctx: DoctorContext) -> StackInventory:
 def driver_finding(inventory: StackInventory) -> Finding:
     flavour = "Open Kernel Module" if inventory.open_module else "proprietary kernel module"
     return finding(
-        id="stack.driver",
+        id=ids.STACK_DRIVER,
         status=Status.INFO,
         summary=f"NVIDIA driver: {flavour}",
         evidence=(Evidence(DRIVER_VERSION_FILE, inventory.driver_line),),
@@ -116,7 +113,7 @@ def kernel_finding(inventory: StackInventory) -> Finding:
     meets = inventory.kernel is not None and inventory.kernel >= DMABUF_MIN_KERNEL
     verdict = "meets" if meets else "is below"
     return finding(
-        id="stack.kernel",
+        id=ids.STACK_KERNEL,
         status=Status.INFO,
         summary=f"kernel {inventory.kernel_release} {verdict} the 5.12 floor of DMA-BUF",
         evidence=(Evidence(KERNEL_RELEASE_FILE, str(inventory.kernel_release)),),
@@ -126,7 +123,7 @@ def kernel_finding(inventory: StackInventory) -> Finding:
 def cuda_driver_finding(inventory: StackInventory) -> Finding:
     if inventory.cuda_driver is None:
         return finding(
-            id="stack.cuda_driver",
+            id=ids.STACK_CUDA_DRIVER,
             status=Status.SKIP,
             summary="CUDA driver version unknown (no CUDA driver facts); the 11.7 floor of DMA-BUF is unconfirmed",
             evidence=(Evidence("cuDriverGetVersion()", "unavailable"),),
@@ -134,7 +131,7 @@ def cuda_driver_finding(inventory: StackInventory) -> Finding:
     version = format_cuda_version(inventory.cuda_driver)
     meets = inventory.cuda_driver >= DMABUF_MIN_CUDA_DRIVER
     return finding(
-        id="stack.cuda_driver",
+        id=ids.STACK_CUDA_DRIVER,
         status=Status.INFO,
         summary=f"CUDA driver {version} {'meets' if meets else 'is below'} the 11.7 floor of DMA-BUF",
         evidence=(Evidence("cuDriverGetVersion()", str(inventory.cuda_driver)),),
@@ -144,13 +141,13 @@ def cuda_driver_finding(inventory: StackInventory) -> Finding:
 def ofed_finding(inventory: StackInventory) -> Finding:
     if inventory.ofed_marker:
         return finding(
-            id="stack.ofed",
+            id=ids.STACK_OFED,
             status=Status.INFO,
             summary="MLNX_OFED or DOCA-OFED is installed",
             evidence=(Evidence(inventory.ofed_marker, "present"),),
         )
     return finding(
-        id="stack.ofed",
+        id=ids.STACK_OFED,
         status=Status.INFO,
         summary="no MLNX_OFED or DOCA-OFED (inbox RDMA drivers); the legacy nvidia-peermem path needs one",
         evidence=tuple(Evidence(path, "absent") for path in OFED_MARKERS),
@@ -169,14 +166,14 @@ def path_finding(inventory: StackInventory) -> Finding:
                        if paths.mechanism(nic, gpu) == "DMA-BUF")
         also = ("; peer memory is there too, NCCL prefers DMA-BUF"
                 if paths.peermem_file and mechanisms == ["DMA-BUF"] else "")
-        return finding(id="stack.path", status=Status.OK,
+        return finding(id=ids.STACK_PATH, status=Status.OK,
                        summary="NCCL can register GPU memory with every NIC through "
                                + " and ".join(mechanisms) + (" (NIC side inferred)" if inferred else "") + also,
                        evidence=evidence)
     nics = sorted({nic for nic, _ in disabled})
     nic, gpu = disabled[0]
     return finding(
-        id="stack.path",
+        id=ids.STACK_PATH,
         status=Status.FAIL,
         summary=f"NCCL will log \"GPU Direct RDMA Disabled for HCA\" for {', '.join(nics)}: "
                 + paths.why_not(nic, gpu),
@@ -209,25 +206,25 @@ def peermem_findings(inventory: StackInventory) -> list[Finding]:
     paths = inventory.paths
     module_evidence = Evidence(NVIDIA_PEERMEM_MODULE, "loaded" if inventory.peermem_loaded else "absent")
     if paths.peermem_file:
-        return [finding(id="stack.peermem", status=Status.OK,
+        return [finding(id=ids.STACK_PEERMEM, status=Status.OK,
                         summary=f"NCCL's peer-memory check passes: {paths.peermem_file} exists"
                                 + old_nccl_note(inventory),
                         evidence=(module_evidence, Evidence(paths.peermem_file, "present")))]
     if inventory.peermem_loaded:
         # nvidia-peermem refuses to load unless it registered, and then its version file is there.
         return [finding(
-            id="stack.peermem", status=Status.WARN,
+            id=ids.STACK_PEERMEM, status=Status.WARN,
             summary="/sys/module/nvidia_peermem exists but none of NCCL's peer-memory files does: "
                     "the module is half loaded or unloading, and NCCL does not count it",
             evidence=(module_evidence,) + tuple(Evidence(path, "absent") for path in PEERMEM_FILES),
             fix="Reload it (`rmmod nvidia_peermem; modprobe nvidia-peermem`) and read `dmesg`; if it does "
                 "not load: " + INSTALL_ORDER_FIX)]
     if inventory.paths.dmabuf_everywhere():
-        return [finding(id="stack.peermem", status=Status.OK,
+        return [finding(id=ids.STACK_PEERMEM, status=Status.OK,
                         summary="nvidia_peermem is not loaded, as expected on the DMA-BUF path",
                         evidence=(module_evidence,))]
     # Not loaded and no DMA-BUF either: stack.path carries the failure and the fix.
-    return [finding(id="stack.peermem", status=Status.INFO, summary="nvidia_peermem is not loaded",
+    return [finding(id=ids.STACK_PEERMEM, status=Status.INFO, summary="nvidia_peermem is not loaded",
                     evidence=(module_evidence,))]
 
 
@@ -236,7 +233,7 @@ def legacy_module_findings(ctx: DoctorContext, inventory: StackInventory) -> lis
     if inventory.nv_peer_mem_loaded:
         conflict = inventory.peermem_loaded
         findings.append(finding(
-            id="stack.nv_peer_mem",
+            id=ids.STACK_NV_PEER_MEM,
             status=Status.FAIL if conflict else Status.WARN,
             summary="nv_peer_mem is loaded alongside nvidia_peermem; only one may be loaded" if conflict
             else "the deprecated nv_peer_mem module is the peer-memory path: it works (NCCL counts the "
@@ -247,7 +244,7 @@ def legacy_module_findings(ctx: DoctorContext, inventory: StackInventory) -> lis
         ))
     if ctx.root.exists(GDRCOPY_MODULE):
         findings.append(finding(
-            id="stack.gdrcopy",
+            id=ids.STACK_GDRCOPY,
             status=Status.INFO,
             summary="gdrdrv is loaded: that is GDRCopy (CPU mappings of GPU memory), not GPUDirect RDMA",
             evidence=(Evidence(GDRCOPY_MODULE, "loaded"),),
@@ -260,13 +257,13 @@ def check(ctx: DoctorContext) -> list[Finding]:
     if inventory.driver_line is None:
         if ctx.root.is_denied(DRIVER_VERSION_FILE):
             return [finding(
-                id="stack.driver", status=Status.SKIP,
+                id=ids.STACK_DRIVER, status=Status.SKIP,
                 summary="the NVIDIA driver's version file exists but may not be read by this user: "
                         "the GPU memory path is unknown",
                 evidence=(Evidence(DRIVER_VERSION_FILE, "permission denied"),),
                 fix="Run the doctor as root (sudo gdrprobe doctor).")]
         return [finding(
-            id="stack.driver",
+            id=ids.STACK_DRIVER,
             status=Status.SKIP,
             summary="no NVIDIA kernel driver is loaded, so there is no GPU memory path to classify",
             evidence=(Evidence(DRIVER_VERSION_FILE, "absent"),),

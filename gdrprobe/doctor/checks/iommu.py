@@ -7,11 +7,12 @@ the place to fix it; dmesg is not read because it rotates away.
 
 from __future__ import annotations
 
-from gdrprobe.doctor import pci
+from gdrprobe.doctor.facts import pci
+from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
-GROUP = "iommu"
+GROUP = ids.IOMMU
 CMDLINE = "/proc/cmdline"
 IOMMU_GROUPS_DIR = "/sys/kernel/iommu_groups"
 
@@ -53,19 +54,19 @@ def cmdline_finding(root: SysRoot) -> Finding:
     evidence = (Evidence(CMDLINE, " ".join(f"{k}={v}" for k, v in options.items())
                          or "no IOMMU options"),)
     if options.get("iommu") == "pt" or options.get("iommu.passthrough") == "1":
-        return Finding("iommu.cmdline", GROUP, Status.OK,
+        return Finding(ids.IOMMU_CMDLINE, GROUP, Status.OK,
                        "kernel command line puts host devices in identity (passthrough) mode",
                        evidence)
     if (options.get("iommu") == "off" or _enables(options.get("intel_iommu", ""), "off")
             or _enables(options.get("amd_iommu", ""), "off")):
-        return Finding("iommu.cmdline", GROUP, Status.OK,
+        return Finding(ids.IOMMU_CMDLINE, GROUP, Status.OK,
                        "kernel command line disables the IOMMU", evidence)
     if (_enables(options.get("intel_iommu", ""), "on") or options.get("iommu") == "force"
             or options.get("iommu.passthrough") == "0"):
-        return Finding("iommu.cmdline", GROUP, Status.WARN,
+        return Finding(ids.IOMMU_CMDLINE, GROUP, Status.WARN,
                        "IOMMU enabled without iommu=pt: devices default to translated DMA",
                        evidence, TRANSLATED_FIX)
-    return Finding("iommu.cmdline", GROUP, Status.INFO,
+    return Finding(ids.IOMMU_CMDLINE, GROUP, Status.INFO,
                    "no decisive IOMMU option: the kernel's build default applies "
                    "(see iommu.domain for what each device actually got)", evidence)
 
@@ -88,31 +89,31 @@ def domain_findings(root: SysRoot, devices) -> list[Finding]:
         label = f"{device.name} ({device.bdf})"
         if kind in TRANSLATED_TYPES:
             findings.append(Finding(
-                "iommu.domain", GROUP, Status.FAIL,
+                ids.IOMMU_DOMAIN, GROUP, Status.FAIL,
                 f"{label}: IOMMU domain {kind} (Translated): DMA addresses are remapped, which "
                 "GPUDirect RDMA does not support and which can corrupt memory silently",
                 evidence, TRANSLATED_FIX))
         elif kind == "unmanaged":
             findings.append(Finding(
-                "iommu.domain", GROUP, Status.WARN,
+                ids.IOMMU_DOMAIN, GROUP, Status.WARN,
                 f"{label}: IOMMU domain unmanaged: the device is owned by VFIO or another "
                 "user-space driver, not by the host kernel", evidence,
                 "Bind the device back to its kernel driver (nvidia / mlx5_core) to use it here."))
         elif kind is None and len(evidence) > 1:
             findings.append(Finding(
-                "iommu.domain", GROUP, Status.WARN,
+                ids.IOMMU_DOMAIN, GROUP, Status.WARN,
                 f"{label}: in an IOMMU group, but this kernel does not report the domain type",
                 evidence, "Judge from iommu.cmdline; boot with iommu=pt to be sure DMA is 1:1."))
         elif kind is not None and kind not in IDENTITY_TYPES:
             findings.append(Finding(
-                "iommu.domain", GROUP, Status.WARN,
+                ids.IOMMU_DOMAIN, GROUP, Status.WARN,
                 f"{label}: unexpected IOMMU domain type {kind!r}", evidence,
                 "Expect identity (iommu=pt) or no IOMMU group; check the kernel's IOMMU options."))
         else:
             clear.append((label, evidence))
     if clear:
         findings.append(Finding(
-            "iommu.domain", GROUP, Status.OK,
+            ids.IOMMU_DOMAIN, GROUP, Status.OK,
             "DMA of {} is untranslated (identity domain or no IOMMU)".format(
                 ", ".join(label for label, _ in clear)),
             tuple(item for _, evidence in clear for item in evidence)))
@@ -124,7 +125,7 @@ def check(ctx) -> list[Finding]:
     findings = [cmdline_finding(ctx.root)]
     devices = topology.gpus + topology.nics
     if not devices:
-        findings.append(Finding("iommu.domain", GROUP, Status.SKIP,
+        findings.append(Finding(ids.IOMMU_DOMAIN, GROUP, Status.SKIP,
                                 "no GPU or PCI RDMA NIC to check",
                                 (Evidence(pci.PCI_DEVICES_DIR, "no GPU or RDMA NIC"),)))
         return findings

@@ -1,0 +1,297 @@
+"""The side of a run that drives it: the client chooses the settings, sends them in the
+handshake, writes each round into the server's buffer and measures; the server verifies
+what landed. Either side ending, failing or being interrupted ends the run on both with a
+clear error, and every verbs object and buffer is released."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import socket
+import time
+
+from gdrprobe import _native
+from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
+from gdrprobe.measure.clock import LoopClock, loop_clock, monotonic
+from gdrprobe.measure.loops import (LoopThread, bandwidth_in_flight, bandwidth_result,
+                                    check_status, latency_in_flight, latency_result,
+                                    stall_timeout_s)
+from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
+                                      check_latency_memory)
+from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
+                                   heartbeat_s, latency_config, offset_or_none, remote_buffer)
+from gdrprobe.memory.buffers import open_buffer
+from gdrprobe.memory.provider import MemoryProvider
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.protocol.channel import (Channel, ServerSecret, abort_message,
+                                       authenticate_as_client)
+from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
+                                        Start, Verified, findings_in, send)
+from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
+from gdrprobe.rdma.verbs import port_rate_gbps
+from gdrprobe.report.model import Integrity, RunReport, RunSettings
+
+CONNECT_RETRY_S = 0.5
+
+
+def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
+    if integrity.ok:
+        return
+    details = []
+    if integrity.bad_bytes:
+        details.append(f"{integrity.bad_bytes} of {integrity.bytes_checked} bytes wrong in "
+                       f"{integrity.bad_messages} message(s) ({integrity.coverage}), first "
+                       f"at offset {integrity.first_bad_offset}")
+    if integrity.stray_bytes:
+        details.append(f"{integrity.stray_bytes} bytes written past the message, first at "
+                       f"offset {integrity.first_stray_offset}")
+    raise IntegrityError(f"payload corrupted at {size} B on {where}: " + "; ".join(details),
+                         "GPU buffers: check the IOMMU (must be off or passthrough) and ACS "
+                         "with 'gdrprobe doctor'; host buffers: suspect the NIC or its driver")
+
+
+class ProbeClient:
+    """One run against a server: connect, authenticate, set up (waiting for the server's NIC
+    if another run holds it), measure, say goodbye."""
+
+    def __init__(self, host: str, port: int, token: str | ServerSecret, options: ProbeOptions,
+                 endpoint_options: EndpointOptions, memory: MemorySpec = MemorySpec(),
+                 remote_memory: MemorySpec | None = None, connect_wait_s: float = 0.0,
+                 on_result=None, notice=None):
+        check_tcp_port(port, "server port")
+        check_timeout(options.timeout_s, "time-out")
+        if not (math.isfinite(connect_wait_s) and 0 <= connect_wait_s <= MAX_TIMEOUT_S):
+            raise UsageError(f"connect wait {connect_wait_s:g} s: use 0 to {MAX_TIMEOUT_S:g} s",
+                             "")
+        self.host, self.port, self.token = host, port, token
+        self.connect_wait_s = connect_wait_s
+        self.options = options
+        self.endpoint_options = options.endpoint_options(endpoint_options, server=False)
+        self.memory = memory
+        self.remote_memory = remote_memory
+        self.on_result = on_result      # called with each size's result as it is measured
+        self.notice = notice or (lambda text: None)   # what a person may want to know
+        check_latency_memory(options, memory, remote_memory)
+        self.stop = _native.StopFlag()
+        self.round = 0
+        self.clock: LoopClock | None = None   # chosen when the loops are about to run
+        self.gpu_mechanism = ""   # the GPU side's mechanism, once both buffers are open
+        self.remote_findings = ()   # the server's doctor findings about its GPU buffer
+
+    def connect(self) -> Channel:
+        """Connect, retrying a refused connection for connect_wait_s (a server that is
+        still starting, as when both ends are launched together)."""
+        deadline = time.monotonic() + self.connect_wait_s
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port),
+                                                timeout=self.options.timeout_s)
+                return Channel(sock, self.options.timeout_s, peer="server")
+            except ConnectionRefusedError as error:
+                if time.monotonic() < deadline:
+                    time.sleep(CONNECT_RETRY_S)
+                    continue
+                raise self._unreachable(error) from error
+            except OSError as error:
+                raise self._unreachable(error) from error
+
+    def _unreachable(self, error: OSError) -> PeerError:
+        return PeerError(f"cannot reach a gdrprobe server at {self.host}:{self.port}: "
+                         f"{error.strerror or error}", "start 'gdrprobe serve' on the peer and "
+                         "check the address, the port (-p) and firewalls")
+
+    def run(self) -> RunReport:
+        channel = self.connect()
+        try:
+            authenticate_as_client(channel, self.token)
+            local_ip = channel.sock.getsockname()[0]
+            with Endpoint(self.endpoint_options, local_ip) as endpoint:
+                with open_buffer(self.memory, endpoint, self.options.buffer_bytes,
+                                 self.endpoint_options.remote_write,
+                                 self.options.relaxed_ordering) as memory:
+                    return self._run_with(channel, endpoint, memory)
+        except (GdrprobeError, KeyboardInterrupt) as error:
+            # Tell the server why we stop, if it still listens.
+            channel.send_last("abort", **abort_message(error))
+            if isinstance(error, GdrprobeError):
+                # What the A/B needs of a GPU arm that ended in error: its mechanism, and
+                # the findings of the host that owns a remote GPU buffer.
+                error.mechanism = getattr(error, "mechanism", "") or self.gpu_mechanism
+                error.remote_findings = self.remote_findings or findings_in(error)
+            raise
+        finally:
+            channel.close()
+
+    def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
+        # Only a latency run lets the server write into this side's buffer.
+        own_buffer = remote_buffer(memory) if self.options.mode == "latency" else None
+        send(channel, Setup(self.options, endpoint.address(), own_buffer, self.remote_memory))
+        server = self._await_turn(channel)
+        if server.buffer.length < self.options.buffer_bytes:
+            raise PeerError("the server's buffer is smaller than the largest message", "")
+        self.gpu_mechanism = (memory.report().get("mechanism")
+                              or server.summary.memory.get("mechanism", ""))
+        self.remote_findings = server.findings
+        self.heartbeat_s = heartbeat_s(server.timeout_s)
+        endpoint.connect(server.endpoint)
+        handles = endpoint.handles()
+        self.port_gbps = port_rate_gbps(endpoint.port_attr)
+
+        self.clock = loop_clock(self.options.clock)
+        bandwidth, latency = [], []
+        rows = bandwidth if self.options.mode == "bandwidth" else latency
+        for size in self.options.sizes:
+            result = self._measured_round(channel, handles, memory, server.buffer, size)
+            rows.append(result)
+            if self.on_result is not None:
+                self.on_result(result)
+        channel.send(BYE)
+        return RunReport(
+            settings=self._settings(endpoint, memory), handle_route=handles.route,
+            local=endpoint_summary(endpoint, memory), remote=server.summary,
+            bandwidth=tuple(bandwidth), latency=tuple(latency),
+            remote_findings=self.remote_findings)
+
+    def _measured_round(self, channel, handles, memory, remote, size):
+        """One size's round; measured again with CLOCK_MONOTONIC, which this run then
+        keeps, when the cycle counter disagreed with it over the round."""
+        measure = (self._bandwidth_round if self.options.mode == "bandwidth" else
+                   self._latency_round)
+        while True:
+            self.round += 1
+            result, clock_check = measure(channel, handles, memory, remote, size)
+            doubt = self.clock.doubt(clock_check)
+            if doubt is None:
+                return result
+            self.clock = monotonic(doubt)
+            self.notice(f"{doubt}: measuring the {size}-byte round again with CLOCK_MONOTONIC")
+
+    def _await_turn(self, channel: Channel) -> SetupOk:
+        """The server's setup_ok, after any number of 'queued' messages while other runs
+        hold its NIC: each is a heartbeat, so waiting is never a time-out."""
+        shown = None
+        while True:
+            reply = channel.receive(SetupOk.KIND, Queued.KIND)
+            if reply["type"] == SetupOk.KIND:
+                return SetupOk.from_message(reply, self.options.qps,
+                                            (MIN_TIMEOUT_S, MAX_TIMEOUT_S))
+            queued = Queued.from_message(reply)
+            if queued.position != shown:
+                shown = queued.position
+                self.notice(f"queued at the server behind a run from {queued.running}: "
+                            f"{queued.position - 1} more waiting ahead of this one")
+
+    def _settings(self, endpoint: Endpoint, memory: MemoryProvider) -> RunSettings:
+        o = self.options
+        return RunSettings(mode=o.mode, sizes_bytes=o.sizes, iterations=o.iterations,
+                           warmup_iterations=o.warmup_iterations, duration_s=o.duration_s,
+                           warmup_s=o.warmup_s if o.duration_s else 0.0,
+                           window_bytes=o.window_bytes, qps=o.qps,
+                           tx_depth=o.tx_depth, cq_moderation=o.cq_moderation,
+                           post_list=o.post_list, mtu_bytes=endpoint.mtu,
+                           inline_bytes=self._inline_bytes(memory),
+                           clock=self.clock.description if self.clock else "",
+                           inline_note=("" if memory.inline_capable or not o.max_inline else
+                                        f"inline off: the source is a {memory.kind} buffer "
+                                        "the CPU cannot read where verbs addresses it"))
+
+    def _inline_bytes(self, memory: MemoryProvider) -> int:
+        """Messages up to this size are posted inline; never from a GPU buffer, where the
+        CPU would copy from an IOVA or GPU address and bypass GPUDirect."""
+        return self.options.max_inline if memory.inline_capable else 0
+
+    @staticmethod
+    def _check_loop(channel: Channel, raw: dict, what: str, stall_s: float) -> None:
+        """A failed loop whose peer has also hung up is the peer's failure, not the NIC's."""
+        try:
+            check_status(raw, what, stall_s)
+        except RdmaError as error:
+            time.sleep(0.2)   # a dying peer's socket closes a moment after its QP
+            # A server that ended the run said why before it released its buffer (which
+            # failed our writes): its reason, not the symptom.
+            channel.raise_if_peer_spoke()
+            if channel.peer_gone():
+                raise PeerError(f"{what} failed: the server went away during the run",
+                                "look at the server's host: was it stopped or killed?",
+                                evidence=error.evidence) from error
+            raise
+
+    def _heartbeat(self, channel: Channel, what: str) -> dict:
+        """LoopThread.wait's arguments: every beat tells the server we are alive and ends
+        the loop at once if the server has hung up (a dead server's QP may not say so for
+        a while, and a latency loop would wait for its echo until the stall time-out)."""
+        def beat():
+            channel.raise_if_peer_spoke()
+            if channel.peer_gone():
+                raise PeerError(f"{what} failed: the server went away during the run",
+                                "look at the server's host: was it stopped or killed?")
+            channel.send(PROGRESS)
+
+        return {"tick": beat, "tick_every_s": self.heartbeat_s}
+
+    def _bandwidth_round(self, channel, handles, memory, remote, size):
+        o = self.options
+        what = f"the {size}-byte bandwidth round"
+        seed = _native.pattern_seed(size, self.round)
+        slots = o.slots(size)
+        memory.fill_slots(size, slots, seed)
+        stage_out_s = memory.stage_out(0, slots * size) / slots   # per message
+        # No wait for the server: its buffer was poisoned before setup_ok or the last
+        # "verified", and the channel keeps "start" ahead of "done".
+        send(channel, Start(size, self.round))
+        duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
+        per_qp = None if o.duration_s else o.iterations + o.warmup_iterations
+        stall_s = stall_timeout_s(bandwidth_in_flight(size, o.qps, o.tx_depth, per_qp),
+                                  self.port_gbps)
+        config = _native.BandwidthConfig(
+            handles.qps, handles.cq, local_addr=memory.address, lkey=memory.lkey,
+            remote_addr=remote.address, rkey=remote.rkey, msg_size=size,
+            iterations=o.iterations, warmup_iterations=o.warmup_iterations,
+            duration_ns=duration_ns, warmup_ns=int(o.warmup_s * 1e9) if duration_ns else 0,
+            window_messages=o.window_messages(size), tx_depth=o.tx_depth,
+            cq_mod=o.cq_moderation, post_list=o.post_list,
+            max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
+            slots=slots, **self.clock.loop_args())
+        raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
+            **self._heartbeat(channel, what))
+        self._check_loop(channel, raw, what, stall_s)
+        send(channel, Done(raw["posted"]))
+        verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
+        raise_if_corrupt(verified.integrity, size, "the server")
+        # A staged side copies every message once between GPU and host: charge that time.
+        stage_in_s = verified.stage_in_s
+        raw["elapsed_ns"] += int(raw["messages"] * (stage_out_s + stage_in_s) * 1e9)
+        result = bandwidth_result(size, raw, verified.integrity)
+        if stage_out_s + stage_in_s > 0:   # what a pipeline overlapping copies could reach
+            result = dataclasses.replace(
+                result, stage_copy_gbps=size * 8 / (stage_out_s + stage_in_s) / 1e9)
+        return result, raw["clock_check"]
+
+    def _latency_round(self, channel, handles, memory, remote, size):
+        o = self.options
+        what = f"the {size}-byte latency round"
+        half = memory.length // 2
+        seed = _native.pattern_seed(size, self.round)
+        memory.zero()
+        memory.fill_pattern(half, size, seed)
+        send(channel, Start(size, self.round))
+        channel.receive(READY)
+        stall_s = stall_timeout_s(latency_in_flight(size), self.port_gbps)
+        config = latency_config(handles, memory, remote, size, o.iterations,
+                                self.endpoint_options.max_inline, True, stall_s, self.clock)
+        raw = LoopThread(_native.run_latency, config, self.stop).wait(
+            **self._heartbeat(channel, what))
+        self._check_loop(channel, raw, what, stall_s)
+        send(channel, Done())
+        integrity = Verified.from_message(channel.receive(Verified.KIND),
+                                          bandwidth=False).integrity
+        raise_if_corrupt(integrity, size, "the server")
+        # The echo too: the server wrote the same pattern into our receive half (its last
+        # byte is the loop's tag).
+        echo_bad, echo_first = memory.verify_pattern(0, size - 1, seed)
+        echo = Integrity(checked=True, bytes_checked=size - 1, bad_bytes=echo_bad,
+                         first_bad_offset=offset_or_none(echo_first), stray_bytes=0,
+                         first_stray_offset=None, messages_total=o.iterations,
+                         bad_messages=int(echo_bad > 0))
+        raise_if_corrupt(echo, size, "this side (the server's echo)")
+        return latency_result(size, o.iterations, raw["round_trip"], integrity), raw["clock_check"]

@@ -1,0 +1,366 @@
+"""The side of a run that lends its scratch buffer: the server checks the client's settings
+against its limits, builds a matching endpoint and buffer, and then follows the client
+round by round: poison its buffer, let the client write, verify what landed.
+
+The server accepts and authenticates every connection at once, each in a thread of its
+own, so a stranger (an idle socket, a client trickling bytes) never makes a client wait;
+authenticated clients then take the NIC one at a time, in order, and a waiting client is
+told its place and kept alive with messages until its turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import socket
+import sys
+import threading
+import time
+
+from gdrprobe import _native, defaults
+from gdrprobe.errors import GdrprobeError, PeerError, UsageError
+from gdrprobe.measure.clock import loop_clock
+from gdrprobe.measure.loops import LoopThread, check_status, latency_in_flight, stall_timeout_s
+from gdrprobe.measure.nic_queue import NicQueue
+from gdrprobe.measure.options import ProbeOptions, check_latency_memory
+from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
+                                   heartbeat_s, latency_config, offset_or_none, remote_buffer)
+from gdrprobe.memory.buffers import open_buffer
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.protocol.admission import Admission
+from gdrprobe.protocol.channel import (Channel, ServerSecret, WrongToken,
+                                       authenticate_as_server)
+from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
+                                        Start, Verified, error_with_findings, send)
+from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
+from gdrprobe.rdma.verbs import port_rate_gbps
+from gdrprobe.report.model import Integrity
+
+MIN_MAX_BUFFER = 2 * 4096       # the smallest run: a page for the message, a page past it
+# A connection must prove the token within this, whatever --timeout says: enough for two
+# round trips and the client's one scrypt on a slow (emulated) machine, short enough that
+# strangers holding connections open cost little.
+PRE_AUTH_S = 10.0
+LISTEN_BACKLOG = 1024          # the kernel caps it at net.core.somaxconn
+PREFLIGHT_BYTES = MIN_MAX_BUFFER
+ACCEPT_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED)
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class ProbeServer:
+    """Serves runs, one at a time on the NIC, to clients that prove the token; a failed
+    or hostile client ends only its own connection, and a stranger never delays anyone.
+
+    findings: this host's doctor findings, sent as given to a client whose run uses a GPU
+    buffer here (with setup_ok, or with the error that ended the run), so its verdict can
+    confirm or rule out causes on the host that owns the buffer; the caller chooses them."""
+
+    def __init__(self, token: str | ServerSecret, endpoint_options: EndpointOptions, *,
+                 bind: str = defaults.BIND, port: int = defaults.PORT,
+                 timeout_s: float = defaults.TIMEOUT_S, max_buffer: int = defaults.MAX_BUFFER,
+                 memory: MemorySpec = MemorySpec(), log=None, findings=(),
+                 preflight: bool = True):
+        check_timeout(timeout_s, "server time-out")
+        check_tcp_port(port, "server port", allow_any=True)
+        if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or \
+                max_buffer < MIN_MAX_BUFFER:
+            raise UsageError(f"--max-buffer {max_buffer}: use at least {MIN_MAX_BUFFER} bytes",
+                             "the default is 256 MiB")
+        self.endpoint_options = endpoint_options
+        self.timeout_s = timeout_s
+        self.max_buffer = max_buffer
+        self.memory = memory
+        self.findings = tuple(findings)
+        self._log = log or _stderr
+        self.stop = _native.StopFlag()
+        self.admission = Admission(lambda text: self.log(f"gdrprobe serve: {text}"))
+        self._nic = NicQueue()
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+        self._channels: set[Channel] = set()
+        self._closing = False
+        self._runs: int | None = None
+        self._served = 0
+        self._last_error: GdrprobeError | None = None
+        if preflight:
+            self._preflight(bind)
+        # A ServerSecret instead of a token: a loopback server, its key shared in-process.
+        self.secret = token if isinstance(token, ServerSecret) else ServerSecret(token)
+        try:
+            self.listener = socket.create_server((bind, port), backlog=LISTEN_BACKLOG)
+        except (OSError, OverflowError) as error:
+            raise UsageError(f"cannot listen on {bind}:{port}: "
+                             f"{getattr(error, 'strerror', None) or error}",
+                             "pick another port with -p or stop what uses it") from error
+        self.port = self.listener.getsockname()[1]
+
+    def log(self, text: str) -> None:
+        """Log a line; a reader of stderr that went away must not stop the server."""
+        try:
+            self._log(text)
+        except (OSError, ValueError):
+            pass
+
+    def _preflight(self, bind: str) -> None:
+        """Open what every run will need before listening, so a server that cannot serve
+        says why at once instead of failing every client: the device, its port, a GID for
+        the bind address, and a registered buffer of its own memory kind."""
+        local_ip = None if bind in ("", "0.0.0.0", "::") else bind
+        options = dataclasses.replace(self.endpoint_options, num_qps=1, tx_depth=1,
+                                      max_inline=0)
+        with Endpoint(options, local_ip) as endpoint:
+            with open_buffer(self.memory, endpoint, PREFLIGHT_BYTES, True):
+                pass
+
+    # -- accepting -----------------------------------------------------------------
+
+    def serve(self, runs: int | None = None) -> None:
+        """Serve until interrupted, or until `runs` authenticated runs have ended; then
+        raise the last one's error (so `serve --once` exits as its run ended)."""
+        self._runs = runs
+        try:
+            while True:
+                try:
+                    conn, address = self.listener.accept()
+                except OSError as error:
+                    if self._closing:
+                        break
+                    if error.errno not in ACCEPT_TRANSIENT:
+                        raise
+                    # Out of descriptors or buffers for a moment: say so, breathe, go on.
+                    self.admission.log("", "accept", f"accepting a connection failed: {error}")
+                    time.sleep(0.1)
+                    continue
+                self._start_connection(conn, address[0])
+        finally:
+            self.close()
+        if self._last_error is not None:
+            raise self._last_error
+
+    def _start_connection(self, conn: socket.socket, source: str) -> None:
+        if self._closing or not self.admission.admit(source):
+            conn.close()
+            return
+        thread = threading.Thread(target=self._connection, args=(conn, source),
+                                  name=f"gdrprobe-client-{source}", daemon=True)
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def close(self) -> None:
+        """Stop accepting, end every connection (a run in progress releases its verbs
+        objects and buffer as it ends) and wait for them, boundedly."""
+        with self._lock:
+            self._closing = True
+            channels, threads = list(self._channels), list(self._threads)
+        self._stop_listening()
+        self.stop.set()
+        for channel in channels:
+            channel.shutdown()
+        deadline = time.monotonic() + self.timeout_s
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _stop_listening(self) -> None:
+        """A serve() blocked in accept() returns with an OSError."""
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+
+    # -- one connection --------------------------------------------------------------
+
+    def _connection(self, conn: socket.socket, source: str) -> None:
+        channel = Channel(conn, PRE_AUTH_S, peer=f"client {source}")
+        with self._lock:
+            self._channels.add(channel)
+        authenticated = False
+        try:
+            try:
+                authenticate_as_server(channel, self.secret, time.monotonic() + PRE_AUTH_S)
+            except WrongToken:
+                self.admission.wrong_proof(source)
+                return
+            except GdrprobeError as error:
+                # Never believed, never shown verbatim: only the reason we gave up.
+                self.admission.log(source, "unauthenticated", f"a connection from {source} "
+                                   f"ended before it proved the token: {error.cause}")
+                return
+            authenticated = True
+            self.admission.authenticated(source)
+            channel.timeout = self.timeout_s
+            self._count(source, self._authenticated_run(channel, source))
+        except Exception as error:   # a bug must not take the server down
+            self.log(f"gdrprobe serve: a connection from {source} hit a gdrprobe bug: "
+                     f"{error!r}")
+        finally:
+            self.admission.closed(source, authenticated)
+            channel.close()
+            with self._lock:
+                self._channels.discard(channel)
+                self._threads.discard(threading.current_thread())
+
+    def _authenticated_run(self, channel: Channel, source: str) -> GdrprobeError | None:
+        """One client's run; its error (also sent to it), or None."""
+        try:
+            self.serve_one(channel, source)
+        except GdrprobeError as error:
+            channel.send_last("error", **error_with_findings(
+                error, getattr(error, "owner_findings", ())))
+            if not self._closing:
+                self.log(f"gdrprobe serve: run from {source} ended: {error.cause}")
+            return error
+        self.log(f"gdrprobe serve: run from {source} finished")
+        return None
+
+    def _count(self, source: str, error: GdrprobeError | None) -> None:
+        """Count an authenticated run; after the last one asked for, stop accepting."""
+        with self._lock:
+            if self._closing:
+                return   # cut off by the server's own end: not a run
+            self._served += 1
+            if self._runs is None or self._served < self._runs:
+                return
+            self._closing = True
+            self._last_error = error
+        self._stop_listening()
+
+    def serve_one(self, channel: Channel, source: str) -> None:
+        """An authenticated client: its settings, its turn on the NIC, its rounds."""
+        setup = Setup.from_message(channel.receive(Setup.KIND), self._checked_options,
+                                   self._memory_choice)
+        options = setup.settings
+        spec = self.memory if setup.server_memory is None else setup.server_memory
+        check_latency_memory(options, spec, None)
+
+        def waiting(position: int, holder: str, held_s: float) -> None:
+            if self._closing:
+                raise PeerError("the server is shutting down (it served its last run)",
+                                "start the server again, without --once to serve many runs")
+            if channel.peer_gone():
+                raise PeerError(f"the client at {source} left the queue", "")
+            send(channel, Queued(position, holder, held_s))
+
+        with self._nic.turn(source, heartbeat_s(options.timeout_s), waiting):
+            self.stop.clear()
+            local_ip = channel.sock.getsockname()[0]
+            try:
+                with Endpoint(options.endpoint_options(self.endpoint_options, server=True),
+                              local_ip) as endpoint:
+                    with open_buffer(spec, endpoint, options.buffer_bytes, True,
+                                     options.relaxed_ordering) as memory:
+                        self._serve_rounds(channel, options, endpoint, memory, setup)
+            except GdrprobeError as error:
+                # A GPU buffer that would not register, or a broken path into it: the
+                # client's verdict needs this host's findings about it all the more.
+                if spec.kind == "gpu":
+                    error.owner_findings = self.findings
+                raise
+
+    @staticmethod
+    def _memory_choice(message: dict) -> MemorySpec:
+        """The client's choice of this side's memory."""
+        try:
+            return MemorySpec.from_message(message)
+        except UsageError as error:
+            raise PeerError(f"the client asked for impossible memory: {error.cause}",
+                            "") from error
+
+    def _checked_options(self, message: dict) -> ProbeOptions:
+        try:
+            options = ProbeOptions.from_message(message)
+        except UsageError as error:
+            raise PeerError(f"the client asked for impossible settings: {error.cause}",
+                            "") from error
+        if options.buffer_bytes > self.max_buffer:
+            raise PeerError(f"the client asked for a {options.buffer_bytes}-byte buffer; this "
+                            f"server allows {self.max_buffer}", "use smaller sizes or start "
+                            "the server with a larger --max-buffer")
+        return options
+
+    # -- the rounds ----------------------------------------------------------------------
+
+    def _serve_rounds(self, channel, options, endpoint, memory, setup: Setup):
+        endpoint.connect(setup.endpoint)
+        handles = endpoint.handles()
+        if options.mode == "bandwidth":
+            memory.poison()   # for the first round (see _bandwidth_round)
+        send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
+                              endpoint_summary(endpoint, memory), self.timeout_s,
+                              self.findings if memory.kind == "gpu" else ()))
+        while True:
+            message = channel.receive(Start.KIND, BYE)
+            if message["type"] == BYE:
+                return
+            start = Start.from_message(message, max(options.sizes))
+            seed = _native.pattern_seed(start.size, start.round)
+            if options.mode == "bandwidth":
+                self._bandwidth_round(channel, options, memory, start.size, seed)
+            else:
+                self._latency_round(channel, options, endpoint, handles, memory,
+                                    setup.buffer, start.size, seed)
+
+    def _wait_for_done(self, channel: Channel, bandwidth: bool) -> Done:
+        """The client's heartbeats keep the run alive; silence past the time-out ends it."""
+        while (message := channel.receive(PROGRESS, Done.KIND))["type"] != Done.KIND:
+            pass
+        return Done.from_message(message, bandwidth)
+
+    def _bandwidth_round(self, channel, options, memory, size, seed):
+        """Verify a round the client has written. The buffer is poisoned again for the next
+        round (the slots: past them a stray write fails the run) before "verified" goes
+        out, so the client writes at once after "start": one round trip a size, not two."""
+        posted = self._wait_for_done(channel, bandwidth=True).messages
+        if posted == 0:
+            raise PeerError(f"the client ended the {size}-byte round without writing", "")
+        used = min(options.slots(size), posted)   # slots holding the last messages
+        memory.flush_remote_writes()
+        stage_in_s = memory.stage_in(0, used * size) / used   # per message
+        bad_messages, bad, first_bad = memory.verify_slots(size, used, seed)
+        stray, first_stray = memory.verify_poison(used * size)
+        memory.poison(used * size)   # the rest was just found to be poison still
+        integrity = Integrity(checked=True, bytes_checked=used * size, bad_bytes=bad,
+                              first_bad_offset=offset_or_none(first_bad), stray_bytes=stray,
+                              first_stray_offset=offset_or_none(first_stray),
+                              messages_checked=used, messages_total=posted,
+                              bad_messages=bad_messages)
+        send(channel, Verified(integrity, stage_in_s))
+
+    def _latency_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
+        if remote is None:
+            raise PeerError("a latency run needs the client's buffer", "")
+        half = memory.length // 2
+        memory.zero()
+        memory.fill_pattern(half, size, seed)
+        what = f"the {size}-byte latency round"
+        stall_s = stall_timeout_s(latency_in_flight(size), port_rate_gbps(endpoint.port_attr))
+        # The responder times nothing: its clock only keeps the stall deadline.
+        config = latency_config(handles, memory, remote, size, options.iterations,
+                                options.max_inline, False, stall_s, loop_clock(options.clock))
+        responder = LoopThread(_native.run_latency, config, self.stop)
+        try:
+            responder.start()
+            channel.send(READY)
+            self._wait_for_done(channel, bandwidth=False)
+        except BaseException:
+            responder.finish()
+            raise
+        # Our last echo may still wait for its acknowledgement when the client, which has
+        # it already, says done: give it the time one message may take.
+        raw = responder.finish(grace_s=stall_s)
+        if raw["status"] == _native.STATUS_STOPPED and not self._closing:
+            raise PeerError(f"the client ended {what} after {raw['completed']} of "
+                            f"{options.iterations} round trips", "")
+        check_status(raw, what, stall_s)
+        # The client's last message arrived in our receive half; its last byte is the tag.
+        bad, first_bad = memory.verify_pattern(0, size - 1, seed)
+        integrity = Integrity(checked=True, bytes_checked=size - 1, bad_bytes=bad,
+                              first_bad_offset=offset_or_none(first_bad), stray_bytes=0,
+                              first_stray_offset=None, messages_total=options.iterations,
+                              bad_messages=int(bad > 0))
+        send(channel, Verified(integrity))

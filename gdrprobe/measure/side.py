@@ -1,0 +1,69 @@
+"""What the client and the server do alike, each on its side of a run: check the arguments
+they are made with, pace their heartbeats, describe their side (to the peer and in the
+report), and set up the latency loop, which both sides of its ping-pong run."""
+
+from __future__ import annotations
+
+import math
+import socket
+
+from gdrprobe import _native
+from gdrprobe.errors import UsageError
+from gdrprobe.measure.clock import LoopClock
+from gdrprobe.measure.options import MAX_TIMEOUT_S, MIN_TIMEOUT_S
+from gdrprobe.memory.provider import MemoryProvider
+from gdrprobe.protocol.messages import RemoteBuffer
+from gdrprobe.rdma.endpoint import Endpoint
+from gdrprobe.report.model import EndpointSummary
+
+HEARTBEATS_PER_TIMEOUT = 4     # a peer beats this often within the other side's time-out
+MAX_HEARTBEAT_S = 2.0
+
+
+def check_timeout(timeout_s: float, what: str) -> None:
+    if not (math.isfinite(timeout_s) and MIN_TIMEOUT_S <= timeout_s <= MAX_TIMEOUT_S):
+        raise UsageError(f"{what} {timeout_s:g} s: use {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} s",
+                         "the slowest step of a run (the server's set-up) needs a few seconds")
+
+
+def check_tcp_port(port: int, what: str, allow_any: bool = False) -> None:
+    """1 to 65535 (0 too, meaning any free port, where allow_any)."""
+    if isinstance(port, bool) or not isinstance(port, int) or \
+            not (0 if allow_any else 1) <= port <= 65535:
+        raise UsageError(f"{what} {port} is not a TCP port", "use 1 to 65535")
+
+
+def heartbeat_s(peer_timeout_s: float) -> float:
+    """How often to tell the peer this side is alive: well within the peer's time-out."""
+    return min(MAX_HEARTBEAT_S, peer_timeout_s / HEARTBEATS_PER_TIMEOUT)
+
+
+def remote_buffer(memory: MemoryProvider) -> RemoteBuffer:
+    """This side's buffer as the peer addresses it when it writes."""
+    return RemoteBuffer(memory.address, memory.rkey, memory.length)
+
+
+def endpoint_summary(endpoint: Endpoint, memory: MemoryProvider) -> EndpointSummary:
+    """What a report says about one side of a run."""
+    return EndpointSummary(host=socket.gethostname(), device=endpoint.device,
+                           port=endpoint.options.port, gid_index=endpoint.gid_index,
+                           gid=endpoint.gid, mtu_bytes=endpoint.mtu,
+                           qp_numbers=tuple(qp.qp_num for qp in endpoint.qps),
+                           memory=memory.report())
+
+
+def offset_or_none(first: int) -> int | None:
+    """A verifier's first wrong offset (-1: none) as a report says it."""
+    return None if first < 0 else first
+
+
+def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
+                   max_inline: int, initiator: bool, stall_s: float, clock: LoopClock):
+    """The ping-pong loop's settings for one side: it sends from the upper half of its
+    buffer and the peer writes into the lower half."""
+    half = memory.length // 2
+    return _native.LatencyConfig(
+        handles.qps[0], handles.cq, send_addr=memory.address + half, lkey=memory.lkey,
+        recv_addr=memory.address, remote_addr=remote.address, rkey=remote.rkey,
+        msg_size=size, iterations=iterations, max_inline=max_inline, initiator=initiator,
+        stall_timeout_ns=int(stall_s * 1e9), **clock.loop_args())

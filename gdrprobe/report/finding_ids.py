@@ -1,0 +1,111 @@
+"""The ids of the doctor's findings, named once. The checks that produce a finding and every
+reader that acts on one (the verdict, a server choosing what to send its clients) use these
+names, so an id cannot be renamed on one side only. The strings themselves are part of what
+users and peers see: the JSON report, ``gdrprobe doctor``'s text, the findings a server sends.
+
+An id is ``<group>.<what>``; the group is the flowchart group the finding is shown under.
+Findings about one device or variable carry its name in the middle (``gpu.0000:3b:00.0.bar1``),
+made by the functions below.
+"""
+
+from __future__ import annotations
+
+# ---- the groups, in the order the doctor runs them (gdrprobe.doctor.runner) -------------
+TOPOLOGY = "topology"
+STACK = "stack"
+GPU = "gpu"
+MEMLOCK = "memlock"
+IOMMU = "iommu"
+ACS = "acs"
+NCCL = "nccl"
+NIC = "nic"
+ACCESS = "access"
+
+# ---- topology: where the GPUs and NICs sit --------------------------------------------
+TOPOLOGY_DEVICES = "topology.devices"
+TOPOLOGY_SOFTWARE_NIC = "topology.software_nic"
+TOPOLOGY_VM = "topology.vm"
+TOPOLOGY_MATRIX = "topology.matrix"
+TOPOLOGY_NVML = "topology.nvml"
+TOPOLOGY_NCCL_LEVEL = "topology.nccl_level"
+TOPOLOGY_DISTANCE = "topology.distance"
+
+# ---- stack: the kernel path to GPU memory ---------------------------------------------
+STACK_DRIVER = "stack.driver"
+STACK_KERNEL = "stack.kernel"
+STACK_CUDA_DRIVER = "stack.cuda_driver"
+STACK_OFED = "stack.ofed"
+STACK_PATH = "stack.path"
+STACK_PEERMEM = "stack.peermem"
+STACK_NV_PEER_MEM = "stack.nv_peer_mem"
+STACK_GDRCOPY = "stack.gdrcopy"
+
+# ---- gpu: the CUDA driver's and NVML's facts ------------------------------------------
+GPU_CUDA = "gpu.cuda"
+GPU_NVML = "gpu.nvml"
+
+# ---- memlock, iommu, acs ----------------------------------------------------------------
+MEMLOCK_LIMIT = "memlock.limit"
+MEMLOCK_JOBS = "memlock.jobs"
+MEMLOCK_CAP_IPC_LOCK = "memlock.cap_ipc_lock"
+MEMLOCK_CONTAINER = "memlock.container"
+IOMMU_CMDLINE = "iommu.cmdline"
+IOMMU_DOMAIN = "iommu.domain"
+ACS_BRIDGE = "acs.bridge"
+
+# ---- nccl: NCCL's variables and its decision per GPU -----------------------------------
+NCCL_ENV = "nccl.env"
+
+# ---- nic: devices, ports, verbs nodes -----------------------------------------------------
+NIC_SYSFS = "nic.sysfs"
+NIC_DEVICES = "nic.devices"
+NIC_PORTS = "nic.ports"
+NIC_DEV_INFINIBAND = "nic.dev_infiniband"
+NIC_MLX5_SCATTER_TO_CQE = "nic.mlx5_scatter_to_cqe"
+
+# ---- the runner's own ---------------------------------------------------------------------
+ACCESS_DENIED = "access.denied"
+
+
+def crashed(group: str) -> str:
+    """A check of ``group`` raised: a gdrprobe bug, reported as a finding."""
+    return f"{group}.crashed"
+
+
+def gpu_bar1(bdf: str) -> str:
+    return f"gpu.{bdf}.bar1"
+
+
+def is_gpu_bar1(finding_id: str) -> bool:
+    return finding_id.startswith(GPU + ".") and finding_id.endswith(".bar1")
+
+
+def gpu_rdma(bdf: str) -> str:
+    return f"gpu.{bdf}.rdma"
+
+
+def gpu_dmabuf(bdf: str) -> str:
+    return f"gpu.{bdf}.dmabuf"
+
+
+def gpu_write_ordering(bdf: str) -> str:
+    return f"gpu.{bdf}.write_ordering"
+
+
+def nccl_variable(name: str) -> str:
+    """A finding about one NCCL variable: NCCL_IB_HCA -> nccl.ib_hca."""
+    return "nccl." + name.removeprefix("NCCL_").lower()
+
+
+def nccl_gpu(bdf: str) -> str:
+    """NCCL's decision for one GPU."""
+    return f"nccl.gpu.{bdf}"
+
+
+def nic_port(device: str, port: str, what: str) -> str:
+    """A finding about one port: nic.mlx5_0.port1.state, nic.mlx5_0.port1.roce_v2_gid."""
+    return f"nic.{device}.port{port}.{what}"
+
+
+def in_group(finding_id: str, group: str) -> bool:
+    return finding_id.startswith(group + ".")

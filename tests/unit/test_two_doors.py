@@ -1,0 +1,159 @@
+"""The command line and the public API are one door: for every command, the flags and the
+equivalent call reach the engine with the same settings, memory, endpoint and findings,
+and return the same kind of report. The engine's entry points are replaced by recorders;
+nothing here opens a device."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import gdrprobe
+from gdrprobe import defaults
+from gdrprobe.cli import main
+from tests.unit.test_ab import fake_probe
+
+FINDINGS = ("a finding of this host",)
+TOKEN = "a-token-of-32-characters-or-more-0123"
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """Recorders in place of the run engine, the server, the doctor and MPI."""
+    from gdrprobe.campaign import cluster, machine
+    from gdrprobe.measure import loopback, server
+
+    calls: list[tuple] = []
+    run_once, _ = fake_probe(gpu_gbps=97.0)
+
+    def runner(options, endpoint, host=None, port=None, token=None, connect_wait_s=0.0,
+               on_result=None, notice=None):
+        calls.append(("runner", options, endpoint, host, port, token, connect_wait_s))
+
+        def probe(local, remote):
+            calls.append(("probe", local, remote))
+            return run_once(local, remote)
+        return probe
+
+    class Server:
+        port = 18750
+
+        def __init__(self, token, endpoint, **kwargs):
+            calls.append(("server", token, endpoint, kwargs))
+
+        def serve(self, runs=None):
+            calls.append(("serve", runs))
+
+        def close(self):
+            pass
+
+    def run_cluster(comm, pattern, serve, find_address, measure, slow_fraction):
+        calls.append(("cluster", pattern, slow_fraction))
+        return None
+
+    monkeypatch.setattr(loopback, "runner", runner)
+    monkeypatch.setattr(server, "ProbeServer", Server)
+    monkeypatch.setattr(machine, "doctor_findings",
+                        lambda local, loopback: FINDINGS if local.kind == "gpu" else ())
+    monkeypatch.setattr(machine, "served_findings", lambda: FINDINGS)
+    monkeypatch.setattr(cluster, "world", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(cluster, "run_cluster", run_cluster)
+    monkeypatch.setattr(cluster, "pair_probe", lambda *args: ("pair_probe", *args))
+    return calls
+
+
+def through_cli(engine, argv: list[str], capsys) -> list[tuple]:
+    engine.clear()
+    code = main(argv)
+    capsys.readouterr()
+    assert code == 0, argv
+    return list(engine)
+
+
+def through_api(engine, call) -> list[tuple]:
+    engine.clear()
+    call()
+    return list(engine)
+
+
+@pytest.mark.parametrize("argv, call", [
+    (["run", "--loopback"], lambda: gdrprobe.run(loopback=True)),
+    (["run", "--loopback", "--latency"], lambda: gdrprobe.run(loopback=True, mode="latency")),
+    (["run", "--loopback", "-s", "4096", "-n", "10", "-q", "2"],
+     lambda: gdrprobe.run(loopback=True, size=4096, iterations=10, qps=2)),
+    (["run", "10.0.0.2", "--token", TOKEN, "-p", "18800"],
+     lambda: gdrprobe.run("10.0.0.2", token=TOKEN, port=18800)),
+])
+def test_a_run_reaches_the_engine_the_same_way(engine, capsys, argv, call):
+    assert through_cli(engine, argv, capsys) == through_api(engine, call)
+
+
+def test_a_gpu_buffer_makes_both_doors_run_the_a_b(engine, capsys):
+    cli = through_cli(engine, ["run", "--loopback", "--mem", "gpu"], capsys)
+    api_calls = []
+    engine.clear()
+    report = gdrprobe.run(loopback=True, mem="gpu")
+    api_calls = list(engine)
+    assert cli == api_calls
+    assert report.kind == "check" and report.verdict.classification == "engaged"
+    options = cli[0][1]
+    assert options.sizes == (defaults.A_B_SIZE,)             # the A/B's size, both doors
+    assert [call[1].kind for call in cli if call[0] == "probe"] == ["host", "gpu"] * 3
+
+
+def test_serving_any_memory_is_the_same_through_both_doors(engine, capsys):
+    argv = ["serve", "--once", "--token", TOKEN, "--mem", "gpu", "--gpu", "1",
+            "--max-buffer", str(64 << 20)]
+    cli = through_cli(engine, argv, capsys)
+    api = through_api(engine, lambda: gdrprobe.serve(TOKEN, runs=1, mem="gpu", gpu="1",
+                                                     max_buffer=64 << 20))
+    assert cli == api
+    _, token, endpoint, kwargs = cli[0]
+    assert kwargs["memory"].kind == "gpu" and kwargs["memory"].gpu == "1"
+    assert kwargs["max_buffer"] == 64 << 20 and kwargs["findings"] == FINDINGS
+    assert kwargs["port"] == defaults.PORT and cli[1] == ("serve", 1)
+
+
+def test_the_cluster_is_written_once(engine, capsys):
+    cli = through_cli(engine, ["cluster", "--slow-fraction", "0.7"], capsys)
+    api = through_api(engine, lambda: gdrprobe.cluster(slow_fraction=0.7))
+    assert cli == api == [("cluster", "all", 0.7)]
+
+
+def test_every_default_the_cli_shows_is_the_table_s(capsys):
+    for command, shown in (("run", f"default {defaults.SIZE}"),
+                           ("serve", f"default {defaults.MAX_BUFFER >> 20} MiB"),
+                           ("check", f"default {defaults.CHECK_TIME_BUDGET_S:g}"),
+                           ("cluster", f"default {defaults.SLOW_FRACTION:g}"),
+                           ("bench", f"default {defaults.MAX_DROP:g}")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert shown in " ".join(capsys.readouterr().out.split()), command
+
+
+def test_the_gate_is_the_same_through_both_doors(engine, capsys, monkeypatch):
+    from gdrprobe.campaign import machine
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
+
+    bus = "0000:3b:00.0"
+    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
+                         findings=FINDINGS)
+    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    cli = through_cli(engine, ["check", "-q"], capsys)
+    api = through_api(engine, lambda: gdrprobe.check())
+    runs = [call for call in cli if call[0] == "runner"]
+    assert len(runs) >= 2 and runs[0][2].device == "mlx5_0"
+    assert untimed(cli) == untimed(api)
+    # Both doors bound the check by the same budget: windows of a fixed duration.
+    assert {call[1].duration_s is not None for call in runs} == {True}
+
+
+def untimed(calls: list[tuple]) -> list:
+    """The calls without what the clock decides: a budgeted run's time-out is what is left
+    of the budget when it starts."""
+    import dataclasses
+
+    return [(call[0], {**dataclasses.asdict(call[1]), "timeout_s": None}, call[2])
+            if call[0] == "runner" else call for call in calls]
