@@ -19,7 +19,7 @@ from gdrprobe.errors import ExitCode, GdrprobeError, UsageError
 __version__ = "0.1.0"
 
 __all__ = ["ExitCode", "GdrprobeError", "__version__", "list_devices", "run", "serve",
-           "server", "check", "require", "bench", "cluster", "doctor", "capture",
+           "server", "check", "require", "bench", "cluster", "diagnose", "capture",
            "read_nccl_log", "new_token", "token_warning", "TOKEN_ENV"]
 
 TOKEN_ENV = "GDRPROBE_TOKEN"   # where the command line looks for a token it was not given
@@ -36,9 +36,11 @@ def list_devices(device: str | None = None):
     return _list_devices(device)
 
 
-def doctor(root: str = "/"):
-    """Every prerequisite check: a :class:`gdrprobe.report.model.DoctorReport` (its
-    ``exit_code`` is 1 when a check failed)."""
+def diagnose(root: str = "/"):
+    """Every prerequisite check (``gdrprobe doctor``): a
+    :class:`gdrprobe.report.model.DoctorReport` (its ``exit_code`` is 1 when a check
+    failed). Not named doctor: that name is the gdrprobe.doctor package's, which importing
+    it binds on this module."""
     from gdrprobe.doctor.runner import run_doctor
 
     return run_doctor(root)
@@ -222,8 +224,9 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     verdict is clear (2 repeats at least, `repeats` at most; a GPU arm that cannot run ends
     it after one host run). time_budget_s (default CHECK_TIME_BUDGET_S; None: no limit)
     is a hard limit on the whole check, doctor and set-up included: runs are
-    fixed-duration runs sized to it, and no run starts that it cannot hold. Returns a :class:`gdrprobe.report.model.CheckReport`; its
-    ``verdict.classification`` is engaged, degraded, not engaged or not testable."""
+    fixed-duration runs sized to it, and no run starts that it cannot hold. Returns a
+    :class:`gdrprobe.report.model.CheckReport`; its ``verdict.classification`` is
+    engaged, degraded, not engaged or not testable."""
     import dataclasses
 
     from gdrprobe.campaign.ab import ab_test

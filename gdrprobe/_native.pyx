@@ -289,9 +289,10 @@ cdef class LatencyLoopResult:
     cdef readonly RoundTripSummary round_trip        # None: the responder, or a failed run
 
 
-cdef int _check_inside(str what, uint64_t end, memory) except -1:
+cdef int _check_inside(str what, end, memory) except -1:
     """The loop's CPU (the latency tag) and the NIC under the config's lkey touch the local
-    buffer: nothing it is told to touch may lie past the buffer's end."""
+    buffer: nothing it is told to touch may lie past the buffer's end (a Python int: the
+    sum of two C integers could wrap)."""
     if end > memory.length:
         raise ValueError(f"{what} end at byte {end}, past the {memory.length}-byte buffer")
     return 0
@@ -317,7 +318,7 @@ cdef class BandwidthConfig:
         cdef Py_ssize_t i, num_qps = len(handles.qps)
         if not 1 <= num_qps <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
-        _check_inside("the slots", <uint64_t>slots * msg_size, memory)
+        _check_inside("the slots", <object>slots * msg_size, memory)
         self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
         for i in range(num_qps):
@@ -348,7 +349,7 @@ cdef class LatencyConfig:
     def __init__(self, handles, memory, remote, *, uint64_t send_offset, uint32_t msg_size,
                  uint64_t iterations, bint initiator, uint64_t stall_timeout_ns,
                  uint32_t max_inline=0, bint counter=False, double ns_per_tick=1.0):
-        _check_inside("the message sent", send_offset + msg_size, memory)
+        _check_inside("the message sent", <object>send_offset + msg_size, memory)
         self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
         self.cfg.qp = <c.ibv_qp *><uintptr_t>handles.qps[0]

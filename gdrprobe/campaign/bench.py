@@ -19,7 +19,8 @@ import importlib.metadata
 import platform
 import socket
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable
+from collections.abc import Iterable, Mapping, Sequence
 
 from gdrprobe import defaults
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
@@ -253,7 +254,8 @@ def run_sweep(plan: BenchPlan, execute: Execute,
                     keep(row)
                 continue
             try:
-                execute(run, options, lambda measured: keep(measured_row(run, measured)))
+                execute(run, options,
+                        lambda measured, run=run: keep(measured_row(run, measured)))
             except Interrupted:
                 raise            # a stopped loop: the sweep ends as at Ctrl-C
             except GdrprobeError as error:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable, Mapping
+from typing import Callable
+from collections.abc import Mapping
 
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign.ab import StopSampling
@@ -45,7 +46,7 @@ class GpuFacts:
     cuda_error: str = ""                   # why there is no CUDA list
 
     @classmethod
-    def from_doctor(cls, cuda_facts: Mapping | None, sysfs_bus_ids) -> "GpuFacts":
+    def from_doctor(cls, cuda_facts: Mapping | None, sysfs_bus_ids) -> GpuFacts:
         """From the doctor's CUDA facts (:func:`gdrprobe.memory.cuda.gpu_inventory` or
         ``{"error": ...}``) and its topology's GPUs."""
         facts = cuda_facts or {"error": "no CUDA facts"}

@@ -10,7 +10,7 @@ can name.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
 from gdrprobe.campaign.verdict import speaks_to_verdict
@@ -19,9 +19,9 @@ from gdrprobe.campaign.verdict import speaks_to_verdict
 def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> MachineFacts:
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once
     (root and environ: a captured machine)."""
-    from gdrprobe.doctor.context import DoctorContext
+    from gdrprobe.doctor.facts.context import DoctorContext
+    from gdrprobe.doctor.facts.memory_path import driver_version_line
     from gdrprobe.doctor.runner import run_checks
-    from gdrprobe.doctor.stack import driver_version_line
     from gdrprobe.sysroot import SysRoot
 
     ctx = DoctorContext(SysRoot(root), environ)

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from gdrprobe import defaults
 from gdrprobe.memory.causes import errno_name, registration_cause
+from gdrprobe.report import finding_ids
 from gdrprobe.report.model import (DEGRADED, ENGAGED, NOT_ENGAGED,
                                     NOT_TESTABLE, ArmRatio, Verdict)
 
@@ -100,23 +101,24 @@ def straddles(r: ArmRatio, threshold: float) -> bool:
 
 
 def _is_bar1(finding_id: str) -> bool:
-    return finding_id.startswith("gpu.") and finding_id.endswith(".bar1")
+    return finding_ids.is_gpu_bar1(finding_id)
 
 
 # (cause, does a finding id speak to it)
 DISTANCE = ("distance: the NIC and GPU do not share a PCIe switch (the path crosses the CPU "
-            "or the socket interconnect)", lambda fid: fid == "topology.distance")
+            "or the socket interconnect)", lambda fid: fid == finding_ids.TOPOLOGY_DISTANCE)
 ACS = ("ACS: PCIe Access Control Services redirect peer traffic up to the root complex",
-       lambda fid: fid == "acs.bridge")
+       lambda fid: fid == finding_ids.ACS_BRIDGE)
 IOMMU = ("IOMMU: a translating IOMMU sits in the peer-to-peer path (GPUDirect needs 1:1 or "
-         "off)", lambda fid: fid.startswith("iommu."))
+         "off)", lambda fid: finding_ids.in_group(fid, finding_ids.IOMMU))
 BAR1 = ("BAR1: the GPU's BAR1 aperture is small (resizable BAR not enabled)", _is_bar1)
 ROOT_COMPLEX = ("root complex: the CPU's root complex does not forward peer-to-peer traffic "
                 "between these two devices", lambda fid: False)   # no finding can tell
 DEGRADED_CAUSES = (DISTANCE, ACS, IOMMU, BAR1)
 # What loses or refuses the NIC's peer-to-peer traffic once registration has succeeded.
 DATA_PATH_CAUSES = (ACS, IOMMU, ROOT_COMPLEX)
-SCATTER_TO_CQE = "nic.mlx5_scatter_to_cqe"   # the finding behind the MLX5 hint of not engaged
+# The finding behind the MLX5 hint of not engaged.
+SCATTER_TO_CQE = finding_ids.NIC_MLX5_SCATTER_TO_CQE
 
 
 def speaks_to_verdict(finding_id: str) -> bool:

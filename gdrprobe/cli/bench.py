@@ -34,7 +34,8 @@ def int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers such as 1,2,4")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of numbers such as 1,2,4") from None
 
 
 def name_list(text: str) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ def _doctor(args) -> int:
     from gdrprobe.report.model import to_json
     from gdrprobe.report.text import render_doctor
 
-    report = gdrprobe.doctor(args.root)
+    report = gdrprobe.diagnose(args.root)
     sys.stdout.write(to_json(report) + "\n" if args.json else render_doctor(report))
     return report.exit_code
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from typing import Mapping
+from collections.abc import Mapping
 
 from gdrprobe.doctor.facts.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NIC_FACTS_FILE,
                                            NVML_FACTS_FILE, DoctorContext)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import traceback
 from types import ModuleType
-from typing import Mapping
+from collections.abc import Mapping
 
 from gdrprobe.doctor.checks import acs, gpu, iommu, memlock, nccl_env, nic, stack, topology
 from gdrprobe.doctor.facts.context import DoctorContext

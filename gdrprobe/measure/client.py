@@ -5,7 +5,6 @@ clear error, and every verbs object and buffer is released."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import socket
 import time
@@ -201,7 +200,7 @@ class ProbeClient:
         return self.options.max_inline if memory.inline_capable else 0
 
     @staticmethod
-    def _check_loop(channel: Channel, raw: dict, what: str, stall_s: float) -> None:
+    def _check_loop(channel: Channel, raw, what: str, stall_s: float) -> None:
         """A failed loop whose peer has also hung up is the peer's failure, not the NIC's."""
         try:
             check_status(raw, what, stall_s)
@@ -244,8 +243,7 @@ class ProbeClient:
         stall_s = stall_timeout_s(bandwidth_in_flight(size, o.qps, o.tx_depth, per_qp),
                                   self.port_gbps)
         config = _native.BandwidthConfig(
-            handles.qps, handles.cq, local_addr=memory.address, lkey=memory.lkey,
-            remote_addr=remote.address, rkey=remote.rkey, msg_size=size,
+            handles, memory, remote, msg_size=size,
             iterations=o.iterations, warmup_iterations=o.warmup_iterations,
             duration_ns=duration_ns, warmup_ns=int(o.warmup_s * 1e9) if duration_ns else 0,
             window_messages=o.window_messages(size), tx_depth=o.tx_depth,
@@ -255,17 +253,13 @@ class ProbeClient:
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
             **self._heartbeat(channel, what))
         self._check_loop(channel, raw, what, stall_s)
-        send(channel, Done(raw["posted"]))
+        send(channel, Done(raw.posted))
         verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
         raise_if_corrupt(verified.integrity, size, "the server")
         # A staged side copies every message once between GPU and host: charge that time.
-        stage_in_s = verified.stage_in_s
-        raw["elapsed_ns"] += int(raw["messages"] * (stage_out_s + stage_in_s) * 1e9)
-        result = bandwidth_result(size, raw, verified.integrity)
-        if stage_out_s + stage_in_s > 0:   # what a pipeline overlapping copies could reach
-            result = dataclasses.replace(
-                result, stage_copy_gbps=size * 8 / (stage_out_s + stage_in_s) / 1e9)
-        return result, raw["clock_check"]
+        result = bandwidth_result(size, raw, verified.integrity,
+                                  stage_s_per_message=stage_out_s + verified.stage_in_s)
+        return result, raw.clock_check
 
     def _latency_round(self, channel, handles, memory, remote, size):
         o = self.options
@@ -294,4 +288,4 @@ class ProbeClient:
                          first_stray_offset=None, messages_total=o.iterations,
                          bad_messages=int(echo_bad > 0))
         raise_if_corrupt(echo, size, "this side (the server's echo)")
-        return latency_result(size, o.iterations, raw["round_trip"], integrity), raw["clock_check"]
+        return latency_result(size, o.iterations, raw.round_trip, integrity), raw.clock_check

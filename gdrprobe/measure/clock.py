@@ -51,14 +51,15 @@ class LoopClock:
         """The keyword arguments of _native.BandwidthConfig and LatencyConfig."""
         return {"counter": self.counter, "ns_per_tick": self.ns_per_tick}
 
-    def doubt(self, check: dict) -> str | None:
-        """Why a run's numbers cannot be believed, given the loop's clock check, or None."""
-        if not self.counter or check["span_ns"] < MIN_CHECKED_SPAN_NS:
+    def doubt(self, check) -> str | None:
+        """Why a run's numbers cannot be believed, given the loop's clock check (a
+        _native.ClockCheck), or None."""
+        if not self.counter or check.span_ns < MIN_CHECKED_SPAN_NS:
             return None
-        if abs(check["agreement"] - 1.0) <= AGREEMENT_TOLERANCE:
+        if abs(check.agreement - 1.0) <= AGREEMENT_TOLERANCE:
             return None
-        return (f"the cycle counter measured {check['agreement']:.4f} times CLOCK_MONOTONIC's "
-                f"{check['span_ns'] / 1e6:.1f} ms over a run")
+        return (f"the cycle counter measured {check.agreement:.4f} times CLOCK_MONOTONIC's "
+                f"{check.span_ns / 1e6:.1f} ms over a run")
 
 
 def monotonic(why: str) -> LoopClock:

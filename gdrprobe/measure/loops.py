@@ -4,6 +4,7 @@ immutable BandwidthLoopResult and LatencyLoopResult) into report rows or errors.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -49,7 +50,28 @@ WC_REMOTE_ACCESS_ERROR = 10
 
 
 # What the command line turns into KeyboardInterrupt (cli/common.py terminate_as_interrupt).
-INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def held_interrupts():
+    """Ctrl-C and SIGTERM that arrive inside the block are raised when it ends. Blocking
+    them in this thread's mask is not enough: the kernel hands a signal to any thread that
+    has not blocked it, and Python runs the handler in the main thread at once. So the
+    handlers are held, not the mask (and only the main thread runs Python handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived = []
+    previous = {number: signal.signal(number, lambda signum, frame: arrived.append(signum))
+                for number in INTERRUPTS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        for number in dict.fromkeys(arrived):
+            signal.raise_signal(number)
 
 
 class LoopThread:
@@ -69,11 +91,8 @@ class LoopThread:
         raised inside that wait would leave the loop running unwatched while the caller
         tears down its QPs (a segmentation fault): the interrupts are held until start()
         returns, then raised in the caller, whose handler stops the loop."""
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
-        try:
+        with held_interrupts():
             self._thread.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _target(self, loop, config) -> None:
         try:

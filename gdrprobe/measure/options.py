@@ -31,7 +31,7 @@ INTEGRITY_CAP_BYTES = defaults.INTEGRITY_CAP_BYTES
 MAX_SLOTS = defaults.MAX_SLOTS
 
 
-def dependent_settings(options: "ProbeOptions") -> dict:
+def dependent_settings(options: ProbeOptions) -> dict:
     """The settings left to follow from others (perftest adjusts its dependent settings in
     one function too): a latency run is a ping-pong, one write in flight, so its TX depth
     is 1 unless asked; CQ moderation is perftest's 100, never above the TX depth."""
@@ -138,7 +138,7 @@ class ProbeOptions:
         return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
 
     @classmethod
-    def from_message(cls, message: dict) -> "ProbeOptions":
+    def from_message(cls, message: dict) -> ProbeOptions:
         duration = message.get("duration_s")
         return cls(
             mode=field(message, "mode", str),

@@ -353,8 +353,8 @@ class ProbeServer:
         # Our last echo may still wait for its acknowledgement when the client, which has
         # it already, says done: give it the time one message may take.
         raw = responder.finish(grace_s=stall_s)
-        if raw["status"] == _native.STATUS_STOPPED and not self._closing:
-            raise PeerError(f"the client ended {what} after {raw['completed']} of "
+        if raw.status == _native.STATUS_STOPPED and not self._closing:
+            raise PeerError(f"the client ended {what} after {raw.completed} of "
                             f"{options.iterations} round trips", "")
         check_status(raw, what, stall_s)
         # The client's last message arrived in our receive half; its last byte is the tag.

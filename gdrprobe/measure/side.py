@@ -61,9 +61,7 @@ def latency_config(handles, memory: MemoryProvider, remote, size: int, iteration
                    max_inline: int, initiator: bool, stall_s: float, clock: LoopClock):
     """The ping-pong loop's settings for one side: it sends from the upper half of its
     buffer and the peer writes into the lower half."""
-    half = memory.length // 2
     return _native.LatencyConfig(
-        handles.qps[0], handles.cq, send_addr=memory.address + half, lkey=memory.lkey,
-        recv_addr=memory.address, remote_addr=remote.address, rkey=remote.rkey,
-        msg_size=size, iterations=iterations, max_inline=max_inline, initiator=initiator,
+        handles, memory, remote, send_offset=memory.length // 2, msg_size=size,
+        iterations=iterations, max_inline=max_inline, initiator=initiator,
         stall_timeout_ns=int(stall_s * 1e9), **clock.loop_args())

@@ -12,8 +12,8 @@ install notes), so the package depends on ``cuda-python>=12.6.2.post1,<13``: the
 runs on the R535-R570 drivers still in service and on newer ones. tests/cuda_standin runs
 every call here through the real bindings of each line (binding call shapes, not a GPU).
 
-The doctor's read-only facts (:func:`gpu_inventory`, used by :mod:`gdrprobe.doctor.gpu`)
-go through the same door.
+The doctor's read-only facts (:func:`gpu_inventory`, collected by
+:mod:`gdrprobe.doctor.facts.context`) go through the same door.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def device_attribute(module, device, name: str) -> int | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def driver():
     """cuda-python's driver module, initialised; raises when there is nothing to talk to.
 
@@ -328,7 +328,7 @@ class CudaAllocation:
     """One driver allocation of ``allocated`` bytes, of which the run uses ``length``;
     ``ptr`` works for copies and, under UVA, for verbs too."""
 
-    def __init__(self, gpu: "GpuDevice", ptr: int, length: int, allocated: int,
+    def __init__(self, gpu: GpuDevice, ptr: int, length: int, allocated: int,
                  memory_type: str, free_call: str):
         self.ptr = ptr
         self.length = length

@@ -43,7 +43,7 @@ class MemorySpec:
                              "use --mem gpu or --mem peermem for that memory type")
 
     @classmethod
-    def from_choice(cls, choice: str, **details) -> "MemorySpec":
+    def from_choice(cls, choice: str, **details) -> MemorySpec:
         """From a --mem value: host, gpu (auto mechanism), dmabuf, peermem or staged."""
         if choice not in MEM_CHOICES:
             raise UsageError(f"--mem {choice!r} is not one of {', '.join(MEM_CHOICES)}", "")
@@ -60,7 +60,7 @@ class MemorySpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_message(cls, message: dict) -> "MemorySpec":
+    def from_message(cls, message: dict) -> MemorySpec:
         return cls(kind=field(message, "kind", str), mechanism=field(message, "mechanism", str),
                    gpu=field(message, "gpu", str), memory_type=field(message, "memory_type", str),
                    pcie_mapping=field(message, "pcie_mapping", bool),

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Mapping
+from collections.abc import Mapping
 
-from gdrprobe.nccl.env import gdr_level, int_param, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl.env import (gdr_level, int_param, netdevs_policy, parse_hca_filter,
+                               pxn_disabled)
 from gdrprobe.nccl.gdr_support import MemoryPaths
 from gdrprobe.nccl.topo import (NET_FALLBACK_GBPS, PATH_RANK, InterCpu, PcieEndpoint, PcieLink, Port,
                                 inter_cpu_bandwidth, link_bandwidth_gbs, nccl_path_type, nccl_ports,
@@ -119,14 +120,16 @@ class Machine:
         self.policy = netdevs_policy(environ)
         self.paths = facts.gdr_support
         self.level = gdr_level(environ)
+        # Memoised per machine (a class-level cache would keep every Machine alive).
+        self.link_gbs = functools.cache(self._link_gbs)
+        self.direct = functools.cache(self._direct)
 
     # -- facts ----------------------------------------------------------------------
     @functools.cached_property
     def inter_cpu(self) -> InterCpu:
         return inter_cpu_bandwidth(self.facts.cpuinfo)
 
-    @functools.lru_cache(maxsize=None)
-    def link_gbs(self, bdf: str) -> float:
+    def _link_gbs(self, bdf: str) -> float:
         return link_bandwidth_gbs(self.facts.links.get(bdf, PcieLink()))
 
     def device_nets(self, nic: PcieEndpoint) -> list[Net]:
@@ -164,8 +167,7 @@ class Machine:
         return self.nvlink_count(gpu, peer) * nvlink_gbs_per_link(self.capability(gpu))
 
     # -- step 1 and 2: the direct paths ------------------------------------------------
-    @functools.lru_cache(maxsize=None)
-    def direct(self, gpu: PcieEndpoint, net: Net) -> PairPath:
+    def _direct(self, gpu: PcieEndpoint, net: Net) -> PairPath:
         kind = nccl_path_type(gpu, net.device)
         # Over C2C the GPU's own PCIe link is not on the way to the CPU's NICs.
         gpu_link = float("inf") if self.c2c(gpu) and kind != "SYS" else self.link_gbs(gpu.bdf)
@@ -242,7 +244,8 @@ class Machine:
             return Gdr(False, f"NCCL says \"GPU Direct RDMA Disabled for HCA\" {device}: "
                               + self.paths.why_not(device, gpu.bdf))
         if self.facts.gpu(gpu.bdf).gdr_supported is False:
-            return Gdr(False, "the GPU does not support GPUDirect RDMA (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED=0)")
+            return Gdr(False, "the GPU does not support GPUDirect RDMA "
+                              "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED=0)")
         if read:
             refused = self.read_refusal(gpu)
             if refused:

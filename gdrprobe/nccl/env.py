@@ -15,7 +15,8 @@ SYS), else NCCL keeps its default and says nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable
+from collections.abc import Mapping
 
 from gdrprobe.nccl.cparse import INT64_MAX, atoi, c_int, strtoll
 from gdrprobe.nccl.topo import PATH_RANK

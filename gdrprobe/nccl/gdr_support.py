@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 from gdrprobe.nccl.env import int_param
 from gdrprobe.report.model import Evidence

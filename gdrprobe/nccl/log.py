@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from gdrprobe.errors import UsageError
 from gdrprobe.report.model import ChannelUse, NcclLogReport, NicUse, PairDecision
@@ -27,10 +27,12 @@ VERSION_RE = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)")
 NIC_LIST_RE = re.compile(r"NET/(IB|Socket)\s*: Using (.*)")
 NIC_ENTRY_RE = re.compile(r"\[(\d+)\]([^\s:\[\]]+)(?::(\d+))?(?:/(\w+))?")
 NIC_GDR_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for HCA (\d+) '([^']+)'")
-PAIR_GDR_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for GPU (\w+) / HCA (\w+) \(distance (\d+) ([<>]=?) (\d+)\)")
+PAIR_GDR_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for GPU (\w+) / HCA (\w+) "
+                         r"\(distance (\d+) ([<>]=?) (\d+)\)")
 DMABUF_RE = re.compile(r"DMA-BUF is available on GPU device (\d+)")
 CHANNEL_RE = re.compile(
-    r"Channel (\d+)(?:/\d+)? : (\d+)\[(\w+)\] -> (\d+)\[(\w+)\] \[(send|receive)\] via NET/(\w+)/(\d+)(?:\((\d+)\))?(\S*)"
+    r"Channel (\d+)(?:/\d+)? : (\d+)\[(\w+)\] -> (\d+)\[(\w+)\] \[(send|receive)\] "
+    r"via NET/(\w+)/(\d+)(?:\((\d+)\))?(\S*)"
 )
 
 

@@ -231,7 +231,7 @@ class Endpoint:
         if failures:
             raise failures[0]
 
-    def __enter__(self) -> "Endpoint":
+    def __enter__(self) -> Endpoint:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from gdrprobe.errors import MissingDependency, NoDevice, NoRdmaDevice
 
@@ -64,7 +64,7 @@ GID_TYPES = {0: "IB", 1: "RoCE v1", 2: "RoCE v2"}
 ROCE_V2 = GID_TYPES[2]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pyverbs():
     """The pyverbs modules gdrprobe uses, as a namespace; MissingDependency if absent."""
     try:

@@ -1,5 +1,7 @@
 """Everything a person sees: the report model (``model``: dataclasses, JSON) and the text
-renderers (``text``). Pure: renderers format, they never decide.
+renderers (``text``), and the doctor findings' ids (``finding_ids``), named once for the
+checks that write them and the verdict that reads them. Pure: renderers format, they never
+decide.
 
 ``gdrprobe.report.to_json(report)`` is the CLI's ``--json``.
 """

@@ -147,7 +147,8 @@ def render_nccl_log(report: NcclLogReport) -> str:
     if report.nics:
         lines.append("NICs:")
         for nic in report.nics:
-            capable = {True: "GDR capable", False: "GDR unavailable", None: "GDR capability not logged"}[nic.gdr_capable]
+            capable = {True: "GDR capable", False: "GDR unavailable",
+                       None: "GDR capability not logged"}[nic.gdr_capable]
             lines.append(f"  [{nic.index}] {nic.name}:{nic.port}/{nic.link_layer}  {capable}; "
                          f"{nic.gdrdma_channels} channel(s) GDRDMA, {nic.host_memory_channels} through host memory")
     if report.channels:

@@ -149,6 +149,7 @@ def test_flush_call(gpu, facts):
 
 def test_the_doctor_reads_bar1(gpu, facts):
     from gdrprobe.doctor.runner import run_doctor
-    bar1 = [f for f in run_doctor().findings if f.id == f"gpu.{gpu.bus_id}.bar1"]
+    from gdrprobe.report.finding_ids import gpu_bar1
+    bar1 = [f for f in run_doctor().findings if f.id == gpu_bar1(gpu.bus_id)]
     assert bar1, "the doctor has no BAR1 finding for this GPU"
     facts["BAR1 (doctor)"] = f"{bar1[0].status.value}: {bar1[0].summary}"

@@ -84,8 +84,8 @@ def test_calibration_matches_a_second_one():
     assert second == pytest.approx(first, rel=0.01)
 
 
-def check(agreement: float, span_ns: int = 50_000_000) -> dict:
-    return {"agreement": agreement, "span_ns": span_ns}
+def check(agreement: float, span_ns: int = 50_000_000) -> native.ClockCheck:
+    return native.ClockCheck(agreement, span_ns)
 
 
 def test_a_run_is_doubted_only_when_the_counter_strays_over_a_checkable_span():

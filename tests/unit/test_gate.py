@@ -9,9 +9,7 @@ import sys
 
 import pytest
 
-import gdrprobe
-from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.doctor.nccl_decision import decide
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign import gate
 from gdrprobe.campaign.ab import StopSampling
@@ -142,7 +140,7 @@ def test_the_rank_gets_the_nic_the_doctors_nccl_decision_names(tmp_path):
     for environ in ({"LOCAL_RANK": "5"}, {"SLURM_LOCALID": "5", "NCCL_IB_HCA": "^mlx5_5"}):
         facts = machine_facts(root, environ)
         pair = gate.rank_pair(environ, facts.gpus, facts.nics)
-        decision = decide(DoctorContext(SysRoot(root), environ))[5]
+        decision = DoctorContext(SysRoot(root), environ).nccl_decisions[5]
         assert (pair.gpu, pair.nic) == (decision.gpu_bdf, decision.nic)
         assert pair.nic_reason == "NCCL's choice: " + decision.why[0]
     assert pair.nic != "mlx5_5"      # NCCL_IB_HCA took the nearest NIC away

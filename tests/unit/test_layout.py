@@ -215,6 +215,14 @@ def reaching(path: pathlib.Path, forbidden: tuple[str, ...]) -> list[str]:
     return sorted(name for name in names if within(name, forbidden))
 
 
+def test_every_folder_of_the_package_ships():
+    """pyproject.toml finds the packages by their __init__.py: a folder of modules without
+    one would be left out of the wheel, and work only from a checkout."""
+    folders = {path.parent for path in python_files(PACKAGE)}
+    assert sorted(str(folder.relative_to(ROOT)) for folder in folders
+                  if not (folder / "__init__.py").is_file()) == []
+
+
 @pytest.mark.parametrize("folder", ["gdrprobe", "lab", "benchmarks"])
 def test_no_module_is_over_600_lines(folder):
     sources = python_files(ROOT / folder) + sorted((ROOT / folder).rglob("*.pyx"))

@@ -1,6 +1,7 @@
 """The worker thread a C loop runs in: an interrupt never leaves the loop running unwatched."""
 
-import os
+from __future__ import annotations
+
 import signal
 import threading
 import time
@@ -26,33 +27,39 @@ def loop_until_stopped(config, stop):
     return {"stopped_by_flag": True}
 
 
-def ctrl_c_to_this_process():
-    os.kill(os.getpid(), signal.SIGINT)
-
-
-def ctrl_c_to_another_thread():
-    """What a process with other threads sees (a training job's, pytest-timeout's): the
-    kernel hands the signal to a thread that does not block it, and Python then raises
-    KeyboardInterrupt in the main thread at its next bytecode, whatever its mask."""
+@pytest.fixture
+def bystander():
+    """Another thread of the process, started before the loop's (a thread inherits its
+    creator's signal mask, and start() blocks SIGINT in its own): a training job has many,
+    pytest-timeout has one."""
     idle = threading.Event()
-    other = threading.Thread(target=idle.wait, name="another-thread", daemon=True)
-    other.start()
-    try:
-        signal.pthread_kill(other.ident, signal.SIGINT)
-        time.sleep(0.05)     # the signal's C handler has run; Python acts on it next
-    finally:
-        idle.set()
+    thread = threading.Thread(target=idle.wait, name="bystander", daemon=True)
+    thread.start()
+    yield thread
+    idle.set()
+    thread.join()
 
 
-@pytest.mark.parametrize("ctrl_c", [ctrl_c_to_this_process, ctrl_c_to_another_thread])
-def test_an_interrupt_while_the_loop_starts_is_raised_after_it_and_stops_it(monkeypatch, ctrl_c):
+def ctrl_c(to: threading.Thread) -> None:
+    """A Ctrl-C that the kernel hands to one thread. To this one (the main thread, the only
+    thread of a plain process), it waits while start() blocks SIGINT. To another thread, it
+    does not: once that thread's C handler has run, Python raises KeyboardInterrupt in the
+    main thread at its next bytecode, whatever the main thread's mask."""
+    signal.pthread_kill(to.ident, signal.SIGINT)
+    if to is not threading.current_thread():
+        time.sleep(0.05)     # the other thread's C handler has run by now
+
+
+@pytest.mark.parametrize("taken_by", ["this thread", "another thread"])
+def test_an_interrupt_while_the_loop_starts_is_raised_after_it_and_stops_it(
+        monkeypatch, bystander, taken_by):
     # SIGINT raises KeyboardInterrupt here even under nohup: conftest.py installs Python's
     # handler for every test.
     runner = LoopThread(loop_until_stopped, None, _native.StopFlag())
     real_start = runner._thread.start
 
     def start_with_a_ctrl_c():
-        ctrl_c()              # arrives while Thread.start() runs
+        ctrl_c(bystander if taken_by == "another thread" else threading.current_thread())
         real_start()
 
     monkeypatch.setattr(runner._thread, "start", start_with_a_ctrl_c)

@@ -157,3 +157,11 @@ def untimed(calls: list[tuple]) -> list:
 
     return [(call[0], {**dataclasses.asdict(call[1]), "timeout_s": None}, call[2])
             if call[0] == "runner" else call for call in calls]
+
+
+def test_the_doctor_door_survives_importing_the_doctor_package(tmp_path, capsys):
+    import gdrprobe.doctor.runner  # noqa: F401 - binds gdrprobe.doctor to the package
+
+    assert callable(gdrprobe.diagnose)
+    assert main(["doctor", "--root", str(tmp_path), "--json"]) in (0, 1)
+    assert '"kind": "doctor"' in capsys.readouterr().out

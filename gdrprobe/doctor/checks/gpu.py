@@ -11,7 +11,6 @@ from typing import Any
 from gdrprobe.doctor.checks.probe_needs import MiB, PROBE_ARM_PINNED_BYTES, format_mib
 from gdrprobe.doctor.facts import nvml, pci
 from gdrprobe.doctor.facts.context import DoctorContext
-from gdrprobe.memory import cuda
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 
@@ -47,7 +46,8 @@ def bar1_reading(ctx: DoctorContext, bdf: str) -> tuple[int | None, int | None, 
     entry = nvml.gpu_entry(ctx.nvml_facts, bdf)
     if entry is not None:
         total, used = entry["bar1_total_bytes"], entry["bar1_used_bytes"]
-        return total, used, Evidence("nvmlDeviceGetBAR1MemoryInfo", f"total {format_mib(total)}, used {format_mib(used)}")
+        return total, used, Evidence("nvmlDeviceGetBAR1MemoryInfo",
+                                     f"total {format_mib(total)}, used {format_mib(used)}")
     path = resource_path(bdf)
     text = ctx.root.read(path)
     size = bar1_bytes(text) if text else None
@@ -107,7 +107,9 @@ def nvml_finding(facts: dict[str, Any] | None) -> Finding:
 
 
 def attribute_evidence(gpu: dict[str, Any], key: str) -> Evidence:
-    name = cuda.ATTRIBUTE_NAMES[key]
+    from gdrprobe.memory.cuda import ATTRIBUTE_NAMES
+
+    name = ATTRIBUTE_NAMES[key]
     return Evidence(f"cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_{name}, {gpu['ordinal']})",
                     str(gpu.get(key)))
 

@@ -130,7 +130,8 @@ def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container
                        evidence=evidence, fix=memlock_fix(container))
     if limit_bytes(hard) >= PROBE_MEMLOCK_BYTES:
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.WARN,
-                       summary=f"memlock soft limit {soft} is below the {need} the probe pins; the hard limit allows it",
+                       summary=f"memlock soft limit {soft} is below the {need} the probe pins; "
+                               "the hard limit allows it",
                        evidence=evidence,
                        fix=f"Raise the soft limit in the launching shell (`ulimit -l {hard}`); to make it stick: "
                            + memlock_fix(container))

@@ -16,7 +16,8 @@ from typing import Callable
 
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.nccl.decision import decide
-from gdrprobe.nccl.env import GdrLevel, gdr_level, int_value, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl.env import (GdrLevel, gdr_level, int_value, netdevs_policy, parse_hca_filter,
+                               pxn_disabled)
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
 from gdrprobe.nccl.topo import nccl_ports
 from gdrprobe.report import finding_ids as ids
@@ -150,8 +151,9 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
                         evidence=evidence + tuple(beyond),
                         fix="Unset it (the default admits PIX, PXB and P2C) or move the NIC closer to the GPU.")]
     return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.INFO,
-                    summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}; it replaces NCCL's default (P2C from 2.29, PXB before) and "
-                            "admits the path to every GPU's NIC",
+                    summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}; it replaces "
+                            "NCCL's default (P2C from 2.29, PXB before) and admits the path to "
+                            "every GPU's NIC",
                     evidence=evidence)]
 
 

@@ -22,9 +22,11 @@ import dataclasses
 import functools
 
 from gdrprobe.doctor.facts.context import DoctorContext
-from gdrprobe.doctor.facts.memory_path import (DMABUF_MIN_KERNEL, DRIVER_VERSION_FILE, KERNEL_RELEASE_FILE,
-                                               driver_version_line, kernel_version)
-from gdrprobe.nccl.gdr_support import DMABUF_MIN_CUDA_DRIVER, PEERMEM_FILES, MemoryPaths, format_cuda_version
+from gdrprobe.doctor.facts.memory_path import (DMABUF_MIN_KERNEL, DRIVER_VERSION_FILE,
+                                               KERNEL_RELEASE_FILE, driver_version_line,
+                                               kernel_version)
+from gdrprobe.nccl.gdr_support import (DMABUF_MIN_CUDA_DRIVER, PEERMEM_FILES, MemoryPaths,
+                                       format_cuda_version)
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from gdrprobe.doctor.facts.memory_path import read_memory_paths
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
@@ -22,7 +23,6 @@ from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
 from gdrprobe.doctor.facts.nvml import collect_nvml_facts
 from gdrprobe.doctor.facts.topology import Topology, build_topology
 from gdrprobe.errors import GdrprobeError
-from gdrprobe.memory import cuda
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.nccl.gdr_support import MemoryPaths
@@ -83,7 +83,8 @@ class DoctorContext:
 
     @functools.cached_property
     def nvml_facts(self) -> dict[str, Any] | None:
-        """GPU facts from NVML (:mod:`gdrprobe.doctor.facts.nvml`), or None when none were captured."""
+        """GPU facts from NVML (:mod:`gdrprobe.doctor.facts.nvml`), or None when none were
+        captured."""
         if not self.live:
             return self._captured_json(NVML_FACTS_FILE)
         return collect_nvml_facts()
@@ -128,7 +129,9 @@ def collect_cuda_facts(driver=None) -> dict[str, Any]:
     """:func:`gdrprobe.memory.cuda.gpu_inventory` as JSON-ready data, or ``{"error":
     reason}`` when there is no driver to ask. ``driver`` replaces cuda-python's module in
     tests."""
+    from gdrprobe.memory.cuda import gpu_inventory
+
     try:
-        return cuda.gpu_inventory(driver)
+        return gpu_inventory(driver)
     except GdrprobeError as error:
         return {"error": "; ".join(part for part in (error.cause, error.evidence) if part)}

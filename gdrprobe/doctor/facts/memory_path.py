@@ -13,7 +13,8 @@ import dataclasses
 import re
 from typing import Any
 
-from gdrprobe.nccl.gdr_support import PEERMEM_FILES, Half, MemoryPaths, dmabuf_enabled, gpu_dmabuf_half
+from gdrprobe.nccl.gdr_support import (PEERMEM_FILES, Half, MemoryPaths, dmabuf_enabled,
+                                        gpu_dmabuf_half)
 from gdrprobe.sysroot import SysRoot
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"

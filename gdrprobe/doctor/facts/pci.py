@@ -169,7 +169,8 @@ def local_cpulist(root: SysRoot, bdf: str) -> str | None:
 
 def pcie_link(root: SysRoot, bdf: str) -> PcieLink:
     """The device's PCIe link as sysfs states it: its own max_link_speed and max_link_width
-    and those of the port above it (NCCL rates the pair: :func:`gdrprobe.nccl.topo.link_bandwidth_gbs`)."""
+    and those of the port above it (NCCL rates them:
+    :func:`gdrprobe.nccl.topo.link_bandwidth_gbs`)."""
     path = resolved_path(root, bdf)
     parent = path.rsplit("/", 1)[0]
     return PcieLink(device_speed=root.read(path + "/max_link_speed") or "",

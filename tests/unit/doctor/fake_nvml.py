@@ -1,4 +1,4 @@
-"""A stand-in for ``pynvml`` that answers from captured NVML facts (the JSON gdrprobe.doctor.nvml
+"""A stand-in for ``pynvml`` that answers from captured NVML facts (the JSON gdrprobe.doctor.facts.nvml
 writes), so the collector runs on a machine without a GPU. Only the calls the collector makes."""
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def nic_probe(tree: machines.SysfsTree, results: dict[str, int | None]) -> None:
 
 def nvml_facts(tree: machines.SysfsTree, gpus: list[str], nvlink: dict[str, list[str]] | None = None,
                c2c: bool = False, bar1_total: int = 128 << 30, ancestors: dict | None = None) -> dict:
-    """What nvidia-ml-py reads, in the shape the capture stores (see gdrprobe.doctor.nvml)."""
+    """What nvidia-ml-py reads, in the shape the capture stores (see gdrprobe.doctor.facts.nvml)."""
     entries = [{"pci_bus_id": bdf, "bar1_total_bytes": bar1_total, "bar1_used_bytes": 64 << 20,
                 "persistence_mode": True, "c2c_link_count": 10 if c2c else 0,
                 "nvlink_remote_bus_ids": (nvlink or {}).get(bdf, [])}

@@ -10,10 +10,11 @@ import dataclasses
 import json
 import os
 
-from gdrprobe.doctor.context import CUDA_FACTS_FILE, DoctorContext
+from gdrprobe.doctor.facts.context import CUDA_FACTS_FILE, DoctorContext
 from gdrprobe.sysroot import SysRoot
 
-OPEN_DRIVER = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder@U16-I3-B03-4-3)"
+OPEN_DRIVER = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  "
+               "Release Build  (dvs-builder@U16-I3-B03-4-3)")
 PROPRIETARY_DRIVER = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.06  Wed Jun 26 06:46:07 UTC 2024"
 GPU_BDF = "0000:1b:00.0"
 
@@ -134,7 +135,7 @@ def pci_bus(root) -> None:
     write(root, f"/sys/bus/pci/devices/{GPU_BDF}/class", "0x030200")
 
 
-# ---- a topology with the interface of gdrprobe.doctor.topology --------------
+# ---- a topology with the interface of gdrprobe.doctor.facts.topology --------------
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from gdrprobe.doctor import acs, pci
-from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.checks import acs
+from gdrprobe.doctor.facts import pci
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines

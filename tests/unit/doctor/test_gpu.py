@@ -4,8 +4,8 @@ import json
 
 from .stack_machines import GPU_BDF, FakeDevice, FakeTopology, context, cuda_facts, gpu_resource
 
-from gdrprobe.doctor import context as context_module
-from gdrprobe.doctor import gpu
+from gdrprobe.doctor.checks import gpu
+from gdrprobe.doctor.facts import context as context_module
 from gdrprobe.report.model import Status
 from tests.unit.fake_cuda import FakeDriver
 from tests.unit.machine import no_cuda_driver_only

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from gdrprobe.doctor import iommu
-from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.checks import iommu
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from .stack_machines import memlock_machine, write
 
-from gdrprobe.doctor import memlock
+from gdrprobe.doctor.checks import memlock
 from gdrprobe.report.model import Status
 
 CAP_IPC_LOCK_ONLY = f"{1 << 14:016x}"
@@ -88,4 +88,5 @@ def test_soft_limit_below_a_sufficient_hard_limit_warns(tmp_path):
 
 
 def test_unlimited_is_ok(tmp_path):
-    assert by_id(memlock.check(memlock_machine(tmp_path, "unlimited", "unlimited")))["memlock.limit"].status is Status.OK
+    findings = by_id(memlock.check(memlock_machine(tmp_path, "unlimited", "unlimited")))
+    assert findings["memlock.limit"].status is Status.OK

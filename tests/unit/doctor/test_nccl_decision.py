@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from gdrprobe.doctor import nvml
+from gdrprobe.doctor.facts import nvml
 from gdrprobe.doctor.capture import capture
-from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.doctor.nccl_decision import mirror_bits
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.runner import run_doctor
-from gdrprobe.doctor.topology import build_topology, pcie_distance
+from gdrprobe.doctor.facts.topology import build_topology
+from gdrprobe.nccl.decision import mirror_bits
+from gdrprobe.nccl.topo import pcie_distance
 from gdrprobe.report.model import Status, to_dict
 from gdrprobe.report.text import render_doctor
 from gdrprobe.sysroot import SysRoot

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from gdrprobe.doctor import nccl_env
-from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.checks import nccl_env
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
-from gdrprobe.nccl.env import gdr_level, int_param, strtoll
+from gdrprobe.nccl.cparse import strtoll
+from gdrprobe.nccl.env import gdr_level, int_param
 from gdrprobe.report.model import Status
 
 

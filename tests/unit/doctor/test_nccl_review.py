@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from gdrprobe.doctor import nccl_env, pci
 from gdrprobe.doctor.capture import capture
-from gdrprobe.doctor.context import DoctorContext
-from gdrprobe.doctor.nccl_decision import Machine, inter_cpu_bandwidth
+from gdrprobe.doctor.checks import nccl_env
+from gdrprobe.doctor.facts import pci
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.runner import run_doctor
+from gdrprobe.nccl.decision import Machine
 from gdrprobe.nccl.env import conf_assignments, gdr_level, netdevs_policy, parse_hca_filter
+from gdrprobe.nccl.topo import inter_cpu_bandwidth, link_bandwidth_gbs, nccl_ports
 from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
@@ -55,7 +57,8 @@ def test_auto_policy_leaves_mlx5_1_without_a_relay_gpu(tmp_path):
     there through PXN; NCCL (netsPerGpu = DIVUP(2 NICs, 2 GPUs) = 1) never puts a local GPU
     on mlx5_1, so ncclTopoGetLocalGpu returns -1 and GPU 33 uses mlx5_0."""
     relay_node(tmp_path)
-    machine = Machine(context(tmp_path))
+    ctx = context(tmp_path)
+    machine = Machine(ctx.nccl_node, ctx.environ)
     mlx5_1 = next(n for n in machine.nets if n.label == "mlx5_1")
     assert machine.local_gpu(mlx5_1, machine.before_pxn) is None
     (far,) = [d for d in context(tmp_path).nccl_decisions if d.gpu_bdf == "0000:33:00.0"]
@@ -168,7 +171,7 @@ def test_unreadable_link_speed_lets_the_other_side_win(tmp_path, device, port, g
     parent = tree.devices[gpu].rsplit("/", 1)[0]
     tree.write(f"{tree.devices[gpu]}/max_link_speed", device + "\n")
     tree.write(f"{parent}/max_link_speed", port + "\n")
-    assert pci.link_bandwidth_gbs(SysRoot(str(tmp_path)), gpu) == gbs
+    assert link_bandwidth_gbs(pci.pcie_link(SysRoot(str(tmp_path)), gpu)) == gbs
 
 
 # ---- port rate per port (src/transport/net_ib/init.cc, src/graph/topo.cc ncclTopoAddNet) ------
@@ -207,7 +210,8 @@ def test_each_active_port_is_its_own_nic_to_nccl(tmp_path):
 def test_port_without_a_speed_counts_as_10_gbps(tmp_path):
     tree = two_port_nic(tmp_path)
     tree.write("/sys/class/infiniband/mlx5_0/ports/2/rate", "0 Gb/sec\n")
-    assert [p.rate_gbps for p in pci.nccl_ports(SysRoot(str(tmp_path)), "mlx5_0")] == [10.0]
+    ports = pci.rdma_ports(SysRoot(str(tmp_path)), "mlx5_0")
+    assert [p.nccl_gbps for p in nccl_ports("mlx5_0", ports)] == [10.0]
 
 
 # ---- inter-socket bandwidth (src/graph/topo.cc ncclTopoGetInterCpuBw, topo.h) ----------------

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from .stack_machines import context, pci_bus, rdma_device, rdma_port, write
 
-from gdrprobe.doctor import nic
+from gdrprobe.doctor.checks import nic
 from gdrprobe.report.model import Status
 
 ROCE_V2_GID = "0000:0000:0000:0000:0000:ffff:0a00:0001"
@@ -79,7 +79,8 @@ def test_no_rdma_device_names_the_missing_ib_driver(tmp_path):
     write(tmp_path, "/sys/module/mlx5_core/refcnt", "0")
     devices = by_id(nic.check(context(tmp_path)))["nic.devices"]
     assert devices.status is Status.FAIL
-    assert ("/sys/module/mlx5_ib", "absent while mlx5_core is loaded") in [(e.source, e.value) for e in devices.evidence]
+    assert ("/sys/module/mlx5_ib", "absent while mlx5_core is loaded") in [
+        (e.source, e.value) for e in devices.evidence]
     assert devices.fix.startswith("Load mlx5_ib")
 
 

@@ -3,19 +3,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import types
 
 from gdrprobe.cli import doctor as doctor_command
 from gdrprobe.doctor import runner
-from gdrprobe.report import text as render
 from gdrprobe.doctor.capture import capture
+from gdrprobe.doctor.checks import acs, iommu, topology
 from gdrprobe.errors import ExitCode
+from gdrprobe.report import text as render
 from gdrprobe.report.model import DoctorReport, Finding, Status
 from tests.unit.doctor import machines
 
-OWN_MODULES = (("topology", "gdrprobe.doctor.topology"), ("iommu", "gdrprobe.doctor.iommu"),
-               ("acs", "gdrprobe.doctor.acs"))
+OWN_CHECKS = (topology, iommu, acs)
 
 
 def test_crashing_check_becomes_a_failing_finding(tmp_path, monkeypatch):
@@ -24,9 +23,8 @@ def test_crashing_check_becomes_a_failing_finding(tmp_path, monkeypatch):
     def check(ctx):
         raise RuntimeError("boom")
 
-    broken.check = check
-    monkeypatch.setitem(sys.modules, "broken_check", broken)
-    monkeypatch.setattr(runner, "CHECK_MODULES", (("stack", "broken_check"),) + OWN_MODULES)
+    broken.GROUP, broken.check = "stack", check
+    monkeypatch.setattr(runner, "CHECKS", (broken,) + OWN_CHECKS)
     machines.pix_node(tmp_path, pairs=1)
     report = runner.run_doctor(str(tmp_path), environ={})
     crash = report.findings[0]
@@ -37,7 +35,7 @@ def test_crashing_check_becomes_a_failing_finding(tmp_path, monkeypatch):
 
 
 def test_findings_follow_flowchart_order_and_first_blocker_leads(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "CHECK_MODULES", OWN_MODULES)
+    monkeypatch.setattr(runner, "CHECKS", OWN_CHECKS)
     machines.acs_node(tmp_path, pairs=1)
     report = runner.run_doctor(str(tmp_path), environ={})
     groups = [f.group for f in report.findings]
@@ -95,7 +93,7 @@ def run_cli(argv):
 
 
 def test_cli_doctor_json_and_capture(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "CHECK_MODULES", OWN_MODULES)
+    monkeypatch.setattr(runner, "CHECKS", OWN_CHECKS)
     machines.dual_socket_node(tmp_path / "node")
     assert run_cli(["doctor", "--root", str(tmp_path / "node"), "--json"]) == 1
     document = json.loads(capsys.readouterr().out)

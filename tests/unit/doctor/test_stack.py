@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from .stack_machines import dmabuf_inventory, legacy_inventory, module, peermem_unregistered, write, context
 
-from gdrprobe.doctor import stack
-from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.checks import stack
+from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
 from tests.unit.doctor.stack_machines import DenyingRoot

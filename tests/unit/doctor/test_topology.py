@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from gdrprobe.doctor import topology as topo
-from gdrprobe.doctor.context import DoctorContext
+from gdrprobe.doctor.checks import topology as topo
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.doctor.facts.topology import build_topology
+from gdrprobe.nccl.env import gdr_level
 from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines, nccl_machines
@@ -30,7 +32,7 @@ def by_id(findings, finding_id):
 
 def test_pix_node_pairs_each_gpu_with_its_switch_nic(tmp_path):
     machines.pix_node(tmp_path)
-    t = topo.build_topology(SysRoot(str(tmp_path)))
+    t = build_topology(SysRoot(str(tmp_path)))
     assert [g.name for g in t.gpus] == [f"GPU{i}" for i in range(8)]
     assert [n.name for n in t.nics] == [f"mlx5_{i}" for i in range(8)]
     assert t.gpus[0].bdf == "0000:1b:00.0" and t.nics[0].bdf == "0000:1c:00.0"
@@ -78,7 +80,7 @@ def test_pxb_through_two_switches(tmp_path):
     (nic_port,) = tree.switch(right, "0000:15:00.0", ["0000:16:00.0"])
     tree.gpu(gpu_port, "0000:17:00.0")
     tree.nic(nic_port, "0000:18:00.0", "mlx5_0")
-    t = topo.build_topology(SysRoot(str(tmp_path)))
+    t = build_topology(SysRoot(str(tmp_path)))
     assert t.distance(t.gpus[0], t.nics[0]) == "PXB"
     assert decisions(tmp_path)[0].path_type == "PXB"
     assert by_id(run(tmp_path), "topology.distance")[0].status is Status.OK
@@ -86,7 +88,7 @@ def test_pxb_through_two_switches(tmp_path):
 
 def test_dual_socket_node_reports_node_sys_and_phb(tmp_path):
     with_stack(machines.dual_socket_node(tmp_path))
-    t = topo.build_topology(SysRoot(str(tmp_path)))
+    t = build_topology(SysRoot(str(tmp_path)))
     gpu0, gpu1 = t.gpus
     mlx5_0, mlx5_1 = t.nics
     assert t.distance(gpu0, mlx5_0) == "NODE"
@@ -130,7 +132,7 @@ def test_restrictive_level_blocks_pix_pair_and_says_unset(tmp_path):
     ({"NCCL_NET_GDR_LEVEL": "NODE"}, "P2C", True),
 ])
 def test_gdr_level_parsing(environ, name, ignored):
-    level = topo.gdr_level(environ)
+    level = gdr_level(environ)
     assert (level.name, level.ignored) == (name, ignored)
 
 
@@ -143,7 +145,7 @@ def test_unknown_level_is_reported_as_silently_ignored(tmp_path):
 
 def test_flat_vm_is_flagged_with_its_consequence(tmp_path):
     machines.flat_vm(tmp_path)
-    t = topo.build_topology(SysRoot(str(tmp_path)))
+    t = build_topology(SysRoot(str(tmp_path)))
     assert t.virtualization.flat and t.virtualization.hypervisor
     assert decisions(tmp_path)[0].path_type == "PHB"
     findings = run(tmp_path)
@@ -161,7 +163,7 @@ def test_no_gpu_and_software_rdma_only(tmp_path):
     tree = machines.SysfsTree(tmp_path)
     tree.host_bridge(0x00)
     tree.software_rdma("rxe0")
-    t = topo.build_topology(SysRoot(str(tmp_path)))
+    t = build_topology(SysRoot(str(tmp_path)))
     assert t.nics == () and t.software_nics == ("rxe0",)
     findings = run(tmp_path)
     assert [f.id for f in findings] == ["topology.devices", "topology.software_nic", "topology.vm"]
