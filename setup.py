@@ -10,14 +10,14 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CSRC = ["csrc/gdr_clock.c", "csrc/gdr_stats.c", "csrc/gdr_pattern.c", "csrc/gdr_hostmem.c",
-        "csrc/gdr_peek.c", "csrc/gdr_loop.c"]
+        "csrc/gdr_peek.c", "csrc/gdr_loop.c", "csrc/gdr_dmabuf.c"]
 WARNINGS = ["-Wall", "-Wextra"]
 
 native = Extension(
     "gdrprobe._native",
     sources=["gdrprobe/_native.pyx", *CSRC],
     include_dirs=["csrc"],
-    libraries=["ibverbs", "m"],
+    libraries=["ibverbs", "m", "dl"],   # dl: dlvsym before glibc 2.34 moved it into libc
     extra_compile_args=["-O2", *WARNINGS],
 )
 

@@ -19,11 +19,10 @@ from gdrprobe.errors import ExitCode, GdrprobeError, UsageError
 __version__ = "0.1.0"
 
 __all__ = ["ExitCode", "GdrprobeError", "__version__", "list_devices", "run", "serve",
-           "server", "check", "require", "bench", "cluster", "diagnose", "capture",
-           "read_nccl_log", "new_token", "token_warning", "TOKEN_ENV"]
+           "server", "check", "check_node", "require", "bench", "cluster", "diagnose", "capture",
+           "read_nccl_log", "new_token", "token_warning", "TOKEN_ENV", "limits"]
 
 TOKEN_ENV = "GDRPROBE_TOKEN"   # where the command line looks for a token it was not given
-TOKEN_LENGTHS = (8, 256)
 
 
 # ---- what the machine has ---------------------------------------------------------------
@@ -36,56 +35,76 @@ def list_devices(device: str | None = None):
     return _list_devices(device)
 
 
-def diagnose(root: str = "/"):
+def diagnose(root: str = "/", nccl: str | None = None):
     """Every prerequisite check (``gdrprobe doctor``): a
     :class:`gdrprobe.report.model.DoctorReport` (its ``exit_code`` is 1 when a check
-    failed). Not named doctor: that name is the gdrprobe.doctor package's, which importing
-    it binds on this module."""
+    failed). ``nccl``: the libnccl the job loads, or its Python (an interpreter, a virtual
+    environment or a site-packages directory); unset, it is found as the loader would find
+    it. Not named doctor: that name is the gdrprobe.doctor package's, which importing it
+    binds on this module."""
+    from gdrprobe.doctor.capture import check_root
     from gdrprobe.doctor.runner import run_doctor
 
-    return run_doctor(root)
+    check_root(root)
+    return run_doctor(root, nccl=nccl)
 
 
-def capture(dest: str, root: str = "/") -> list[str]:
-    """Copy the files the doctor reads into dest; returns the paths copied."""
+def capture(dest: str, root: str = "/", replace: bool = False, nccl: str | None = None) -> list[str]:
+    """Copy the files the doctor reads into dest, a new or empty directory (replace=True:
+    or an earlier capture, replaced once the new one is complete; nothing is ever merged);
+    returns the paths copied. ``nccl``: as for :func:`diagnose`, kept for the replay."""
     from gdrprobe.doctor.capture import capture as _capture
 
-    return _capture(dest, root=root)
+    return _capture(dest, root=root, replace=replace, nccl=nccl)
 
 
-def read_nccl_log(path: str):
-    """What an NCCL_DEBUG=INFO log proves: a :class:`gdrprobe.report.model.NcclLogReport`
-    (its ``exit_code`` is 1 when network channels ran and none used GPUDirect RDMA)."""
+def read_nccl_log(path: str, lines: bool = False):
+    """What an NCCL_DEBUG=INFO log proves: a :class:`gdrprobe.report.nccl_log.NcclLogReport`
+    (its ``exit_code`` is 1 when network channels ran and none used GPUDirect RDMA, or GDR
+    was off on every NIC; 9 when its network lines could not be read). The file is streamed;
+    ``lines=True`` keeps every network channel line in the report. Raises UsageError for a
+    file that cannot be read, is empty or binary, or holds no NCCL line."""
     from gdrprobe.nccl.log import read_nccl_log as _read_nccl_log
 
-    return _read_nccl_log(path)
+    return _read_nccl_log(path, lines=lines)
+
+
+def limits() -> dict[str, tuple[float, float]]:
+    """The valid range (lowest, highest) of each run setting that has one, read from where
+    it is defined: the run engine's bounds and the C loop's (loads the native extension)."""
+    from gdrprobe.measure import options
+
+    return {"timeout_s": (options.MIN_TIMEOUT_S, options.MAX_TIMEOUT_S),
+            "qps": (1, options.MAX_QPS)}
 
 
 # ---- tokens -------------------------------------------------------------------------------
 
 
 def new_token() -> str:
-    """A random token for a server."""
-    from gdrprobe.protocol.channel import new_token as _new_token
+    """A random token for a server: 144 random bits, always over the token floor."""
+    from gdrprobe.protocol.token import new_token as _new_token
 
     return _new_token()
 
 
 def token_warning(token: str) -> str | None:
-    """Why a token chosen by a person is weak, or None."""
-    from gdrprobe.protocol.channel import token_warning as _token_warning
+    """Why run() and server() refuse a token (not UTF-8, over 256 characters, or under the
+    floor of 92 bits: SECURITY.md), or None."""
+    from gdrprobe.protocol.token import token_problem
 
-    return _token_warning(token)
+    return token_problem(token)
 
 
 def _check_token(token: str | None, required: bool) -> None:
-    low, high = TOKEN_LENGTHS
+    from gdrprobe.protocol.token import TOKEN_FIX
+
     if required and not token:
         raise UsageError("no token: the server only talks to clients that know its token",
                          f"pass --token TOKEN (printed by 'gdrprobe serve') or set {TOKEN_ENV}")
-    if token is not None and not low <= len(token) <= high:
-        raise UsageError(f"the token must be {low} to {high} characters",
-                         "use the one the server printed")
+    problem = None if token is None else token_warning(token)
+    if problem:
+        raise UsageError(problem, TOKEN_FIX)
 
 
 # ---- the pieces every run is made of ------------------------------------------------------
@@ -100,11 +119,15 @@ def _endpoint(device: str | None, ib_port: int, gid_index: int | None):
 
 
 def _memory(choice: str, gpu: str = "0", gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
-            pcie_mapping: bool = False, huge_pages: bool = False):
+            pcie_mapping: bool = False, huge_pages: bool = False,
+            gpu_alloc: str = defaults.GPU_ALLOCATION):
+    """A buffer's spec; gpu_alloc: device memory through VMM as NCCL allocates it ("vmm",
+    cuMemAlloc where VMM is unsupported) or cuMemAlloc ("malloc")."""
     from gdrprobe.memory.spec import MemorySpec
 
     return MemorySpec.from_choice(choice, gpu=gpu, memory_type=gpu_mem_type,
-                                  pcie_mapping=pcie_mapping, huge_pages=huge_pages)
+                                  pcie_mapping=pcie_mapping, huge_pages=huge_pages,
+                                  allocation=gpu_alloc)
 
 
 def _options(a_b: bool, size: int | None, settings: dict):
@@ -116,7 +139,8 @@ def _options(a_b: bool, size: int | None, settings: dict):
 
     settings = {key: value for key, value in settings.items() if value is not None}
     if "sizes" not in settings:
-        settings["sizes"] = (size or (defaults.A_B_SIZE if a_b else defaults.SIZE),)
+        default = defaults.A_B_SIZE if a_b else defaults.SIZE
+        settings["sizes"] = (default if size is None else size,)
     settings.setdefault("relaxed_ordering", relaxed_ordering_wanted(os.environ))
     return ProbeOptions(**settings)
 
@@ -135,7 +159,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         pcie_mapping: bool = False, huge_pages: bool = False, staged: bool = False,
         repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
         size: int | None = None, connect_wait_s: float = 0.0, on_result=None, notice=None,
-        **settings):
+        gpu_alloc: str = defaults.GPU_ALLOCATION, **settings):
     """A probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
     this process). mem and remote_mem are host, gpu, dmabuf, peermem or staged.
 
@@ -150,6 +174,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     its arms in its own report). Raises :class:`GdrprobeError`."""
     from gdrprobe.campaign.ab import ab_test
     from gdrprobe.campaign.machine import doctor_findings
+    from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.measure.loopback import runner
 
     if bool(host) == bool(loopback):
@@ -158,20 +183,43 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     _check_token(None if loopback else token, required=not loopback)
     if not 0 <= connect_wait_s <= 3600:
         raise UsageError("--connect-wait must be 0 to 3600 s", "")
-    local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages)
-    remote = _memory(remote_mem, gpu, gpu_mem_type, pcie_mapping, huge_pages) \
+    local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
+    remote = _memory(remote_mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc) \
         if remote_mem else None
     a_b = local.kind == "gpu" or (remote is not None and remote.kind == "gpu")
     if a_b and settings.get("mode") == "latency":
         raise UsageError("the GPU A/B measures bandwidth; latency runs use host memory",
                          "drop --latency, or drop --mem/--remote-mem")
-    probe = runner(_options(a_b, size, settings), _endpoint(device, ib_port, gid_index),
+    if a_b:
+        _require_gpu_arm(local, remote if loopback else None)
+    # Both ends pin their buffers here in loopback, the client's alone against a server.
+    options = fit_to_memlock(_options(a_b, size, settings), 2 if loopback else 1,
+                             locked_memory(), notice)
+    probe = runner(options, _endpoint(device, ib_port, gid_index),
                    None if loopback else host, _port(port), token, connect_wait_s,
                    on_result=None if a_b else on_result, notice=notice)
     if not a_b:
         return probe(local, remote)
     return ab_test(probe, local, remote, staged=staged, repeats=repeats,
                    threshold=threshold, doctor_findings=doctor_findings(local, loopback))
+
+
+def _require_gpu_arm(*in_process) -> None:
+    """What the A/B needs before its host arm measures anything, so that a machine that
+    cannot run the GPU arm answers "not testable" at once with the cause: an RDMA device,
+    then, for a GPU buffer in this process, the CUDA driver (found as memory.cuda finds it,
+    without importing cuda-python)."""
+    from gdrprobe.campaign.ab import no_device_not_testable
+    from gdrprobe.errors import NoRdmaDevice
+    from gdrprobe.memory.cuda import require_driver_library
+    from gdrprobe.rdma.verbs import devices
+
+    try:
+        devices()
+    except NoRdmaDevice as error:
+        raise no_device_not_testable(error) from error
+    if any(spec is not None and spec.kind == "gpu" for spec in in_process):
+        require_driver_library()
 
 
 # ---- serving ------------------------------------------------------------------------------
@@ -181,7 +229,8 @@ def server(token: str, *, bind: str = defaults.BIND, port: int | None = None,
            device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
            mem: str = "host", gpu: str = "0", gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
            pcie_mapping: bool = False, huge_pages: bool = False,
-           max_buffer: int = defaults.MAX_BUFFER, timeout_s: float = defaults.TIMEOUT_S):
+           max_buffer: int = defaults.MAX_BUFFER, timeout_s: float = defaults.TIMEOUT_S,
+           gpu_alloc: str = defaults.GPU_ALLOCATION):
     """A server listening for clients that know token (:func:`new_token` makes one), its
     buffer of kind mem unless a client asks for another: call ``.serve(runs)`` on it, and
     ``.close()``; ``.port`` is the port it listens on (port=0: any free one). Clients whose
@@ -192,7 +241,8 @@ def server(token: str, *, bind: str = defaults.BIND, port: int | None = None,
     _check_token(token, required=True)
     return ProbeServer(token, _endpoint(device, ib_port, gid_index), bind=bind,
                        port=_port(port), timeout_s=timeout_s, max_buffer=max_buffer,
-                       memory=_memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages),
+                       memory=_memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages,
+                                      gpu_alloc),
                        findings=served_findings())
 
 
@@ -209,67 +259,119 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 # ---- the prelaunch gate -------------------------------------------------------------------
 
 
+def _gate(facts, *, host=None, token=None, port=None, ib_port=1, gid_index=None,
+          mem=defaults.GPU_MEMORY, remote_mem=None, gpu_mem_type=defaults.GPU_MEMORY_TYPE,
+          staged=False, repeats=defaults.REPEATS, threshold=defaults.THRESHOLD,
+          floor=defaults.FLOOR, size=None, settings=None):
+    """What every check of this call is asked (campaign.prelaunch.GateSettings): the runs'
+    options with check's QPs (CHECK_QPS) and NCCL's relaxed-ordering setting from the
+    environment as NCCL sees it; the send buffer as mem says, the receive buffer the same
+    (loopback: GPU memory at both ends) unless remote_mem says otherwise."""
+    from gdrprobe.campaign.prelaunch import GateSettings
+    from gdrprobe.nccl.env import relaxed_ordering_wanted
+
+    settings = {key: value for key, value in (settings or {}).items() if value is not None}
+    settings.setdefault("qps", defaults.CHECK_QPS)
+    settings.setdefault("relaxed_ordering", relaxed_ordering_wanted(facts.nccl_environ))
+    send = lambda gpu: _memory(mem, gpu, gpu_mem_type)  # noqa: E731 - one line, one use
+    receive = ((lambda gpu: _memory(remote_mem, gpu, gpu_mem_type)) if remote_mem
+               else send if host is None else (lambda gpu: _memory("host")))
+    return GateSettings(options=_options(True, size, settings), gpu_memory=send,
+                        receive_memory=receive, ib_port=ib_port, gid_index=gid_index,
+                        repeats=repeats, threshold=threshold, floor=floor, staged=staged,
+                        keep_cq_moderation="cq_moderation" in settings, host=host,
+                        port=_port(port), token=token)
+
+
+def _check_gate_arguments(settings: dict, ib_port: int, floor: float) -> None:
+    """What can be refused before the doctor runs."""
+    from gdrprobe.campaign.prelaunch import check_floor
+
+    if settings.get("mode", "bandwidth") != "bandwidth":
+        raise UsageError("check() compares bandwidth; latency runs use host memory", "")
+    _endpoint(None, ib_port, None)
+    check_floor(floor)
+
+
 def check(host: str | None = None, *, token: str | None = None, port: int | None = None,
           device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
           mem: str = defaults.GPU_MEMORY, remote_mem: str | None = None, gpu: str | None = None,
           gpu_mem_type: str = defaults.GPU_MEMORY_TYPE, staged: bool = False,
           repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
+          floor: float = defaults.FLOOR,
           time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S, size: int | None = None,
           **settings):
-    """The A/B and its verdict: the host arm against the GPU arm on the local NIC in
-    loopback (or against host). Without gpu and device, the pair this process's rank will
-    use: the GPU from LOCAL_RANK (torchrun), SLURM_LOCALID (srun) or
-    OMPI_COMM_WORLD_LOCAL_RANK among the GPUs CUDA_VISIBLE_DEVICES leaves, and the NIC NCCL
-    will use for it; ``report.placement`` says which and why. Sampling stops as soon as the
-    verdict is clear (2 repeats at least, `repeats` at most; a GPU arm that cannot run ends
-    it after one host run). time_budget_s (default CHECK_TIME_BUDGET_S; None: no limit)
-    is a hard limit on the whole check, doctor and set-up included: runs are
-    fixed-duration runs sized to it, and no run starts that it cannot hold. Returns a
-    :class:`gdrprobe.report.model.CheckReport`; its ``verdict.classification`` is
-    engaged, degraded, not engaged or not testable."""
-    import dataclasses
-
-    from gdrprobe.campaign.ab import ab_test
-    from gdrprobe.campaign.gate import Budget, budgeted, rank_pair, sized_for_budget
-    from gdrprobe.campaign.machine import holds_gpu_buffer, machine_facts
-    from gdrprobe.measure.loopback import runner
+    """The A/B and its verdict as NCCL will move this GPU's bytes: GPU memory at both ends
+    on the local NIC in loopback (the NIC reads one GPU buffer and writes another; where
+    that falls short, one arm per direction names the one that fails), or against host.
+    Without gpu and device, the pair this process's rank will use: the GPU from LOCAL_RANK
+    (torchrun), SLURM_LOCALID (srun) or OMPI_COMM_WORLD_LOCAL_RANK among the GPUs
+    CUDA_VISIBLE_DEVICES leaves, the NIC NCCL will use for it, and with PXN the NVLink
+    peer's memory for the sends; ``report.placement`` says which and why. NCCL's own
+    decision for the GPU joins the verdict: "not used by NCCL" where NCCL will not use
+    GPUDirect for it (exit 10 for an NCCL setting, 1 for the node). floor: the fraction of
+    the port's line rate the GPU arm must reach (hardware NICs whose rate is known; 0: no
+    floor). QPs default to CHECK_QPS. Sampling stops as soon as the verdict is clear (2
+    repeats at least, `repeats` at most). time_budget_s (default CHECK_TIME_BUDGET_S; None:
+    no limit) is a hard limit on the whole check, doctor, set-up and waiting for another
+    check of the same NIC included. Returns a :class:`gdrprobe.report.model.CheckReport`."""
+    from gdrprobe.campaign.gate import Budget, rank_pair
+    from gdrprobe.campaign.machine import machine_facts
+    from gdrprobe.campaign.prelaunch import check_pair
 
     budget = Budget(time_budget_s)
-    if settings.get("mode", "bandwidth") != "bandwidth":
-        raise UsageError("check() compares bandwidth; latency runs use host memory", "")
+    _check_gate_arguments(settings, ib_port, floor)
     if host is not None:
         _check_token(token, required=True)
     facts = machine_facts()
+    gate = _gate(facts, host=host, token=token, port=port, ib_port=ib_port,
+                 gid_index=gid_index, mem=mem, remote_mem=remote_mem,
+                 gpu_mem_type=gpu_mem_type, staged=staged, repeats=repeats,
+                 threshold=threshold, floor=floor, size=size, settings=settings)
     pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
-    options = _options(True, size, settings)
-    if time_budget_s is not None:
-        options = sized_for_budget(options, time_budget_s, repeats * (3 if staged else 2))
-    endpoint = _endpoint(pair.nic, ib_port, gid_index)
-    run_once = budgeted(lambda capped: runner(capped, endpoint, host, _port(port), token),
-                        options, budget)
-    local = _memory(mem, pair.gpu, gpu_mem_type)
-    remote = _memory(remote_mem, pair.gpu, gpu_mem_type) if remote_mem else None
-    report = ab_test(run_once, local, remote, staged=staged, repeats=repeats,
-                     threshold=threshold,
-                     doctor_findings=(facts.findings if holds_gpu_buffer(local, host is None)
-                                      else ()),
-                     min_repeats=min(2, repeats))
-    return dataclasses.replace(report, placement=dataclasses.replace(
-        pair, time_budget_s=time_budget_s, elapsed_s=round(budget.elapsed(), 3)))
+    return check_pair(pair, facts, gate, budget, os.environ)
+
+
+def check_node(*, ib_port: int = 1, gid_index: int | None = None,
+               mem: str = defaults.GPU_MEMORY, gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
+               staged: bool = False, repeats: int = defaults.REPEATS,
+               threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
+               time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
+               size: int | None = None, **settings):
+    """:func:`check` for every GPU of the node with the NIC NCCL will use for it, in one
+    process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
+    parallel, all inside time_budget_s. Returns a
+    :class:`gdrprobe.report.model.NodeCheckReport`: one entry per GPU, and ``exit_code``
+    the worst of theirs (a drain before a warn)."""
+    from gdrprobe.campaign.gate import Budget
+    from gdrprobe.campaign.machine import machine_facts
+    from gdrprobe.campaign.node import check_node as _check_node
+
+    budget = Budget(time_budget_s)
+    _check_gate_arguments(settings, ib_port, floor)
+    facts = machine_facts()
+    gate = _gate(facts, ib_port=ib_port, gid_index=gid_index, mem=mem,
+                 gpu_mem_type=gpu_mem_type, staged=staged, repeats=repeats,
+                 threshold=threshold, floor=floor, size=size, settings=settings)
+    return _check_node(facts, gate, budget, os.environ)
 
 
 def require(**kwargs):
     """:func:`check`, raising unless GPUDirect RDMA is engaged: a prelaunch gate for a
-    training job. Returns the report when engaged."""
-    from gdrprobe.errors import NotTestable, VerdictNotOk
+    training job. Returns the report when engaged; raises VerdictNotOk (exit 1: degraded,
+    not engaged, or NCCL's rules refuse it on this node), NcclSetting (10: an NCCL setting
+    keeps NCCL off it) or NotTestable (9)."""
+    from gdrprobe.errors import NcclSetting, NotTestable, VerdictNotOk
 
     report = check(**kwargs)
     verdict = report.verdict
     if verdict.classification == "engaged":
         return report
-    error = NotTestable if verdict.classification == "not testable" else VerdictNotOk
-    raise error(f"GPUDirect RDMA is {verdict.classification}"
-                + (f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""),
+    error = {int(ExitCode.NOT_TESTABLE): NotTestable,
+             int(ExitCode.NCCL_SETTING): NcclSetting}.get(verdict.exit_code, VerdictNotOk)
+    ratio = f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""
+    cause = f": {verdict.likely_causes[0]}" if verdict.likely_causes else ""
+    raise error(f"GPUDirect RDMA is {verdict.classification}{ratio}{cause}",
                 verdict.fix, evidence="; ".join(verdict.evidence))
 
 
@@ -328,7 +430,8 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
             iterations: int = defaults.ITERATIONS, repeats: int = defaults.REPEATS,
             threshold: float = defaults.THRESHOLD,
             slow_fraction: float = defaults.SLOW_FRACTION,
-            timeout_s: float = defaults.TIMEOUT_S, oob_address: str | None = None):
+            timeout_s: float = defaults.TIMEOUT_S, oob_address: str | None = None,
+            gpu_alloc: str = defaults.GPU_ALLOCATION):
     """Every pair of nodes of the MPI job this process is a rank of (one rank per node):
     call it on every rank. Rank 0 gets the :class:`gdrprobe.report.model.ClusterReport`
     (its ``exit_code`` is the worst pair's; a slow pair alone: 1), the other ranks None."""
@@ -339,7 +442,7 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
         raise UsageError(f"--slow-fraction {slow_fraction}: use a fraction over 0 and at "
                          "most 1", f"e.g. {defaults.SLOW_FRACTION}")
     endpoint = _endpoint(device, ib_port, gid_index)
-    local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages)
+    local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
     options = _options(True, size, {"iterations": iterations, "timeout_s": timeout_s})
     return _cluster.run_cluster(
         _cluster.world(), pattern, _cluster.pair_server(endpoint, timeout_s),

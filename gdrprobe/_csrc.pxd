@@ -12,6 +12,13 @@ cdef extern from "<infiniband/verbs.h>" nogil:
         ibv_cq *send_cq
         uint32_t qp_num
         int qp_type
+    struct ibv_pd:
+        ibv_context *context
+        uint32_t handle
+    struct ibv_mr:
+        size_t length
+        uint32_t lkey
+        uint32_t rkey
     const char *ibv_wc_status_str(int status)
 
 
@@ -36,6 +43,13 @@ cdef extern from "gdr_pattern.h" nogil:
 
 cdef extern from "gdr_peek.h" nogil:
     int gdr_peek(void *dst, const void *src, size_t len)
+
+
+cdef extern from "gdr_dmabuf.h" nogil:
+    ibv_mr *gdr_reg_dmabuf_mr(ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
+                              int fd, int access, int *err)
+    int gdr_have_reg_dmabuf_mr()
+    int gdr_dereg_mr(ibv_mr *mr)
 
 
 cdef extern from "gdr_hostmem.h" nogil:

@@ -225,6 +225,77 @@ def cq_fields(uintptr_t ptr):
     return {"context": <uintptr_t>cq.context, "cqe": cq.cqe}
 
 
+def pd_fields(uintptr_t ptr):
+    """The ibv_pd fields the handle validation compares with pyverbs' own values."""
+    cdef c.ibv_pd pd
+    _peek(&pd, ptr, sizeof(pd))
+    return {"context": <uintptr_t>pd.context, "handle": pd.handle}
+
+
+# ---- DMA-BUF registration through libibverbs (csrc/gdr_dmabuf.h) -----------------------
+
+HAVE_REG_DMABUF_MR = bool(c.gdr_have_reg_dmabuf_mr())
+
+
+cdef class DmaBufRegion:
+    """A memory region registered with ibv_reg_dmabuf_mr on a PD pyverbs owns, for where
+    pyverbs' DmaBufMR takes no file descriptor. pd is that pyverbs PD, held for as long as
+    the region is registered; pd_pointer its ibv_pd, validated by the caller
+    (gdrprobe.rdma.handles). OSError carries the registration's errno. close() deregisters
+    (the region must be closed before its PD)."""
+
+    cdef c.ibv_mr *mr
+    cdef readonly object pd
+
+    def __init__(self, pd, uintptr_t pd_pointer, uint64_t offset, size_t length,
+                 uint64_t iova, int fd, int access):
+        cdef int err = 0
+        if self.mr != NULL:
+            raise ValueError("this region is registered already")
+        if pd is None or pd_pointer == 0:
+            raise ValueError("a DMA-BUF region needs a pyverbs PD and its validated ibv_pd")
+        with nogil:
+            self.mr = c.gdr_reg_dmabuf_mr(<c.ibv_pd *>pd_pointer, offset, length, iova, fd,
+                                          access, &err)
+        if self.mr == NULL:
+            raise OSError(err, f"ibv_reg_dmabuf_mr: {strerror(err).decode()}")
+        self.pd = pd
+
+    @property
+    def lkey(self):
+        self._registered()
+        return self.mr.lkey
+
+    @property
+    def rkey(self):
+        self._registered()
+        return self.mr.rkey
+
+    @property
+    def length(self):
+        self._registered()
+        return self.mr.length
+
+    cdef int _registered(self) except -1:
+        if self.mr == NULL:
+            raise ValueError("the region is closed")
+        return 0
+
+    def close(self):
+        cdef c.ibv_mr *mr = self.mr
+        cdef int rc
+        self.mr = NULL
+        if mr != NULL:
+            rc = c.gdr_dereg_mr(mr)
+            self.pd = None
+            if rc != 0:
+                raise OSError(rc, f"ibv_dereg_mr: {strerror(rc).decode()}")
+
+    def __dealloc__(self):
+        if self.mr != NULL:
+            c.gdr_dereg_mr(self.mr)
+
+
 # ---- clock and loops -----------------------------------------------------------------
 
 def calibrate_counter(uint64_t window_ns):

@@ -36,10 +36,12 @@ INTEGRITY_CAP_BYTES = 4 << 20
 MAX_SLOTS = 1024
 
 
-def integrity_slots(size: int, messages: int | None = None) -> int:
+def integrity_slots(size: int, messages: int | None = None,
+                    cap_bytes: int = INTEGRITY_CAP_BYTES) -> int:
     """How many messages of this size land in a slot of their own: as many as the caps
-    allow, and no more than a run of ``messages`` sends (None: a run of fixed duration)."""
-    fit = max(1, min(MAX_SLOTS, INTEGRITY_CAP_BYTES // size))
+    allow (cap_bytes: less than INTEGRITY_CAP_BYTES where the locked-memory limit asks for
+    less), and no more than a run of ``messages`` sends (None: a run of fixed duration)."""
+    fit = max(1, min(MAX_SLOTS, cap_bytes // size))
     return fit if messages is None else min(fit, messages)
 
 
@@ -55,6 +57,10 @@ def buffer_bytes(size: int, slots: int) -> int:
 MEM_CHOICES = ("host", "gpu", "dmabuf", "peermem", "staged")   # gpu: the mechanism chosen
 GPU_MEMORY_TYPES = ("device", "managed", "pinned-host")
 GPU_MEMORY_TYPE = "device"
+# How GPU device memory is allocated: vmm (cuMemCreate and cuMemMap, NCCL's own default since
+# 2.19 where the driver supports it; cuMemAlloc elsewhere, as NCCL) or malloc (cuMemAlloc).
+GPU_ALLOCATIONS = ("vmm", "malloc")
+GPU_ALLOCATION = "vmm"
 CLOCKS = ("auto", "counter", "monotonic")                        # measure/clock.py
 CLOCK = "auto"
 
@@ -66,6 +72,16 @@ GPU_MEMORY = "gpu"                 # the GPU arm's mechanism: chosen automatical
 
 # ---- the campaigns built on the A/B -----------------------------------------------------
 CHECK_TIME_BUDGET_S = 30.0         # gdrprobe check's hard limit, set-up included
+CHECK_QPS = 2                      # check: QPs per run (why: campaign/gate.py)
+# check: the fraction of the port's line rate the deciding GPU arm must reach, where the
+# rate is known and the NIC is hardware. Azure's node health checks expect 185 of 200 Gb/s
+# (HDR) and 375 of 400 (NDR) from ib_write_bw between two GPU buffers of one node
+# (azurehpc-health-checks conf/nd96asr_v4.conf, nd96isr_h100_v5.conf: 0.925 and 0.94, 8 MiB
+# messages, perftest's 5000 iterations); check's windows are shorter and its messages 1 MiB,
+# so the floor sits a margin below, and still above what a 400 Gb/s NIC reaches on a PCIe
+# Gen4 x16 link (16 GT/s x 16 x 128/130 = 252 Gb/s: 0.63) or half its lanes.
+FLOOR = 0.8
+LOCK_DIRS = ("/run/gdrprobe", "/tmp/gdrprobe")   # check: per-NIC lock files, first usable
 SLOW_FRACTION = 0.8                # cluster: a pair below this share of the median is slow
 BENCH_MEMORY = ("host", "dmabuf", "peermem", "staged")   # bench's memory kinds
 MAX_DROP = 0.10                    # bench --baseline: the fall that flags a row

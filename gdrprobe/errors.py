@@ -1,11 +1,14 @@
 """Errors a person sees, each with its cause, its fix and a documented exit code.
 
 Exceptions are for situations the run cannot continue from; the CLI turns them into
-one message and the exit code below. The README's "Exit codes" table mirrors this.
+one message and the exit code below. :data:`EXIT_CODES` is the one table of exit codes:
+the README's "Exit codes" table, ``gdrprobe check --help`` and the prolog recipe in
+docs/check.md are generated from it or tested against it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 
@@ -20,20 +23,82 @@ class ExitCode(enum.IntEnum):
     INTEGRITY = 7            # payload verification found corrupt bytes
     RESOURCE_LIMIT = 8       # memlock, hugepages, out of memory
     NOT_TESTABLE = 9         # a requested arm cannot run here (no GPU, no CUDA driver)
+    NCCL_SETTING = 10        # an NCCL setting keeps NCCL off GPUDirect RDMA; the node is fine
+    GPU_UNUSABLE = 11        # every CUDA process fails on this GPU (fabric manager down, ...)
+    INTERNAL = 70            # a bug in gdrprobe: sysexits.h's EX_SOFTWARE, "internal software error"
     INTERRUPTED = 130        # Ctrl-C
 
 
-# What a prolog does with each exit code of 'gdrprobe check': drain for what is wrong with
-# this node (GPUDirect not engaged or degraded, the NIC missing or down, verbs or
-# completions failing, corrupt payloads, memlock too low); warn for what is wrong with the
-# check itself or says nothing about the node (usage, a missing Python dependency, a peer,
-# no GPU to test, Ctrl-C). The README's table and the prolog recipe in docs/check.md are
-# tested against it.
-DRAIN_CODES = (ExitCode.VERDICT_NOT_OK, ExitCode.NO_DEVICE, ExitCode.RDMA, ExitCode.INTEGRITY,
-               ExitCode.RESOURCE_LIMIT)
-SCHEDULER_ACTION = {int(code): ("start the job" if code == ExitCode.OK else
-                                "drain" if code in DRAIN_CODES else "warn")
-                    for code in ExitCode}
+@dataclasses.dataclass(frozen=True)
+class ExitCodeRow:
+    code: ExitCode
+    meaning: str
+    action: str      # what a scheduler's prolog does: start the job, drain or warn
+
+
+START, DRAIN, WARN = "start the job", "drain", "warn"
+
+# The one table of exit codes and what a prolog does with each. Drain for what is wrong with
+# this node and would fail or slow the job (GPUDirect not engaged or degraded, the NIC
+# missing, down or unopenable, verbs or completions failing, corrupt payloads, memlock too
+# low, a GPU that no CUDA process can use); warn for what is wrong with the check itself or
+# says nothing about the node (usage, a missing Python dependency, a peer, no GPU to test,
+# an NCCL setting of the job, a bug in gdrprobe, Ctrl-C).
+EXIT_CODES = (
+    ExitCodeRow(ExitCode.OK, "engaged; for other commands: success", START),
+    ExitCodeRow(ExitCode.VERDICT_NOT_OK,
+                "the probe ran and the answer is not OK: GPUDirect RDMA degraded or not "
+                "engaged; the doctor found a failing check; `nccl-log` saw network channels "
+                "and none used GDRDMA, or GDR off on every NIC; `bench --baseline` found a row "
+                "that fell; `cluster` found a slow pair", DRAIN),
+    ExitCodeRow(ExitCode.USAGE, "bad flags or arguments (an unreadable, empty or binary NCCL "
+                "log, a time budget too small for one run)", WARN),
+    ExitCodeRow(ExitCode.MISSING_DEPENDENCY, "a Python dependency is missing (pyverbs, "
+                "cuda-python; mpi4py, matplotlib or prometheus_client where their output is "
+                "asked for)", WARN),
+    ExitCodeRow(ExitCode.NO_DEVICE, "no RDMA device (under a GPU arm: 9), unknown device "
+                "name, a device that cannot be opened, port not ACTIVE, no usable GID", DRAIN),
+    ExitCodeRow(ExitCode.PEER, "the peer: cannot connect, wrong token, time-out, bad or "
+                "tampered message, peer went away", WARN),
+    ExitCodeRow(ExitCode.RDMA, "a verbs call or a work completion failed", DRAIN),
+    ExitCodeRow(ExitCode.INTEGRITY, "payload corruption", DRAIN),
+    ExitCodeRow(ExitCode.RESOURCE_LIMIT, "a resource limit: locked memory, huge pages, host "
+                "memory", DRAIN),
+    ExitCodeRow(ExitCode.NOT_TESTABLE, "not testable here (no GPU, no CUDA driver, no RDMA "
+                "device under a GPU arm, memory that proves nothing, CUDA out of memory; an "
+                "NCCL log whose network lines could not be read)", WARN),
+    ExitCodeRow(ExitCode.NCCL_SETTING, "NCCL will not use GPUDirect RDMA for this GPU because "
+                "of an NCCL setting (the job's environment or an NCCL configuration file, e.g. "
+                "`NCCL_NET_GDR_LEVEL=LOC`); the node is fine. Where NCCL's rules refuse it on "
+                "this node's hardware or stack, the exit is 1", WARN),
+    ExitCodeRow(ExitCode.GPU_UNUSABLE, "the GPU is unusable for every CUDA process: the "
+                "fabric manager is not running, forward-compatibility libraries the GPU does "
+                "not support, driver library and kernel module differ, another process holds "
+                "the GPU in exclusive-process mode, an uncorrectable ECC or NVLink error",
+                DRAIN),
+    ExitCodeRow(ExitCode.INTERNAL, "an internal error: a bug in gdrprobe (the message says "
+                "where, and how to report it); it says nothing about the node", WARN),
+    ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM); everything was "
+                "released", WARN),
+)
+SCHEDULER_ACTION = {int(row.code): row.action for row in EXIT_CODES}
+DRAIN_CODES = tuple(row.code for row in EXIT_CODES if row.action == DRAIN)
+
+
+def exit_codes_markdown() -> str:
+    """The README's "Exit codes" table, as generated from :data:`EXIT_CODES`."""
+    lines = ["| exit | meaning | prolog action |", "|---|---|---|"]
+    lines += [f"| {int(row.code)} | {row.meaning} | {row.action} |" for row in EXIT_CODES]
+    return "\n".join(lines)
+
+
+def exit_codes_epilog() -> str:
+    """What each exit code tells a scheduler, for a command's --help."""
+    actions = {action: [str(int(row.code)) for row in EXIT_CODES if row.action == action]
+               for action in (START, DRAIN, WARN)}
+    return ("exit codes: " + "; ".join(f"{', '.join(codes)}: {action}"
+                                       for action, codes in actions.items())
+            + " (the README's 'Exit codes' table says what each one means)")
 
 
 class GdrprobeError(Exception):
@@ -123,6 +188,24 @@ class NotTestable(GdrprobeError):
     exit_code = ExitCode.NOT_TESTABLE
 
 
+class NcclSetting(GdrprobeError):
+    """An NCCL setting keeps NCCL off GPUDirect RDMA for this GPU (require())."""
+
+    exit_code = ExitCode.NCCL_SETTING
+
+
+class GpuOutOfMemory(NotTestable):
+    """CUDA is out of memory: other processes hold the GPU's memory (in a training job, the
+    job itself may), so the check cannot run, and that says nothing against the node."""
+
+
+class GpuUnusable(GdrprobeError):
+    """The GPU or the CUDA system fails every CUDA process on this node: a job started here
+    crashes as the check did (:mod:`gdrprobe.memory.cuda_results` says which results)."""
+
+    exit_code = ExitCode.GPU_UNUSABLE
+
+
 class Interrupted(GdrprobeError):
     exit_code = ExitCode.INTERRUPTED
 
@@ -131,4 +214,5 @@ class Interrupted(GdrprobeError):
 # sees "not testable" or "registration failed" as such, not as a generic peer error.
 WIRE_ERRORS = {cls.__name__: cls for cls in (NotTestable, RegistrationFailed, ResourceLimit,
                                              MissingDependency, NoDevice, IntegrityError,
-                                             CudaError, CompletionError)}
+                                             CudaError, CompletionError, GpuOutOfMemory,
+                                             GpuUnusable)}

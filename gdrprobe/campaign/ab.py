@@ -4,6 +4,14 @@ alternation, then the verdict.
 Each arm of each repeat is one full run (its own connection, endpoint and buffers), so
 the arms differ only in the memory behind the QPs. An arm that cannot run (no CUDA driver,
 a registration the NIC refuses) becomes evidence for the verdict instead of an error.
+
+With GPU memory at both ends (the NIC reads one GPU buffer and writes another, as an NCCL
+transfer between two nodes does) that two-ended arm decides. Only where it falls short
+(degraded, or its data path broken) do the two one-direction arms run, alternating with
+the host arm as before: GPU source and host destination (the NIC reads GPU memory: NCCL's
+sends, gdr_read) and host source and GPU destination (it writes GPU memory: NCCL's
+receives, gdr_write); they name the direction that fails. An engaged node pays for two
+arms, not four.
 """
 
 from __future__ import annotations
@@ -15,11 +23,13 @@ from gdrprobe import defaults
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.errors import (CompletionError, CudaError, IntegrityError,
                              NoRdmaDevice, NotTestable, RegistrationFailed, UsageError)
-from gdrprobe.report.model import ArmReport, CheckReport, RunReport
-from gdrprobe.campaign.verdict import (STAGED_ARM, ArmMeasurement, arm_ratio,
-                                      classify, straddles)
+from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, FloorCheck
+from gdrprobe.report.model import RunReport
+from gdrprobe.campaign.verdict import (DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
+                                      arm_ratio, classify, line_rate_fraction, straddles)
 
 HOST = MemorySpec()
+REFERENCE = "reference"   # the staged arm's role: it informs a degraded verdict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,16 +37,32 @@ class ArmPlan:
     name: str
     local: MemorySpec
     remote: MemorySpec
+    role: str = DECIDES   # decides | reference | diagnoses; the host arm: ""
+
+    @property
+    def direction(self) -> str:
+        """Where the GPU memory is: the source (read), the destination (write), both."""
+        gpu = (self.local.kind == "gpu", self.remote.kind == "gpu")
+        return {(True, True): BOTH, (True, False): READ, (False, True): WRITE}.get(gpu, "")
+
+    @property
+    def gpu_side(self) -> MemorySpec:
+        """The GPU buffer whose mechanism names the arm (the source where both are)."""
+        return self.local if self.local.kind == "gpu" else self.remote
 
 
 def plan_arms(local: MemorySpec, remote: MemorySpec, with_staged: bool) -> list[ArmPlan]:
-    """The host arm first, then the GPU arm as asked, then (optionally) the staged one."""
+    """The host arm first, then the GPU arm as asked, then (optionally) the staged one; with
+    GPU memory at both ends, the two one-direction arms that diagnose it."""
     gpu_side = local if local.kind == "gpu" else remote
-    arms = [ArmPlan("host", HOST, HOST), ArmPlan(gpu_side.label, local, remote)]
+    arms = [ArmPlan("host", HOST, HOST, role=""), ArmPlan(gpu_side.label, local, remote)]
     if with_staged and gpu_side.mechanism != "staged":
         staged = dataclasses.replace(gpu_side, mechanism="staged")
         arms.append(ArmPlan("staged", staged if local.kind == "gpu" else HOST,
-                            staged if remote.kind == "gpu" else HOST))
+                            staged if remote.kind == "gpu" else HOST, role=REFERENCE))
+    if local.kind == "gpu" and remote.kind == "gpu":
+        arms += [ArmPlan(local.label, local, HOST, role=DIAGNOSES),
+                 ArmPlan(remote.label, HOST, remote, role=DIAGNOSES)]
     return arms
 
 
@@ -48,6 +74,9 @@ class ArmRecord:
     error: Exception | None = None
     # The staged arm: per repeat, the pipelined bound (see pipelined_bound).
     bounds: list[float] = dataclasses.field(default_factory=list)
+    # The host arm's bandwidth in each repeat this arm ran in: its ratios pair with these.
+    host_gbps: list[float] = dataclasses.field(default_factory=list)
+    attempted: bool = True   # a diagnosing arm is attempted only when the verdict needs it
 
     def gpu_memory(self) -> dict:
         """The description of the GPU side's memory in the last run (empty if none ran)."""
@@ -61,8 +90,12 @@ class ArmRecord:
         mechanism = self.gpu_memory().get("mechanism") or getattr(self.error, "mechanism", "")
         return mechanism or self.plan.name
 
+    @property
+    def role(self) -> str:
+        return DECIDES if self.plan.role == REFERENCE else self.plan.role
+
     def measurement(self, size: int) -> ArmMeasurement:
-        spec = self.plan.local if self.plan.local.kind == "gpu" else self.plan.remote
+        spec = self.plan.gpu_side
         # Why this mechanism: from the provider that ran, else what was known when it failed
         # (a broken data path's evidence is the failure itself, kept in data_path_error).
         known = self.error is not None and not is_data_path_error(self.error)
@@ -70,7 +103,9 @@ class ArmRecord:
                   or (self.error.evidence if known else ""))
         common = dict(arm=self.arm, mechanism=None if self.arm == "host" else self.arm,
                       memory_kind="host" if self.plan.name == "host" else spec.memory_type,
-                      message_bytes=size, mechanism_reason=reason)
+                      message_bytes=size, mechanism_reason=reason,
+                      direction=self.plan.direction, role=self.role or DECIDES,
+                      host_gbps=tuple(self.host_gbps))
         if isinstance(self.error, RegistrationFailed):
             return ArmMeasurement(registration_errno=self.error.error_code, **common)
         if is_data_path_error(self.error):
@@ -83,7 +118,7 @@ class ArmRecord:
             return ArmMeasurement(bandwidths_gbps=tuple(self.bounds), **common)
         return ArmMeasurement(bandwidths_gbps=tuple(self.bandwidths), **common)
 
-    def report(self, size: int) -> ArmReport:
+    def report(self, size: int, floor: FloorCheck | None = None) -> ArmReport:
         last = self.runs[-1] if self.runs else None
         outcome = ("measured" if self.error is None else
                    "registration failed" if isinstance(self.error, RegistrationFailed)
@@ -98,7 +133,8 @@ class ArmRecord:
             detail=(str(self.error.cause) if self.error else
                     SERIALISED if self.bounds else ""),
             fix=getattr(self.error, "fix", "") if self.error else "",
-            pipelined_bound_gbps=tuple(self.bounds))
+            pipelined_bound_gbps=tuple(self.bounds), direction=self.plan.direction,
+            role=self.plan.role, line_rate_fraction=line_rate_fraction(self.bandwidths, floor))
 
 
 # How the staged arm's two figures are obtained.
@@ -143,34 +179,70 @@ class StopSampling(Exception):
     A/B classifies what it has measured so far."""
 
 
-def run_ab(run_once: Callable[[MemorySpec, MemorySpec], RunReport], arms: list[ArmPlan],
-           repeats: int, threshold: float = defaults.THRESHOLD,
-           doctor_findings=(), min_repeats: int | None = None) -> CheckReport:
+RunOnce = Callable[[MemorySpec, MemorySpec], RunReport]
+
+
+def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
+           threshold: float = defaults.THRESHOLD, doctor_findings=(),
+           min_repeats: int | None = None, floor: FloorCheck | None = None) -> CheckReport:
     """Alternate the arms up to `repeats` times and classify. run_once(local, remote) runs
     one probe; errors of the host arm are the run's errors and propagate. Sampling stops as
     soon as the answer is known: when no GPU arm that could prove GPUDirect can run (after
     one host measurement, kept for the report), when run_once raises StopSampling, and, from
-    min_repeats repeats on, when no GPU arm's per-repeat ratios straddle the threshold."""
+    min_repeats repeats on, when no GPU arm's per-repeat ratios straddle the threshold. The
+    diagnosing arms (one direction each) then run the same way, only where the deciding
+    two-ended arm fell short."""
     records = [ArmRecord(plan) for plan in arms]
+    host = records[0]
+    main = [r for r in records[1:] if r.plan.role != DIAGNOSES]
+    diagnosing = [r for r in records[1:] if r.plan.role == DIAGNOSES]
+    stopped = sample(run_once, host, main, repeats, threshold, min_repeats)
+    wanted = not stopped and needs_direction(host, main, threshold)
+    for record in diagnosing:
+        record.attempted = wanted
+    if wanted:
+        sample(run_once, host, diagnosing, repeats, threshold, min_repeats)
+    size = host.runs[-1].bandwidth[-1].size_bytes
+    shown = [r for r in records if r.attempted]
+    verdict = classify(host.measurement(size), [r.measurement(size) for r in shown[1:]],
+                       threshold, owner_findings(shown[1:], doctor_findings), floor)
+    deciding = next((r for r in main if r.runs), None)
+    return CheckReport(verdict=verdict, arms=tuple(r.report(size, floor) for r in shown),
+                       settings=host.runs[-1].settings, repeats=len(host.runs), floor=floor,
+                       gpu_settings=deciding.runs[-1].settings if deciding else None)
+
+
+def sample(run_once: RunOnce, host: ArmRecord, arms: list[ArmRecord], repeats: int,
+           threshold: float, min_repeats: int | None) -> bool:
+    """Up to `repeats` repeats of the host arm and these arms; True when the budget ended
+    it (the arms it never reached say so)."""
     for repeat in range(1, repeats + 1):
         try:
-            run_repeat(run_once, records)
+            run_repeat(run_once, [host, *arms])
         except StopSampling as stop:
-            for record in records:
+            for record in arms:
                 if not record.runs and record.error is None:   # the budget ran out first
                     record.error = NotTestable(f"not testable: {stop}",
                                                "give the check a larger time budget")
-            break
-        if deciding_arms_failed(records) or (
+            return True
+        if deciding_arms_failed(arms) or (
                 min_repeats is not None and repeat >= min_repeats
-                and conclusive(records, threshold)):
+                and conclusive(host, arms, threshold)):
             break
-    host, gpu_arms = records[0], records[1:]
-    size = host.runs[-1].bandwidth[-1].size_bytes
-    verdict = classify(host.measurement(size), [r.measurement(size) for r in gpu_arms],
-                       threshold, owner_findings(gpu_arms, doctor_findings))
-    return CheckReport(verdict=verdict, arms=tuple(r.report(size) for r in records),
-                       settings=host.runs[-1].settings, repeats=len(host.runs))
+    return False
+
+
+def needs_direction(host: ArmRecord, main: list[ArmRecord], threshold: float) -> bool:
+    """Whether the deciding two-ended arm fell short: below the threshold, or its data path
+    broken (a refused registration is the same in both directions)."""
+    both = [r for r in main if r.plan.direction == BOTH and r.plan.role == DECIDES]
+    for record in both:
+        if is_data_path_error(record.error):
+            return True
+        ratio = arm_ratio(host.measurement(0), record.measurement(0))
+        if ratio is not None and ratio.ratio < threshold:
+            return True
+    return False
 
 
 def owner_findings(gpu_arms: list[ArmRecord], doctor_findings) -> tuple:
@@ -183,18 +255,15 @@ def owner_findings(gpu_arms: list[ArmRecord], doctor_findings) -> tuple:
     return tuple(doctor_findings) + (tuple(sent[-1]) if sent else ())
 
 
-def run_repeat(run_once: Callable[[MemorySpec, MemorySpec], RunReport],
-               records: list[ArmRecord]) -> None:
-    """One run of each arm that can still run, in plan order."""
+def run_repeat(run_once: RunOnce, records: list[ArmRecord]) -> None:
+    """One run of each arm that can still run, in plan order (the host arm first)."""
     for record in records:
         if record.error is not None:
             continue   # an arm that cannot run will not run on the next repeat either
         try:
             run = run_once(record.plan.local, record.plan.remote)
         except NoRdmaDevice as error:
-            # The README's promise: no RDMA device under a GPU arm is "not testable here".
-            raise NotTestable(f"not testable: {error.cause}", error.fix,
-                              evidence=error.evidence) from error
+            raise no_device_not_testable(error) from error
         except (*ARM_ERRORS, IntegrityError, CompletionError) as error:
             if record.plan.name == "host" or (isinstance(error, CompletionError)
                                               and not is_data_path_error(error)):
@@ -203,33 +272,40 @@ def run_repeat(run_once: Callable[[MemorySpec, MemorySpec], RunReport],
             continue
         record.runs.append(run)
         record.bandwidths.append(run.bandwidth[-1].bandwidth_avg_gbps)
+        if record is not records[0]:
+            record.host_gbps.append(records[0].bandwidths[-1])
         if record.plan.name == STAGED_ARM:
             record.bounds.append(pipelined_bound(run, records[0]))
+
+
+def no_device_not_testable(error: NoRdmaDevice) -> NotTestable:
+    """The README's promise: no RDMA device under a GPU arm is "not testable here"."""
+    return NotTestable(f"not testable: {error.cause}", error.fix, evidence=error.evidence)
 
 
 def deciding_arms_failed(records: list[ArmRecord]) -> bool:
     """No GPU arm that decides the verdict can run any more (the staged arm only informs
     a degraded verdict; it decides only when it is the sole GPU arm)."""
-    gpu_arms = records[1:]
-    deciding = [r for r in gpu_arms if r.plan.name != STAGED_ARM] or gpu_arms
+    deciding = [r for r in records if r.plan.name != STAGED_ARM] or records
     return all(r.error is not None for r in deciding)
 
 
-def conclusive(records: list[ArmRecord], threshold: float) -> bool:
+def conclusive(host: ArmRecord, records: list[ArmRecord], threshold: float) -> bool:
     """Every GPU arm that measured has per-repeat ratios on one side of the threshold."""
-    host = records[0].measurement(0)
-    ratios = [arm_ratio(host, r.measurement(0)) for r in records[1:] if r.error is None]
+    reference = host.measurement(0)
+    ratios = [arm_ratio(reference, r.measurement(0)) for r in records if r.error is None]
     return bool(ratios) and all(r is not None and not straddles(r, threshold) for r in ratios)
 
 
-def ab_test(run_once: Callable[[MemorySpec, MemorySpec], RunReport], local: MemorySpec,
-            remote: MemorySpec | None = None, *, staged: bool = False, repeats: int = 3,
-            threshold: float = defaults.THRESHOLD, doctor_findings=(),
-            min_repeats: int | None = None) -> CheckReport:
+def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = None, *,
+            staged: bool = False, repeats: int = 3, threshold: float = defaults.THRESHOLD,
+            doctor_findings=(), min_repeats: int | None = None,
+            floor: FloorCheck | None = None) -> CheckReport:
     """The whole A/B: plan the arms, run them, and classify. doctor_findings are the
     findings of the host that owns the GPU buffer (the caller runs the doctor there); they
     confirm or rule out the likely causes of a degraded result. With min_repeats, repeats
-    is a ceiling: sampling stops once the ratios are clear (see :func:`run_ab`)."""
+    is a ceiling: sampling stops once the ratios are clear (see :func:`run_ab`). floor:
+    the port's line rate and the fraction of it the deciding arm must reach."""
     if not 1 <= repeats <= 100:
         raise UsageError(f"{repeats} repeats: use 1 to 100", "")
     if not 0 < threshold <= 1:
@@ -238,4 +314,4 @@ def ab_test(run_once: Callable[[MemorySpec, MemorySpec], RunReport], local: Memo
     if local.kind == "host" and remote.kind == "host":
         raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")
     arms = plan_arms(local, remote, staged)
-    return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats)
+    return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats, floor)

@@ -157,22 +157,40 @@ def row_key(row) -> tuple:
     return tuple(get(name) for name in ("mode", "gpu", "nic", "memory", "qps", "size_bytes"))
 
 
-def with_ratios(rows: Sequence[BenchRow], line_rates: Mapping[str, float | None]) -> list[BenchRow]:
-    """Each measured bandwidth row with its fraction of the port's line rate and, for GPU
-    memory, its ratio to the host row of the same NIC, QP count and size."""
-    host = {(r.nic, r.qps, r.size_bytes): r.bandwidth_avg_gbps for r in rows
+def host_bandwidths(rows: Sequence[BenchRow]) -> dict[tuple, float]:
+    """The measured host-memory bandwidth by (NIC, QP count, size)."""
+    return {(r.nic, r.qps, r.size_bytes): r.bandwidth_avg_gbps for r in rows
             if r.mode == "bandwidth" and r.memory == "host" and r.outcome == MEASURED}
-    finished = []
-    for row in rows:
-        if row.mode == "bandwidth" and row.outcome == MEASURED:
-            rate = line_rates.get(row.nic)
-            reference = host.get((row.nic, row.qps, row.size_bytes))
-            row = dataclasses.replace(
-                row, line_rate_fraction=row.bandwidth_avg_gbps / rate if rate else None,
-                gpu_host_ratio=(row.bandwidth_avg_gbps / reference
-                                if row.memory != "host" and reference else None))
-        finished.append(row)
-    return finished
+
+
+def with_ratio(row: BenchRow, host: Mapping[tuple, float],
+               line_rates: Mapping[str, float | None]) -> BenchRow:
+    """A measured bandwidth row with its fraction of the port's line rate and, for GPU
+    memory, its ratio to the host row of the same NIC, QP count and size (in host)."""
+    if row.mode != "bandwidth" or row.outcome != MEASURED:
+        return row
+    rate = line_rates.get(row.nic)
+    reference = host.get((row.nic, row.qps, row.size_bytes))
+    return dataclasses.replace(
+        row, line_rate_fraction=row.bandwidth_avg_gbps / rate if rate else None,
+        gpu_host_ratio=(row.bandwidth_avg_gbps / reference
+                        if row.memory != "host" and reference else None))
+
+
+def with_ratios(rows: Sequence[BenchRow], line_rates: Mapping[str, float | None]) -> list[BenchRow]:
+    host = host_bandwidths(rows)
+    return [with_ratio(row, host, line_rates) for row in rows]
+
+
+def ratios_as_measured(on_row: OnRow, line_rates: Mapping[str, float | None]) -> OnRow:
+    """on_row seeing each row with its ratios already (the plan measures host memory before
+    the GPU kinds, so a GPU row's host row is known when it arrives)."""
+    host: dict[tuple, float] = {}
+
+    def report(row: BenchRow, done: int, total: int) -> None:
+        host.update(host_bandwidths([row]))
+        on_row(with_ratio(row, host, line_rates), done, total)
+    return report
 
 
 # ---- per-pair verdicts ---------------------------------------------------------------
@@ -366,7 +384,8 @@ def run_bench(settings: BenchSettings, facts: MachineFacts, version: str, *,
     listed = {device.name: device for device in list_devices().devices}
     plan = bench_plan(settings, facts, gpus, select_nics(listed, devices), timeout_s)
     line_rates = {name: port_rate(listed[name], settings.ib_port) for name in plan.nics()}
-    sweep = run_sweep(plan, loopback_executor(settings.ib_port, gid_index), on_row)
+    sweep = run_sweep(plan, loopback_executor(settings.ib_port, gid_index),
+                      ratios_as_measured(on_row, line_rates))
     rows = with_ratios(sweep.rows, line_rates)
     return BenchReport(
         environment=bench_environment(facts.cuda_facts, facts.nvidia_driver, version),

@@ -22,7 +22,7 @@ from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.loopback import runner
 from gdrprobe.measure.server import ProbeServer
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.protocol.channel import new_token
+from gdrprobe.protocol.token import new_token
 from gdrprobe.rdma import verbs
 from gdrprobe.rdma.devices import list_devices
 from gdrprobe.rdma.endpoint import EndpointOptions

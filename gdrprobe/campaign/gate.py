@@ -24,11 +24,19 @@ from collections.abc import Mapping
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
-from gdrprobe.report.model import RankPair, RunReport
+from gdrprobe.report.check import NcclUse, RankPair
+from gdrprobe.report.model import RunReport
 
 # In the order a nested launch sets them: torchrun under srun sets both, and the training
-# script follows torchrun's.
-RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+# script follows torchrun's. Each launcher's own node-local rank: MPI_LOCALRANKID from the
+# Hydra process manager of MPICH and Intel MPI (MPICH src/pm/hydra/proxy/pmip_cb.c,
+# launch_procs), MV2_COMM_WORLD_LOCAL_RANK from MVAPICH2's mpirun_rsh (MVAPICH2 user guide,
+# "MPIRUN_RSH Parameters"), PALS_LOCAL_RANKID from HPE Cray PALS (one of libPALS's
+# variables, flux-coral2 src/shell/plugins/cray_pals.c), FLUX_TASK_LOCAL_ID from Flux
+# ("the local task rank", flux-core doc/man7/flux-environment.rst).
+RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                  "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID",
+                  "FLUX_TASK_LOCAL_ID")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +64,14 @@ class GpuFacts:
 
 
 @dataclasses.dataclass(frozen=True)
+class PortFacts:
+    """One RDMA port as sysfs states it."""
+
+    rate_gbps: float | None        # the line rate the kernel states (ports/N/rate)
+    link_layer: str | None         # "InfiniBand" or "Ethernet"
+
+
+@dataclasses.dataclass(frozen=True)
 class MachineFacts:
     """What the doctor read that choosing GPUs and NICs rests on; the caller runs the
     doctor and hands this over (measure never runs it)."""
@@ -65,6 +81,12 @@ class MachineFacts:
     cuda_facts: Mapping | None = None  # gpu_inventory() or {"error": ...}
     nvidia_driver: str | None = None  # the first line of /proc/driver/nvidia/version
     findings: tuple = ()              # the doctor's findings, for the verdict's causes
+    # GPU bus id -> whether NCCL will use GPUDirect RDMA for it, and if not why
+    nccl: Mapping[str, NcclUse] = dataclasses.field(default_factory=dict)
+    # The environment as NCCL sees it: the process's, then NCCL's configuration files.
+    nccl_environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    ports: Mapping[tuple[str, int], PortFacts] = dataclasses.field(default_factory=dict)
+    software_nics: tuple[str, ...] = ()   # RDMA devices with no PCI function (rxe, siw)
 
 
 # ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------
@@ -166,6 +188,25 @@ def given_gpu(gpu: str, facts: GpuFacts, environ: Mapping[str, str],
                     **_nic_fields(bus_id, decisions, device))
 
 
+def node_pairs(facts: GpuFacts, decisions: Mapping[str, NicChoice]) -> list[RankPair]:
+    """Every GPU of the node with the NIC NCCL will use for it (a node check): CUDA's GPUs
+    where the driver answered, else sysfs's in PCI bus order, else CUDA ordinal 0 (whose
+    check then says why it cannot run)."""
+    if facts.cuda_bus_ids:
+        return [RankPair(rank="", cuda_ordinal=ordinal, gpu=bus_id,
+                         gpu_reason=f"node check: CUDA ordinal {ordinal}",
+                         **_nic_fields(bus_id, decisions, None))
+                for ordinal, bus_id in enumerate(facts.cuda_bus_ids)]
+    if facts.sysfs_bus_ids:
+        return [RankPair(rank="", cuda_ordinal=None, gpu=bus_id,
+                         gpu_reason=f"node check: GPU {index} in sysfs (PCI bus order)",
+                         **_nic_fields(bus_id, decisions, None))
+                for index, bus_id in enumerate(facts.sysfs_bus_ids)]
+    return [RankPair(rank="", cuda_ordinal=0, gpu="0",
+                     gpu_reason="node check: no GPU in sysfs or from CUDA: CUDA ordinal 0",
+                     **_nic_fields(None, decisions, None))]
+
+
 def _visible_count(environ: Mapping[str, str]) -> int | None:
     entries = visible_entries(environ)
     return None if entries is None else len(entries)
@@ -218,17 +259,33 @@ PERFTEST_DEFAULT_SIZE = 65536
 PERFTEST_DEFAULT_ITERATIONS = 5000
 WINDOW_BYTES = PERFTEST_DEFAULT_SIZE * PERFTEST_DEFAULT_ITERATIONS
 MAX_IN_FLIGHT_BYTES = 128 * PERFTEST_DEFAULT_SIZE
+# Filling the port. perftest signals every write of a message over 8 KiB unless asked
+# otherwise (src/perftest_parameters.c: cq_mod becomes DISABLED_CQ_MOD_VALUE, 1, above
+# MSG_SIZE_CQ_MOD_LIMIT, 8192): each completion frees its slot at once, so the queue never
+# drains between batches, which a moderation equal to the depth (a check's 8 messages of
+# 1 MiB) would do every batch. Its defaults are otherwise the same at any speed (one QP,
+# DEF_TX_BW 128 writes in flight), and with them Azure's node health checks read 375 of
+# 400 Gb/s between two GPU buffers of one node (gdrprobe.defaults.FLOOR). A check keeps
+# less in flight per QP (MAX_IN_FLIGHT_BYTES, so that closing a window on a slow link is
+# quick), so it runs CHECK_QPS QPs by default: 16 MiB in flight, 330 us of a 400 Gb/s port.
+PERFTEST_CQ_MOD_LIMIT = 8192
 
 
-def sized_for_budget(options: ProbeOptions, budget_s: float, runs: int) -> ProbeOptions:
+def sized_for_budget(options: ProbeOptions, budget_s: float, runs: int,
+                     keep_cq_moderation: bool = False) -> ProbeOptions:
     """Fixed-duration runs: half the budget measures across `runs` runs, in windows of at
-    most MAX_WINDOW_S and WINDOW_BYTES; the rest is for set-up, warm-up and the doctor."""
+    most MAX_WINDOW_S and WINDOW_BYTES; the rest is for set-up, warm-up and the doctor.
+    Messages over 8 KiB signal every write, as perftest's do, unless keep_cq_moderation
+    (asked for explicitly)."""
     duration = options.duration_s or min(MAX_WINDOW_S, max(0.1, budget_s / 2 / runs))
     warmup = min(options.warmup_s, duration / 4)
     depth = max(1, min(options.tx_depth, MAX_IN_FLIGHT_BYTES // max(options.sizes)))
+    moderation = min(options.cq_moderation, depth)
+    if max(options.sizes) > PERFTEST_CQ_MOD_LIMIT and not keep_cq_moderation:
+        moderation = 1
     return dataclasses.replace(options, duration_s=duration, warmup_s=warmup, tx_depth=depth,
                                window_bytes=options.window_bytes or WINDOW_BYTES,
-                               cq_moderation=min(options.cq_moderation, depth),
+                               cq_moderation=moderation,
                                post_list=min(options.post_list, depth))
 
 

@@ -1,6 +1,7 @@
 """What the campaigns know about the machine they run on, read once by the doctor: its
-findings, its GPUs, and the NIC NCCL will use for each GPU; and which of the findings
-speak for which buffer.
+findings, its GPUs, the NIC NCCL will use for each GPU and whether NCCL will use GPUDirect
+RDMA for it, the environment as NCCL sees it, and each RDMA port's rate and link layer;
+and which of the findings speak for which buffer.
 
 The doctor speaks for the GPU buffers of the host it ran on. A client's A/B takes this
 host's findings when a GPU buffer is here (its own, or in loopback the server's too); a
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
+from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
+from gdrprobe.campaign.nccl_use import deciding, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
 
 
@@ -27,8 +29,28 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> 
     ctx = DoctorContext(SysRoot(root), environ)
     findings = run_checks(ctx)
     gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
+    uses = nccl_uses(deciding(ctx.nccl_node), ctx.environ, ctx.environ_source,
+                     firm="gpus" in (ctx.cuda_facts or {}), findings=findings)
     return MachineFacts(gpus, nccl_nics(ctx.nccl_decisions), ctx.cuda_facts,
-                        driver_version_line(ctx.root), findings)
+                        driver_version_line(ctx.root), findings, uses, dict(ctx.environ),
+                        port_facts(ctx.root), ctx.topology.software_nics)
+
+
+def port_facts(root) -> dict[tuple[str, int], PortFacts]:
+    """Every RDMA device's ports (software devices too): the rate and link layer sysfs
+    states."""
+    from gdrprobe.doctor.facts.pci import INFINIBAND_CLASS_DIR, rdma_devices
+    from gdrprobe.rdma.verbs import rate_file_gbps
+
+    ports = {}
+    for device in rdma_devices(root):
+        base = f"{INFINIBAND_CLASS_DIR}/{device}/ports"
+        for name in root.listdir(base):
+            if name.isdigit():
+                ports[device, int(name)] = PortFacts(
+                    rate_file_gbps(root.read(f"{base}/{name}/rate")),
+                    root.read(f"{base}/{name}/link_layer"))
+    return ports
 
 
 def nccl_nics(decisions) -> dict:

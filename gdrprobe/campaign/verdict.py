@@ -15,7 +15,19 @@ Pure logic, no I/O. The probe measures; :func:`classify` decides:
   findings confirm or rule out the first two);
 - **not testable**: no GPU, no CUDA driver, no RDMA device, a mechanism the platform does
   not offer (a CUDA error of the GPU arm, with its cause), or only memory that proves
-  nothing about GPUDirect (managed, pinned host).
+  nothing about GPUDirect (managed, pinned host);
+- **not used by NCCL** (:func:`with_nccl`): the A/B found nothing wrong with the node, but
+  NCCL's own rules keep this GPU off GPUDirect RDMA (its GDR level, NCCL_IB_DISABLE, a NIC
+  NCCL_IB_HCA excludes, no peer memory and no DMA-BUF for NCCL, ...).
+
+Directions. A two-ended arm (GPU memory at both ends) decides; where it falls short, the
+one-direction arms (GPU source, host destination: the NIC reads GPU memory, NCCL's sends;
+host source, GPU destination: the NIC writes it, NCCL's receives) name the direction that
+fails (:func:`failing_direction`).
+
+The floor. Where the port's line rate is known and the device is hardware, the deciding
+arm must also reach ``floor`` of it: two arms crippled alike (a translating IOMMU, a far
+NUMA node, a NIC on a narrower PCIe link) give a ratio near 1 and say nothing otherwise.
 
 Ratio and spread: the probe runs the arms in alternation, so repeat ``i`` of the host arm
 and repeat ``i`` of a GPU arm saw the same conditions. The ratio is the median of those
@@ -35,12 +47,16 @@ from collections.abc import Iterable, Sequence
 from gdrprobe import defaults
 from gdrprobe.memory.causes import errno_name, registration_cause
 from gdrprobe.report import finding_ids
-from gdrprobe.report.model import (DEGRADED, ENGAGED, NOT_ENGAGED,
-                                    NOT_TESTABLE, ArmRatio, Verdict)
+from gdrprobe.report.check import (BOTH, DEGRADED, DIRECTION_WORDS, ENGAGED, NOT_ENGAGED,
+                                   NOT_TESTABLE, NOT_USED, READ, WRITE, ArmRatio, FloorCheck,
+                                   NcclUse, Verdict)
 
 DIRECT_ARMS = ("dmabuf", "peermem")   # arms whose speed proves or disproves GPUDirect
 STAGED_ARM = "staged"                 # the bounce through host memory: a reference only
 PROOF_MEMORY_KIND = "device"          # managed and pinned-host memory prove nothing
+DECIDES = "decides"                   # an arm whose result is the verdict's
+DIAGNOSES = "diagnoses"               # a one-direction arm run to name the failing direction
+UNKNOWN = "unknown"                   # a direction the arms could not isolate
 
 
 # ---- measurements in -------------------------------------------------------------
@@ -60,6 +76,11 @@ class ArmMeasurement:
     fix: str = ""                             # the fix for not_testable
     data_path_error: str = ""                 # corrupt payload or a failed completion
     mechanism_reason: str = ""                # why auto chose this mechanism
+    direction: str = ""                       # read | write | both; "" where not said
+    role: str = DECIDES                       # decides | diagnoses
+    # The host arm's bandwidth in the repeats this arm ran in (empty: the host arm's
+    # repeats pair with this arm's by index).
+    host_gbps: tuple[float, ...] = ()
 
     @property
     def proves_gpudirect(self) -> bool:
@@ -71,8 +92,22 @@ class ArmMeasurement:
                 and not self.data_path_error
                 and any(value > 0 for value in self.bandwidths_gbps))
 
+    @property
+    def key(self) -> str:
+        return f"{self.arm}/{self.direction}" if self.direction else self.arm
 
-# ---- verdict out -----------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return f"{self.arm} ({self.direction})" if self.direction else self.arm
+
+    @property
+    def outcome(self) -> str:
+        return ("registration failed" if self.registration_errno is not None else
+                "data path broken" if self.data_path_error else
+                "not testable" if self.not_testable else "measured")
+
+
+# ---- ratios ------------------------------------------------------------------------
 
 
 def paired_ratios(host: Sequence[float], gpu: Sequence[float]) -> list[float]:
@@ -80,17 +115,35 @@ def paired_ratios(host: Sequence[float], gpu: Sequence[float]) -> list[float]:
     return [g / h for h, g in zip(host, gpu) if h > 0]
 
 
-def arm_ratio(host: ArmMeasurement, gpu: ArmMeasurement) -> ArmRatio | None:
-    ratios = paired_ratios(host.bandwidths_gbps, gpu.bandwidths_gbps)
-    if not ratios:
+def line_rate_fraction(bandwidths: Sequence[float], floor: FloorCheck | None) -> float | None:
+    if floor is None or not floor.line_rate_gbps or not bandwidths:
+        return None
+    return round(statistics.median(bandwidths) / floor.line_rate_gbps, 4)
+
+
+def arm_ratio(host: ArmMeasurement, gpu: ArmMeasurement,
+              floor: FloorCheck | None = None) -> ArmRatio | None:
+    """The arm against the host runs of its own repeats; None when it measured nothing."""
+    ratios = paired_ratios(gpu.host_gbps or host.bandwidths_gbps, gpu.bandwidths_gbps)
+    if not ratios or not gpu.measured:
         return None
     return ArmRatio(gpu.arm, gpu.mechanism, gpu.memory_kind, statistics.median(ratios),
-                    min(ratios), max(ratios), len(ratios))
+                    min(ratios), max(ratios), len(ratios), gpu.direction, gpu.outcome,
+                    gpu.role, line_rate_fraction(gpu.bandwidths_gbps, floor))
+
+
+def unmeasured_ratio(arm: ArmMeasurement) -> ArmRatio:
+    """An arm that measured nothing, as the verdict lists it: its outcome says why."""
+    return ArmRatio(arm.arm, arm.mechanism, arm.memory_kind, None, None, None, 0,
+                    arm.direction, arm.outcome, arm.role)
 
 
 def format_ratio(r: ArmRatio) -> str:
-    return (f"{r.arm} ({r.memory_kind} memory): {r.ratio:.2f} of host bandwidth "
-            f"(per-repeat {r.ratio_min:.2f}..{r.ratio_max:.2f}, {r.repeats} repeats)")
+    direction = f", {r.direction}" if r.direction else ""
+    rate = (f"; {r.line_rate_fraction:.2f} of line rate"
+            if r.line_rate_fraction is not None else "")
+    return (f"{r.arm} ({r.memory_kind} memory{direction}): {r.ratio:.2f} of host bandwidth "
+            f"(per-repeat {r.ratio_min:.2f}..{r.ratio_max:.2f}, {r.repeats} repeats{rate})")
 
 
 def straddles(r: ArmRatio, threshold: float) -> bool:
@@ -117,6 +170,15 @@ ROOT_COMPLEX = ("root complex: the CPU's root complex does not forward peer-to-p
 DEGRADED_CAUSES = (DISTANCE, ACS, IOMMU, BAR1)
 # What loses or refuses the NIC's peer-to-peer traffic once registration has succeeded.
 DATA_PATH_CAUSES = (ACS, IOMMU, ROOT_COMPLEX)
+# What slows the host arm as much as the GPU arm: the floor's causes.
+FLOOR_CAUSES = (
+    ("the NIC's PCIe link: trained below its width or speed (a 400 Gb/s NIC needs PCIe Gen5 "
+     "x16; Gen4 x16 carries at most 252 Gb/s)", lambda fid: False),
+    IOMMU,
+    ("NUMA: the buffers or the polling thread sit on the socket far from the NIC",
+     lambda fid: False),
+    ("the port: running below its rated speed, or a queue setting that cannot fill it (-q, "
+     "-t)", lambda fid: False))
 # The finding behind the MLX5 hint of not engaged.
 SCATTER_TO_CQE = finding_ids.NIC_MLX5_SCATTER_TO_CQE
 
@@ -132,6 +194,9 @@ DATA_PATH_FIX = ("run 'gdrprobe doctor' on the host that owns the GPU buffer: di
                  "redirection on the bridges between the GPU and the NIC, put the IOMMU in "
                  "passthrough (iommu=pt) or off; if both are clear, pair the GPU with a NIC "
                  "under the same PCIe switch")
+FLOOR_FIX = ("check the NIC's PCIe link (lspci -vv: LnkSta against LnkCap), the IOMMU "
+             "(iommu=pt) and the port's speed ('gdrprobe devices'); 'gdrprobe doctor' names "
+             "what it can see")
 
 
 def _status(finding) -> str:
@@ -160,9 +225,9 @@ def doctor_causes(findings: Sequence, candidates=DEGRADED_CAUSES
 # ---- classification -------------------------------------------------------------
 
 
-def _not_testable(reason: str, fix: str, threshold: float, evidence=()) -> Verdict:
+def _not_testable(reason: str, fix: str, threshold: float, evidence=(), arms=()) -> Verdict:
     return Verdict(NOT_TESTABLE, threshold=threshold, likely_causes=(reason,), fix=fix,
-                   evidence=tuple(evidence))
+                   evidence=tuple(evidence), arms=tuple(arms))
 
 
 def spread_note(best: ArmRatio, threshold: float) -> list[str]:
@@ -172,25 +237,43 @@ def spread_note(best: ArmRatio, threshold: float) -> list[str]:
             f"straddle the threshold {threshold:.2f}; rerun with more repeats"]
 
 
-def _measured_verdict(best: ArmRatio, ratios, threshold, evidence, findings) -> Verdict:
-    """Engaged or degraded, by the best direct arm's median ratio."""
+def below_floor(best: ArmRatio, floor: FloorCheck | None) -> bool:
+    return (floor is not None and floor.applied and best.line_rate_fraction is not None
+            and best.line_rate_fraction < floor.floor)
+
+
+def _measured_verdict(best: ArmRatio, ratios: Sequence[ArmRatio], threshold, evidence,
+                      findings, floor: FloorCheck | None) -> Verdict:
+    """Engaged or degraded: by the best direct arm's median ratio, then by the floor."""
     evidence = list(evidence) + spread_note(best, threshold)
     common = dict(mechanism=best.mechanism, ratio=best.ratio, ratio_min=best.ratio_min,
                   ratio_max=best.ratio_max, threshold=threshold,
-                  inconclusive=straddles(best, threshold), arms=tuple(ratios))
-    if best.ratio >= threshold:
+                  inconclusive=straddles(best, threshold), arms=tuple(ratios),
+                  below_floor=below_floor(best, floor))
+    if common["below_floor"]:
+        evidence.append(f"below the floor: {best.arm} reached {best.line_rate_fraction:.2f} "
+                        f"of the port's {floor.line_rate_gbps:g} Gb/s line rate, under "
+                        f"--floor {floor.floor:.2f}")
+    if best.ratio >= threshold and not common["below_floor"]:
         return Verdict(ENGAGED, evidence=tuple(evidence), **common)
-    staged = next((r for r in ratios if r.arm == STAGED_ARM), None)
+    if best.ratio >= threshold:   # both arms slow alike: what is common to them
+        causes, doctor_evidence, fixes = doctor_causes(findings, FLOOR_CAUSES)
+        return Verdict(DEGRADED, evidence=tuple(evidence + doctor_evidence),
+                       likely_causes=tuple(causes), fix=" ".join(fixes) or FLOOR_FIX,
+                       direction=None, **common)
+    staged = next((r for r in ratios if r.arm == STAGED_ARM and r.ratio is not None), None)
     if staged is not None and best.ratio <= staged.ratio:
         evidence.append(f"{best.arm} is no faster than the staged bounce through host memory "
                         f"({best.ratio:.2f} vs {staged.ratio:.2f})")
     causes, doctor_evidence, fixes = doctor_causes(findings)
     fix = " ".join(fixes) or "run 'gdrprobe doctor' to find which of the likely causes applies"
     return Verdict(DEGRADED, evidence=tuple(evidence + doctor_evidence),
-                   likely_causes=tuple(causes), fix=fix, **common)
+                   likely_causes=tuple(causes), fix=fix, direction=best.direction or None,
+                   **common)
 
 
-def _not_engaged(failed: Sequence[ArmMeasurement], threshold, evidence, findings) -> Verdict:
+def _not_engaged(failed: Sequence[ArmMeasurement], threshold, evidence, findings,
+                 arms) -> Verdict:
     causes, fixes = [], []
     for arm in failed:
         known = registration_cause(arm.registration_errno)
@@ -203,11 +286,12 @@ def _not_engaged(failed: Sequence[ArmMeasurement], threshold, evidence, findings
     evidence = list(evidence) + [f"doctor: {f.summary}" for f in flagged]
     return Verdict(NOT_ENGAGED, failed[0].mechanism, threshold=threshold,
                    evidence=tuple(evidence), likely_causes=tuple(causes),
-                   fix=" | ".join(fixes))
+                   fix=" | ".join(fixes), arms=tuple(arms),
+                   direction=failed[0].direction or None)
 
 
 def _data_path_broken(broken: Sequence[ArmMeasurement], threshold, evidence,
-                      findings) -> Verdict:
+                      findings, arms) -> Verdict:
     """Registered, but the NIC's traffic to or from GPU memory is lost or refused."""
     arm = broken[0]
     causes, doctor_evidence, fixes = doctor_causes(findings, DATA_PATH_CAUSES)
@@ -215,7 +299,8 @@ def _data_path_broken(broken: Sequence[ArmMeasurement], threshold, evidence,
                "peer-to-peer traffic to it was lost or refused (the host arm passed)")
     return Verdict(NOT_ENGAGED, arm.mechanism, threshold=threshold,
                    evidence=tuple(list(evidence) + doctor_evidence),
-                   likely_causes=(summary, *causes), fix=" ".join(fixes) or DATA_PATH_FIX)
+                   likely_causes=(summary, *causes), fix=" ".join(fixes) or DATA_PATH_FIX,
+                   arms=tuple(arms), direction=arm.direction or None)
 
 
 def arm_evidence(host: ArmMeasurement, arms: Iterable[ArmMeasurement],
@@ -226,24 +311,26 @@ def arm_evidence(host: ArmMeasurement, arms: Iterable[ArmMeasurement],
     for arm in arms:
         if arm.mechanism_reason:
             lines.append(f"{arm.arm}: {arm.mechanism_reason}")
-        if arm.arm in ratios:
-            lines.append(format_ratio(ratios[arm.arm]))
+        if arm.key in ratios:
+            lines.append(format_ratio(ratios[arm.key]))
             if arm.arm in DIRECT_ARMS and not arm.proves_gpudirect:
                 lines.append(f"{arm.arm}: {arm.memory_kind} memory is not a GPUDirect proof "
                              "(the NIC reaches it through host memory)")
         elif arm.registration_errno is not None:
-            lines.append(f"{arm.arm}: memory registration failed with "
+            lines.append(f"{arm.label}: memory registration failed with "
                          f"{errno_name(arm.registration_errno)}")
         elif arm.data_path_error:
-            lines.append(f"{arm.arm}: {arm.data_path_error}")
+            lines.append(f"{arm.label}: {arm.data_path_error}")
         elif arm.not_testable:
-            lines.append(f"{arm.arm}: {arm.not_testable}")
+            lines.append(f"{arm.label}: {arm.not_testable}")
     return lines
 
 
 def classify(host: ArmMeasurement, gpu_arms: Sequence[ArmMeasurement],
-             threshold: float = defaults.THRESHOLD, doctor_findings: Sequence = ()) -> Verdict:
-    """The verdict on GPUDirect RDMA from the host arm and the GPU arms of one run."""
+             threshold: float = defaults.THRESHOLD, doctor_findings: Sequence = (),
+             floor: FloorCheck | None = None) -> Verdict:
+    """The verdict on GPUDirect RDMA from the host arm and the GPU arms of one run (floor:
+    the port's line rate and the fraction of it the deciding arm must reach)."""
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold {threshold} must be in (0, 1]")
     if host.not_testable:
@@ -252,32 +339,127 @@ def classify(host: ArmMeasurement, gpu_arms: Sequence[ArmMeasurement],
         return _not_testable("the host arm measured no bandwidth, so there is nothing to "
                              "compare with", "run 'gdrprobe run' with the host arm alone "
                              "and fix what it reports", threshold)
-    ratios = {arm.arm: r for arm in gpu_arms if arm.measured
-              for r in [arm_ratio(host, arm)] if r is not None}
+    ratios = {arm.key: r for arm in gpu_arms for r in [arm_ratio(host, arm, floor)]
+              if r is not None}
+    listed = [ratios.get(arm.key) or unmeasured_ratio(arm) for arm in gpu_arms]
     evidence = arm_evidence(host, gpu_arms, ratios)
-    direct = [ratios[arm.arm] for arm in gpu_arms if arm.proves_gpudirect and arm.arm in ratios]
+    verdict = _decide(host, [a for a in gpu_arms if a.role == DECIDES], ratios, listed,
+                      threshold, evidence, doctor_findings, floor)
+    return with_direction(verdict, [a for a in gpu_arms if a.role == DIAGNOSES], host,
+                          threshold)
+
+
+def _decide(host: ArmMeasurement, deciding: Sequence[ArmMeasurement],
+            ratios: dict[str, ArmRatio], listed: Sequence[ArmRatio], threshold, evidence,
+            findings, floor) -> Verdict:
+    direct = [ratios[arm.key] for arm in deciding if arm.proves_gpudirect and arm.key in ratios]
     if direct:
         best = max(direct, key=lambda r: r.ratio)
-        return _measured_verdict(best, list(ratios.values()), threshold, evidence, doctor_findings)
-    broken = [arm for arm in gpu_arms if arm.proves_gpudirect and arm.data_path_error]
+        return _measured_verdict(best, listed, threshold, evidence, findings, floor)
+    broken = [arm for arm in deciding if arm.proves_gpudirect and arm.data_path_error]
     if broken:
-        return _data_path_broken(broken, threshold, evidence, doctor_findings)
-    failed = [arm for arm in gpu_arms
+        return _data_path_broken(broken, threshold, evidence, findings, listed)
+    failed = [arm for arm in deciding
               if arm.proves_gpudirect and arm.registration_errno is not None]
     if failed:
-        return _not_engaged(failed, threshold, evidence, doctor_findings)
+        return _not_engaged(failed, threshold, evidence, findings, listed)
     # Whatever happened to an arm on managed or pinned-host memory, it says nothing about
     # GPUDirect: the NIC reaches such memory through host pages.
-    unproven = [arm for arm in gpu_arms
+    unproven = [arm for arm in deciding
                 if arm.arm in DIRECT_ARMS and arm.memory_kind != PROOF_MEMORY_KIND]
     if unproven:
         return _not_testable(f"memory that proves nothing: the GPU arm used "
                              f"{unproven[0].memory_kind} memory, which the NIC reaches "
                              "through host memory, not GPUDirect",
                              "rerun with device memory (--gpu-mem-type device, the default)",
-                             threshold, evidence)
-    blocked = [arm for arm in gpu_arms if arm.not_testable]
+                             threshold, evidence, listed)
+    blocked = [arm for arm in deciding if arm.not_testable]
     if blocked:
-        return _not_testable(blocked[0].not_testable, blocked[0].fix, threshold, evidence)
+        return _not_testable(blocked[0].not_testable, blocked[0].fix, threshold, evidence,
+                             listed)
     return _not_testable("no GPU arm ran (the DMA-BUF or peermem arm is needed for a verdict)",
-                         "rerun with a GPU arm, e.g. --mem gpu", threshold, evidence)
+                         "rerun with a GPU arm, e.g. --mem gpu", threshold, evidence, listed)
+
+
+# ---- which direction fails ------------------------------------------------------
+
+
+def arm_fails(arm: ArmMeasurement, host: ArmMeasurement, threshold: float) -> bool | None:
+    """True: the arm shows the fault; False: it keeps up; None: it did not run."""
+    if arm.registration_errno is not None or arm.data_path_error:
+        return True
+    ratio = arm_ratio(host, arm)
+    return None if ratio is None else ratio.ratio < threshold
+
+
+def failing_direction(diagnosing: Sequence[ArmMeasurement], host: ArmMeasurement,
+                      threshold: float) -> tuple[str, str]:
+    """(direction, why) from the one-direction arms run after a two-ended arm fell short:
+    the direction whose arm fails; both when both fail, or when each keeps up alone (the
+    fault needs both at once); unknown when an arm could not run."""
+    outcome = {arm.direction: arm_fails(arm, host, threshold) for arm in diagnosing}
+    read, write = outcome.get(READ), outcome.get(WRITE)
+    if read is None or write is None:
+        missing = [arm.label + (f": {arm.not_testable}" if arm.not_testable else "")
+                   for arm in diagnosing if outcome.get(arm.direction) is None]
+        return UNKNOWN, ("the one-direction arms could not isolate it ("
+                         + ("; ".join(missing) or "they did not run") + ")")
+    if read and write:
+        return BOTH, "the read and the write arm each fall short alone"
+    if read or write:
+        return (READ if read else WRITE), (f"the {READ if read else WRITE} arm falls short "
+                                           f"alone; the {WRITE if read else READ} arm keeps up")
+    return BOTH, ("each direction alone keeps up; only GPU memory at both ends at once "
+                  "falls short")
+
+
+def with_direction(verdict: Verdict, diagnosing: Sequence[ArmMeasurement],
+                   host: ArmMeasurement, threshold: float) -> Verdict:
+    """A degraded or broken two-ended verdict names the direction that fails (a verdict
+    below the floor alone has none: both arms are slow alike)."""
+    if verdict.classification not in (DEGRADED, NOT_ENGAGED) or verdict.direction != BOTH \
+            or not diagnosing:
+        return _direction_line(verdict, "")
+    direction, why = failing_direction(diagnosing, host, threshold)
+    return _direction_line(dataclasses.replace(verdict, direction=direction), why)
+
+
+def _direction_line(verdict: Verdict, why: str) -> Verdict:
+    if verdict.direction is None:
+        return verdict
+    words = DIRECTION_WORDS.get(verdict.direction, "not isolated")
+    line = f"failing direction: {verdict.direction}: {words}" + (f"; {why}" if why else "")
+    return dataclasses.replace(verdict, evidence=(line, *verdict.evidence))
+
+
+# ---- NCCL's own decision ----------------------------------------------------------
+
+
+def nccl_line(use: NcclUse) -> str:
+    """What NCCL will do for the GPU, in one line."""
+    where = f" through {use.nic}" + (f" (PXN: sends through {use.via_gpu}'s memory)"
+                                     if use.path == "pxn" else "")
+    if use.receives and use.sends:
+        return f"NCCL: uses GPUDirect RDMA for receives and sends{where}"
+    if use.uses_gdr:
+        on, off = ("receives", "sends") if use.receives else ("sends", "receives")
+        reason = next((r for r in use.reasons if r.startswith(off[:-1])), "")
+        return f"NCCL: uses GPUDirect RDMA for {on} only{where}; {reason}".rstrip("; ")
+    return f"NCCL: will not use GPUDirect RDMA here: {use.cause}"
+
+
+def with_nccl(verdict: Verdict, use: NcclUse | None) -> Verdict:
+    """The A/B's verdict with NCCL's own decision for the GPU: "not used by NCCL" where NCCL
+    will not use GPUDirect for it at all, unless the A/B already found the node at fault
+    (degraded or not engaged: that stays, a node fault whatever NCCL does) or the decision
+    rests on facts the doctor could not read (then it is evidence only)."""
+    if use is None:
+        return verdict
+    evidence = (nccl_line(use), *verdict.evidence)
+    if use.uses_gdr or not use.firm or verdict.classification in (DEGRADED, NOT_ENGAGED):
+        return dataclasses.replace(verdict, nccl=use, evidence=evidence)
+    measured = (f"the A/B: {verdict.classification}"
+                + (f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""))
+    return dataclasses.replace(
+        verdict, classification=NOT_USED, nccl=use, evidence=(*evidence, measured),
+        likely_causes=(use.cause,), fix=use.fix, direction=None)

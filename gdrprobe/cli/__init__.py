@@ -10,11 +10,13 @@ module only dispatches and turns :class:`GdrprobeError` into a message and exit 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from gdrprobe import __version__
 from gdrprobe.cli import bench, check, cluster, devices, doctor, nccl_log, run, serve
-from gdrprobe.errors import ExitCode, GdrprobeError
+from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GdrprobeError
 
 COMMAND_MODULES = (devices, serve, run, doctor, nccl_log, check, bench, cluster)
 
@@ -41,3 +43,40 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gdrprobe: interrupted; everything was released", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
+    except Exception as error:   # noqa: BLE001 - a bug must never read as a node fault
+        print(internal_error_message(error), file=sys.stderr)
+        return int(ExitCode.INTERNAL)
+
+
+TRACEBACK_ENV = "GDRPROBE_TRACEBACK"   # set to 1 for the whole traceback of an internal error
+
+
+def internal_error_message(error: BaseException) -> str:
+    """An exception gdrprobe did not expect, said as a bug of gdrprobe (not the node's): what,
+    where (the innermost frame in gdrprobe's own code), and how to report it."""
+    lines = [f"gdrprobe: internal error: {type(error).__name__}: {error}",
+             f"  at {where(error)}",
+             f"  this is a bug in gdrprobe {__version__}, not a fault of this node (exit "
+             f"{int(ExitCode.INTERNAL)}: {SCHEDULER_ACTION[ExitCode.INTERNAL]})",
+             "  please report it to gdrprobe's issue tracker with this message and the whole "
+             f"traceback ({TRACEBACK_ENV}=1 prints it)"]
+    if os.environ.get(TRACEBACK_ENV) == "1":
+        lines.append("".join(traceback.format_exception(type(error), error,
+                                                        error.__traceback__)).rstrip())
+    return "\n".join(lines)
+
+
+def where(error: BaseException) -> str:
+    """file:line in function of the innermost frame in gdrprobe's own code (else the
+    innermost frame), the file named from the package's root."""
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if frame.filename.startswith(PACKAGE_DIR + os.sep)]
+    if not frames:
+        return "an unknown place"
+    frame = (own or frames)[-1]
+    name = (os.path.relpath(frame.filename, os.path.dirname(PACKAGE_DIR)) if own
+            else frame.filename)
+    return f"{name}:{frame.lineno} in {frame.name}"
+
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../gdrprobe

@@ -8,34 +8,12 @@ rows measured until then were printed and written; the errors of every command o
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import (add_timeout_flag, add_verdict_flags, notice,
-                                 terminate_as_interrupt)
-
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def size_list(text: str) -> tuple[int, ...]:
-    """An argparse type: sizes in bytes, comma-separated, with K, M or G (powers of 1024)."""
-    sizes = []
-    for item in (part.strip().upper() for part in text.split(",")):
-        number, unit = (item[:-1], item[-1]) if item[-1:] in UNITS else (item, "")
-        if not number.isdigit() or int(number) == 0:
-            raise argparse.ArgumentTypeError(f"{item!r} is not a size such as 4096, 64K or 1M")
-        sizes.append(int(number) * UNITS[unit])
-    return tuple(sizes)
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list of numbers such as 1,2,4") from None
+from gdrprobe.cli.common import (add_qps_flag, add_timeout_flag, add_verdict_flags, notice,
+                                 size_list, terminate_as_interrupt)
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -47,7 +25,9 @@ def register(subparsers) -> None:
         "bench", help="sweep sizes, memory kinds, QPs and GPU-NIC pairs; tables, files, plots",
         description="The RDMA WRITE sweep in loopback: message sizes x memory kinds x QP "
                     "counts x GPU-NIC pairs, host-memory latency, each bandwidth as a fraction "
-                    "of the port's line rate and, for GPU memory, of host memory's.")
+                    "of the port's line rate and, for GPU memory, of host memory's. Each row "
+                    "is printed as it is measured.",
+        epilog="example: gdrprobe bench --sizes 4K,64K,1M -q 1,4 -o sweep.json --csv sweep.csv")
     parser.add_argument("-d", "--ib-dev", dest="devices", type=name_list, default=(),
                         metavar="DEV[,DEV]", help="RDMA devices (default: all)")
     parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
@@ -60,12 +40,12 @@ def register(subparsers) -> None:
     parser.add_argument("--matrix", action="store_true",
                         help="every GPU with every NIC (default: each GPU with NCCL's NIC)")
     parser.add_argument("--sizes", type=size_list, metavar="LIST",
-                        help="message sizes, e.g. 4K,64K,1M (default 2 B to 8 MiB)")
+                        help="message sizes in bytes, or with K, M or G, e.g. 4K,64K,1M "
+                             "(default 2 B to 8 MiB)")
     parser.add_argument("--mem", dest="memory", type=name_list,
                         default=defaults.BENCH_MEMORY, metavar="LIST",
                         help=f"memory kinds (default {','.join(defaults.BENCH_MEMORY)})")
-    parser.add_argument("-q", "--qp", dest="qps", type=int_list, default=(defaults.QPS,),
-                        metavar="LIST", help=f"QP counts, e.g. 1,4 (default {defaults.QPS})")
+    add_qps_flag(parser, several=True, default_text=f"default {defaults.QPS}")
     parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
                         help=f"messages per QP and size (default {defaults.ITERATIONS})")
     parser.add_argument("-D", "--duration", type=float, help="seconds per size instead of -n")
@@ -82,10 +62,12 @@ def register(subparsers) -> None:
     add_verdict_flags(parser, None)
     add_timeout_flag(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON document")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write the JSON document")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="write the JSON document (its directory must exist)")
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
     parser.add_argument("--plot", metavar="DIR",
-                        help="write bandwidth.png, matrix.png and latency.png (gdrprobe[plot])")
+                        help="write bandwidth.png, matrix.png and latency.png into DIR, created "
+                             "if its parent exists (gdrprobe[plot])")
     parser.add_argument("--baseline", metavar="FILE",
                         help="compare with an earlier --output file; exit 1 when a row fell")
     parser.add_argument("--max-drop", type=float, default=defaults.MAX_DROP, metavar="FRACTION",
@@ -98,7 +80,8 @@ def register(subparsers) -> None:
 
 class Progress:
     """A bar on stderr while rows arrive: only on a terminal and without --json. tqdm
-    (gdrprobe[progress]) draws it; without tqdm there is no bar."""
+    (gdrprobe[progress]) draws it; without tqdm there is no bar. Lines printed while it
+    shows go through it, so the bar stays below them."""
 
     def __init__(self, enabled: bool):
         self.bar = None
@@ -119,23 +102,48 @@ class Progress:
                                  refresh=False)
         self.bar.update(1)
 
+    def print(self, line: str) -> None:
+        """A line on stdout now, whatever stdout is (a pipe too)."""
+        if self.bar is not None:
+            self.tqdm.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def check_outputs(args, outputs) -> None:
+    """Everything that can refuse does so before the first measurement: each output path,
+    the optional libraries (the baseline and max_drop are checked inside gdrprobe.bench)."""
+    for flag, path in (("--output", args.output), ("--csv", args.csv),
+                       ("--prometheus", args.prometheus)):
+        if path:
+            outputs.check_output_file(path, flag)
+    if args.plot:
+        outputs.check_output_directory(args.plot, "--plot")
+        outputs.require_matplotlib()
+    if args.prometheus:
+        outputs.require_prometheus()
 
 
 def run(args) -> int:
     from gdrprobe.report import bench as outputs
     from gdrprobe.report.model import to_json
 
-    # Everything that can refuse does so before the first measurement (the baseline and
-    # max_drop inside gdrprobe.bench).
-    if args.plot:
-        outputs.require_matplotlib()
-    if args.prometheus:
-        outputs.require_prometheus()
+    check_outputs(args, outputs)
     terminate_as_interrupt()
     progress = Progress(sys.stderr.isatty() and not args.json)
+    table = outputs.BenchTable()
+
+    def on_row(row, done: int, total: int) -> None:
+        if not args.json:
+            for line in table.lines(row):
+                progress.print(line)
+        progress(row, done, total)
+
     try:
         report = gdrprobe.bench(
             sizes=args.sizes, memory=args.memory, qps=args.qps, matrix=args.matrix,
@@ -144,11 +152,11 @@ def run(args) -> int:
             warmup_s=args.warmup, tx_depth=args.tx_depth, cq_moderation=args.cq_mod,
             latency_iterations=args.latency_iters, threshold=args.threshold,
             timeout_s=args.timeout, baseline=args.baseline, max_drop=args.max_drop,
-            on_row=progress)
+            on_row=on_row)
     finally:
         progress.close()
+    print(to_json(report) if args.json else outputs.render_bench_summary(report), flush=True)
     write_files(report, args, outputs)
-    print(to_json(report) if args.json else outputs.render_bench(report))
     return report.exit_code
 
 

@@ -1,67 +1,127 @@
 """``gdrprobe check``: the prelaunch gate, for a scheduler's prolog or an init container.
 
-The A/B on the GPU this process's rank will use (``LOCAL_RANK`` / ``SLURM_LOCALID``
-through ``CUDA_VISIBLE_DEVICES``, or ``--gpu``) and the NIC NCCL will use for it (or
-``-d``), inside a hard time budget. The exit code is the A/B's (0 engaged, 1 degraded or
-not engaged, 9 not testable) or an error's (2 to 8);
+The A/B as NCCL will move the bytes of the GPU this process's rank will use
+(``LOCAL_RANK`` / ``SLURM_LOCALID`` through ``CUDA_VISIBLE_DEVICES``, or ``--gpu``) over
+the NIC NCCL will use for it (or ``-d``), GPU memory at both ends, inside a hard time
+budget; with ``--node`` every GPU of the node in one process. The exit code is the
+verdict's (0 engaged, 1 degraded, not engaged or refused by NCCL on this node, 9 not
+testable, 10 an NCCL setting keeps NCCL off GPUDirect) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
+
+``-q N`` is the number of QPs, as in ``run`` and ``bench`` (perftest's spelling); a bare
+``-q``, as prolog scripts wrote it when it meant quiet, still means ``--quiet`` and says so
+on stderr.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import add_verdict_flags, terminate_as_interrupt
-from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
+from gdrprobe.cli.common import add_verdict_flags, size, terminate_as_interrupt, with_range
+from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, UsageError, exit_codes_epilog
+
+BARE_Q = object()   # what a -q without a number stands for (never a count: no type applies)
+BARE_Q_NOTE = ("gdrprobe check: a bare -q means --quiet (its old meaning); -q N is now the "
+               "number of QPs, as in run and bench: write --quiet")
+
+
+def qp_count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of QPs") from None
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "check", help="prelaunch gate: is GPUDirect RDMA engaged on this rank's GPU and NIC?",
-        description="The host/GPU A/B in loopback on the GPU this rank will use (LOCAL_RANK "
-                    "or SLURM_LOCALID among CUDA_VISIBLE_DEVICES) and the NIC NCCL will use "
-                    "for it, inside a hard time budget. Exit 0 engaged, 1 degraded or not "
-                    "engaged (drain), 9 not testable (warn); see the README for every code.")
+        "check", help="prelaunch gate: will NCCL move this rank's bytes GPU-direct, at speed?",
+        description="The host/GPU A/B in loopback as NCCL will move the bytes of the GPU "
+                    "this rank will use (LOCAL_RANK or SLURM_LOCALID among "
+                    "CUDA_VISIBLE_DEVICES) over the NIC NCCL will use for it: GPU memory at "
+                    "both ends, NCCL's own decision, an absolute floor of line rate, inside "
+                    "a hard time budget. Exit 0 engaged, 1 degraded, not engaged or refused "
+                    "by NCCL on this node (drain), 9 not testable, 10 an NCCL setting keeps "
+                    "NCCL off GPUDirect (warn); see the README for every code.",
+        epilog="example: gdrprobe check --gpu 0000:3b:00.0 -d mlx5_0 --time-budget 20; in a "
+               "Slurm prolog, every GPU of the node: gdrprobe check --node --quiet. "
+               + exit_codes_epilog())
     parser.add_argument("--gpu", metavar="ORDINAL|BUS_ID",
                         help="the GPU (default: the one this process's local rank uses)")
+    parser.add_argument("--node", action="store_true",
+                        help="every GPU of the node with the NIC NCCL will use for it, in "
+                             "one process: GPUs sharing a NIC one after the other, NICs in "
+                             "parallel; one line per GPU; the exit code is the worst")
     parser.add_argument("-d", "--ib-dev", dest="device", metavar="DEVICE",
                         help="RDMA device (default: the one NCCL will use for the GPU)")
     parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
                         help="device port (default 1)")
     parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
-                        help="GID index (default: the RoCE v2 GID of 127.0.0.1's route)")
+                        help="GID index (default: NCCL_IB_GID_INDEX on a RoCE port, else "
+                             "the RoCE v2 GID of 127.0.0.1's route)")
     parser.add_argument("--mem", default=defaults.GPU_MEMORY,
                         choices=("gpu", "dmabuf", "peermem"),
-                        help="the GPU arm's mechanism (default gpu: chosen automatically)")
-    parser.add_argument("-s", "--size", type=int, default=defaults.A_B_SIZE,
-                        help=f"message size in bytes (default {defaults.A_B_SIZE >> 20} MiB)")
+                        help="the GPU arms' mechanism (default gpu: chosen automatically)")
+    parser.add_argument("-s", "--size", type=size, default=defaults.A_B_SIZE, metavar="SIZE",
+                        help="message size in bytes, or with K, M or G such as 64K "
+                             f"(default {defaults.A_B_SIZE >> 20} MiB)")
+    with_range(parser.add_argument(
+        "-q", "--qp", dest="qps", type=qp_count, nargs="?", const=BARE_Q, metavar="N",
+        help=f"number of QPs, %(range)s (default {defaults.CHECK_QPS}); a bare -q means "
+             "--quiet"), "qps")
+    parser.add_argument("--floor", type=float, default=defaults.FLOOR, metavar="FRACTION",
+                        help="the fraction of the port's line rate the GPU arm must reach, "
+                             "where the rate is known and the NIC is hardware; 0: none "
+                             f"(default {defaults.FLOOR:g})")
     parser.add_argument("--time-budget", type=float, default=defaults.CHECK_TIME_BUDGET_S,
-                        metavar="SECONDS", help="hard limit on the whole check, set-up "
-                        f"included (default {defaults.CHECK_TIME_BUDGET_S:g})")
+                        metavar="SECONDS", help="hard limit on the whole check (--node: on "
+                        "all of it), set-up included (default "
+                        f"{defaults.CHECK_TIME_BUDGET_S:g})")
     add_verdict_flags(parser, "A/B repeats at most; sampling stops once the verdict is clear")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the JSON document")
-    output.add_argument("-q", "--quiet", action="store_true",
-                        help="print nothing when engaged, one line otherwise")
+    output.add_argument("--quiet", action="store_true",
+                        help="print nothing when engaged, one line on stderr otherwise "
+                             "(--node: one per GPU that is not engaged)")
     parser.set_defaults(handler=run)
 
 
-def run(args) -> int:
-    from gdrprobe.report.model import to_json
-    from gdrprobe.report.text import render_check
-
-    terminate_as_interrupt()
-    report = gdrprobe.check(device=args.device, gpu=args.gpu, ib_port=args.ib_port,
-                            gid_index=args.gid_index, mem=args.mem, repeats=args.repeats,
-                            threshold=args.threshold, time_budget_s=args.time_budget,
-                            size=args.size)
-    code = report.verdict.exit_code
+def output_mode(args) -> tuple[bool, int | None]:
+    """(quiet, QPs): a bare -q is --quiet, with a note."""
+    if args.qps is not BARE_Q:
+        return args.quiet, args.qps
+    print(BARE_Q_NOTE, file=sys.stderr)
     if args.json:
+        raise UsageError("a bare -q (quiet) and --json ask for two outputs",
+                                  "choose one: --json, or --quiet")
+    return True, None
+
+
+def run(args) -> int:
+    quiet, qps = output_mode(args)
+    terminate_as_interrupt()
+    common = dict(ib_port=args.ib_port, gid_index=args.gid_index, mem=args.mem,
+                  repeats=args.repeats, threshold=args.threshold, floor=args.floor,
+                  time_budget_s=args.time_budget, size=args.size, qps=qps)
+    if args.node:
+        if args.gpu is not None or args.device is not None:
+            raise UsageError("--node checks every GPU with its NCCL NIC",
+                                      "drop --gpu and -d, or drop --node")
+        return show_node(gdrprobe.check_node(**common), args.json, quiet)
+    return show(gdrprobe.check(device=args.device, gpu=args.gpu, **common), args.json, quiet)
+
+
+def show(report, json_output: bool, quiet: bool) -> int:
+    from gdrprobe.report.check_text import render_check
+    from gdrprobe.report.model import to_json
+
+    code = report.verdict.exit_code
+    if json_output:
         print(to_json(report))
-    elif not args.quiet:
+    elif not quiet:
         print(render_check(report))
         print(f" exit {code}: {SCHEDULER_ACTION[code]}")
     elif code != ExitCode.OK:
@@ -69,10 +129,26 @@ def run(args) -> int:
     return code
 
 
+def show_node(report, json_output: bool, quiet: bool) -> int:
+    from gdrprobe.report.check_text import node_line, render_node_check
+    from gdrprobe.report.model import to_json
+
+    if json_output:
+        print(to_json(report))
+    elif not quiet:
+        print(render_node_check(report))
+    else:
+        for check in report.gpus:
+            if check.exit_code != ExitCode.OK:
+                print(f"gdrprobe check: {node_line(check)}", file=sys.stderr)
+    return report.exit_code
+
+
 def one_line(report) -> str:
     """The quiet mode's line: the verdict, the pair, what a prolog should do and why."""
     verdict, pair = report.verdict, report.placement
     cause = (verdict.likely_causes or verdict.evidence or ("",))[0]
-    return (f"gdrprobe check: GPUDirect RDMA {verdict.classification} on GPU {pair.gpu} via "
-            f"{pair.nic or 'the first RDMA device'} (exit {verdict.exit_code}: "
+    direction = f", failing direction {verdict.direction}" if verdict.direction else ""
+    return (f"gdrprobe check: GPUDirect RDMA {verdict.classification}{direction} on GPU "
+            f"{pair.gpu} via {pair.nic or 'the first RDMA device'} (exit {verdict.exit_code}: "
             f"{SCHEDULER_ACTION[verdict.exit_code]}): {cause}")

@@ -11,7 +11,7 @@ import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli.common import (add_device_flags, add_memory_flags, add_timeout_flag,
                                  add_verdict_flags, endpoint_arguments, memory_arguments,
-                                 terminate_as_interrupt)
+                                 size, terminate_as_interrupt)
 
 
 def register(subparsers) -> None:
@@ -20,14 +20,17 @@ def register(subparsers) -> None:
         description="Launched with one MPI rank per node (mpirun -np N --map-by ppr:1:node, "
                     "srun --ntasks-per-node=1), measure every pair of nodes (or a ring) from "
                     "one rank's buffer to the other's NIC, round by round, and print on rank 0 "
-                    "the node x node matrix with the slow and not-engaged pairs named.")
+                    "the node x node matrix with the slow and not-engaged pairs named.",
+        epilog="example: mpirun -np 16 --map-by ppr:1:node gdrprobe cluster -d mlx5_0 "
+               "-o matrix.json")
     add_device_flags(parser)
     add_timeout_flag(parser)
     add_memory_flags(parser, remote=False, default=defaults.GPU_MEMORY)
     parser.add_argument("--pattern", choices=("all", "ring"), default="all",
                         help="every pair (default) or each rank with the next")
-    parser.add_argument("-s", "--size", type=int, default=defaults.A_B_SIZE,
-                        help=f"message size in bytes (default {defaults.A_B_SIZE})")
+    parser.add_argument("-s", "--size", type=size, default=defaults.A_B_SIZE, metavar="SIZE",
+                        help="message size in bytes, or with K, M or G such as 64K "
+                             f"(default {defaults.A_B_SIZE})")
     parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
                         help=f"iterations per run (default {defaults.ITERATIONS})")
     add_verdict_flags(parser, "A/B repeats per pair with a GPU buffer")
@@ -38,7 +41,8 @@ def register(subparsers) -> None:
                         help="the address other ranks reach this rank's server at (default: "
                              "the IPv4 address of the device's RoCE v2 GID, else the host name's)")
     parser.add_argument("--json", action="store_true", help="rank 0 prints the JSON document")
-    parser.add_argument("--output", metavar="FILE", help="rank 0 also writes the JSON here")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="rank 0 also writes the JSON here")
     parser.set_defaults(handler=run)
 
 

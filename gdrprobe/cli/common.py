@@ -15,6 +15,61 @@ import sys
 import gdrprobe
 from gdrprobe import defaults
 
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def size(text: str) -> int:
+    """An argparse type: a size in bytes, with K, M or G for powers of 1024 (4096, 64K, 1M):
+    the one spelling of a size that every command takes."""
+    item = text.strip().upper()
+    number, unit = (item[:-1], item[-1]) if item[-1:] in ("K", "M", "G") else (item, "")
+    if not number.isdigit() or int(number) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 4096, 64K or 1M")
+    return int(number) * SIZE_UNITS[unit]
+
+
+def size_list(text: str) -> tuple[int, ...]:
+    """An argparse type: sizes as :func:`size` reads them, comma-separated."""
+    return tuple(size(part) for part in text.split(","))
+
+
+class Range:
+    """A setting's valid range in a help text (``%(range)s``), read from where the range is
+    defined (:func:`gdrprobe.limits`: the run engine's bounds, the C loop's) only when the
+    help is printed, so building the parser loads no native code."""
+
+    def __init__(self, setting: str, unit: str = ""):
+        self.setting = setting
+        self.unit = unit
+
+    def __str__(self) -> str:
+        low, high = gdrprobe.limits()[self.setting]
+        return f"{low:g} to {high:g}{self.unit}"
+
+
+def with_range(action: argparse.Action, setting: str, unit: str = "") -> argparse.Action:
+    """The action, its help's ``%(range)s`` bound to the setting's valid range."""
+    action.range = Range(setting, unit)
+    return action
+
+
+def add_qps_flag(parser, *, several: bool, default_text: str) -> None:
+    """-q/--qp as perftest names it: the number of QPs (bench: a list of them)."""
+    what = "QP counts, e.g. 1,4, each" if several else "number of QPs,"
+    with_range(parser.add_argument(
+        "-q", "--qp", dest="qps", type=int_list if several else int,
+        default=(defaults.QPS,) if several else None, metavar="LIST" if several else "N",
+        help=f"{what} %(range)s ({default_text})"), "qps")
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """An argparse type: whole numbers, comma-separated."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of numbers such as 1,2,4") from None
+
 
 def add_endpoint_flags(parser) -> None:
     add_device_flags(parser)
@@ -25,9 +80,10 @@ def add_endpoint_flags(parser) -> None:
 
 
 def add_timeout_flag(parser) -> None:
-    parser.add_argument("--timeout", type=float, default=defaults.TIMEOUT_S, metavar="SECONDS",
-                        help="time-out of every out-of-band step "
-                             f"(default {defaults.TIMEOUT_S:g})")
+    with_range(parser.add_argument(
+        "--timeout", type=float, default=defaults.TIMEOUT_S, metavar="SECONDS",
+        help=f"time-out of every out-of-band step, %(range)s (default {defaults.TIMEOUT_S:g})"),
+        "timeout_s", " s")
 
 
 def add_device_flags(parser) -> None:
@@ -72,12 +128,8 @@ def endpoint_arguments(args) -> dict:
 
 
 def token_from(args) -> str | None:
-    """--token, else $GDRPROBE_TOKEN; a weak token chosen by a person is warned about."""
-    token = args.token or os.environ.get(gdrprobe.TOKEN_ENV)
-    warning = gdrprobe.token_warning(token) if token else None
-    if warning:
-        notice(f"warning: {warning}")
-    return token
+    """--token, else $GDRPROBE_TOKEN (the public API refuses a weak one, with the reason)."""
+    return args.token or os.environ.get(gdrprobe.TOKEN_ENV)
 
 
 def terminate_as_interrupt() -> None:
@@ -101,17 +153,25 @@ def add_memory_flags(parser, remote: bool, default: str = "host") -> None:
                                  "server's own --mem)")
     parser.add_argument("--gpu", default="0", metavar="ORDINAL|BUS_ID",
                         help="the GPU: CUDA ordinal or full PCI bus id such as 0000:3b:00.0 "
-                             "(bus ids do not move; ordinals can)")
+                             "(bus ids do not move; ordinals can; default 0)")
     parser.add_argument("--gpu-mem-type", default=defaults.GPU_MEMORY_TYPE,
                         choices=defaults.GPU_MEMORY_TYPES,
-                        help="GPU memory type; managed and pinned-host are no GPUDirect proof")
+                        help="GPU memory type; managed and pinned-host are no GPUDirect proof "
+                             f"(default {defaults.GPU_MEMORY_TYPE})")
     parser.add_argument("--dmabuf-pcie", action="store_true",
                         help="export DMA-BUF with the PCIe (BAR1) mapping flag (driver >= 12.8)")
     parser.add_argument("--huge-pages", action="store_true",
                         help="host buffers on 2 MiB huge pages")
+    parser.add_argument("--gpu-alloc", default=defaults.GPU_ALLOCATION,
+                        choices=defaults.GPU_ALLOCATIONS,
+                        help="how GPU device memory is allocated: vmm (cuMemCreate and "
+                             "cuMemMap, as NCCL allocates its buffers; cuMemAlloc where the "
+                             "driver or GPU lacks VMM, as NCCL does) or malloc (cuMemAlloc) "
+                             f"(default {defaults.GPU_ALLOCATION})")
 
 
 def memory_arguments(args) -> dict:
     """The public API's memory arguments from the memory flags."""
     return {"mem": args.mem, "gpu": args.gpu, "gpu_mem_type": args.gpu_mem_type,
-            "pcie_mapping": args.dmabuf_pcie, "huge_pages": args.huge_pages}
+            "pcie_mapping": args.dmabuf_pcie, "huge_pages": args.huge_pages,
+            "gpu_alloc": args.gpu_alloc}

@@ -9,8 +9,11 @@ from gdrprobe.report.model import to_json
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "devices", help="list RDMA devices, ports and GIDs",
-        description="List every RDMA device with its ports and GID table.")
-    parser.add_argument("-d", "--device", help="only this device (e.g. mlx5_0)")
+        description="List every RDMA device with its ports and GID table.",
+        epilog="example: gdrprobe devices -d mlx5_0 --json")
+    parser.add_argument("-d", "--ib-dev", "--device", dest="device", metavar="DEVICE",
+                        help="only this device, e.g. mlx5_0 (default: every device; "
+                             "--device is the former spelling, still accepted)")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     parser.set_defaults(handler=run)
 

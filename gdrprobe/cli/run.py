@@ -5,29 +5,30 @@ from __future__ import annotations
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, add_verdict_flags,
-                                 endpoint_arguments, memory_arguments, notice,
-                                 terminate_as_interrupt, token_from)
+from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, add_qps_flag,
+                                 add_verdict_flags, endpoint_arguments, memory_arguments, notice,
+                                 size, terminate_as_interrupt, token_from)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run", help="run a probe against 'gdrprobe serve' (or --loopback)",
-        description="Measure RDMA WRITE bandwidth (default) or latency to a server.")
+        description="Measure RDMA WRITE bandwidth (default) or latency to a server.",
+        epilog="example: gdrprobe run --loopback --mem gpu (the host/GPU A/B in one process)")
     parser.add_argument("host", nargs="?", help="the server's address (omit with --loopback)")
     parser.add_argument("--loopback", action="store_true",
                         help="both ends in this process, on the local device")
     add_endpoint_flags(parser)
     parser.add_argument("--latency", action="store_true",
                         help="ping-pong latency instead of bandwidth")
-    parser.add_argument("-s", "--size", type=int,
-                        help=f"message size in bytes (default {defaults.SIZE}; "
-                             f"{defaults.A_B_SIZE} for a GPU A/B)")
+    parser.add_argument("-s", "--size", type=size, metavar="SIZE",
+                        help="message size in bytes, or with K, M or G such as 64K "
+                             f"(default {defaults.SIZE}; {defaults.A_B_SIZE} for a GPU A/B)")
     parser.add_argument("-a", "--all", action="store_true", help="sizes 2 B to 8 MiB")
     parser.add_argument("-n", "--iters", type=int, default=None,
                         help=f"iterations per QP and size (default {defaults.ITERATIONS})")
     parser.add_argument("--warmup-iters", type=int, default=0,
-                        help="iterations before timing starts (bandwidth)")
+                        help="iterations before timing starts (bandwidth; default 0)")
     parser.add_argument("-D", "--duration", type=float, help="seconds per size instead of -n")
     parser.add_argument("--warmup", type=float,
                         help="seconds excluded before a -D window "
@@ -36,8 +37,7 @@ def register(subparsers) -> None:
                         help="with -D: the warm-up and the window each also end once this many "
                              "bytes have landed (what 'gdrprobe check' does: perftest's "
                              "default run, 65536 x 5000 B)")
-    parser.add_argument("-q", "--qp", type=int,
-                        help=f"number of QPs (bandwidth; default {defaults.QPS})")
+    add_qps_flag(parser, several=False, default_text=f"bandwidth; default {defaults.QPS}")
     parser.add_argument("-t", "--tx-depth", type=int,
                         help=f"outstanding writes per QP (default {defaults.TX_DEPTH}; 1 for "
                              "latency)")
@@ -62,7 +62,7 @@ def register(subparsers) -> None:
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
     parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
-                             "is still starting)")
+                             "is still starting; default 0: no retry)")
     add_memory_flags(parser, remote=True)
     parser.add_argument("--staged", action="store_true",
                         help="with a GPU buffer: add the staged arm (the bounce through host "
@@ -83,7 +83,7 @@ def probe_settings(args) -> dict:
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "window_bytes": args.window_bytes,
-        "qps": args.qp,
+        "qps": args.qps,
         "tx_depth": args.tx_depth,
         "cq_moderation": args.cq_mod,
         "post_list": args.post_list,
@@ -97,8 +97,9 @@ def probe_settings(args) -> dict:
 
 
 def run(args) -> int:
-    from gdrprobe.report.model import CheckReport, to_json
-    from gdrprobe.report.text import render_check
+    from gdrprobe.report.check import CheckReport
+    from gdrprobe.report.model import to_json
+    from gdrprobe.report.check_text import render_check
 
     terminate_as_interrupt()
     arguments = dict(host=args.host, loopback=args.loopback, port=args.port,

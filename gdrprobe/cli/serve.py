@@ -11,14 +11,19 @@ from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, endpoint_
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve", help="wait for 'gdrprobe run' clients",
-        description="Serve probe runs, one after another, to clients that know the token.")
+        description="Serve probe runs, one after another, to clients that know the token.",
+        epilog="example: gdrprobe serve -d mlx5_0 --mem gpu (then, on the other host: "
+               "GDRPROBE_TOKEN=... gdrprobe run THIS_HOST -d mlx5_0)")
     add_endpoint_flags(parser)
     add_memory_flags(parser, remote=False)
-    parser.add_argument("--bind", default=defaults.BIND,
-                        help=f"address to listen on (default {defaults.BIND})")
+    parser.add_argument("--bind", default=defaults.BIND, metavar="ADDRESS",
+                        help="IP address to listen on; its RoCE v2 GID is the one used "
+                             f"(default {defaults.BIND}: every interface)")
     parser.add_argument("--once", action="store_true", help="exit after one run")
     parser.add_argument("--max-buffer", type=int, default=defaults.MAX_BUFFER, metavar="BYTES",
-                        help="largest buffer a client may ask for (default "
+                        help="the most memory one run may make this server allocate: its "
+                             "registered buffer (the slots of the largest message size and "
+                             "one message past them) and its QPs' and CQ's queues (default "
                              f"{defaults.MAX_BUFFER >> 20} MiB)")
     parser.set_defaults(handler=run)
 

@@ -4,9 +4,15 @@ The doctor runs once against the source root with a recording :class:`SysRoot`; 
 path it touched is then copied: symbolic links stay links (sysfs topology lives in
 them), directories stay directories, and files are copied by reading them, because
 sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, CUDA,
-MLX5, UCX and KUBERNETES variables and HOME only; NCCL's configuration files are among the
-files copied), the CUDA driver's facts, NVML's facts and NCCL's
-DMA-BUF probe per NIC go to CAPTURE_DIR.
+MLX5, UCX and KUBERNETES variables, HOME, and the variables that say where the job's libnccl
+is: LD_LIBRARY_PATH, LD_PRELOAD, VIRTUAL_ENV, CONDA_PREFIX; NCCL's configuration files are
+among the files copied), the CUDA driver's facts, NVML's facts, NCCL's DMA-BUF probe per NIC
+and what finding the job's libnccl took besides files (--nccl, this interpreter's
+site-packages, a version read from the library's bytes) go to CAPTURE_DIR.
+
+A capture is written into a new directory beside DEST and renamed into place, so it is never
+merged with what DEST held: a reused bug-report directory would otherwise replay as a machine
+that does not exist. DEST must be new or empty, or (``replace``) an earlier capture.
 """
 
 from __future__ import annotations
@@ -14,17 +20,23 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import secrets
+import shutil
 from collections.abc import Mapping
 
-from gdrprobe.doctor.facts.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NIC_FACTS_FILE,
+from gdrprobe.doctor.facts.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NCCL_FACTS_FILE, NIC_FACTS_FILE,
                                            NVML_FACTS_FILE, DoctorContext)
 from gdrprobe.doctor.runner import run_checks
+from gdrprobe.errors import UsageError
 from gdrprobe.sysroot import SysRoot
 
 CAPTURED_ENV_PREFIXES = ("NCCL_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
-CAPTURED_ENV_NAMES = ("HOME",)    # where NCCL looks for ~/.nccl.conf
+# HOME: where NCCL looks for ~/.nccl.conf; the rest: where the job's libnccl is found.
+CAPTURED_ENV_NAMES = ("HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX")
 MAX_FILE_BYTES = 1 << 20      # what SysRoot.read reads at most
 MAX_LINK_HOPS = 40            # the kernel's own limit on nested symbolic links
+ROOT_FIX = ("pass a directory written by 'gdrprobe capture DEST', or the root of a machine's "
+            "file system with its sys/ and proc/ (the default, /, is this machine)")
 
 
 def captured_environ(environ: Mapping[str, str]) -> dict[str, str]:
@@ -115,10 +127,86 @@ def _write_json(path: str, data) -> None:
         json.dump(data, handle, indent=2, sort_keys=True)
 
 
-def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = None) -> list[str]:
-    """Capture what the doctor reads under ``root`` into ``dest_dir``; returns the paths copied."""
+def is_capture(path: str) -> bool:
+    """Whether a directory holds a capture: the environment file every capture writes."""
+    return os.path.isfile(os.path.join(path, ENVIRON_FILE.lstrip("/")))
+
+
+def is_machine_root(path: str) -> bool:
+    """Whether a directory is a machine's root: its sysfs and procfs mount points."""
+    return all(os.path.isdir(os.path.join(path, name)) for name in ("sys", "proc"))
+
+
+def check_root(root: str) -> None:
+    """Refuse a --root the doctor could only misread: a directory that is neither a capture
+    nor a machine root would be diagnosed as a machine with nothing mounted."""
+    if not os.path.isdir(root):
+        what = "is not a directory" if os.path.exists(root) else "does not exist"
+        raise UsageError(f"--root {root} {what}", ROOT_FIX)
+    if not (is_capture(root) or is_machine_root(root)):
+        raise UsageError(f"--root {root} is neither a capture (no {ENVIRON_FILE.lstrip('/')}) "
+                         "nor a machine's root (no sys/ and proc/)", ROOT_FIX)
+
+
+def check_destination(dest: str, replace: bool) -> None:
+    """DEST must be new or empty, or an earlier capture that replace=True allows replacing;
+    anything else is refused before the doctor runs."""
+    if not os.path.lexists(dest):
+        return
+    if os.path.islink(dest) or not os.path.isdir(dest):
+        raise UsageError(f"{dest} exists and is not a directory",
+                         "pass a new or empty directory")
+    if not os.listdir(dest):
+        return
+    if not replace:
+        raise UsageError(f"{dest} is not empty: a capture is never merged with other files "
+                         "(they would replay as part of a machine that does not exist)",
+                         "pass a new or empty directory, or --replace to replace the "
+                         "earlier capture in it")
+    if not is_capture(dest):
+        raise UsageError(f"{dest} holds files that are not a gdrprobe capture "
+                         f"(no {ENVIRON_FILE.lstrip('/')}); --replace replaces only a capture",
+                         "pass a new or empty directory")
+
+
+def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = None,
+            replace: bool = False, nccl: str | None = None) -> list[str]:
+    """Capture what the doctor reads under ``root`` into ``dest_dir``; returns the paths copied.
+
+    dest_dir must be new or empty; with ``replace``, an earlier capture there is replaced
+    (only once the new one is complete). Nothing is ever merged."""
+    check_root(root)
+    dest_dir = os.path.abspath(dest_dir)
+    check_destination(dest_dir, replace)
+    parent = os.path.dirname(dest_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = os.path.join(parent, f".{os.path.basename(dest_dir)}.{secrets.token_hex(4)}")
+    os.mkdir(staging)
+    try:
+        copied = _capture_into(staging, root, environ, nccl)
+        _move_into_place(staging, dest_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return copied
+
+
+def _move_into_place(staging: str, dest: str) -> None:
+    """Rename the finished capture to dest; an earlier capture there is moved aside first
+    and removed only after the rename (an empty dest is simply replaced by rename)."""
+    if not os.path.lexists(dest) or not os.listdir(dest):
+        os.replace(staging, dest)
+        return
+    old = f"{staging}.old"
+    os.rename(dest, old)
+    os.rename(staging, dest)
+    shutil.rmtree(old)
+
+
+def _capture_into(dest_dir: str, root: str, environ: Mapping[str, str] | None,
+                  nccl: str | None = None) -> list[str]:
     source = SysRoot(root)
-    ctx = DoctorContext(source, environ)
+    ctx = DoctorContext(source, environ, nccl)
     run_checks(ctx)
     copier = _Copier(source, dest_dir)
     touched = sorted(source.touched)
@@ -131,4 +219,5 @@ def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = 
     _write_json(copier.dest_path(CUDA_FACTS_FILE), ctx.cuda_facts)
     _write_json(copier.dest_path(NVML_FACTS_FILE), ctx.nvml_facts)
     _write_json(copier.dest_path(NIC_FACTS_FILE), ctx.nic_facts)
+    _write_json(copier.dest_path(NCCL_FACTS_FILE), ctx.nccl_search)
     return [p for p in touched if os.path.lexists(copier.dest_path(p))]

@@ -69,8 +69,18 @@ def nccl_decisions(ctx: DoctorContext) -> tuple:
         return ()
 
 
+def nccl_library(ctx: DoctorContext):
+    """The job's libnccl for the report (a crash finding the library is already nccl.crashed)."""
+    try:
+        return ctx.nccl_library
+    except Exception:  # noqa: BLE001 - reported as nccl.crashed by run_checks
+        return None
+
+
 def run_doctor(root: str = "/", environ: Mapping[str, str] | None = None,
-               sysroot: SysRoot | None = None) -> DoctorReport:
-    ctx = DoctorContext(sysroot or SysRoot(root), environ)
+               sysroot: SysRoot | None = None, nccl: str | None = None) -> DoctorReport:
+    """``nccl``: the job's libnccl or its Python (:mod:`gdrprobe.doctor.facts.nccl_library`)."""
+    ctx = DoctorContext(sysroot or SysRoot(root), environ, nccl)
     findings = run_checks(ctx)
-    return DoctorReport(root=ctx.root.root, findings=findings, nccl=nccl_decisions(ctx))
+    return DoctorReport(root=ctx.root.root, findings=findings, nccl=nccl_decisions(ctx),
+                        nccl_library=nccl_library(ctx))

@@ -22,8 +22,9 @@ from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summa
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.protocol.channel import (Channel, ServerSecret, abort_message,
-                                       authenticate_as_client)
+from gdrprobe.protocol.channel import Channel, abort_message
+from gdrprobe.protocol.handshake import (TRANSIENT_REFUSALS, Refused, ServerSecret,
+                                         authenticate_as_client)
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
                                         Start, Verified, findings_in, send)
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
@@ -31,6 +32,19 @@ from gdrprobe.rdma.verbs import port_rate_gbps
 from gdrprobe.report.model import Integrity, RunReport, RunSettings
 
 CONNECT_RETRY_S = 0.5
+HANDSHAKE_TRIES = 3   # a connection dropped at a flooded door is tried again
+
+
+def check_host(host: str) -> None:
+    """A server host the resolver can take (Python's would raise, not answer, for a label
+    of over 63 characters or an empty one: RFC 1035 section 2.3.4)."""
+    try:
+        host.encode("idna")
+    except UnicodeError as error:
+        shown = host if len(host) <= 80 else host[:80] + "..."
+        raise UsageError(f"{shown!r} is not a host name: a part between dots is empty or "
+                         "over 63 characters, or holds a character no host name has",
+                         "give the server's host name or IP address") from error
 
 
 def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
@@ -57,6 +71,7 @@ class ProbeClient:
                  endpoint_options: EndpointOptions, memory: MemorySpec = MemorySpec(),
                  remote_memory: MemorySpec | None = None, connect_wait_s: float = 0.0,
                  on_result=None, notice=None):
+        check_host(host)
         check_tcp_port(port, "server port")
         check_timeout(options.timeout_s, "time-out")
         if not (math.isfinite(connect_wait_s) and 0 <= connect_wait_s <= MAX_TIMEOUT_S):
@@ -99,10 +114,26 @@ class ProbeClient:
                          f"{error.strerror or error}", "start 'gdrprobe serve' on the peer and "
                          "check the address, the port (-p) and firewalls")
 
+    def authenticated(self) -> Channel:
+        """A connection that proved the token. One the server dropped to make room (a
+        flood at its door) is tried again, HANDSHAKE_TRIES times in all."""
+        for attempt in range(1, HANDSHAKE_TRIES + 1):
+            channel = self.connect()
+            try:
+                authenticate_as_client(channel, self.token)
+                return channel
+            except Refused as error:
+                channel.close()
+                if error.code not in TRANSIENT_REFUSALS or attempt == HANDSHAKE_TRIES:
+                    raise
+                self.notice(f"{error.cause}; trying again")
+            except BaseException:
+                channel.close()
+                raise
+
     def run(self) -> RunReport:
-        channel = self.connect()
+        channel = self.authenticated()
         try:
-            authenticate_as_client(channel, self.token)
             local_ip = channel.sock.getsockname()[0]
             with Endpoint(self.endpoint_options, local_ip) as endpoint:
                 with open_buffer(self.memory, endpoint, self.options.buffer_bytes,

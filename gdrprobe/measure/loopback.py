@@ -13,7 +13,7 @@ from gdrprobe.measure.client import ProbeClient
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.server import ProbeServer
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.protocol.channel import ServerSecret
+from gdrprobe.protocol.handshake import ServerSecret
 from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.report.model import RunReport
 
@@ -22,7 +22,7 @@ LOOPBACK_HOST = "127.0.0.1"
 
 @functools.cache
 def loopback_secret() -> ServerSecret:
-    """One random key and salt for every loopback run of this process: both ends are this
+    """One random key for every loopback run of this process: both ends are this
     process, the client authenticates with this object (no token is stretched), and an A/B
     or a bench sweep runs many times."""
     return ServerSecret(None)

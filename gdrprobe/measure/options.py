@@ -66,6 +66,9 @@ class ProbeOptions:
     inline_size: int | None = None   # None: perftest's defaults (220 B latency, 0 bandwidth)
     relaxed_ordering: bool = True    # register with IBV_ACCESS_RELAXED_ORDERING, as NCCL does
     clock: str = defaults.CLOCK      # the loops' clock: measure/clock.py
+    # The bytes one size's integrity slots may take: less than the cap only where the
+    # locked-memory limit asks for less (campaign/memlock.py); both sides size by it.
+    integrity_bytes: int = INTEGRITY_CAP_BYTES
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
@@ -117,6 +120,8 @@ class ProbeOptions:
             problems.append(f"time-out must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} s")
         if self.clock not in CLOCK_CHOICES:
             problems.append(f"clock must be one of {', '.join(CLOCK_CHOICES)}")
+        if not 1 <= self.integrity_bytes <= INTEGRITY_CAP_BYTES:
+            problems.append(f"integrity bytes must be 1 to {INTEGRITY_CAP_BYTES}")
         if problems:
             raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
 
@@ -126,7 +131,7 @@ class ProbeOptions:
         if self.mode == "latency":
             return 1
         messages = None if self.duration_s else (self.iterations + self.warmup_iterations) * self.qps
-        return defaults.integrity_slots(size, messages)
+        return defaults.integrity_slots(size, messages, self.integrity_bytes)
 
     @property
     def buffer_bytes(self) -> int:
@@ -162,6 +167,8 @@ class ProbeOptions:
                          field(message, "inline_size", int, low=0, high=MAX_INLINE)),
             relaxed_ordering=field(message, "relaxed_ordering", bool),
             clock=field(message, "clock", str),
+            integrity_bytes=field(message, "integrity_bytes", int, low=1,
+                                  high=INTEGRITY_CAP_BYTES),
         )
 
     def window_messages(self, size: int) -> int:

@@ -2,18 +2,19 @@
 against its limits, builds a matching endpoint and buffer, and then follows the client
 round by round: poison its buffer, let the client write, verify what landed.
 
-The server accepts and authenticates every connection at once, each in a thread of its
-own, so a stranger (an idle socket, a client trickling bytes) never makes a client wait;
-authenticated clients then take the NIC one at a time, in order, and a waiting client is
-told its place and kept alive with messages until its turn.
+Every connection that has not proved the token waits at the door (protocol/door.py), one
+thread for all of them, so a stranger (an idle socket, a client trickling bytes, a flood
+from many addresses) never makes a client wait and costs no thread of its own;
+authenticated clients then get a thread each and take the NIC one at a time, in order, and
+a waiting client is told its place and kept alive with messages until its turn. Logging
+never blocks serving (protocol/serverlog.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
+import ipaddress
 import socket
-import sys
 import threading
 import time
 
@@ -27,27 +28,55 @@ from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summa
                                    heartbeat_s, latency_config, offset_or_none, remote_buffer)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.protocol.admission import Admission
-from gdrprobe.protocol.channel import (Channel, ServerSecret, WrongToken,
-                                       authenticate_as_server)
+from gdrprobe.protocol.channel import Channel
+from gdrprobe.protocol.door import Door
+from gdrprobe.protocol.fields import peer_text
+from gdrprobe.protocol.handshake import ServerSecret
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
                                         Start, Verified, error_with_findings, send)
+from gdrprobe.protocol.serverlog import LineLog
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
 from gdrprobe.rdma.verbs import port_rate_gbps
 from gdrprobe.report.model import Integrity
 
-MIN_MAX_BUFFER = 2 * 4096       # the smallest run: a page for the message, a page past it
-# A connection must prove the token within this, whatever --timeout says: enough for two
-# round trips and the client's one scrypt on a slow (emulated) machine, short enough that
-# strangers holding connections open cost little.
-PRE_AUTH_S = 10.0
+PREFLIGHT_BYTES = 2 * 4096     # the smallest buffer: a page for the message, a page past it
+MIN_MAX_BUFFER = 16 << 10      # holds the smallest run: that buffer and its queues
 LISTEN_BACKLOG = 1024          # the kernel caps it at net.core.somaxconn
-PREFLIGHT_BYTES = MIN_MAX_BUFFER
-ACCEPT_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED)
+# What a run's queues make the server allocate, at most, by the two providers' own sizing.
+# A send queue entry holds a header and the inline data or one scatter entry: on mlx5, 192
+# bytes of RC segments (rdma-core providers/mlx5/verbs.c _sq_overhead) plus the inline or
+# data segment, aligned to 64 (mlx5_calc_send_wqe), times max_send_wr rounded up to a power
+# of two (mlx5_calc_sq_size); on Soft-RoCE, struct rxe_send_wqe (about 208 bytes,
+# kernel-headers/rdma/rdma_user_rxe.h) plus max(inline, one SGE), the entry size and the
+# entry count + 1 each rounded up to a power of two (the kernel's rxe_queue.h). A CQE is
+# 64 or 128 bytes on mlx5 (get_cqe_size), a struct ib_wc rounded up on Soft-RoCE.
+SEND_ENTRY_HEADER_BYTES = 208
+SGE_BYTES = 16
+CQE_BYTES = 128
 
 
-def _stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+def _power_of_two(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def queue_bytes(endpoint: EndpointOptions) -> int:
+    """The most a run's QPs and CQ take (see SEND_ENTRY_HEADER_BYTES): each QP's send queue
+    and its one-entry receive queue, and the CQ of every send."""
+    entry = _power_of_two(SEND_ENTRY_HEADER_BYTES + max(endpoint.max_inline, SGE_BYTES))
+    per_qp = (_power_of_two(endpoint.tx_depth + 1) + _power_of_two(2)) * entry
+    completions = _power_of_two(endpoint.tx_depth * endpoint.num_qps + 2) * CQE_BYTES
+    return endpoint.num_qps * per_qp + completions
+
+
+def check_bind(bind: str) -> None:
+    """serve listens on an address, not a name: the address also picks the RoCE GID."""
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError as error:
+        raise UsageError(f"--bind {bind!r} is not an IP address",
+                         "give the address of the interface to listen on (its RoCE v2 GID "
+                         "is the one used), e.g. --bind 10.0.0.2, or 0.0.0.0 for every "
+                         "interface") from error
 
 
 class ProbeServer:
@@ -65,6 +94,7 @@ class ProbeServer:
                  preflight: bool = True):
         check_timeout(timeout_s, "server time-out")
         check_tcp_port(port, "server port", allow_any=True)
+        check_bind(bind)
         if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or \
                 max_buffer < MIN_MAX_BUFFER:
             raise UsageError(f"--max-buffer {max_buffer}: use at least {MIN_MAX_BUFFER} bytes",
@@ -74,9 +104,8 @@ class ProbeServer:
         self.max_buffer = max_buffer
         self.memory = memory
         self.findings = tuple(findings)
-        self._log = log or _stderr
+        self._log = log or LineLog()
         self.stop = _native.StopFlag()
-        self.admission = Admission(lambda text: self.log(f"gdrprobe serve: {text}"))
         self._nic = NicQueue()
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
@@ -96,9 +125,15 @@ class ProbeServer:
                              f"{getattr(error, 'strerror', None) or error}",
                              "pick another port with -p or stop what uses it") from error
         self.port = self.listener.getsockname()[1]
+        try:
+            self.door = Door(self.listener, self.secret, self._admitted,
+                             lambda text: self.log(f"gdrprobe serve: {text}"))
+        except BaseException:
+            self.listener.close()
+            raise
 
     def log(self, text: str) -> None:
-        """Log a line; a reader of stderr that went away must not stop the server."""
+        """Log a line; a log that fails must not stop the server."""
         try:
             self._log(text)
         except (OSError, ValueError):
@@ -122,41 +157,32 @@ class ProbeServer:
         raise the last one's error (so `serve --once` exits as its run ended)."""
         self._runs = runs
         try:
-            while True:
-                try:
-                    conn, address = self.listener.accept()
-                except OSError as error:
-                    if self._closing:
-                        break
-                    if error.errno not in ACCEPT_TRANSIENT:
-                        raise
-                    # Out of descriptors or buffers for a moment: say so, breathe, go on.
-                    self.admission.log("", "accept", f"accepting a connection failed: {error}")
-                    time.sleep(0.1)
-                    continue
-                self._start_connection(conn, address[0])
+            self.door.run()
         finally:
             self.close()
         if self._last_error is not None:
             raise self._last_error
 
-    def _start_connection(self, conn: socket.socket, source: str) -> None:
-        if self._closing or not self.admission.admit(source):
-            conn.close()
-            return
-        thread = threading.Thread(target=self._connection, args=(conn, source),
+    def _admitted(self, channel: Channel, source: str) -> None:
+        """A client that proved the token (called by the door): a thread of its own."""
+        thread = threading.Thread(target=self._connection, args=(channel, source),
                                   name=f"gdrprobe-client-{source}", daemon=True)
         with self._lock:
+            if self._closing:
+                channel.close()
+                return
             self._threads.add(thread)
+            self._channels.add(channel)
         thread.start()
 
     def close(self) -> None:
         """Stop accepting, end every connection (a run in progress releases its verbs
-        objects and buffer as it ends) and wait for them, boundedly."""
+        objects and buffer as it ends) and wait for them, boundedly; then write out the
+        log, boundedly too."""
         with self._lock:
             self._closing = True
             channels, threads = list(self._channels), list(self._threads)
-        self._stop_listening()
+        self.door.close()
         self.stop.set()
         for channel in channels:
             channel.shutdown()
@@ -164,42 +190,19 @@ class ProbeServer:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _stop_listening(self) -> None:
-        """A serve() blocked in accept() returns with an OSError."""
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.listener.close()
+        if isinstance(self._log, LineLog):
+            self._log.close()
 
     # -- one connection --------------------------------------------------------------
 
-    def _connection(self, conn: socket.socket, source: str) -> None:
-        channel = Channel(conn, PRE_AUTH_S, peer=f"client {source}")
-        with self._lock:
-            self._channels.add(channel)
-        authenticated = False
+    def _connection(self, channel: Channel, source: str) -> None:
+        channel.timeout = self.timeout_s
         try:
-            try:
-                authenticate_as_server(channel, self.secret, time.monotonic() + PRE_AUTH_S)
-            except WrongToken:
-                self.admission.wrong_proof(source)
-                return
-            except GdrprobeError as error:
-                # Never believed, never shown verbatim: only the reason we gave up.
-                self.admission.log(source, "unauthenticated", f"a connection from {source} "
-                                   f"ended before it proved the token: {error.cause}")
-                return
-            authenticated = True
-            self.admission.authenticated(source)
-            channel.timeout = self.timeout_s
-            self._count(source, self._authenticated_run(channel, source))
+            self._count(self._authenticated_run(channel, source))
         except Exception as error:   # a bug must not take the server down
             self.log(f"gdrprobe serve: a connection from {source} hit a gdrprobe bug: "
                      f"{error!r}")
         finally:
-            self.admission.closed(source, authenticated)
             channel.close()
             with self._lock:
                 self._channels.discard(channel)
@@ -218,7 +221,7 @@ class ProbeServer:
         self.log(f"gdrprobe serve: run from {source} finished")
         return None
 
-    def _count(self, source: str, error: GdrprobeError | None) -> None:
+    def _count(self, error: GdrprobeError | None) -> None:
         """Count an authenticated run; after the last one asked for, stop accepting."""
         with self._lock:
             if self._closing:
@@ -228,7 +231,7 @@ class ProbeServer:
                 return
             self._closing = True
             self._last_error = error
-        self._stop_listening()
+        self.door.close()
 
     def serve_one(self, channel: Channel, source: str) -> None:
         """An authenticated client: its settings, its turn on the NIC, its rounds."""
@@ -268,20 +271,33 @@ class ProbeServer:
         try:
             return MemorySpec.from_message(message)
         except UsageError as error:
-            raise PeerError(f"the client asked for impossible memory: {error.cause}",
-                            "") from error
+            raise PeerError("the client asked for impossible memory: "
+                            f"{peer_text(error.cause)}", "") from error
 
     def _checked_options(self, message: dict) -> ProbeOptions:
         try:
             options = ProbeOptions.from_message(message)
         except UsageError as error:
-            raise PeerError(f"the client asked for impossible settings: {error.cause}",
-                            "") from error
-        if options.buffer_bytes > self.max_buffer:
-            raise PeerError(f"the client asked for a {options.buffer_bytes}-byte buffer; this "
-                            f"server allows {self.max_buffer}", "use smaller sizes or start "
-                            "the server with a larger --max-buffer")
+            raise PeerError("the client asked for impossible settings: "
+                            f"{peer_text(error.cause)}", "") from error
+        self._check_max_buffer(options)
         return options
+
+    def _check_max_buffer(self, options: ProbeOptions) -> None:
+        """--max-buffer bounds the memory a run makes this server allocate: its registered
+        buffer and, at most, its queues (queue_bytes)."""
+        buffer = options.buffer_bytes
+        queues = queue_bytes(options.endpoint_options(self.endpoint_options, server=True))
+        if buffer + queues <= self.max_buffer:
+            return
+        raise PeerError(
+            f"the run needs {buffer + queues} bytes on the server and its --max-buffer is "
+            f"{self.max_buffer}: {buffer} bytes of registered buffer (the slots of the "
+            f"largest size, {max(options.sizes)} B, and a message past them) and up to "
+            f"{queues} bytes of queues ({options.qps} QP(s) of {options.tx_depth} send "
+            "entries, and their completion queue)",
+            f"start the server with --max-buffer {buffer + queues} or more, or ask for "
+            "smaller sizes, fewer QPs (-q) or a smaller TX depth (-t)")
 
     # -- the rounds ----------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ def endpoint_summary(endpoint: Endpoint, memory: MemoryProvider) -> EndpointSumm
                            port=endpoint.options.port, gid_index=endpoint.gid_index,
                            gid=endpoint.gid, mtu_bytes=endpoint.mtu,
                            qp_numbers=tuple(qp.qp_num for qp in endpoint.qps),
-                           memory=memory.report())
+                           memory=memory.report(), notes=endpoint.notes)
 
 
 def offset_or_none(first: int) -> int | None:

@@ -87,7 +87,8 @@ def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int, relaxe
     with gpu:
         mechanism, reason = mechanism_for(spec, gpu.attributes, nic)
         extra = {"pcie_mapping": spec.pcie_mapping} if mechanism == "dmabuf" else {}
-        with PROVIDERS[mechanism](gpu, length, spec.memory_type, **extra) as memory:
+        with PROVIDERS[mechanism](gpu, length, spec.memory_type, spec.allocation,
+                                  **extra) as memory:
             memory.choice_reason = reason
             register(memory, endpoint.pd, access, relaxed)
             yield memory

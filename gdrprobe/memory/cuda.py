@@ -22,8 +22,9 @@ import ctypes
 import dataclasses
 import functools
 import mmap
-from gdrprobe.errors import (CudaError, GdrprobeError, MissingDependency, NotTestable,
-                             ResourceLimit, UsageError)
+from gdrprobe.errors import GdrprobeError, MissingDependency, NotTestable, UsageError
+from gdrprobe.memory.cuda_results import (UPGRADE_DRIVER_FIX, result_error, result_name,
+                                          unknown_result)
 from gdrprobe.sysroot import pci_bus_id
 
 HOST_PAGE_BYTES = mmap.PAGESIZE
@@ -38,14 +39,9 @@ CUDA_PYTHON_FIX = ("pip install 'cuda-python>=12.6.2.post1,<13' into the environ
 NO_DRIVER_FIX = ("install the NVIDIA driver (libcuda.so.1) on a machine with a GPU, and in a "
                  "container run with the NVIDIA container runtime (--gpus all); without a GPU "
                  "only the host arm can run")
-NO_GPU_FIX = ("check that nvidia-smi lists the GPU and that CUDA_VISIBLE_DEVICES does not hide "
-              "it; without a GPU only the host arm can run")
 DRIVER_MISMATCH_FIX = ("use a cuda-python whose major version the installed driver supports "
                        "(cuda-bindings 12.x needs driver 525.60.13+, 13.x needs 580.65.06+), "
                        "or upgrade the NVIDIA driver")
-UPGRADE_DRIVER_FIX = ("upgrade the NVIDIA driver ('nvidia-smi' shows its version; DMA-BUF export "
-                      "needs CUDA 11.7+, the PCIe mapping CUDA 12.8+)")
-GENERIC_FIX = "check dmesg for Xid errors and 'nvidia-smi' for the GPU's state"
 
 # CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: cuFlushGPUDirectRDMAWrites is available.
 FLUSH_OPTION_HOST = 1
@@ -54,81 +50,43 @@ WRITES_ORDERING_OWNER = 100
 PCIE_MAPPING_MIN_DRIVER = 12080
 
 
-# CUresult names that mean something a person can act on, beyond "this call failed"
-# (meanings from the CUresult documentation in cuda.h / cuda.bindings.driver). Every other
-# result is a CudaError naming the call and the result.
-_RESULT_ERRORS: dict[str, tuple[type[GdrprobeError], str, str]] = {
-    "CUDA_ERROR_NO_DEVICE": (NotTestable, "not testable: no GPU: the CUDA driver sees none",
-                             NO_GPU_FIX),
-    "CUDA_ERROR_OUT_OF_MEMORY": (ResourceLimit, "the GPU is out of memory",
-                                 "free GPU memory (other processes: nvidia-smi) or use "
-                                 "smaller sizes"),
-    "CUDA_ERROR_STUB_LIBRARY": (NotTestable, "not testable: the libcuda.so.1 loaded is the CUDA "
-                                "toolkit's stub, not the driver",
-                                "take the toolkit's lib64/stubs directory out of "
-                                "LD_LIBRARY_PATH so the driver's libcuda.so.1 loads"),
-    "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER": (NotTestable, "not testable: the CUDA driver is "
-                                              "older than this call needs", UPGRADE_DRIVER_FIX),
-    "CUDA_ERROR_DEVICE_UNAVAILABLE": (NotTestable, "not testable: the GPU is unavailable "
-                                      "(exclusive-process compute mode with another process on "
-                                      "it, or taken by another container)",
-                                      "check 'nvidia-smi -q -d COMPUTE' and the processes on "
-                                      "the GPU; set the compute mode to DEFAULT or free it"),
-    "CUDA_ERROR_SYSTEM_NOT_READY": (NotTestable, "not testable: the CUDA system is not ready: "
-                                    "on an NVSwitch system (HGX, DGX) the NVIDIA fabric "
-                                    "manager is not running or has not finished",
-                                    "systemctl enable --now nvidia-fabricmanager (its version "
-                                    "must equal the driver's); 'nvidia-smi -q' shows the "
-                                    "fabric state"),
-    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": (NotTestable, "not testable: the CUDA driver library "
-                                          "(libcuda.so.1) and the nvidia kernel module "
-                                          "versions differ",
-                                          "reboot or reload the nvidia kernel module after a "
-                                          "driver upgrade; in a container, use the host's "
-                                          "driver libraries (NVIDIA container runtime)"),
-    "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE": (NotTestable, "not testable: the CUDA "
-                                                  "forward-compatibility libraries are in use "
-                                                  "and this GPU does not support them",
-                                                  "take cuda-compat's directory out of "
-                                                  "LD_LIBRARY_PATH (or remove the cuda-compat "
-                                                  "package) so the driver's own libcuda.so.1 "
-                                                  "loads"),
-    "CUDA_ERROR_MPS_CONNECTION_FAILED": (NotTestable, "not testable: CUDA MPS is configured "
-                                         "but its control daemon cannot be reached",
-                                         "start it (nvidia-cuda-mps-control -d) or unset "
-                                         "CUDA_MPS_PIPE_DIRECTORY"),
-}
 # What cuMemGetHandleForAddressRange returns where the platform or driver will not export
 # the range (e.g. the PCIe mapping on a system that refuses it): not a fault, the DMA-BUF
 # mechanism is simply not available here.
 DMABUF_REFUSALS = ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE")
 
 
-def result_name(err) -> str:
-    return getattr(err, "name", None) or f"CUresult {int(err)}"
-
-
 def check(result: tuple, what: str):
-    """The value of a driver call's ``(CUresult, value)`` tuple, or the error it means."""
+    """The value of a driver call's ``(CUresult, value)`` tuple, or the error it means
+    (:func:`gdrprobe.memory.cuda_results.result_error`)."""
     err, *values = result
     if int(err) == 0:
         return values[0] if values else None
-    name = result_name(err)
-    error_class, cause, fix = _RESULT_ERRORS.get(
-        name, (CudaError, "a CUDA driver call failed", GENERIC_FIX))
-    raise error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")
+    raise result_error(err, what)
 
 
 def attempt(module, name: str, *args) -> tuple:
     """module.<name>(*args)'s raw result tuple. The bindings resolve every entry point when
     they load the driver and raise RuntimeError when called for one it lacks (an old driver):
-    that is said as such."""
+    that is said as such. A result they do not know (a newer driver) comes back as a result
+    with its number (:func:`gdrprobe.memory.cuda_results.unknown_result`)."""
     try:
         return getattr(module, name)(*args)
     except RuntimeError as error:
         raise NotTestable(f"not testable: the CUDA driver has no {name} (it is older than "
                           "this call needs)", UPGRADE_DRIVER_FIX,
                           evidence=f"{name}: {error}") from error
+    except ValueError as error:
+        return unknown_or_raise(error)
+
+
+def unknown_or_raise(error: ValueError) -> tuple:
+    """The result tuple of a result the bindings do not know; any other ValueError is
+    raised again (a bug, not a driver's answer)."""
+    unknown = unknown_result(error)
+    if unknown is None:
+        raise error
+    return (unknown,)
 
 
 def call(module, name: str, *args, what: str = ""):
@@ -168,16 +126,22 @@ def driver():
 
     Cached only on success (lru_cache does not keep exceptions), so a later call retries.
     """
-    missing = driver_library_error()
-    if missing:
-        raise NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
-                          NO_DRIVER_FIX, evidence=f"dlopen(libcuda.so.1): {missing}")
+    require_driver_library()
     try:
         module = import_driver()
     except ImportError as error:
         raise MissingDependency(f"cuda-python is not installed ({error})",
                                 CUDA_PYTHON_FIX) from error
     return initialised(module)
+
+
+def require_driver_library() -> None:
+    """Raises NotTestable when the dynamic loader cannot open libcuda.so.1: the first thing
+    any GPU buffer needs, cheap enough to ask before anything is measured."""
+    missing = driver_library_error()
+    if missing:
+        raise NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
+                          NO_DRIVER_FIX, evidence=f"dlopen(libcuda.so.1): {missing}")
 
 
 def driver_library_error() -> str | None:
@@ -197,6 +161,8 @@ def initialised(module):
         init_result = module.cuInit(0)
     except RuntimeError as error:
         raise unloadable_driver(error) from error
+    except ValueError as error:
+        init_result = unknown_or_raise(error)
     check(init_result, "cuInit(0)")
     return module
 
@@ -334,6 +300,8 @@ class CudaAllocation:
         self.length = length
         self.allocated = allocated
         self.memory_type = memory_type
+        self.allocation = "malloc"     # the driver's allocator (cuMemAlloc and kin), not VMM
+        self.allocation_reason = ""
         self._gpu = gpu
         self._free_call = free_call
 
@@ -400,6 +368,16 @@ class GpuDevice:
             self.close()
             raise
 
+    @property
+    def bindings(self):
+        """cuda-python's driver module this GPU is driven through (its types and enums)."""
+        return self._driver
+
+    @property
+    def device(self):
+        """The CUdevice."""
+        return self._device
+
     def activate(self) -> None:
         """Make this GPU's context current on the calling thread."""
         call(self._driver, "cuCtxSetCurrent", self._context)
@@ -456,13 +434,23 @@ class GpuDevice:
         ptr = int(self.call("cuMemHostAlloc", length, flags, what=f"cuMemHostAlloc({length})"))
         return CudaAllocation(self, ptr, length, length, "pinned-host", "cuMemFreeHost")
 
-    def allocate(self, memory_type: str, length: int) -> CudaAllocation:
+    def allocate(self, memory_type: str, length: int, allocation: str = "malloc"):
+        """length bytes of memory_type; device memory through VMM where allocation is "vmm"
+        and the GPU supports it, as NCCL allocates (:mod:`gdrprobe.memory.cuda_vmm`), else
+        cuMemAlloc. The result says which (``allocation``) and why (``allocation_reason``)."""
         allocators = {"device": self.alloc_device, "managed": self.alloc_managed,
                       "pinned-host": self.alloc_pinned_host}
         if memory_type not in allocators:
             raise UsageError(f"unknown GPU memory type {memory_type!r}",
                              f"use one of: {', '.join(allocators)}")
-        return allocators[memory_type](length)
+        if memory_type != "device":
+            return allocators[memory_type](length)
+        from gdrprobe.memory.cuda_vmm import VmmAllocation, allocation_plan
+
+        chosen, reason = allocation_plan(self, allocation)
+        buffer = VmmAllocation(self, length) if chosen == "vmm" else self.alloc_device(length)
+        buffer.allocation_reason = reason
+        return buffer
 
     def copy_to_device(self, device_ptr: int, host_address: int, length: int) -> None:
         self.call("cuMemcpyHtoD", device_ptr, host_address, length,

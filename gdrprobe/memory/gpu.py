@@ -20,14 +20,13 @@ from __future__ import annotations
 import os
 import time
 
+from gdrprobe.defaults import GPU_ALLOCATION
 from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
 from gdrprobe.memory.cuda import GpuAttributes, dmabuf_range
-from gdrprobe.memory.nic_probe import NicDmaBufSupport
-from gdrprobe.memory.nic_probe import dmabuf_mr
+from gdrprobe.memory.nic_probe import NicDmaBufSupport, dmabuf_mr
 from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MECHANISMS, MEMORY_TYPES
-
 
 
 class GpuMemory(MemoryProvider):
@@ -36,7 +35,8 @@ class GpuMemory(MemoryProvider):
     kind = "gpu"
     mechanism = "abstract"
 
-    def __init__(self, gpu, length: int, memory_type: str = "device"):
+    def __init__(self, gpu, length: int, memory_type: str = "device",
+                 allocation: str = GPU_ALLOCATION):
         if memory_type not in MEMORY_TYPES:
             raise UsageError(f"unknown GPU memory type {memory_type!r}",
                              f"use one of: {', '.join(MEMORY_TYPES)}")
@@ -46,7 +46,7 @@ class GpuMemory(MemoryProvider):
         self.length = length
         self.memory_type = memory_type
         self.mr = None
-        self.buffer = gpu.allocate(memory_type, length)
+        self.buffer = gpu.allocate(memory_type, length, allocation)
         try:
             self.staging = gpu.alloc_pinned_host(length)
         except BaseException:
@@ -87,7 +87,18 @@ class GpuMemory(MemoryProvider):
     def describe(self) -> dict:
         return {"kind": self.kind, "mechanism": self.mechanism, "memory_type": self.memory_type,
                 "length_bytes": self.length, "gpudirect_proof": self.gpudirect_proof,
-                "pci_bus_id": self.gpu.bus_id, "gpu": self.gpu.describe()}
+                "pci_bus_id": self.gpu.bus_id, "gpu": self.gpu.describe(),
+                **self.allocation_facts()}
+
+    def allocation_facts(self) -> dict:
+        """How the GPU buffer was allocated (VMM or cuMemAlloc) and why; for VMM, whether
+        it asked for GPUDirect RDMA (gpuDirectRDMACapable)."""
+        facts = {"allocation": self.buffer.allocation}
+        if getattr(self.buffer, "allocation_reason", ""):
+            facts["allocation_reason"] = self.buffer.allocation_reason
+        if hasattr(self.buffer, "gpu_direct_rdma_capable"):
+            facts["gpu_direct_rdma_capable"] = self.buffer.gpu_direct_rdma_capable
+        return facts
 
     def close(self) -> None:
         # Deregister before freeing: the NIC must stop using the pages first.
@@ -108,12 +119,13 @@ class DmaBufGpuMemory(GpuMemory):
     mechanism = "dmabuf"
 
     def __init__(self, gpu, length: int, memory_type: str = "device",
-                 pcie_mapping: bool = False):
+                 allocation: str = GPU_ALLOCATION, pcie_mapping: bool = False):
         if memory_type != "device":
             raise UsageError(f"DMA-BUF export needs device memory, not {memory_type}",
                              "use the device memory type, or the peermem mechanism")
-        super().__init__(gpu, length, memory_type)
+        super().__init__(gpu, length, memory_type, allocation)
         self.pcie_mapping = pcie_mapping
+        self.route = ""     # how the DMA-BUF was registered (see nic_probe.dmabuf_mr)
         # pyverbs' DmaBufMR sets the iova to the offset, so that is the buffer's address.
         self._offset = dmabuf_range(self.buffer.ptr, length).offset
 
@@ -123,16 +135,27 @@ class DmaBufGpuMemory(GpuMemory):
 
     def register(self, pd, access: int = PROBE_ACCESS) -> None:
         fd, offset = self.gpu.export_dmabuf(self.buffer.ptr, self.length, self.pcie_mapping)
+        def create(pv):
+            mr, self.route = dmabuf_mr(pv, pd, self.length, access, fd, offset)
+            return mr
+
         try:
-            self._register_with(
-                lambda pv: dmabuf_mr(pv, pd, self.length, access, fd, offset), self._refused)
+            self._register_with(create, self._refused)
         finally:
             # The MR holds its own reference to the DMA-BUF.
             os.close(fd)
 
+    def _refused(self, error: Exception) -> Exception:
+        failed = super()._refused(error)
+        route = getattr(error, "route", "")
+        if route:   # say that libibverbs, not pyverbs, was asked
+            failed.evidence = f"{failed.evidence}; through {route}"
+        return failed
+
     def describe(self) -> dict:
         return {**super().describe(), "pcie_mapping": self.pcie_mapping,
-                "dmabuf_offset": self._offset}
+                "dmabuf_offset": self._offset,
+                **({"registration_route": self.route} if self.route else {})}
 
 
 class PeermemGpuMemory(GpuMemory):

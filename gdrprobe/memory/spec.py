@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from gdrprobe.defaults import GPU_ALLOCATION, GPU_ALLOCATIONS, MEM_CHOICES
 from gdrprobe.defaults import GPU_MEMORY_TYPES as MEMORY_TYPES
-from gdrprobe.defaults import MEM_CHOICES
 from gdrprobe.errors import UsageError
 from gdrprobe.protocol.fields import field
 
@@ -28,6 +28,9 @@ class MemorySpec:
     memory_type: str = "device"
     pcie_mapping: bool = False
     huge_pages: bool = False
+    # Device memory through VMM (NCCL's way, where supported) or cuMemAlloc; see
+    # gdrprobe.memory.cuda_vmm. Managed and pinned-host memory have allocators of their own.
+    allocation: str = GPU_ALLOCATION
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -38,6 +41,9 @@ class MemorySpec:
         if self.memory_type not in MEMORY_TYPES:
             raise UsageError(f"unknown GPU memory type {self.memory_type!r}",
                              f"use one of: {', '.join(MEMORY_TYPES)}")
+        if self.allocation not in GPU_ALLOCATIONS:
+            raise UsageError(f"unknown GPU allocation {self.allocation!r}",
+                             f"use one of: {', '.join(GPU_ALLOCATIONS)}")
         if self.mechanism == "dmabuf" and self.memory_type != GPUDIRECT_PROOF_MEMORY:
             raise UsageError(f"DMA-BUF export needs device memory, not {self.memory_type}",
                              "use --mem gpu or --mem peermem for that memory type")
@@ -64,4 +70,5 @@ class MemorySpec:
         return cls(kind=field(message, "kind", str), mechanism=field(message, "mechanism", str),
                    gpu=field(message, "gpu", str), memory_type=field(message, "memory_type", str),
                    pcie_mapping=field(message, "pcie_mapping", bool),
-                   huge_pages=field(message, "huge_pages", bool))
+                   huge_pages=field(message, "huge_pages", bool),
+                   allocation=field(message, "allocation", str, default=GPU_ALLOCATION))

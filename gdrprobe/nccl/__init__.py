@@ -2,8 +2,11 @@
 
 - ``env``: its environment variables and configuration files, read as NCCL reads them
   (``cparse``: C's number parsing that reading uses);
-- ``topo``: its path types, how it classes a PCIe distance, the bandwidth of each link;
+- ``topo``: its path types, its PCI tree (Broadcom switches flattened), the bandwidth of each link;
+- ``nets``: its network devices: each port, placed where ``net_ib`` places it, fused into
+  virtual NICs;
 - ``gdr_support``: whether it can register GPU memory with a NIC, and through what;
+- ``versions``: where an older release's rules differ, and since which release;
 - ``decision``: per GPU, the NIC it uses, the path, and GPUDirect RDMA for sends and receives;
 - ``log``: what an NCCL_DEBUG=INFO log proves.
 

@@ -1,33 +1,37 @@
 """For every GPU: the NIC NCCL will use, through which path, and whether with GPUDirect RDMA
 for receives (the NIC writes GPU memory) and sends (the NIC reads it), decided by NCCL's
-own rules (NVIDIA/nccl 2.30.7) over the node's facts (:class:`NodeFacts`, which the doctor
-collects: :mod:`gdrprobe.doctor.facts.nccl_node`):
+own rules (NVIDIA/nccl 2.30.7, older releases where :mod:`gdrprobe.nccl.versions` says they
+differ) over the node's facts (:class:`NodeFacts`, which the doctor collects:
+:mod:`gdrprobe.doctor.facts.nccl_node`):
 
 1. Path type and bandwidth of each GPU-NIC pair (``src/graph/paths.cc`` ncclTopoSetPaths):
-   the worst hop (PIX, PXB, PHB, SYS; NODE is PHB); bandwidth is the narrowest link: each
-   PCIe link (:func:`gdrprobe.nccl.topo.link_bandwidth_gbs`), the NIC's port speed / 8
-   (``src/graph/topo.cc`` ncclTopoAddNet; each ACTIVE port NCCL_IB_HCA keeps is its own
-   network device, :class:`Net`) and, across sockets, the inter-CPU link
-   (``src/graph/topo.cc`` ncclTopoGetInterCpuBw with the ``src/graph/topo.h`` figures, by
-   CPU vendor, family and model: :func:`gdrprobe.nccl.topo.inter_cpu_bandwidth`).
+   the worst hop on NCCL's PCI tree, with Broadcom switches flattened
+   (:class:`gdrprobe.nccl.topo.NcclPciTree`); bandwidth is the narrowest link: each PCIe
+   link (:func:`gdrprobe.nccl.topo.link_bandwidth_gbs`), the network device's speed
+   (:mod:`gdrprobe.nccl.nets`: a port, or a virtual NIC fused from several) and, across
+   sockets, the inter-CPU link (``src/graph/topo.cc`` ncclTopoGetInterCpuBw).
 2. P2C (ncclTopoComputePaths, mergePathType): a GPU that reaches its CPU over C2C (Grace;
    NVML's C2C link count) gets P2C to the NICs of that CPU that are local to it.
-3. PXN (ncclTopoComputePaths, "Update paths for NICs"): unless NCCL_PXN_DISABLE is exactly
-   1, a GPU reaches a NIC through the NVLink peer ncclTopoGetLocalGpu names for it (none:
-   no PXN), when that peer is at most P2C from it (PXB with NCCL_PXN_C2C=0) with GDR, and
-   the peer has more bandwidth to it or our own path is PHB or SYS. NIC by NIC and GPU by
-   GPU, each on the table as updated so far, as NCCL loops (see :attr:`Machine.table` for
-   what is not modelled).
+3. The NIC loop of ncclTopoComputePaths, NIC by NIC and GPU by GPU on the paths as updated
+   so far: PXN first (unless NCCL_PXN_DISABLE is exactly 1, a GPU reaches the NIC through
+   the NVLink peer ncclTopoGetLocalGpu names for it, when that peer is at most P2C from it
+   (PXB with NCCL_PXN_C2C=0) with GDR, and has more bandwidth to it or our own path is PHB
+   or SYS); then a path nearer than PHB on which GDR is off (ncclTopoCheckGdr: the NIC
+   cannot do GDR, or the path is beyond the GDR level) is routed through the CPU local to
+   the GPU (addInterStep), both ways: it becomes PHB, so NICs tie that did not, and a
+   farther NIC with GDR beats a nearer one without.
 4. The NIC (topo.cc ncclTopoGetLocal / ncclTopoGetLocalNetType): the NICs with the highest
    bandwidth, then the lowest path type; among those, channel c takes
    ``dev % localGpuCount`` (bits mirrored when the NIC count is a power of two) plus
    ``c % netsPerGpu``, where dev is NVML's index of the GPU (PCI bus order of all the
    node's GPUs, not the CUDA ordinal), localGpuCount the GPUs local to the first of those
-   NICs and netsPerGpu set by NCCL_NETDEVS_POLICY (AUTO: DIVUP(NICs, GPUs); ALL; MAX:n).
+   NICs (on the NIC-to-GPU paths, which the detour of step 3 changes and PXN does not) and
+   netsPerGpu set by NCCL_NETDEVS_POLICY (AUTO: DIVUP(NICs, GPUs); ALL; MAX:n).
 5. GDR (ncclTopoCheckGdr): the NIC must support it (:mod:`gdrprobe.nccl.gdr_support`),
    the GPU too; for sends, NCCL_NET_GDR_READ=0 turns it off, and its default turns it off
    on GPUs before sm80 that have no NVLink peer (unless they are the only GPU); then the
-   path type (the proxy GPU's, for PXN) must not exceed the GDR level.
+   path type (the proxy GPU's, for PXN) must not exceed the GDR level. Its mode is PCI (a
+   PCIe mapping forced) for a C2C GPU whose path to the NIC is not P2C, else Default.
 
 NVLink and C2C come from NVML; without it there is neither PXN nor P2C to see, and the
 decision says so.
@@ -39,13 +43,13 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 
-from gdrprobe.nccl.env import (gdr_level, int_param, netdevs_policy, parse_hca_filter,
-                               pxn_disabled)
+from gdrprobe.nccl.env import gdr_level, int_param, netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import MemoryPaths
-from gdrprobe.nccl.topo import (NET_FALLBACK_GBPS, PATH_RANK, InterCpu, PcieEndpoint, PcieLink, Port,
-                                inter_cpu_bandwidth, link_bandwidth_gbs, nccl_path_type, nccl_ports,
-                                nvlink_gbs_per_link, pcie_distance)
-from gdrprobe.report.model import NcclGpuDecision
+from gdrprobe.nccl.nets import Net, NetBuilder, physical_nets
+from gdrprobe.nccl.topo import (PATH_RANK, InterCpu, NcclPciTree, PcieEndpoint, PcieLink, Port,
+                                inter_cpu_bandwidth, link_bandwidth_gbs, nvlink_gbs_per_link, same_cpu)
+from gdrprobe.nccl.versions import GDR_C2C_SINCE, NcclRules
+from gdrprobe.report.model import NcclChannel, NcclGpuDecision
 
 PRE_AMPERE = 80
 
@@ -68,13 +72,15 @@ class NodeFacts:
     """What NCCL's rules read of one node, gathered once by whoever reads the machine."""
 
     gpus: tuple[PcieEndpoint, ...]         # NVIDIA GPUs, in PCI bus order
-    nics: tuple[PcieEndpoint, ...]         # RDMA devices with a PCI function
+    nics: tuple[PcieEndpoint, ...]         # RDMA devices with a PCI function, in bus order
     ports: Mapping[str, tuple[Port, ...]]  # NIC name -> its ports (empty: sysfs lists none)
     links: Mapping[str, PcieLink]          # bus id -> its PCIe link, for every GPU and NIC
     gpu_facts: Mapping[str, GpuFacts]      # bus id -> the CUDA driver's and NVML's facts
     nvml_order: tuple[str, ...] | None     # NVML's GPUs (bus ids) by index; None: NVML unavailable
     cpuinfo: str                           # /proc/cpuinfo
     gdr_support: MemoryPaths               # per NIC and GPU: can NCCL register GPU memory
+    # bridge bus id -> the id NCCL gives a switch (topo.pci_device_id); none: no switch is flattened
+    switch_ids: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def gpu(self, bdf: str) -> GpuFacts:
         return self.gpu_facts.get(bdf, GpuFacts())
@@ -88,38 +94,50 @@ class PairPath:
     type: str                        # NCCL path type
     bw: float                        # GB/s
     via: PcieEndpoint | None = None  # the NVLink peer a PXN path relays through
-
-
-@dataclasses.dataclass(frozen=True)
-class Net:
-    """One of NCCL's network devices: a port of an RDMA device (src/transport/net_ib/init.cc
-    ncclIbInitDevices makes every ACTIVE port NCCL_IB_HCA keeps its own device)."""
-
-    device: PcieEndpoint
-    port: int | None               # None: sysfs lists no port (a capture without them)
-    gbs: float                     # topo.cc ncclTopoAddNet: the port's Mb/s / 8000
-    label: str                     # the device's name, with ":port" where it has several nets
+    detour: tuple[str, str] | None = None  # routed through the CPU: the type it had, why GDR was off
 
 
 @dataclasses.dataclass(frozen=True)
 class Gdr:
     on: bool
     reason: str
+    mode: str = "disabled"           # ncclTopoGdrMode: disabled, default, pci
+
+
+@dataclasses.dataclass
+class Paths:
+    """NCCL's GPU-to-NIC and NIC-to-GPU paths (``gpu->paths[NET]``, ``net->paths[GPU]``):
+    PXN changes only the first, the detour through the CPU both."""
+
+    to_net: dict[PcieEndpoint, dict[Net, PairPath]]
+    to_gpu: dict[Net, dict[PcieEndpoint, PairPath]]
+
+
+def merge_path_type(first: str, second: str) -> str:
+    """paths.cc mergePathType: the worse of two, but C2C then PHB is P2C."""
+    if {first, second} == {"C2C", "PHB"}:
+        return "P2C"
+    return max(first, second, key=PATH_RANK.__getitem__)
 
 
 class Machine:
     """NCCL's rules applied to one node's facts under one environment."""
 
-    def __init__(self, facts: NodeFacts, environ: Mapping[str, str]):
+    def __init__(self, facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None):
         self.facts = facts
         self.environ = environ
+        self.rules = rules or NcclRules()
         self.gpus = facts.gpus
+        self.tree = NcclPciTree(facts.gpus + facts.nics, dict(facts.switch_ids), self.rules.bcm_flatten)
         hca = environ.get("NCCL_IB_HCA")
         self.hca = parse_hca_filter(hca) if hca is not None else None
-        self.nets = tuple(net for nic in facts.nics for net in self.device_nets(nic))
+        physical = [net for nic in facts.nics for net in physical_nets(nic, facts.ports.get(nic.name, ()), self.hca)]
+        # ncclTopoGetPath compares places in NCCL's XML, before any switch is flattened.
+        unflattened = NcclPciTree(facts.nics, {}, None)
+        self.nets = tuple(NetBuilder(environ, unflattened, self.rules.nic_fusion).fuse(physical))
         self.policy = netdevs_policy(environ)
-        self.paths = facts.gdr_support
-        self.level = gdr_level(environ)
+        self.support = facts.gdr_support
+        self.level = gdr_level(environ, self.rules.default_gdr_level(environ))
         # Memoised per machine (a class-level cache would keep every Machine alive).
         self.link_gbs = functools.cache(self._link_gbs)
         self.direct = functools.cache(self._direct)
@@ -131,18 +149,6 @@ class Machine:
 
     def _link_gbs(self, bdf: str) -> float:
         return link_bandwidth_gbs(self.facts.links.get(bdf, PcieLink()))
-
-    def device_nets(self, nic: PcieEndpoint) -> list[Net]:
-        """The device's ports NCCL opens, in port order; a device whose ports sysfs does not
-        list counts as one net at NCCL's fallback speed, unless NCCL_IB_HCA drops it."""
-        listed = self.facts.ports.get(nic.name, ())
-        ports = nccl_ports(nic.name, listed, self.hca)
-        if ports:
-            return [Net(nic, port.number, port.nccl_gbps / 8.0,
-                        nic.name if len(ports) == 1 else f"{nic.name}:{port.number}") for port in ports]
-        if listed or (self.hca is not None and not self.hca.selects(nic.name)):
-            return []
-        return [Net(nic, None, NET_FALLBACK_GBPS / 8.0, nic.name)]
 
     def capability(self, gpu: PcieEndpoint) -> int | None:
         return self.facts.gpu(gpu.bdf).capability
@@ -166,9 +172,20 @@ class Machine:
     def nvlink_gbs(self, gpu: PcieEndpoint, peer: PcieEndpoint) -> float:
         return self.nvlink_count(gpu, peer) * nvlink_gbs_per_link(self.capability(gpu))
 
-    # -- step 1 and 2: the direct paths ------------------------------------------------
+    @property
+    def nvml_known(self) -> bool:
+        return self.facts.nvml_order is not None
+
+    # -- steps 1 and 2: the direct paths ----------------------------------------------
+    def cpu_to_net(self, gpu: PcieEndpoint, net: Net) -> tuple[str, float]:
+        """The path from the GPU's CPU to the NIC: PHB on the same CPU, SYS across."""
+        bw = min(self.link_gbs(net.device.bdf), net.gbs)
+        if same_cpu(gpu, net.device):
+            return "PHB", bw
+        return "SYS", min(bw, self.inter_cpu.gbs)
+
     def _direct(self, gpu: PcieEndpoint, net: Net) -> PairPath:
-        kind = nccl_path_type(gpu, net.device)
+        kind = self.tree.path_type(gpu, net.device)
         # Over C2C the GPU's own PCIe link is not on the way to the CPU's NICs.
         gpu_link = float("inf") if self.c2c(gpu) and kind != "SYS" else self.link_gbs(gpu.bdf)
         bw = min(gpu_link, self.link_gbs(net.device.bdf), net.gbs)
@@ -188,17 +205,25 @@ class Machine:
     @functools.cached_property
     def before_pxn(self) -> dict[PcieEndpoint, dict[Net, PairPath]]:
         table = {gpu: {net: self.direct(gpu, net) for net in self.nets} for gpu in self.gpus}
+        if not self.rules.p2c_path:
+            return table
         for gpu in self.gpus:
             if not self.c2c(gpu):
                 continue
             for net in self.local(table[gpu]):
-                if table[gpu][net].type == "PHB" and pcie_distance(gpu, net.device) in ("PHB", "NODE"):
-                    table[gpu][net] = dataclasses.replace(table[gpu][net], type="P2C")
+                path = table[gpu][net]
+                if same_cpu(gpu, net.device) and PATH_RANK[path.type] > PATH_RANK["P2C"]:
+                    table[gpu][net] = dataclasses.replace(path, type="P2C")
         return table
 
-    def local_gpus(self, nic: Net) -> list[PcieEndpoint]:
-        """The NIC's own GPUs (PXN is one-way, GPU to NIC, so the direct paths count)."""
-        return self.local({gpu: self.before_pxn[gpu][nic] for gpu in self.gpus})
+    def start_paths(self) -> Paths:
+        return Paths({gpu: dict(paths) for gpu, paths in self.before_pxn.items()},
+                     {net: {gpu: self.before_pxn[gpu][net] for gpu in self.gpus} for net in self.nets})
+
+    # -- step 4: the NIC a channel uses -------------------------------------------------
+    def local_gpus(self, net: Net, paths: Paths) -> list[PcieEndpoint]:
+        """ncclTopoGetLocal(NET, GPU): on the NIC-to-GPU paths."""
+        return self.local(paths.to_gpu[net])
 
     def nvml_index(self, gpu: PcieEndpoint) -> int:
         """NCCL's gpu.dev: NVML's index (src/graph/xml.cc ncclTopoGetXmlFromGpu ->
@@ -210,39 +235,39 @@ class Machine:
             return listed.index(gpu.bdf)
         return sorted(g.bdf for g in self.gpus).index(gpu.bdf)
 
-    def nets_per_gpu(self, gpu: PcieEndpoint, table) -> int:
-        nets = self.local(table[gpu])
-        return self.policy.nets_per_gpu(len(nets), len(self.local_gpus(nets[0]))) if nets else 0
+    def nets_per_gpu(self, gpu: PcieEndpoint, paths: Paths) -> int:
+        nets = self.local(paths.to_net[gpu])
+        return self.policy.nets_per_gpu(len(nets), len(self.local_gpus(nets[0], paths))) if nets else 0
 
-    def channel_nic(self, gpu: PcieEndpoint, table, channel: int = 0) -> Net | None:
+    def channel_nic(self, gpu: PcieEndpoint, paths: Paths, channel: int = 0) -> Net | None:
         """topo.cc ncclTopoGetLocalNetType: start at ``dev % localGpuCount`` (localGpuCount:
         the GPUs local to the first local NIC; bits mirrored when the NIC count is a power
         of two), then ``channel % netsPerGpu`` further (NCCL_NETDEVS_POLICY)."""
-        nets = self.local(table[gpu])
+        nets = self.local(paths.to_net[gpu])
         if not nets:
             return None
-        index = self.nvml_index(gpu) % max(len(self.local_gpus(nets[0])), 1)
+        index = self.nvml_index(gpu) % max(len(self.local_gpus(nets[0], paths)), 1)
         if len(nets) & (len(nets) - 1) == 0:
             index = mirror_bits(index, len(nets))
-        index += channel % self.nets_per_gpu(gpu, table)
+        index += channel % self.nets_per_gpu(gpu, paths)
         return nets[index % len(nets)]
 
-    def local_gpu(self, nic: Net, table) -> PcieEndpoint | None:
+    def local_gpu(self, net: Net, paths: Paths) -> PcieEndpoint | None:
         """topo.cc ncclTopoGetLocalGpu: over channels, then the NIC's own GPUs in order, the
         first whose channel lands on the NIC; None (NCCL's -1: no PXN relay) when none does.
         Channels repeat every netsPerGpu, which is at most the NIC count."""
         for channel in range(max(len(self.nets), 1)):
-            for gpu in self.local_gpus(nic):
-                if self.channel_nic(gpu, table, channel) == nic:
+            for gpu in self.local_gpus(net, paths):
+                if self.channel_nic(gpu, paths, channel) == net:
                     return gpu
         return None
 
     # -- step 5: the GDR gate -----------------------------------------------------------
-    def gdr(self, gpu: PcieEndpoint, nic: Net, path: PairPath, read: bool) -> Gdr:
-        device = nic.device.name
-        if not self.paths.nic_gdr(device, gpu.bdf):
+    def gdr(self, gpu: PcieEndpoint, net: Net, path: PairPath, read: bool, paths: Paths) -> Gdr:
+        device = net.device.name
+        if not self.support.nic_gdr(device, gpu.bdf):
             return Gdr(False, f"NCCL says \"GPU Direct RDMA Disabled for HCA\" {device}: "
-                              + self.paths.why_not(device, gpu.bdf))
+                              + self.support.why_not(device, gpu.bdf))
         if self.facts.gpu(gpu.bdf).gdr_supported is False:
             return Gdr(False, "the GPU does not support GPUDirect RDMA "
                               "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED=0)")
@@ -250,15 +275,28 @@ class Machine:
             refused = self.read_refusal(gpu)
             if refused:
                 return Gdr(False, refused)
-        distance = self.before_pxn[path.via][nic].type if path.via is not None else path.type
+        proxy = path.via or gpu
+        distance = paths.to_net[proxy][net].type if path.via is not None else path.type
+        compared = self.rules.gdr_distance(distance, self.c2c(proxy), self.environ)
+        shown = distance if compared == distance else f"{distance} (counted as C2C by NCCL_NET_GDR_C2C)"
         origin = ("NCCL's default" if self.level.raw is None else
                   f"NCCL_NET_GDR_LEVEL={self.level.raw} is undefined in NCCL, default assumed" if self.level.undefined
                   else f"NCCL_NET_GDR_LEVEL={self.level.raw}")
-        if not self.level.admits(distance):
-            return Gdr(False, f"path {distance} is beyond the GDR level {self.level.name} ({origin})")
+        if not self.level.admits(compared):
+            if path.detour:
+                return Gdr(False, f"{path.detour[1]}, so NCCL routes it through the CPU: {path.type}")
+            return Gdr(False, f"path {shown} is beyond the GDR level {self.level.name} ({origin})")
+        mode = self.gdr_mode(proxy, compared)
         if self.level.undefined:
-            return Gdr(True, f"path {distance} <= GDR level {self.level.name} ({origin})")
-        return Gdr(True, f"path {distance} <= GDR level {self.level.name}")
+            return Gdr(True, f"path {shown} <= GDR level {self.level.name} ({origin})", mode)
+        return Gdr(True, f"path {shown} <= GDR level {self.level.name}", mode)
+
+    def gdr_mode(self, proxy: PcieEndpoint, distance: str) -> str:
+        """ncclTopoCheckGdr (2.26.2 on): a PCIe mapping is forced when the GPU reaches its CPU
+        over C2C but the NIC is not reached that way."""
+        if self.rules.since(GDR_C2C_SINCE) and self.c2c(proxy) and distance not in ("P2C", "C2C"):
+            return "pci"
+        return "default"
 
     def read_refusal(self, gpu: PcieEndpoint) -> str | None:
         """Why NCCL keeps the NIC from reading GPU memory on sends, or None."""
@@ -274,33 +312,46 @@ class Machine:
         return (f"sm{cc} is older than Ampere and has {nvlink}: NCCL_NET_GDR_READ's default keeps "
                 "send-side GDR off to spare the PCIe bus")
 
-    @property
-    def nvml_known(self) -> bool:
-        return self.facts.nvml_order is not None
-
-    # -- step 3: PXN --------------------------------------------------------------------
+    # -- step 3: the NIC loop -----------------------------------------------------------
     @functools.cached_property
-    def table(self) -> dict[PcieEndpoint, dict[Net, PairPath]]:
+    def paths(self) -> Paths:
         """paths.cc ncclTopoComputePaths, "Update paths for NICs": NIC by NIC, GPU by GPU,
-        the relay (ncclTopoGetLocalGpu) is looked up on the table as updated so far. Not
-        modelled: the same loop's diversion through the CPU of pairs nearer than PHB
-        without GDR (addInterStep CPU), which can change later NICs' relays."""
-        table = {gpu: dict(paths) for gpu, paths in self.before_pxn.items()}
-        if pxn_disabled(self.environ):
-            return table
-        pxn_level = "P2C" if int_param(self.environ, "NCCL_PXN_C2C", 1) else "PXB"
-        for nic in self.nets:
+        PXN and then the detour of GDR-less paths, each on the paths as updated so far."""
+        paths = self.start_paths()
+        pxn = self.rules.pxn and not pxn_disabled(self.environ)
+        for net in self.nets:
             for gpu in self.gpus:
-                # Asked again for every pair, as NCCL does: earlier PXN paths change the answer.
-                peer = self.local_gpu(nic, table)
-                if peer is None or peer == gpu or not self.nvlink_count(gpu, peer):
-                    continue
-                peer_path, own = table[peer][nic], table[gpu][nic]
-                if PATH_RANK[peer_path.type] > PATH_RANK[pxn_level] or not self.gdr(peer, nic, peer_path, True).on:
-                    continue
-                if peer_path.bw > own.bw or PATH_RANK[own.type] > PATH_RANK["PXN"]:
-                    table[gpu][nic] = PairPath("PXN", min(self.nvlink_gbs(gpu, peer), peer_path.bw), peer)
-        return table
+                if pxn:
+                    self.try_pxn(gpu, net, paths)
+                path = paths.to_net[gpu][net]
+                if PATH_RANK[path.type] < PATH_RANK["PHB"]:
+                    gdr = self.gdr(gpu, net, path, False, paths)
+                    if not gdr.on:
+                        self.detour(gpu, net, paths, gdr.reason)
+        return paths
+
+    def try_pxn(self, gpu: PcieEndpoint, net: Net, paths: Paths) -> None:
+        # Asked again for every pair, as NCCL does: earlier updates change the answer.
+        peer = self.local_gpu(net, paths)
+        if peer is None or peer == gpu or not self.nvlink_count(gpu, peer):
+            return
+        peer_path, own = paths.to_net[peer][net], paths.to_net[gpu][net]
+        if PATH_RANK[peer_path.type] > PATH_RANK[self.rules.pxn_level(self.environ)]:
+            return
+        if not self.gdr(peer, net, peer_path, True, paths).on:
+            return
+        if peer_path.bw > own.bw or PATH_RANK[own.type] > PATH_RANK["PXN"]:
+            paths.to_net[gpu][net] = PairPath("PXN", min(self.nvlink_gbs(gpu, peer), peer_path.bw), peer)
+
+    def detour(self, gpu: PcieEndpoint, net: Net, paths: Paths, why: str) -> None:
+        """addInterStep through the CPU local to the GPU, both ways: GPU to CPU (C2C on
+        Grace, else PHB), then CPU to NIC (PHB, or SYS on another CPU)."""
+        to_cpu, to_cpu_bw = ("C2C", float("inf")) if self.c2c(gpu) else ("PHB", self.link_gbs(gpu.bdf))
+        onward, onward_bw = self.cpu_to_net(gpu, net)
+        kind, bw = merge_path_type(to_cpu, onward), min(to_cpu_bw, onward_bw)
+        before = paths.to_net[gpu][net]
+        paths.to_net[gpu][net] = PairPath(kind, bw, detour=(before.type, why))
+        paths.to_gpu[net][gpu] = PairPath(kind, bw)
 
 
 def mirror_bits(value: int, pow2: int) -> int:
@@ -326,20 +377,44 @@ def no_nic_decision(gpu: PcieEndpoint) -> NcclGpuDecision:
                            why=("no RDMA NIC that NCCL may use",), candidates=())
 
 
+def channel(machine: Machine, gpu: PcieEndpoint, number: int) -> NcclChannel:
+    paths = machine.paths
+    net = machine.channel_nic(gpu, paths, number)
+    path = paths.to_net[gpu][net]
+    return NcclChannel(channel=number, nic=net.device.name, net=net.label, path_type=path.type,
+                       via_gpu=path.via.bdf if path.via else None,
+                       gdr_write=machine.gdr(gpu, net, path, False, paths).on,
+                       gdr_read=machine.gdr(gpu, net, path, True, paths).on)
+
+
+def detour_notes(machine: Machine, gpu: PcieEndpoint, chosen: Net) -> list[str]:
+    """Why nearer NICs lost: GDR off on their path, so NCCL routed them through the CPU."""
+    return [f"{net.label}: GDR is off on its {path.detour[0]} path ({path.detour[1]}), so NCCL routes it "
+            f"through the CPU: {path.type} (paths.cc ncclTopoComputePaths)"
+            for net, path in machine.paths.to_net[gpu].items() if path.detour and net != chosen]
+
+
 def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
-    nic = machine.channel_nic(gpu, machine.table)
+    paths = machine.paths
+    nic = machine.channel_nic(gpu, paths)
     if nic is None:
         return no_nic_decision(gpu)
-    candidates = tuple(n.label for n in machine.local(machine.table[gpu]))
-    path = machine.table[gpu][nic]
-    write, read = machine.gdr(gpu, nic, path, False), machine.gdr(gpu, nic, path, True)
+    candidates = tuple(n.label for n in machine.local(paths.to_net[gpu]))
+    path = paths.to_net[gpu][nic]
+    write, read = machine.gdr(gpu, nic, path, False, paths), machine.gdr(gpu, nic, path, True, paths)
     why = [f"{nic.label} has the highest bandwidth ({path.bw:.1f} GB/s) and then the lowest path type "
            f"among {', '.join(candidates)}" if len(candidates) > 1 else
            f"{nic.label} is the only NIC with the highest bandwidth ({path.bw:.1f} GB/s) and lowest path type"]
+    if nic.members:
+        why.append(f"{nic.label} is one virtual NIC fused from {', '.join(nic.members)} "
+                   "(topo.cc ncclTopoAutoMerge at NCCL_NET_MERGE_LEVEL; their speeds add up)")
     if path.via is not None:
         why.append(f"PXN: {gpu.name} sends through {path.via.name} over NVLink, "
-                   f"{machine.before_pxn[path.via][nic].type} from there to {nic.label}")
-    why += [f"receive: {write.reason}", f"send: {read.reason}"]
+                   f"{paths.to_net[path.via][nic].type} from there to {nic.label}")
+    why += [f"receive: {write.reason}", f"send: {read.reason}"] + detour_notes(machine, gpu, nic)
+    if write.mode == "pci":
+        why.append("GDR mode PCI: the GPU reaches its CPU over C2C but this NIC over PCIe, so NCCL forces "
+                   "a PCIe mapping of GPU memory (paths.cc ncclTopoCheckGdr)")
     if any(p.type == "SYS" for p in machine.before_pxn[gpu].values()):
         why.append(f"across sockets NCCL counts {machine.inter_cpu.gbs:g} GB/s (topo.cc ncclTopoGetInterCpuBw): "
                    + machine.inter_cpu.source)
@@ -350,11 +425,14 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
     return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=nic.device.name, path=path_kind(path),
                            via_gpu=path.via.bdf if path.via else None, path_type=path.type,
                            bandwidth_gbs=round(path.bw, 2), gdr_write=write.on, gdr_read=read.on,
-                           why=tuple(why), candidates=candidates)
+                           why=tuple(why), candidates=candidates, net=nic.label, gdr_mode=write.mode,
+                           mechanism=machine.support.kind(nic.device.name, gpu.bdf) if write.on else None,
+                           channels=tuple(channel(machine, gpu, c) for c in range(machine.nets_per_gpu(gpu, paths))),
+                           detour_from=path.detour[0] if path.detour else None)
 
 
-def decide(facts: NodeFacts, environ: Mapping[str, str]) -> tuple[NcclGpuDecision, ...]:
+def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None) -> tuple[NcclGpuDecision, ...]:
     """Every GPU's decision under ``environ``, the environment as NCCL sees it (a what-if:
-    the same facts with a variable unset)."""
-    machine = Machine(facts, environ)
+    the same facts with a variable unset), by the rules of the NCCL in use (None: 2.30.7)."""
+    machine = Machine(facts, environ, rules)
     return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)

@@ -62,14 +62,15 @@ def default_gdr_level(environ: Mapping[str, str]) -> str:
     return "P2C" if int_param(environ, "NCCL_NET_GDR_C2C", 1) else "PXB"
 
 
-def gdr_level(environ: Mapping[str, str]) -> GdrLevel:
+def gdr_level(environ: Mapping[str, str], default: str | None = None) -> GdrLevel:
     """NCCL_NET_GDR_LEVEL as NCCL parses it (src/graph/paths.cc ncclGetLevel): exact names;
     else, when the first character is a digit, ``int oldLevel = strtol(str, NULL, 0)`` (the
     long truncated to a C int; an overflow saturates at LONG_MAX first), clamped at the end
     of levelsOldToNew, where a negative int indexes before the table: undefined behaviour,
-    reported as such with the default assumed; else ignored."""
+    reported as such with the default assumed; else ignored. ``default``: the release's own
+    (:meth:`gdrprobe.nccl.versions.NcclRules.default_gdr_level`), else 2.30.7's."""
     raw = environ.get("NCCL_NET_GDR_LEVEL")
-    default = default_gdr_level(environ)
+    default = default or default_gdr_level(environ)
     if raw is None:
         return GdrLevel(default, None, ignored=False)
     if raw in PATH_RANK:
@@ -81,6 +82,32 @@ def gdr_level(environ: Mapping[str, str]) -> GdrLevel:
             return GdrLevel(default, raw, ignored=False, undefined=True)
         return GdrLevel(LEGACY_LEVELS[min(number, len(LEGACY_LEVELS) - 1)], raw, ignored=False)
     return GdrLevel(default, raw, ignored=True)
+
+
+# NCCL_NET_MERGE_LEVEL's names (src/graph/topo.cc nicPathKvList) with the path type each
+# stands for: PORT is PATH_PORT, which graph.h defines as PATH_NVL.
+MERGE_LEVELS = (("LOC", "LOC"), ("PORT", "NVL"), ("PIX", "PIX"), ("PXB", "PXB"), ("P2C", "P2C"),
+                ("PXN", "PXN"), ("PHB", "PHB"), ("SYS", "SYS"))
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeLevel:
+    """NCCL_NET_MERGE_LEVEL: NICs at most this far from each other fuse into one virtual NIC."""
+
+    name: str                      # LOC, PORT, PIX, ...
+    rank: int                      # the path type's rank in PATH_RANK
+    raw: str | None = None
+
+
+def merge_level(environ: Mapping[str, str]) -> MergeLevel:
+    """src/graph/topo.cc ncclTopoGetFusionEnv: unset is PORT; a value is matched by
+    kvConvertToInt, the first name it starts with, and one that starts with none is LOC (the
+    table's terminator, 0): no fusion."""
+    raw = environ.get("NCCL_NET_MERGE_LEVEL")
+    if raw is None:
+        return MergeLevel("PORT", PATH_RANK["NVL"])
+    name, path = next(((n, p) for n, p in MERGE_LEVELS if raw.startswith(n)), ("LOC", "LOC"))
+    return MergeLevel(name, PATH_RANK[path], raw)
 
 
 def pxn_disabled(environ: Mapping[str, str]) -> bool:

@@ -4,11 +4,13 @@
 - peer memory (``src/transport/net_ib/gdr.cc`` ncclIbGdrSupport): any of
   ``/sys/kernel/mm/memory_peers/nv_mem/version``, ``.../nv_mem_nc/version`` or
   ``/sys/module/nvidia_peermem/version`` exists. On kernels 6.6+ ``memory_peers`` is gone
-  and only the module file is left (NCCL 2.23.4 release notes); nvidia-peermem's init
-  fails unless its peer-memory clients registered (open-gpu-kernel-modules
-  ``nvidia-peermem.c`` nv_mem_client_init), so a loaded module is a registered one. The
-  deprecated nv_peer_mem registers the same ``nv_mem`` client and counts too.
-- DMA-BUF on the NIC (``gdr.cc`` ncclIbDmaBufSupport): ``ibv_reg_dmabuf_mr(fd=-1)`` does not
+  and only the module file is left, which NCCL reads from 2.23.4 (an older release looks
+  only at the first two: :attr:`MemoryPaths.peermem_files`). NCCL checks only that a file
+  exists: a module loaded but not listed among the peer-memory API's clients
+  (:attr:`MemoryPaths.peermem_registered`, a fact NCCL does not read) still counts, and its
+  registrations fail. The deprecated nv_peer_mem registers the same ``nv_mem`` client and
+  counts too.
+- DMA-BUF (from NCCL 2.13.4) on the NIC (``gdr.cc`` ncclIbDmaBufSupport): ``ibv_reg_dmabuf_mr(fd=-1)`` does not
   fail with EOPNOTSUPP or EPROTONOSUPPORT (:mod:`gdrprobe.doctor.facts.nic_facts` runs the
   probe).
 - DMA-BUF on the GPU (``src/init.cc`` dmaBufSupported): NCCL_DMABUF_ENABLE != 0, CUDA
@@ -75,6 +77,12 @@ class MemoryPaths:
     # The pairs NCCL would register memory for; unnamed stand-ins when the bus has none.
     nics: tuple[str, ...] = ("any NIC",)
     gpus: tuple[str, ...] = ("any GPU",)
+    peermem_files: tuple[str, ...] = PEERMEM_FILES   # the files the NCCL in use looks for
+    nccl_dmabuf: bool = True               # the NCCL in use can register through DMA-BUF (2.13.4 on)
+    nccl_name: str = "NCCL"                # "NCCL 2.12.12": who the reasons speak of
+    # A fact NCCL does not read: whether nvidia-peermem registered with the peer-memory API
+    # (None: cannot tell; False: loaded, /sys/kernel/mm/memory_peers there, nv_mem not in it).
+    peermem_registered: bool | None = None
 
     def gpu_half(self, bdf: str) -> Half:
         return self.gpu_halves.get(bdf, self.default_gpu_half)
@@ -84,7 +92,7 @@ class MemoryPaths:
 
     def dmabuf(self, nic: str, gpu: str, enabled: bool | None = None) -> bool:
         on = self.dmabuf_enabled if enabled is None else enabled
-        return on and self.gpu_half(gpu).supported and self.nic_half(nic).supported
+        return self.nccl_dmabuf and on and self.gpu_half(gpu).supported and self.nic_half(nic).supported
 
     def nic_gdr(self, nic: str, gpu: str) -> bool:
         """topo.cc ncclTopoPopulateNics: (ptrSupport & CUDA) || (dmaBufSupport && (ptrSupport & DMABUF))."""
@@ -95,6 +103,12 @@ class MemoryPaths:
         if self.dmabuf(nic, gpu):
             return "DMA-BUF"
         return "peer memory (nvidia-peermem)" if self.peermem_file else None
+
+    def kind(self, nic: str, gpu: str) -> str | None:
+        """:meth:`mechanism` as the JSON names it: dmabuf, peermem, or None."""
+        if self.dmabuf(nic, gpu):
+            return "dmabuf"
+        return "peermem" if self.peermem_file else None
 
     def disabled_pairs(self, dmabuf_enabled: bool | None = None) -> list[tuple[str, str]]:
         """(NIC, GPU) pairs NCCL reports "GPU Direct RDMA Disabled" for (``dmabuf_enabled``
@@ -107,7 +121,9 @@ class MemoryPaths:
 
     def why_not(self, nic: str, gpu: str) -> str:
         """Why NCCL says "GPU Direct RDMA Disabled" for this NIC and GPU."""
-        parts = ["no peer-memory module (none of " + ", ".join(PEERMEM_FILES) + " exists)"]
+        parts = ["no peer-memory module (none of " + ", ".join(self.peermem_files) + " exists)"]
+        if not self.nccl_dmabuf:
+            return "; ".join(parts + [f"{self.nccl_name} predates DMA-BUF registration (NCCL 2.13.4)"])
         if not self.dmabuf_enabled:
             parts.append(f"DMA-BUF is switched off by NCCL_DMABUF_ENABLE={self.dmabuf_enable_raw}")
         for half in (self.gpu_half(gpu), self.nic_half(nic)):
@@ -117,7 +133,7 @@ class MemoryPaths:
 
     def evidence(self) -> tuple[Evidence, ...]:
         found = [Evidence(self.peermem_file or "peer-memory files", "present" if self.peermem_file
-                          else "none of NCCL's three files exists")]
+                          else f"none of the files {self.nccl_name} looks for exists")]
         found += [Evidence(f"DMA-BUF, GPU {bdf}", half.reason) for bdf, half in sorted(self.gpu_halves.items())]
         found += [Evidence(f"DMA-BUF, NIC {nic}", half.reason) for nic, half in sorted(self.nic_halves.items())]
         if not self.gpu_halves:

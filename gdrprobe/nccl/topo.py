@@ -62,10 +62,140 @@ def pcie_distance(a: PcieEndpoint, b: PcieEndpoint) -> str:
     return "PIX" if below <= 1 else "PXB"
 
 
+def same_cpu(a: PcieEndpoint, b: PcieEndpoint) -> bool:
+    """Whether NCCL hangs both devices off one CPU node: one host bridge, or one NUMA node
+    (xml.cc ncclTopoGetXmlFromSys makes one "cpu" per numaid)."""
+    return a.host_bridge == b.host_bridge or a.numa_node == b.numa_node
+
+
+# ---- NCCL's PCI tree ----------------------------------------------------------------------
+
+
+def pci_parents(bridges: tuple[str, ...]) -> tuple[str, ...]:
+    """The PCI nodes NCCL puts above a device, nearest first (src/graph/xml.cc
+    ncclTopoGetXmlFromSys): from a device's sysfs path NCCL goes up two directories at a
+    time, skipping the port right above, and stops at the root complex. So a device under a
+    switch's downstream port hangs off the switch's upstream port, and a device under a root
+    port hangs off the CPU."""
+    return tuple(bridges[index] for index in range(len(bridges) - 2, -1, -2))
+
+
+def pci_device_id(vendor: str, device: str, subsystem_vendor: str, subsystem_device: str) -> int:
+    """src/graph/topo.cc ncclTopoGetIntDevice: the four sysfs attributes, each
+    ``strtol(str, NULL, 0)``, packed 16 bits apiece (a missing one counts 0)."""
+    value = 0
+    for shift, text in ((48, vendor), (32, device), (16, subsystem_vendor), (0, subsystem_device)):
+        value += (strtoll(text) or 0) << shift
+    return value & (1 << 64) - 1
+
+
+BCM_GEN4 = 0x1000C0101000A000       # topo.cc getBcmGen: Broadcom PEX Gen4, both levels
+BCM_GEN5 = 0x1000C03010000000       # Gen5; the sub-switch level adds 0x1000
+BCM_MASK = 0xFFFFFFFFFFFFF000
+BCM_MERGED = 0xFFFF                 # ORed into a fused switch's id so it is not fused again
+
+
+def bcm_gen(device_id: int, level: int) -> int:
+    """src/graph/topo.cc getBcmGen (NCCL 2.20.3 on): 4 or 5 for a Broadcom PEX switch of
+    that generation at ``level`` (0: the top, 1: a sub-switch), else 0."""
+    if device_id & BCM_MASK == BCM_GEN4:
+        return 4
+    if device_id & BCM_MASK == BCM_GEN5 | level * 0x1000:
+        return 5
+    return 0
+
+
+def bcm_exact(device_id: int, sub_id: int) -> bool:
+    """NCCL 2.9.6 to 2.19: only Gen4, and a sub-switch with exactly the same device id."""
+    return device_id & BCM_MASK == BCM_GEN4 and sub_id == device_id
+
+
+class NcclPciTree:
+    """The PCI switches NCCL sees above the GPUs and NICs, after it flattens Broadcom
+    switches that present one switch as two levels (src/graph/topo.cc
+    ncclTopoFlattenBcmSwitches): a sub-switch's devices move up to the top switch, so a GPU
+    and a NIC under two sub-switches of one such switch are PIX, not PXB.
+
+    ``ids`` maps a bridge's bus id to its :func:`pci_device_id`; ``flatten`` is how the
+    NCCL in use flattens: "masked" (2.20.3 on, Gen4 and Gen5), "exact" (2.9.6 to 2.19,
+    Gen4 with identical ids) or None."""
+
+    def __init__(self, endpoints, ids: dict[str, int], flatten: str | None = "masked"):
+        self.parent: dict[str, str | None] = {}
+        for endpoint in endpoints:
+            chain = pci_parents(endpoint.bridges)
+            for node, above in zip(chain, chain[1:] + (None,)):
+                self.parent.setdefault(node, above)
+        self.alias: dict[str, str] = {}
+        if flatten:
+            self._flatten(dict(ids), flatten)
+
+    def children(self, node: str) -> list[str]:
+        return [child for child, above in self.parent.items() if above == node]
+
+    def _fuses(self, top: int, sub: int, flatten: str) -> bool:
+        if flatten == "exact":
+            return bcm_exact(top, sub)
+        gen = bcm_gen(top, 0)
+        return bool(gen) and bcm_gen(sub, 1) == gen
+
+    def _flatten(self, ids: dict[str, int], flatten: str) -> None:
+        """NCCL's loop: the first switch (in bus order) that is a top-level Broadcom switch
+        absorbs every neighbour switch (its parent or a child) of the sub-switch kind, is
+        marked so it is not fused again, and the search restarts."""
+        changed = True
+        while changed:
+            changed = False
+            for node in sorted(self.parent):
+                top = ids.get(node, 0)
+                if not (bcm_gen(top, 0) if flatten == "masked" else bcm_exact(top, top)):
+                    continue
+                neighbours = [self.parent[node]] + self.children(node)
+                subs = [n for n in neighbours if n is not None and self._fuses(top, ids.get(n, 0), flatten)]
+                for sub in subs:
+                    self._absorb(node, sub)
+                ids[node] = top | BCM_MERGED
+                changed = True
+                break
+
+    def _absorb(self, node: str, sub: str) -> None:
+        if self.parent[node] == sub:
+            self.parent[node] = self.parent[sub]
+        for child in self.children(sub):
+            if child != node:
+                self.parent[child] = node
+        del self.parent[sub]
+        self.alias[sub] = node
+        for old, new in list(self.alias.items()):
+            if new == sub:
+                self.alias[old] = node
+
+    def chain(self, endpoint: PcieEndpoint) -> tuple[str, ...]:
+        """The switches above the device as NCCL sees them, nearest first."""
+        first = next(iter(pci_parents(endpoint.bridges)), None)
+        node = self.alias.get(first, first)
+        found = []
+        while node is not None:
+            found.append(node)
+            node = self.parent.get(node)
+        return tuple(found)
+
+    def path_type(self, a: PcieEndpoint, b: PcieEndpoint) -> str:
+        """NCCL's path type between two devices (src/graph/paths.cc ncclTopoSetPaths: the
+        worst hop): one switch between them PIX, a switch-to-switch hop PXB, through the
+        CPU PHB, across CPUs SYS."""
+        if a.bdf == b.bdf:
+            return "LOC"
+        first, second = self.chain(a), self.chain(b)
+        common = [node for node in first if node in second]
+        if common:
+            return "PIX" if first[0] == second[0] else "PXB"
+        return "PHB" if same_cpu(a, b) else "SYS"
+
+
 def nccl_path_type(a: PcieEndpoint, b: PcieEndpoint) -> str:
-    """NCCL's path type for the PCIe path between two devices (src/graph/paths.cc
-    ncclTopoSetPaths: the worst hop)."""
-    return NCCL_CLASS_OF_DISTANCE[pcie_distance(a, b)]
+    """NCCL's path type between two devices on a tree without switches to flatten."""
+    return NcclPciTree((a, b), {}, None).path_type(a, b)
 
 
 # ---- a PCIe link --------------------------------------------------------------------------
@@ -130,6 +260,7 @@ class Port:
     number: int
     state: str | None              # "4: ACTIVE"; None where it cannot be read (a capture may lack it)
     rate_gbps: float | None        # the line rate the kernel states; None where it states none
+    link_layer: str | None = None  # "InfiniBand" or "Ethernet"; fused NICs must share it
 
     @property
     def nccl_gbps(self) -> float:

@@ -1,125 +1,149 @@
-"""Who may talk to a server, and how much of it gets logged.
+"""Who gets a place at a server's door, and whose token proof is checked next.
 
-A server accepts every connection at once and authenticates each in a thread of its own,
-so one stranger cannot make a client wait; these limits keep many strangers from
-exhausting threads and sockets, and keep a guesser of the token to a few tries a minute:
+The door (door.py) holds every connection that has not proved the token yet. A source is
+an IPv4 address or an IPv6 /64 (what one host commonly holds), and the rules are:
 
-- at most ``MAX_CONNECTIONS_PER_SOURCE`` open connections per source address and
-  ``MAX_UNAUTHENTICATED`` connections that have not proved the token, in all;
-- after ``MAX_FAILED_PROOFS`` wrong proofs from one source within ``FAILED_PROOF_WINDOW_S``,
-  that source is refused until the window has passed.
+- at most ``PER_SOURCE`` unproved connections per source and ``MAX_PENDING`` in all, so
+  strangers need more than ``MAX_PENDING // PER_SOURCE`` addresses to fill the door;
+- a newcomer is never refused for room while someone has shown less than it may: when its
+  source (or the door) is full, the connection that has shown least makes room, from the
+  newcomer's own source, or else from the source that holds most: first one that has sent
+  nothing yet, then one that said hello but has not answered the challenge, the oldest
+  first. A connection whose proof is being checked has done the puzzle and keeps its
+  place; a newcomer whose source has nothing else to give up is refused ("busy").
 
-Refusals and failures are logged once per source and burst (then at most once per window,
-with the count of what was not logged), so a flood cannot flood the log.
+So idle connections, from any number of addresses, never keep out a client that speaks:
+a client from another address always gets in, and so does one from the strangers' own
+address (a NAT, a shared login node), whose hello puts it ahead of every silent one.
+
+Checking a proof costs a scrypt; :class:`FairQueue` hands the proofs that solved the
+puzzle to the checking threads one source at a time, in turn, so a source flooding proofs
+delays others by at most one proof each.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import ipaddress
 import threading
-import time
 
-MAX_CONNECTIONS_PER_SOURCE = 16
-MAX_UNAUTHENTICATED = 256
-MAX_FAILED_PROOFS = 10
-FAILED_PROOF_WINDOW_S = 60.0
-MAX_SOURCES_TRACKED = 4096   # bounds the memory a spoofing flood can make the server use
+from gdrprobe.rdma.verbs import gid_ip_address   # an IPv4-mapped IPv6 address, unmapped
 
+PER_SOURCE = 8
+MAX_PENDING = 256
+IPV6_SOURCE_PREFIX = 64
 
-class BurstLog:
-    """Log a line per (source, kind) at most once per window, counting the rest."""
-
-    def __init__(self, log, window_s: float = FAILED_PROOF_WINDOW_S, clock=time.monotonic):
-        self._log, self._window_s, self._clock = log, window_s, clock
-        self._quiet_until: dict[tuple[str, str], tuple[float, int]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, source: str, kind: str, text: str) -> None:
-        now = self._clock()
-        with self._lock:
-            until, suppressed = self._quiet_until.get((source, kind), (0.0, 0))
-            if now < until:
-                self._quiet_until[(source, kind)] = (until, suppressed + 1)
-                return
-            _bounded_put(self._quiet_until, (source, kind), (now + self._window_s, 0))
-        more = f" ({suppressed} more like it not logged)" if suppressed else ""
-        self._log(f"{text}{more}; the next such line from {source} comes in "
-                  f"{self._window_s:g} s at the earliest")
+SILENT, CHALLENGED, CHECKING = 0, 1, 2   # what a pending connection has shown, in order
 
 
-def _bounded_put(table: dict, key, value) -> None:
-    """Insert, dropping the oldest entry when the table is full."""
-    table.pop(key, None)
-    if len(table) >= MAX_SOURCES_TRACKED:
-        table.pop(next(iter(table)))
-    table[key] = value
+def source_of(address: str) -> str:
+    """The source a peer address counts against: the address (an IPv4 client of a
+    dual-stack server as its IPv4 address), an IPv6 one's /64."""
+    ip = ipaddress.ip_address(gid_ip_address(address.split("%")[0]) or address)
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/{IPV6_SOURCE_PREFIX}", strict=False))
+    return str(ip)
 
 
-class Admission:
-    """The server's door: counts open and unauthenticated connections per source and wrong
-    proofs; thread-safe."""
+@dataclasses.dataclass
+class _Place:
+    source: str
+    stage: int
+    order: int      # admission order: lower is older
 
-    def __init__(self, log, clock=time.monotonic, *,
-                 per_source: int = MAX_CONNECTIONS_PER_SOURCE,
-                 unauthenticated: int = MAX_UNAUTHENTICATED,
-                 failed_proofs: int = MAX_FAILED_PROOFS,
-                 window_s: float = FAILED_PROOF_WINDOW_S):
-        self._clock = clock
-        self._per_source, self._max_unauthenticated = per_source, unauthenticated
-        self._max_failed, self._window_s = failed_proofs, window_s
-        self.log = BurstLog(log, window_s, clock)
-        self._open: collections.Counter = collections.Counter()
-        self._unauthenticated = 0
-        self._failures: dict[str, collections.deque] = {}
-        self._lock = threading.Lock()
 
-    def admit(self, source: str) -> bool:
-        """True (and counted) when a new connection from source may be served."""
-        with self._lock:
-            reason = self._refusal(source)
-            if reason is None:
-                self._open[source] += 1
-                self._unauthenticated += 1
-        if reason is not None:
-            self.log(source, "refused", f"refusing connections from {source}: {reason}")
-        return reason is None
+class Places:
+    """The door's places, by source; pure bookkeeping over opaque connection objects."""
 
-    def _refusal(self, source: str) -> str | None:
-        failures = self._recent_failures(source)
-        if len(failures) >= self._max_failed:
-            wait = failures[0] + self._window_s - self._clock()
-            return (f"{len(failures)} wrong token proofs within {self._window_s:g} s "
-                    f"(refused for {wait:.0f} s more)")
-        if self._open[source] >= self._per_source:
-            return f"it already holds {self._per_source} connections"
-        if self._unauthenticated >= self._max_unauthenticated:
-            return f"{self._max_unauthenticated} connections are still unauthenticated"
+    def __init__(self, per_source: int = PER_SOURCE, total: int = MAX_PENDING):
+        self._per_source, self._total = per_source, total
+        self._places: dict[object, _Place] = {}
+        self._by_source: dict[str, set] = collections.defaultdict(set)
+        self._admitted = 0
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    def full_for(self, source: str) -> bool:
+        """Whether a newcomer from source needs another connection to make room first."""
+        return (len(self._by_source.get(source, ())) >= self._per_source
+                or len(self._places) >= self._total)
+
+    def victim(self, source: str) -> object | None:
+        """The connection that makes room for a newcomer from source (the door drops it),
+        or None when none may: all it could take are proofs being checked."""
+        own = self._by_source.get(source, ())
+        if len(own) >= self._per_source:
+            return self._least_shown(own)
+        return self._from_the_largest_source()
+
+    def admit(self, conn, source: str) -> None:
+        """A place for conn, which has shown nothing yet (there is room: full_for)."""
+        self._admitted += 1
+        self._places[conn] = _Place(source, SILENT, self._admitted)
+        self._by_source[source].add(conn)
+
+    def advance(self, conn, stage: int) -> None:
+        self._places[conn].stage = stage
+
+    def stage(self, conn) -> int:
+        return self._places[conn].stage
+
+    def release(self, conn) -> None:
+        place = self._places.pop(conn, None)
+        if place is not None:
+            self._by_source[place.source].discard(conn)
+            self._forget_empty(place.source)
+
+    def _forget_empty(self, source: str) -> None:
+        if not self._by_source.get(source):
+            self._by_source.pop(source, None)
+
+    def _least_shown(self, conns) -> object | None:
+        """The connection that has shown least, the oldest first; never one being checked."""
+        candidates = [conn for conn in conns if self._places[conn].stage < CHECKING]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda conn: (self._places[conn].stage,
+                                                 self._places[conn].order))
+
+    def _from_the_largest_source(self) -> object | None:
+        for source in sorted(self._by_source, key=lambda s: -len(self._by_source[s])):
+            victim = self._least_shown(self._by_source[source])
+            if victim is not None:
+                return victim
         return None
 
-    def _recent_failures(self, source: str) -> collections.deque:
-        failures = self._failures.get(source, collections.deque())
-        horizon = self._clock() - self._window_s
-        while failures and failures[0] < horizon:
-            failures.popleft()
-        if not failures:
-            self._failures.pop(source, None)
-        return failures
 
-    def authenticated(self, source: str) -> None:
-        with self._lock:
-            self._unauthenticated -= 1
+class FairQueue:
+    """Work by source, handed out one source at a time in turn; thread-safe. get() waits,
+    and returns None once the queue is closed."""
 
-    def closed(self, source: str, authenticated: bool) -> None:
-        with self._lock:
-            self._open[source] -= 1
-            if self._open[source] <= 0:
-                del self._open[source]
-            if not authenticated:
-                self._unauthenticated -= 1
+    def __init__(self):
+        self._queues: collections.OrderedDict[str, collections.deque] = \
+            collections.OrderedDict()
+        self._ready = threading.Condition()
+        self._closed = False
 
-    def wrong_proof(self, source: str) -> None:
-        with self._lock:
-            failures = self._recent_failures(source)
-            failures.append(self._clock())
-            _bounded_put(self._failures, source, failures)
-        self.log(source, "wrong token", f"a client at {source} presented the wrong token")
+    def put(self, source: str, item) -> None:
+        with self._ready:
+            self._queues.setdefault(source, collections.deque()).append(item)
+            self._ready.notify()
+
+    def get(self):
+        with self._ready:
+            while not self._queues and not self._closed:
+                self._ready.wait()
+            if self._closed:
+                return None
+            source, items = self._queues.popitem(last=False)
+            item = items.popleft()
+            if items:
+                self._queues[source] = items    # to the back of the line
+            return item
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()

@@ -1,14 +1,15 @@
 """The out-of-band channel: framed, bounded, timed-out, authenticated JSON messages over TCP.
 
 Every frame is a 10-byte header (magic ``GDRP``, protocol version, body length) and a body
-of at most ``MAX_MESSAGE_BYTES``; every read has a deadline for the whole frame. The first
-four messages (hello, challenge, auth, welcome) prove, in both directions, that each end
-knows the run's token, without sending it: the token is stretched with scrypt under the
-server's salt, and each end shows an HMAC over both fresh nonces, the client first. From
-then on every frame is sealed: its body is a sequence number, the JSON, and an
-HMAC-SHA256 tag over header, sequence number and JSON under a key of its direction,
-derived from the stretched token and both nonces. A frame that was altered, forged,
-replayed, reordered or dropped is refused with the reason.
+of at most ``MAX_MESSAGE_BYTES``; every read has a deadline for the whole frame. The
+handshake (handshake.py) proves the token both ways and then seals the channel: from then
+on every frame's body is a sequence number, the JSON, and an HMAC-SHA256 tag over header,
+sequence number and JSON under a key of its direction, derived from the stretched token
+and both nonces. A frame that was altered, forged, replayed or reordered is refused with
+the reason; so is one that was dropped, once the next one arrives (a dropped last frame
+looks like silence: a time-out).
+
+Text from a peer that has not proved the token is never shown or logged, not even cut.
 
 What this does not give: confidentiality (an eavesdropper reads addresses, keys and QP
 numbers) and any protection of the RDMA traffic itself; see SECURITY.md.
@@ -16,11 +17,9 @@ numbers) and any protection of the RDMA traffic itself; see SECURITY.md.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import json
-import secrets
 import socket
 import struct
 import threading
@@ -29,67 +28,61 @@ import time
 from gdrprobe.errors import WIRE_ERRORS, GdrprobeError, PeerError, RegistrationFailed
 from gdrprobe.protocol.fields import field, peer_text
 
-PROTOCOL_VERSION = 3
+# 4: a salt per handshake, the work puzzle, the refusal codes (handshake.py); a run's
+#    integrity_bytes (measure/options.py)
+PROTOCOL_VERSION = 4
 MAGIC = b"GDRP"
 HEADER = struct.Struct(">4sHI")
 SEQUENCE = struct.Struct(">Q")
 TAG_BYTES = 32               # HMAC-SHA256
 MAX_MESSAGE_BYTES = 64 * 1024
-NONCE_BYTES = 32
-SALT_BYTES = 16
-PROOF_BYTES = 32             # HMAC-SHA256
-# The token stretch: scrypt (RFC 7914) with N=2^15, r=8, p=1 needs 128*r*N = 32 MiB and
-# about 0.1 s per derivation on a current x86 core, so each guess at a token from a
-# captured handshake costs the same (a plain HMAC costs about a microsecond). The
-# parameters are fixed by the protocol version, never negotiated: no peer can lower them.
-# OpenSSL refuses over 32 MiB unless maxmem says more.
-KDF_N, KDF_R, KDF_P = 1 << 15, 8, 1
-KDF_MAXMEM = 64 << 20
-KEY_BYTES = 32
-SHORT_TOKEN_CHARS = 16       # below this a human-chosen token is worth a warning
 TOKEN_FIX = ("give the client the token the server printed: --token TOKEN or the "
              "GDRPROBE_TOKEN environment variable")
-
-
-def new_token() -> str:
-    """24 URL-safe characters, 144 random bits: out of reach of any guessing."""
-    return secrets.token_urlsafe(18)
-
-
-def token_warning(token: str) -> str | None:
-    """A warning for a short token, or None."""
-    if len(token) >= SHORT_TOKEN_CHARS:
-        return None
-    return (f"the token has {len(token)} characters: whoever captures one handshake can test "
-            "guesses offline (each costs one scrypt); use the token 'gdrprobe serve' prints, "
-            f"or at least {SHORT_TOKEN_CHARS} random characters")
-
-
-@functools.lru_cache(maxsize=16)
-def stretch(token: str, salt: bytes) -> bytes:
-    """The key both ends derive from the token; cached, as an A/B connects many times to
-    one server (one salt)."""
-    return hashlib.scrypt(token.encode(), salt=salt, n=KDF_N, r=KDF_R, p=KDF_P,
-                          maxmem=KDF_MAXMEM, dklen=KEY_BYTES)
-
-
-def _mac(key: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
-
-
-def proof(key: bytes, role: bytes, salt: bytes, client_nonce: bytes, server_nonce: bytes) -> bytes:
-    return _mac(key, b"gdrprobe-2 proof ", role, salt, client_nonce, server_nonce)
-
-
-def direction_keys(key: bytes, client_nonce: bytes, server_nonce: bytes) -> tuple[bytes, bytes]:
-    """(client-to-server key, server-to-client key): one per direction, so a frame can
-    never be reflected back to its sender."""
-    return (_mac(key, b"gdrprobe-2 c2s", client_nonce, server_nonce),
-            _mac(key, b"gdrprobe-2 s2c", client_nonce, server_nonce))
+SAME_VERSION_FIX = "run the same gdrprobe version on both hosts"
 
 
 def frame_tag(key: bytes, header: bytes, sequence: bytes, body: bytes) -> bytes:
-    return _mac(key, header, sequence, body)
+    return hmac.new(key, header + sequence + body, hashlib.sha256).digest()
+
+
+def plain_frame(kind: str, **fields) -> bytes:
+    """The bytes of one unsealed message (the handshake's)."""
+    body = _json(kind, fields)
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"message {kind} is {len(body)} bytes, over the limit")
+    return HEADER.pack(MAGIC, PROTOCOL_VERSION, len(body)) + body
+
+
+def _json(kind: str, fields: dict) -> bytes:
+    return json.dumps({"type": kind, **fields}, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def frame_length(header: bytes, peer: str) -> int:
+    """The body length a frame header announces, once magic, version and limit are right."""
+    magic, version, length = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise PeerError(f"the {peer} does not speak the gdrprobe protocol",
+                        "point the client at a 'gdrprobe serve' port")
+    if version != PROTOCOL_VERSION:
+        raise PeerError(f"the {peer} speaks protocol {version}, this gdrprobe "
+                        f"speaks {PROTOCOL_VERSION}", SAME_VERSION_FIX)
+    if length > MAX_MESSAGE_BYTES:
+        raise PeerError(f"the {peer} sent a {length}-byte message; the limit is "
+                        f"{MAX_MESSAGE_BYTES}", "the peer is not a gdrprobe of this version")
+    return length
+
+
+def parse_message(body: bytes, peer: str) -> dict:
+    """A frame's JSON: an object with a type, and no NaN or Infinity."""
+    try:
+        message = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:
+        raise PeerError(f"the {peer} sent a message that is not JSON (or holds NaN or "
+                        "Infinity)", "the peer is not a gdrprobe of this version") from error
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise PeerError(f"the {peer} sent a message without a type", "")
+    return message
 
 
 def _refuse_constant(name: str):
@@ -122,12 +115,9 @@ class Channel:
 
     def frame(self, kind: str, **fields) -> bytes:
         """The bytes of one message as this channel sends it next (and counts it sent)."""
-        body = json.dumps({"type": kind, **fields}, separators=(",", ":"),
-                          allow_nan=False).encode()
         if self._send_key is None:
-            if len(body) > MAX_MESSAGE_BYTES:
-                raise ValueError(f"message {kind} is {len(body)} bytes, over the limit")
-            return HEADER.pack(MAGIC, PROTOCOL_VERSION, len(body)) + body
+            return plain_frame(kind, **fields)
+        body = _json(kind, fields)
         length = SEQUENCE.size + len(body) + TAG_BYTES
         if length > MAX_MESSAGE_BYTES:
             raise ValueError(f"message {kind} is {length} bytes, over the limit")
@@ -161,7 +151,7 @@ class Channel:
             except socket.timeout as error:
                 raise PeerError(f"the {self.peer} did not answer within {timeout:g} s",
                                 "check that it is running and reachable; raise --timeout "
-                                "for slow links") from error
+                                "for slow links", evidence=self._silence()) from error
             except OSError as error:
                 raise PeerError(f"lost the connection to the {self.peer}: {error}",
                                 "check that the other side is still running") from error
@@ -172,22 +162,17 @@ class Channel:
             remaining -= len(chunk)
         return b"".join(chunks)
 
+    def _silence(self) -> str:
+        """What a time-out can and cannot say on a sealed channel."""
+        if self._receive_key is None:
+            return ""
+        return (f"{self._received} authenticated frames had arrived in order; a frame "
+                "dropped on the way, with none after it, cannot be told from one never sent")
+
     def _read_frame(self, deadline: float, timeout: float) -> bytes:
         """The JSON of the next frame, its seal checked once the channel is sealed."""
         header = self._read_exact(HEADER.size, deadline, timeout)
-        magic, version, length = HEADER.unpack(header)
-        if magic != MAGIC:
-            raise PeerError(f"the {self.peer} does not speak the gdrprobe protocol",
-                            "point the client at a 'gdrprobe serve' port",
-                            evidence=f"first bytes {magic!r}")
-        if version != PROTOCOL_VERSION:
-            raise PeerError(f"the {self.peer} speaks protocol {version}, this gdrprobe "
-                            f"speaks {PROTOCOL_VERSION}", "run the same gdrprobe version "
-                            "on both hosts")
-        if length > MAX_MESSAGE_BYTES:
-            raise PeerError(f"the {self.peer} sent a {length}-byte message; the limit is "
-                            f"{MAX_MESSAGE_BYTES}", "the peer is not a gdrprobe of this version")
-        body = self._read_exact(length, deadline, timeout)
+        body = self._read_exact(frame_length(header, self.peer), deadline, timeout)
         return body if self._receive_key is None else self._open(header, body)
 
     def _open(self, header: bytes, body: bytes) -> bytes:
@@ -218,15 +203,8 @@ class Channel:
         """The next message, which must be one of the expected types (or an error), whole
         within the time-out."""
         timeout = self.timeout if timeout is None else timeout
-        body = self._read_frame(time.monotonic() + timeout, timeout)
-        try:
-            message = json.loads(body, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as error:
-            raise PeerError(f"the {self.peer} sent a message that is not JSON (or holds "
-                            "NaN or Infinity)", "the peer is not a gdrprobe of this "
-                            "version") from error
-        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            raise PeerError(f"the {self.peer} sent a message without a type", "")
+        message = parse_message(self._read_frame(time.monotonic() + timeout, timeout),
+                                self.peer)
         kind = message["type"]
         if kind in ("error", "abort") and kind not in expected and not self.authenticated:
             # Anyone can send these: never believed, their text never shown.
@@ -237,9 +215,11 @@ class Channel:
         if kind == "abort" and "abort" not in expected:
             raise abort_from_message(message, self.peer)
         if kind not in expected:
-            raise PeerError(f"the {self.peer} sent {peer_text(kind, 40)!r} where "
-                            f"{' or '.join(expected)} was expected", "run the same gdrprobe "
-                            "version on both hosts")
+            # A stranger's type is not shown; an authenticated peer's is, cut.
+            sent = (f"{peer_text(kind, 40)!r}" if self.authenticated else
+                    "a message of another type")
+            raise PeerError(f"the {self.peer} sent {sent} where {' or '.join(expected)} was "
+                            "expected", SAME_VERSION_FIX)
         return message
 
     def send_last(self, kind: str, **fields) -> None:
@@ -323,76 +303,3 @@ def error_from_message(message: dict, peer: str) -> GdrprobeError:
         error = (cls or PeerError)(reason, fix, evidence)
     error.peer_message = message   # the rest (findings, say) for the layer that reads it
     return error
-
-
-def _hex_field(message: dict, name: str, size: int) -> bytes:
-    """A hexadecimal field of exactly `size` bytes (nonces, salts and proofs)."""
-    text = field(message, name, str)
-    try:
-        value = bytes.fromhex(text)
-    except ValueError as error:
-        raise PeerError(f"peer field {name!r} is not hexadecimal", "") from error
-    if len(value) != size:
-        raise PeerError(f"peer field {name!r} has the wrong length", "")
-    return value
-
-
-class WrongToken(PeerError):
-    """A client's proof did not match: one online guess at the token."""
-
-
-class ServerSecret:
-    """The server's salt and its key: the token stretched once when it starts, or, with no
-    token, 256 random bits for a server whose one client is in its own process (loopback)
-    and authenticates with this very object. A random key is beyond guessing already, so
-    it is not stretched: that saves the one scrypt a loopback process would make (most of
-    a second in the emulated lab)."""
-
-    def __init__(self, token: str | None):
-        self.salt = secrets.token_bytes(SALT_BYTES)
-        self.key = (secrets.token_bytes(KEY_BYTES) if token is None else
-                    stretch(token, self.salt))
-
-
-def client_key(credential: str | ServerSecret, salt: bytes) -> bytes:
-    """The key a client proves: its token stretched under the server's salt, or the key of
-    the ServerSecret of a server in this process."""
-    if isinstance(credential, ServerSecret):
-        return credential.key
-    return stretch(credential, salt)
-
-
-def authenticate_as_client(channel: Channel, credential: str | ServerSecret) -> None:
-    """Prove the token first, then check that the server knows it too; then seal."""
-    mine = secrets.token_bytes(NONCE_BYTES)
-    channel.send("hello", nonce=mine.hex())
-    challenge = channel.receive("challenge")
-    theirs = _hex_field(challenge, "nonce", NONCE_BYTES)
-    salt = _hex_field(challenge, "salt", SALT_BYTES)
-    key = client_key(credential, salt)
-    channel.send("auth", proof=proof(key, b"client", salt, mine, theirs).hex())
-    welcome = channel.receive("welcome")
-    if not hmac.compare_digest(_hex_field(welcome, "proof", PROOF_BYTES),
-                               proof(key, b"server", salt, mine, theirs)):
-        raise PeerError("the server's token is not this run's token", TOKEN_FIX)
-    to_server, to_client = direction_keys(key, mine, theirs)
-    channel.seal(send_key=to_server, receive_key=to_client)
-
-
-def authenticate_as_server(channel: Channel, secret: ServerSecret, deadline: float) -> None:
-    """Refuse, before anything else is said, a client that cannot prove the token; the
-    whole exchange must end by the deadline. The server's own proof comes only after the
-    client's: a stranger gets nothing to test guesses against."""
-    def left() -> float:
-        return max(0.0, deadline - time.monotonic())
-
-    theirs = _hex_field(channel.receive("hello", timeout=left()), "nonce", NONCE_BYTES)
-    mine = secrets.token_bytes(NONCE_BYTES)
-    channel.send("challenge", nonce=mine.hex(), salt=secret.salt.hex())
-    shown = _hex_field(channel.receive("auth", timeout=left()), "proof", PROOF_BYTES)
-    if not hmac.compare_digest(shown, proof(secret.key, b"client", secret.salt, theirs, mine)):
-        channel.send_last("error", reason="wrong token", fix=TOKEN_FIX)
-        raise WrongToken("a client presented the wrong token", TOKEN_FIX)
-    channel.send("welcome", proof=proof(secret.key, b"server", secret.salt, theirs, mine).hex())
-    to_server, to_client = direction_keys(secret.key, theirs, mine)
-    channel.seal(send_key=to_client, receive_key=to_server)

@@ -12,6 +12,12 @@ import unicodedata
 from gdrprobe.errors import PeerError
 
 PEER_TEXT_CHARS = 200
+PEER_NUMBER_CHARS = 24   # a number a peer sent, as it is quoted back: cut past this
+# Characters never shown: every control, format, private or unassigned character (Unicode
+# categories C*: newlines, ANSI escapes, bidirectional overrides) and the line and paragraph
+# separators U+2028 and U+2029 (Zl, Zp), which some terminals and log readers take for a
+# new line.
+SEPARATOR_CATEGORIES = ("Zl", "Zp")
 
 
 def field(message: dict, name: str, kind: type, *, low=None, high=None, default=...):
@@ -30,7 +36,8 @@ def field(message: dict, name: str, kind: type, *, low=None, high=None, default=
     if kind is str and len(value) > 4096:
         raise PeerError(f"peer message field {name!r} is too long", "")
     if low is not None and value < low or high is not None and value > high:
-        raise PeerError(f"peer message field {name!r}={value} is outside [{low}, {high}]", "")
+        raise PeerError(f"peer message field {name!r}={peer_number(value)} is outside "
+                        f"[{low}, {high}]", "")
     return value
 
 
@@ -43,10 +50,25 @@ def int_list(message: dict, name: str, *, low: int, high: int, max_items: int) -
 
 
 def peer_text(value, limit: int = PEER_TEXT_CHARS) -> str:
-    """Text a peer sent, safe to log or show: every control or format character (newlines,
-    ANSI escapes, bidirectional overrides) shown as '?', and at most `limit` characters, so
-    a peer can neither forge lines of our output nor flood it."""
+    """Text an authenticated peer sent, safe to log or show: every character that could
+    forge a line or hide text (C* and SEPARATOR_CATEGORIES) shown as '?', and at most
+    `limit` characters, so a peer can neither forge lines of our output nor flood it. A
+    stranger's text (a peer that has not proved the token) is never shown at all."""
     text = value if isinstance(value, str) else "" if value is None else repr(value)
     cut = len(text) > limit
-    text = "".join("?" if unicodedata.category(ch)[0] == "C" else ch for ch in text[:limit])
+    text = "".join("?" if _hidden(ch) else ch for ch in text[:limit])
     return text + "..." if cut else text
+
+
+def _hidden(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category[0] == "C" or category in SEPARATOR_CATEGORIES
+
+
+def peer_number(value) -> str:
+    """A number a peer sent, as an error quotes it: whole when short, else its first digits
+    and its length (Python prints ints of up to 4300 digits)."""
+    text = str(value)
+    if len(text) <= PEER_NUMBER_CHARS:
+        return text
+    return f"{text[:PEER_NUMBER_CHARS]}... ({len(text)} characters)"

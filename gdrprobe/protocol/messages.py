@@ -28,7 +28,7 @@ from typing import Callable, ClassVar, Protocol
 from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, PeerError
 from gdrprobe.protocol.channel import Channel, error_message
-from gdrprobe.protocol.fields import field, int_list, peer_text
+from gdrprobe.protocol.fields import field, int_list, peer_number, peer_text
 from gdrprobe.rdma.endpoint import EndpointAddress
 from gdrprobe.rdma.verbs import MTUS
 from gdrprobe.report.model import EndpointSummary, Finding, Integrity, Status, to_dict
@@ -96,7 +96,7 @@ def address_message(address: EndpointAddress) -> dict:
 def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> EndpointAddress:
     mtu = field(message, "mtu", int)
     if mtu not in MTUS:
-        raise PeerError(f"peer MTU {mtu} is not an RDMA MTU", "")
+        raise PeerError(f"peer MTU {peer_number(mtu)} is not an RDMA MTU", "")
     qp_numbers = int_list(message, "qp_numbers", low=1, high=QPN_MAX, max_items=max_qps)
     psns = int_list(message, "psns", low=0, high=QPN_MAX, max_items=max_qps)
     if len(psns) != len(qp_numbers):

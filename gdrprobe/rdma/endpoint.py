@@ -12,6 +12,7 @@ import secrets
 
 from gdrprobe.rdma import verbs
 from gdrprobe.errors import NoDevice, RdmaError, UsageError
+from gdrprobe.rdma.devices import choose_device, open_failed, open_refusal
 from gdrprobe.rdma.handles import RawHandles, raw_handles
 
 QP_TIMEOUT = 14          # 4.096 us * 2^14 = 67 ms per retry
@@ -32,6 +33,8 @@ class EndpointOptions:
     max_inline: int = 0
     mtu: int | None = None   # bytes; None: the port's active MTU
     remote_write: bool = True   # may the peer write through these QPs
+    # What NCCL's GID choice asks for, where no GID index is given (NCCL's defaults).
+    gid_preference: verbs.GidPreference = verbs.NCCL_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +50,12 @@ class EndpointAddress:
 
 
 def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
-               gid_index: int | None, device: str) -> tuple[int, str]:
-    """The GID to use: the given index, or the RoCE v2 GID of the address the out-of-band
-    connection uses (InfiniBand ports: index 0)."""
+               gid_index: int | None, device: str,
+               preference: verbs.GidPreference = verbs.NCCL_DEFAULTS) -> tuple[int, str, str]:
+    """(index, GID, why): the given index; else on InfiniBand index 0; else on RoCE the
+    RoCE v2 GID of the address the out-of-band connection uses, when the port has one (both
+    ends then route to each other as that connection does), and otherwise the GID NCCL picks
+    (:func:`gdrprobe.rdma.verbs.nccl_gid_index`), which an IPv6-only port has too."""
     if gid_index is not None:
         if not 0 <= gid_index < port_attr.gid_tbl_len:
             raise UsageError(f"GID index {gid_index} is outside {device} port {port}'s table "
@@ -58,23 +64,25 @@ def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
         if verbs.is_zero_gid(gid):
             raise UsageError(f"GID index {gid_index} of {device} port {port} is empty",
                              "pick a populated index from 'gdrprobe devices'")
-        return gid_index, gid
+        return gid_index, gid, f"GID index {gid_index} as given"
     if port_attr.link_layer != verbs.LINK_LAYER_ETHERNET:
-        return 0, ctx.query_gid(port, 0).gid
+        return 0, ctx.query_gid(port, 0).gid, "InfiniBand: GID index 0"
     populated = verbs.populated_gids(ctx, port, port_attr, port_count)
-    roce_v2 = [(index, gid) for index, gid, gid_type in populated if gid_type == verbs.ROCE_V2]
-    for index, gid in roce_v2:
-        if verbs.gid_ip_address(gid) == local_ip:
-            return index, gid
-    if local_ip is None or ipaddress.ip_address(local_ip).is_loopback:
-        # Both ends on this host: any IPv4 RoCE v2 GID of the port reaches itself.
-        found = verbs.ipv4_roce_v2_gid(populated)
-        if found is not None:
-            return found
-    raise NoDevice(f"{device} port {port} has no RoCE v2 GID for {local_ip}, the address "
-                   "this host uses to reach its peer",
-                   "connect to the peer over the RDMA interface's IP address, or pass "
-                   "--gid-index (see 'gdrprobe devices')")
+    for index, gid, gid_type in populated:
+        if gid_type == verbs.ROCE_V2 and verbs.gid_ip_address(gid) == local_ip:
+            return index, gid, f"the RoCE v2 GID of {local_ip}, the out-of-band address"
+    index = verbs.nccl_gid_index(populated, port_attr.gid_tbl_len, preference)
+    found = {entry: (gid, kind) for entry, gid, kind in populated}
+    if index not in found:
+        raise NoDevice(f"{device} port {port} has no usable GID (its table is empty)",
+                       "give the port's network interface an address and bring it up ('ip "
+                       "addr', 'ip link set IFACE up'); GIDs follow its addresses")
+    gid, kind = found[index]
+    where = "" if local_ip is None or ipaddress.ip_address(local_ip).is_loopback else (
+        f"{local_ip}, the out-of-band address, has no RoCE v2 GID here; ")
+    return index, gid, (f"{where}the GID NCCL picks (ncclIbGetGidIndex, address family "
+                        f"AF_INET{'' if preference.family == 4 else '6'}, RoCE v"
+                        f"{preference.roce_version}): index {index}, {kind}")
 
 
 def check_queue_limits(device: str, device_attr, options: EndpointOptions) -> None:
@@ -102,7 +110,8 @@ class Endpoint:
         self.objects: list = []   # every pyverbs object, in creation order
         self.qps: list = []
         pv = verbs.pyverbs()
-        self.device = verbs.resolve_device(options.device)
+        self.device, skipped = choose_device(options.device)
+        self.notes: tuple[str, ...] = skipped   # why this device and GID, for the report
         try:
             self._open(pv, local_ip)
         except BaseException:
@@ -113,25 +122,51 @@ class Endpoint:
         self.objects.append(obj)
         return obj
 
+    def _verbs(self, pv, what: str, make, fix: str = ""):
+        """make()'s pyverbs object, or the RdmaError that says which step failed."""
+        try:
+            return make()
+        except pv.PyverbsError as error:
+            raise RdmaError(f"{what} on {self.device} failed",
+                            fix or "check 'dmesg' and 'gdrprobe doctor'",
+                            evidence=str(error).splitlines()[0]) from error
+
+    def _open_context(self, pv):
+        try:
+            return self._keep(pv.device.Context(name=self.device))
+        except pv.PyverbsError as error:
+            # Say why from the node itself; pyverbs' text alone is "Failed to open device".
+            refusal = open_refusal(self.device)
+            code = getattr(error, "error_code", -1)
+            raise open_failed(self.device, *(refusal or (code, str(error).splitlines()[0]))) \
+                from error
+
     def _open(self, pv, local_ip: str | None) -> None:
         options = self.options
-        self.ctx = self._keep(pv.device.Context(name=self.device))
-        device_attr = self.ctx.query_device()
+        self.ctx = self._open_context(pv)
+        device_attr = self._verbs(pv, "ibv_query_device", self.ctx.query_device)
         if not 1 <= options.port <= device_attr.phys_port_cnt:
             raise UsageError(f"{self.device} has no port {options.port}",
                              f"use a port from 1 to {device_attr.phys_port_cnt}")
-        self.port_attr = self.ctx.query_port(options.port)
+        self.port_attr = self._verbs(pv, f"ibv_query_port({options.port})",
+                                     lambda: self.ctx.query_port(options.port))
         if self.port_attr.state != verbs.IBV_PORT_ACTIVE:
             state = verbs.PORT_STATES.get(self.port_attr.state, self.port_attr.state)
             raise NoDevice(f"{self.device} port {options.port} is {state}, not ACTIVE",
                            "bring the link up (cable, switch port, 'ip link set IFACE up' "
                            "for RoCE) and check 'gdrprobe devices'")
-        self.gid_index, self.gid = choose_gid(self.ctx, options.port, self.port_attr,
-                                              device_attr.phys_port_cnt, local_ip,
-                                              options.gid_index, self.device)
+        self.gid_index, self.gid, gid_reason = self._verbs(
+            pv, "reading the GID table", lambda: choose_gid(
+                self.ctx, options.port, self.port_attr, device_attr.phys_port_cnt, local_ip,
+                options.gid_index, self.device, options.gid_preference))
+        self.notes += (f"GID {self.gid_index}: {gid_reason}",)
         check_queue_limits(self.device, device_attr, options)
-        self.pd = self._keep(pv.pd.PD(self.ctx))
-        self.cq = self._keep(pv.cq.CQ(self.ctx, options.tx_depth * options.num_qps + 1))
+        self.pd = self._keep(self._verbs(pv, "allocating a protection domain",
+                                         lambda: pv.pd.PD(self.ctx)))
+        entries = options.tx_depth * options.num_qps + 1
+        self.cq = self._keep(self._verbs(
+            pv, f"creating a CQ of {entries} entries", lambda: pv.cq.CQ(self.ctx, entries),
+            "check the locked-memory limit ('gdrprobe doctor') and 'dmesg'"))
         try:
             for _ in range(options.num_qps):
                 self.qps.append(self._keep(self._create_qp(pv, options.max_inline)))

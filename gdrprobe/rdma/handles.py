@@ -101,6 +101,22 @@ def check_cq(pointer: int, cq) -> None:
                         evidence=f"pyverbs cqe {cq.cqe}, the pointer holds {fields['cqe']}")
 
 
+def pd_pointer(pd) -> int:
+    """The validated ibv_pd * behind a pyverbs PD, for a registration pyverbs cannot make
+    (:mod:`gdrprobe.rdma.dmabuf`). PD.pd is an integer property where QP.qp is one
+    (rdma-core 60 and 61 on); before that it returns the C struct as a Python object, so the
+    layout is used. Checked against the PD's own handle (PD.handle, rdma-core 34 on) and a
+    non-NULL context before anything may use it."""
+    pv = verbs.pyverbs()
+    pointer, _ = locate(pd, pv.pd.PD, "pd", has_pointer_properties(pv.qp.QP))
+    fields = read_fields(_native.pd_fields, pointer, "ibv_pd")
+    if fields["handle"] != pd.handle or not fields["context"]:
+        raise RdmaError("the located ibv_pd does not match its pyverbs PD", FIX,
+                        evidence=f"pyverbs handle {pd.handle}, the pointer holds "
+                                 f"{fields['handle']} (context 0x{fields['context']:x})")
+    return pointer
+
+
 def raw_handles(qps, cq) -> RawHandles:
     """Validated pointers of the QPs and their shared send CQ, with those objects."""
     pv = verbs.pyverbs()

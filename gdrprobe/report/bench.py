@@ -22,31 +22,67 @@ CSV_FIELDS = tuple(field.name for field in dataclasses.fields(BenchRow))
 PLOT_FIX = "pip install 'gdrprobe[plot]' (matplotlib)"
 PROMETHEUS_FIX = "pip install 'gdrprobe[prometheus]' (prometheus_client)"
 LATENCY_PERCENTILES = ("min", "median", "p99", "p999", "max")
+WRITABLE_FIX = "pass a path this user may write, or run as a user who may write it"
 
 
 # ---- text ---------------------------------------------------------------------------------
 
 
+BANDWIDTH_HEADER = (f" {'GPU':<13} {'NIC':<9} {'memory':<8} {'QPs':>3} {'size[B]':>9}"
+                    f" {'Gb/s':>10} {'Mpps':>9} {'GPU/host':>8} {'line rate':>9}  outcome")
+LATENCY_HEADER = (f" {'NIC':<9} {'size[B]':>9} {'min[us]':>9} {'median[us]':>10}"
+                  f" {'p99[us]':>9} {'p99.9[us]':>10} {'max[us]':>9}  outcome")
+
+
+class BenchTable:
+    """The sweep's table a row at a time, in the order the rows are measured (so a command
+    can print each as it comes): a header wherever the mode changes, and a failure's cause
+    and fix only where they first appear."""
+
+    def __init__(self):
+        self.mode: str | None = None
+        self.said: set[str] = set()
+
+    def lines(self, row: BenchRow) -> list[str]:
+        lines = []
+        if row.mode != self.mode:
+            self.mode = row.mode
+            lines.append(BANDWIDTH_HEADER if row.mode == "bandwidth" else LATENCY_HEADER)
+        outcome = self._outcome(row)
+        if row.mode == "bandwidth":
+            lines.append(f" {row.gpu or '-':<13} {row.nic:<9} {row.memory:<8} {row.qps:>3}"
+                         f" {row.size_bytes:>9} {_number(row.bandwidth_avg_gbps):>10}"
+                         f" {_number(row.message_rate_mpps):>9}"
+                         f" {_fraction(row.gpu_host_ratio):>8}"
+                         f" {_percent(row.line_rate_fraction):>9}  {outcome}")
+        else:
+            lines.append(f" {row.nic:<9} {row.size_bytes:>9} {_number(row.latency_us_min):>9}"
+                         f" {_number(row.latency_us_median):>10}"
+                         f" {_number(row.latency_us_p99):>9} {_number(row.latency_us_p999):>10}"
+                         f" {_number(row.latency_us_max):>9}  {outcome}")
+        return lines
+
+    def _outcome(self, row: BenchRow) -> str:
+        if not row.detail or row.detail in self.said:
+            return row.outcome
+        self.said.add(row.detail)
+        cause = (row.detail if row.detail.startswith(row.outcome)
+                 else f"{row.outcome}: {row.detail}")
+        return cause + (f"\n{'':>16}fix: {row.fix}" if row.fix else "")
+
+
 def render_bench(report: BenchReport) -> str:
+    """The whole sweep: the rows as :class:`BenchTable` prints them, then the summary."""
+    table = BenchTable()
+    lines = [RULE] + [line for row in report.rows for line in table.lines(row)]
+    return "\n".join(lines) + "\n" + render_bench_summary(report)
+
+
+def render_bench_summary(report: BenchReport) -> str:
+    """What follows the rows: how many and how long, each pair's verdict, the baseline."""
     lines = [RULE, f" gdrprobe bench on {report.environment.hostname}: {len(report.rows)} rows"
              f" in {report.wall_s:.1f} s ({report.measured_s:.1f} s measuring)"
-             + ("; INTERRUPTED, the rows measured until then" if report.interrupted else ""),
-             RULE, f" {'GPU':<13} {'NIC':<9} {'memory':<8} {'QPs':>3} {'size[B]':>9}"
-             f" {'Gb/s':>10} {'Mpps':>9} {'GPU/host':>8} {'line rate':>9}  outcome"]
-    bandwidth = [r for r in report.rows if r.mode == "bandwidth"]
-    for row, outcome in zip(bandwidth, _outcomes(bandwidth)):
-        lines.append(f" {row.gpu or '-':<13} {row.nic:<9} {row.memory:<8} {row.qps:>3}"
-                     f" {row.size_bytes:>9} {_number(row.bandwidth_avg_gbps):>10}"
-                     f" {_number(row.message_rate_mpps):>9} {_fraction(row.gpu_host_ratio):>8}"
-                     f" {_percent(row.line_rate_fraction):>9}  {outcome}")
-    latency = [r for r in report.rows if r.mode == "latency"]
-    if latency:
-        lines += [RULE, f" {'NIC':<9} {'size[B]':>9} {'min[us]':>9} {'median[us]':>10}"
-                        f" {'p99[us]':>9} {'p99.9[us]':>10} {'max[us]':>9}  outcome"]
-        lines += [f" {r.nic:<9} {r.size_bytes:>9} {_number(r.latency_us_min):>9}"
-                  f" {_number(r.latency_us_median):>10} {_number(r.latency_us_p99):>9}"
-                  f" {_number(r.latency_us_p999):>10} {_number(r.latency_us_max):>9}"
-                  f"  {outcome}" for r, outcome in zip(latency, _outcomes(latency))]
+             + ("; INTERRUPTED, the rows measured until then" if report.interrupted else "")]
     lines += render_pairs(report) + render_baseline(report) + [RULE]
     return "\n".join(lines)
 
@@ -88,21 +124,42 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def _outcomes(rows: list[BenchRow]) -> list[str]:
-    """Each row's outcome; a failure's cause and fix only where they first appear."""
-    words, said = [], set()
-    for row in rows:
-        if row.detail and row.detail not in said:
-            said.add(row.detail)
-            cause = (row.detail if row.detail.startswith(row.outcome)
-                     else f"{row.outcome}: {row.detail}")
-            words.append(cause + (f"\n{'':>16}fix: {row.fix}" if row.fix else ""))
-        else:
-            words.append(row.outcome)
-    return words
-
-
 # ---- files ---------------------------------------------------------------------------------
+
+
+def check_output_file(path: str, flag: str) -> None:
+    """Refuse, before anything is measured, a file the sweep could not write when it ends:
+    a directory, a file it may not replace, a directory that does not exist."""
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; nothing was measured",
+                         f"give {flag} a file name")
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{flag} {path}: the file is not writable; nothing was measured",
+                             WRITABLE_FIX)
+        return
+    _check_directory(os.path.dirname(os.path.abspath(path)), flag, path)
+
+
+def check_output_directory(path: str, flag: str) -> None:
+    """Refuse, before anything is measured, a directory the sweep could not write its files
+    into: one that is a file, or one that does not exist and whose parent does not either."""
+    if os.path.exists(path):
+        _check_directory(path, flag, path)
+    else:
+        _check_directory(os.path.dirname(os.path.abspath(path)), flag, path)
+
+
+def _check_directory(directory: str, flag: str, path: str) -> None:
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise UsageError(f"{flag} {path}: {directory} {what}; nothing was measured",
+                         f"create {directory} first, or pass a path in a directory that "
+                         "exists")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: the directory {directory} is not writable; nothing "
+                         "was measured", WRITABLE_FIX)
+
 
 
 def write_json(report: BenchReport, path: str) -> None:

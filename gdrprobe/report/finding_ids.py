@@ -55,6 +55,7 @@ ACS_BRIDGE = "acs.bridge"
 
 # ---- nccl: NCCL's variables and its decision per GPU -----------------------------------
 NCCL_ENV = "nccl.env"
+NCCL_LIBRARY = "nccl.library"
 
 # ---- nic: devices, ports, verbs nodes -----------------------------------------------------
 NIC_SYSFS = "nic.sysfs"

@@ -2,7 +2,8 @@
 
 JSON output is this model serialised by :func:`to_json`; field names carry their
 units (``bandwidth_avg_gbps``, ``latency_us_p99``). Renderers format these objects;
-they never build their own dictionaries.
+they never build their own dictionaries. The A/B's reports (arms, verdict, check, node
+check) are in :mod:`gdrprobe.report.check`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gdrprobe import defaults
 from gdrprobe.errors import ExitCode
+
+if TYPE_CHECKING:   # the bench's pairs hold the A/B's verdict; report.check imports this module
+    from gdrprobe.report.check import Verdict
 
 SCHEMA_VERSION = 1
 
@@ -49,6 +52,19 @@ class Finding:
 
 
 @dataclasses.dataclass(frozen=True)
+class NcclChannel:
+    """The network device one of a GPU's channels uses, and GPUDirect RDMA on it."""
+
+    channel: int
+    nic: str                      # the RDMA device (the first one of a fused virtual NIC)
+    net: str                      # NCCL's network device: mlx5_0, mlx5_0:2 (a port), mlx5_0+mlx5_1 (fused)
+    path_type: str
+    via_gpu: str | None           # PXN: bus id of the peer GPU the channel relays through
+    gdr_write: bool
+    gdr_read: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class NcclGpuDecision:
     """What NCCL will do with one GPU's network traffic, decided by NCCL's rules (doctor)."""
 
@@ -63,6 +79,24 @@ class NcclGpuDecision:
     gdr_read: bool                # sends: the NIC reads GPU memory directly
     why: tuple[str, ...]
     candidates: tuple[str, ...]   # NICs NCCL rates equal; channels take them in turn
+    net: str | None = None        # NCCL's network device channel 0 uses (see NcclChannel.net)
+    gdr_mode: str = "disabled"    # receives: default, pci (a PCIe mapping forced on a C2C system), disabled
+    mechanism: str | None = None  # what GPU memory is registered through: dmabuf, peermem; None without GDR
+    channels: tuple[NcclChannel, ...] = ()  # channel c uses channels[c % len(channels)]
+    detour_from: str | None = None  # the path type NCCL had before GDR was found off on it and it
+                                    # routed the path through the CPU (path_type is then PHB or P2C)
+
+
+@dataclasses.dataclass(frozen=True)
+class NcclLibrary:
+    """The libnccl the job will load, found without loading it (doctor)."""
+
+    path: str | None              # None: none found
+    version: str | None           # 2.21.5; None: not readable
+    source: str                   # where it was found: --nccl, LD_LIBRARY_PATH, a wheel, /etc/ld.so.cache, ...
+    version_from: str | None      # the file name, the wheel's metadata, or the library's bytes
+    shadowed: tuple[str, ...] = ()     # other copies found later in the loader's order
+    differences: tuple[str, ...] = ()  # what this release does differently from the rules of 2.30.7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +105,7 @@ class DoctorReport:
     root: str
     findings: tuple[Finding, ...]
     nccl: tuple[NcclGpuDecision, ...] = ()
+    nccl_library: NcclLibrary | None = None
 
     @property
     def exit_code(self) -> int:
@@ -122,6 +157,8 @@ class DeviceInfo:
 class DeviceReport:
     kind = "devices"
     devices: tuple[DeviceInfo, ...]
+    # Devices libibverbs lists that this process cannot open, each with why (NCCL skips them).
+    skipped: tuple[str, ...] = ()
 
 
 # ---- serialisation ---------------------------------------------------------
@@ -217,6 +254,7 @@ class EndpointSummary:
     mtu_bytes: int
     qp_numbers: tuple[int, ...]
     memory: dict
+    notes: tuple[str, ...] = ()   # why this device and GID: devices skipped, the GID's rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,97 +300,6 @@ class PartialRunReport:
     error_fix: str
     error_evidence: str
     exit_code: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ArmReport:
-    """One arm of the A/B: which memory each side used and what it measured."""
-
-    arm: str                       # host | dmabuf | peermem | staged | gpu (auto, not run)
-    outcome: str                   # measured | not testable | registration failed
-    size_bytes: int
-    bandwidths_gbps: tuple[float, ...]   # one per repeat, at size_bytes
-    local_memory: dict
-    remote_memory: dict
-    mechanism_reason: str
-    detail: str                    # the error, when the arm did not run
-    fix: str
-    # The staged arm only: per repeat, what a perfect bounce pipeline reaches (the lower of
-    # the measured copy rate and the host arm's bandwidth); bandwidths_gbps is serialised.
-    pipelined_bound_gbps: tuple[float, ...] = ()
-
-
-# ---- the A/B's verdict -----------------------------------------------------------
-
-ENGAGED = "engaged"
-DEGRADED = "degraded"
-NOT_ENGAGED = "not engaged"
-NOT_TESTABLE = "not testable"
-
-EXIT_CODES = {ENGAGED: ExitCode.OK, DEGRADED: ExitCode.VERDICT_NOT_OK,
-              NOT_ENGAGED: ExitCode.VERDICT_NOT_OK, NOT_TESTABLE: ExitCode.NOT_TESTABLE}
-
-
-
-@dataclasses.dataclass(frozen=True)
-class ArmRatio:
-    """One GPU arm against the host arm: median of paired per-repeat ratios, and its range."""
-
-    arm: str
-    mechanism: str | None
-    memory_kind: str
-    ratio: float
-    ratio_min: float
-    ratio_max: float
-    repeats: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    classification: str                  # engaged | degraded | not engaged | not testable
-    mechanism: str | None = None         # the mechanism the classification is about
-    ratio: float | None = None           # gpu/host, median of paired repeats
-    ratio_min: float | None = None
-    ratio_max: float | None = None
-    threshold: float = defaults.THRESHOLD
-    inconclusive: bool = False           # the per-repeat ratios straddle the threshold
-    evidence: tuple[str, ...] = ()
-    likely_causes: tuple[str, ...] = ()
-    fix: str = ""
-    arms: tuple[ArmRatio, ...] = ()
-    exit_code: int = dataclasses.field(init=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "exit_code", int(EXIT_CODES[self.classification]))
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckReport:
-    """The A/B and its verdict."""
-
-    kind = "check"
-    verdict: Verdict
-    arms: tuple[ArmReport, ...]
-    settings: RunSettings
-    repeats: int                   # repeats run (the host arm's runs)
-    placement: RankPair | None = None   # the GPU and NIC gdrprobe.check() chose, and why
-
-
-# ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RankPair:
-    """The GPU and NIC a check measured, and why: in a job, the pair its rank will use."""
-
-    rank: str                      # "LOCAL_RANK=3", "SLURM_LOCALID=1"; "" outside a job
-    cuda_ordinal: int | None       # the GPU's number among those this process sees
-    gpu: str                       # what the GPU arm opened: a PCI bus id, or the ordinal
-    gpu_reason: str
-    nic: str | None                # None: the first RDMA device
-    nic_reason: str
-    time_budget_s: float | None = None
-    elapsed_s: float | None = None  # the whole check, doctor and set-up included
 
 
 # ---- the benchmark sweep (gdrprobe.campaign.bench) -------------------------------------
@@ -472,65 +419,7 @@ class BenchReport:
                    else ExitCode.OK)
 
 
-# ---- what an NCCL log proves (gdrprobe.nccl.log) ------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ChannelUse:
-    line: int                 # 1-based line number in the log
-    channel: int
-    direction: str            # "send" or "receive"
-    local: str                # "rank[device]" as the log writes it
-    remote: str
-    transport: str            # "IB" or "Socket"
-    nic_index: int
-    nic_name: str | None      # from the "NET/IB : Using" list, when the log has it
-    proxy_rank: int | None    # PXN: the rank whose NIC carries the data
-    gdrdma: bool
-    pci_mapping: bool         # "(PCI)": DMA-BUF mapped through PCIe on a C2C platform
-    shared: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class NicUse:
-    index: int
-    name: str
-    port: int | None
-    link_layer: str | None            # "IB", "RoCE"
-    gdr_capable: bool | None          # from "GPU Direct RDMA Enabled/Disabled for HCA"
-    gdrdma_channels: int
-    host_memory_channels: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PairDecision:
-    line: int
-    gpu: str
-    nic: str
-    enabled: bool
-    distance: int
-    level: int
-
-
-@dataclasses.dataclass(frozen=True)
-class NcclLogReport:
-    kind = "nccl-log"
-    source: str
-    nccl_version: str | None
-    verdict: str                      # "gdr-all", "gdr-some", "gdr-none", "socket", "no-net-channels"
-    mechanism: str                    # what the log says about DMA-BUF versus peermem
-    nics: tuple[NicUse, ...]
-    channels: tuple[ChannelUse, ...]
-    pair_decisions: tuple[PairDecision, ...]
-    dmabuf_gpus: tuple[int, ...]
-    conclusions: tuple[str, ...]
-    cannot_conclude: tuple[str, ...]
-
-    @property
-    def exit_code(self) -> int:
-        """1 when the log shows network channels and none used GPUDirect RDMA."""
-        return int(ExitCode.VERDICT_NOT_OK if self.verdict in ("gdr-none", "socket")
-                   else ExitCode.OK)
+# ---- what an NCCL log proves: gdrprobe/report/nccl_log.py (NcclLogReport and its parts) ----
 
 
 # ---- every pair of nodes of a job (gdrprobe.campaign.cluster) ---------------------------

@@ -3,11 +3,14 @@ Renderers format; they never decide."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from gdrprobe.report.model import (BandwidthResult, CheckReport, ClusterPair, ClusterReport,
+from gdrprobe.report import finding_ids as ids
+from gdrprobe.report.model import (BandwidthResult, ClusterPair, ClusterReport,
                                    DeviceReport, DoctorReport, Finding, LatencyResult,
-                                   NcclLogReport, RankPair, RunReport, Status)
+                                   RunReport, Status)
+from gdrprobe.report.nccl_log import ChannelUse, NcclLogReport, NicUse
 
 
 def render_devices(report: DeviceReport) -> str:
@@ -26,6 +29,7 @@ def render_devices(report: DeviceReport) -> str:
                 behind = ", ".join(x for x in (gid.netdev, gid.ip_address) if x)
                 lines.append(f"    GID[{gid.index:>3}] {gid.gid}  {gid.type:<7}"
                              f"  {behind}".rstrip())
+    lines += [f"not opened: {note}" for note in report.skipped]
     return "\n".join(lines)
 
 
@@ -101,66 +105,64 @@ def integrity_word(integrity) -> str:
     return f"{word} {integrity.messages_checked}/{integrity.messages_total}"
 
 
-def render_check(report: CheckReport) -> str:
-    v = report.verdict
-    lines = [RULE, f" GPUDirect RDMA: {v.classification.upper()}"
-             + (f" via {v.mechanism}" if v.mechanism else "")
-             + (" (inconclusive)" if v.inconclusive else "")]
-    if v.ratio is not None:
-        lines.append(f" GPU/host bandwidth {v.ratio:.2f} (per repeat {v.ratio_min:.2f}.."
-                     f"{v.ratio_max:.2f}; engaged at >= {v.threshold:.2f})")
-    if report.placement is not None:
-        lines += render_placement(report.placement)
-    lines.append(RULE)
-    lines.append(f" {'arm':<9} {'outcome':<20} {'size[B]':<9} Gb/s per repeat")
-    for arm in report.arms:
-        rates = " ".join(f"{b:.3f}" for b in arm.bandwidths_gbps) or "-"
-        lines.append(f" {arm.arm:<9} {arm.outcome:<20} {arm.size_bytes:<9} {rates}")
-        if arm.pipelined_bound_gbps:
-            bound = " ".join(f"{b:.3f}" for b in arm.pipelined_bound_gbps)
-            lines.append(f" {'':<9} {'pipelined bound':<20} {arm.size_bytes:<9} {bound}")
-        for text in (arm.mechanism_reason, arm.detail):
-            if text:
-                lines.append(f"           {text}")
-    lines.append(RULE)
-    for title, items in (("evidence", v.evidence), ("likely causes", v.likely_causes)):
-        if items:
-            lines.append(f" {title}:")
-            lines += [f"   - {item}" for item in items]
-    if v.fix:
-        lines.append(f" fix: {v.fix}")
-    lines.append(RULE)
-    return "\n".join(lines)
-
-
-def render_placement(pair: RankPair) -> list[str]:
-    """Which GPU and NIC gdrprobe.check() measured, why, and how long it took."""
-    budget = f" of a {pair.time_budget_s:g} s budget" if pair.time_budget_s else ""
-    return [f" GPU {pair.gpu}: {pair.gpu_reason}",
-            f" NIC {pair.nic or '(the first RDMA device)'}: {pair.nic_reason}",
-            f" {pair.elapsed_s:.1f} s{budget}, doctor and set-up included"]
-
-
 def render_nccl_log(report: NcclLogReport) -> str:
-    lines = [f"NCCL log {report.source}: NCCL {report.nccl_version or 'version not in log'}",
-             f"verdict: {report.verdict}", f"mechanism: {report.mechanism}"]
+    several_hosts = len(report.hosts) > 1
+    lines = [f"NCCL log {report.source}: NCCL {report.nccl_version or 'version not in log'}"
+             f"{'; network ' + ', '.join(report.net_plugins) if report.net_plugins else ''}",
+             f"verdict: {report.verdict}", f"mechanism: {report.mechanism}",
+             f"network channel lines: {report.network_channels} ({report.gdrdma_channels} GDRDMA, "
+             f"{report.host_memory_channels} host memory, {report.unknown_channels} cut short); "
+             f"{report.local_channels} inside a node; {report.lines_read} lines read"]
     if report.nics:
         lines.append("NICs:")
-        for nic in report.nics:
-            capable = {True: "GDR capable", False: "GDR unavailable",
-                       None: "GDR capability not logged"}[nic.gdr_capable]
-            lines.append(f"  [{nic.index}] {nic.name}:{nic.port}/{nic.link_layer}  {capable}; "
-                         f"{nic.gdrdma_channels} channel(s) GDRDMA, {nic.host_memory_channels} through host memory")
+        lines += [f"  {row}" for row in nic_rows(report.nics, several_hosts)]
     if report.channels:
         lines.append("channels:")
-        for channel in report.channels:
-            via = f"NET/{channel.transport}/{channel.nic_name or channel.nic_index}"
-            how = "GDRDMA" if channel.gdrdma else "host memory"
-            lines.append(f"  line {channel.line}: channel {channel.channel:02d} {channel.local} -> {channel.remote} "
-                         f"[{channel.direction}] via {via}: {how}")
-    lines += ["what the log shows:"] + [f"  - {text}" for text in report.conclusions]
+        lines += [f"  {render_channel(channel, several_hosts)}" for channel in report.channels]
+    lines += ["what the log shows:"] + [f"  - {text}" for text in
+                                          report.conclusions or ("nothing about GPUDirect RDMA",)]
     lines += ["what it cannot show:"] + [f"  - {text}" for text in report.cannot_conclude]
     return "\n".join(lines)
+
+
+NIC_ROWS = 32     # more NICs than this (a large job's merged log) print one row per NIC name
+
+
+def nic_rows(nics: Sequence[NicUse], several_hosts: bool) -> list[str]:
+    """One row per NIC and host; past NIC_ROWS, the hosts' rows of one NIC, alike in what
+    NCCL said of it, are added up into one."""
+    if len(nics) <= NIC_ROWS:
+        return [render_nic(nic, several_hosts) for nic in nics]
+    groups: dict[tuple, list[NicUse]] = {}
+    for nic in nics:
+        groups.setdefault((nic.transport, nic.index, nic.name, nic.gdr_capable), []).append(nic)
+    return [render_nic(dataclasses.replace(
+        alike[0], host=f"{len(alike)} host(s):",
+        gdrdma_channels=sum(nic.gdrdma_channels for nic in alike),
+        host_memory_channels=sum(nic.host_memory_channels for nic in alike),
+        unknown_channels=sum(nic.unknown_channels for nic in alike)), True) for alike in groups.values()]
+
+
+def render_nic(nic: NicUse, several_hosts: bool) -> str:
+    capable = {True: "GDR capable", False: "GDR unavailable",
+               None: "GDR capability not logged"}[nic.gdr_capable]
+    where = f"{nic.host} " if several_hosts and nic.host else ""
+    port = f":{nic.port}" if nic.port is not None else ""
+    layer = f"/{nic.link_layer}" if nic.link_layer else ""
+    offers = f" (offers {', '.join(nic.gdr_paths)})" if nic.gdr_paths else ""
+    cut = f", {nic.unknown_channels} cut short" if nic.unknown_channels else ""
+    return (f"{where}{nic.transport}[{nic.index}] {nic.name or '(name not in log)'}{port}{layer}  "
+            f"{capable}{offers}; {nic.gdrdma_channels} channel(s) GDRDMA, "
+            f"{nic.host_memory_channels} through host memory{cut}")
+
+
+def render_channel(channel: ChannelUse, several_hosts: bool) -> str:
+    via = f"{'COLLNET' if channel.collnet else 'NET'}/{channel.net_plugin}/{channel.nic_name or channel.nic_index}"
+    how = {True: "GDRDMA", False: "host memory", None: "cut short: GDR use unknown"}[channel.gdrdma]
+    where = f"{channel.host} " if several_hosts and channel.host else ""
+    peer = f" -> {channel.remote}" if channel.remote else ""
+    return (f"line {channel.line}: {where}channel {channel.channel:02d} {channel.local}{peer} "
+            f"[{channel.direction}] via {via}: {how}")
 
 
 # ---- the doctor: the first failure printed is the first thing to fix ------------------
@@ -171,8 +173,13 @@ INDENT = " " * 7
 
 
 def first_blocker(report: DoctorReport) -> Finding | None:
-    """The first failure in flowchart order (the order the doctor produced the findings in)."""
-    return next((f for f in report.findings if f.status is Status.FAIL), None)
+    """What stops GPUDirect RDMA first. A machine without an NVIDIA GPU or a PCI RDMA NIC (a
+    software RDMA device, rxe or siw, has no PCI function and can never do GPUDirect) cannot
+    do it whatever else is fixed, so that finding leads although it is only a warning; else
+    the first failure in flowchart order (the order the doctor produced the findings in)."""
+    impossible = next((f for f in report.findings if f.id == ids.TOPOLOGY_DEVICES
+                       and f.status in (Status.WARN, Status.FAIL)), None)
+    return impossible or next((f for f in report.findings if f.status is Status.FAIL), None)
 
 
 def doctor_headline(report: DoctorReport) -> str:
@@ -209,20 +216,38 @@ def render_doctor(report: DoctorReport) -> str:
     return "\n".join(lines + render_nccl_decisions(report)) + "\n"
 
 
+def render_nccl_library(report: DoctorReport) -> list[str]:
+    library = report.nccl_library
+    if library is None:
+        return []
+    if library.path is None:
+        return [f"NCCL: no libnccl found ({library.source}); NCCL 2.30.7's rules assumed"]
+    version = library.version or "version unknown, 2.30.7's rules assumed"
+    return [f"NCCL: {version}, {library.path} ({library.source})"]
+
+
 def render_nccl_decisions(report: DoctorReport) -> list[str]:
-    """One line per GPU: the NIC NCCL uses, the path, GDR for receives and sends."""
+    """The job's NCCL, then one line per GPU: the network device NCCL uses, the path, GDR
+    for receives and sends; below, the GPUs whose channels spread over several devices or
+    whose GDR runs in PCI mode."""
     if not report.nccl:
         return []
     names = {d.gpu_bdf: d.gpu for d in report.nccl}
     rows = [("GPU", "bus id", "NIC", "path", "GDR recv", "GDR send")]
+    notes = []
     for d in report.nccl:
         path = {"pxn": f"PXN via {names.get(d.via_gpu, d.via_gpu)}", "c2c": "C2C (P2C)",
                 "none": "-"}.get(d.path, f"direct {d.path_type}")
-        rows.append((d.gpu, d.gpu_bdf, d.nic or "-", path, "yes" if d.gdr_write else "no",
+        rows.append((d.gpu, d.gpu_bdf, d.net or d.nic or "-", path, "yes" if d.gdr_write else "no",
                      "yes" if d.gdr_read else "no"))
+        if len({c.net for c in d.channels}) > 1:
+            notes.append(f"{d.gpu} channels: " + ", ".join(f"{c.channel} {c.net}" for c in d.channels)
+                         + ", then again")
+        if d.gdr_mode == "pci":
+            notes.append(f"{d.gpu} GDR mode: PCI (a PCIe mapping of GPU memory, the GPU being on C2C)")
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["", "== what NCCL will do, per GPU =="] + [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return ["", "== what NCCL will do, per GPU =="] + render_nccl_library(report) + [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows] + notes
 
 
 # ---- the cluster matrix ---------------------------------------------------------------

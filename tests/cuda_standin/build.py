@@ -1,4 +1,4 @@
-"""Compile the stand-in libcuda.so.1 (standin.c) at test time.
+"""Compile the stand-in libcuda.so.1 (standin.c, standin_vmm.c) at test time.
 
 Each variant lands in its own directory, named after a hash of the source and the flags,
 under the system's temporary directory: put that directory first on LD_LIBRARY_PATH and
@@ -14,7 +14,9 @@ import shutil
 import subprocess
 import tempfile
 
-SOURCE = pathlib.Path(__file__).with_name("standin.c")
+HERE = pathlib.Path(__file__).parent
+SOURCES = [HERE / "standin.c", HERE / "standin_vmm.c"]
+HEADER = HERE / "standin.h"
 LIBRARY = "libcuda.so.1"
 # A driver older than CUDA 12.0: no cuGetProcAddress_v2 (what cuda-bindings 12.x+ need).
 VARIANTS = {"": [], "no-proc-address-v2": ["-DSTANDIN_NO_PROC_ADDRESS_V2"]}
@@ -23,7 +25,8 @@ VARIANTS = {"": [], "no-proc-address-v2": ["-DSTANDIN_NO_PROC_ADDRESS_V2"]}
 def build(variant: str = "") -> pathlib.Path:
     """The directory holding the compiled stand-in; compiled once per source and flags."""
     flags = VARIANTS[variant]
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    text = b"".join(path.read_bytes() for path in (*SOURCES, HEADER))
+    digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     directory = pathlib.Path(tempfile.gettempdir()) / f"gdrprobe-cuda-standin-{digest}"
     library = directory / LIBRARY
     if library.exists():
@@ -35,7 +38,8 @@ def build(variant: str = "") -> pathlib.Path:
     # Build beside the target and rename, so a concurrent run never loads half a file.
     partial = directory / f"{LIBRARY}.{os.getpid()}"
     subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared",
-                    "-fPIC", *flags, "-o", str(partial), str(SOURCE), "-lpthread"], check=True)
+                    "-fPIC", *flags, "-o", str(partial), *map(str, SOURCES), "-lpthread"],
+                   check=True)
     partial.rename(library)
     return directory
 

@@ -37,6 +37,8 @@ def load_standin():
     library.standin_calls.restype = ctypes.c_long
     library.standin_calls_without_context.restype = ctypes.c_long
     library.standin_set_alloc_offset.argtypes = [ctypes.c_size_t]
+    library.standin_vmm_gdr_capable.argtypes = [ctypes.c_ulonglong]
+    library.standin_vmm_state.argtypes = [ctypes.c_ulonglong]
     return library
 
 

@@ -18,6 +18,8 @@
  * cuGetProcAddress_v2 (what R470-era drivers export).
  */
 #define _GNU_SOURCE
+#include "standin.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -29,23 +31,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct standin_context *CUcontext;
-
-/* CUresult values used here (cuda.h; identical in cuda-bindings 12.x and 13.x). */
-enum {
-    SUCCESS = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3,
-    NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_CONTEXT = 201, NOT_FOUND = 500,
-    NOT_SUPPORTED = 801,
-};
-
-#define MAX_DEVICES 8
 #define MAX_ALLOCATIONS 256
 #define MAX_RULES 64
 #define NAME_BYTES 64
-#define HOST_PAGE 4096ULL
 
 enum kind { KIND_NONE, KIND_DEVICE, KIND_MANAGED, KIND_HOST };
 
@@ -71,19 +59,21 @@ static int retained[MAX_DEVICES];
 static struct allocation allocations[MAX_ALLOCATIONS];
 static struct rule rules[MAX_RULES];
 static struct counter counters[MAX_RULES * 2];
-static int attributes[MAX_DEVICES][256];
+int attributes[MAX_DEVICES][256];
 static int device_count = 1;
 static int driver_version = 12080;
-static int initialised;
+int initialised;
 static size_t alloc_offset;
-static long calls_without_context;
+long calls_without_context;
 static int exported_fds[MAX_ALLOCATIONS];
 static int exported_count;
 static CUdeviceptr last_export_address;
 static size_t last_export_length;
 static unsigned long long last_export_flags;
 static int flushes;
-static __thread CUcontext current;
+static int compute_held;      /* another process holds the GPU, or no process may use it */
+static int pcie_mapping_refused;
+__thread CUcontext current;
 
 /* ---- configuration and failure injection ------------------------------------------ */
 
@@ -95,14 +85,19 @@ static void default_attributes(void)
         attributes[d][117] = 1;   /* GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: HOST */
         attributes[d][118] = 0;   /* GPU_DIRECT_RDMA_WRITES_ORDERING: NONE */
         attributes[d][124] = 1;   /* DMA_BUF_SUPPORTED */
+        attributes[d][102] = 1;   /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+        attributes[d][110] = 1;   /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
     }
 }
+
+static void apply_environment(void);
 
 __attribute__((constructor)) static void standin_load(void)
 {
     default_attributes();
     for (int d = 0; d < MAX_DEVICES; d++)
         contexts[d].device = d;
+    apply_environment();
 }
 
 static struct rule *find_rule(const char *name)
@@ -136,8 +131,7 @@ static void count_call(const char *name)
     }
 }
 
-/* The result a test asked this call to return, or SUCCESS to go on normally. */
-static CUresult injected(const char *name)
+CUresult injected(const char *name)
 {
     pthread_mutex_lock(&lock);
     count_call(name);
@@ -151,11 +145,6 @@ static CUresult injected(const char *name)
     pthread_mutex_unlock(&lock);
     return result;
 }
-
-#define ENTER(name) do { CUresult r_ = injected(name); if (r_) return r_; } while (0)
-#define NEEDS_INIT() do { if (!initialised) return NOT_INITIALIZED; } while (0)
-#define NEEDS_CONTEXT() do { if (!current) { calls_without_context++; \
-                                             return INVALID_CONTEXT; } } while (0)
 
 void standin_fail(const char *name, int result, int times)
 {
@@ -180,6 +169,58 @@ void standin_set_attribute(int attribute, int value)
             attributes[d][attribute] = value;
 }
 
+/* ---- configuration by environment, for a process a test starts (the lab's gdrprobe) ---- */
+
+/* Each "key=number" of a comma-separated list, to apply(key, number). */
+static void each_setting(const char *list, void (*apply)(const char *key, int value))
+{
+    char copy[1024], *saved = NULL;
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *item = strtok_r(copy, ",", &saved); item; item = strtok_r(NULL, ",", &saved)) {
+        char *equals = strchr(item, '=');
+        if (equals) {
+            *equals = '\0';
+            apply(item, atoi(equals + 1));
+        }
+    }
+}
+
+static void fail_always(const char *name, int result) { standin_fail(name, result, -1); }
+static void attribute_setting(const char *key, int value) { standin_set_attribute(atoi(key), value); }
+
+/*
+ * GDRPROBE_STANDIN_FAIL        call=result,...: those calls always return that CUresult,
+ *                              known to the bindings or not (cuInit=802, cuInit=916)
+ * GDRPROBE_STANDIN_ATTRIBUTES  attribute=value,...: device attributes by number (102=0: no VMM)
+ * GDRPROBE_STANDIN_DRIVER_VERSION  the CUDA version the driver reports (12040, 11080)
+ * GDRPROBE_STANDIN_COMPUTE_MODE    default, prohibited, exclusive-process, or
+ *                              exclusive-process-held (another process has the GPU): the
+ *                              COMPUTE_MODE attribute, and CUDA_ERROR_DEVICE_UNAVAILABLE from
+ *                              cuDevicePrimaryCtxRetain where no context may be made, as the
+ *                              CUcomputemode documentation describes
+ * GDRPROBE_STANDIN_PCIE_MAPPING    refused: the platform refuses the PCIe mapping type of a
+ *                              DMA-BUF export (CUDA_ERROR_NOT_SUPPORTED), as a GPU without a
+ *                              C2C link to its CPU may
+ */
+static void apply_environment(void)
+{
+    const char *text;
+    if ((text = getenv("GDRPROBE_STANDIN_FAIL")))
+        each_setting(text, fail_always);
+    if ((text = getenv("GDRPROBE_STANDIN_ATTRIBUTES")))
+        each_setting(text, attribute_setting);
+    if ((text = getenv("GDRPROBE_STANDIN_DRIVER_VERSION")))
+        driver_version = atoi(text);
+    if ((text = getenv("GDRPROBE_STANDIN_COMPUTE_MODE"))) {
+        int prohibited = strcmp(text, "prohibited") == 0;
+        int exclusive = strncmp(text, "exclusive-process", 17) == 0;
+        standin_set_attribute(20, prohibited ? 2 : exclusive ? 3 : 0);   /* COMPUTE_MODE */
+        compute_held = prohibited || strcmp(text, "exclusive-process-held") == 0;
+    }
+    if ((text = getenv("GDRPROBE_STANDIN_PCIE_MAPPING")))
+        pcie_mapping_refused = strcmp(text, "refused") == 0;
+}
+
 void standin_set_devices(int count) { device_count = count; }
 void standin_set_driver_version(int version) { driver_version = version; }
 void standin_set_alloc_offset(size_t offset) { alloc_offset = offset; }
@@ -197,7 +238,7 @@ int standin_flushes(void) { return flushes; }
 
 int standin_live(int kind)
 {
-    int live = 0;
+    int live = kind < 0 ? vmm_live() : 0;
     for (int i = 0; i < MAX_ALLOCATIONS; i++)
         if (allocations[i].kind != KIND_NONE && (kind < 0 || (int)allocations[i].kind == kind))
             live++;
@@ -266,7 +307,10 @@ void standin_reset(void)
     calls_without_context = 0;
     exported_count = 0;
     flushes = 0;
+    compute_held = pcie_mapping_refused = 0;
     current = NULL;
+    vmm_reset();
+    apply_environment();
 }
 
 /* ---- allocations ---------------------------------------------------------------------- */
@@ -381,7 +425,7 @@ static CUresult cuDeviceGet_(CUdevice *device, int ordinal)
     return SUCCESS;
 }
 
-static int valid_device(CUdevice device) { return device >= 0 && device < device_count; }
+int valid_device(CUdevice device) { return device >= 0 && device < device_count; }
 
 static CUresult cuDeviceGetName_(char *name, int length, CUdevice device)
 {
@@ -443,6 +487,8 @@ static CUresult cuDevicePrimaryCtxRetain_(CUcontext *context, CUdevice device)
         return INVALID_VALUE;
     if (!valid_device(device))
         return INVALID_DEVICE;
+    if (compute_held)
+        return DEVICE_UNAVAILABLE;
     retained[device]++;
     *context = &contexts[device];
     return SUCCESS;
@@ -546,8 +592,10 @@ static CUresult copy_checked(void *to, const void *from, size_t length, CUdevice
 {
     if (!to || !from)
         return INVALID_VALUE;
-    /* Under UVA a pinned host allocation (DEVICEMAP) is a valid device-side address too. */
-    if (!allocation_holding(device_side, length))
+    /* Under UVA a pinned host allocation (DEVICEMAP) is a valid device-side address too;
+     * VMM memory only once mapped and made accessible (cuMemSetAccess). */
+    struct vmm_span span;
+    if (!allocation_holding(device_side, length) && !vmm_find(device_side, length, &span))
         return INVALID_VALUE;
     memmove(to, from, length);
     return SUCCESS;
@@ -581,21 +629,24 @@ static CUresult cuMemGetHandleForAddressRange_(void *handle, CUdeviceptr address
         return INVALID_VALUE;
     if (flags == 1 && driver_version < 12080)
         return INVALID_VALUE;
+    if (flags == 1 && pcie_mapping_refused)
+        return NOT_SUPPORTED;
     if (address % HOST_PAGE || length % HOST_PAGE || length == 0)
         return INVALID_VALUE;
-    /* The exported range may start before the buffer (aligned down) inside its mapping. */
-    struct allocation *a = NULL;
+    /* The exported range may start before the buffer (aligned down) inside its mapping;
+     * VMM memory exports where it is mapped and accessible. */
+    struct vmm_span span = {-1, 0, 0, 0};
     for (int i = 0; i < MAX_ALLOCATIONS; i++) {
         struct allocation *c = &allocations[i];
         CUdeviceptr base = (CUdeviceptr)(uintptr_t)c->mapping;
         if (c->kind == KIND_DEVICE && address >= base && address + length <= base + c->mapped)
-            a = c;
+            span = (struct vmm_span){c->memfd, base, c->mapped, c->device};
     }
-    if (!a)
+    if (span.memfd < 0 && !vmm_find(address, length, &span))
         return INVALID_VALUE;
-    if (!attributes[a->device][124])
+    if (!attributes[span.device][124])
         return NOT_SUPPORTED;
-    int fd = fcntl(a->memfd, F_DUPFD_CLOEXEC, 3);
+    int fd = fcntl(span.memfd, F_DUPFD_CLOEXEC, 3);
     if (fd < 0)
         return OUT_OF_MEMORY;
     *(int *)handle = fd;
@@ -678,7 +729,7 @@ static void *resolve(const char *symbol)
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         if (strcmp(entries[i].name, symbol) == 0)
             return entries[i].function;
-    return NULL;
+    return vmm_entry(symbol);
 }
 
 #ifndef STANDIN_NO_PROC_ADDRESS_V2

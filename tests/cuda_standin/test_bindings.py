@@ -17,7 +17,8 @@ import threading
 import pytest
 
 from gdrprobe import _native
-from gdrprobe.errors import ExitCode, GdrprobeError, NotTestable, ResourceLimit, UsageError
+from gdrprobe.errors import (ExitCode, GdrprobeError, GpuOutOfMemory, GpuUnusable, NotTestable,
+                             UsageError)
 from gdrprobe.memory import cuda
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, StagedGpuMemory
 from tests.cuda_standin.conftest import error_of, real_driver_present
@@ -151,14 +152,17 @@ def test_every_call_makes_its_context_current_on_the_calling_thread(standin, gpu
     assert standin.flushes() == 1
 
 
+@pytest.mark.parametrize("allocation, live", [("malloc", 2), ("vmm", 3)])
 @pytest.mark.parametrize("provider", [PeermemGpuMemory, StagedGpuMemory, DmaBufGpuMemory])
-def test_each_provider_frees_all_it_allocated(standin, gpu, provider):
-    with provider(gpu, 5000) as memory:
+def test_each_provider_frees_all_it_allocated(standin, gpu, provider, allocation, live):
+    with provider(gpu, 5000, "device", allocation) as memory:
         memory.fill_pattern(0, 5000, 4)
         _native.zero_fill(memory.staging.ptr, 5000)
         assert memory.verify_pattern(0, 5000, 4) == (0, -1)
         assert memory.describe()["mechanism"] == provider.mechanism
-        assert standin.live(-1) == 2     # the GPU buffer and its pinned staging copy
+        assert memory.describe()["allocation"] == allocation
+        # the GPU buffer (VMM: its memory and its address range) and the staging copy
+        assert standin.live(-1) == live
     assert standin.live(-1) == 0
 
 
@@ -186,6 +190,10 @@ def export(gpu):
         os.close(fd)
 
 
+def allocate_vmm(gpu):
+    gpu.allocate("device", 4096, "vmm").close()
+
+
 # Each driver call gdrprobe makes, and an action of gdrprobe's that makes it.
 ACTIONS = {
     "cuInit": lambda gpu: (cuda.driver.cache_clear(), cuda.driver()),
@@ -209,6 +217,9 @@ ACTIONS = {
     "cuMemcpyDtoH": copy_round_trip,
     "cuMemGetHandleForAddressRange": export,
     "cuFlushGPUDirectRDMAWrites": lambda gpu: gpu.flush_rdma_writes(),
+    **{call: allocate_vmm for call in ("cuMemGetAllocationGranularity", "cuMemCreate",
+                                       "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess",
+                                       "cuMemUnmap", "cuMemAddressFree", "cuMemRelease")},
 }
 DOCUMENTED_EXIT_CODES = {int(code) for code in ExitCode}
 
@@ -236,22 +247,27 @@ def test_every_result_of_each_call_is_a_named_error(standin, call):
     assert not handled or call == "cuDeviceGetAttribute", handled
 
 
-def test_a_failed_allocation_step_frees_what_came_before(standin, gpu):
-    for call in ("cuPointerSetAttribute", "cuMemHostAlloc"):
-        standin.fail(call, 2, 1)
-        with pytest.raises(GdrprobeError):
-            PeermemGpuMemory(gpu, 4096)
-        assert standin.live(-1) == 0
+@pytest.mark.parametrize("allocation, calls", [
+    ("malloc", ("cuPointerSetAttribute", "cuMemHostAlloc")),
+    ("vmm", ("cuMemGetAllocationGranularity", "cuMemCreate", "cuMemAddressReserve", "cuMemMap",
+             "cuMemSetAccess", "cuMemHostAlloc")),
+])
+def test_a_failed_allocation_step_frees_what_came_before(standin, gpu, allocation, calls):
+    for call in calls:
+        standin.fail(call, 1, 1)
+        with pytest.raises(GdrprobeError, match=call):
+            PeermemGpuMemory(gpu, 4096, "device", allocation)
+        assert standin.live(-1) == 0, call
 
 
 @pytest.mark.parametrize("result, error_class, cause_words, fix_words", [
-    ("CUDA_ERROR_SYSTEM_NOT_READY", NotTestable, "fabric manager", "nvidia-fabricmanager"),
-    ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", NotTestable, "forward-compatibility",
+    ("CUDA_ERROR_SYSTEM_NOT_READY", GpuUnusable, "fabric manager", "nvidia-fabricmanager"),
+    ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", GpuUnusable, "forward-compatibility",
      "cuda-compat"),
-    ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", NotTestable, "kernel module", "reload"),
+    ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", GpuUnusable, "kernel module", "reload"),
     ("CUDA_ERROR_STUB_LIBRARY", NotTestable, "stub", "LD_LIBRARY_PATH"),
     ("CUDA_ERROR_NO_DEVICE", NotTestable, "no GPU", "nvidia-smi"),
-    ("CUDA_ERROR_OUT_OF_MEMORY", ResourceLimit, "out of memory", "free GPU memory"),
+    ("CUDA_ERROR_OUT_OF_MEMORY", GpuOutOfMemory, "out of memory", "free GPU memory"),
 ])
 def test_start_up_results_name_their_cause(standin, result, error_class, cause_words, fix_words):
     code = int(getattr(cuda.import_driver().CUresult, result))

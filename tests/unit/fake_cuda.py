@@ -24,6 +24,15 @@ class CUdevice_attribute(enum.IntEnum):
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS = 117
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118
     CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110
+
+
+class Struct:
+    """A cuda.bindings structure: attributes set by the caller, nested ones made on use."""
+
+    def __init__(self, **nested):
+        self.__dict__.update(nested)
 
 
 class FakeDriver:
@@ -46,6 +55,33 @@ class FakeDriver:
     CU_MEMHOSTALLOC_PORTABLE = 1
     CU_MEMHOSTALLOC_DEVICEMAP = 2
     OK = (FakeResult.CUDA_SUCCESS,)
+
+    # ---- VMM: the enums and structures cuda_vmm uses, with cuda.h's values ----
+
+    class CUmemAllocationType(enum.IntEnum):
+        CU_MEM_ALLOCATION_TYPE_PINNED = 1
+
+    class CUmemAllocationHandleType(enum.IntEnum):
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+
+    class CUmemLocationType(enum.IntEnum):
+        CU_MEM_LOCATION_TYPE_DEVICE = 1
+
+    class CUmemAccess_flags(enum.IntEnum):
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+
+    class CUmemAllocationGranularity_flags(enum.IntEnum):
+        CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
+
+    @staticmethod
+    def CUmemAllocationProp():
+        return Struct(location=Struct(), allocFlags=Struct())
+
+    @staticmethod
+    def CUmemAccessDesc():
+        return Struct(location=Struct())
+
+    GRANULARITY = 2 << 20
 
     def __init__(self, attributes=None, fail=(), unknown=(), name=b"Fake H100",
                  bus_id=b"00000000:3B:00.0", driver_version=12080):
@@ -146,3 +182,32 @@ class FakeDriver:
 
     def cuFlushGPUDirectRDMAWrites(self, target, scope):
         return self._result("cuFlushGPUDirectRDMAWrites")
+
+    def cuMemGetAllocationGranularity(self, prop, option):
+        return self._result("cuMemGetAllocationGranularity", self.GRANULARITY)
+
+    def cuMemCreate(self, size, prop, flags):
+        self.created = (size, prop)
+        return self._result("cuMemCreate", 0x5000 + size)
+
+    def cuMemAddressReserve(self, size, alignment, address, flags):
+        result = self._alloc("cuMemAddressReserve", size, "vmm")
+        self.reserved = (size, alignment)
+        return result
+
+    def cuMemMap(self, ptr, size, offset, handle, flags):
+        self.mapped = (ptr, size, handle)
+        return self._result("cuMemMap")
+
+    def cuMemSetAccess(self, ptr, size, descriptors, count):
+        self.access = (ptr, size, descriptors, count)
+        return self._result("cuMemSetAccess")
+
+    def cuMemUnmap(self, ptr, size):
+        return self._result("cuMemUnmap")
+
+    def cuMemAddressFree(self, ptr, size):
+        return self._free("cuMemAddressFree", ptr, "vmm")
+
+    def cuMemRelease(self, handle):
+        return self._result("cuMemRelease")

@@ -340,3 +340,134 @@ def test_a_gpu_arm_the_budget_never_reached_is_not_testable_and_says_why():
     assert "time budget of 10 s holds no further run" in report.arms[1].detail
     assert report.verdict.classification == "not testable"
     assert report.verdict.fix == "give the check a larger time budget"
+
+
+# ---- GPU memory at both ends, and the direction that fails (issue 19) -----------------
+
+BOTH_ENDS = MemorySpec.from_choice("gpu")
+
+
+def direction_of(local: MemorySpec, remote: MemorySpec) -> str:
+    return {(True, True): "both", (True, False): "read", (False, True): "write"}.get(
+        (local.kind == "gpu", remote.kind == "gpu"), "host")
+
+
+def directional_probe(outcomes: dict, calls: list, host_gbps=(100.0,)):
+    """run_once whose arms end as outcomes[direction] says (a rate or an error); the host
+    arm's rates cycle through host_gbps, run by run."""
+    host_rates = iter(host_gbps * 100)
+
+    def run_once(local: MemorySpec, remote: MemorySpec) -> RunReport:
+        direction = direction_of(local, remote)
+        calls.append(direction)
+        if direction == "host":
+            return recorded_run(next(host_rates), {"kind": "host"})
+        outcome = outcomes[direction]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return recorded_run(outcome, {"kind": "gpu", "mechanism": "dmabuf"})
+    return run_once
+
+
+def two_ended(outcomes: dict, **kwargs):
+    calls: list = []
+    arms = plan_arms(BOTH_ENDS, BOTH_ENDS, False)
+    report = run_ab(directional_probe(outcomes, calls, kwargs.pop("host_gbps", (100.0,))),
+                    arms, repeats=3, min_repeats=2, **kwargs)
+    return report, calls
+
+
+def test_gpu_memory_at_both_ends_plans_one_arm_per_direction_to_diagnose():
+    arms = plan_arms(BOTH_ENDS, BOTH_ENDS, with_staged=False)
+    assert [(a.direction, a.role) for a in arms] == [
+        ("", ""), ("both", "decides"), ("read", "diagnoses"), ("write", "diagnoses")]
+    assert arms[2].remote.kind == "host" and arms[3].local.kind == "host"
+
+
+def test_an_engaged_two_ended_arm_runs_no_direction_arms():
+    report, calls = two_ended({"both": 97.0})
+    assert calls == ["host", "both"] * 2
+    assert [(arm.arm, arm.direction) for arm in report.arms] == [("host", ""), ("dmabuf", "both")]
+    verdict = report.verdict
+    assert verdict.classification == "engaged" and verdict.direction is None
+    assert [(r.arm, r.direction, r.role) for r in verdict.arms] == [("dmabuf", "both", "decides")]
+
+
+def test_a_slow_write_direction_is_named_with_nccls_receives():
+    report, calls = two_ended({"both": 50.0, "read": 98.0, "write": 50.0})
+    assert calls == ["host", "both"] * 2 + ["host", "read", "write"] * 2
+    verdict = report.verdict
+    assert verdict.classification == "degraded" and verdict.direction == "write"
+    assert verdict.evidence[0].startswith(
+        "failing direction: write: the NIC writing GPU memory (NCCL's receives, gdr_write)")
+    assert {(r.direction, r.role) for r in verdict.arms} == {
+        ("both", "decides"), ("read", "diagnoses"), ("write", "diagnoses")}
+    assert [arm.direction for arm in report.arms] == ["", "both", "read", "write"]
+
+
+def test_a_slow_direction_is_named_below_the_floor_too():
+    from gdrprobe.report.check import FloorCheck
+
+    floor = FloorCheck("mlx5_0", 1, 200.0, 0.8, True, False, "")
+    report, _ = two_ended({"both": 50.0, "read": 98.0, "write": 50.0}, floor=floor)
+    assert report.verdict.below_floor and report.verdict.direction == "write"
+
+
+def test_a_broken_read_direction_is_named():
+    corrupt = IntegrityError("payload corrupted at 1048576 B on the server", "check the IOMMU")
+    corrupt.mechanism = "dmabuf"          # as the client names the GPU side's mechanism
+    report, _ = two_ended({"both": corrupt, "read": corrupt, "write": 98.0})
+    assert report.verdict.classification == "not engaged"
+    assert report.verdict.direction == "read"
+    assert report.verdict.likely_causes[0].startswith("the data path is broken")
+
+
+def test_each_direction_keeping_up_alone_blames_both_at_once():
+    report, _ = two_ended({"both": 50.0, "read": 98.0, "write": 97.0})
+    assert report.verdict.direction == "both"
+    assert "each direction alone keeps up" in report.verdict.evidence[0]
+
+
+def test_direction_arms_pair_with_the_host_runs_of_their_own_repeats():
+    # The host arm ran at 100 Gb/s while the two-ended arm did, at 200 afterwards.
+    report, _ = two_ended({"both": 50.0, "read": 190.0, "write": 100.0},
+                          host_gbps=(100.0, 100.0, 200.0, 200.0))
+    ratios = {r.direction: r.ratio for r in report.verdict.arms}
+    assert ratios["read"] == pytest.approx(0.95) and ratios["write"] == pytest.approx(0.5)
+    assert report.verdict.direction == "write"
+
+
+def test_a_budget_spent_before_the_direction_arms_leaves_the_direction_unknown():
+    calls: list = []
+    probe = directional_probe({"both": 50.0, "read": 98.0, "write": 98.0}, calls)
+
+    def budgeted(local, remote):
+        if len(calls) == 4:
+            raise StopSampling("the time budget of 10 s holds no further run")
+        return probe(local, remote)
+
+    report = run_ab(budgeted, plan_arms(BOTH_ENDS, BOTH_ENDS, False), repeats=3,
+                    min_repeats=2)
+    assert report.verdict.classification == "degraded"
+    assert report.verdict.direction == "unknown"
+    assert "time budget of 10 s" in report.verdict.evidence[0]
+    assert [arm.outcome for arm in report.arms[2:]] == ["not testable", "not testable"]
+
+
+def test_a_refused_registration_runs_no_direction_arms():
+    refused = RegistrationFailed("registering GPU memory through DMA-BUF failed", "",
+                                 error_code=95, mechanism="dmabuf")
+    report, calls = two_ended({"both": refused})
+    assert calls == ["host", "both"]
+    assert report.verdict.classification == "not engaged"
+    assert report.verdict.direction == "both"
+
+
+def test_the_report_keeps_the_gpu_arms_settings_and_every_arms_line_rate_share():
+    from gdrprobe.report.check import FloorCheck
+
+    floor = FloorCheck("mlx5_0", 1, 200.0, 0.8, True, False, "")
+    report, _ = two_ended({"both": 97.0}, floor=floor)
+    assert report.gpu_settings is not None and report.floor is floor
+    assert [arm.line_rate_fraction for arm in report.arms] == [0.5, pytest.approx(0.485)]
+    assert report.verdict.classification == "degraded" and report.verdict.below_floor

@@ -286,3 +286,80 @@ def test_a_broken_gpu_data_path_is_the_pairs_answer():
     assert {r.outcome for r in peermem} == {"data path broken"}
     assert sum(run.memory == "peermem" for run in calls) == 1
     assert report.pairs[0].verdict.classification == "degraded"   # dmabuf ran at 0.5
+
+
+# ---- the command: output paths before measuring, rows as they are measured ----------------
+
+
+def bench_command(monkeypatch, on_each_row=lambda: None):
+    """gdrprobe.bench replaced by the recorded sweep, each row handed to on_row as the
+    engine does (with its ratios); returns the rows the sweep was asked for."""
+    import gdrprobe
+
+    report, _ = sweep()
+    asked = []
+
+    def fake_bench(on_row, **arguments):
+        asked.append(arguments)
+        for done, row in enumerate(report.rows, 1):
+            on_row(row, done, len(report.rows))
+            on_each_row()
+        return report
+    monkeypatch.setattr(gdrprobe, "bench", fake_bench)
+    return report, asked
+
+
+@pytest.mark.parametrize("flag, path", [
+    ("-o", "missing/sweep.json"), ("--csv", "missing/sweep.csv"),
+    ("--prometheus", "missing/gdrprobe.prom"), ("--plot", "missing/plots/here"),
+    ("-o", "."), ("--csv", "a-file/sweep.csv")])
+def test_every_output_path_is_checked_before_anything_is_measured(flag, path, tmp_path,
+                                                                  monkeypatch, capsys):
+    from gdrprobe.cli import main
+
+    _, asked = bench_command(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    assert main(["bench", flag, path]) == 2
+    assert asked == []                                  # the sweep never started
+    error = capsys.readouterr().err
+    assert "nothing was measured" in error and "fix:" in error
+
+
+def test_rows_are_printed_as_they_are_measured_through_a_pipe(monkeypatch, capsys, tmp_path):
+    """stdout here is no terminal (capsys): each row is out before the next is measured,
+    with its GPU/host ratio; the summary follows without repeating them; files at the end."""
+    from gdrprobe.cli import main
+
+    printed = []
+    report, _ = bench_command(monkeypatch, lambda: printed.append(capsys.readouterr().out))
+    assert main(["bench", "--csv", str(tmp_path / "sweep.csv")]) == 0
+    summary = capsys.readouterr().out
+    assert len(printed) == len(report.rows) and all(printed)
+    assert printed[0].splitlines()[0] == outputs.BANDWIDTH_HEADER
+    first = printed[0].splitlines()[1].split()
+    assert first[:5] + first[-3:] == ["-", "mlx5_0", "host", "1", "4096", "-", "20%", "measured"]
+    latency_start = [i for i, text in enumerate(printed) if outputs.LATENCY_HEADER in text]
+    assert len(latency_start) == 1                       # a header where the mode changes
+    dmabuf = next(text for text in printed if " dmabuf " in text)
+    assert " 0.95 " in dmabuf                            # the ratio, as it is measured
+    assert "rows in 3.0 s" in summary and " dmabuf " not in summary
+    assert (tmp_path / "sweep.csv").exists()
+
+
+def test_the_streamed_rows_are_the_table_render_bench_prints():
+    report, _ = sweep()
+    table = outputs.BenchTable()
+    streamed = [line for row in report.rows for line in table.lines(row)]
+    assert outputs.render_bench(report).startswith(
+        outputs.RULE + "\n" + "\n".join(streamed) + "\n" + outputs.RULE)
+
+
+def test_the_engine_hands_each_row_over_with_its_ratios():
+    seen = []
+    report = bench.ratios_as_measured(lambda row, done, total: seen.append(row),
+                                      {"mlx5_0": 100.0})
+    execute, _ = execute_with()
+    bench.run_sweep(PLAN, execute, report)
+    assert seen == bench.with_ratios(seen, {"mlx5_0": 100.0})
+    assert any(row.gpu_host_ratio == pytest.approx(0.95) for row in seen)

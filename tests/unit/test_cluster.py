@@ -17,9 +17,9 @@ from gdrprobe.errors import NoDevice
 from gdrprobe.campaign import cluster
 from gdrprobe.campaign.verdict import ArmMeasurement, classify
 from gdrprobe.memory.cuda import NO_DRIVER_FIX, unloadable_driver
-from gdrprobe.report.model import (ArmReport, BandwidthResult, CheckReport, ClusterPair,
-                                   EndpointSummary, Integrity, RunReport, RunSettings, Verdict,
-                                   to_json)
+from gdrprobe.report.check import ArmReport, CheckReport, Verdict
+from gdrprobe.report.model import (BandwidthResult, ClusterPair, EndpointSummary, Integrity,
+                                   RunReport, RunSettings, to_json)
 from gdrprobe.report.text import render_cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

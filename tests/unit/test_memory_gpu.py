@@ -6,12 +6,16 @@ import ctypes
 import enum
 import errno
 import os
+import sys
 
 import pytest
 
 from gdrprobe import _native
 from gdrprobe.memory import cuda
-from gdrprobe.errors import ExitCode, NotTestable, ResourceLimit, UsageError
+from gdrprobe.memory.cuda_results import RESULT_ERRORS
+from gdrprobe.errors import (CudaError, ExitCode, GpuOutOfMemory, GpuUnusable, NotTestable,
+                             UsageError)
+from gdrprobe.errors import SCHEDULER_ACTION
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, StagedGpuMemory, choose_mechanism
 from gdrprobe.memory.nic_probe import NicDmaBufSupport, interpret_nic_probe
@@ -55,8 +59,8 @@ def test_check_returns_the_value_or_none():
 
 
 @pytest.mark.parametrize("result, error_class, words", [
-    (FakeResult.CUDA_ERROR_INVALID_VALUE, cuda.CudaError, "a CUDA driver call failed"),
-    (FakeResult.CUDA_ERROR_OUT_OF_MEMORY, ResourceLimit, "out of memory"),
+    (FakeResult.CUDA_ERROR_INVALID_VALUE, CudaError, "a CUDA driver call failed"),
+    (FakeResult.CUDA_ERROR_OUT_OF_MEMORY, GpuOutOfMemory, "out of memory"),
     (FakeResult.CUDA_ERROR_NO_DEVICE, NotTestable, "not testable: no GPU"),
 ])
 def test_check_names_the_call_and_the_error(result, error_class, words):
@@ -231,21 +235,21 @@ def test_the_device_retains_and_releases_its_context_once():
 
 def test_a_failed_context_switch_releases_the_context():
     driver = FakeDriver(fail={"cuCtxSetCurrent"})
-    with pytest.raises(cuda.CudaError, match="cuCtxSetCurrent returned CUDA_ERROR_INVALID_VALUE"):
+    with pytest.raises(CudaError, match="cuCtxSetCurrent returned CUDA_ERROR_INVALID_VALUE"):
         cuda.GpuDevice(driver, 0, "0")
     assert driver.retained == 0
 
 
 def test_device_memory_is_freed_when_sync_memops_fails():
     driver, gpu = fake_gpu(fail={"cuPointerSetAttribute"})
-    with pytest.raises(cuda.CudaError, match="SYNC_MEMOPS"):
+    with pytest.raises(CudaError, match="SYNC_MEMOPS"):
         gpu.alloc_device(4096)
     assert driver.live == {}
 
 
 def test_the_gpu_buffer_is_freed_when_the_staging_buffer_fails():
     driver, gpu = fake_gpu(fail={"cuMemHostAlloc"})
-    with pytest.raises(cuda.CudaError, match="cuMemHostAlloc"):
+    with pytest.raises(CudaError, match="cuMemHostAlloc"):
         PeermemGpuMemory(gpu, 8192)
     assert driver.live == {}
 
@@ -366,28 +370,39 @@ class StartUpResult(enum.IntEnum):
 
 
 @pytest.mark.parametrize("result, words", [
-    (StartUpResult.CUDA_ERROR_SYSTEM_NOT_READY, "fabric manager"),
-    (StartUpResult.CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward-compatibility"),
     (StartUpResult.CUDA_ERROR_STUB_LIBRARY, "stub"),
-    (StartUpResult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "kernel module"),
     (StartUpResult.CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "older than this call needs"),
-    (StartUpResult.CUDA_ERROR_DEVICE_UNAVAILABLE, "unavailable"),
     (StartUpResult.CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS"),
 ])
-def test_start_up_results_are_not_testable_with_their_cause(result, words):
+def test_start_up_results_of_the_checks_own_environment_are_not_testable(result, words):
     with pytest.raises(NotTestable) as raised:
         cuda.check((result,), "cuInit(0)")
     assert words in raised.value.cause and raised.value.fix
     assert raised.value.exit_code == ExitCode.NOT_TESTABLE
 
 
+@pytest.mark.parametrize("result, words", [
+    (StartUpResult.CUDA_ERROR_SYSTEM_NOT_READY, "fabric manager"),
+    (StartUpResult.CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward-compatibility"),
+    (StartUpResult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "kernel module"),
+    (StartUpResult.CUDA_ERROR_DEVICE_UNAVAILABLE, "exclusive-process"),
+])
+def test_start_up_results_every_job_would_meet_drain(result, words):
+    with pytest.raises(GpuUnusable) as raised:
+        cuda.check((result,), "cuInit(0)")
+    assert words in raised.value.cause and raised.value.fix
+    assert raised.value.exit_code == ExitCode.GPU_UNUSABLE
+    assert SCHEDULER_ACTION[raised.value.exit_code] == "drain"
+    assert not isinstance(raised.value, NotTestable)     # the A/B does not absorb it
+
+
 def test_an_unknown_start_up_result_is_a_cuda_error_naming_it():
-    with pytest.raises(cuda.CudaError, match="cuInit.0. returned CUDA_ERROR_UNKNOWN"):
+    with pytest.raises(CudaError, match="cuInit.0. returned CUDA_ERROR_UNKNOWN"):
         cuda.check((StartUpResult.CUDA_ERROR_UNKNOWN,), "cuInit(0)")
 
 
 def test_insufficient_driver_is_not_a_driver_api_result():
-    assert "CUDA_ERROR_INSUFFICIENT_DRIVER" not in cuda._RESULT_ERRORS
+    assert "CUDA_ERROR_INSUFFICIENT_DRIVER" not in RESULT_ERRORS
 
 
 class DynamicLibNotFoundError(RuntimeError):
@@ -439,7 +454,7 @@ def test_a_missing_gpu_is_a_usage_error_but_other_results_are_not():
         def cuDeviceGet(self, ordinal):
             return (FakeResult.CUDA_ERROR_OUT_OF_MEMORY, None)
 
-    with pytest.raises(ResourceLimit):
+    with pytest.raises(GpuOutOfMemory):
         cuda.find_device(Busy(), "0")
 
 
@@ -477,11 +492,32 @@ class PyverbsBefore44:
                                 "pyverbs.dmabuf.DmaBuf, got int)")
 
 
-def test_a_pyverbs_older_than_rdma_core_44_cannot_test_dmabuf():
+def test_where_pyverbs_takes_no_fd_libibverbs_registers_the_dmabuf(monkeypatch):
+    """rdma-core 34 to 43: pyverbs refuses the fd, so libibverbs' ibv_reg_dmabuf_mr registers
+    it, with the same arguments, and the route says so (never a silent peermem)."""
+    from gdrprobe.rdma import dmabuf
+    calls = []
+    monkeypatch.setattr(dmabuf, "register_dmabuf", lambda *args: calls.append(args) or "mr")
+    mr, route = dmabuf_mr(PyverbsBefore44, "pd", 4096, 3, fd=7, offset=512)
+    assert (mr, calls) == ("mr", [("pd", 4096, 3, 7, 512)])
+    assert route == dmabuf.ROUTE and "ibv_reg_dmabuf_mr" in route and "rdma-core < 44" in route
+
+
+def test_without_the_extension_an_old_pyverbs_cannot_test_dmabuf(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gdrprobe.rdma.dmabuf", None)    # never built
     with pytest.raises(NotTestable) as raised:
         dmabuf_mr(PyverbsBefore44, None, 4096, 3, fd=7, offset=0)
     assert "DMA-BUF not testable with this pyverbs (rdma-core < 44)" in raised.value.cause
-    assert "peermem" in raised.value.fix and "incorrect type" in raised.value.evidence
+    assert "extension" in raised.value.fix and "incorrect type" in raised.value.evidence
+
+
+def test_a_probe_through_libibverbs_says_so_in_its_reason():
+    from gdrprobe.memory.nic_probe import with_route
+    from gdrprobe.rdma.dmabuf import ROUTE
+    found = with_route(interpret_nic_probe(errno.EBADF), ROUTE)
+    assert found.supported and found.reason.endswith(f"registered through {ROUTE}")
+    assert with_route(interpret_nic_probe(errno.EBADF), "pyverbs' DmaBufMR").reason == \
+        interpret_nic_probe(errno.EBADF).reason
 
 
 def test_without_pyverbs_dmabuf_auto_still_tries_peermem():
@@ -561,3 +597,40 @@ def test_a_run_posts_nothing_inline_from_a_gpu_buffer_and_says_so():
         settings = client._settings(endpoint, on_gpu)
         assert settings.inline_bytes == 0 and "inline off" in settings.inline_note
         assert client._settings(endpoint, on_host).inline_note == ""
+
+
+# ---- results the installed bindings do not know (a driver newer than cuda-python) -------
+
+
+class NewerDriver(FakeDriver):
+    """cuda-python 12.6.2.post1 builds each result with CUresult(value): a value its enum
+    lacks raises ValueError instead of returning a result."""
+
+    def __init__(self, value: int, call: str):
+        super().__init__()
+        self.value, self.call = value, call
+
+    def __getattribute__(self, name):
+        if name == object.__getattribute__(self, "call"):
+            value = object.__getattribute__(self, "value")
+
+            def unknown(*args):
+                raise ValueError(f"{value} is not a valid CUresult")
+            return unknown
+        return object.__getattribute__(self, name)
+
+
+@pytest.mark.parametrize("value, error_class, name", [
+    (226, GpuUnusable, "CUDA_ERROR_CONTAINED (CUresult 226, unknown to this cuda-python)"),
+    (916, CudaError, "CUDA_ERROR_KEY_ROTATION (CUresult 916, unknown to this cuda-python)"),
+    (4242, CudaError, "CUresult 4242 (unknown to this cuda-python)"),
+])
+@pytest.mark.parametrize("call", ["cuInit", "cuMemAlloc"])
+def test_a_result_the_bindings_do_not_know_is_a_named_error(value, error_class, name, call):
+    driver = NewerDriver(value, call)
+    with pytest.raises(error_class) as raised:
+        if call == "cuInit":
+            cuda.initialised(driver)
+        else:
+            cuda.GpuDevice(driver, 0, "0").alloc_device(4096)
+    assert name in raised.value.cause and raised.value.fix

@@ -19,13 +19,17 @@ TOKEN = "a-token-of-32-characters-or-more-0123"
 
 
 @pytest.fixture
-def engine(monkeypatch):
-    """Recorders in place of the run engine, the server, the doctor and MPI."""
+def engine(monkeypatch, tmp_path):
+    """Recorders in place of the run engine, the server, the doctor and MPI; the A/B's
+    prerequisites (an RDMA device, the CUDA driver) are met."""
     from gdrprobe.campaign import cluster, machine
     from gdrprobe.measure import loopback, server
+    from gdrprobe.memory import cuda
+    from gdrprobe.rdma import verbs
 
     calls: list[tuple] = []
     run_once, _ = fake_probe(gpu_gbps=97.0)
+    monkeypatch.setenv("GDRPROBE_LOCK_DIR", str(tmp_path))   # check's NIC lock files
 
     def runner(options, endpoint, host=None, port=None, token=None, connect_wait_s=0.0,
                on_result=None, notice=None):
@@ -53,6 +57,8 @@ def engine(monkeypatch):
         return None
 
     monkeypatch.setattr(loopback, "runner", runner)
+    monkeypatch.setattr(verbs, "devices", lambda: {"mlx5_0": None})
+    monkeypatch.setattr(cuda, "require_driver_library", lambda: None)
     monkeypatch.setattr(server, "ProbeServer", Server)
     monkeypatch.setattr(machine, "doctor_findings",
                         lambda local, loopback: FINDINGS if local.kind == "gpu" else ())
@@ -150,12 +156,13 @@ def test_the_gate_is_the_same_through_both_doors(engine, capsys, monkeypatch):
     assert {call[1].duration_s is not None for call in runs} == {True}
 
 
-def untimed(calls: list[tuple]) -> list:
+def untimed(calls: list[tuple], *also: str) -> list:
     """The calls without what the clock decides: a budgeted run's time-out is what is left
-    of the budget when it starts."""
+    of the budget when it starts (and the settings named in also)."""
     import dataclasses
 
-    return [(call[0], {**dataclasses.asdict(call[1]), "timeout_s": None}, call[2])
+    return [(call[0], {**dataclasses.asdict(call[1]), "timeout_s": None,
+                       **dict.fromkeys(also)}, call[2])
             if call[0] == "runner" else call for call in calls]
 
 
@@ -163,5 +170,57 @@ def test_the_doctor_door_survives_importing_the_doctor_package(tmp_path, capsys)
     import gdrprobe.doctor.runner  # noqa: F401 - binds gdrprobe.doctor to the package
 
     assert callable(gdrprobe.diagnose)
+    for mount_point in ("sys", "proc"):          # a machine's root, if an empty one
+        (tmp_path / mount_point).mkdir()
     assert main(["doctor", "--root", str(tmp_path), "--json"]) in (0, 1)
     assert '"kind": "doctor"' in capsys.readouterr().out
+
+
+def test_qps_floor_and_the_node_check_are_the_same_through_both_doors(engine, capsys,
+                                                                      monkeypatch):
+    from gdrprobe.campaign import machine
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
+
+    bus = "0000:3b:00.0"
+    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
+                         findings=FINDINGS)
+    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    cli = through_cli(engine, ["check", "-q", "4", "--floor", "0", "--quiet"], capsys)
+    api = through_api(engine, lambda: gdrprobe.check(qps=4, floor=0))
+    assert untimed(cli) == untimed(api)
+    runs = [call for call in cli if call[0] == "runner"]
+    assert {call[1].qps for call in runs} == {4}
+    # GPU memory at both ends of the GPU arm, on the GPU and the NIC NCCL gives it.
+    assert [(call[1].kind, call[2].kind) for call in cli if call[0] == "probe"][:2] == [
+        ("host", "host"), ("gpu", "gpu")]
+    node_cli = through_cli(engine, ["check", "--node", "--quiet"], capsys)
+    node_api = through_api(engine, lambda: gdrprobe.check_node())
+    # Each GPU of a node check gets its share of what the budget has left: its windows too.
+    assert untimed(node_cli, "duration_s", "warmup_s") == untimed(node_api, "duration_s",
+                                                                   "warmup_s")
+    assert {call[1].qps for call in node_cli if call[0] == "runner"} == {defaults.CHECK_QPS}
+
+
+def test_a_size_of_zero_is_refused_not_replaced_by_the_default(engine, capsys):
+    with pytest.raises(gdrprobe.errors.UsageError, match="sizes"):
+        gdrprobe.run(loopback=True, size=0)
+    with pytest.raises(SystemExit) as refused:    # the size parser refuses it at once
+        main(["run", "--loopback", "-s", "0"])
+    assert refused.value.code == 2 and engine == []
+
+
+def test_the_gate_registers_as_nccl_does_with_nccls_configuration_files(engine, capsys,
+                                                                         monkeypatch):
+    """NCCL_IB_PCI_RELAXED_ORDERING=0 from /etc/nccl.conf (the environment as NCCL sees it)
+    turns relaxed ordering off for the check's registrations, as NCCL's net_ib does."""
+    from gdrprobe.campaign import machine
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
+
+    bus = "0000:3b:00.0"
+    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
+                         nccl_environ={"NCCL_IB_PCI_RELAXED_ORDERING": "0"})
+    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    monkeypatch.delenv("NCCL_IB_PCI_RELAXED_ORDERING", raising=False)
+    calls = through_api(engine, lambda: gdrprobe.check())
+    assert {call[1].relaxed_ordering for call in calls if call[0] == "runner"} == {False}

@@ -8,8 +8,9 @@ import pytest
 
 from gdrprobe.errors import ExitCode
 from gdrprobe.report.model import Finding, Status
+from gdrprobe.report.check import NOT_USED, FloorCheck, NcclUse
 from gdrprobe.campaign.verdict import (DEGRADED, ENGAGED, NOT_ENGAGED, NOT_TESTABLE, ArmMeasurement,
-                              classify, paired_ratios)
+                              classify, paired_ratios, with_nccl)
 
 MiB = 1 << 20
 
@@ -304,3 +305,103 @@ def test_repeats_pair_by_index_and_unpaired_ones_are_dropped():
     host = ArmMeasurement("host", (100.0, 200.0, 50.0), memory_kind="host")
     verdict = classify(host, [ArmMeasurement("dmabuf", (90.0, 100.0), "dmabuf")])
     assert verdict.arms[0].repeats == 2
+
+
+# ---- the absolute floor (issue 19) ----------------------------------------------------
+
+
+NDR_PORT = FloorCheck("mlx5_0", 1, 400.0, 0.8, applied=True, software_device=False,
+                      note="0.80 of 400 Gb/s = 320 Gb/s")
+
+
+def test_both_arms_crippled_alike_fall_below_the_floor():
+    """A ratio near 1 says nothing when both arms reach half the port (a translating IOMMU,
+    a far NUMA node, a NIC on a narrower link)."""
+    host = ArmMeasurement("host", (201.0, 199.0), memory_kind="host")
+    gpu = ArmMeasurement("dmabuf", (198.0, 197.0), "dmabuf", direction="both")
+    verdict = classify(host, [gpu], floor=NDR_PORT)
+    assert verdict.classification == DEGRADED and verdict.below_floor
+    assert verdict.ratio > 0.9 and verdict.exit_code == 1
+    assert verdict.arms[0].line_rate_fraction == pytest.approx(0.49, abs=0.01)
+    assert any(line.startswith("below the floor: dmabuf reached 0.49 of the port's 400 Gb/s")
+               for line in verdict.evidence)
+    assert verdict.likely_causes[0].startswith("the NIC's PCIe link")
+    assert verdict.direction is None
+
+
+def test_the_floor_is_not_applied_to_a_software_device_or_an_unknown_rate():
+    host = ArmMeasurement("host", (2.0, 2.1), memory_kind="host")
+    gpu = ArmMeasurement("peermem", (2.0, 2.0), "peermem")
+    rxe = FloorCheck("rxe0", 1, 10.0, 0.8, applied=False, software_device=True, note="")
+    verdict = classify(host, [gpu], floor=rxe)
+    assert verdict.classification == ENGAGED and not verdict.below_floor
+    assert verdict.arms[0].line_rate_fraction == pytest.approx(0.2)   # said, not applied
+
+
+def test_at_line_rate_the_floor_changes_nothing():
+    verdict = classify(HOST_400G, [DMABUF_LINE_RATE], floor=NDR_PORT)
+    assert verdict.classification == ENGAGED
+    assert verdict.arms[0].line_rate_fraction == pytest.approx(0.967, abs=1e-3)
+
+
+def test_a_not_testable_verdict_still_lists_its_arms():
+    gpu = ArmMeasurement("dmabuf", mechanism="dmabuf", not_testable="not testable: no CUDA "
+                         "driver", direction="both")
+    verdict = classify(HOST_400G, [gpu])
+    assert verdict.classification == NOT_TESTABLE
+    assert [(r.arm, r.outcome, r.ratio) for r in verdict.arms] == [
+        ("dmabuf", "not testable", None)]
+
+
+# ---- NCCL's own decision (issue 19) ----------------------------------------------------
+
+def nccl_use(**fields) -> NcclUse:
+    base = dict(gpu="0000:1b:00.0", nic="mlx5_0", path="direct", via_gpu=None, receives=False,
+                sends=False, reasons=("receive: path SYS is beyond the GDR level PXB",
+                                      "send: path SYS is beyond the GDR level PXB"))
+    return NcclUse(**{**base, **fields})
+
+
+ENGAGED_VERDICT = classify(HOST_400G, [DMABUF_LINE_RATE])
+
+
+def test_an_nccl_setting_that_turns_gdr_off_warns_with_the_variable_as_cause():
+    use = nccl_use(cause="NCCL_NET_GDR_LEVEL=LOC (environment): ...",
+                   settings=("NCCL_NET_GDR_LEVEL=LOC (environment)",),
+                   fix="if this job should use GPUDirect RDMA, unset NCCL_NET_GDR_LEVEL=LOC")
+    verdict = with_nccl(ENGAGED_VERDICT, use)
+    assert verdict.classification == NOT_USED
+    assert verdict.exit_code == ExitCode.NCCL_SETTING == 10
+    assert verdict.likely_causes == (use.cause,) and "unset NCCL_NET_GDR_LEVEL" in verdict.fix
+    assert verdict.evidence[0].startswith("NCCL: will not use GPUDirect RDMA here")
+    assert "the A/B: engaged (GPU/host 1.00)" in verdict.evidence
+
+
+def test_a_topology_that_makes_nccl_refuse_gdr_drains():
+    use = nccl_use(cause="receive: path SYS is beyond the GDR level P2C (NCCL's default)",
+                   node_fault=True, fix="Put the NIC under the same PCIe switch as the GPU")
+    verdict = with_nccl(ENGAGED_VERDICT, use)
+    assert verdict.classification == NOT_USED and verdict.exit_code == 1
+
+
+def test_a_node_fault_the_ab_found_stays_whatever_nccl_does():
+    degraded = classify(HOST_400G, [DMABUF_ACS])
+    verdict = with_nccl(degraded, nccl_use(cause="NCCL_IB_DISABLE=1", settings=("x",)))
+    assert verdict.classification == DEGRADED and verdict.exit_code == 1
+    assert verdict.nccl is not None and verdict.evidence[0].startswith("NCCL: will not use")
+
+
+def test_a_decision_on_facts_the_doctor_could_not_read_is_evidence_only():
+    verdict = with_nccl(ENGAGED_VERDICT, nccl_use(cause="...", node_fault=True, firm=False))
+    assert verdict.classification == ENGAGED and verdict.exit_code == 0
+
+
+def test_gdr_for_one_direction_only_is_said_not_judged():
+    use = nccl_use(receives=True, reasons=(
+        "receive: path PIX <= GDR level PXB",
+        "send: sm70 is older than Ampere and has no NVLink peer: NCCL_NET_GDR_READ's "
+        "default keeps send-side GDR off to spare the PCIe bus"))
+    verdict = with_nccl(ENGAGED_VERDICT, use)
+    assert verdict.classification == ENGAGED
+    assert verdict.evidence[0].startswith(
+        "NCCL: uses GPUDirect RDMA for receives only through mlx5_0; send: sm70")

@@ -34,6 +34,14 @@ def test_a_bad_address_is_a_peer_error(change):
         address_from_message(GOOD | change)
 
 
+@pytest.mark.parametrize("change", [{"mtu": 10 ** 4000}, {"lid": 10 ** 4000},
+                                    {"qp_numbers": [10 ** 4000]}])
+def test_a_huge_number_from_a_peer_is_quoted_cut(change):
+    with pytest.raises(PeerError) as caught:
+        address_from_message(GOOD | change)
+    assert len(caught.value.cause) < 120 and "(4001 characters)" in caught.value.cause
+
+
 def test_buffer_and_integrity_bounds():
     assert RemoteBuffer.from_message({"address": 4096, "rkey": 5, "length": 8192}).rkey == 5
     with pytest.raises(PeerError):

@@ -115,8 +115,8 @@ def simple_rule_findings(ctx: DoctorContext) -> list[Finding]:
 
 def gpus_beyond_level(ctx: DoctorContext, level: GdrLevel) -> list[Evidence]:
     """Each GPU whose path to the NIC NCCL uses is farther than ``level``, so GDR is off for it."""
-    return [Evidence(f"GPU {d.gpu_bdf} -> {d.nic}", d.path_type) for d in ctx.nccl_decisions
-            if d.nic is not None and d.path_type != "PXN" and not level.admits(d.path_type)]
+    return [Evidence(f"GPU {d.gpu_bdf} -> {d.nic}", d.detour_from or d.path_type) for d in ctx.nccl_decisions
+            if d.nic is not None and d.path_type != "PXN" and not level.admits(d.detour_from or d.path_type)]
 
 
 def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
@@ -124,7 +124,7 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
     if value is None:
         return []
     evidence = (variable_evidence(ctx, "NCCL_NET_GDR_LEVEL"),)
-    level = gdr_level(ctx.environ)
+    level = gdr_level(ctx.environ, ctx.nccl_rules.default_gdr_level(ctx.environ))
     if level.ignored:
         return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} is not a spelling NCCL accepts (names are "
@@ -174,7 +174,7 @@ def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
     hca_filter = parse_hca_filter(value)
     unfiltered = {k: v for k, v in ctx.environ.items() if k != "NCCL_IB_HCA"}
     excluded = [Evidence(f"GPU {d.gpu_bdf} -> NCCL's NIC without the filter {d.nic}", d.path_type)
-                for d in decide(ctx.nccl_node, unfiltered)
+                for d in decide(ctx.nccl_node, unfiltered, ctx.nccl_rules)
                 if d.nic is not None and not hca_filter.selects(d.nic, active_ports(ctx, d.nic))]
     evidence = (variable_evidence(ctx, "NCCL_IB_HCA"),)
     if excluded:
@@ -226,15 +226,28 @@ def path_words(decision: NcclGpuDecision, names: dict[str, str]) -> str:
     return f"direct {decision.path_type} path"
 
 
-def decision_finding(decision: NcclGpuDecision, names: dict[str, str]) -> Finding:
+def channel_words(decision: NcclGpuDecision) -> str:
+    return "; ".join(f"{c.channel}: {c.net} ({c.path_type}, GDR {'on' if c.gdr_write else 'off'})"
+                     for c in decision.channels) + " (then again from channel 0)"
+
+
+def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_unregistered: bool = False) -> Finding:
     label = f"{decision.gpu} ({decision.gpu_bdf})"
-    evidence = (Evidence("NIC NCCL uses (channel 0)", f"{decision.nic}, {decision.bandwidth_gbs} GB/s; "
+    evidence = (Evidence("NIC NCCL uses (channel 0)", f"{decision.net or decision.nic}, {decision.bandwidth_gbs} GB/s; "
                                                         f"equal candidates: {', '.join(decision.candidates)}"),
+                Evidence("channels", channel_words(decision)),
                 Evidence("path", path_words(decision, names)),
                 Evidence("GDR receive (NIC writes GPU memory)", "yes" if decision.gdr_write else "no"),
                 Evidence("GDR send (NIC reads GPU memory)", "yes" if decision.gdr_read else "no"),
+                Evidence("GDR mode, memory registered through", f"{decision.gdr_mode}, {decision.mechanism or '-'}"),
                 Evidence("why", "\n".join(decision.why)))
-    where = f"{decision.nic} {path_words(decision, names)}"
+    where = f"{decision.net or decision.nic} {path_words(decision, names)}"
+    if decision.gdr_write and decision.mechanism == "peermem" and peermem_unregistered:
+        return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
+                       summary=f"{label}: NCCL will use {where} with GPUDirect RDMA through nvidia-peermem, which "
+                               "is not registered with the peer-memory API: registering GPU memory will fail "
+                               "(see stack.peermem)",
+                       evidence=evidence, fix="See stack.peermem.")
     if decision.gdr_write and decision.gdr_read:
         return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.OK,
                        summary=f"{label}: NCCL uses {where} with GPUDirect RDMA for sends and receives",
@@ -269,7 +282,37 @@ def decision_fix(reason: str) -> str:
 
 def decision_findings(ctx: DoctorContext) -> list[Finding]:
     names = {gpu.bdf: gpu.name for gpu in ctx.topology.gpus}
-    return [decision_finding(d, names) for d in ctx.nccl_decisions if d.nic is not None]
+    unregistered = ctx.memory_paths.peermem_registered is False
+    return [decision_finding(d, names, unregistered) for d in ctx.nccl_decisions if d.nic is not None]
+
+
+# ---- the NCCL the job will load ----------------------------------------------------
+
+
+def library_finding(ctx: DoctorContext) -> Finding:
+    """Which libnccl the job loads and the rules its version follows
+    (:mod:`gdrprobe.doctor.facts.nccl_library`, :mod:`gdrprobe.nccl.versions`)."""
+    library = ctx.nccl_library
+    differences = tuple(Evidence("differs from 2.30.7", what) for what in library.differences)
+    shadowed = tuple(Evidence("also present, not loaded", other) for other in library.shadowed)
+    if library.path is None:
+        return finding(id=ids.NCCL_LIBRARY, status=Status.SKIP,
+                       summary=f"no libnccl found ({library.source}): the decisions below follow NCCL 2.30.7",
+                       evidence=(Evidence("where the loader looks", library.source),),
+                       fix="Name the job's libnccl or its Python with --nccl PATH.")
+    where = (Evidence(library.path, library.source),)
+    if library.version is None:
+        return finding(id=ids.NCCL_LIBRARY, status=Status.WARN,
+                       summary=f"the job will load {library.path} ({library.source}), whose version could not be "
+                               "read: the decisions below follow NCCL 2.30.7",
+                       evidence=where + shadowed,
+                       fix="Check that it is a libnccl; --nccl PATH names the one the job loads.")
+    return finding(id=ids.NCCL_LIBRARY, status=Status.INFO,
+                   summary=f"the job will load NCCL {library.version} from {library.path} ({library.source}); "
+                           + ("the decisions below follow its rules where they differ from 2.30.7"
+                              if differences else "its rules are 2.30.7's where the doctor applies them"),
+                   evidence=where + (Evidence("version read from", library.version_from),) + shadowed + differences
+                   + (Evidence("cuMem", ctx.nccl_rules.cumem_default),))
 
 
 # ---- NCCL_NETDEVS_POLICY ------------------------------------------------------
@@ -296,7 +339,7 @@ def check(ctx: DoctorContext) -> list[Finding]:
                 + ib_hca_findings(ctx) + netdevs_policy_findings(ctx))
     if not findings:
         findings.append(environment_ok_finding(ctx))
-    return findings + decision_findings(ctx)
+    return [library_finding(ctx)] + findings + decision_findings(ctx)
 
 
 def environment_ok_finding(ctx: DoctorContext) -> Finding:

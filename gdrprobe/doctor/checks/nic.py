@@ -124,19 +124,27 @@ def device_nodes_finding(ctx: DoctorContext, devices: list[str]) -> Finding:
     present = set(ctx.root.listdir(DEV_INFINIBAND))
     expected = {device: uverbs_node(ctx.root, device) for device in devices}
     missing = [f"{device} ({node})" for device, node in expected.items() if node and node not in present]
+    # Present but refused to this process (NCCL skips them: ncclIbInitDevices).
+    refused = [f"{device} ({why})" for device, why in ctx.unopenable_nics.items()
+               if f"{device} ({expected.get(device)})" not in missing]
     evidence = (Evidence(DEV_INFINIBAND, ", ".join(sorted(present)) or "empty or absent"),)
-    if not missing:
+    if not missing and not refused:
         return finding(id=ids.NIC_DEV_INFINIBAND, status=Status.OK,
                        summary="every RDMA device has its verbs node in /dev/infiniband", evidence=evidence)
     container = detect_container(ctx)
-    if container.kind == "kubernetes":
+    if not missing:
+        fix = ("Run as a user who may open them (rdma-core's udev rules make them 0666), or allow them in "
+               "the container's devices cgroup.")
+    elif container.kind == "kubernetes":
         fix = "Request the NIC through the RDMA device plugin (e.g. nvidia.com/hostdev or rdma/rdma_shared_device_a)."
     elif container.kind:
         fix = "Pass /dev/infiniband into the container (`--device=/dev/infiniband`)."
     else:
         fix = "Load the verbs character-device module: `modprobe ib_uverbs`."
-    return finding(id=ids.NIC_DEV_INFINIBAND, status=Status.FAIL,
-                   summary="verbs device nodes are missing for " + ", ".join(missing) + ": no process can open them",
+    parts = ((["verbs device nodes are missing for " + ", ".join(missing) + ": no process can open them"]
+              if missing else [])
+             + (["this process cannot open " + ", ".join(refused) + ": NCCL skips them"] if refused else []))
+    return finding(id=ids.NIC_DEV_INFINIBAND, status=Status.FAIL, summary="; ".join(parts),
                    evidence=evidence + container.evidence, fix=fix)
 
 

@@ -23,10 +23,11 @@ import functools
 
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.facts.memory_path import (DMABUF_MIN_KERNEL, DRIVER_VERSION_FILE,
-                                               KERNEL_RELEASE_FILE, driver_version_line,
+                                               KERNEL_RELEASE_FILE, MEMORY_PEERS_DIR,
+                                               NVIDIA_PEERMEM_MODULE, driver_version_line,
                                                kernel_version)
-from gdrprobe.nccl.gdr_support import (DMABUF_MIN_CUDA_DRIVER, PEERMEM_FILES, MemoryPaths,
-                                       format_cuda_version)
+from gdrprobe.nccl.gdr_support import DMABUF_MIN_CUDA_DRIVER, MemoryPaths, format_cuda_version
+from gdrprobe.nccl.versions import PEERMEM_MODULE_FILE
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
@@ -38,10 +39,8 @@ finding = functools.partial(Finding, group=GROUP)
 # kernel drivers have no such module. ofed_info ships with both packages.
 OFED_MARKERS = ("/sys/module/mlx_compat", "/usr/bin/ofed_info")
 
-NVIDIA_PEERMEM_MODULE = "/sys/module/nvidia_peermem"
 LEGACY_PEER_MEM_MODULE = "/sys/module/nv_peer_mem"
 GDRCOPY_MODULE = "/sys/module/gdrdrv"
-MEMORY_PEERS_DIR = "/sys/kernel/mm/memory_peers"
 # Kernel 6.6 dropped /sys/kernel/mm/memory_peers; NCCL before 2.23.4 looked only there.
 NO_MEMORY_PEERS_KERNEL = (6, 6)
 
@@ -74,6 +73,9 @@ class StackInventory:
     peermem_loaded: bool             # /sys/module/nvidia_peermem
     nv_peer_mem_loaded: bool         # /sys/module/nv_peer_mem
     paths: MemoryPaths
+    peermem_module_file: bool = False          # /sys/module/nvidia_peermem/version
+    memory_peers: tuple[str, ...] | None = None  # the peer-memory API's clients; None: no such directory
+    nccl_version_known: bool = False
 
     @property
     def open_module(self) -> bool:
@@ -95,6 +97,9 @@ def read_inventory(ctx: DoctorContext) -> StackInventory:
         peermem_loaded=root.exists(NVIDIA_PEERMEM_MODULE),
         nv_peer_mem_loaded=root.exists(LEGACY_PEER_MEM_MODULE),
         paths=ctx.memory_paths,
+        peermem_module_file=root.exists(PEERMEM_MODULE_FILE),
+        memory_peers=tuple(root.listdir(MEMORY_PEERS_DIR)) if root.exists(MEMORY_PEERS_DIR) else None,
+        nccl_version_known=ctx.nccl_rules.version is not None,
     )
 
 
@@ -185,6 +190,10 @@ def path_finding(inventory: StackInventory) -> Finding:
 
 
 def neither_path_fix(inventory: StackInventory) -> str:
+    if inventory.peermem_module_file and PEERMEM_MODULE_FILE not in inventory.paths.peermem_files:
+        return (f"The job's {inventory.paths.nccl_name} looks for peer memory only in {MEMORY_PEERS_DIR}, which "
+                f"this kernel does not have, and misses the loaded nvidia-peermem ({PEERMEM_MODULE_FILE}): "
+                "upgrade the job's NCCL to 2.23.4 or newer (the nvidia-nccl wheel, libnccl2), or use DMA-BUF.")
     if not inventory.paths.dmabuf_enabled and not inventory.paths.disabled_pairs(dmabuf_enabled=True):
         return DMABUF_ENABLE_FIX
     if inventory.peermem_loaded or inventory.ofed_marker:
@@ -196,29 +205,59 @@ def neither_path_fix(inventory: StackInventory) -> str:
 
 
 def old_nccl_note(inventory: StackInventory) -> str:
-    """On 6.6+ only the module's own file is left, which NCCL reads from 2.23.4 on."""
-    if inventory.paths.peermem_file != PEERMEM_FILES[-1] or inventory.kernel is None \
-            or inventory.kernel < NO_MEMORY_PEERS_KERNEL:
+    """On 6.6+ only the module's own file is left, which NCCL reads from 2.23.4 on: said
+    when the job's NCCL is not known (when it is, its own rule decides)."""
+    if inventory.nccl_version_known or inventory.paths.peermem_file != PEERMEM_MODULE_FILE \
+            or inventory.kernel is None or inventory.kernel < NO_MEMORY_PEERS_KERNEL:
         return ""
     return (f"; kernel {inventory.kernel_release} has no {MEMORY_PEERS_DIR}, so NCCL older than 2.23.4 "
             "(which looks only there) reports GPU Direct RDMA disabled")
 
 
+def unregistered_finding(inventory: StackInventory) -> Finding:
+    """nvidia-peermem loaded but not among the peer-memory API's clients: NCCL counts the
+    module's version file (net_ib.cc ncclIbGdrSupport) and registrations then fail."""
+    paths = inventory.paths
+    blocks = not paths.dmabuf_everywhere()
+    summary = (f"nvidia_peermem is loaded but not registered with MLNX_OFED's peer-memory API: {MEMORY_PEERS_DIR} "
+               "lists no nv_mem client. NCCL checks only that the module's files exist, believes GPUDirect "
+               "RDMA works, and its registrations of GPU memory will fail (here gdrprobe knows more than NCCL)")
+    if not blocks:
+        summary += "; NCCL registers through DMA-BUF on every NIC here, so it is not in the way today"
+    return finding(
+        id=ids.STACK_PEERMEM, status=Status.FAIL if blocks else Status.WARN, summary=summary,
+        evidence=(Evidence(NVIDIA_PEERMEM_MODULE, "loaded"), Evidence(paths.peermem_file, "present"),
+                  Evidence(MEMORY_PEERS_DIR, ", ".join(inventory.memory_peers or ()) or "no client")),
+        fix="Rebuild nvidia-peermem against the installed MLNX_OFED/DOCA-OFED: reinstall the GPU driver (or its "
+            "DKMS module) after OFED, then `rmmod nvidia_peermem; modprobe nvidia-peermem` and check that "
+            f"{MEMORY_PEERS_DIR}/nv_mem appears.")
+
+
 def peermem_findings(inventory: StackInventory) -> list[Finding]:
     paths = inventory.paths
     module_evidence = Evidence(NVIDIA_PEERMEM_MODULE, "loaded" if inventory.peermem_loaded else "absent")
+    if paths.peermem_file and paths.peermem_registered is False:
+        return [unregistered_finding(inventory)]
     if paths.peermem_file:
         return [finding(id=ids.STACK_PEERMEM, status=Status.OK,
                         summary=f"NCCL's peer-memory check passes: {paths.peermem_file} exists"
                                 + old_nccl_note(inventory),
                         evidence=(module_evidence, Evidence(paths.peermem_file, "present")))]
+    if inventory.peermem_module_file and PEERMEM_MODULE_FILE not in paths.peermem_files:
+        return [finding(
+            id=ids.STACK_PEERMEM, status=Status.WARN,
+            summary=f"nvidia_peermem is loaded, but the job's {paths.nccl_name} looks for peer memory only in "
+                    f"{MEMORY_PEERS_DIR}, which is not there: it does not count the module",
+            evidence=(module_evidence, Evidence(PEERMEM_MODULE_FILE, "present"))
+            + tuple(Evidence(path, "absent") for path in paths.peermem_files),
+            fix=neither_path_fix(inventory))]
     if inventory.peermem_loaded:
-        # nvidia-peermem refuses to load unless it registered, and then its version file is there.
+        # A loaded module has its version file; a module directory without one is loading or unloading.
         return [finding(
             id=ids.STACK_PEERMEM, status=Status.WARN,
             summary="/sys/module/nvidia_peermem exists but none of NCCL's peer-memory files does: "
                     "the module is half loaded or unloading, and NCCL does not count it",
-            evidence=(module_evidence,) + tuple(Evidence(path, "absent") for path in PEERMEM_FILES),
+            evidence=(module_evidence,) + tuple(Evidence(path, "absent") for path in paths.peermem_files),
             fix="Reload it (`rmmod nvidia_peermem; modprobe nvidia-peermem`) and read `dmesg`; if it does "
                 "not load: " + INSTALL_ORDER_FIX)]
     if inventory.paths.dmabuf_everywhere():

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gdrprobe.doctor.facts import pci
 from gdrprobe.doctor.facts.topology import CPUINFO, DMI_FILES, PcieDevice, Topology
 from gdrprobe.nccl.env import GdrLevel, gdr_level
-from gdrprobe.nccl.topo import NCCL_CLASS_OF_DISTANCE, pcie_distance
+from gdrprobe.nccl.topo import NcclPciTree, pcie_distance
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 
@@ -130,16 +130,23 @@ def level_finding(level: GdrLevel, where: str = "environment") -> Finding:
                    (source,))
 
 
-def distance_finding(gpu: PcieDevice, nic: PcieDevice, decision) -> Finding:
-    """Where the NIC NCCL uses for this GPU sits; a PXN or C2C path that NCCL runs with
-    GPUDirect RDMA is healthy whatever the PCIe distance (see nccl.gpu.<bdf>)."""
+def distance_finding(gpu: PcieDevice, nic: PcieDevice, decision, tree: NcclPciTree,
+                     gdr_possible: bool = True) -> Finding:
+    """Where the NIC NCCL uses for this GPU sits, in nvidia-smi's words and NCCL's (which
+    flattens Broadcom switches that show one switch as two levels); a PXN or C2C path that
+    NCCL runs with GPUDirect RDMA is healthy whatever the PCIe distance (see nccl.gpu.<bdf>)."""
     distance = pcie_distance(gpu, nic)
-    nccl_class = NCCL_CLASS_OF_DISTANCE[distance]
+    nccl_class = tree.path_type(gpu, nic)
     summary = (f"{gpu.name} ({gpu.bdf}, NUMA {gpu.numa_node}) and the NIC NCCL uses, {nic.name} "
                f"({nic.bdf}, NUMA {nic.numa_node}): {distance} (NCCL class {nccl_class})")
     evidence = _placement_evidence(gpu) + _placement_evidence(nic)
-    if distance in ("PIX", "PXB"):
+    if distance in ("PIX", "PXB") or nccl_class in ("PIX", "PXB"):
         return Finding(ids.TOPOLOGY_DISTANCE, GROUP, Status.OK, summary, evidence)
+    if not gdr_possible:
+        return Finding(ids.TOPOLOGY_DISTANCE, GROUP, Status.INFO,
+                       f"{summary}; GPUDirect RDMA is impossible on this NIC for another reason (see stack.path "
+                       "and nccl.gpu), so NCCL routes every path through the CPU and picks among its NICs by "
+                       "bandwidth: the placement matters once that is fixed", evidence)
     if decision.path in ("pxn", "c2c") and decision.gdr_write:
         route = "through an NVLink peer (PXN)" if decision.path == "pxn" else "over C2C (P2C)"
         return Finding(ids.TOPOLOGY_DISTANCE, GROUP, Status.OK,
@@ -192,9 +199,11 @@ def check(ctx) -> list[Finding]:
                             (Evidence("sysfs PCI tree", render_matrix(topology)),)))
     crosscheck = nvml_crosscheck_finding(topology, ctx.nvml_facts)
     findings += [crosscheck] if crosscheck else []
-    findings.append(level_finding(gdr_level(ctx.environ), ctx.environ_source("NCCL_NET_GDR_LEVEL")))
+    level = gdr_level(ctx.environ, ctx.nccl_rules.default_gdr_level(ctx.environ))
+    findings.append(level_finding(level, ctx.environ_source("NCCL_NET_GDR_LEVEL")))
     nics = {nic.name: nic for nic in topology.nics}
     for gpu, decision in zip(topology.gpus, ctx.nccl_decisions):
         if decision.nic is not None:
-            findings.append(distance_finding(gpu, nics[decision.nic], decision))
+            possible = ctx.memory_paths.nic_gdr(decision.nic, gpu.bdf)
+            findings.append(distance_finding(gpu, nics[decision.nic], decision, ctx.nccl_tree, possible))
     return findings

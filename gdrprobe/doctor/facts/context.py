@@ -18,6 +18,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from gdrprobe.doctor.facts.memory_path import read_memory_paths
+from gdrprobe.doctor.facts.nccl_library import find_nccl_library, this_python_sites
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
 from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
 from gdrprobe.doctor.facts.nvml import collect_nvml_facts
@@ -26,7 +27,9 @@ from gdrprobe.errors import GdrprobeError
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.nccl.gdr_support import MemoryPaths
-from gdrprobe.report.model import NcclGpuDecision
+from gdrprobe.nccl.topo import NcclPciTree
+from gdrprobe.nccl.versions import NcclRules, parse_version
+from gdrprobe.report.model import NcclGpuDecision, NcclLibrary
 from gdrprobe.sysroot import SysRoot
 
 CAPTURE_DIR = "/gdrprobe-capture"
@@ -34,14 +37,17 @@ ENVIRON_FILE = CAPTURE_DIR + "/environ.json"
 CUDA_FACTS_FILE = CAPTURE_DIR + "/cuda.json"
 NVML_FACTS_FILE = CAPTURE_DIR + "/nvml.json"
 NIC_FACTS_FILE = CAPTURE_DIR + "/nics.json"
+NCCL_FACTS_FILE = CAPTURE_DIR + "/nccl.json"
 
 
 class DoctorContext:
-    """Shared, lazily computed inputs of the doctor's checks."""
+    """Shared, lazily computed inputs of the doctor's checks. ``nccl``: the job's libnccl,
+    or its Python (:mod:`gdrprobe.doctor.facts.nccl_library`), a path on the machine."""
 
-    def __init__(self, root: SysRoot, environ: Mapping[str, str] | None = None):
+    def __init__(self, root: SysRoot, environ: Mapping[str, str] | None = None, nccl: str | None = None):
         self.root = root
         self._environ = environ
+        self._nccl = os.path.abspath(nccl) if nccl else None
 
     @property
     def live(self) -> bool:
@@ -97,8 +103,49 @@ class DoctorContext:
         return collect_nic_facts([nic.name for nic in self.topology.nics])
 
     @functools.cached_property
+    def nccl_search(self) -> dict[str, Any]:
+        """What finding the job's NCCL needs beyond files: --nccl, this interpreter's
+        site-packages, and versions read from library bytes (live: found now; replay: captured)."""
+        captured = ({} if self.live else self._captured_json(NCCL_FACTS_FILE)) or {}
+        return {"nccl": self._nccl or captured.get("nccl"),
+                "site_packages": this_python_sites() if self.live else captured.get("site_packages", []),
+                "versions_in_bytes": dict(captured.get("versions_in_bytes", {}))}
+
+    @functools.cached_property
+    def nccl_library(self) -> NcclLibrary:
+        """The libnccl the job will load, where it came from, and its version."""
+        search = self.nccl_search
+        library, from_bytes = find_nccl_library(self.root, self.process_environ, search["nccl"],
+                                                search["site_packages"], search["versions_in_bytes"])
+        search["versions_in_bytes"].update(from_bytes)
+        return library
+
+    @functools.cached_property
+    def nccl_rules(self) -> NcclRules:
+        """The rules of the NCCL the job will load (unknown: 2.30.7's)."""
+        return NcclRules(parse_version(self.nccl_library.version))
+
+    @functools.cached_property
     def topology(self) -> Topology:
         return build_topology(self.root)
+
+    @functools.cached_property
+    def unopenable_nics(self) -> dict[str, str]:
+        """PCI NICs NCCL will not use because this process cannot open them, with why:
+        libibverbs lists a device only when its /dev/infiniband node exists (rdma-core
+        libibverbs/init.c try_access_device) and NCCL skips one it cannot open (NCCL 2.30.7
+        src/transport/net_ib/init.cc ncclIbInitDevices). A NIC whose node sysfs does not
+        name is kept: nothing says it cannot be opened. A replay opens the capture's
+        placeholder of the node, so it sees what existed."""
+        from gdrprobe.rdma.devices import open_refusal, verbs_node
+
+        refused = {}
+        for nic in self.topology.nics:
+            refusal = open_refusal(nic.name, self.root) if verbs_node(nic.name, self.root) \
+                else None
+            if refusal is not None:
+                refused[nic.name] = refusal[1]
+        return refused
 
     @functools.cached_property
     def memory_paths(self) -> MemoryPaths:
@@ -111,9 +158,15 @@ class DoctorContext:
         return collect_node_facts(self)
 
     @functools.cached_property
+    def nccl_tree(self) -> NcclPciTree:
+        """The PCI switches as the job's NCCL sees them (Broadcom ones flattened)."""
+        node = self.nccl_node
+        return NcclPciTree(node.gpus + node.nics, dict(node.switch_ids), self.nccl_rules.bcm_flatten)
+
+    @functools.cached_property
     def nccl_decisions(self) -> tuple[NcclGpuDecision, ...]:
         """Per GPU: the NIC NCCL uses, through which path, and whether with GPUDirect RDMA."""
-        return decide(self.nccl_node, self.environ)
+        return decide(self.nccl_node, self.environ, self.nccl_rules)
 
     def _captured_json(self, path: str) -> Any:
         text = self.root.read(path)

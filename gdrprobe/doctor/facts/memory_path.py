@@ -19,6 +19,8 @@ from gdrprobe.sysroot import SysRoot
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 KERNEL_RELEASE_FILE = "/proc/sys/kernel/osrelease"
+NVIDIA_PEERMEM_MODULE = "/sys/module/nvidia_peermem"
+MEMORY_PEERS_DIR = "/sys/kernel/mm/memory_peers"
 DMABUF_MIN_KERNEL = (5, 12)
 
 
@@ -77,8 +79,20 @@ def nic_halves(nic_facts: dict[str, Any] | None, release: str | None) -> tuple[d
     return halves, default
 
 
-def peermem_file(root: SysRoot) -> str | None:
-    return next((path for path in PEERMEM_FILES if root.exists(path)), None)
+def peermem_file(root: SysRoot, files: tuple[str, ...] = PEERMEM_FILES) -> str | None:
+    """The first of the files the NCCL in use looks for that exists."""
+    return next((path for path in files if root.exists(path)), None)
+
+
+def peermem_registered(root: SysRoot) -> bool | None:
+    """Whether a loaded nvidia-peermem registered with MLNX_OFED's peer-memory API: then
+    the API's directory lists its client, nv_mem (and nv_mem_nc with the legacy client)
+    (open-gpu-kernel-modules nvidia-peermem.c nv_mem_client_init registers them by those
+    names). None where it cannot be told: no module loaded, or no such directory (inbox
+    RDMA stack, kernels 6.6+)."""
+    if not root.exists(NVIDIA_PEERMEM_MODULE) or not root.exists(MEMORY_PEERS_DIR):
+        return None
+    return bool({"nv_mem", "nv_mem_nc"} & set(root.listdir(MEMORY_PEERS_DIR)))
 
 
 def read_memory_paths(ctx) -> MemoryPaths:
@@ -89,10 +103,13 @@ def read_memory_paths(ctx) -> MemoryPaths:
     nics, default_nic = nic_halves(ctx.nic_facts, release)
     cuda = ctx.cuda_facts if ctx.cuda_facts and "error" not in ctx.cuda_facts else {}
     gpu_bdfs = tuple(g.bdf for g in ctx.topology.gpus) or tuple(g["pci_bus_id"] for g in cuda.get("gpus", []))
-    return MemoryPaths(peermem_file=peermem_file(root),
+    rules = ctx.nccl_rules
+    return MemoryPaths(peermem_file=peermem_file(root, rules.peermem_files),
                        dmabuf_enabled=dmabuf_enabled(ctx.environ),
                        dmabuf_enable_raw=ctx.environ.get("NCCL_DMABUF_ENABLE"),
                        gpu_halves=gpus, default_gpu_half=default_gpu,
                        nic_halves=nics, default_nic_half=default_nic,
                        nics=tuple(n.name for n in ctx.topology.nics) or ("any NIC",),
-                       gpus=gpu_bdfs or ("any GPU",))
+                       gpus=gpu_bdfs or ("any GPU",),
+                       peermem_files=rules.peermem_files, nccl_dmabuf=rules.dmabuf, nccl_name=rules.name,
+                       peermem_registered=peermem_registered(root))

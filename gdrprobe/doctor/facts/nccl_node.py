@@ -1,7 +1,8 @@
 """What NCCL's rules (:mod:`gdrprobe.nccl.decision`) read of this machine, gathered from the
 doctor's facts: the GPUs and NICs on the PCIe tree, each NIC's ports, each device's PCIe
-link, the CUDA driver's and NVML's word on each GPU, /proc/cpuinfo, and whether NCCL can
-register GPU memory with each NIC."""
+link, the ids of the switches above them (NCCL flattens Broadcom ones), the CUDA driver's
+and NVML's word on each GPU, /proc/cpuinfo, and whether NCCL can register GPU memory with
+each NIC."""
 
 from __future__ import annotations
 
@@ -43,13 +44,17 @@ def nvml_order(nvml_facts: dict[str, Any] | None) -> tuple[str, ...] | None:
 def collect_node_facts(ctx) -> NodeFacts:
     topology = ctx.topology
     cuda = cuda_gpus(ctx.cuda_facts)
-    devices = topology.gpus + topology.nics
+    # NCCL chooses among the NICs it can open (ctx.unopenable_nics says why one is not).
+    nics = tuple(nic for nic in topology.nics if nic.name not in ctx.unopenable_nics)
+    devices = topology.gpus + nics
     return NodeFacts(
-        gpus=topology.gpus, nics=topology.nics,
-        ports={nic.name: pci.rdma_ports(ctx.root, nic.name) for nic in topology.nics},
+        gpus=topology.gpus, nics=nics,
+        ports={nic.name: pci.rdma_ports(ctx.root, nic.name) for nic in nics},
         links={device.bdf: pci.pcie_link(ctx.root, device.bdf) for device in devices},
         gpu_facts={gpu.bdf: gpu_facts(cuda.get(gpu.bdf, {}), nvml.gpu_entry(ctx.nvml_facts, gpu.bdf))
                    for gpu in topology.gpus},
         nvml_order=nvml_order(ctx.nvml_facts),
         cpuinfo=ctx.root.read(CPUINFO) or "",
-        gdr_support=ctx.memory_paths)
+        gdr_support=ctx.memory_paths,
+        switch_ids={bridge: pci.nccl_device_id(ctx.root, bridge)
+                    for bridge in sorted({b for device in devices for b in device.bridges})})

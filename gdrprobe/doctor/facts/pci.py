@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from gdrprobe.nccl.topo import PcieLink, Port
+from gdrprobe.nccl.topo import PcieLink, Port, pci_device_id
 from gdrprobe.sysroot import SysRoot, is_pci_bus_id
 
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
@@ -25,6 +25,8 @@ UNPRIVILEGED_CONFIG_BYTES = 64
 CONVENTIONAL_CONFIG_BYTES = 256
 EXTENDED_CONFIG_BYTES = 4096
 EXTENDED_CAPABILITIES_START = 0x100
+
+NCCL_ID_ATTRIBUTES = ("vendor", "device", "subsystem_vendor", "subsystem_device")
 
 HOST_BRIDGE_PATTERN = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 
@@ -51,6 +53,12 @@ def _read_hex(root: SysRoot, path: str) -> int | None:
         return int(text, 16)
     except ValueError:
         return None
+
+
+def nccl_device_id(root: SysRoot, bdf: str) -> int:
+    """The id NCCL gives a PCI switch (:func:`gdrprobe.nccl.topo.pci_device_id`) from the
+    same four sysfs attributes it reads (src/graph/xml.cc ncclTopoGetXmlFromSys)."""
+    return pci_device_id(*(root.read(f"{device_dir(bdf)}/{name}") or "" for name in NCCL_ID_ATTRIBUTES))
 
 
 def vendor_id(root: SysRoot, bdf: str) -> int | None:
@@ -185,5 +193,6 @@ def rdma_ports(root: SysRoot, ibdev: str) -> tuple[Port, ...]:
 
     base = f"{INFINIBAND_CLASS_DIR}/{ibdev}/ports"
     return tuple(Port(int(name), root.read(f"{base}/{name}/state"),
-                      rate_file_gbps(root.read(f"{base}/{name}/rate")))
+                      rate_file_gbps(root.read(f"{base}/{name}/rate")),
+                      root.read(f"{base}/{name}/link_layer"))
                  for name in root.listdir(base) if name.isdigit())

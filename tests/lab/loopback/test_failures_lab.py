@@ -24,9 +24,10 @@ def assert_server_still_serves():
 
 
 def test_wrong_token_is_refused_before_any_key(server, baseline):
-    done = gdrprobe("run", "127.0.0.1", "--token", "not-the-token", "-n", "10", timeout=60)
+    done = gdrprobe("run", "127.0.0.1", "--token", "not-the-lab-token-0123456789", "-n", "10",
+                    timeout=60)
     assert done.returncode == 5
-    assert "token" in done.stderr
+    assert "the server refused the connection: the token did not match" in done.stderr
     assert_server_still_serves()
     assert rdma_resources() == baseline
     assert "token" in server.stop()

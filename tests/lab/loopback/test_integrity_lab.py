@@ -13,7 +13,7 @@ from gdrprobe.measure.client import ProbeClient
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.server import ProbeServer
 from gdrprobe.memory.host import HostMemory
-from gdrprobe.protocol.channel import new_token
+from gdrprobe.protocol.token import new_token
 from gdrprobe.rdma.endpoint import EndpointOptions
 from tests.lab.helpers import gdrprobe_json
 from tests.lab.loopback.conftest import TOKEN

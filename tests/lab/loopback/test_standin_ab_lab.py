@@ -21,14 +21,20 @@ from tests.lab.helpers import REPO, gdrprobe_json, rdma_resources
 pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
 
 
-def run_over_standin(*args: str) -> tuple[int, dict]:
-    env = environment()
-    env["PYTHONPATH"] = REPO
-    done = subprocess.run([sys.executable, "-m", "gdrprobe", "run", "--loopback", "-n", "100",
-                           "-s", "65536", *args, "--json"], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=REPO)
+def run_over_standin(*args: str, **standin) -> tuple[int, dict]:
+    done = run_loopback(*args, "--json", **standin)
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout)
+
+
+def run_loopback(*args: str, **standin) -> subprocess.CompletedProcess:
+    """gdrprobe run --loopback over the stand-in, configured by GDRPROBE_STANDIN_<KEY>."""
+    env = environment()
+    env["PYTHONPATH"] = REPO
+    env.update({f"GDRPROBE_STANDIN_{key.upper()}": value for key, value in standin.items()})
+    return subprocess.run([sys.executable, "-m", "gdrprobe", "run", "--loopback", "-n", "100",
+                           "-s", "65536", *args], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
 
 
 @pytest.mark.parametrize("side", ["--mem", "--remote-mem"])
@@ -43,6 +49,8 @@ def test_a_peermem_arm_runs_end_to_end_over_the_standin(side, baseline):
     gpu_memory = gpu["local_memory"] if side == "--mem" else gpu["remote_memory"]
     assert gpu_memory["pci_bus_id"] == "0000:3b:00.0"        # the stand-in's first "GPU"
     assert gpu_memory["mechanism"] == "peermem" and gpu_memory["gpudirect_proof"]
+    # Allocated as NCCL allocates (VMM, asking for GPUDirect RDMA), registered on rxe.
+    assert gpu_memory["allocation"] == "vmm" and gpu_memory["gpu_direct_rdma_capable"]
     assert staged["outcome"] == "measured"
     assert len(staged["pipelined_bound_gbps"]) == len(staged["bandwidths_gbps"]) >= 1
     assert rdma_resources() == baseline
@@ -64,3 +72,65 @@ def test_relaxed_ordering_registers_on_rxe_and_is_reported(setting, registered):
     assert report["remote"]["memory"]["relaxed_ordering"] is registered
     assert all(row["integrity"]["bad_bytes"] == 0 == row["integrity"]["stray_bytes"]
                for row in report["bandwidth"])
+
+
+def test_gpu_alloc_malloc_is_cumemalloc(baseline):
+    code, report = run_over_standin("--mem", "peermem", "--gpu-alloc", "malloc", "--repeats", "1")
+    assert report["arms"][1]["local_memory"]["allocation"] == "malloc"
+    assert report["arms"][1]["outcome"] == "measured"
+    assert rdma_resources() == baseline
+
+
+@pytest.mark.parametrize("standin, code, words", [
+    ({"fail": "cuInit=802"}, 11, "fabric manager"),                   # every job would crash
+    ({"compute_mode": "exclusive-process-held"}, 11, "exclusive-process"),
+    ({"fail": "cuMemCreate=2"}, 9, "out of memory"),                  # no answer, no drain
+])
+def test_what_the_gpu_meets_decides_drain_or_warn(standin, code, words, baseline):
+    done = run_loopback("--mem", "peermem", "--repeats", "1", **standin)
+    assert done.returncode == code, done.stderr
+    assert words in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert rdma_resources() == baseline
+
+
+PYVERBS_34_TO_43 = """
+import json, sys
+import pyverbs.mr
+from gdrprobe.report.model import to_dict
+
+
+class DmaBufMR:
+    # rdma-core 34-43: pyverbs/mr.pyx types the dmabuf argument as a DmaBuf object.
+    def __init__(self, pd, length, access, dmabuf=None, offset=0, gpu=0, gtt=0):
+        raise TypeError("Argument 'dmabuf' has incorrect type (expected pyverbs.dmabuf.DmaBuf, "
+                        "got int)")
+
+
+pyverbs.mr.DmaBufMR = DmaBufMR
+import gdrprobe
+report = gdrprobe.run(loopback=True, mem=sys.argv[1], repeats=1, iterations=100,
+                      sizes=(65536,))
+print(json.dumps(to_dict(report)))
+"""
+
+
+@pytest.mark.parametrize("mem", ["dmabuf", "gpu"])
+def test_a_pyverbs_that_takes_no_fd_registers_through_libibverbs_never_silently(mem, baseline):
+    env = environment()
+    env["PYTHONPATH"] = REPO
+    done = subprocess.run([sys.executable, "-c", PYVERBS_34_TO_43, mem], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    arm = report["arms"][1]
+    route = "libibverbs' ibv_reg_dmabuf_mr through gdrprobe's extension"
+    if mem == "dmabuf":        # rxe's own answer, reached through libibverbs
+        assert arm["outcome"] == "registration failed"
+        assert report["verdict"]["classification"] == "not engaged"
+        assert route in arm["mechanism_reason"]
+        assert any("EOPNOTSUPP" in cause for cause in report["verdict"]["likely_causes"])
+    else:                      # auto: peermem because rxe refuses, and the reason says how
+        assert arm["arm"] == "peermem" and "EOPNOTSUPP" in arm["mechanism_reason"]
+        assert f"registered through {route}" in arm["mechanism_reason"]
+    assert rdma_resources() == baseline

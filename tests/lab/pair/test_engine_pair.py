@@ -83,5 +83,6 @@ def test_client_killed_mid_run_leaves_the_server_serving(server_on_b):
 
 
 def test_wrong_token_across_hosts(server_on_b):
-    done = gdrprobe("run", HOST_B, "--token", "wrong-token-000", "-n", "5", timeout=120)
+    done = gdrprobe("run", HOST_B, "--token", "wrong-token-000-0123456789", "-n", "5",
+                    timeout=120)
     assert done.returncode == 5 and "token" in done.stderr

@@ -264,3 +264,130 @@ def cpu(tree: machines.SysfsTree, vendor: str, family: int | None = None, model:
     lines += [f"cpu family\t: {family}"] if family is not None else []
     lines += [f"model\t\t: {model}"] if model is not None else []
     tree.write("/proc/cpuinfo", "\n".join(lines) + "\nflags\t\t: fpu\n\n")
+
+
+# ---- issue 20: NCCL's PCI tree, the detour of GDR-less paths, NIC fusion, peermem ---------------
+
+PLX = 0x10B5
+# Broadcom PEX switches as ncclTopoGetIntDevice packs them (vendor, device, subsystem vendor,
+# subsystem device; src/graph/topo.cc getBcmGen): Gen5's top level has subsystem device 0x0xxx,
+# its sub-switches 0x1xxx; Gen4 (PEX88000) both 0xa0xx.
+BCM_GEN5_TOP, BCM_GEN5_SUB = (0x1000, 0xC030, 0x1000, 0x0100), (0x1000, 0xC030, 0x1000, 0x1100)
+BCM_GEN4 = (0x1000, 0xC010, 0x1000, 0xA064)
+PLX_SWITCH = (PLX, 0x8796, PLX, 0x8796)
+
+
+def switch_port(tree: machines.SysfsTree, parent: str, bdf: str, ids: tuple[int, int, int, int]) -> str:
+    """A bridge with the four ids NCCL reads of a switch (xml.cc ncclTopoGetXmlFromSys)."""
+    vendor, device, sub_vendor, sub_device = ids
+    tree.function(parent, bdf, vendor, device, machines.PCI_BRIDGE_CLASS)
+    tree.write(f"{tree.devices[bdf]}/subsystem_vendor", f"0x{sub_vendor:04x}\n")
+    tree.write(f"{tree.devices[bdf]}/subsystem_device", f"0x{sub_device:04x}\n")
+    return bdf
+
+
+def finish(tree: machines.SysfsTree, nics: list[str], gbps: int = 400) -> machines.SysfsTree:
+    links_everywhere(tree)
+    for nic in nics:
+        port_rate(tree, nic, gbps)
+    healthy_stack(tree, gpu_bdfs(tree), nics)
+    return tree
+
+
+def two_level_switch(root, top: tuple, sub: tuple) -> machines.SysfsTree:
+    """A GPU and a NIC, each under its own sub-switch of one switch whose top level has the
+    ids ``top`` and its sub-switches ``sub``: nvidia-smi's PXB; PIX to NCCL when it flattens
+    the switch (a Broadcom switch that presents itself as two levels)."""
+    tree = machines.SysfsTree(root)
+    host = tree.host_bridge(0x18)
+    root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
+    switch_port(tree, root_port, "0000:19:00.0", top)
+    left, right = (switch_port(tree, "0000:19:00.0", bdf, top) for bdf in ("0000:1a:00.0", "0000:1a:01.0"))
+    switch_port(tree, left, "0000:1b:00.0", sub)
+    switch_port(tree, right, "0000:1e:00.0", sub)
+    tree.gpu(switch_port(tree, "0000:1b:00.0", "0000:1c:00.0", sub), "0000:1d:00.0")
+    tree.nic(switch_port(tree, "0000:1e:00.0", "0000:1f:00.0", sub), "0000:20:00.0", "mlx5_0")
+    return finish(tree, ["mlx5_0"])
+
+
+def detour_tie(root) -> machines.SysfsTree:
+    """GPU1 (NVML index 1) is PXB from mlx5_0 (two PLX switches) and PHB from mlx5_1 (another
+    root port); GPU0 sits behind another host bridge of the same socket (PHB from both). All
+    links and ports are equally fast, so path types alone separate the NICs."""
+    tree = machines.SysfsTree(root)
+    other = tree.host_bridge(0x03)
+    tree.gpu(tree.bridge(other, "0000:03:01.0", vendor=machines.INTEL), "0000:04:00.0")
+    host = tree.host_bridge(0x18)
+    root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
+    switch_port(tree, root_port, "0000:19:00.0", PLX_SWITCH)
+    left, right = (switch_port(tree, "0000:19:00.0", bdf, PLX_SWITCH) for bdf in ("0000:1a:00.0", "0000:1a:01.0"))
+    switch_port(tree, left, "0000:1b:00.0", PLX_SWITCH)
+    tree.gpu(switch_port(tree, "0000:1b:00.0", "0000:1c:00.0", PLX_SWITCH), "0000:1d:00.0")
+    tree.nic(right, "0000:1e:00.0", "mlx5_0")
+    tree.nic(tree.bridge(host, "0000:18:02.0", vendor=machines.INTEL), "0000:20:00.0", "mlx5_1")
+    return finish(tree, ["mlx5_0", "mlx5_1"])
+
+
+def nearest_nic_without_gdr(root) -> machines.SysfsTree:
+    """GPU0 shares a switch with mlx5_0 (PIX), whose DMA-BUF probe fails (EOPNOTSUPP), and is
+    PXB from mlx5_1 (behind a second switch), which passes it; no peer memory."""
+    tree = machines.SysfsTree(root)
+    host = tree.host_bridge(0x18)
+    root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
+    gpu_port, nic_port, far_port = tree.switch(root_port, "0000:19:00.0",
+                                               ["0000:1a:00.0", "0000:1a:01.0", "0000:1a:02.0"])
+    tree.gpu(gpu_port, "0000:1b:00.0")
+    tree.nic(nic_port, "0000:1c:00.0", "mlx5_0")
+    (below,) = tree.switch(far_port, "0000:1d:00.0", ["0000:1e:00.0"])
+    tree.nic(below, "0000:1f:00.0", "mlx5_1")
+    finish(tree, ["mlx5_0", "mlx5_1"])
+    nic_probe(tree, {"mlx5_0": EOPNOTSUPP, "mlx5_1": EBADF})
+    return tree
+
+
+def dual_port_card(root, link_layers: tuple[str, str] = ("InfiniBand", "InfiniBand")) -> machines.SysfsTree:
+    """Two GPUs and one dual-port card (mlx5_0 = function .0, mlx5_1 = function .1, 200 Gb/s
+    each) under one switch."""
+    tree = machines.SysfsTree(root)
+    host = tree.host_bridge(0x18)
+    root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
+    first, card, second = tree.switch(root_port, "0000:19:00.0", ["0000:1a:00.0", "0000:1a:01.0", "0000:1a:02.0"])
+    tree.gpu(first, "0000:1b:00.0")
+    tree.nic(card, "0000:1c:00.0", "mlx5_0")
+    tree.nic(card, "0000:1c:00.1", "mlx5_1")
+    tree.gpu(second, "0000:1d:00.0")
+    finish(tree, ["mlx5_0", "mlx5_1"], gbps=200)
+    for nic, layer in zip(("mlx5_0", "mlx5_1"), link_layers):
+        tree.write(f"/sys/class/infiniband/{nic}/ports/1/link_layer", layer + "\n")
+    return tree
+
+
+def peermem_not_registered(root, dmabuf: bool = False) -> machines.SysfsTree:
+    """MLNX_OFED's peer-memory API is there (/sys/kernel/mm/memory_peers) and nvidia-peermem
+    is loaded, but its nv_mem client is not in the API's list. ``dmabuf``: an open driver on
+    6.8 where DMA-BUF works as well."""
+    tree = pix_pairs(root)
+    if dmabuf:
+        healthy_stack(tree, gpu_bdfs(tree), ["mlx5_0", "mlx5_1"])
+    else:
+        stack(tree, driver=PROPRIETARY_DRIVER, kernel="5.15.0-105-generic")
+        cuda_facts(tree, gpu_bdfs(tree), dma_buf=0)
+        nic_probe(tree, {"mlx5_0": EOPNOTSUPP, "mlx5_1": EOPNOTSUPP})
+    nvidia_peermem(tree)
+    tree.path("/sys/kernel/mm/memory_peers").mkdir(parents=True)
+    return tree
+
+
+def gh200_nic_beside_gpu(root) -> machines.SysfsTree:
+    """Grace Hopper with the NIC under a PCIe switch shared with the GPU (PIX), not behind
+    Grace: NCCL forces a PCIe mapping of GPU memory (GDR mode PCI)."""
+    tree = machines.SysfsTree(root)
+    host = tree.host_bridge(0x00, numa=0, cpus="0-71", domain=9)
+    root_port = tree.bridge(host, "0009:00:01.0", vendor=machines.NVIDIA)
+    gpu_port, nic_port = tree.switch(root_port, "0009:01:00.0", ["0009:02:00.0", "0009:02:01.0"])
+    gpu = tree.gpu(gpu_port, "0009:03:00.0")
+    tree.nic(nic_port, "0009:04:00.0", "mlx5_0")
+    finish(tree, ["mlx5_0"])
+    cuda_facts(tree, [gpu], name="NVIDIA GH200 480GB")
+    nvml_facts(tree, [gpu], c2c=True)
+    return tree

@@ -68,7 +68,7 @@ def test_gh200_cpu_attached_nic_is_p2c_with_gdr(tmp_path):
 def test_gh200_with_gdr_c2c_off_falls_back_to_pxb_and_loses_gdr(tmp_path):
     nccl_machines.gh200(tmp_path)
     (gh,) = decisions(tmp_path, NCCL_NET_GDR_C2C="0")
-    assert not gh.gdr_write and "receive: path P2C is beyond the GDR level PXB (NCCL's default)" in gh.why
+    assert not gh.gdr_write and gh.why[1].startswith("receive: path P2C is beyond the GDR level PXB (NCCL's default)")
 
 
 def test_v100_without_nvlink_gets_gdr_for_receives_only(tmp_path):
@@ -111,7 +111,14 @@ def test_report_json_and_text_carry_the_decision_per_gpu(tmp_path):
     assert document["nccl"][1] == {
         "gpu": "GPU1", "gpu_bdf": "0000:1d:00.0", "nic": "mlx5_0", "path": "pxn", "via_gpu": "0000:1b:00.0",
         "path_type": "PXN", "bandwidth_gbs": 48.0, "gdr_write": True, "gdr_read": True,
-        "why": list(report.nccl[1].why), "candidates": ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]}
+        "why": list(report.nccl[1].why), "candidates": ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"],
+        "net": "mlx5_0", "gdr_mode": "default", "mechanism": "dmabuf",
+        # netsPerGpu = DIVUP(4 NICs, 1 GPU local to mlx5_0): GPU1's channels spread over all four,
+        # each through the GPU beside that NIC.
+        "channels": [{"channel": k, "nic": f"mlx5_{k}", "net": f"mlx5_{k}", "path_type": "PXN",
+                      "via_gpu": via, "gdr_write": True, "gdr_read": True}
+                     for k, via in enumerate(("0000:1b:00.0", "0000:3d:00.0", "0000:9d:00.0", "0000:bd:00.0"))],
+        "detour_from": None}
     text = render_doctor(report)
     assert "== what NCCL will do, per GPU ==" in text
     row = next(line for line in text.splitlines() if line.startswith("GPU1 "))

@@ -21,9 +21,9 @@ def test_no_nccl_variables_is_one_ok_and_a_decision_per_gpu(tmp_path):
     nccl_machines.pix_and_pxb(tmp_path)
     findings = nccl_env.check(DoctorContext(SysRoot(str(tmp_path)), {"PATH": "/usr/bin"}))
     assert [(f.id, f.status, f.group) for f in findings] == [
-        ("nccl.env", Status.OK, "nccl"), ("nccl.gpu.0000:1b:00.0", Status.OK, "nccl"),
-        ("nccl.gpu.0000:9d:00.0", Status.OK, "nccl")]
-    assert findings[2].summary == ("GPU1 (0000:9d:00.0): NCCL uses mlx5_1 direct PXB path with GPUDirect "
+        ("nccl.library", Status.SKIP, "nccl"), ("nccl.env", Status.OK, "nccl"),
+        ("nccl.gpu.0000:1b:00.0", Status.OK, "nccl"), ("nccl.gpu.0000:9d:00.0", Status.OK, "nccl")]
+    assert findings[3].summary == ("GPU1 (0000:9d:00.0): NCCL uses mlx5_1 direct PXB path with GPUDirect "
                                    "RDMA for sends and receives")
 
 

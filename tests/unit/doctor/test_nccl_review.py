@@ -60,7 +60,7 @@ def test_auto_policy_leaves_mlx5_1_without_a_relay_gpu(tmp_path):
     ctx = context(tmp_path)
     machine = Machine(ctx.nccl_node, ctx.environ)
     mlx5_1 = next(n for n in machine.nets if n.label == "mlx5_1")
-    assert machine.local_gpu(mlx5_1, machine.before_pxn) is None
+    assert machine.local_gpu(mlx5_1, machine.start_paths()) is None
     (far,) = [d for d in context(tmp_path).nccl_decisions if d.gpu_bdf == "0000:33:00.0"]
     assert (far.nic, far.path, far.via_gpu, far.candidates) == ("mlx5_0", "pxn", "0000:1b:00.0", ("mlx5_0",))
 
@@ -196,14 +196,17 @@ def test_nic_bandwidth_is_the_active_ports_rate(tmp_path):
 
 
 def test_each_active_port_is_its_own_nic_to_nccl(tmp_path):
-    """Was: one NIC per PCI function, so both GPUs under the switch shared mlx5_0's first port."""
+    """Was: one NIC per PCI function, so both GPUs under the switch shared mlx5_0's first port.
+    With NIC fusion off (NCCL_NET_MERGE_LEVEL=LOC; before 2.24.3 there was none) each port is
+    its own network device; by default they fuse (test_nic_fusion.py)."""
     tree = nccl_machines.shared_switch(tmp_path, nics=1)
     nccl_machines.port_rate(tree, "mlx5_0", 400, port=2)
-    first, second = context(tmp_path).nccl_decisions
+    first, second = context(tmp_path, NCCL_NET_MERGE_LEVEL="LOC").nccl_decisions
     assert first.candidates == second.candidates == ("mlx5_0:1", "mlx5_0:2")
     assert (first.nic, second.nic) == ("mlx5_0", "mlx5_0")
     assert first.why[0].startswith("mlx5_0:1 has") and second.why[0].startswith("mlx5_0:2 has")
-    (only,) = {d.candidates for d in context(tmp_path, NCCL_IB_HCA="mlx5_0:2").nccl_decisions}
+    port_2 = context(tmp_path, NCCL_IB_HCA="mlx5_0:2", NCCL_NET_MERGE_LEVEL="LOC")
+    (only,) = {d.candidates for d in port_2.nccl_decisions}
     assert only == ("mlx5_0",)
 
 

@@ -12,7 +12,7 @@ from gdrprobe.doctor.checks import acs, iommu, topology
 from gdrprobe.errors import ExitCode
 from gdrprobe.report import text as render
 from gdrprobe.report.model import DoctorReport, Finding, Status
-from tests.unit.doctor import machines
+from tests.unit.doctor import machines, nccl_machines
 
 OWN_CHECKS = (topology, iommu, acs)
 
@@ -94,7 +94,10 @@ def run_cli(argv):
 
 def test_cli_doctor_json_and_capture(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runner, "CHECKS", OWN_CHECKS)
-    machines.dual_socket_node(tmp_path / "node")
+    tree = machines.dual_socket_node(tmp_path / "node")
+    # A GDR-capable stack: without one NCCL routes every path through the CPU, and placement
+    # is not what fails.
+    nccl_machines.healthy_stack(tree, nccl_machines.gpu_bdfs(tree), ["mlx5_0", "mlx5_1"])
     assert run_cli(["doctor", "--root", str(tmp_path / "node"), "--json"]) == 1
     document = json.loads(capsys.readouterr().out)
     assert document["kind"] == "doctor"
@@ -120,6 +123,7 @@ def test_device_nodes_are_captured_as_placeholders_without_reading_them(tmp_path
     (root / "sys" / "bus" / "pci" / "devices" / "0000:00:01.0").mkdir(parents=True)
     (root / "sys" / "class" / "infiniband" / "rxe0").mkdir(parents=True)
     (root / "dev" / "infiniband").mkdir(parents=True)
+    (root / "proc").mkdir()
     os.mkfifo(root / "dev" / "infiniband" / "uverbs0")
     dest = tmp_path / "capture"
     capture(str(dest), root=str(root), environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
@@ -153,3 +157,102 @@ def test_capture_keeps_nccls_nic_probe_and_nvml_facts(tmp_path):
                 == json.loads((tmp_path / "node/gdrprobe-capture" / name).read_text()))
     original, replay = runner.run_doctor(str(tmp_path / "node")), runner.run_doctor(str(tmp_path / "copy"))
     assert comparable(replay) == comparable(original) and replay.nccl == original.nccl
+
+
+# ---- the offline path checks what is on disk -----------------------------------------------
+
+
+def test_capture_refuses_a_directory_that_is_not_empty_and_merges_nothing(tmp_path):
+    import pytest
+
+    from gdrprobe.errors import UsageError
+
+    machines.pix_node(tmp_path / "node", pairs=1)
+    dest = tmp_path / "report"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="is not empty: a capture is never merged") as raised:
+        capture(str(dest), root=str(tmp_path / "node"), environ={})
+    assert "--replace" in raised.value.fix
+    with pytest.raises(UsageError, match="not a gdrprobe capture"):    # only a capture goes
+        capture(str(dest), root=str(tmp_path / "node"), environ={}, replace=True)
+    assert os.listdir(dest) == ["notes.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["node", "report"]           # nothing left beside
+
+
+def test_replace_swaps_a_capture_for_a_new_one_and_no_stale_device_survives(tmp_path):
+    """A report directory reused across nodes replayed a device the second node lacks."""
+    machines.dual_socket_node(tmp_path / "first")                      # mlx5_0 and mlx5_1
+    machines.pix_node(tmp_path / "second", pairs=1)                    # mlx5_0 only
+    dest = tmp_path / "report"
+    capture(str(dest), root=str(tmp_path / "first"), environ={})
+    assert (dest / "sys/class/infiniband/mlx5_1").exists()
+    capture(str(dest), root=str(tmp_path / "second"), environ={}, replace=True)
+    assert not (dest / "sys/class/infiniband/mlx5_1").exists()
+    second = runner.run_doctor(str(tmp_path / "second"), environ={})
+    assert comparable(runner.run_doctor(str(dest))) == comparable(second)
+    assert sorted(os.listdir(tmp_path)) == ["first", "report", "second"]
+
+
+def test_a_failed_capture_leaves_the_earlier_one_as_it_was(tmp_path, monkeypatch):
+    import pytest
+
+    from gdrprobe.doctor import capture as capture_module
+
+    machines.pix_node(tmp_path / "node", pairs=1)
+    dest = tmp_path / "report"
+    capture(str(dest), root=str(tmp_path / "node"), environ={})
+    before = sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(capture_module, "_capture_into", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        capture(str(dest), root=str(tmp_path / "node"), environ={}, replace=True)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == before
+    assert sorted(os.listdir(tmp_path)) == ["node", "report"]
+
+
+def test_the_capture_command_says_replace(tmp_path, capsys):
+    from gdrprobe.cli import main
+
+    machines.pix_node(tmp_path / "node", pairs=1)
+    dest = str(tmp_path / "report")
+    assert main(["capture", dest, "--root", str(tmp_path / "node")]) == 0
+    assert main(["capture", dest, "--root", str(tmp_path / "node")]) == 2
+    assert "--replace" in capsys.readouterr().err
+    assert main(["capture", dest, "--root", str(tmp_path / "node"), "--replace"]) == 0
+
+
+def test_doctor_root_must_be_a_capture_or_a_machine_root(tmp_path, capsys):
+    from gdrprobe.cli import main
+
+    assert main(["doctor", "--root", str(tmp_path / "nonexistent")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["doctor", "--root", str(tmp_path / "empty")]) == 2
+    error = capsys.readouterr().err
+    assert "is neither a capture (no gdrprobe-capture/environ.json) nor a machine's root" in error
+    assert "fix: pass a directory written by 'gdrprobe capture DEST'" in error
+    machines.pix_node(tmp_path / "machine", pairs=1)                   # sys/ and proc/
+    capture(str(tmp_path / "capture"), root=str(tmp_path / "machine"), environ={})
+    for root in ("machine", "capture"):
+        assert main(["doctor", "--root", str(tmp_path / root)]) in (0, 1)
+        assert "== topology ==" in capsys.readouterr().out
+
+
+# ---- the first blocker ---------------------------------------------------------------------
+
+
+def test_no_gpu_and_a_software_nic_lead_a_memlock_failure(tmp_path):
+    """The lab guest: rxe0 and no GPU. GPUDirect RDMA cannot happen there whatever the
+    memlock limit, so that is the first blocker, not memlock."""
+    tree = machines.SysfsTree(tmp_path)
+    tree.software_rdma("rxe0")
+    report = runner.run_doctor(str(tmp_path), environ={})
+    memlock = Finding("memlock.limit", "memlock", Status.FAIL, "memlock limit 8 MiB")
+    report = DoctorReport(report.root, report.findings + (memlock,))
+    headline = render.doctor_headline(report)
+    assert headline.startswith("First blocker: topology.devices: no NVIDIA GPU and PCI RDMA "
+                               "NIC found: GPUDirect RDMA cannot happen")
+    assert render.first_blocker(DoctorReport("/", (memlock,))) == memlock

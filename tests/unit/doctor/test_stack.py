@@ -3,6 +3,7 @@ from __future__ import annotations
 from .stack_machines import dmabuf_inventory, legacy_inventory, module, peermem_unregistered, write, context
 
 from gdrprobe.doctor.checks import stack
+from gdrprobe.nccl.gdr_support import PEERMEM_FILES
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
@@ -47,7 +48,7 @@ def test_peermem_directory_without_version_file_is_not_counted(tmp_path):
     found = by_id(stack.check(peermem_unregistered(tmp_path)))
     peermem = found["stack.peermem"]
     assert peermem.status is Status.WARN and "NCCL does not count it" in peermem.summary
-    assert {e.source for e in peermem.evidence[1:]} == set(stack.PEERMEM_FILES)
+    assert {e.source for e in peermem.evidence[1:]} == set(PEERMEM_FILES)
     assert found["stack.path"].status is Status.FAIL
     assert "reinstall the GPU driver" in found["stack.path"].fix
 

@@ -31,7 +31,7 @@ def by_id(findings, finding_id):
 
 
 def test_pix_node_pairs_each_gpu_with_its_switch_nic(tmp_path):
-    machines.pix_node(tmp_path)
+    with_stack(machines.pix_node(tmp_path))
     t = build_topology(SysRoot(str(tmp_path)))
     assert [g.name for g in t.gpus] == [f"GPU{i}" for i in range(8)]
     assert [n.name for n in t.nics] == [f"mlx5_{i}" for i in range(8)]
@@ -48,7 +48,7 @@ def test_pix_node_pairs_each_gpu_with_its_switch_nic(tmp_path):
 
 
 def test_pix_node_findings_and_matrix(tmp_path):
-    machines.pix_node(tmp_path)
+    with_stack(machines.pix_node(tmp_path))
     findings = run(tmp_path)
     distances = by_id(findings, "topology.distance")
     assert len(distances) == 8 and all(f.status is Status.OK for f in distances)
@@ -80,6 +80,7 @@ def test_pxb_through_two_switches(tmp_path):
     (nic_port,) = tree.switch(right, "0000:15:00.0", ["0000:16:00.0"])
     tree.gpu(gpu_port, "0000:17:00.0")
     tree.nic(nic_port, "0000:18:00.0", "mlx5_0")
+    with_stack(tree)
     t = build_topology(SysRoot(str(tmp_path)))
     assert t.distance(t.gpus[0], t.nics[0]) == "PXB"
     assert decisions(tmp_path)[0].path_type == "PXB"
@@ -117,7 +118,8 @@ def test_restrictive_level_blocks_pix_pair_and_says_unset(tmp_path):
     with_stack(machines.pix_node(tmp_path, pairs=1))
     (verdict,) = decisions(tmp_path, {"NCCL_NET_GDR_LEVEL": "LOC"})
     assert not verdict.gdr_write
-    assert "receive: path PIX is beyond the GDR level LOC (NCCL_NET_GDR_LEVEL=LOC)" in verdict.why
+    assert ("receive: path PIX is beyond the GDR level LOC (NCCL_NET_GDR_LEVEL=LOC), so NCCL routes it "
+            "through the CPU: PHB") in verdict.why
 
 
 @pytest.mark.parametrize("environ, name, ignored", [

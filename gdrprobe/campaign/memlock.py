@@ -1,0 +1,122 @@
+"""A run sized to the locked-memory limit it runs under.
+
+Registering host memory pins it, and the kernel charges the pages to RLIMIT_MEMLOCK unless
+the process holds CAP_IPC_LOCK (Linux drivers/infiniband/core/umem.c, ib_umem_get: the
+registration fails with ENOMEM once ``pinned_vm`` would pass the limit). A run pins one
+buffer per end in this process (loopback: both ends), sized by its integrity slots
+(:func:`gdrprobe.defaults.integrity_slots`, :func:`gdrprobe.defaults.buffer_bytes`). Fewer
+slots pin less and change no measurement, only how many messages are checked in a slot of
+their own; so a run that would not fit gets fewer, down to one per size, and a run that does
+not fit even then is refused before anything starts, with the number it needs and how to
+raise the limit. GPU memory registered through DMA-BUF or peermem is not charged; the A/B's
+host arm, host memory at both ends, is what pins most.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import resource
+
+from gdrprobe.doctor.checks.memlock import (effective_capabilities, has_ipc_lock,
+                                            memlock_fix)
+from gdrprobe.doctor.checks.probe_needs import QUEUE_MARGIN_BYTES
+from gdrprobe.doctor.facts.container import detect_container
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.errors import ResourceLimit
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.sysroot import SysRoot
+
+STATUS_FILE = "/proc/self/status"
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class LockedMemory:
+    """What this process may still pin."""
+
+    soft: float          # RLIMIT_MEMLOCK's soft limit in bytes; inf: unlimited
+    hard: float
+    pinned: int = 0      # already pinned by this process (VmPin), charged to the same limit
+    exempt: bool = False  # CAP_IPC_LOCK held: the limit does not apply
+
+    @property
+    def room(self) -> float:
+        return math.inf if self.exempt else self.soft - self.pinned
+
+
+def locked_memory(root: SysRoot | None = None) -> LockedMemory:
+    """This process's limit (getrlimit), what it has pinned and whether it is exempt, from
+    /proc/self/status under root (the live machine unless given)."""
+    root = root or SysRoot("/")
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    capabilities = effective_capabilities(root)
+    return LockedMemory(_limit(soft), _limit(hard), _pinned_bytes(root),
+                        capabilities is not None and has_ipc_lock(capabilities))
+
+
+def _limit(value: int) -> float:
+    return math.inf if value == resource.RLIM_INFINITY else value
+
+
+def _pinned_bytes(root: SysRoot) -> int:
+    for line in (root.read(STATUS_FILE) or "").splitlines():
+        if line.startswith("VmPin:"):
+            return int(line.split()[1]) * KiB
+    return 0
+
+
+def pinned_bytes(options: ProbeOptions, ends: int) -> int:
+    """What a run pins in this process: a buffer per end here and the verbs queues."""
+    return ends * options.buffer_bytes + QUEUE_MARGIN_BYTES
+
+
+def fit_to_memlock(options: ProbeOptions, ends: int, memory: LockedMemory,
+                   notice=None) -> ProbeOptions:
+    """options as they are where they fit in what this process may still pin; else with
+    the most integrity bytes that fit (notice says so); else ResourceLimit."""
+    if pinned_bytes(options, ends) <= memory.room:
+        return options
+    fewest = dataclasses.replace(options, integrity_bytes=1)
+    if pinned_bytes(fewest, ends) > memory.room:
+        raise too_little_memlock(fewest, ends, memory)
+    fits, too_many = 1, options.integrity_bytes
+    while too_many - fits > 1:      # the largest integrity_bytes that fits
+        middle = (fits + too_many) // 2
+        trial = dataclasses.replace(options, integrity_bytes=middle)
+        if pinned_bytes(trial, ends) <= memory.room:
+            fits = middle
+        else:
+            too_many = middle
+    fitted = dataclasses.replace(options, integrity_bytes=fits)
+    if notice is not None:
+        size = max(options.sizes, key=lambda s: options.slots(s) * s)
+        notice(f"the locked-memory limit (RLIMIT_MEMLOCK {_mib(memory.soft)}) holds "
+               f"{fitted.slots(size)} integrity slots of {size} B per end instead of "
+               f"{options.slots(size)}: the same measurement, fewer messages checked in a slot "
+               f"of their own ({_mib(pinned_bytes(fitted, ends))} pinned)")
+    return fitted
+
+
+def too_little_memlock(fewest: ProbeOptions, ends: int, memory: LockedMemory) -> ResourceLimit:
+    """The error of a run that does not fit even with one slot per size."""
+    need = pinned_bytes(fewest, ends) + memory.pinned
+    need_kib = -(-need // KiB)
+    already = f", {_mib(memory.pinned)} of it already pinned" if memory.pinned else ""
+    raise_soft = (f"'ulimit -l {need_kib}' (KiB) in the launching shell (the hard limit "
+                  "allows it), or to make it stick: " if memory.hard >= need else "")
+    container = detect_container(DoctorContext(SysRoot("/")))
+    return ResourceLimit(
+        f"this run pins {_mib(need)} of host memory ({ends} buffer(s) of "
+        f"{_mib(fewest.buffer_bytes)} for {max(fewest.sizes)} B messages with one integrity "
+        f"slot, and {_mib(QUEUE_MARGIN_BYTES)} for the verbs queues), more than the "
+        f"locked-memory limit of {_mib(memory.soft)}{already}",
+        f"raise the limit to at least {need_kib} KiB: {raise_soft}{memlock_fix(container)} "
+        "Or measure smaller messages (-s).",
+        evidence=f"getrlimit(RLIMIT_MEMLOCK): soft {_mib(memory.soft)}, hard "
+                 f"{_mib(memory.hard)}; CAP_IPC_LOCK not held")
+
+
+def _mib(value: float) -> str:
+    return "unlimited" if value == math.inf else f"{value / MiB:.1f} MiB"

@@ -1,0 +1,94 @@
+"""The node check for a prolog (``gdrprobe check --node``, ``check_node()``): every GPU with
+the NIC NCCL will use for it, in one process.
+
+One doctor and one CUDA start-up serve every GPU (the caller reads the machine once).
+GPUs that share a NIC are checked one after the other, each taking an equal share of what
+the budget has left when its turn comes; different NICs are checked at the same time, one
+thread each (the loops run with the GIL released). Each check also takes its NIC's lock
+file, so a ``require()`` in a job on the same node never measures against it. The node's
+exit code is the worst GPU's: a code that drains before one that warns, and among those
+the larger.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Callable
+from collections.abc import Iterable, Mapping
+
+from gdrprobe.campaign.gate import Budget, MachineFacts, node_pairs
+from gdrprobe.campaign.prelaunch import GateSettings, check_pair
+from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GdrprobeError
+from gdrprobe.report.check import NodeCheckReport, NodeGpuCheck, RankPair
+
+CheckPair = Callable[[RankPair, MachineFacts, GateSettings, Budget, Mapping[str, str]], object]
+
+
+def severity(code: int) -> tuple[int, int]:
+    action = SCHEDULER_ACTION.get(code, "warn")
+    return ({"start the job": 0, "warn": 1, "drain": 2}[action], code)
+
+
+def worst_exit_code(codes: Iterable[int]) -> int:
+    return max(codes, key=severity, default=int(ExitCode.OK))
+
+
+def by_nic(pairs: list[RankPair]) -> list[list[RankPair]]:
+    """The GPUs grouped by NIC (no NIC known: one group), in the node's GPU order."""
+    groups: dict[str, list[RankPair]] = {}
+    for pair in pairs:
+        groups.setdefault(pair.nic or "", []).append(pair)
+    return list(groups.values())
+
+
+def check_one(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: float | None,
+              environ: Mapping[str, str], check: CheckPair) -> NodeGpuCheck:
+    """One GPU's check on its share of the budget; an error is its answer, not the node's."""
+    if seconds is not None and seconds <= 0:
+        return NodeGpuCheck(pair.gpu, pair.nic, int(ExitCode.NOT_TESTABLE),
+                            error="not testable: the node check's time budget ran out "
+                                  "before this GPU's turn",
+                            fix="give the node check a larger --time-budget")
+    try:
+        report = check(pair, facts, gate, Budget(seconds), environ)
+    except GdrprobeError as error:
+        return NodeGpuCheck(pair.gpu, pair.nic, int(error.exit_code), error=error.cause,
+                            fix=error.fix)
+    except Exception as error:   # noqa: BLE001 - a bug in one GPU's check is not the node's
+        return NodeGpuCheck(pair.gpu, pair.nic, int(ExitCode.INTERNAL),
+                            error=f"internal error: {type(error).__name__}: {error}",
+                            fix="a bug in gdrprobe, not a fault of this node: please report "
+                                "it ('gdrprobe check --gpu' on this GPU shows where)")
+    return NodeGpuCheck(pair.gpu, report.placement.nic, report.verdict.exit_code, report)
+
+
+def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
+               environ: Mapping[str, str], check: CheckPair = check_pair) -> NodeCheckReport:
+    """Every GPU of the node, one A/B per NIC at a time, NICs in parallel."""
+    pairs = node_pairs(facts.gpus, facts.nics)
+    results: dict[int, NodeGpuCheck] = {}
+    cancelled = threading.Event()
+
+    def run_group(group: list[RankPair]) -> None:
+        for turn, pair in enumerate(group):
+            if cancelled.is_set():
+                return
+            seconds = (None if budget.seconds is None
+                       else budget.remaining() / (len(group) - turn))
+            results[pairs.index(pair)] = check_one(pair, facts, gate, seconds, environ, check)
+
+    groups = by_nic(pairs)
+    with concurrent.futures.ThreadPoolExecutor(len(groups),
+                                               thread_name_prefix="gdrprobe-nic") as pool:
+        futures = [pool.submit(run_group, group) for group in groups]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            cancelled.set()    # the GPUs not started yet stay so; the running ones finish
+            raise
+    checks = tuple(results[index] for index in sorted(results))
+    return NodeCheckReport(gpus=checks, time_budget_s=budget.seconds,
+                           elapsed_s=round(budget.elapsed(), 3),
+                           exit_code=worst_exit_code(check.exit_code for check in checks))

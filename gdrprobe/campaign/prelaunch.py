@@ -1,0 +1,178 @@
+"""The prelaunch gate for one GPU (``gdrprobe check``, ``require()``): the A/B as NCCL will
+move this GPU's bytes, inside the check's time budget.
+
+- **Memory as NCCL places it.** GPU memory at both ends: the NIC reads the send buffer and
+  writes the receive buffer (:mod:`gdrprobe.campaign.ab` then isolates a failing
+  direction). With PXN (the doctor's decision says ``pxn``) NCCL copies this GPU's sends
+  over NVLink into the peer GPU's memory and the peer's NIC reads them there
+  (``src/transport/net.cc`` sendSetup: the proxy rank's buffers), while receives land in
+  this GPU's own memory (recvSetup: "We don't support PXN on receive yet"); so the send
+  side is the peer's GPU, the receive side this one.
+- **NCCL's environment** (configuration files included): ``NCCL_IB_GID_INDEX`` picks the
+  GID on RoCE ports, as ``src/transport/net_ib/connect.cc`` ncclIbGetGidIndex does (NCCL
+  ignores it on InfiniBand); ``NCCL_IB_PCI_RELAXED_ORDERING`` the registration (the API's
+  options); NCCL's decision whether to use GPUDirect at all (:func:`verdict.with_nccl`).
+- **The floor**: the deciding arm against the port's line rate, where the kernel states
+  it and the NIC is hardware.
+- **One A/B per NIC at a time** (:mod:`gdrprobe.campaign.nic_lock`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+from collections.abc import Mapping
+
+from gdrprobe import defaults
+from gdrprobe.campaign.ab import HOST, ab_test
+from gdrprobe.campaign.gate import (Budget, MachineFacts, budgeted, sized_for_budget)
+from gdrprobe.campaign.nic_lock import nic_lock
+from gdrprobe.campaign.verdict import with_nccl
+from gdrprobe.errors import NoRdmaDevice, NotTestable, UsageError
+from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.nccl.env import int_param
+from gdrprobe.rdma.endpoint import EndpointOptions
+from gdrprobe.report.check import CheckReport, FloorCheck, NcclUse, RankPair
+
+# What a check keeps of its budget for the runs when it waits for a NIC another check
+# holds: the first run may start only with the shortest out-of-band time-out left, the
+# second likewise (gate.budgeted).
+LOCK_RESERVE_S = 2 * MIN_TIMEOUT_S
+
+
+@dataclasses.dataclass(frozen=True)
+class GateSettings:
+    """What a check is asked, the same for every GPU of a node check."""
+
+    options: ProbeOptions                      # the runs', before sizing to the budget
+    gpu_memory: Callable[[str], MemorySpec]    # a GPU (bus id or ordinal) -> the send buffer
+    receive_memory: Callable[[str], MemorySpec]   # a GPU -> the receive buffer (a server's)
+    ib_port: int = 1
+    gid_index: int | None = None
+    repeats: int = defaults.REPEATS
+    threshold: float = defaults.THRESHOLD
+    floor: float = defaults.FLOOR
+    staged: bool = False
+    keep_cq_moderation: bool = False           # asked for: not perftest's rule
+    host: str | None = None                    # a server instead of loopback
+    port: int = defaults.PORT
+    token: str | None = None
+
+
+def check_floor(floor: float) -> None:
+    if not 0 <= floor <= 1:
+        raise UsageError(f"--floor {floor:g}: use a fraction of line rate from 0 to 1",
+                         f"e.g. {defaults.FLOOR:g}; 0 turns the floor off")
+
+
+def floor_check(nic: str, port: int, facts: MachineFacts, floor: float) -> FloorCheck:
+    """The port's line rate and whether the floor applies to it."""
+    check_floor(floor)
+    stated = facts.ports.get((nic, port))
+    rate = stated.rate_gbps if stated else None
+    software = True if nic in facts.software_nics else (False if stated else None)
+    if software:
+        note = ("not applied: a software RDMA device (rxe, siw), where the CPU copies every "
+                "byte, so it can never do GPUDirect RDMA")
+    elif rate is None:
+        note = f"not applied: the kernel states no line rate for {nic} port {port}"
+    elif floor == 0:
+        note = "not applied: --floor 0"
+    else:
+        note = f"{floor:.2f} of {rate:g} Gb/s = {floor * rate:.0f} Gb/s"
+    return FloorCheck(nic, port, rate, floor, applied=bool(rate) and not software and floor > 0,
+                      software_device=software, note=note)
+
+
+def nccl_gid_index(facts: MachineFacts, nic: str, port: int) -> int | None:
+    """NCCL_IB_GID_INDEX on a RoCE port, as NCCL takes it (connect.cc ncclIbGetGidIndex:
+    a value >= 0 is used as is; -1, its default, chooses); None: gdrprobe chooses (a RoCE v2
+    IPv4 GID, NCCL's default version and address family)."""
+    stated = facts.ports.get((nic, port))
+    if stated is None or stated.link_layer != "Ethernet":
+        return None
+    value = int_param(facts.nccl_environ, "NCCL_IB_GID_INDEX", -1)
+    return value if value >= 0 else None
+
+
+def first_rdma_device() -> str:
+    """The device a check without NCCL's choice uses: the first libibverbs lists."""
+    from gdrprobe.rdma import verbs
+
+    try:
+        return verbs.resolve_device(None)
+    except NoRdmaDevice as error:
+        raise NotTestable(f"not testable: {error.cause}", error.fix,
+                          evidence=error.evidence) from error
+
+
+def send_gpu(pair: RankPair, use: NcclUse | None,
+             visible: tuple[str, ...] | None) -> tuple[str | None, str]:
+    """The GPU whose memory the NIC reads for this GPU's sends, and why; None: not one this
+    process can open (host memory stands in, and the reason says what is not measured)."""
+    if use is None or use.path != "pxn" or not use.via_gpu or pair.nic != use.nic:
+        return pair.gpu, "this GPU (NCCL sends from its own memory)"
+    why = (f"PXN: NCCL copies this GPU's sends over NVLink into {use.via_gpu}'s memory and "
+           f"{use.nic} reads them there (net.cc sendSetup); receives stay in this GPU's "
+           "memory (no PXN on receive)")
+    if visible is not None and use.via_gpu not in visible:
+        return None, (f"{why}; {use.via_gpu} is not visible to this process "
+                      "(CUDA_VISIBLE_DEVICES), so the sends' memory is not measured: "
+                      "'gdrprobe check --node' measures it")
+    return use.via_gpu, why
+
+
+def bus_id(pair: RankPair, facts: MachineFacts) -> str:
+    """The pair's GPU as a bus id where it is known (an ordinal through CUDA's list)."""
+    cuda = facts.gpus.cuda_bus_ids
+    if pair.gpu.isdigit() and cuda is not None and int(pair.gpu) < len(cuda):
+        return cuda[int(pair.gpu)]
+    return pair.gpu
+
+
+def planned_runs(gate: GateSettings, two_ended: bool) -> int:
+    """The most runs the A/B can make: the host arm and each deciding arm per repeat, and
+    with GPU memory at both ends the two one-direction arms' repeats."""
+    return gate.repeats * (2 + gate.staged) + (3 * gate.repeats if two_ended else 0)
+
+
+def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: Budget,
+               environ: Mapping[str, str]) -> CheckReport:
+    """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
+    from gdrprobe.measure import loopback
+
+    use = facts.nccl.get(bus_id(pair, facts))
+    nic = pair.nic or first_rdma_device()
+    sender, sender_why = send_gpu(pair, use, facts.gpus.cuda_bus_ids)
+    local = gate.gpu_memory(sender) if sender is not None else HOST
+    remote = gate.receive_memory(pair.gpu)
+    gid_index, nic_reason = gate.gid_index, pair.nic_reason
+    nccl_gid = nccl_gid_index(facts, nic, gate.ib_port)
+    if gid_index is None and nccl_gid is not None:
+        gid_index = nccl_gid
+        nic_reason += f"; GID index {gid_index} from NCCL_IB_GID_INDEX"
+    endpoint = EndpointOptions(device=nic, port=gate.ib_port, gid_index=gid_index)
+    options = gate.options
+    if budget.seconds is not None:
+        options = sized_for_budget(options, budget.seconds,
+                                   planned_runs(gate, remote.kind == local.kind == "gpu"),
+                                   gate.keep_cq_moderation)
+    floor = floor_check(nic, gate.ib_port, facts, gate.floor)
+    wait_s = max(0.0, budget.remaining() - LOCK_RESERVE_S)
+    with nic_lock(nic, wait_s if math.isfinite(wait_s) else 3600.0, environ) as (held, why):
+        run_once = budgeted(lambda capped: loopback.runner(capped, endpoint, gate.host,
+                                                           gate.port, gate.token),
+                            options, budget)
+        gpu_here = gate.host is None or local.kind == "gpu"
+        report = ab_test(run_once, local, remote, staged=gate.staged, repeats=gate.repeats,
+                         threshold=gate.threshold,
+                         doctor_findings=facts.findings if gpu_here else (),
+                         min_repeats=min(2, gate.repeats), floor=floor)
+    placement = dataclasses.replace(
+        pair, nic=nic, nic_reason=nic_reason, time_budget_s=budget.seconds,
+        elapsed_s=round(budget.elapsed(), 3), send_gpu=sender, send_gpu_reason=sender_why,
+        lock=held.describe(why))
+    return dataclasses.replace(report, verdict=with_nccl(report.verdict, use),
+                               placement=placement)

@@ -1,0 +1,145 @@
+"""What a CUresult means for the job that would start on this node, and so for a scheduler.
+
+The policy, decided per result from what the job will meet (each meaning quoted from the
+CUresult documentation that cuda-python's ``cuda.bindings.driver.CUresult`` carries, 12.9):
+
+- **the node is broken for every CUDA process** (:class:`GpuUnusable`, exit 11, drain): a
+  job started here fails its first CUDA call exactly as the check did.
+  ``CUDA_ERROR_SYSTEM_NOT_READY`` (802, "the system is not yet ready to start any CUDA work
+  ... all required driver daemons are actively running": the fabric manager of an NVSwitch
+  system), ``CUDA_ERROR_SYSTEM_DRIVER_MISMATCH`` (803, "a mismatch between the versions of
+  the display driver and the CUDA driver": a driver upgraded without a reboot),
+  ``CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE`` (804, "the system was upgraded to run with
+  forward compatibility but the visible hardware ... does not support this configuration"),
+  ``CUDA_ERROR_DEVICE_UNAVAILABLE`` (46, "unavailable due to use of
+  CU_COMPUTEMODE_EXCLUSIVE_PROCESS or CU_COMPUTEMODE_PROHIBITED": another process holds the
+  GPU, or no process may use it), ``CUDA_ERROR_ECC_UNCORRECTABLE`` (214),
+  ``CUDA_ERROR_NVLINK_UNCORRECTABLE`` (220) and ``CUDA_ERROR_CONTAINED`` (226, "an exception
+  occurred on the device that is now contained by the GPU's error containment capability":
+  a check runs no kernel, so in its process it is the hardware's).
+- **the check cannot run, and that says nothing against the node** (:class:`NotTestable`,
+  exit 9, warn): ``CUDA_ERROR_NO_DEVICE`` (100: no GPU to test), ``CUDA_ERROR_OUT_OF_MEMORY``
+  (2: other processes hold the memory, in a training job possibly the job itself; a
+  :class:`GpuOutOfMemory`), ``CUDA_ERROR_STUB_LIBRARY`` (34: the check's own environment
+  loads the toolkit's stub), ``CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER`` (a mechanism this
+  driver lacks), ``CUDA_ERROR_MPS_CONNECTION_FAILED`` (805: MPS daemons are often started
+  per job, Slurm's gres/mps among them, so a prolog's view of them says nothing of the job's).
+- **any other result** is a :class:`CudaError` naming the call and the result; in the A/B it
+  makes the GPU arm "not testable" with that cause.
+
+A result the installed cuda-python does not know (the driver is newer than the bindings)
+reaches gdrprobe as the bindings' ``ValueError`` ("226 is not a valid CUresult") instead of
+a result: :func:`unknown_result` turns it back into a result with a name, so the policy
+above applies to it as to any other.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gdrprobe.errors import CudaError, GdrprobeError, GpuOutOfMemory, GpuUnusable, NotTestable
+
+NO_GPU_FIX = ("check that nvidia-smi lists the GPU and that CUDA_VISIBLE_DEVICES does not hide "
+              "it; without a GPU only the host arm can run")
+UPGRADE_DRIVER_FIX = ("upgrade the NVIDIA driver ('nvidia-smi' shows its version; DMA-BUF export "
+                      "needs CUDA 11.7+, the PCIe mapping CUDA 12.8+)")
+GENERIC_FIX = "check dmesg for Xid errors and 'nvidia-smi' for the GPU's state"
+HARDWARE_FIX = ("check dmesg for Xid errors and 'nvidia-smi -q -d ECC,ROW_REMAPPER'; reset the "
+                "GPU (nvidia-smi -r) or reboot, and have the GPU replaced if it recurs")
+
+# Results newer drivers return that the oldest supported cuda-python (12.6.2.post1) lacks:
+# names from cuda-python 12.9's cuda.bindings.driver.CUresult.
+NEWER_RESULT_NAMES = {226: "CUDA_ERROR_CONTAINED", 721: "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+                      916: "CUDA_ERROR_KEY_ROTATION"}
+
+# CUresult name -> (error class, cause, fix); every other result is a CudaError.
+RESULT_ERRORS: dict[str, tuple[type[GdrprobeError], str, str]] = {
+    "CUDA_ERROR_NO_DEVICE": (NotTestable, "not testable: no GPU: the CUDA driver sees none",
+                             NO_GPU_FIX),
+    "CUDA_ERROR_OUT_OF_MEMORY": (GpuOutOfMemory, "not testable: CUDA is out of memory (GPU "
+                                 "memory other processes hold, or pinned host memory)",
+                                 "free GPU memory (other processes: nvidia-smi) or use smaller "
+                                 "sizes, and run the check again"),
+    "CUDA_ERROR_STUB_LIBRARY": (NotTestable, "not testable: the libcuda.so.1 loaded is the CUDA "
+                                "toolkit's stub, not the driver",
+                                "take the toolkit's lib64/stubs directory out of "
+                                "LD_LIBRARY_PATH so the driver's libcuda.so.1 loads"),
+    "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER": (NotTestable, "not testable: the CUDA driver is "
+                                              "older than this call needs", UPGRADE_DRIVER_FIX),
+    "CUDA_ERROR_MPS_CONNECTION_FAILED": (NotTestable, "not testable: CUDA MPS is configured "
+                                         "but its control daemon cannot be reached",
+                                         "start it (nvidia-cuda-mps-control -d) or unset "
+                                         "CUDA_MPS_PIPE_DIRECTORY"),
+    "CUDA_ERROR_DEVICE_UNAVAILABLE": (GpuUnusable, "the GPU is unavailable to any other "
+                                      "process: its compute mode is exclusive-process with "
+                                      "another process on it, or prohibited",
+                                      "see 'nvidia-smi -q -d COMPUTE' and the processes on the "
+                                      "GPU (nvidia-smi); end the one that holds it, or set the "
+                                      "compute mode to DEFAULT (nvidia-smi -c DEFAULT)"),
+    "CUDA_ERROR_SYSTEM_NOT_READY": (GpuUnusable, "the CUDA system is not ready: on an NVSwitch "
+                                    "system (HGX, DGX) the NVIDIA fabric manager is not "
+                                    "running or has not finished",
+                                    "systemctl enable --now nvidia-fabricmanager (its version "
+                                    "must equal the driver's); 'nvidia-smi -q' shows the "
+                                    "fabric state"),
+    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": (GpuUnusable, "the CUDA driver library "
+                                          "(libcuda.so.1) and the nvidia kernel module "
+                                          "versions differ",
+                                          "reboot or reload the nvidia kernel module after a "
+                                          "driver upgrade; in a container, use the host's "
+                                          "driver libraries (NVIDIA container runtime)"),
+    "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE": (GpuUnusable, "the CUDA "
+                                                  "forward-compatibility libraries are in use "
+                                                  "and this GPU does not support them",
+                                                  "take cuda-compat's directory out of "
+                                                  "LD_LIBRARY_PATH (or remove the cuda-compat "
+                                                  "package) so the driver's own libcuda.so.1 "
+                                                  "loads; run the check in the job's image"),
+    "CUDA_ERROR_ECC_UNCORRECTABLE": (GpuUnusable, "the GPU reported an uncorrectable ECC "
+                                     "error", HARDWARE_FIX),
+    "CUDA_ERROR_NVLINK_UNCORRECTABLE": (GpuUnusable, "the GPU reported an uncorrectable "
+                                        "NVLink error", HARDWARE_FIX),
+    "CUDA_ERROR_CONTAINED": (GpuUnusable, "the GPU contained a hardware error (error "
+                             "containment): the GPU must be reset", HARDWARE_FIX),
+}
+
+
+class UnknownResult:
+    """A CUresult the installed bindings have no member for: its number and, where a newer
+    cuda-python names it, that name."""
+
+    def __init__(self, value: int):
+        self.value = value
+        known = NEWER_RESULT_NAMES.get(value)
+        self.name = (f"{known} (CUresult {value}, unknown to this cuda-python)" if known
+                     else f"CUresult {value} (unknown to this cuda-python)")
+        self.policy_name = known or ""
+
+    def __int__(self) -> int:
+        return self.value
+
+
+# The bindings build the result from the driver's integer with CUresult(value), which
+# raises ValueError("226 is not a valid CUresult") for a value the enum lacks.
+_NOT_A_RESULT = re.compile(r"^(-?\d+) is not a valid CUresult")
+
+
+def unknown_result(error: ValueError) -> UnknownResult | None:
+    """The result behind the bindings' ValueError for an unknown CUresult; None when the
+    ValueError is about something else."""
+    found = _NOT_A_RESULT.match(str(error))
+    return UnknownResult(int(found.group(1))) if found else None
+
+
+def result_name(err) -> str:
+    """The CUresult's name as a person reads it."""
+    return getattr(err, "name", None) or f"CUresult {int(err)}"
+
+
+def result_error(err, what: str) -> GdrprobeError:
+    """The error a failed driver call's result means (the policy above)."""
+    name = result_name(err)
+    policy = getattr(err, "policy_name", name)
+    error_class, cause, fix = RESULT_ERRORS.get(
+        policy, (CudaError, "a CUDA driver call failed", GENERIC_FIX))
+    return error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")

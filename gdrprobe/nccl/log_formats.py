@@ -1,0 +1,296 @@
+"""The lines of an NCCL_DEBUG=INFO log that say something about GPUDirect RDMA, in every
+format NCCL 2.4 to 2.30 and its network plugins print them, each read by one pattern.
+
+Every pattern below was written from the format string in the source that prints it
+(file and function named next to it; NCCL tags v2.4.8-1 .. v2.30.7-1, the
+nccl-rdma-sharp-plugins history, aws-ofi-nccl v1.0 .. v1.21). A line is split into records
+first: the log prefix NCCL puts before every message (``debug.cc`` ncclDebugLog:
+``host:pid:tid [cudaDev] NCCL INFO``) marks where a record starts, so several records glued
+on one line, and launcher prefixes before them, are read like clean lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import NamedTuple
+
+# ---- records: the prefix NCCL writes before each message ---------------------------------
+
+# debug.cc ncclDebugLog: "%s:%d:%d [%d] NCCL INFO ", "... %s:%d NCCL WARN ", "... %f %s:%d
+# NCCL TRACE " (2.4: misc/utils.cc, the same INFO prefix).
+RECORD_MARK = re.compile(r"NCCL (?:INFO|WARN|TRACE) ")
+# The host, pid and tid just before a mark; the host is what keys a node's NICs.
+HOST_BEFORE_MARK = re.compile(r"([\w.-]+):\d+:\d+ (?:\[\d+\] )?(?:\S+ )*$")
+# NCCL_DEBUG=VERSION prints the version line without the prefix (debug.cc, NCCL_LOG_VERSION).
+MESSAGE_START = re.compile(r"NCCL version \d")
+
+# Which lines a reader looks at at all: everything below starts with or contains one of these.
+KEYWORDS = re.compile(rb" via |GPU Direct RDMA|Using|DMA-BUF|NCCL version|virtual device|"
+                      rb"set by environment|GDR|No device found")
+# The lines a large job's log is mostly made of, with NCCL's own prefix at the line's start,
+# each read from its bytes in one match: a channel in NCCL 2.12-2.30's format (net.cc, as
+# CHANNEL_FORMATS[0]; groups net, nic, /GDRDMA), one inside the node (p2p.cc, shm.cc: group
+# "via"), and 2.13+'s NIC verdict (topo.cc, as the last nic-gdr format; groups net, state,
+# index, name). Any other line, or one of these with anything around it, is read record by
+# record.
+FAST_LINE = re.compile(
+    rb"([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO (?:"
+    rb"Channel \d+/\d+ : \d+\[\w+\] -> \d+\[\w+\] (?:\[(?:send|receive)\] via NET/([^/]+?)/(\d+)"
+    rb"(?:\(\d+\))?(/GDRDMA)?(?:\(PCI\))?(?:/Shared)?|(via) (?!NET/|COLLNET/).*)"
+    rb"|NET/([^:]+?) : GPU Direct RDMA (Enabled|Disabled) for HCA (\d+) '([^']*)')\r?")
+# Lines that look like network facts; one that no format reads is "format not recognised".
+CANDIDATE = re.compile(r"via (?:NET|COLLNET)/|GPU Direct RDMA")
+
+
+class Record(NamedTuple):
+    host: str          # "" when the line carries no NCCL prefix
+    message: str
+    glued: bool        # written right after the previous record, no space between
+
+
+def records(line: str) -> list[Record]:
+    """The records of one log line: one per NCCL prefix, or the version line NCCL prints bare."""
+    first = RECORD_MARK.search(line)
+    if first is None:
+        start = MESSAGE_START.search(line)
+        return [Record("", line[start.start():], False)] if start else []
+    if RECORD_MARK.search(line, first.end()) is None:       # one record: most lines
+        prefix = HOST_BEFORE_MARK.search(line, 0, first.start())
+        return [Record(prefix.group(1) if prefix else "", line[first.end():], False)]
+    marks = list(RECORD_MARK.finditer(line))
+    hosts, ends, glued = [], [], []
+    for number, mark in enumerate(marks):
+        begin = marks[number - 1].end() if number else 0
+        prefix = HOST_BEFORE_MARK.search(line, begin, mark.start())
+        hosts.append(prefix.group(1) if prefix else "")
+        # The previous record ends where this one's prefix starts, unless the two are glued
+        # with no space between: then the host may have swallowed the end of the previous
+        # message ("/GDRDMAnode2:..."), and that message keeps every character.
+        clean = prefix and (prefix.start() == begin or line[prefix.start() - 1].isspace())
+        ends.append(prefix.start() if clean else mark.start())
+        glued.append(number > 0 and not clean)
+    ends = ends[1:] + [len(line)]
+    return [Record(host, line[mark.end():end], stuck)
+            for host, mark, end, stuck in zip(hosts, marks, ends, glued)]
+
+
+# ---- the formats ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LineFormat:
+    """One way NCCL or a plugin prints a fact, and where."""
+
+    name: str              # what the line says: channel, nic-gdr, pair-gdr, ...
+    versions: str          # the NCCL (or plugin) versions that print it this way
+    source: str            # the file and function whose format string it follows
+    pattern: re.Pattern
+
+
+def fmt(name: str, versions: str, source: str, pattern: str) -> LineFormat:
+    return LineFormat(name, versions, source, re.compile(pattern))
+
+
+# "/GDRDMA" when the connection registered GPU memory with the NIC; "(PCI)" from 2.26 when
+# that registration maps through PCIe on a C2C platform; "/Shared" from 2.8.
+_SUFFIX = r"(?P<gdr>/GDRDMA)?(?P<pci>\(PCI\))?(?P<shared>/Shared)?"
+_NET = r"(?P<net>[^/]+?)/(?P<nic>\d+)"        # plugin names may hold spaces: "AWS Libfabric"
+
+CHANNEL_FORMATS = (   # the newest first: most logs in use today are in it
+    # 2.12 adds the connection index and the PXN proxy rank "(%d)"; 2.18.3 prints nvmlDev
+    # instead of the bus id; 2.26 adds "(PCI)".
+    fmt("channel", "2.12-2.30", "src/transport/net.cc sendSetup/recvSetup",
+        r"Channel (?P<channel>\d+)/(?P<conn>\d+) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> "
+        r"(?P<peer>\d+)\[(?P<pdev>\w+)\] \[(?P<dir>send|receive)\] via NET/" + _NET
+        + r"(?:\((?P<proxy>\d+)\))?" + _SUFFIX),
+    fmt("channel", "2.4", "src/transport/net.cc netSendSetup/netRecvSetup",
+        r"Ring (?P<channel>\d+) : (?P<rank>\d+) -> (?P<peer>\d+) \[(?P<dir>send|receive)\] "
+        r"via NET/" + _NET + _SUFFIX),
+    fmt("channel", "2.5-2.6", "src/transport/net.cc netSendSetup/netRecvSetup (busId)",
+        r"Ring (?P<channel>\d+) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> (?P<peer>\d+)\[(?P<pdev>\w+)\] "
+        r"\[(?P<dir>send|receive)\] via NET/" + _NET + _SUFFIX),
+    fmt("channel", "2.7-2.11", "src/transport/net.cc sendSetup/recvSetup",
+        r"Channel (?P<channel>\d+) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> (?P<peer>\d+)\[(?P<pdev>\w+)\] "
+        r"\[(?P<dir>send|receive)\] via NET/" + _NET + _SUFFIX),
+    # CollNet (SHARP): "Coll" 2.6-2.8, "CollNet" 2.9-2.13, "CollNet %02d/%1d" from 2.14.
+    fmt("collnet", "2.6-2.30", "src/transport/coll_net.cc sendSetup/recvSetup",
+        r"Coll(?:Net)? (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<rank>\d+) "
+        r"\[(?P<dir>send|receive)\] via COLLNET/" + _NET + _SUFFIX),
+)
+
+SUFFIXES = ("/GDRDMA", "(PCI)", "/Shared")
+PROXY_CUT = re.compile(r"\(\d*$")
+
+
+def suffix_cut(rest: str) -> bool:
+    """Whether the text after a channel line's last field is a suffix cut short ("/GDR",
+    "(PC", a PXN rank "(1")."""
+    rest = rest.rstrip()
+    return any(suffix.startswith(rest) for suffix in SUFFIXES) or PROXY_CUT.match(rest) is not None
+
+
+# Channel lines of connections inside a node (P2P, SHM, NVLS ...): no NIC involved.
+LOCAL_CHANNEL = re.compile(r"(?:Channel|Ring) \d+(?:/\d+)? : \d+(?:\[\w+\])? -> \d+(?:\[\w+\])? via ")
+
+NIC_LIST_FORMAT = fmt(
+    "nic-list", "2.4-2.30, IBext",
+    "src/transport/net_ib.cc (2.29+: net_ib/init.cc) ncclIbInit, net_socket.cc; plugin p2p_plugin.c",
+    r"NET/(?P<net>IB|Socket) ?: Using(?P<devices>.*)")
+# One entry of the IB list: " [%d]%s:%d/%s" (2.4-2.29; plugin "/SHARP" after it); 2.30 may
+# put ":rail" and ":plane" after the port; 2.20-2.23 print a merged NIC as
+# " [%d]={[%d] %s:%d/%s, ...}" (the outer index is the NIC NCCL uses).
+_ENTRY = r"\[\d+\] ?(?P<name>[^\s:\[\]{}=,]+):(?P<port>\d+)(?::\d*)*(?:/(?P<layer>\w+))?"
+NIC_ENTRY = re.compile(_ENTRY)
+NIC_LIST_ITEM = re.compile(r"\[\d+\]=\{(?P<members>[^}]*)\}|" + _ENTRY)
+# net_socket.cc: " [%d]%s:%s" (interface and address).
+SOCKET_ENTRY = re.compile(r"\[\d+\](?P<name>[^\s:\[\]]+):(?P<address>\S+)")
+
+# NCCL's own verdict per NIC from 2.13: peer memory, or DMA-BUF on both sides
+# (gdrSupport = NCCL_PTR_CUDA || (dmaBufSupport && NCCL_PTR_DMABUF)).
+NIC_GDR_FORMAT = fmt(
+    "nic-gdr", "2.13-2.30", "src/graph/topo.cc ncclTopoGetSystem / ncclTopoPopulateNics",
+    r"NET/(?P<net>.+?) : GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<index>\d+) "
+    r"'(?P<name>[^']*)'")
+NEITHER_PATH = "neither peer memory nor DMA-BUF"     # why NIC_GDR_FORMAT says Disabled
+
+NIC_FORMATS = (
+    fmt("no-device", "2.4-2.30, IBext", "src/transport/net_ib.cc ncclIbInit",
+        r"NET/(?P<net>IB) ?: No device found"),
+    # 2.24+ (and the plugin from 2024-10): every NIC, and each NIC merged from several.
+    fmt("virtual-nic", "2.24-2.30, IBext", "src/transport/net_ib.cc ncclIbMakeVDeviceInternal",
+        r"NET/(?P<net>IB) ?: Made virtual device \[(?P<index>\d+)\] name=(?P<name>\S+) "
+        r"speed=\d+ ndevs=(?P<ndevs>\d+)"),
+    fmt("nic-gdr", "2.5-2.12, IBext to 2023-05", "src/transport/net_ib.cc ncclIbGdrSupport callers",
+        r"NET/(?P<net>IB) : GPU Direct RDMA (?P<state>Disabled) for HCA (?P<index>\d+) "
+        r"'(?P<name>[^']*)' \((?P<reason>no module)\)"),
+    fmt("nic-gdr", "2.4", "src/transport/net_ib.cc ncclIbGdrSupport",
+        r"NET/(?P<net>IB) : GPU Direct RDMA (?P<state>Disabled) for GPU \w+\[\d+\] / HCA (?P<index>\d+) "
+        r"'(?P<name>[^']*)' \((?P<reason>no module or not supported by GPU)\)"),
+    NIC_GDR_FORMAT,
+    # nccl-rdma-sharp-plugins from 2023-06 (NCCL 2.18+): which registration path each NIC
+    # offers. The format string has no closing quote.
+    fmt("nic-path", "IBext 2023-06+", "nccl-rdma-sharp-plugins src/p2p_plugin.c ncclIbGetPhysProperties",
+        r"NET/(?P<net>IB) : GPU Direct RDMA \((?P<path>nvidia-peermem|DMABUF)\) enabled for HCA "
+        r"(?P<index>\d+) '(?P<name>[^'\s]*)'?"),
+)
+
+# The per-pair decision (distance against NCCL_NET_GDR_LEVEL), one format per era.
+_DIST = r"distance (?P<distance>\d+) (?P<op>[<>]=?) (?P<level>\d+)"
+PAIR_FORMATS = (
+    fmt("pair-gdr", "2.4", "src/transport/net.cc netGetGdrSupport",
+        r"NET/[^:]+ : GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>\d+\[\d+\]) / "
+        r"HCA (?P<nic>\d+) \(" + _DIST + r"\)(?:, read (?P<read>\d))?"),
+    fmt("pair-gdr", "2.5-2.6", "src/transport/net.cc netGetGdrSupport",
+        r"NET/[^:]+ : GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>[0-9a-f]+) / "
+        r"HCA (?P<nic>\d+) \(" + _DIST + r"\)(?:, read (?P<read>\d))?"),
+    # GPU bus id and NIC index (2.7-2.20), NIC id in hex (2.21-2.23), the GPU's rank
+    # (2.24-2.28); " mode %s" from 2.26.
+    fmt("pair-gdr", "2.7-2.28", "src/graph/paths.cc ncclTopoCheckGdr",
+        r"GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>\w+) / HCA (?P<nic>\w+) \("
+        + _DIST + r"\)(?:, read (?P<read>\d)(?: mode (?P<mode>\w+))?)?"),
+    # 2.29 (INFO) and 2.30+ (TRACE only): topology ids, the rank, the PXN GPU.
+    fmt("pair-gdr", "2.29-2.30", "src/graph/paths.cc ncclTopoCheckGdr (gpuNetMsg)",
+        r"GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU/(?P<gpu>[\d-]+) \(rank \d+\) - "
+        r"NET/(?P<nic>[\d-]+) \((?: using PXN via GPU/(?P<pxn>[\d-]+), )?" + _DIST
+        + r"(?:, read (?P<read>\d), mode (?P<mode>\w+))?\)"),
+)
+
+OTHER_FORMATS = (
+    fmt("version", "2.4-2.30", "src/init.cc showVersion (VERSION_STRING)",
+        r"NCCL version (?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)"),
+    fmt("network", "2.6-2.30", "src/init.cc initNet / ncclNetInit",
+        r"Using network (?P<net>.+?)\s*$"),
+    fmt("gpu-dmabuf", "2.13-2.30", "src/init.cc dmaBufSupported",
+        r"DMA-BUF is available on GPU device (?P<device>\d+)"),
+    fmt("env", "2.4-2.30", "src/misc/param.cc ncclLoadParam, graph/paths.cc ncclGetLevel",
+        r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>\S+)"),
+    # 2.24+: GDR 0 when a ring's network connection (connIndex 0) went without GDR.
+    fmt("ring-summary", "2.24-2.30", "src/transport/generic.cc ncclTransportRingConnect",
+        r"Connected all rings, use ring PXN (?P<pxn>\d) GDR (?P<gdr>\d)"),
+)
+
+# aws-ofi-nccl logs through NCCL with "NET/OFI " before its own format (nccl_ofi_log.h).
+OFI_FORMATS = (
+    fmt("ofi-gdr-off", "aws-ofi-nccl 1.7+", "src/nccl_ofi_ofiutils.c nccl_ofi_ofiutils_init_connection",
+        r"NET/OFI (?P<reason>Could not disable CUDA API usage for HMEM, disabling GDR)"),
+    fmt("ofi-gdr-off", "aws-ofi-nccl 1.8+", "src/platform-aws.c platform_config_endpoint",
+        r"NET/OFI (?P<reason>GDR disabled on GDR-supported instance type \S+)"),
+    fmt("ofi-dmabuf", "aws-ofi-nccl 1.13+", "src/nccl_ofi_net.c nccl_net_ofi_info_properties",
+        r"NET/OFI Support for DMA-BUF registrations: (?P<supported>true|false)"),
+)
+
+FORMATS = CHANNEL_FORMATS + (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS + OTHER_FORMATS + OFI_FORMATS
+# The formats whose messages start "NET/" (the per-pair lines of 2.4-2.6 among them) and
+# those that start "GPU " (the per-pair lines from 2.7).
+NET_FORMATS = (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS[:2] + OFI_FORMATS
+GPU_FORMATS = PAIR_FORMATS[2:]
+
+
+# ---- reading one message -------------------------------------------------------------------
+
+
+def first_match(formats: tuple[LineFormat, ...], message: str) -> tuple[LineFormat, re.Match] | None:
+    for line_format in formats:
+        if match := line_format.pattern.match(message):
+            return line_format, match
+    return None
+
+
+def formats_for(message: str) -> tuple[LineFormat, ...]:
+    """The formats a message can be in, from how it starts (most lines need one test)."""
+    head = message[:4]
+    if head in ("Chan", "Ring", "Coll"):
+        return CHANNEL_FORMATS
+    if head == "NET/":
+        return NET_FORMATS
+    if head == "GPU ":
+        return GPU_FORMATS
+    return OTHER_FORMATS
+
+
+def match_message(message: str) -> tuple[LineFormat, re.Match] | None:
+    """The format a message is in and its match, or None."""
+    return first_match(formats_for(message), message)
+
+
+def nic_list(devices: str, net: str) -> list[tuple[str, int | None, str | None, tuple[str, ...]]]:
+    """The NICs of a "Using" list in NCCL's order (the i-th is NIC i): name, port, link
+    layer and, for a merged NIC, its members (2.20-2.23: named a+b as net_ib names it)."""
+    devices = devices.split(";")[0]
+    if net == "Socket":
+        return [(entry.group("name"), None, None, ()) for entry in SOCKET_ENTRY.finditer(devices)]
+    found = []
+    for item in NIC_LIST_ITEM.finditer(devices):
+        if item.group("members") is not None:
+            members = list(NIC_ENTRY.finditer(item.group("members")))
+            if not members:
+                continue
+            names = tuple(member.group("name") for member in members)
+            first = members[0]
+            found.append(("+".join(names), int(first.group("port")), first.group("layer"), names))
+        else:
+            found.append((item.group("name"), int(item.group("port")), item.group("layer"), ()))
+    return found
+
+
+def transport_of(net: str, collnet: bool = False) -> str:
+    """NCCL's network name, normalised: IB for NCCL's own and the IBext plugins (IBext,
+    IBext_v8 ..., "NCCL RDMA Plugin vN" as newer NCCL names it), OFI for aws-ofi-nccl
+    ("AWS Libfabric", "Libfabric"), UCX, Socket; SHARP for CollNet."""
+    if collnet:
+        return "SHARP" if net.upper().startswith("SHARP") else net
+    if net == "IB" or net.startswith(("IBext", "NCCL RDMA Plugin")):
+        return "IB"
+    if net.startswith("UCX"):
+        return "UCX"
+    if "Libfabric" in net or net.startswith("OFI"):
+        return "OFI"
+    return net
+
+
+def nic_space(transport: str) -> str:
+    """Which NIC list a transport's NIC index counts in. The plugin's UCX and SHARP
+    transports use the IB plugin's devices (p2p_plugin.c nccl_p2p_ib_init; sharp_plugin.c
+    ncclSharpDevices returns the IB plugin's device count), so their index is an IB NIC's."""
+    return "IB" if transport in ("IB", "UCX", "SHARP") else transport

@@ -1,0 +1,379 @@
+"""A server's door: every connection that has not proved the token, served by one thread
+that never blocks, so a stranger costs no thread of its own, and no scrypt until it has
+solved the handshake's puzzle.
+
+The door accepts, reads the hello, sends the challenge, reads the auth and checks the
+puzzle itself; the proof (a scrypt under a token) goes to a few checking threads, fairly
+by source (admission.py); a client that proved the token gets its welcome and is handed
+on, its channel sealed, to ``on_authenticated(channel, address)``. Every connection has a
+deadline (hello within ``HELLO_S``, the whole handshake within ``PRE_AUTH_S``), anything
+wrong closes it at once, and every refusal tells the client why, in a code its own
+gdrprobe turns into words (handshake.REFUSALS). The door logs only its own words.
+"""
+
+from __future__ import annotations
+
+import errno
+import queue
+import selectors
+import socket
+import threading
+import time
+
+from gdrprobe.errors import PeerError
+from gdrprobe.protocol.admission import (CHALLENGED, CHECKING, MAX_PENDING, PER_SOURCE,
+                                         SILENT, FairQueue, Places, source_of)
+from gdrprobe.protocol.channel import (HEADER, Channel, frame_length, parse_message,
+                                       plain_frame)
+from gdrprobe.protocol.handshake import (AUTH, CHALLENGE, HELLO, REFUSED, WELCOME,
+                                         ServerHandshake, ServerSecret, WrongToken)
+from gdrprobe.protocol.serverlog import BurstLog
+
+# A client sends hello as soon as it has connected; the whole handshake also holds the
+# client's puzzle and scrypt, on a slow (emulated) machine too, whatever --timeout says.
+HELLO_S = 5.0
+PRE_AUTH_S = 10.0
+CHECKERS = 2                   # threads checking proofs: at most 2 scrypts, 64 MiB, at once
+MAX_HANDSHAKE_FRAME = 1024     # hello and auth are about 100 and 200 bytes
+ACCEPTS_PER_WAKE = 64
+ACCEPT_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED)
+ACCEPT_PAUSE_S = 0.1
+TICK_S = 1.0                   # the longest the loop sleeps without looking at deadlines
+_LISTENER, _WAKE = "listener", "wake"
+# Why a connection was closed, as the log says it (never the peer's own words).
+ENDED = {"malformed": "it sent what a gdrprobe client does not send",
+         "closed": "it closed the connection", "slow": "it missed the handshake's deadline",
+         "puzzle": "its work did not solve the puzzle"}
+
+
+class _Pending:
+    """A connection at the door: its socket, what has arrived of its next frame, its
+    handshake once it said hello, and the deadline of its next step."""
+
+    def __init__(self, sock: socket.socket, address: str, source: str, accepted: float):
+        self.sock, self.address, self.source = sock, address, source
+        self.accepted = accepted
+        self.deadline = accepted + HELLO_S
+        self.inbox = bytearray()
+        self.handshake: ServerHandshake | None = None
+
+
+class Door:
+    """Call run() in the thread that serves the door; close() from any thread ends it."""
+
+    def __init__(self, listener: socket.socket, secret: ServerSecret, on_authenticated,
+                 log, *, per_source: int = PER_SOURCE, total: int = MAX_PENDING,
+                 checkers: int = CHECKERS, clock=time.monotonic):
+        self._listener, self._secret = listener, secret
+        self._on_authenticated = on_authenticated
+        self.log = BurstLog(log, clock=clock)
+        self._clock = clock
+        self._places = Places(per_source, total)
+        self._pending: set[_Pending] = set()
+        self._proofs = FairQueue()
+        self._checked: queue.SimpleQueue = queue.SimpleQueue()
+        self._checkers = [threading.Thread(target=self._check_proofs, daemon=True,
+                                           name="gdrprobe-proof-check")
+                          for _ in range(checkers if secret.stretches else 0)]
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        for sock in (self._wake_read, self._wake_write, listener):
+            sock.setblocking(False)
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._running = self._shut = False
+        self._accept_again = 0.0     # accepting pauses after a transient failure
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve the door until close()."""
+        with self._lock:
+            if self._shut:
+                return
+            self._running = True
+        try:
+            self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
+            self._selector.register(self._wake_read, selectors.EVENT_READ, _WAKE)
+            for checker in self._checkers:
+                checker.start()
+            while not self._closed.is_set():
+                for key, _ in self._selector.select(self._sleep_s()):
+                    if key.data is _LISTENER:
+                        self._accept()
+                    elif key.data is _WAKE:
+                        self._drain_wake()
+                    else:
+                        self._readable(key.data)
+                self._finish_checked()
+                self._expire()
+        finally:
+            self._shut_down()
+
+    def close(self) -> None:
+        """Stop accepting and refuse every pending connection; run() returns."""
+        self._closed.set()
+        with self._lock:
+            running = self._running
+        if running:
+            self._wake()
+        else:
+            self._shut_down()
+
+    def _sleep_s(self) -> float:
+        now = self._clock()
+        deadlines = [p.deadline for p in self._pending if self._places.stage(p) < CHECKING]
+        if self._accept_again:
+            deadlines.append(self._accept_again)
+        return max(0.0, min([now + TICK_S, *deadlines]) - now)
+
+    def _wake(self) -> None:
+        try:
+            self._wake_write.send(b"x")
+        except OSError:
+            pass   # already awake (full) or shut
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_read.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    # -- accepting -------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                sock, address = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as error:
+                if error.errno not in ACCEPT_TRANSIENT:
+                    raise
+                # Out of descriptors or buffers for a moment: say so, breathe, go on.
+                self.log("", "accept", f"accepting a connection failed: {error.strerror}")
+                self._selector.unregister(self._listener)
+                self._accept_again = self._clock() + ACCEPT_PAUSE_S
+                return
+            self._admit(sock, address[0])
+
+    def _admit(self, sock: socket.socket, address: str) -> None:
+        sock.setblocking(False)
+        pending = _Pending(sock, address, source_of(address), self._clock())
+        while self._places.full_for(pending.source):
+            victim = self._places.victim(pending.source)
+            if victim is None:
+                self.log(pending.source, "busy", f"refused a connection from {address}: "
+                         "every place its address may hold has a token proof being checked")
+                self._send(pending, plain_frame(REFUSED, reason="busy"))
+                self._close(pending)
+                return
+            if self._spoke(victim):
+                continue   # its hello was waiting to be read: not silent after all
+            self.log(victim.source, "evicted", f"dropped a connection from {victim.address} "
+                     "that had not proved the token, to make room for a newer one")
+            self._refuse(victim, "evicted")
+        self._places.admit(pending, pending.source)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._pending.add(pending)
+        self._selector.register(sock, selectors.EVENT_READ, pending)
+
+    def _spoke(self, pending: _Pending) -> bool:
+        """Read what a silent connection has sent and not been read yet (its hello, when a
+        burst of connections came first): whether it moved on or ended."""
+        if self._places.stage(pending) != SILENT:
+            return False
+        self._readable(pending)
+        return pending not in self._pending or self._places.stage(pending) != SILENT
+
+    def _expire(self) -> None:
+        now = self._clock()
+        if self._accept_again and now >= self._accept_again:
+            self._accept_again = 0.0
+            self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
+        for pending in [p for p in self._pending if p.deadline <= now
+                        and self._places.stage(p) < CHECKING]:
+            self._end(pending, "slow")
+
+    # -- the handshake -----------------------------------------------------------------------
+
+    def _readable(self, pending: _Pending) -> None:
+        if pending not in self._pending:
+            return   # dropped earlier in the same round of events
+        try:
+            data = pending.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._end(pending, "closed", tell=False)
+            return
+        pending.inbox += data
+        try:
+            while pending in self._pending and self._places.stage(pending) < CHECKING:
+                message = self._next_message(pending)
+                if message is None:
+                    return
+                self._step(pending, message)
+        except PeerError:
+            self._end(pending, "malformed")
+
+    @staticmethod
+    def _next_message(pending: _Pending) -> dict | None:
+        """The next whole frame's message, None until it has all arrived."""
+        if len(pending.inbox) < HEADER.size:
+            return None
+        length = frame_length(bytes(pending.inbox[:HEADER.size]), "client")
+        if length > MAX_HANDSHAKE_FRAME:
+            raise PeerError("a handshake frame over its size", "")
+        if len(pending.inbox) < HEADER.size + length:
+            return None
+        body = bytes(pending.inbox[HEADER.size:HEADER.size + length])
+        del pending.inbox[:HEADER.size + length]
+        return parse_message(body, "client")
+
+    def _step(self, pending: _Pending, message: dict) -> None:
+        stage = self._places.stage(pending)
+        if stage == SILENT and message["type"] == HELLO:
+            pending.handshake = ServerHandshake(self._secret, message)
+            pending.deadline = pending.accepted + PRE_AUTH_S
+            self._places.advance(pending, CHALLENGED)
+            if not self._send(pending, plain_frame(CHALLENGE, **pending.handshake.challenge())):
+                self._end(pending, "closed", tell=False)
+        elif stage == CHALLENGED and message["type"] == AUTH:
+            if not pending.handshake.read_auth(message):
+                self._end(pending, "puzzle")
+                return
+            self._places.advance(pending, CHECKING)
+            self._selector.unregister(pending.sock)   # nothing more is due from it
+            if self._secret.stretches:
+                self._proofs.put(pending.source, pending)
+            else:
+                self._checked.put((pending, self._outcome(pending)))
+        else:
+            raise PeerError("a message out of order", "")
+
+    @staticmethod
+    def _outcome(pending: _Pending):
+        """The handshake's keys, or the WrongToken; a scrypt under a token."""
+        try:
+            return pending.handshake.check_proof()
+        except WrongToken as error:
+            return error
+
+    def _check_proofs(self) -> None:
+        """A checking thread: proofs, one source at a time in turn, until closed."""
+        while (pending := self._proofs.get()) is not None:
+            if _peer_left(pending.sock):
+                outcome = None   # gave up waiting: no scrypt for it
+            else:
+                outcome = self._outcome(pending)
+            self._checked.put((pending, outcome))
+            self._wake()
+
+    def _finish_checked(self) -> None:
+        while True:
+            try:
+                pending, outcome = self._checked.get_nowait()
+            except queue.Empty:
+                return
+            if pending not in self._pending:
+                continue
+            if outcome is None:
+                self._end(pending, "closed", tell=False)
+            elif isinstance(outcome, WrongToken):
+                self.log(pending.source, "wrong token",
+                         f"a client at {pending.address} presented the wrong token")
+                self._refuse(pending, "token")
+            else:
+                self._welcome(pending, *outcome)
+
+    def _welcome(self, pending: _Pending, welcome: dict, send_key: bytes,
+                 receive_key: bytes) -> None:
+        self._forget(pending)
+        if not self._send(pending, plain_frame(WELCOME, **welcome)):
+            pending.sock.close()
+            return
+        pending.sock.setblocking(True)
+        channel = Channel(pending.sock, PRE_AUTH_S, peer=f"client {pending.address}")
+        channel.seal(send_key=send_key, receive_key=receive_key)
+        try:
+            self._on_authenticated(channel, pending.address)
+        except Exception as error:   # a bug, or no thread to be had: not the door's end
+            self.log(pending.source, "handoff", f"a client at {pending.address} proved the "
+                     f"token but could not be served: {error!r}")
+            channel.close()
+
+    # -- ending a connection ---------------------------------------------------------------
+
+    def _end(self, pending: _Pending, why: str, tell: bool = True) -> None:
+        self.log(pending.source, "unauthenticated", f"a connection from {pending.address} "
+                 f"ended before it proved the token: {ENDED[why]}")
+        if tell:
+            self._refuse(pending, why)
+        else:
+            self._close(pending)
+
+    def _refuse(self, pending: _Pending, code: str) -> None:
+        """Tell the client why (best effort: never waiting on it), then close."""
+        self._send(pending, plain_frame(REFUSED, reason=code))
+        self._close(pending)
+
+    @staticmethod
+    def _send(pending: _Pending, data: bytes) -> bool:
+        """All of a small frame at once, or False: a socket that cannot take a few hundred
+        bytes at once is not a client worth waiting for."""
+        try:
+            return pending.sock.send(data) == len(data)
+        except OSError:
+            return False
+
+    def _forget(self, pending: _Pending) -> None:
+        self._pending.discard(pending)
+        self._places.release(pending)
+        try:
+            self._selector.unregister(pending.sock)
+        except (KeyError, ValueError):
+            pass   # not registered (being checked) or already closed
+
+    def _close(self, pending: _Pending) -> None:
+        """Close without a reset: what the client sent is read first, so our refusal
+        reaches it before the end of the stream does."""
+        self._forget(pending)
+        try:
+            pending.sock.setblocking(False)
+            while pending.sock.recv(65536):
+                pass
+        except OSError:
+            pass
+        pending.sock.close()
+
+    def _shut_down(self) -> None:
+        with self._lock:
+            if self._shut:
+                return
+            self._shut = True
+        self._proofs.close()
+        for pending in list(self._pending):
+            self._refuse(pending, "closing")
+        try:
+            self._listener.close()
+        finally:
+            self._selector.close()
+            self._wake_read.close()
+            self._wake_write.close()
+        for checker in self._checkers:
+            if checker.is_alive():
+                checker.join(PRE_AUTH_S)
+
+
+def _peer_left(sock: socket.socket) -> bool:
+    """Whether the peer has closed its end (it gave up waiting); never waits."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

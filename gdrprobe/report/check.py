@@ -1,0 +1,201 @@
+"""The A/B's reports: its arms, the verdict (with NCCL's own decision and the line-rate
+floor), the pair a check measured, and the node check. Part of the one report model
+(:mod:`gdrprobe.report.model`), serialised by its :func:`~gdrprobe.report.model.to_json`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gdrprobe import defaults
+from gdrprobe.errors import ExitCode
+from gdrprobe.report.model import RunSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmReport:
+    """One arm of the A/B: which memory each side used and what it measured."""
+
+    arm: str                       # host | dmabuf | peermem | staged | gpu (auto, not run)
+    outcome: str                   # measured | not testable | registration failed | data path broken
+    size_bytes: int
+    bandwidths_gbps: tuple[float, ...]   # one per repeat, at size_bytes
+    local_memory: dict
+    remote_memory: dict
+    mechanism_reason: str
+    detail: str                    # the error, when the arm did not run
+    fix: str
+    # The staged arm only: per repeat, what a perfect bounce pipeline reaches (the lower of
+    # the measured copy rate and the host arm's bandwidth); bandwidths_gbps is serialised.
+    pipelined_bound_gbps: tuple[float, ...] = ()
+    # Where the GPU memory is: "read" (the NIC reads it: the source, NCCL's sends), "write"
+    # (the NIC writes it: the destination, NCCL's receives), "both"; "" for the host arm.
+    direction: str = ""
+    role: str = ""                 # decides | reference (staged) | diagnoses (one direction)
+    line_rate_fraction: float | None = None   # median bandwidth over the port's line rate
+
+
+# ---- the A/B's verdict -----------------------------------------------------------
+
+ENGAGED = "engaged"
+DEGRADED = "degraded"
+NOT_ENGAGED = "not engaged"
+NOT_TESTABLE = "not testable"
+NOT_USED = "not used by NCCL"      # NCCL's own rules keep this GPU off GPUDirect RDMA
+
+EXIT_CODES = {ENGAGED: ExitCode.OK, DEGRADED: ExitCode.VERDICT_NOT_OK,
+              NOT_ENGAGED: ExitCode.VERDICT_NOT_OK, NOT_TESTABLE: ExitCode.NOT_TESTABLE}
+
+# The directions of a GPU arm: where its GPU memory is.
+READ = "read"      # the NIC reads GPU memory: the source buffer (NCCL's sends, gdr_read)
+WRITE = "write"    # the NIC writes GPU memory: the destination (NCCL's receives, gdr_write)
+BOTH = "both"      # GPU memory at both ends, as an NCCL transfer between two nodes has
+DIRECTION_WORDS = {READ: "the NIC reading GPU memory (NCCL's sends, gdr_read)",
+                   WRITE: "the NIC writing GPU memory (NCCL's receives, gdr_write)",
+                   BOTH: "GPU memory at both ends (the NIC reads one GPU buffer and writes "
+                         "another)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmRatio:
+    """One GPU arm against the host arm: median of paired per-repeat ratios, and its range
+    (None where the arm measured nothing: its outcome says why)."""
+
+    arm: str
+    mechanism: str | None
+    memory_kind: str
+    ratio: float | None
+    ratio_min: float | None
+    ratio_max: float | None
+    repeats: int
+    direction: str = ""
+    outcome: str = "measured"      # measured | registration failed | data path broken | not testable
+    role: str = "decides"          # decides | reference | diagnoses
+    line_rate_fraction: float | None = None   # median bandwidth over the port's line rate
+
+
+@dataclasses.dataclass(frozen=True)
+class NcclUse:
+    """Whether NCCL will use GPUDirect RDMA for one GPU, by NCCL's own rules (the doctor's
+    per-GPU decision, :mod:`gdrprobe.campaign.nccl_use`)."""
+
+    gpu: str                       # the GPU's PCI bus id
+    nic: str | None                # the NIC NCCL uses for it (channel 0); None: none
+    path: str                      # direct | pxn | c2c | none
+    via_gpu: str | None            # PXN: the NVLink peer whose memory the NIC reads on sends
+    receives: bool                 # gdr_write: the NIC writes this GPU's memory directly
+    sends: bool                    # gdr_read: the NIC reads GPU memory directly
+    reasons: tuple[str, ...]       # NCCL's reasons, receive and send
+    cause: str = ""                # why NCCL will not use GPUDirect here ("" when it will)
+    settings: tuple[str, ...] = ()   # the NCCL settings that cause it, each with its source
+    node_fault: bool = False       # off with NCCL's defaults too: this node's hardware or stack
+    firm: bool = True              # False: the decision rests on facts the doctor could not read
+    fix: str = ""
+
+    @property
+    def uses_gdr(self) -> bool:
+        return self.nic is not None and (self.receives or self.sends)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    classification: str                  # engaged | degraded | not engaged | not testable | not used by NCCL
+    mechanism: str | None = None         # the mechanism the classification is about
+    ratio: float | None = None           # gpu/host, median of paired repeats
+    ratio_min: float | None = None
+    ratio_max: float | None = None
+    threshold: float = defaults.THRESHOLD
+    inconclusive: bool = False           # the per-repeat ratios straddle the threshold
+    evidence: tuple[str, ...] = ()
+    likely_causes: tuple[str, ...] = ()
+    fix: str = ""
+    arms: tuple[ArmRatio, ...] = ()      # every GPU arm, measured or not
+    direction: str | None = None         # the failing direction: read | write | both | unknown
+    below_floor: bool = False            # the deciding arm fell below the line-rate floor
+    nccl: NcclUse | None = None          # NCCL's own decision for the GPU, where known
+    exit_code: int = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "exit_code", int(verdict_exit_code(self)))
+
+
+def verdict_exit_code(verdict: Verdict) -> ExitCode:
+    """A classification's exit code; "not used by NCCL" drains where NCCL's rules refuse
+    GPUDirect on this node's hardware or stack, and only warns where an NCCL setting (the
+    job's environment, an NCCL configuration file) does: the node is fine."""
+    if verdict.classification != NOT_USED:
+        return EXIT_CODES[verdict.classification]
+    if verdict.nccl is not None and verdict.nccl.node_fault:
+        return ExitCode.VERDICT_NOT_OK
+    return ExitCode.NCCL_SETTING
+
+
+@dataclasses.dataclass(frozen=True)
+class FloorCheck:
+    """The absolute floor: each arm against the line rate of the port it ran on."""
+
+    nic: str | None
+    port: int
+    line_rate_gbps: float | None   # the port's rate as the kernel states it
+    floor: float                   # the fraction of line rate the deciding GPU arm must reach
+    applied: bool                  # False: rate unknown or a software device (note says which)
+    software_device: bool | None   # rxe, siw: the CPU moves the bytes, never GPUDirect
+    note: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckReport:
+    """The A/B and its verdict."""
+
+    kind = "check"
+    verdict: Verdict
+    arms: tuple[ArmReport, ...]
+    settings: RunSettings          # the host arm's
+    repeats: int                   # repeats run (the host arm's runs)
+    placement: RankPair | None = None   # the GPU and NIC gdrprobe.check() chose, and why
+    floor: FloorCheck | None = None
+    gpu_settings: RunSettings | None = None   # the deciding GPU arm's (inline is off there)
+
+
+# ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPair:
+    """The GPU and NIC a check measured, and why: in a job, the pair its rank will use."""
+
+    rank: str                      # "LOCAL_RANK=3", "SLURM_LOCALID=1"; "" outside a job
+    cuda_ordinal: int | None       # the GPU's number among those this process sees
+    gpu: str                       # what the GPU arm opened: a PCI bus id, or the ordinal
+    gpu_reason: str
+    nic: str | None                # None: the first RDMA device
+    nic_reason: str
+    time_budget_s: float | None = None
+    elapsed_s: float | None = None  # the whole check, doctor and set-up included
+    # The GPU whose memory the NIC reads for this GPU's sends: this one, or with PXN the
+    # NVLink peer NCCL relays through (its receives stay in this GPU's memory).
+    send_gpu: str | None = None
+    send_gpu_reason: str = ""
+    lock: str = ""                 # the NIC's lock file, and how long the check waited for it
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeGpuCheck:
+    """One GPU of a node check: its report, or the error that ended its check."""
+
+    gpu: str
+    nic: str | None
+    exit_code: int
+    report: CheckReport | None = None
+    error: str = ""
+    fix: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCheckReport:
+    """Every GPU of the node with its NCCL NIC (``gdrprobe check --node``)."""
+
+    kind = "check-node"
+    gpus: tuple[NodeGpuCheck, ...]
+    time_budget_s: float | None
+    elapsed_s: float
+    exit_code: int                 # the worst of the GPUs' (a drain code before a warn code)

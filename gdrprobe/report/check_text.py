@@ -1,0 +1,137 @@
+"""The verdict screen of the A/B (``check``, ``run --mem gpu``) and the node check's lines.
+Renderers format; they never decide."""
+
+from __future__ import annotations
+
+from gdrprobe.errors import SCHEDULER_ACTION
+from gdrprobe.report.check import (DIRECTION_WORDS, NOT_TESTABLE, ArmReport, CheckReport,
+                                   FloorCheck, NodeCheckReport, NodeGpuCheck, RankPair,
+                                   Verdict)
+from gdrprobe.report.model import RunSettings
+from gdrprobe.report.text import RULE
+
+NOT_TESTABLE_MEANS = ("not testable: the check could not measure GPUDirect RDMA here, so it "
+                      "says nothing for or against this node")
+
+
+def render_check(report: CheckReport) -> str:
+    v = report.verdict
+    lines = [RULE, headline(v)]
+    if v.classification == NOT_TESTABLE:
+        lines.append(f" {NOT_TESTABLE_MEANS}")
+    if v.direction:
+        lines.append(f" failing direction: {v.direction}: "
+                     f"{DIRECTION_WORDS.get(v.direction, 'not isolated by the arms')}")
+    if v.ratio is not None:
+        lines.append(f" GPU/host bandwidth {v.ratio:.2f} (per repeat {v.ratio_min:.2f}.."
+                     f"{v.ratio_max:.2f}; engaged at >= {v.threshold:.2f})")
+    if report.floor is not None:
+        lines += render_floor(report.floor)
+    if report.placement is not None:
+        lines += render_placement(report.placement)
+    lines += [RULE, render_settings(report.settings, report.gpu_settings), RULE]
+    lines += render_arms(report.arms)
+    lines.append(RULE)
+    shown = {text for arm in report.arms for text in (arm.mechanism_reason, arm.detail) if text}
+    evidence = [line for line in v.evidence if line.partition(": ")[2] not in shown
+                and not line.startswith("failing direction: ")]
+    for title, items in (("evidence", evidence), ("likely causes", v.likely_causes)):
+        if items:
+            lines.append(f" {title}:")
+            lines += [f"   - {item}" for item in items]
+    if v.fix:
+        lines.append(f" fix: {v.fix}")
+    lines.append(RULE)
+    return "\n".join(lines)
+
+
+def headline(v: Verdict) -> str:
+    return (f" GPUDirect RDMA: {v.classification.upper()}"
+            + (f" via {v.mechanism}" if v.mechanism else "")
+            + (" (inconclusive)" if v.inconclusive else "")
+            + (" (below the line-rate floor)" if v.below_floor else ""))
+
+
+def render_floor(floor: FloorCheck) -> list[str]:
+    """The port's line rate and the floor, or why it was not applied; a software device
+    said plainly."""
+    lines = []
+    if floor.software_device:
+        lines.append(f" {floor.nic} is a software RDMA device (rxe, siw): the CPU copies "
+                     "every byte, so it can never do GPUDirect RDMA; what this check shows "
+                     "is the data path through it, not GPUDirect")
+    rate_text = f"{floor.line_rate_gbps:g} Gb/s" if floor.line_rate_gbps else "unknown"
+    lines.append(f" line rate of {floor.nic} port {floor.port}: {rate_text}; floor: "
+                 + ("not applied (software device)" if floor.software_device else floor.note))
+    return lines
+
+
+def render_placement(pair: RankPair) -> list[str]:
+    """Which GPU and NIC the check measured, why, and how long it took."""
+    budget = f" of a {pair.time_budget_s:g} s budget" if pair.time_budget_s else ""
+    lines = [f" GPU {pair.gpu}: {pair.gpu_reason}",
+             f" NIC {pair.nic or '(the first RDMA device)'}: {pair.nic_reason}"]
+    if pair.send_gpu != pair.gpu and pair.send_gpu_reason:
+        lines.append(f" sends from {pair.send_gpu or 'host memory'}: {pair.send_gpu_reason}")
+    if pair.lock:
+        lines.append(f" NIC lock: {pair.lock}")
+    if pair.elapsed_s is not None:
+        lines.append(f" {pair.elapsed_s:.1f} s{budget}, doctor and set-up included")
+    return lines
+
+
+def render_settings(host: RunSettings, gpu: RunSettings | None) -> str:
+    """The runs' queue settings, and the inline size of each kind of arm (a GPU source
+    buffer is never posted inline: the CPU cannot read it)."""
+    gpu_inline = "" if gpu is None else f", GPU arms {gpu.inline_bytes} B"
+    note = gpu.inline_note if gpu is not None and gpu.inline_note else host.inline_note
+    return (f" QPs {host.qps}  TX depth {host.tx_depth}  CQ moderation {host.cq_moderation}"
+            f"  MTU {host.mtu_bytes}  inline: host arm {host.inline_bytes} B{gpu_inline}"
+            + (f" ({note})" if note else ""))
+
+
+def render_arms(arms: tuple[ArmReport, ...]) -> list[str]:
+    lines = [f" {'arm':<9} {'memory':<7} {'outcome':<20} {'size[B]':<9} {'line rate':<10} "
+             "Gb/s per repeat"]
+    for arm in arms:
+        rates = " ".join(f"{b:.3f}" for b in arm.bandwidths_gbps) or "-"
+        fraction = (f"{arm.line_rate_fraction:.2f}" if arm.line_rate_fraction is not None
+                    else "-")
+        lines.append(f" {arm.arm:<9} {arm.direction or 'host':<7} {arm.outcome:<20} "
+                     f"{arm.size_bytes:<9} {fraction:<10} {rates}")
+        if arm.pipelined_bound_gbps:
+            bound = " ".join(f"{b:.3f}" for b in arm.pipelined_bound_gbps)
+            lines.append(f" {'':<17} {'pipelined bound':<20} {arm.size_bytes:<9} {'':<10} "
+                         f"{bound}")
+        lines += [f"           {text}" for text in (arm.mechanism_reason, arm.detail) if text]
+    return lines
+
+
+# ---- the node check ------------------------------------------------------------------
+
+
+def node_line(check: NodeGpuCheck) -> str:
+    """One GPU of a node check: the answer, the NIC, the action, and why."""
+    action = f"exit {check.exit_code}: {SCHEDULER_ACTION.get(check.exit_code, 'warn')}"
+    if check.report is None:
+        return f"GPU {check.gpu} via {check.nic or '-'}: {check.error} ({action})"
+    v = check.report.verdict
+    parts = [v.classification + (f" via {v.mechanism}" if v.mechanism else "")]
+    if v.ratio is not None:
+        parts.append(f"GPU/host {v.ratio:.2f}")
+    deciding = next((arm for arm in check.report.arms if arm.role == "decides"), None)
+    if deciding is not None and deciding.line_rate_fraction is not None:
+        parts.append(f"{deciding.line_rate_fraction:.2f} of line rate")
+    if v.direction:
+        parts.append(f"failing direction {v.direction}")
+    cause = (v.likely_causes or ("",))[0] if v.exit_code else ""
+    return (f"GPU {check.gpu} via {check.nic or '-'}: {', '.join(parts)} ({action})"
+            + (f": {cause}" if cause else ""))
+
+
+def render_node_check(report: NodeCheckReport) -> str:
+    budget = f" of a {report.time_budget_s:g} s budget" if report.time_budget_s else ""
+    return "\n".join([node_line(check) for check in report.gpus]
+                     + [f"node: {len(report.gpus)} GPU(s) in {report.elapsed_s:.1f} s{budget}; "
+                        f"exit {report.exit_code}: {SCHEDULER_ACTION[report.exit_code]}"])
+

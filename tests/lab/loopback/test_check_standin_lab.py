@@ -1,0 +1,61 @@
+"""`gdrprobe check` through real verbs over the stand-in libcuda.so.1 (tests/cuda_standin):
+the gate's GPU arm with GPU memory at both ends, to a verdict.
+
+In this Soft-RoCE guest the stand-in's "device memory" is host memory, so the peermem route
+registers it on rxe: the NIC (rxe) reads one "GPU" buffer and writes another, integrity is
+checked, and the verdict is a measured one. It proves the gate's plumbing (the arms, the
+report, the floor not applied on a software device, the NIC named, the lock), not GPUDirect.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.cuda_standin.build import environment
+from tests.lab.helpers import REPO, rdma_resources
+
+pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
+
+
+def check_over_standin(tmp_path, *args: str) -> tuple[int, dict, str]:
+    env = environment()
+    env.update(PYTHONPATH=REPO, GDRPROBE_LOCK_DIR=str(tmp_path))
+    env.pop("LOCAL_RANK", None)
+    done = subprocess.run([sys.executable, "-m", "gdrprobe", "check", "--time-budget", "120",
+                           "-s", "64K", *args], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert done.stdout, done.stderr
+    return done.returncode, (json.loads(done.stdout) if "--json" in args else {}), done.stdout
+
+
+def test_check_puts_gpu_memory_at_both_ends_and_reaches_a_verdict(tmp_path, baseline):
+    code, report, _ = check_over_standin(tmp_path, "--repeats", "2", "--json")
+    verdict = report["verdict"]
+    # Host memory against host memory: either answer is possible; it must be a measured one.
+    assert verdict["classification"] in ("engaged", "degraded"), verdict
+    assert code == verdict["exit_code"]
+    host, gpu, *directions = report["arms"]
+    assert gpu["direction"] == "both" and gpu["outcome"] == "measured" and gpu["role"] == "decides"
+    for side in ("local_memory", "remote_memory"):           # the NIC reads one, writes one
+        assert gpu[side]["kind"] == "gpu" and gpu[side]["mechanism"] == "peermem", gpu[side]
+        assert gpu[side]["pci_bus_id"] == "0000:3b:00.0"       # the stand-in's first "GPU"
+    assert verdict["arms"][0]["direction"] == "both"
+    if verdict["classification"] == "degraded":               # then each direction alone
+        assert [arm["direction"] for arm in directions] == ["read", "write"]
+        assert verdict["direction"] in ("read", "write", "both", "unknown")
+    assert report["placement"]["nic"] == "rxe0"
+    assert report["placement"]["lock"].startswith(f"{tmp_path}/rxe0.lock")
+    floor = report["floor"]
+    assert floor["software_device"] is True and floor["applied"] is False
+    assert report["settings"]["qps"] == 2 and report["settings"]["cq_moderation"] == 1
+    assert rdma_resources() == baseline
+
+
+def test_the_screen_says_rxe_can_never_do_gpudirect_and_q_n_sets_the_qps(tmp_path):
+    code, _, text = check_over_standin(tmp_path, "--repeats", "1", "-q", "1")
+    assert "rxe0 is a software RDMA device (rxe, siw): the CPU copies every byte" in text
+    assert " QPs 1 " in text and " NIC rxe0: " in text
+    assert text.rstrip().endswith(("exit 0: start the job", "exit 1: drain"))
+    assert code in (0, 1)

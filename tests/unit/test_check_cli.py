@@ -1,0 +1,118 @@
+"""``gdrprobe check`` as a prolog script meets it: -q N is QPs, a bare -q still means quiet,
+--node and --floor reach the API; and the verdict screen (issue 24: the NIC named, "not
+testable" explained, a software device said plainly, nothing printed twice, the GPU arm's
+inline size, verdict.arms in the JSON). The API is replaced by recorders."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import gdrprobe
+from gdrprobe.campaign.ab import plan_arms, run_ab
+from gdrprobe.cli import main
+from gdrprobe.errors import NotTestable
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.report.check import FloorCheck, NodeCheckReport, NodeGpuCheck, RankPair
+from gdrprobe.report.check_text import render_check
+from gdrprobe.report.model import to_json
+from tests.unit.test_ab import fake_probe
+
+GPU = MemorySpec.from_choice("gpu")
+PAIR = RankPair(rank="LOCAL_RANK=0", cuda_ordinal=0, gpu="0000:3b:00.0", gpu_reason="rank 0",
+                nic="rxe0", nic_reason="no NIC decision: the first RDMA device",
+                time_budget_s=30.0, elapsed_s=4.2, send_gpu="0000:3b:00.0",
+                lock="/run/gdrprobe/rxe0.lock, waited 0.0 s")
+RXE = FloorCheck("rxe0", 1, 10.0, 0.8, applied=False, software_device=True,
+                 note="not applied: a software RDMA device")
+REASON = ("auto fell back to peermem: the NIC cannot register DMA-BUF (ibv_reg_dmabuf_mr "
+          "returned EOPNOTSUPP) " + "x" * 200)
+
+
+def not_testable_report():
+    error = NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
+                        "install the NVIDIA driver", evidence=REASON)
+    run_once, _ = fake_probe(gpu_error=error)
+    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2, floor=RXE)
+    return dataclasses.replace(report, placement=PAIR)
+
+
+def engaged_report():
+    run_once, _ = fake_probe(gpu_gbps=97.0)
+    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2, floor=RXE)
+    return dataclasses.replace(report, placement=PAIR)
+
+
+@pytest.fixture
+def api(monkeypatch):
+    calls = []
+
+    def check(**kwargs):
+        calls.append(("check", kwargs))
+        return engaged_report()
+
+    def check_node(**kwargs):
+        calls.append(("check_node", kwargs))
+        return NodeCheckReport((NodeGpuCheck("0000:3b:00.0", "rxe0", 9, error="not testable: "
+                                             "no CUDA driver"),), 30.0, 4.0, 9)
+
+    monkeypatch.setattr(gdrprobe, "check", check)
+    monkeypatch.setattr(gdrprobe, "check_node", check_node)
+    return calls
+
+
+@pytest.mark.parametrize("argv, qps, quiet_note", [
+    (["check", "-q", "4"], 4, False),
+    (["check", "--qp", "8"], 8, False),
+    (["check", "-q"], None, True),        # an old prolog's quiet flag
+    (["check", "--quiet"], None, False),
+])
+def test_q_n_is_qps_and_a_bare_q_still_means_quiet(api, capsys, argv, qps, quiet_note):
+    assert main(argv) == 0
+    assert api[-1][1]["qps"] == qps
+    out, err = capsys.readouterr()
+    quiet = qps is None
+    assert (out == "") == quiet
+    assert ("a bare -q means --quiet" in err) == quiet_note
+
+
+def test_a_bare_q_with_json_is_refused(api, capsys):
+    assert main(["check", "-q", "--json"]) == 2
+    assert "choose one: --json, or --quiet" in capsys.readouterr().err
+
+
+def test_floor_and_node_reach_the_api(api, capsys):
+    assert main(["check", "--node", "--floor", "0.5", "--quiet"]) == 9
+    name, kwargs = api[-1]
+    assert name == "check_node" and kwargs["floor"] == 0.5
+    assert "gdrprobe check: GPU 0000:3b:00.0 via rxe0: not testable" in capsys.readouterr().err
+    assert main(["check", "--node", "--gpu", "0"]) == 2
+
+
+def test_the_screen_names_the_nic_and_says_a_software_device_never_does_gpudirect():
+    text = render_check(engaged_report())
+    assert " NIC rxe0: no NIC decision: the first RDMA device" in text
+    assert "rxe0 is a software RDMA device (rxe, siw): the CPU copies every byte, so it can " \
+           "never do GPUDirect RDMA" in text
+    assert "line rate of rxe0 port 1: 10 Gb/s; floor: not applied (software device)" in text
+    assert "inline: host arm 0 B, GPU arms 0 B" in text
+    assert " NIC lock: /run/gdrprobe/rxe0.lock" in text
+
+
+def test_not_testable_is_explained_and_the_internals_are_printed_once():
+    text = render_check(not_testable_report())
+    assert "GPUDirect RDMA: NOT TESTABLE" in text
+    assert ("not testable: the check could not measure GPUDirect RDMA here, so it says "
+            "nothing for or against this node") in text
+    assert text.count(REASON) == 1
+
+
+def test_the_json_verdict_lists_its_arms_and_names_the_nic():
+    document = json.loads(to_json(not_testable_report()))
+    assert document["placement"]["nic"] == "rxe0"
+    assert [(arm["direction"], arm["outcome"]) for arm in document["verdict"]["arms"]] == [
+        ("both", "not testable")]
+    assert document["floor"]["software_device"] is True
+    assert document["arms"][1]["direction"] == "both"

@@ -1,0 +1,117 @@
+"""Flags that agree across commands, and help texts that say what a newcomer needs: every
+option with a default shows it, every valid range comes from where it is defined, and every
+subcommand's help ends with an example."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import re
+
+import pytest
+
+import gdrprobe
+from gdrprobe.cli import build_parser
+from gdrprobe.cli.common import size, size_list
+
+# Options that take no value: present or absent, nothing to default.
+FLAG_ACTIONS = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction,
+                argparse._VersionAction, argparse._StoreConstAction)
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    (actions,) = [a for a in build_parser()._actions
+                  if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions.choices)
+
+
+def help_text(command: str) -> str:
+    """What `gdrprobe COMMAND --help` prints, its lines joined (argparse wraps them)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    return " ".join(out.getvalue().split())
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_option_with_a_default_shows_it(command):
+    """Each option that takes a value and has a default says so in `gdrprobe COMMAND
+    --help` (as "default 30", "(default: /)", "every pair (default)"...)."""
+    text = help_text(command)
+    silent = []
+    for action in subcommands()[command]._actions:
+        if isinstance(action, FLAG_ACTIONS) or not action.option_strings:
+            continue
+        if action.default in (None, ()):
+            continue                # optional: absent means not done (an output, a filter)
+        expanded = " ".join((action.help % vars(action)).split())
+        if "default" not in expanded:
+            silent.append(f"{'/'.join(action.option_strings)} (default {action.default!r})")
+        assert expanded in text, "the help printed is the help checked"
+    assert silent == []
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_subcommand_help_ends_with_an_example(command):
+    parser = subcommands()[command]
+    assert parser.epilog and re.search(rf"^example: .*gdrprobe {command}\b", parser.epilog)
+    assert "example: " in help_text(command)
+
+
+def test_the_ranges_in_the_help_are_the_engine_s():
+    from gdrprobe.measure import options
+
+    run, bench = help_text("run"), help_text("bench")
+    low, high = options.MIN_TIMEOUT_S, options.MAX_TIMEOUT_S
+    for text in (run, bench, help_text("serve"), help_text("cluster")):
+        assert f"time-out of every out-of-band step, {low:g} to {high:g} s" in text
+    assert f"number of QPs, 1 to {options.MAX_QPS} (bandwidth; default 1)" in run
+    assert f"QP counts, e.g. 1,4, each 1 to {options.MAX_QPS} (default 1)" in bench
+    assert gdrprobe.limits() == {"timeout_s": (low, high), "qps": (1, options.MAX_QPS)}
+
+
+def test_building_the_parser_reads_no_range(monkeypatch):
+    """The ranges come from the native extension: read when a help is printed, not when a
+    command that needs none (doctor, capture) builds its parser."""
+    calls = []
+    real = gdrprobe.limits
+    monkeypatch.setattr(gdrprobe, "limits", lambda: calls.append(1) or real())
+    build_parser().parse_args(["doctor"])
+    assert calls == []
+    help_text("run")
+    assert calls
+
+
+# ---- flags that agree ---------------------------------------------------------------------
+
+
+def test_one_size_parser_for_every_command():
+    assert size("64K") == size("64k") == 65536 and size("1M") == 1 << 20 and size("4096") == 4096
+    assert size_list("4K,64K,1M") == (4096, 65536, 1 << 20)
+    parser = build_parser()
+    assert parser.parse_args(["run", "--loopback", "-s", "64K"]).size == 65536
+    assert parser.parse_args(["bench", "--sizes", "64K"]).sizes == (65536,)
+    assert parser.parse_args(["cluster", "-s", "1M"]).size == 1 << 20
+    assert parser.parse_args(["check", "-s", "1M"]).size == 1 << 20
+
+
+@pytest.mark.parametrize("text", ["0", "64X", "-1", "K", "1.5M", ""])
+def test_a_bad_size_is_refused_with_an_example(text, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--loopback", "-s", text])
+    assert "is not a size such as 4096, 64K or 1M" in capsys.readouterr().err
+
+
+def test_devices_takes_ib_dev_like_every_other_command_and_keeps_device():
+    parser = build_parser()
+    for flag in ("-d", "--ib-dev", "--device"):
+        assert parser.parse_args(["devices", flag, "mlx5_0"]).device == "mlx5_0"
+    assert "--device is the former spelling" in help_text("devices")
+    for command in ("run", "serve", "bench", "cluster", "check"):
+        assert "--ib-dev" in subcommands()[command]._option_string_actions, command
+
+
+def test_cluster_writes_its_document_with_o_as_bench_does():
+    assert build_parser().parse_args(["cluster", "-o", "m.json"]).output == "m.json"
+    assert build_parser().parse_args(["bench", "-o", "m.json"]).output == "m.json"

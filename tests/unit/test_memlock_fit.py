@@ -1,0 +1,134 @@
+"""A run sized to the locked-memory limit: at the stock 8 MiB a non-root user still runs the
+default `run --loopback` (fewer integrity slots, the same measurement), and a run that cannot
+fit is refused before anything starts with the number it needs and how to raise the limit."""
+
+from __future__ import annotations
+
+import math
+import resource
+
+import pytest
+
+import gdrprobe
+from gdrprobe import defaults
+from gdrprobe.campaign import memlock
+from gdrprobe.campaign.memlock import LockedMemory, fit_to_memlock, locked_memory, pinned_bytes
+from gdrprobe.errors import ExitCode, ResourceLimit
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.sysroot import SysRoot
+
+MiB = 1 << 20
+STOCK = LockedMemory(soft=8 * MiB, hard=8 * MiB)     # Linux >= 5.16's default, no capability
+
+
+def test_the_default_loopback_run_does_not_fit_8_mib_as_it_is():
+    """What the issue saw: both ends' buffers (64 slots of 64 KiB and one past them, each)
+    and the queues pass 8 MiB."""
+    assert pinned_bytes(ProbeOptions(), ends=2) > 8 * MiB
+
+
+def test_the_default_loopback_run_is_sized_to_the_stock_limit():
+    notices = []
+    options = ProbeOptions()
+    fitted = fit_to_memlock(options, 2, STOCK, notices.append)
+    assert pinned_bytes(fitted, 2) <= 8 * MiB
+    size = defaults.SIZE
+    assert 1 < fitted.slots(size) < options.slots(size) == 64
+    # Only the integrity ring changed: the run measures what it would have measured.
+    assert (fitted.sizes, fitted.iterations, fitted.qps, fitted.tx_depth) == \
+        (options.sizes, options.iterations, options.qps, options.tx_depth)
+    # The most slots that fit: one more would not.
+    more = ProbeOptions(integrity_bytes=(fitted.slots(size) + 1) * size)
+    assert pinned_bytes(more, 2) > 8 * MiB
+    (notice,) = notices
+    assert f"holds {fitted.slots(size)} integrity slots of {size} B per end instead of 64" \
+        in notice
+
+
+def test_the_gpu_a_b_fits_with_one_slot_and_a_server_run_needs_one_end():
+    a_b = ProbeOptions(sizes=(defaults.A_B_SIZE,))
+    assert fit_to_memlock(a_b, 2, STOCK).slots(defaults.A_B_SIZE) == 1
+    one_end, two_ends = (fit_to_memlock(ProbeOptions(), ends, STOCK) for ends in (1, 2))
+    assert one_end.slots(defaults.SIZE) > two_ends.slots(defaults.SIZE)
+
+
+@pytest.mark.parametrize("memory", [
+    LockedMemory(soft=math.inf, hard=math.inf),
+    LockedMemory(soft=64 << 10, hard=64 << 10, exempt=True),       # CAP_IPC_LOCK: no limit
+    LockedMemory(soft=64 * MiB, hard=64 * MiB)])
+def test_a_run_that_fits_is_left_as_it_is(memory):
+    assert fit_to_memlock(ProbeOptions(), 2, memory) == ProbeOptions()
+
+
+def test_what_is_already_pinned_counts():
+    pinned = LockedMemory(soft=8 * MiB, hard=8 * MiB, pinned=2 * MiB)
+    fitted = fit_to_memlock(ProbeOptions(), 2, pinned)
+    assert pinned_bytes(fitted, 2) <= 6 * MiB < pinned_bytes(fit_to_memlock(ProbeOptions(), 2,
+                                                                             STOCK), 2)
+
+
+def test_a_run_that_cannot_fit_says_the_number_and_how_to_raise_the_limit():
+    big = ProbeOptions(sizes=(8 * MiB,))
+    with pytest.raises(ResourceLimit) as raised:
+        fit_to_memlock(big, 2, LockedMemory(soft=8 * MiB, hard=64 * MiB))
+    error = raised.value
+    need = 2 * (16 * MiB) + pinned_bytes(big, 0)          # two 8 MiB slots each, the queues
+    assert error.exit_code == ExitCode.RESOURCE_LIMIT
+    assert f"this run pins {need / MiB:.1f} MiB of host memory" in error.cause
+    assert "locked-memory limit of 8.0 MiB" in error.cause
+    assert f"at least {need >> 10} KiB: 'ulimit -l {need >> 10}'" in error.fix
+    assert "soft 8.0 MiB, hard 64.0 MiB; CAP_IPC_LOCK not held" in error.evidence
+
+
+def test_without_room_in_the_hard_limit_the_fix_is_where_the_limit_is_set():
+    with pytest.raises(ResourceLimit) as raised:
+        fit_to_memlock(ProbeOptions(sizes=(8 * MiB,)), 2, STOCK)
+    assert "ulimit -l" not in raised.value.fix.split(":")[1]
+    assert "memlock" in raised.value.fix        # limits.conf, --ulimit memlock or IPC_LOCK
+
+
+def test_the_limit_is_read_from_getrlimit_and_proc_status(tmp_path, monkeypatch):
+    status = tmp_path / "proc" / "self" / "status"
+    status.parent.mkdir(parents=True)
+    status.write_text("Name:\tpython\nVmPin:\t    1024 kB\nCapEff:\t00000000a80425fb\n")
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (8 * MiB, resource.RLIM_INFINITY))
+    assert locked_memory(SysRoot(str(tmp_path))) == LockedMemory(8 * MiB, math.inf, MiB, False)
+    status.write_text("VmPin:\t0 kB\nCapEff:\t000001ffffffffff\n")       # root: CAP_IPC_LOCK
+    assert locked_memory(SysRoot(str(tmp_path))).room == math.inf
+
+
+def test_the_integrity_bytes_travel_to_the_server():
+    fitted = fit_to_memlock(ProbeOptions(), 2, STOCK)
+    assert ProbeOptions.from_message(fitted.to_message()) == fitted
+    assert ProbeOptions.from_message(fitted.to_message()).buffer_bytes == fitted.buffer_bytes
+
+
+# ---- through the public API ----------------------------------------------------------------
+
+
+def test_run_loopback_at_the_stock_limit_runs_sized_to_it(monkeypatch):
+    """gdrprobe.run(loopback=True) as a non-root user at 8 MiB: the run starts, sized."""
+    from gdrprobe.measure import loopback
+
+    asked = []
+
+    def runner(options, *args, **kwargs):
+        asked.append(options)
+        return lambda local, remote: "measured"
+
+    notices = []
+    monkeypatch.setattr(loopback, "runner", runner)
+    monkeypatch.setattr(memlock, "locked_memory", lambda: STOCK)
+    assert gdrprobe.run(loopback=True, notice=notices.append) == "measured"
+    (options,) = asked
+    assert pinned_bytes(options, 2) <= 8 * MiB and options.slots(defaults.SIZE) > 1
+    assert "integrity slots" in notices[0]
+
+
+def test_run_that_cannot_fit_is_refused_before_anything_starts(monkeypatch):
+    from gdrprobe.measure import loopback
+
+    monkeypatch.setattr(loopback, "runner", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(memlock, "locked_memory", lambda: STOCK)
+    with pytest.raises(ResourceLimit, match="more than the locked-memory limit"):
+        gdrprobe.run(loopback=True, size=8 * MiB)
