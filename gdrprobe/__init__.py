@@ -261,8 +261,8 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 
 def _gate(facts, *, host=None, token=None, port=None, ib_port=1, gid_index=None,
           mem=defaults.GPU_MEMORY, remote_mem=None, gpu_mem_type=defaults.GPU_MEMORY_TYPE,
-          staged=False, repeats=defaults.REPEATS, threshold=defaults.THRESHOLD,
-          floor=defaults.FLOOR, size=None, settings=None):
+          gpu_alloc=defaults.GPU_ALLOCATION, staged=False, repeats=defaults.REPEATS,
+          threshold=defaults.THRESHOLD, floor=defaults.FLOOR, size=None, settings=None):
     """What every check of this call is asked (campaign.prelaunch.GateSettings): the runs'
     options with check's QPs (CHECK_QPS) and NCCL's relaxed-ordering setting from the
     environment as NCCL sees it; the send buffer as mem says, the receive buffer the same
@@ -273,9 +273,13 @@ def _gate(facts, *, host=None, token=None, port=None, ib_port=1, gid_index=None,
     settings = {key: value for key, value in (settings or {}).items() if value is not None}
     settings.setdefault("qps", defaults.CHECK_QPS)
     settings.setdefault("relaxed_ordering", relaxed_ordering_wanted(facts.nccl_environ))
-    send = lambda gpu: _memory(mem, gpu, gpu_mem_type)  # noqa: E731 - one line, one use
-    receive = ((lambda gpu: _memory(remote_mem, gpu, gpu_mem_type)) if remote_mem
-               else send if host is None else (lambda gpu: _memory("host")))
+    def send(gpu: str):
+        return _memory(mem, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
+
+    def receive(gpu: str):
+        choice = remote_mem or (mem if host is None else "host")
+        return _memory(choice, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
+
     return GateSettings(options=_options(True, size, settings), gpu_memory=send,
                         receive_memory=receive, ib_port=ib_port, gid_index=gid_index,
                         repeats=repeats, threshold=threshold, floor=floor, staged=staged,
@@ -296,7 +300,8 @@ def _check_gate_arguments(settings: dict, ib_port: int, floor: float) -> None:
 def check(host: str | None = None, *, token: str | None = None, port: int | None = None,
           device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
           mem: str = defaults.GPU_MEMORY, remote_mem: str | None = None, gpu: str | None = None,
-          gpu_mem_type: str = defaults.GPU_MEMORY_TYPE, staged: bool = False,
+          gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
+          gpu_alloc: str = defaults.GPU_ALLOCATION, staged: bool = False,
           repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
           floor: float = defaults.FLOOR,
           time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S, size: int | None = None,
@@ -326,7 +331,7 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     facts = machine_facts()
     gate = _gate(facts, host=host, token=token, port=port, ib_port=ib_port,
                  gid_index=gid_index, mem=mem, remote_mem=remote_mem,
-                 gpu_mem_type=gpu_mem_type, staged=staged, repeats=repeats,
+                 gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
                  threshold=threshold, floor=floor, size=size, settings=settings)
     pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
     return check_pair(pair, facts, gate, budget, os.environ)
@@ -334,7 +339,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
 
 def check_node(*, ib_port: int = 1, gid_index: int | None = None,
                mem: str = defaults.GPU_MEMORY, gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
-               staged: bool = False, repeats: int = defaults.REPEATS,
+               gpu_alloc: str = defaults.GPU_ALLOCATION, staged: bool = False,
+               repeats: int = defaults.REPEATS,
                threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
                size: int | None = None, **settings):
@@ -351,7 +357,7 @@ def check_node(*, ib_port: int = 1, gid_index: int | None = None,
     _check_gate_arguments(settings, ib_port, floor)
     facts = machine_facts()
     gate = _gate(facts, ib_port=ib_port, gid_index=gid_index, mem=mem,
-                 gpu_mem_type=gpu_mem_type, staged=staged, repeats=repeats,
+                 gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
                  threshold=threshold, floor=floor, size=size, settings=settings)
     return _check_node(facts, gate, budget, os.environ)
 

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 
 from gdrprobe import defaults
 from gdrprobe.campaign.ab import HOST, ab_test
-from gdrprobe.campaign.gate import (Budget, MachineFacts, budgeted, sized_for_budget)
+from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
+from gdrprobe.campaign.machine import holds_gpu_buffer
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.verdict import with_nccl
 from gdrprobe.errors import NoRdmaDevice, NotTestable, UsageError
@@ -165,10 +166,10 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
         run_once = budgeted(lambda capped: loopback.runner(capped, endpoint, gate.host,
                                                            gate.port, gate.token),
                             options, budget)
-        gpu_here = gate.host is None or local.kind == "gpu"
+        here = holds_gpu_buffer(local, loopback=gate.host is None)
         report = ab_test(run_once, local, remote, staged=gate.staged, repeats=gate.repeats,
                          threshold=gate.threshold,
-                         doctor_findings=facts.findings if gpu_here else (),
+                         doctor_findings=facts.findings if here else (),
                          min_repeats=min(2, gate.repeats), floor=floor)
     placement = dataclasses.replace(
         pair, nic=nic, nic_reason=nic_reason, time_budget_s=budget.seconds,

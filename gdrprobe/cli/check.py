@@ -65,6 +65,11 @@ def register(subparsers) -> None:
     parser.add_argument("--mem", default=defaults.GPU_MEMORY,
                         choices=("gpu", "dmabuf", "peermem"),
                         help="the GPU arms' mechanism (default gpu: chosen automatically)")
+    parser.add_argument("--gpu-alloc", default=defaults.GPU_ALLOCATION,
+                        choices=defaults.GPU_ALLOCATIONS,
+                        help="how the GPU arms' device memory is allocated, as 'run --help' "
+                             f"says (default {defaults.GPU_ALLOCATION}: as NCCL allocates its "
+                             "buffers)")
     parser.add_argument("-s", "--size", type=size, default=defaults.A_B_SIZE, metavar="SIZE",
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.A_B_SIZE >> 20} MiB)")
@@ -104,6 +109,7 @@ def run(args) -> int:
     quiet, qps = output_mode(args)
     terminate_as_interrupt()
     common = dict(ib_port=args.ib_port, gid_index=args.gid_index, mem=args.mem,
+                  gpu_alloc=args.gpu_alloc,
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
                   time_budget_s=args.time_budget, size=args.size, qps=qps)
     if args.node:

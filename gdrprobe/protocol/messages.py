@@ -107,7 +107,8 @@ def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> Endpo
 
 
 def summary_message(summary: EndpointSummary) -> dict:
-    return to_dict(summary)
+    # notes (why this device and GID) stay with the side that chose them: the wire is as it was
+    return {key: value for key, value in to_dict(summary).items() if key != "notes"}
 
 
 def summary_from_message(message: dict) -> EndpointSummary:

@@ -115,3 +115,11 @@ def test_devices_takes_ib_dev_like_every_other_command_and_keeps_device():
 def test_cluster_writes_its_document_with_o_as_bench_does():
     assert build_parser().parse_args(["cluster", "-o", "m.json"]).output == "m.json"
     assert build_parser().parse_args(["bench", "-o", "m.json"]).output == "m.json"
+
+
+def test_the_help_prints_where_the_native_extension_was_never_built():
+    from tests.unit.test_layout import run_without_native
+
+    done = run_without_native("from gdrprobe.cli import main\nmain(['run', '--help'])\n")
+    assert done.returncode == 0, done.stderr
+    assert "a range the native extension sets (not built here)" in " ".join(done.stdout.split())

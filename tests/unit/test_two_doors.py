@@ -194,6 +194,11 @@ def test_qps_floor_and_the_node_check_are_the_same_through_both_doors(engine, ca
     # GPU memory at both ends of the GPU arm, on the GPU and the NIC NCCL gives it.
     assert [(call[1].kind, call[2].kind) for call in cli if call[0] == "probe"][:2] == [
         ("host", "host"), ("gpu", "gpu")]
+    alloc_cli = through_cli(engine, ["check", "--gpu-alloc", "malloc", "--quiet"], capsys)
+    assert untimed(alloc_cli) == untimed(through_api(engine,
+                                                     lambda: gdrprobe.check(gpu_alloc="malloc")))
+    assert {call[1].allocation for call in alloc_cli
+            if call[0] == "probe" and call[1].kind == "gpu"} == {"malloc"}
     node_cli = through_cli(engine, ["check", "--node", "--quiet"], capsys)
     node_api = through_api(engine, lambda: gdrprobe.check_node())
     # Each GPU of a node check gets its share of what the budget has left: its windows too.

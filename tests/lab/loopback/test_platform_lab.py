@@ -6,6 +6,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import subprocess
 
 import pytest
@@ -54,7 +55,9 @@ def free_char_major() -> int:
     with open("/proc/devices") as listed:
         taken = {int(line.split()[0]) for line in listed if line.split()[:1] and
                  line.split()[0].isdigit()}
-    return next(major for major in range(240, 255) if major not in taken)
+    # The majors Documentation/admin-guide/devices.txt keeps for local use first.
+    local_use = [*range(60, 64), *range(120, 128), *range(240, 255), *range(1, 512)]
+    return next(major for major in local_use if major not in taken)
 
 
 @contextlib.contextmanager
@@ -65,10 +68,11 @@ def unopenable_node(node: str = "uverbs0"):
     path, saved = f"/dev/infiniband/{node}", f"/dev/infiniband/.{node}.saved"
     os.rename(path, saved)
     try:
-        os.mknod(path, 0o20666, os.makedev(free_char_major(), 0))
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(free_char_major(), 0))
         yield path
     finally:
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
         os.rename(saved, path)
 
 
