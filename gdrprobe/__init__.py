@@ -261,14 +261,17 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 
 def _gate(facts, *, host=None, token=None, port=None, ib_port=1, gid_index=None,
           mem=defaults.GPU_MEMORY, remote_mem=None, gpu_mem_type=defaults.GPU_MEMORY_TYPE,
-          gpu_alloc=defaults.GPU_ALLOCATION, staged=False, repeats=defaults.REPEATS,
+          gpu_alloc=None, staged=False, repeats=defaults.REPEATS,
           threshold=defaults.THRESHOLD, floor=defaults.FLOOR, size=None, settings=None):
     """What every check of this call is asked (campaign.prelaunch.GateSettings): the runs'
     options with check's QPs (CHECK_QPS) and NCCL's relaxed-ordering setting from the
     environment as NCCL sees it; the send buffer as mem says, the receive buffer the same
-    (loopback: GPU memory at both ends) unless remote_mem says otherwise."""
+    (loopback: GPU memory at both ends) unless remote_mem says otherwise; the GPU memory
+    allocated as NCCL will allocate it (NCCL_CUMEM_ENABLE) unless gpu_alloc says."""
     from gdrprobe.campaign.prelaunch import GateSettings
-    from gdrprobe.nccl.env import relaxed_ordering_wanted
+    from gdrprobe.nccl.env import gpu_allocation, relaxed_ordering_wanted
+
+    gpu_alloc = gpu_alloc or gpu_allocation(facts.nccl_environ)
 
     settings = {key: value for key, value in (settings or {}).items() if value is not None}
     settings.setdefault("qps", defaults.CHECK_QPS)
@@ -301,7 +304,7 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
           device: str | None = None, ib_port: int = 1, gid_index: int | None = None,
           mem: str = defaults.GPU_MEMORY, remote_mem: str | None = None, gpu: str | None = None,
           gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
-          gpu_alloc: str = defaults.GPU_ALLOCATION, staged: bool = False,
+          gpu_alloc: str | None = None, staged: bool = False,
           repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
           floor: float = defaults.FLOOR,
           time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S, size: int | None = None,
@@ -316,7 +319,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     decision for the GPU joins the verdict: "not used by NCCL" where NCCL will not use
     GPUDirect for it (exit 10 for an NCCL setting, 1 for the node). floor: the fraction of
     the port's line rate the GPU arm must reach (hardware NICs whose rate is known; 0: no
-    floor). QPs default to CHECK_QPS. Sampling stops as soon as the verdict is clear (2
+    floor). gpu_alloc: vmm or malloc; None: as NCCL will allocate (NCCL_CUMEM_ENABLE).
+    QPs default to CHECK_QPS. Sampling stops as soon as the verdict is clear (2
     repeats at least, `repeats` at most). time_budget_s (default CHECK_TIME_BUDGET_S; None:
     no limit) is a hard limit on the whole check, doctor, set-up and waiting for another
     check of the same NIC included. Returns a :class:`gdrprobe.report.model.CheckReport`."""
@@ -339,7 +343,7 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
 
 def check_node(*, ib_port: int = 1, gid_index: int | None = None,
                mem: str = defaults.GPU_MEMORY, gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
-               gpu_alloc: str = defaults.GPU_ALLOCATION, staged: bool = False,
+               gpu_alloc: str | None = None, staged: bool = False,
                repeats: int = defaults.REPEATS,
                threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,

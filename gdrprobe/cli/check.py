@@ -22,7 +22,10 @@ import sys
 import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli.common import add_verdict_flags, size, terminate_as_interrupt, with_range
-from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, UsageError, exit_codes_epilog
+from gdrprobe.errors import (SCHEDULER_ACTION, ExitCode, GdrprobeError, UsageError,
+                             exit_codes_epilog)
+from gdrprobe.report.check_metrics import (check_prometheus_file, write_check_error,
+                                           write_check_prometheus)
 
 BARE_Q = object()   # what a -q without a number stands for (never a count: no type applies)
 BARE_Q_NOTE = ("gdrprobe check: a bare -q means --quiet (its old meaning); -q N is now the "
@@ -65,11 +68,10 @@ def register(subparsers) -> None:
     parser.add_argument("--mem", default=defaults.GPU_MEMORY,
                         choices=("gpu", "dmabuf", "peermem"),
                         help="the GPU arms' mechanism (default gpu: chosen automatically)")
-    parser.add_argument("--gpu-alloc", default=defaults.GPU_ALLOCATION,
-                        choices=defaults.GPU_ALLOCATIONS,
+    parser.add_argument("--gpu-alloc", choices=defaults.GPU_ALLOCATIONS,
                         help="how the GPU arms' device memory is allocated, as 'run --help' "
-                             f"says (default {defaults.GPU_ALLOCATION}: as NCCL allocates its "
-                             "buffers)")
+                             "says (default: as NCCL will allocate its buffers, vmm unless "
+                             "NCCL_CUMEM_ENABLE=0)")
     parser.add_argument("-s", "--size", type=size, default=defaults.A_B_SIZE, metavar="SIZE",
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.A_B_SIZE >> 20} MiB)")
@@ -86,6 +88,10 @@ def register(subparsers) -> None:
                         "all of it), set-up included (default "
                         f"{defaults.CHECK_TIME_BUDGET_S:g})")
     add_verdict_flags(parser, "A/B repeats at most; sampling stops once the verdict is clear")
+    parser.add_argument("--prometheus", metavar="FILE",
+                        help="also write node-exporter text-file metrics to FILE, atomically: "
+                             "bench's metrics, the exit code and time stamp, per GPU "
+                             "(gdrprobe[prometheus]); docs/operations.md")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the JSON document")
     output.add_argument("--quiet", action="store_true",
@@ -107,6 +113,8 @@ def output_mode(args) -> tuple[bool, int | None]:
 
 def run(args) -> int:
     quiet, qps = output_mode(args)
+    if args.prometheus:
+        check_prometheus_file(args.prometheus)
     terminate_as_interrupt()
     common = dict(ib_port=args.ib_port, gid_index=args.gid_index, mem=args.mem,
                   gpu_alloc=args.gpu_alloc,
@@ -116,8 +124,25 @@ def run(args) -> int:
         if args.gpu is not None or args.device is not None:
             raise UsageError("--node checks every GPU with its NCCL NIC",
                                       "drop --gpu and -d, or drop --node")
-        return show_node(gdrprobe.check_node(**common), args.json, quiet)
-    return show(gdrprobe.check(device=args.device, gpu=args.gpu, **common), args.json, quiet)
+        return show_node(with_metrics(args, lambda: gdrprobe.check_node(**common)),
+                         args.json, quiet)
+    return show(with_metrics(args, lambda: gdrprobe.check(device=args.device, gpu=args.gpu,
+                                                          **common)), args.json, quiet)
+
+
+def with_metrics(args, check):
+    """The check's report, its metrics written first where --prometheus asks for them; an
+    error's exit code is written too before the error goes on."""
+    try:
+        report = check()
+    except GdrprobeError as error:
+        if args.prometheus:
+            write_check_error(error.exit_code, args.prometheus, gpu=args.gpu or "",
+                              nic=args.device or "")
+        raise
+    if args.prometheus:
+        write_check_prometheus(report, args.prometheus)
+    return report
 
 
 def show(report, json_output: bool, quiet: bool) -> int:

@@ -44,6 +44,15 @@ def relaxed_ordering_wanted(environ: Mapping[str, str]) -> bool:
     return int_param(environ, "NCCL_IB_PCI_RELAXED_ORDERING", 2) in (1, 2)
 
 
+def gpu_allocation(environ: Mapping[str, str]) -> str:
+    """How NCCL allocates its GPU buffers: NCCL_CUMEM_ENABLE (default -2, auto) 0 turns the
+    cuMem (VMM) API off, any other value forced on or auto uses it where the driver and GPU
+    support it (src/misc/cudawrap.cc ncclCuMemEnable, ncclIsCuMemSupported: CUDA driver
+    12.0+ and CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED). "vmm" falls back to
+    cuMemAlloc where VMM is unsupported, as NCCL's auto does (memory/cuda_vmm.py)."""
+    return "malloc" if int_param(environ, "NCCL_CUMEM_ENABLE", -2) == 0 else "vmm"
+
+
 @dataclasses.dataclass(frozen=True)
 class GdrLevel:
     """The threshold NCCL_NET_GDR_LEVEL sets: GDR is used up to and including ``name``."""

@@ -219,28 +219,44 @@ def require_prometheus() -> None:
                                 PROMETHEUS_FIX) from error
 
 
+PAIR_LABELS = ("gpu", "nic")
+ROW_LABELS = ("gpu", "nic", "memory", "qps", "size_bytes")
+ROW_METRICS = (   # (the row's field, the metric, its help): one name per value, bench or check
+    ("bandwidth_avg_gbps", "gdrprobe_bandwidth_gbps", "RDMA WRITE average bandwidth, 10^9 bit/s"),
+    ("gpu_host_ratio", "gdrprobe_gpu_host_ratio", "GPU memory bandwidth over host memory "
+     "bandwidth, same NIC, QPs and size"),
+    ("line_rate_fraction", "gdrprobe_line_rate_fraction", "average bandwidth over the port's "
+     "line rate (speed x width)"),
+)
+
+
+def engaged_gauge(registry, extra_labels: tuple[str, ...] = ()):
+    """gdrprobe_gdr_engaged per GPU-NIC pair (and extra_labels: the check's node)."""
+    from prometheus_client import Gauge
+
+    return Gauge("gdrprobe_gdr_engaged", "1 when GPUDirect RDMA is engaged on the pair "
+                 "(GPU/host ratio at the largest size at least the threshold), else 0",
+                 [*PAIR_LABELS, *extra_labels], registry=registry)
+
+
+def row_gauges(registry, extra_labels: tuple[str, ...] = ()) -> dict:
+    """The measured values' gauges, keyed by the field of :class:`BenchRow` each carries."""
+    from prometheus_client import Gauge
+
+    return {field: Gauge(name, text, [*ROW_LABELS, *extra_labels], registry=registry)
+            for field, name, text in ROW_METRICS}
+
+
 def prometheus_registry(report: BenchReport):
     """The node-exporter text-file metrics: GDR engaged per pair, and per measured
     bandwidth row its Gb/s, GPU/host ratio and line-rate fraction."""
     from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry()
-    engaged = Gauge("gdrprobe_gdr_engaged", "1 when GPUDirect RDMA is engaged on the pair "
-                    "(GPU/host ratio at the largest size at least the threshold), else 0",
-                    ["gpu", "nic"], registry=registry)
+    engaged = engaged_gauge(registry)
     for pair in (p for p in report.pairs if p.verdict is not None):
         engaged.labels(pair.gpu, pair.nic).set(int(pair.verdict.classification == "engaged"))
-    labels = ["gpu", "nic", "memory", "qps", "size_bytes"]
-    gauges = {
-        "bandwidth_avg_gbps": Gauge("gdrprobe_bandwidth_gbps", "RDMA WRITE average bandwidth, "
-                                    "10^9 bit/s", labels, registry=registry),
-        "gpu_host_ratio": Gauge("gdrprobe_gpu_host_ratio", "GPU memory bandwidth over host "
-                                "memory bandwidth, same NIC, QPs and size", labels,
-                                registry=registry),
-        "line_rate_fraction": Gauge("gdrprobe_line_rate_fraction", "average bandwidth over the "
-                                    "port's line rate (speed x width)", labels,
-                                    registry=registry),
-    }
+    gauges = row_gauges(registry)
     for row in report.rows:
         if row.mode != "bandwidth" or row.outcome != "measured":
             continue
@@ -255,12 +271,16 @@ def prometheus_registry(report: BenchReport):
 
 
 def write_prometheus(report: BenchReport, path: str) -> None:
-    """Written atomically (a temporary file renamed), as node_exporter's text-file collector
-    requires."""
+    write_registry(prometheus_registry(report), path)
+
+
+def write_registry(registry, path: str) -> None:
+    """Written atomically (a temporary file in the same directory, renamed), as
+    node_exporter's text-file collector requires."""
     from prometheus_client import write_to_textfile
 
     try:
-        write_to_textfile(path, prometheus_registry(report))
+        write_to_textfile(path, registry)
     except OSError as error:
         raise _unwritable(path, error) from error
 

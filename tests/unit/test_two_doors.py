@@ -229,3 +229,24 @@ def test_the_gate_registers_as_nccl_does_with_nccls_configuration_files(engine, 
     monkeypatch.delenv("NCCL_IB_PCI_RELAXED_ORDERING", raising=False)
     calls = through_api(engine, lambda: gdrprobe.check())
     assert {call[1].relaxed_ordering for call in calls if call[0] == "runner"} == {False}
+
+
+@pytest.mark.parametrize("cumem, allocation", [(None, "vmm"), ("0", "malloc"), ("1", "vmm")])
+def test_the_gate_allocates_gpu_memory_as_nccl_will(engine, monkeypatch, cumem, allocation):
+    """NCCL_CUMEM_ENABLE=0 turns NCCL's cuMem (VMM) allocations off (src/misc/cudawrap.cc
+    ncclCuMemEnable); the gate's GPU buffers follow it unless --gpu-alloc says."""
+    from gdrprobe.campaign import machine
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
+
+    bus = "0000:3b:00.0"
+    environ = {} if cumem is None else {"NCCL_CUMEM_ENABLE": cumem}
+    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
+                         nccl_environ=environ)
+    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    gdrprobe.check()
+    probes = [call for call in engine if call[0] == "probe"]
+    assert {call[1].allocation for call in probes if call[1].kind == "gpu"} == {allocation}
+    engine.clear()
+    gdrprobe.check(gpu_alloc="malloc")
+    probes = [call for call in engine if call[0] == "probe"]
+    assert {call[1].allocation for call in probes if call[1].kind == "gpu"} == {"malloc"}

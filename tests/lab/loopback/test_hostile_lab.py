@@ -319,7 +319,7 @@ def test_a_server_killed_during_a_latency_run_is_reported_within_5_s(server):
 
 
 @pytest.mark.parametrize("argv, code, words", [
-    (("run", "--loopback", "-s", "0"), 2, "sizes"),
+    (("run", "--loopback", "-s", "0"), 2, "size"),
     (("run", "--loopback", "-n", "0"), 2, "iterations"),
     (("run", "--loopback", "-Q", "0"), 2, "CQ moderation"),
     (("run", "--loopback", "--timeout", "nan"), 2, "time-out"),

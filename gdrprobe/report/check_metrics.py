@@ -1,0 +1,97 @@
+"""What a check (:class:`~gdrprobe.report.check.CheckReport`, or a node's
+:class:`~gdrprobe.report.check.NodeCheckReport`) becomes for Prometheus: node-exporter
+text-file metrics, written atomically. The names are ``bench``'s (its gauges are reused from
+:mod:`gdrprobe.report.bench`, with a ``node`` label added), plus the check's exit code per
+GPU and its time stamp per node, which the alert rules in deploy/prometheus/ read.
+
+prometheus_client (``pip install gdrprobe[prometheus]``) is imported only when a file is
+written; :func:`check_prometheus_file` refuses its absence before anything is measured.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+
+from gdrprobe.errors import ExitCode
+from gdrprobe.report.bench import (check_output_file, engaged_gauge, require_prometheus,
+                                   row_gauges, write_registry)
+from gdrprobe.report.check import ENGAGED, CheckReport, NodeCheckReport
+
+NODE_LABELS = ("node",)
+GPU_LABELS = ("gpu", "nic", "node")
+EXIT_CODE_METRIC = "gdrprobe_check_exit_code"
+TIMESTAMP_METRIC = "gdrprobe_check_timestamp_seconds"
+
+
+def check_prometheus_file(path: str, flag: str = "--prometheus") -> None:
+    """Refuse, before anything is measured, a file that could not be written when the check
+    ends, and a missing prometheus_client."""
+    check_output_file(path, flag)
+    require_prometheus()
+
+
+def write_check_prometheus(report: CheckReport | NodeCheckReport, path: str,
+                           node: str | None = None) -> None:
+    """The check's metrics into path (a ``.prom`` file in node_exporter's
+    ``--collector.textfile.directory``), replaced atomically. node: the node label
+    (default: this host's name)."""
+    write_registry(check_registry(_entries(report), node or socket.gethostname()), path)
+
+
+def write_check_error(exit_code: int, path: str, gpu: str = "", nic: str = "",
+                      node: str | None = None) -> None:
+    """A check that ended in an error before its report (no RDMA device, say): its exit
+    code and time stamp alone, so an alert sees the node as checked and not passing."""
+    write_registry(check_registry([(gpu, nic, int(exit_code), None)],
+                                  node or socket.gethostname()), path)
+
+
+def _entries(report: CheckReport | NodeCheckReport) -> list[tuple]:
+    """(GPU, NIC, exit code, CheckReport or None) per GPU checked."""
+    if isinstance(report, NodeCheckReport):
+        return [(gpu.gpu, gpu.nic or "", gpu.exit_code, gpu.report) for gpu in report.gpus]
+    pair = report.placement
+    return [(pair.gpu if pair else "", (pair.nic or "") if pair else "",
+             report.verdict.exit_code, report)]
+
+
+def check_registry(entries: list[tuple], node: str):
+    """The registry: per GPU its exit code, whether GDR is engaged (where the verdict says
+    something about GPUDirect: not for "not testable" or an error), and per measured arm
+    bench's bandwidth, GPU/host ratio and line-rate fraction; per node the time stamp."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry()
+    exit_code = Gauge(EXIT_CODE_METRIC, "the exit code of gdrprobe check for the GPU (0: "
+                      "engaged; the README's 'Exit codes' table says which drain)",
+                      list(GPU_LABELS), registry=registry)
+    engaged = engaged_gauge(registry, NODE_LABELS)
+    gauges = row_gauges(registry, NODE_LABELS)
+    for gpu, nic, code, report in entries:
+        exit_code.labels(gpu, nic, node).set(code)
+        if report is None or code == ExitCode.NOT_TESTABLE:
+            continue
+        engaged.labels(gpu, nic, node).set(int(report.verdict.classification == ENGAGED))
+        for memory, size, values in _arm_values(report):
+            labels = (gpu, nic, memory, str(report.settings.qps), str(size), node)
+            for field, value in values.items():
+                if value is not None:
+                    gauges[field].labels(*labels).set(value)
+    Gauge(TIMESTAMP_METRIC, "when gdrprobe check ended on the node (Unix time)",
+          list(NODE_LABELS), registry=registry).labels(node).set_to_current_time()
+    return registry
+
+
+def _arm_values(report: CheckReport):
+    """(memory label, size, {bench's row field: value}) per measured arm: the median of its
+    repeats, its GPU/host ratio from the verdict. A one-direction arm's label names it."""
+    ratios = {(arm.arm, arm.direction): arm.ratio for arm in report.verdict.arms}
+    for arm in report.arms:
+        if arm.outcome != "measured" or not arm.bandwidths_gbps:
+            continue
+        memory = arm.arm if arm.direction in ("", "both") else f"{arm.arm}:{arm.direction}"
+        yield memory, arm.size_bytes, {
+            "bandwidth_avg_gbps": statistics.median(arm.bandwidths_gbps),
+            "gpu_host_ratio": ratios.get((arm.arm, arm.direction)),
+            "line_rate_fraction": arm.line_rate_fraction}
