@@ -125,6 +125,9 @@ def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str]
         common = dict(gpu=bdf, nic=decision.nic, path=decision.path, via_gpu=decision.via_gpu,
                       receives=transport and decision.gdr_write,
                       sends=transport and decision.gdr_read, firm=firm,
+                      # On a C2C system NCCL asks for the PCIe mapping type where the NIC is
+                      # on a PCIe path (nccl/decision.py gdr_mode "pci").
+                      pcie_mapping=decision.gdr_mode == "pci",
                       reasons=tuple(r for r in decision.why
                                     if r.startswith(("receive: ", "send: "))))
         if uses_gdr(decision, environ):

@@ -125,6 +125,14 @@ def send_gpu(pair: RankPair, use: NcclUse | None,
     return use.via_gpu, why
 
 
+def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
+    """A GPU buffer exported as NCCL will export it: with the PCIe mapping type where NCCL
+    asks for it (a C2C system's GPU on a PCIe path to its NIC)."""
+    if memory.kind != "gpu" or use is None or not use.pcie_mapping:
+        return memory
+    return dataclasses.replace(memory, pcie_mapping=True)
+
+
 def bus_id(pair: RankPair, facts: MachineFacts) -> str:
     """The pair's GPU as a bus id where it is known (an ordinal through CUDA's list)."""
     cuda = facts.gpus.cuda_bus_ids
@@ -147,8 +155,8 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     use = facts.nccl.get(bus_id(pair, facts))
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.cuda_bus_ids)
-    local = gate.gpu_memory(sender) if sender is not None else HOST
-    remote = gate.receive_memory(pair.gpu)
+    local = as_nccl_exports(gate.gpu_memory(sender) if sender is not None else HOST, use)
+    remote = as_nccl_exports(gate.receive_memory(pair.gpu), use)
     gid_index, nic_reason = gate.gid_index, pair.nic_reason
     nccl_gid = nccl_gid_index(facts, nic, gate.ib_port)
     if gid_index is None and nccl_gid is not None:

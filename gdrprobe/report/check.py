@@ -90,6 +90,7 @@ class NcclUse:
     node_fault: bool = False       # off with NCCL's defaults too: this node's hardware or stack
     firm: bool = True              # False: the decision rests on facts the doctor could not read
     fix: str = ""
+    pcie_mapping: bool = False     # NCCL exports this GPU's DMA-BUF with the PCIe mapping type
 
     @property
     def uses_gdr(self) -> bool:

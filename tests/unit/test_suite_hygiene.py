@@ -107,40 +107,38 @@ def without(package: str, tmp_path: pathlib.Path) -> dict:
     return {**os.environ, "PYTHONPATH": path}
 
 
-SUITE_WITHOUT_TIMEOUT_S = 540
+SUITE_WITHOUT_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
 def suite_without(tmp_path_factory) -> dict[str, subprocess.CompletedProcess | None]:
-    """The unit suite (but this file) once per missing dependency, the runs side by side:
-    each mostly waits on the processes and sockets its tests start. None: it did not end."""
-    children = {}
-    for package in INSTALLS:
-        folder = tmp_path_factory.mktemp(f"without-{package}")
-        # Files, not pipes: a child never stalls on a full pipe while the other is read.
-        with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
-            children[package] = (folder, subprocess.Popen(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
-                 "tests/unit", "--ignore", str(THIS_FILE)],
-                cwd=ROOT, env=without(package, folder), stdout=out, stderr=err))
+    """The unit suite (but this file) once per missing dependency, one run after the other:
+    side by side they loaded two cores enough to make the tests that wait on sockets and
+    deadlines slow. None: it did not end within its share of the time."""
     deadline = time.monotonic() + SUITE_WITHOUT_TIMEOUT_S
-    results = {}
+    return {package: suite_in_child(package, tmp_path_factory.mktemp(f"without-{package}"),
+                                    deadline)
+            for package in INSTALLS}
+
+
+def suite_in_child(package: str, folder, deadline: float) -> subprocess.CompletedProcess | None:
+    # Files, not pipes: the child never stalls on a full pipe.
+    with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
+             "tests/unit", "--ignore", str(THIS_FILE)],
+            cwd=ROOT, env=without(package, folder), stdout=out, stderr=err)
     try:
-        for package, (folder, child) in children.items():
-            try:
-                child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                results[package] = None
-                continue
-            results[package] = subprocess.CompletedProcess(
-                child.args, child.returncode, (folder / "out").read_text(),
-                (folder / "err").read_text())
-    finally:    # past the deadline, or this run interrupted: no child outlives it
-        for _, child in children.values():
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-    return results
+        child.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+    finally:    # past the deadline, or this run interrupted: the child does not outlive it
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return subprocess.CompletedProcess(child.args, child.returncode,
+                                       (folder / "out").read_text(),
+                                       (folder / "err").read_text())
 
 
 def failures(done: subprocess.CompletedProcess) -> str:

@@ -250,3 +250,24 @@ def test_the_gate_allocates_gpu_memory_as_nccl_will(engine, monkeypatch, cumem, 
     gdrprobe.check(gpu_alloc="malloc")
     probes = [call for call in engine if call[0] == "probe"]
     assert {call[1].allocation for call in probes if call[1].kind == "gpu"} == {"malloc"}
+
+
+def test_the_gate_exports_with_the_pcie_mapping_where_nccl_does(engine, monkeypatch):
+    """On a C2C system NCCL asks for the PCIe mapping type for a GPU on a PCIe path to its
+    NIC (the decision's gdr_mode "pci"): the gate's GPU buffers are exported the same way."""
+    from gdrprobe.campaign import machine
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
+    from gdrprobe.report.check import NcclUse
+
+    bus = "0000:3b:00.0"
+    for pcie in (False, True):
+        use = NcclUse(gpu=bus, nic="mlx5_0", path="direct", via_gpu=None, receives=True,
+                      sends=True, reasons=(), pcie_mapping=pcie)
+        facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
+                             nccl={bus: use})
+        monkeypatch.setattr(machine, "machine_facts", lambda facts=facts: facts)
+        engine.clear()
+        gdrprobe.check()
+        gpu_specs = [spec for call in engine if call[0] == "probe" for spec in call[1:]
+                     if spec is not None and spec.kind == "gpu"]
+        assert gpu_specs and {spec.pcie_mapping for spec in gpu_specs} == {pcie}
