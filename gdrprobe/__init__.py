@@ -182,7 +182,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
                          "10.0.0.2 --token TOKEN' or 'gdrprobe run --loopback'")
     _check_token(None if loopback else token, required=not loopback)
     if not 0 <= connect_wait_s <= 3600:
-        raise UsageError("--connect-wait must be 0 to 3600 s", "")
+        raise UsageError("--connect-wait must be 0 to 3600 s",
+                         "e.g. --connect-wait 60 for a server that is still starting")
     local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
     remote = _memory(remote_mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc) \
         if remote_mem else None
@@ -259,23 +260,36 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 # ---- the prelaunch gate -------------------------------------------------------------------
 
 
-def _gate(facts, *, host=None, token=None, port=None, ib_port=1, gid_index=None,
-          mem=defaults.GPU_MEMORY, remote_mem=None, gpu_mem_type=defaults.GPU_MEMORY_TYPE,
-          gpu_alloc=None, staged=False, repeats=defaults.REPEATS,
-          threshold=defaults.THRESHOLD, floor=defaults.FLOOR, size=None, settings=None):
-    """What every check of this call is asked (campaign.prelaunch.GateSettings): the runs'
-    options with check's QPs (CHECK_QPS) and NCCL's relaxed-ordering setting from the
-    environment as NCCL sees it; the send buffer as mem says, the receive buffer the same
-    (loopback: GPU memory at both ends) unless remote_mem says otherwise; the GPU memory
-    allocated as NCCL will allocate it (NCCL_CUMEM_ENABLE) unless gpu_alloc says."""
-    from gdrprobe.campaign.prelaunch import GateSettings
+def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_type,
+          gpu_alloc, staged, repeats, threshold, floor, size, host=None, token=None,
+          port=None, remote_mem=None):
+    """What check() and check_node() share: the budget, started first (it limits the whole
+    call); what can be refused before the doctor runs; the machine read once (one doctor,
+    one CUDA start-up); and what every check of the call is asked
+    (campaign.prelaunch.GateSettings): the runs' options with check's QPs (CHECK_QPS) and
+    NCCL's relaxed-ordering setting from the environment as NCCL sees it; the send buffer
+    as mem says, the receive buffer the same (loopback: GPU memory at both ends) unless
+    remote_mem says otherwise; the GPU memory allocated as NCCL will allocate it
+    (NCCL_CUMEM_ENABLE) unless gpu_alloc says. Returns (budget, facts, gate)."""
+    from gdrprobe.campaign.gate import Budget
+    from gdrprobe.campaign.machine import machine_facts
+    from gdrprobe.campaign.prelaunch import GateSettings, check_floor
     from gdrprobe.nccl.env import gpu_allocation, relaxed_ordering_wanted
 
+    budget = Budget(time_budget_s)
+    if settings.get("mode", "bandwidth") != "bandwidth":
+        raise UsageError("check() compares bandwidth; latency runs use host memory",
+                         "drop mode='latency' (latency: run() with host memory)")
+    _endpoint(None, ib_port, None)
+    check_floor(floor)
+    if host is not None:
+        _check_token(token, required=True)
+    facts = machine_facts()
     gpu_alloc = gpu_alloc or gpu_allocation(facts.nccl_environ)
-
-    settings = {key: value for key, value in (settings or {}).items() if value is not None}
+    settings = {key: value for key, value in settings.items() if value is not None}
     settings.setdefault("qps", defaults.CHECK_QPS)
     settings.setdefault("relaxed_ordering", relaxed_ordering_wanted(facts.nccl_environ))
+
     def send(gpu: str):
         return _memory(mem, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
 
@@ -283,21 +297,11 @@ def _gate(facts, *, host=None, token=None, port=None, ib_port=1, gid_index=None,
         choice = remote_mem or (mem if host is None else "host")
         return _memory(choice, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
 
-    return GateSettings(options=_options(True, size, settings), gpu_memory=send,
-                        receive_memory=receive, ib_port=ib_port, gid_index=gid_index,
-                        repeats=repeats, threshold=threshold, floor=floor, staged=staged,
-                        keep_cq_moderation="cq_moderation" in settings, host=host,
-                        port=_port(port), token=token)
-
-
-def _check_gate_arguments(settings: dict, ib_port: int, floor: float) -> None:
-    """What can be refused before the doctor runs."""
-    from gdrprobe.campaign.prelaunch import check_floor
-
-    if settings.get("mode", "bandwidth") != "bandwidth":
-        raise UsageError("check() compares bandwidth; latency runs use host memory", "")
-    _endpoint(None, ib_port, None)
-    check_floor(floor)
+    return budget, facts, GateSettings(
+        options=_options(True, size, settings), gpu_memory=send, receive_memory=receive,
+        ib_port=ib_port, gid_index=gid_index, repeats=repeats, threshold=threshold,
+        floor=floor, staged=staged, keep_cq_moderation="cq_moderation" in settings,
+        host=host, port=_port(port), token=token)
 
 
 def check(host: str | None = None, *, token: str | None = None, port: int | None = None,
@@ -324,19 +328,14 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     repeats at least, `repeats` at most). time_budget_s (default CHECK_TIME_BUDGET_S; None:
     no limit) is a hard limit on the whole check, doctor, set-up and waiting for another
     check of the same NIC included. Returns a :class:`gdrprobe.report.model.CheckReport`."""
-    from gdrprobe.campaign.gate import Budget, rank_pair
-    from gdrprobe.campaign.machine import machine_facts
+    from gdrprobe.campaign.gate import rank_pair
     from gdrprobe.campaign.prelaunch import check_pair
 
-    budget = Budget(time_budget_s)
-    _check_gate_arguments(settings, ib_port, floor)
-    if host is not None:
-        _check_token(token, required=True)
-    facts = machine_facts()
-    gate = _gate(facts, host=host, token=token, port=port, ib_port=ib_port,
-                 gid_index=gid_index, mem=mem, remote_mem=remote_mem,
-                 gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
-                 threshold=threshold, floor=floor, size=size, settings=settings)
+    budget, facts, gate = _gate(
+        time_budget_s, settings, host=host, token=token, port=port, ib_port=ib_port,
+        gid_index=gid_index, mem=mem, remote_mem=remote_mem, gpu_mem_type=gpu_mem_type,
+        gpu_alloc=gpu_alloc, staged=staged, repeats=repeats, threshold=threshold,
+        floor=floor, size=size)
     pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
     return check_pair(pair, facts, gate, budget, os.environ)
 
@@ -353,16 +352,12 @@ def check_node(*, ib_port: int = 1, gid_index: int | None = None,
     parallel, all inside time_budget_s. Returns a
     :class:`gdrprobe.report.model.NodeCheckReport`: one entry per GPU, and ``exit_code``
     the worst of theirs (a drain before a warn)."""
-    from gdrprobe.campaign.gate import Budget
-    from gdrprobe.campaign.machine import machine_facts
     from gdrprobe.campaign.node import check_node as _check_node
 
-    budget = Budget(time_budget_s)
-    _check_gate_arguments(settings, ib_port, floor)
-    facts = machine_facts()
-    gate = _gate(facts, ib_port=ib_port, gid_index=gid_index, mem=mem,
-                 gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
-                 threshold=threshold, floor=floor, size=size, settings=settings)
+    budget, facts, gate = _gate(
+        time_budget_s, settings, ib_port=ib_port, gid_index=gid_index, mem=mem,
+        gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
+        threshold=threshold, floor=floor, size=size)
     return _check_node(facts, gate, budget, os.environ)
 
 

@@ -102,9 +102,11 @@ def exit_codes_epilog() -> str:
 
 
 class GdrprobeError(Exception):
-    """Base of every error that reaches a person: cause, evidence and fix."""
+    """Base of every error that reaches a person: cause, evidence and fix. Each class below
+    names its exit code; one raised without a class of its own is a bug in gdrprobe, so the
+    base's is the internal error's (a warn), never a drain."""
 
-    exit_code: ExitCode = ExitCode.RDMA
+    exit_code: ExitCode = ExitCode.INTERNAL
 
     def __init__(self, cause: str, fix: str = "", evidence: str = ""):
         super().__init__(cause)

@@ -9,24 +9,33 @@ import subprocess
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("GDRPROBE_LAB_CACHE", os.path.join(REPO, ".lab-cache"))
 META_PACKAGE = "linux-image-amd64"   # the -cloud-amd64 flavour has no rdma_rxe
+STEP_TIMEOUT_S = 600                 # apt over a slow mirror, or unpacking 70 MB
 
 
 class LabError(RuntimeError):
     """The lab could not be set up or a guest failed to boot."""
 
 
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """One set-up step, bounded: a mirror that stops answering ends it with its name."""
+    try:
+        return subprocess.run(argv, timeout=STEP_TIMEOUT_S, **kwargs)
+    except subprocess.TimeoutExpired as error:
+        raise LabError(f"'{' '.join(argv)}' did not end within {STEP_TIMEOUT_S} s: "
+                       "is the Debian mirror reachable?") from error
+
+
 def kernel_package() -> str:
     """The versioned image package that Debian's kernel meta-package points at now (the
     package lists are refreshed once if they do not know it)."""
     for attempt in range(2):
-        out = subprocess.run(["apt-cache", "depends", META_PACKAGE], capture_output=True,
-                             text=True)
+        out = run(["apt-cache", "depends", META_PACKAGE], capture_output=True, text=True)
         for line in out.stdout.splitlines():
             name = line.split(":", 1)[-1].strip()
             if line.strip().startswith("Depends:") and name.startswith("linux-image-"):
                 return name
         if attempt == 0:
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True)
+            run(["apt-get", "update", "-q"], capture_output=True)
     raise LabError(f"apt-cache does not know {META_PACKAGE} even after 'apt-get update'")
 
 
@@ -47,15 +56,14 @@ def ensure_kernel() -> str:
     os.makedirs(downloads, exist_ok=True)
     # apt drops privileges to _apt for downloads; a world-writable folder keeps it quiet.
     os.chmod(downloads, 0o777)
-    result = subprocess.run(["apt-get", "download", package], cwd=downloads,
-                            capture_output=True, text=True)
+    result = run(["apt-get", "download", package], cwd=downloads, capture_output=True, text=True)
     debs = glob.glob(os.path.join(downloads, f"{package}_*.deb"))
     if result.returncode != 0 or not debs:
         raise LabError(f"apt-get download {package} failed: {result.stderr.strip()}")
     partial = target + ".partial"
-    subprocess.run(["rm", "-rf", partial], check=True)
+    run(["rm", "-rf", partial], check=True)
     os.makedirs(partial)
-    subprocess.run(["dpkg-deb", "-x", debs[0], partial], check=True)
+    run(["dpkg-deb", "-x", debs[0], partial], check=True)
     os.rename(partial, target)
     os.remove(debs[0])
     image = cached_kernel()

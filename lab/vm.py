@@ -25,8 +25,10 @@ LAB_BIN = os.path.join(REPO, "lab", "bin")
 GUEST_INIT = os.path.join(REPO, "lab", "guest_init.sh")
 WIRE_PREFIX = "10.77.0"
 HOST_ADDRESSES = {"a": f"{WIRE_PREFIX}.1", "b": f"{WIRE_PREFIX}.2"}
-GUEST_EXIT_SETUP_FAILED = 97
 B_GRACE_SECONDS = 60.0
+# After a guest's group is killed, how long to read what it printed: a process that left
+# the group (setsid) may hold the pipe open for as long as it lives.
+KILLED_OUTPUT_S = 10.0
 
 
 @dataclasses.dataclass
@@ -79,7 +81,10 @@ class Guest:
             timed_out = False
         except subprocess.TimeoutExpired:
             self.kill()
-            output, _ = self.process.communicate()
+            try:
+                output, _ = self.process.communicate(timeout=KILLED_OUTPUT_S)
+            except subprocess.TimeoutExpired as held:
+                output = (held.output or b"") + b"\n(output cut: the pipe is still held open)\n"
             timed_out = True
         text = output.decode("utf-8", "replace")
         code = self.process.returncode if not timed_out else 124

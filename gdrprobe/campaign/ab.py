@@ -26,7 +26,8 @@ from gdrprobe.errors import (CompletionError, CudaError, IntegrityError,
 from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, FloorCheck
 from gdrprobe.report.model import RunReport
 from gdrprobe.campaign.verdict import (DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
-                                      arm_ratio, classify, line_rate_fraction, straddles)
+                                      arm_ratio, check_threshold, classify,
+                                      line_rate_fraction, straddles)
 
 HOST = MemorySpec()
 REFERENCE = "reference"   # the staged arm's role: it informs a degraded verdict
@@ -307,9 +308,9 @@ def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = No
     is a ceiling: sampling stops once the ratios are clear (see :func:`run_ab`). floor:
     the port's line rate and the fraction of it the deciding arm must reach."""
     if not 1 <= repeats <= 100:
-        raise UsageError(f"{repeats} repeats: use 1 to 100", "")
-    if not 0 < threshold <= 1:
-        raise UsageError(f"threshold {threshold} must be over 0 and at most 1", "e.g. 0.9")
+        raise UsageError(f"{repeats} repeats: use 1 to 100",
+                         f"e.g. --repeats {defaults.REPEATS} (the default)")
+    check_threshold(threshold)
     remote = remote or HOST
     if local.kind == "host" and remote.kind == "host":
         raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")

@@ -28,7 +28,7 @@ from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationF
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
 from gdrprobe.campaign.gate import MachineFacts, NicChoice
 from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.campaign.verdict import ArmMeasurement, classify
+from gdrprobe.campaign.verdict import ArmMeasurement, check_threshold, classify
 from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
                                    BenchPair, BenchReport, BenchRow, BenchSettings,
                                    LatencyResult)
@@ -407,6 +407,7 @@ def select_nics(listed: Mapping[str, object], devices: Sequence[str]) -> list[st
 def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str],
                nics: Sequence[str], timeout_s: float) -> BenchPlan:
     """The runs of a sweep, every one's options checked before the first run starts."""
+    check_threshold(settings.threshold)
     unknown = [kind for kind in settings.memory_kinds if kind not in BENCH_KINDS]
     if unknown or not settings.memory_kinds:
         raise UsageError(f"memory kinds {', '.join(unknown) or '(none)'}: use "
@@ -416,7 +417,7 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
     else:
         # With no GPU known (no CUDA driver, none in sysfs) CUDA ordinal 0 still runs the
         # GPU kinds, so their rows say why they cannot run here.
-        gpu_list = (tuple(bus_id(gpu, facts.gpus.cuda_bus_ids) for gpu in gpus)
+        gpu_list = (tuple(facts.gpus.bus_id(gpu) for gpu in gpus)
                     or facts.gpus.cuda_bus_ids or facts.gpus.sysfs_bus_ids or ("0",))
         pairs = bench_pairs(gpu_list, nics, facts.nics, settings.matrix)
     if not pairs:
@@ -431,13 +432,6 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
     for run in plan.runs():
         plan.run_options(run)   # raises UsageError now rather than mid-sweep
     return plan
-
-
-def bus_id(gpu: str, cuda_bus_ids: Sequence[str] | None) -> str:
-    """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
-    if gpu.isdigit() and cuda_bus_ids is not None and int(gpu) < len(cuda_bus_ids):
-        return cuda_bus_ids[int(gpu)]
-    return gpu
 
 
 def port_rate(device, port: int) -> float | None:

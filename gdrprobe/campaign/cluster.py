@@ -50,7 +50,8 @@ def world():
 def pairs_of(size: int, pattern: str) -> list[tuple[int, int]]:
     """(client rank, server rank) of every pair the pattern measures."""
     if pattern not in PATTERNS:
-        raise UsageError(f"--pattern {pattern!r} is not one of {', '.join(PATTERNS)}", "")
+        raise UsageError(f"--pattern {pattern!r} is not one of {', '.join(PATTERNS)}",
+                         "use --pattern all (every pair) or --pattern ring")
     if size < 2:
         raise UsageError(f"a cluster check needs at least 2 ranks, not {size}",
                          "launch one rank per node: mpirun -np N (or srun -N N)")

@@ -21,6 +21,7 @@ import time
 from typing import Callable
 from collections.abc import Mapping
 
+from gdrprobe import defaults
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
@@ -61,6 +62,13 @@ class GpuFacts:
         if "gpus" not in facts:
             return cls(None, tuple(sysfs_bus_ids), str(facts.get("error", "")))
         return cls(tuple(gpu["pci_bus_id"] for gpu in facts["gpus"]), tuple(sysfs_bus_ids))
+
+    def bus_id(self, gpu: str) -> str:
+        """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
+        cuda = self.cuda_bus_ids
+        if gpu.isdigit() and cuda is not None and int(gpu) < len(cuda):
+            return cuda[int(gpu)]
+        return gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +162,6 @@ def physical_gpu(ordinal: int, facts: GpuFacts, environ: Mapping[str, str]) -> t
                     "with identical GPUs by default too)")
 
 
-def choose_nic(bus_id: str | None, decisions: Mapping[str, NicChoice]) -> NicChoice | None:
-    """The NIC NCCL will use for the GPU (None: no decision, the first RDMA device)."""
-    return decisions.get(bus_id) if bus_id else None
-
-
 def rank_pair(environ: Mapping[str, str], facts: GpuFacts, decisions: Mapping[str, NicChoice],
               gpu: str | None = None, device: str | None = None) -> RankPair:
     """The GPU and NIC to check: those given, else the ones this process's rank will use."""
@@ -216,7 +219,7 @@ def _nic_fields(bus_id: str | None, decisions: Mapping[str, NicChoice],
                 device: str | None) -> dict:
     if device is not None:
         return {"nic": device, "nic_reason": f"{device} as given"}
-    choice = choose_nic(bus_id, decisions)
+    choice = decisions.get(bus_id) if bus_id else None   # None: the first RDMA device
     if choice is None:
         why = "the GPU's PCI address is unknown" if bus_id is None else \
               f"no NIC decision for {bus_id} (no PCI RDMA NIC in sysfs)"
@@ -232,7 +235,9 @@ class Budget:
 
     def __init__(self, seconds: float | None, clock: Callable[[], float] = time.monotonic):
         if seconds is not None and not 0 < seconds <= 3600:
-            raise UsageError(f"time budget {seconds:g} s: use more than 0 and at most 3600 s", "")
+            raise UsageError(f"time budget {seconds:g} s: use more than 0 and at most 3600 s",
+                             f"e.g. --time-budget {defaults.CHECK_TIME_BUDGET_S:g} (the "
+                             "default); None in the API for no limit")
         self.seconds = seconds
         self.clock = clock
         self.started = clock()

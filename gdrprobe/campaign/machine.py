@@ -22,35 +22,24 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> 
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once
     (root and environ: a captured machine)."""
     from gdrprobe.doctor.facts.context import DoctorContext
-    from gdrprobe.doctor.facts.memory_path import driver_version_line
     from gdrprobe.doctor.runner import run_checks
     from gdrprobe.sysroot import SysRoot
 
     ctx = DoctorContext(SysRoot(root), environ)
     findings = run_checks(ctx)
     gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
-    uses = nccl_uses(deciding(ctx.nccl_node), ctx.environ, ctx.environ_source,
+    uses = nccl_uses(deciding(ctx.nccl_node, ctx.nccl_rules), ctx.environ, ctx.environ_source,
                      firm="gpus" in (ctx.cuda_facts or {}), findings=findings)
     return MachineFacts(gpus, nccl_nics(ctx.nccl_decisions), ctx.cuda_facts,
-                        driver_version_line(ctx.root), findings, uses, dict(ctx.environ),
-                        port_facts(ctx.root), ctx.topology.software_nics)
+                        ctx.driver_line, findings, uses, dict(ctx.environ),
+                        port_facts(ctx.ports), ctx.topology.software_nics)
 
 
-def port_facts(root) -> dict[tuple[str, int], PortFacts]:
-    """Every RDMA device's ports (software devices too): the rate and link layer sysfs
-    states."""
-    from gdrprobe.doctor.facts.pci import INFINIBAND_CLASS_DIR, rdma_devices
-    from gdrprobe.rdma.verbs import rate_file_gbps
-
-    ports = {}
-    for device in rdma_devices(root):
-        base = f"{INFINIBAND_CLASS_DIR}/{device}/ports"
-        for name in root.listdir(base):
-            if name.isdigit():
-                ports[device, int(name)] = PortFacts(
-                    rate_file_gbps(root.read(f"{base}/{name}/rate")),
-                    root.read(f"{base}/{name}/link_layer"))
-    return ports
+def port_facts(ports: Mapping[str, Sequence]) -> dict[tuple[str, int], PortFacts]:
+    """Every RDMA device's ports (software devices too, which NCCL's facts leave out) as the
+    doctor read them once (DoctorContext.ports): the rate and link layer sysfs states."""
+    return {(device, port.number): PortFacts(port.rate_gbps, port.link_layer)
+            for device, listed in ports.items() for port in listed}
 
 
 def nccl_nics(decisions) -> dict:

@@ -19,13 +19,12 @@ DMA-BUF NCCL can use, a GPU without GPUDirect support).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 from collections.abc import Mapping, Sequence
 
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import int_param
-from gdrprobe.nccl.gdr_support import dmabuf_enabled
+from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report import finding_ids
 from gdrprobe.report.check import NcclUse
 from gdrprobe.report.model import NcclGpuDecision
@@ -34,14 +33,11 @@ Decide = Callable[[Mapping[str, str]], Sequence[NcclGpuDecision]]
 SOCKET_TRANSPORT = "socket"
 
 
-def deciding(facts: NodeFacts) -> Decide:
-    """NCCL's decision on these facts under any environment. The one fact the doctor reads
-    under the environment, whether NCCL_DMABUF_ENABLE lets NCCL use DMA-BUF (src/init.cc
-    dmaBufSupported), is read again from the environment asked about."""
+def deciding(facts: NodeFacts, rules: NcclRules | None = None) -> Decide:
+    """NCCL's decision on these facts under any environment, by the rules of the NCCL the
+    job loads (None: 2.30.7's)."""
     def under(environ: Mapping[str, str]) -> Sequence[NcclGpuDecision]:
-        paths = dataclasses.replace(facts.gdr_support, dmabuf_enabled=dmabuf_enabled(environ),
-                                    dmabuf_enable_raw=environ.get("NCCL_DMABUF_ENABLE"))
-        return decide(dataclasses.replace(facts, gdr_support=paths), environ)
+        return decide(facts, environ, rules)
     return under
 
 
@@ -68,8 +64,12 @@ def why_not(decision: NcclGpuDecision, environ: Mapping[str, str]) -> str:
         return refused
     if decision.nic is None:
         return f"no NIC NCCL may use for this GPU ({decision.why[0]})"
-    return "; ".join(reason for reason in decision.why
-                     if reason.startswith(("receive: ", "send: ")))
+    return "; ".join(direction_reasons(decision))
+
+
+def direction_reasons(decision: NcclGpuDecision) -> tuple[str, ...]:
+    """The decision's reasons for GDR on receives and on sends."""
+    return tuple(reason for reason in decision.why if reason.startswith(("receive: ", "send: ")))
 
 
 class Decisions:
@@ -128,8 +128,7 @@ def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str]
                       # On a C2C system NCCL asks for the PCIe mapping type where the NIC is
                       # on a PCIe path (nccl/decision.py gdr_mode "pci").
                       pcie_mapping=decision.gdr_mode == "pci",
-                      reasons=tuple(r for r in decision.why
-                                    if r.startswith(("receive: ", "send: "))))
+                      reasons=direction_reasons(decision))
         if uses_gdr(decision, environ):
             uses[bdf] = NcclUse(**common)
             continue

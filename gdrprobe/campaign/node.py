@@ -19,15 +19,15 @@ from collections.abc import Iterable, Mapping
 
 from gdrprobe.campaign.gate import Budget, MachineFacts, node_pairs
 from gdrprobe.campaign.prelaunch import GateSettings, check_pair
-from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GdrprobeError
+from gdrprobe.errors import DRAIN, SCHEDULER_ACTION, START, WARN, ExitCode, GdrprobeError
 from gdrprobe.report.check import NodeCheckReport, NodeGpuCheck, RankPair
 
 CheckPair = Callable[[RankPair, MachineFacts, GateSettings, Budget, Mapping[str, str]], object]
 
 
 def severity(code: int) -> tuple[int, int]:
-    action = SCHEDULER_ACTION.get(code, "warn")
-    return ({"start the job": 0, "warn": 1, "drain": 2}[action], code)
+    action = SCHEDULER_ACTION.get(code, WARN)
+    return ({START: 0, WARN: 1, DRAIN: 2}[action], code)
 
 
 def worst_exit_code(codes: Iterable[int]) -> int:

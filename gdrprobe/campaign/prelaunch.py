@@ -25,12 +25,12 @@ from typing import Callable
 from collections.abc import Mapping
 
 from gdrprobe import defaults
-from gdrprobe.campaign.ab import HOST, ab_test
+from gdrprobe.campaign.ab import HOST, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
 from gdrprobe.campaign.machine import holds_gpu_buffer
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.verdict import with_nccl
-from gdrprobe.errors import NoRdmaDevice, NotTestable, UsageError
+from gdrprobe.errors import NoRdmaDevice, UsageError
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl.env import int_param
@@ -69,8 +69,8 @@ def check_floor(floor: float) -> None:
 
 
 def floor_check(nic: str, port: int, facts: MachineFacts, floor: float) -> FloorCheck:
-    """The port's line rate and whether the floor applies to it."""
-    check_floor(floor)
+    """The port's line rate and whether the floor applies to it (floor: checked by the
+    API before the doctor ran, check_floor)."""
     stated = facts.ports.get((nic, port))
     rate = stated.rate_gbps if stated else None
     software = True if nic in facts.software_nics else (False if stated else None)
@@ -105,8 +105,7 @@ def first_rdma_device() -> str:
     try:
         return verbs.resolve_device(None)
     except NoRdmaDevice as error:
-        raise NotTestable(f"not testable: {error.cause}", error.fix,
-                          evidence=error.evidence) from error
+        raise no_device_not_testable(error) from error
 
 
 def send_gpu(pair: RankPair, use: NcclUse | None,
@@ -133,14 +132,6 @@ def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
     return dataclasses.replace(memory, pcie_mapping=True)
 
 
-def bus_id(pair: RankPair, facts: MachineFacts) -> str:
-    """The pair's GPU as a bus id where it is known (an ordinal through CUDA's list)."""
-    cuda = facts.gpus.cuda_bus_ids
-    if pair.gpu.isdigit() and cuda is not None and int(pair.gpu) < len(cuda):
-        return cuda[int(pair.gpu)]
-    return pair.gpu
-
-
 def planned_runs(gate: GateSettings, two_ended: bool) -> int:
     """The most runs the A/B can make: the host arm and each deciding arm per repeat, and
     with GPU memory at both ends the two one-direction arms' repeats."""
@@ -152,7 +143,7 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
     from gdrprobe.measure import loopback
 
-    use = facts.nccl.get(bus_id(pair, facts))
+    use = facts.nccl.get(facts.gpus.bus_id(pair.gpu))
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.cuda_bus_ids)
     local = as_nccl_exports(gate.gpu_memory(sender) if sender is not None else HOST, use)

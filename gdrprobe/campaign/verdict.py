@@ -45,6 +45,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from gdrprobe import defaults
+from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import errno_name, registration_cause
 from gdrprobe.report import finding_ids
 from gdrprobe.report.check import (BOTH, DEGRADED, DIRECTION_WORDS, ENGAGED, NOT_ENGAGED,
@@ -326,6 +327,14 @@ def arm_evidence(host: ArmMeasurement, arms: Iterable[ArmMeasurement],
     return lines
 
 
+def check_threshold(threshold: float) -> None:
+    """A threshold a person gave, refused with its fix before anything is measured
+    (:func:`classify` would refuse it only once everything was)."""
+    if not 0 < threshold <= 1:
+        raise UsageError(f"threshold {threshold} must be over 0 and at most 1",
+                         f"e.g. {defaults.THRESHOLD:g}")
+
+
 def classify(host: ArmMeasurement, gpu_arms: Sequence[ArmMeasurement],
              threshold: float = defaults.THRESHOLD, doctor_findings: Sequence = (),
              floor: FloorCheck | None = None) -> Verdict:
@@ -343,15 +352,14 @@ def classify(host: ArmMeasurement, gpu_arms: Sequence[ArmMeasurement],
               if r is not None}
     listed = [ratios.get(arm.key) or unmeasured_ratio(arm) for arm in gpu_arms]
     evidence = arm_evidence(host, gpu_arms, ratios)
-    verdict = _decide(host, [a for a in gpu_arms if a.role == DECIDES], ratios, listed,
+    verdict = _decide([a for a in gpu_arms if a.role == DECIDES], ratios, listed,
                       threshold, evidence, doctor_findings, floor)
     return with_direction(verdict, [a for a in gpu_arms if a.role == DIAGNOSES], host,
                           threshold)
 
 
-def _decide(host: ArmMeasurement, deciding: Sequence[ArmMeasurement],
-            ratios: dict[str, ArmRatio], listed: Sequence[ArmRatio], threshold, evidence,
-            findings, floor) -> Verdict:
+def _decide(deciding: Sequence[ArmMeasurement], ratios: dict[str, ArmRatio],
+            listed: Sequence[ArmRatio], threshold, evidence, findings, floor) -> Verdict:
     direct = [ratios[arm.key] for arm in deciding if arm.proves_gpudirect and arm.key in ratios]
     if direct:
         best = max(direct, key=lambda r: r.ratio)

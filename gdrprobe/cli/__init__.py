@@ -5,6 +5,12 @@ A subcommand module provides ``register(subparsers)``, which adds its parser and
 ``handler`` to a function taking the parsed arguments and returning an exit code. The
 handlers call only the public API and render what it returns (gdrprobe.report); this
 module only dispatches and turns :class:`GdrprobeError` into a message and exit code.
+
+Importing this module imports no command: :func:`main` does, inside its error handling, so
+a command module that fails to import (a broken install, a bad edit) is an internal error
+(exit 70, warn) like any other bug, never Python's exit 1, which a prolog reads as "drain".
+Both entry points, the ``gdrprobe`` console script and ``python -m gdrprobe``, are this
+:func:`main`.
 """
 
 from __future__ import annotations
@@ -15,27 +21,28 @@ import sys
 import traceback
 
 from gdrprobe import __version__
-from gdrprobe.cli import bench, check, cluster, devices, doctor, nccl_log, run, serve
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GdrprobeError
-
-COMMAND_MODULES = (devices, serve, run, doctor, nccl_log, check, bench, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gdrprobe.cli import bench, check, cluster, devices, doctor, nccl_log, run, serve
+
     parser = argparse.ArgumentParser(
         prog="gdrprobe",
         description="Prove whether GPUDirect RDMA is engaged, in one process.",
     )
     parser.add_argument("--version", action="version", version=f"gdrprobe {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMAND_MODULES:
+    for module in (devices, serve, run, doctor, nccl_log, check, bench, cluster):
         module.register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        # Building the parser imports the commands; parsing may format a help text that
+        # loads the native extension (common.Range): a failure there is a bug too.
+        args = build_parser().parse_args(argv)
         return int(args.handler(args))
     except GdrprobeError as error:
         print(f"gdrprobe: error: {error}", file=sys.stderr)

@@ -21,7 +21,8 @@ import sys
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import add_verdict_flags, size, terminate_as_interrupt, with_range
+from gdrprobe.cli.common import (add_device_flags, add_verdict_flags, size,
+                                 terminate_as_interrupt, with_range)
 from gdrprobe.errors import (SCHEDULER_ACTION, ExitCode, GdrprobeError, UsageError,
                              exit_codes_epilog)
 from gdrprobe.report.check_metrics import (check_prometheus_file, write_check_error,
@@ -58,13 +59,9 @@ def register(subparsers) -> None:
                         help="every GPU of the node with the NIC NCCL will use for it, in "
                              "one process: GPUs sharing a NIC one after the other, NICs in "
                              "parallel; one line per GPU; the exit code is the worst")
-    parser.add_argument("-d", "--ib-dev", dest="device", metavar="DEVICE",
-                        help="RDMA device (default: the one NCCL will use for the GPU)")
-    parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
-                        help="device port (default 1)")
-    parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
-                        help="GID index (default: NCCL_IB_GID_INDEX on a RoCE port, else "
-                             "the RoCE v2 GID of 127.0.0.1's route)")
+    add_device_flags(parser, "the one NCCL will use for the GPU",
+                     "NCCL_IB_GID_INDEX on a RoCE port, else the RoCE v2 GID of 127.0.0.1's "
+                     "route")
     parser.add_argument("--mem", default=defaults.GPU_MEMORY,
                         choices=("gpu", "dmabuf", "peermem"),
                         help="the GPU arms' mechanism (default gpu: chosen automatically)")
@@ -132,12 +129,15 @@ def run(args) -> int:
 
 def with_metrics(args, check):
     """The check's report, its metrics written first where --prometheus asks for them; an
-    error's exit code is written too before the error goes on."""
+    error's exit code is written too before the error goes on (a bug in gdrprobe: the
+    internal error's, so that no earlier check's metrics stay in the file as this one's)."""
     try:
         report = check()
-    except GdrprobeError as error:
+    except Exception as error:   # noqa: BLE001 - written, then raised on to cli.main
         if args.prometheus:
-            write_check_error(error.exit_code, args.prometheus, gpu=args.gpu or "",
+            code = (error.exit_code if isinstance(error, GdrprobeError)
+                    else ExitCode.INTERNAL)
+            write_check_error(code, args.prometheus, gpu=args.gpu or "",
                               nic=args.device or "")
         raise
     if args.prometheus:

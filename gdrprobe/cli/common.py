@@ -89,14 +89,16 @@ def add_timeout_flag(parser) -> None:
         "timeout_s", " s")
 
 
-def add_device_flags(parser) -> None:
+def add_device_flags(parser, device_default: str = "the first one",
+                     gid_default: str = "the RoCE v2 GID of the address used to reach the "
+                                        "peer") -> None:
+    """-d, -i and -x as perftest names them; the help says the command's own defaults."""
     parser.add_argument("-d", "--ib-dev", dest="device", metavar="DEVICE",
-                        help="RDMA device (default: the first one)")
+                        help=f"RDMA device (default: {device_default})")
     parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
                         help="device port (default 1)")
     parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
-                        help="GID index (default: the RoCE v2 GID of the address used to "
-                             "reach the peer)")
+                        help=f"GID index (default: {gid_default})")
 
 
 def add_verdict_flags(parser, repeats_help: str | None) -> None:

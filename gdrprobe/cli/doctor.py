@@ -1,7 +1,7 @@
 """``gdrprobe doctor`` and ``gdrprobe capture``: diagnose a machine, or record it for later.
 
 doctor exits 0 when no finding failed and 1 (VERDICT_NOT_OK) when one did; warnings, skips
-and infos do not change it.
+and infos do not change it. A check that crashed (a gdrprobe bug) alone exits 70 (INTERNAL).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def register(subparsers) -> None:
         "doctor", help="check every GPUDirect RDMA prerequisite and name the fix",
         description="Read sysfs, procfs and the drivers (changing nothing) and report, in the "
                     "order of the diagnosis flowchart, what stops GPUDirect RDMA. "
-                    "Exit code 0: no failure; 1: at least one check failed.",
+                    "Exit code 0: no failure; 1: at least one check failed; 70: only a "
+                    "check that crashed (a bug in gdrprobe) failed.",
         epilog="example: gdrprobe doctor --root /tmp/node17 (replay a capture)")
     doctor.add_argument("--root", default="/", metavar="PATH",
                         help="diagnose a capture ('gdrprobe capture') or another machine's "

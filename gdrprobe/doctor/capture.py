@@ -178,10 +178,7 @@ def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = 
     check_root(root)
     dest_dir = os.path.abspath(dest_dir)
     check_destination(dest_dir, replace)
-    parent = os.path.dirname(dest_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = os.path.join(parent, f".{os.path.basename(dest_dir)}.{secrets.token_hex(4)}")
-    os.mkdir(staging)
+    staging = _staging_beside(dest_dir)
     try:
         copied = _capture_into(staging, root, environ, nccl)
         _move_into_place(staging, dest_dir)
@@ -191,15 +188,33 @@ def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = 
     return copied
 
 
+def _staging_beside(dest: str) -> str:
+    """A new directory beside dest to write the capture into (dest's parent is created)."""
+    parent = os.path.dirname(dest)
+    staging = os.path.join(parent, f".{os.path.basename(dest)}.{secrets.token_hex(4)}")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(staging)
+    except OSError as error:
+        raise UsageError(f"cannot write a capture into {dest}: {error.strerror or error} ({parent})",
+                         "pass a DEST in a directory this user may write") from None
+    return staging
+
+
 def _move_into_place(staging: str, dest: str) -> None:
-    """Rename the finished capture to dest; an earlier capture there is moved aside first
-    and removed only after the rename (an empty dest is simply replaced by rename)."""
+    """Rename the finished capture to dest; an earlier capture there is moved aside first,
+    put back if the rename fails, and removed only after it (an empty dest is simply
+    replaced by rename)."""
     if not os.path.lexists(dest) or not os.listdir(dest):
         os.replace(staging, dest)
         return
     old = f"{staging}.old"
     os.rename(dest, old)
-    os.rename(staging, dest)
+    try:
+        os.rename(staging, dest)
+    except BaseException:
+        os.rename(old, dest)
+        raise
     shutil.rmtree(old)
 
 

@@ -18,11 +18,13 @@ from gdrprobe.measure.loops import (LoopThread, bandwidth_in_flight, bandwidth_r
 from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
                                       check_latency_memory)
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
-                                   heartbeat_s, latency_config, offset_or_none, remote_buffer)
+                                   heartbeat_s, latency_config, prepare_latency_round,
+                                   received_integrity, remote_buffer)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel, abort_message
+from gdrprobe.protocol.fields import SAME_VERSION_FIX
 from gdrprobe.protocol.handshake import (TRANSIENT_REFUSALS, Refused, ServerSecret,
                                          authenticate_as_client)
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
@@ -61,6 +63,16 @@ def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
     raise IntegrityError(f"payload corrupted at {size} B on {where}: " + "; ".join(details),
                          "GPU buffers: check the IOMMU (must be off or passthrough) and ACS "
                          "with 'gdrprobe doctor'; host buffers: suspect the NIC or its driver")
+
+
+def raise_if_server_ended(channel: Channel, what: str, evidence: str = "") -> None:
+    """The server's reason, if it ended the run and said why; else, if it has hung up, that
+    it went away."""
+    channel.raise_if_peer_spoke()
+    if channel.peer_gone():
+        raise PeerError(f"{what} failed: the server went away during the run",
+                        "look at the server's host: was it stopped or killed?",
+                        evidence=evidence)
 
 
 class ProbeClient:
@@ -158,7 +170,8 @@ class ProbeClient:
         send(channel, Setup(self.options, endpoint.address(), own_buffer, self.remote_memory))
         server = self._await_turn(channel)
         if server.buffer.length < self.options.buffer_bytes:
-            raise PeerError("the server's buffer is smaller than the largest message", "")
+            raise PeerError("the server's buffer is smaller than the largest message",
+                            SAME_VERSION_FIX)
         self.gpu_mechanism = (memory.report().get("mechanism")
                               or server.summary.memory.get("mechanism", ""))
         self.remote_findings = server.findings
@@ -239,11 +252,7 @@ class ProbeClient:
             time.sleep(0.2)   # a dying peer's socket closes a moment after its QP
             # A server that ended the run said why before it released its buffer (which
             # failed our writes): its reason, not the symptom.
-            channel.raise_if_peer_spoke()
-            if channel.peer_gone():
-                raise PeerError(f"{what} failed: the server went away during the run",
-                                "look at the server's host: was it stopped or killed?",
-                                evidence=error.evidence) from error
+            raise_if_server_ended(channel, what, error.evidence)
             raise
 
     def _heartbeat(self, channel: Channel, what: str) -> dict:
@@ -251,10 +260,7 @@ class ProbeClient:
         the loop at once if the server has hung up (a dead server's QP may not say so for
         a while, and a latency loop would wait for its echo until the stall time-out)."""
         def beat():
-            channel.raise_if_peer_spoke()
-            if channel.peer_gone():
-                raise PeerError(f"{what} failed: the server went away during the run",
-                                "look at the server's host: was it stopped or killed?")
+            raise_if_server_ended(channel, what)
             channel.send(PROGRESS)
 
         return {"tick": beat, "tick_every_s": self.heartbeat_s}
@@ -295,10 +301,8 @@ class ProbeClient:
     def _latency_round(self, channel, handles, memory, remote, size):
         o = self.options
         what = f"the {size}-byte latency round"
-        half = memory.length // 2
         seed = _native.pattern_seed(size, self.round)
-        memory.zero()
-        memory.fill_pattern(half, size, seed)
+        prepare_latency_round(memory, size, seed)
         send(channel, Start(size, self.round))
         channel.receive(READY)
         stall_s = stall_timeout_s(latency_in_flight(size), self.port_gbps)
@@ -311,12 +315,7 @@ class ProbeClient:
         integrity = Verified.from_message(channel.receive(Verified.KIND),
                                           bandwidth=False).integrity
         raise_if_corrupt(integrity, size, "the server")
-        # The echo too: the server wrote the same pattern into our receive half (its last
-        # byte is the loop's tag).
-        echo_bad, echo_first = memory.verify_pattern(0, size - 1, seed)
-        echo = Integrity(checked=True, bytes_checked=size - 1, bad_bytes=echo_bad,
-                         first_bad_offset=offset_or_none(echo_first), stray_bytes=0,
-                         first_stray_offset=None, messages_total=o.iterations,
-                         bad_messages=int(echo_bad > 0))
+        # The echo too: the server wrote the same pattern into our receive half.
+        echo = received_integrity(memory, size, seed, o.iterations)
         raise_if_corrupt(echo, size, "this side (the server's echo)")
         return latency_result(size, o.iterations, raw.round_trip, integrity), raw.clock_check

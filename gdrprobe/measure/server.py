@@ -25,12 +25,13 @@ from gdrprobe.measure.loops import LoopThread, check_status, latency_in_flight, 
 from gdrprobe.measure.nic_queue import NicQueue
 from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
-                                   heartbeat_s, latency_config, offset_or_none, remote_buffer)
+                                   heartbeat_s, latency_config, offset_or_none,
+                                   prepare_latency_round, received_integrity, remote_buffer)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel
 from gdrprobe.protocol.door import Door
-from gdrprobe.protocol.fields import peer_text
+from gdrprobe.protocol.fields import SAME_VERSION_FIX, peer_text
 from gdrprobe.protocol.handshake import ServerSecret
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
                                         Start, Verified, error_with_findings, send)
@@ -98,7 +99,7 @@ class ProbeServer:
         if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or \
                 max_buffer < MIN_MAX_BUFFER:
             raise UsageError(f"--max-buffer {max_buffer}: use at least {MIN_MAX_BUFFER} bytes",
-                             "the default is 256 MiB")
+                             f"the default is {defaults.MAX_BUFFER >> 20} MiB")
         self.endpoint_options = endpoint_options
         self.timeout_s = timeout_s
         self.max_buffer = max_buffer
@@ -113,7 +114,7 @@ class ProbeServer:
         self._closing = False
         self._runs: int | None = None
         self._served = 0
-        self._last_error: GdrprobeError | None = None
+        self._last_error: Exception | None = None
         if preflight:
             self._preflight(bind)
         # A ServerSecret instead of a token: a loopback server, its key shared in-process.
@@ -154,7 +155,8 @@ class ProbeServer:
 
     def serve(self, runs: int | None = None) -> None:
         """Serve until interrupted, or until `runs` authenticated runs have ended; then
-        raise the last one's error (so `serve --once` exits as its run ended)."""
+        raise the last one's error (so `serve --once` exits as its run ended, a bug in
+        gdrprobe included)."""
         self._runs = runs
         try:
             self.door.run()
@@ -171,9 +173,10 @@ class ProbeServer:
             if self._closing:
                 channel.close()
                 return
+            # Started under the lock: close() never sees a thread it cannot join yet.
+            thread.start()
             self._threads.add(thread)
             self._channels.add(channel)
-        thread.start()
 
     def close(self) -> None:
         """Stop accepting, end every connection (a run in progress releases its verbs
@@ -198,10 +201,13 @@ class ProbeServer:
     def _connection(self, channel: Channel, source: str) -> None:
         channel.timeout = self.timeout_s
         try:
-            self._count(self._authenticated_run(channel, source))
-        except Exception as error:   # a bug must not take the server down
-            self.log(f"gdrprobe serve: a connection from {source} hit a gdrprobe bug: "
-                     f"{error!r}")
+            try:
+                ended = self._authenticated_run(channel, source)
+            except Exception as error:   # a bug must not take the server down...
+                self.log(f"gdrprobe serve: a connection from {source} hit a gdrprobe bug: "
+                         f"{error!r}")
+                ended = error   # ...but ends its run: serve() raises it if it was the last
+            self._count(ended)
         finally:
             channel.close()
             with self._lock:
@@ -221,7 +227,7 @@ class ProbeServer:
         self.log(f"gdrprobe serve: run from {source} finished")
         return None
 
-    def _count(self, error: GdrprobeError | None) -> None:
+    def _count(self, error: Exception | None) -> None:
         """Count an authenticated run; after the last one asked for, stop accepting."""
         with self._lock:
             if self._closing:
@@ -272,14 +278,14 @@ class ProbeServer:
             return MemorySpec.from_message(message)
         except UsageError as error:
             raise PeerError("the client asked for impossible memory: "
-                            f"{peer_text(error.cause)}", "") from error
+                            f"{peer_text(error.cause)}", SAME_VERSION_FIX) from error
 
     def _checked_options(self, message: dict) -> ProbeOptions:
         try:
             options = ProbeOptions.from_message(message)
         except UsageError as error:
             raise PeerError("the client asked for impossible settings: "
-                            f"{peer_text(error.cause)}", "") from error
+                            f"{peer_text(error.cause)}", SAME_VERSION_FIX) from error
         self._check_max_buffer(options)
         return options
 
@@ -349,10 +355,8 @@ class ProbeServer:
 
     def _latency_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
         if remote is None:
-            raise PeerError("a latency run needs the client's buffer", "")
-        half = memory.length // 2
-        memory.zero()
-        memory.fill_pattern(half, size, seed)
+            raise PeerError("a latency run needs the client's buffer", SAME_VERSION_FIX)
+        prepare_latency_round(memory, size, seed)
         what = f"the {size}-byte latency round"
         stall_s = stall_timeout_s(latency_in_flight(size), port_rate_gbps(endpoint.port_attr))
         # The responder times nothing: its clock only keeps the stall deadline.
@@ -373,10 +377,4 @@ class ProbeServer:
             raise PeerError(f"the client ended {what} after {raw.completed} of "
                             f"{options.iterations} round trips", "")
         check_status(raw, what, stall_s)
-        # The client's last message arrived in our receive half; its last byte is the tag.
-        bad, first_bad = memory.verify_pattern(0, size - 1, seed)
-        integrity = Integrity(checked=True, bytes_checked=size - 1, bad_bytes=bad,
-                              first_bad_offset=offset_or_none(first_bad), stray_bytes=0,
-                              first_stray_offset=None, messages_total=options.iterations,
-                              bad_messages=int(bad > 0))
-        send(channel, Verified(integrity))
+        send(channel, Verified(received_integrity(memory, size, seed, options.iterations)))

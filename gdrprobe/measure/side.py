@@ -1,6 +1,6 @@
 """What the client and the server do alike, each on its side of a run: check the arguments
 they are made with, pace their heartbeats, describe their side (to the peer and in the
-report), and set up the latency loop, which both sides of its ping-pong run."""
+report), and set up and check the latency round, which both sides of its ping-pong run."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gdrprobe.measure.options import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.protocol.messages import RemoteBuffer
 from gdrprobe.rdma.endpoint import Endpoint
-from gdrprobe.report.model import EndpointSummary
+from gdrprobe.report.model import EndpointSummary, Integrity
 
 HEARTBEATS_PER_TIMEOUT = 4     # a peer beats this often within the other side's time-out
 MAX_HEARTBEAT_S = 2.0
@@ -57,11 +57,34 @@ def offset_or_none(first: int) -> int | None:
     return None if first < 0 else first
 
 
+def send_half(memory: MemoryProvider) -> int:
+    """Where a side's latency messages start: the upper half of its buffer (the peer
+    writes into the lower half)."""
+    return memory.length // 2
+
+
+def prepare_latency_round(memory: MemoryProvider, size: int, seed: int) -> None:
+    """Both sides before a latency round: the buffer zeroed (the loop waits for a tag in the
+    last byte of what arrives) and the round's pattern in the message this side sends."""
+    memory.zero()
+    memory.fill_pattern(send_half(memory), size, seed)
+
+
+def received_integrity(memory: MemoryProvider, size: int, seed: int,
+                       iterations: int) -> Integrity:
+    """What the peer's last latency message left in this side's lower half: the round's
+    pattern in all but its last byte, which is the loop's tag."""
+    bad, first_bad = memory.verify_pattern(0, size - 1, seed)
+    return Integrity(checked=True, bytes_checked=size - 1, bad_bytes=bad,
+                     first_bad_offset=offset_or_none(first_bad), stray_bytes=0,
+                     first_stray_offset=None, messages_total=iterations,
+                     bad_messages=int(bad > 0))
+
+
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
                    max_inline: int, initiator: bool, stall_s: float, clock: LoopClock):
-    """The ping-pong loop's settings for one side: it sends from the upper half of its
-    buffer and the peer writes into the lower half."""
+    """The ping-pong loop's settings for one side (see send_half)."""
     return _native.LatencyConfig(
-        handles, memory, remote, send_offset=memory.length // 2, msg_size=size,
+        handles, memory, remote, send_offset=send_half(memory), msg_size=size,
         iterations=iterations, max_inline=max_inline, initiator=initiator,
         stall_timeout_ns=int(stall_s * 1e9), **clock.loop_args())

@@ -184,9 +184,15 @@ def unloadable_driver(error: RuntimeError) -> NotTestable:
                        NO_DRIVER_FIX, evidence=evidence)
 
 
-def driver_version() -> int:
-    """The driver's CUDA version as an int, e.g. 12080 for 12.8."""
-    return int(call(driver(), "cuDriverGetVersion", what="cuDriverGetVersion()"))
+def driver_version(module=None) -> int:
+    """The driver's CUDA version as an int, e.g. 12080 for 12.8; module: the bindings to ask
+    (cuda-python's driver module when None)."""
+    return int(call(module or driver(), "cuDriverGetVersion", what="cuDriverGetVersion()"))
+
+
+def version_text(version: int) -> str:
+    """A CUDA version as the driver encodes it, as people write it: 12080 -> "12.8"."""
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 # ---- device attributes --------------------------------------------------------------
@@ -255,8 +261,7 @@ def gpu_inventory(module=None) -> dict:
     cuda-python's in tests. Raises the error that says why there is no driver."""
     module = driver() if module is None else initialised(module)
     count = call(module, "cuDeviceGetCount", what="cuDeviceGetCount()")
-    return {"driver_version": int(call(module, "cuDriverGetVersion",
-                                       what="cuDriverGetVersion()")),
+    return {"driver_version": driver_version(module),
             "gpus": [device_facts(module, ordinal) for ordinal in range(count)]}
 
 
@@ -467,10 +472,10 @@ class GpuDevice:
             return 0
         flag = getattr(getattr(self._driver, "CUmemRangeFlags", None),
                        "CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE", None)
-        version = driver_version()
+        version = driver_version(self._driver)
         if flag is None or version < PCIE_MAPPING_MIN_DRIVER:
             raise NotTestable(f"not testable: the PCIe mapping of DMA-BUF needs CUDA 12.8+ "
-                              f"(driver {version // 1000}.{version % 1000 // 10}, cuda-python "
+                              f"(driver {version_text(version)}, cuda-python "
                               f"{'has' if flag is not None else 'lacks'} the flag)",
                               "upgrade the driver and cuda-python, or drop the PCIe mapping "
                               "option")

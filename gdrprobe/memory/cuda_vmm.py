@@ -23,7 +23,7 @@ Freed in reverse order on every path.
 
 from __future__ import annotations
 
-from gdrprobe.memory.cuda import call, device_attribute, gpu_pages
+from gdrprobe.memory.cuda import device_attribute, driver_version, gpu_pages, version_text
 
 VMM_MIN_DRIVER = 12000     # ncclIsCuMemSupported: "Need CUDA_VISIBLE_DEVICES support"
 VMM_SUPPORTED = "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
@@ -31,15 +31,11 @@ VMM_GDR_SUPPORTED = "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED"
 NCCL_FALLBACK = "as NCCL does where VMM is unsupported (ncclIsCuMemSupported)"
 
 
-def version_text(version: int) -> str:
-    return f"{version // 1000}.{version % 1000 // 10}"
-
-
 def allocation_plan(gpu, requested: str) -> tuple[str, str]:
     """(allocation, why): VMM where asked and supported, else cuMemAlloc."""
     if requested != "vmm":
         return "malloc", "cuMemAlloc requested"
-    version = int(call(gpu.bindings, "cuDriverGetVersion", what="cuDriverGetVersion()"))
+    version = driver_version(gpu.bindings)
     if version < VMM_MIN_DRIVER:
         return "malloc", (f"cuMemAlloc: the driver is CUDA {version_text(version)} and NCCL "
                           f"allocates with VMM from CUDA {version_text(VMM_MIN_DRIVER)} on, "

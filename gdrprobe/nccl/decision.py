@@ -43,7 +43,7 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 
-from gdrprobe.nccl.env import gdr_level, int_param, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl.env import int_param, netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import MemoryPaths
 from gdrprobe.nccl.nets import Net, NetBuilder, physical_nets
 from gdrprobe.nccl.topo import (PATH_RANK, InterCpu, NcclPciTree, PcieEndpoint, PcieLink, Port,
@@ -136,8 +136,10 @@ class Machine:
         unflattened = NcclPciTree(facts.nics, {}, None)
         self.nets = tuple(NetBuilder(environ, unflattened, self.rules.nic_fusion).fuse(physical))
         self.policy = netdevs_policy(environ)
-        self.support = facts.gdr_support
-        self.level = gdr_level(environ, self.rules.default_gdr_level(environ))
+        # NCCL_DMABUF_ENABLE is read from this environment, like every other variable.
+        self.support = facts.gdr_support.under(environ)
+        self.level = self.rules.gdr_level(environ)
+        self.gpu_bdfs = {gpu.bdf for gpu in facts.gpus}
         # Memoised per machine (a class-level cache would keep every Machine alive).
         self.link_gbs = functools.cache(self._link_gbs)
         self.direct = functools.cache(self._direct)
@@ -162,11 +164,10 @@ class Machine:
     def nvlink_count(self, gpu: PcieEndpoint, peer: PcieEndpoint) -> int:
         """Links between two GPUs: direct ones, or, through NVSwitches (far ends that are no
         GPU of this node), the fewer of the two GPUs' switch links."""
-        gpu_bdfs = {g.bdf for g in self.gpus}
         direct = self.nvlinks(gpu).count(peer.bdf)
         if direct:
             return direct
-        switched = [len([r for r in self.nvlinks(g) if r not in gpu_bdfs]) for g in (gpu, peer)]
+        switched = [len([r for r in self.nvlinks(g) if r not in self.gpu_bdfs]) for g in (gpu, peer)]
         return min(switched)
 
     def nvlink_gbs(self, gpu: PcieEndpoint, peer: PcieEndpoint) -> float:
@@ -246,10 +247,11 @@ class Machine:
         nets = self.local(paths.to_net[gpu])
         if not nets:
             return None
-        index = self.nvml_index(gpu) % max(len(self.local_gpus(nets[0], paths)), 1)
+        local_gpus = len(self.local_gpus(nets[0], paths))
+        index = self.nvml_index(gpu) % max(local_gpus, 1)
         if len(nets) & (len(nets) - 1) == 0:
             index = mirror_bits(index, len(nets))
-        index += channel % self.nets_per_gpu(gpu, paths)
+        index += channel % self.policy.nets_per_gpu(len(nets), local_gpus)
         return nets[index % len(nets)]
 
     def local_gpu(self, net: Net, paths: Paths) -> PcieEndpoint | None:
@@ -279,17 +281,23 @@ class Machine:
         distance = paths.to_net[proxy][net].type if path.via is not None else path.type
         compared = self.rules.gdr_distance(distance, self.c2c(proxy), self.environ)
         shown = distance if compared == distance else f"{distance} (counted as C2C by NCCL_NET_GDR_C2C)"
-        origin = ("NCCL's default" if self.level.raw is None else
-                  f"NCCL_NET_GDR_LEVEL={self.level.raw} is undefined in NCCL, default assumed" if self.level.undefined
-                  else f"NCCL_NET_GDR_LEVEL={self.level.raw}")
         if not self.level.admits(compared):
             if path.detour:
                 return Gdr(False, f"{path.detour[1]}, so NCCL routes it through the CPU: {path.type}")
-            return Gdr(False, f"path {shown} is beyond the GDR level {self.level.name} ({origin})")
+            return Gdr(False, f"path {shown} is beyond the GDR level {self.level.name} ({self.level_origin})")
         mode = self.gdr_mode(proxy, compared)
         if self.level.undefined:
-            return Gdr(True, f"path {shown} <= GDR level {self.level.name} ({origin})", mode)
+            return Gdr(True, f"path {shown} <= GDR level {self.level.name} ({self.level_origin})", mode)
         return Gdr(True, f"path {shown} <= GDR level {self.level.name}", mode)
+
+    @functools.cached_property
+    def level_origin(self) -> str:
+        """Where the GDR level comes from, as the reasons say it."""
+        if self.level.raw is None:
+            return "NCCL's default"
+        if self.level.undefined:
+            return f"NCCL_NET_GDR_LEVEL={self.level.raw} is undefined in NCCL, default assumed"
+        return f"NCCL_NET_GDR_LEVEL={self.level.raw}"
 
     def gdr_mode(self, proxy: PcieEndpoint, distance: str) -> str:
         """ncclTopoCheckGdr (2.26.2 on): a PCIe mapping is forced when the GPU reaches its CPU
@@ -433,6 +441,7 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
 
 def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None) -> tuple[NcclGpuDecision, ...]:
     """Every GPU's decision under ``environ``, the environment as NCCL sees it (a what-if:
-    the same facts with a variable unset), by the rules of the NCCL in use (None: 2.30.7)."""
+    the same facts with a variable unset; every NCCL variable, NCCL_DMABUF_ENABLE too, is
+    read from it), by the rules of the NCCL in use (None: 2.30.7)."""
     machine = Machine(facts, environ, rules)
     return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)

@@ -25,13 +25,9 @@ import dataclasses
 from collections.abc import Mapping
 
 from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl.versions import PEERMEM_FILES
 from gdrprobe.report.model import Evidence
 
-PEERMEM_FILES = (
-    "/sys/kernel/mm/memory_peers/nv_mem/version",
-    "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
-    "/sys/module/nvidia_peermem/version",
-)
 DMABUF_MIN_CUDA_DRIVER = 11070          # cuDriverGetVersion() encoding of 11.7
 
 
@@ -83,6 +79,12 @@ class MemoryPaths:
     # A fact NCCL does not read: whether nvidia-peermem registered with the peer-memory API
     # (None: cannot tell; False: loaded, /sys/kernel/mm/memory_peers there, nv_mem not in it).
     peermem_registered: bool | None = None
+
+    def under(self, environ: Mapping[str, str]) -> MemoryPaths:
+        """The same facts with NCCL_DMABUF_ENABLE read from ``environ``: the one setting
+        among them that the environment decides (a what-if asks with it unset)."""
+        return dataclasses.replace(self, dmabuf_enabled=dmabuf_enabled(environ),
+                                   dmabuf_enable_raw=environ.get("NCCL_DMABUF_ENABLE"))
 
     def gpu_half(self, bdf: str) -> Half:
         return self.gpu_halves.get(bdf, self.default_gpu_half)

@@ -39,12 +39,6 @@ class Net:
     link_layer: str | None = None
     members: tuple[str, ...] = ()  # the labels of the devices fused into it; empty: not fused
 
-    @property
-    def devices(self) -> tuple[str, ...]:
-        """The RDMA devices behind it, first the one NCCL places it at."""
-        names = [label.split(":", 1)[0] for label in self.members] or [self.device.name]
-        return tuple(dict.fromkeys(names))
-
 
 def physical_nets(nic: PcieEndpoint, listed: tuple[Port, ...], hca: HcaFilter | None) -> list[Net]:
     """The device's ports NCCL opens, in port order; a device whose ports sysfs does not
@@ -80,10 +74,10 @@ class NetBuilder:
     """NCCL's network devices for one environment over the node's NICs and ports."""
 
     def __init__(self, environ: Mapping[str, str], tree: NcclPciTree, fusion: bool):
-        self.environ = environ
         self.tree = tree
         self.fusion = fusion
         self.merge_vfs = int_param(environ, "NCCL_IB_MERGE_VFS", 1) != 0
+        self.merge_nics = int_param(environ, "NCCL_IB_MERGE_NICS", 1) != 0
         self.level = merge_level(environ)
 
     def distance(self, a: Net, b: Net) -> int:
@@ -97,9 +91,7 @@ class NetBuilder:
 
     def fusable(self, group: list[Net]) -> bool:
         """ncclIbMakeVDeviceInternal: one link layer, and NCCL_IB_MERGE_NICS not 0."""
-        if len({net.link_layer for net in group}) > 1:
-            return False
-        return int_param(self.environ, "NCCL_IB_MERGE_NICS", 1) != 0
+        return self.merge_nics and len({net.link_layer for net in group}) == 1
 
     def fuse(self, nets: list[Net]) -> list[Net]:
         """ncclTopoAutoMerge: each device not yet placed takes every later unplaced device

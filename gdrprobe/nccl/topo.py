@@ -22,9 +22,6 @@ from gdrprobe.nccl.cparse import strtoll
 # NCCL's path types, nearest first, with the rank its gates compare (src/include/graph.h).
 PATH_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6,
              "PXN": 7, "PHB": 8, "SYS": 9}
-# nvidia-smi's distances as NCCL classes them (NODE is PHB: see above).
-NCCL_CLASS_OF_DISTANCE = {"X": "LOC", "PIX": "PIX", "PXB": "PXB", "PHB": "PHB",
-                          "NODE": "PHB", "SYS": "SYS"}
 
 
 class PcieEndpoint(Protocol):

@@ -32,7 +32,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl.env import GdrLevel, gdr_level, int_param
 
 Version = tuple[int, int, int]
 MODELLED: Version = (2, 30, 7)
@@ -55,6 +55,7 @@ NETDEVS_POLICY_SINCE: Version = (2, 28, 3)
 MEMORY_PEERS_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version",
                       "/sys/kernel/mm/memory_peers/nv_mem_nc/version")
 PEERMEM_MODULE_FILE = "/sys/module/nvidia_peermem/version"
+PEERMEM_FILES = MEMORY_PEERS_FILES + (PEERMEM_MODULE_FILE,)    # all three: 2.23.4 on
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 
 
@@ -92,9 +93,7 @@ class NcclRules:
     @property
     def peermem_files(self) -> tuple[str, ...]:
         """The files whose presence means peer memory to NCCL (net_ib.cc ncclIbGdrSupport)."""
-        if self.since(PEERMEM_MODULE_FILE_SINCE):
-            return MEMORY_PEERS_FILES + (PEERMEM_MODULE_FILE,)
-        return MEMORY_PEERS_FILES
+        return PEERMEM_FILES if self.since(PEERMEM_MODULE_FILE_SINCE) else MEMORY_PEERS_FILES
 
     @property
     def pxn(self) -> bool:
@@ -121,6 +120,10 @@ class NcclRules:
     def default_gdr_level(self, environ: Mapping[str, str]) -> str:
         """NCCL_NET_GDR_LEVEL's default: P2C while NCCL_NET_GDR_C2C is on from 2.29.2, else PXB."""
         return "P2C" if self.since(P2C_LEVEL_SINCE) and self.gdr_c2c(environ) else "PXB"
+
+    def gdr_level(self, environ: Mapping[str, str]) -> GdrLevel:
+        """NCCL_NET_GDR_LEVEL as this release reads it, against its own default."""
+        return gdr_level(environ, self.default_gdr_level(environ))
 
     def gdr_distance(self, distance: str, gpu_c2c: bool, environ: Mapping[str, str]) -> str:
         """The distance ncclTopoCheckGdr compares with the level: in 2.26 a C2C GPU's PHB

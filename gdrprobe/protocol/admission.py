@@ -65,6 +65,13 @@ class Places:
     def __len__(self) -> int:
         return len(self._places)
 
+    def __contains__(self, conn) -> bool:
+        return conn in self._places
+
+    def __iter__(self):
+        """The connections holding a place, as a list taken now (the caller may release)."""
+        return iter(list(self._places))
+
     def full_for(self, source: str) -> bool:
         """Whether a newcomer from source needs another connection to make room first."""
         return (len(self._by_source.get(source, ())) >= self._per_source

@@ -26,7 +26,7 @@ import threading
 import time
 
 from gdrprobe.errors import WIRE_ERRORS, GdrprobeError, PeerError, RegistrationFailed
-from gdrprobe.protocol.fields import field, peer_text
+from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, peer_text
 
 # 4: a salt per handshake, the work puzzle, the refusal codes (handshake.py); a run's
 #    integrity_bytes (measure/options.py)
@@ -38,7 +38,6 @@ TAG_BYTES = 32               # HMAC-SHA256
 MAX_MESSAGE_BYTES = 64 * 1024
 TOKEN_FIX = ("give the client the token the server printed: --token TOKEN or the "
              "GDRPROBE_TOKEN environment variable")
-SAME_VERSION_FIX = "run the same gdrprobe version on both hosts"
 
 
 def frame_tag(key: bytes, header: bytes, sequence: bytes, body: bytes) -> bytes:
@@ -81,7 +80,7 @@ def parse_message(body: bytes, peer: str) -> dict:
         raise PeerError(f"the {peer} sent a message that is not JSON (or holds NaN or "
                         "Infinity)", "the peer is not a gdrprobe of this version") from error
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-        raise PeerError(f"the {peer} sent a message without a type", "")
+        raise PeerError(f"the {peer} sent a message without a type", SAME_VERSION_FIX)
     return message
 
 
@@ -231,31 +230,13 @@ class Channel:
         except (GdrprobeError, OSError, ValueError):
             pass
 
-    def _peek(self) -> bytes | None:
-        """The next byte without taking it, b"" when the peer has closed, None when nothing
-        is there; never waits. (With a time-out set, Python waits for data before any recv,
-        MSG_DONTWAIT or not: the socket is made non-blocking for the look.)"""
-        timeout = self.sock.gettimeout()
-        try:
-            self.sock.setblocking(False)
-            return self.sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return b""
-        finally:
-            try:
-                self.sock.settimeout(timeout)
-            except OSError:
-                pass
-
     def peer_gone(self) -> bool:
         """True when the peer has closed its end (a process that died closes it too)."""
-        return self._peek() == b""
+        return peek(self.sock) == b""
 
     def raise_if_peer_spoke(self) -> None:
         """Raise the error a peer sent unasked (it ended the run), if one is waiting."""
-        if self._peek():
+        if peek(self.sock):
             raise error_from_message(self.receive("error"), self.peer)
 
     def shutdown(self) -> None:
@@ -268,6 +249,25 @@ class Channel:
     def close(self) -> None:
         try:
             self.sock.close()
+        except OSError:
+            pass
+
+
+def peek(sock: socket.socket) -> bytes | None:
+    """The next byte without taking it, b"" when the peer has closed (or the socket failed),
+    None when nothing is there; never waits. (With a time-out set, Python waits for data
+    before any recv, MSG_DONTWAIT or not: the socket is made non-blocking for the look.)"""
+    timeout = sock.gettimeout()
+    try:
+        sock.setblocking(False)
+        return sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+    finally:
+        try:
+            sock.settimeout(timeout)
         except OSError:
             pass
 

@@ -23,7 +23,7 @@ import time
 from gdrprobe.errors import PeerError
 from gdrprobe.protocol.admission import (CHALLENGED, CHECKING, MAX_PENDING, PER_SOURCE,
                                          SILENT, FairQueue, Places, source_of)
-from gdrprobe.protocol.channel import (HEADER, Channel, frame_length, parse_message,
+from gdrprobe.protocol.channel import (HEADER, Channel, frame_length, parse_message, peek,
                                        plain_frame)
 from gdrprobe.protocol.handshake import (AUTH, CHALLENGE, HELLO, REFUSED, WELCOME,
                                          ServerHandshake, ServerSecret, WrongToken)
@@ -70,7 +70,6 @@ class Door:
         self.log = BurstLog(log, clock=clock)
         self._clock = clock
         self._places = Places(per_source, total)
-        self._pending: set[_Pending] = set()
         self._proofs = FairQueue()
         self._checked: queue.SimpleQueue = queue.SimpleQueue()
         self._checkers = [threading.Thread(target=self._check_proofs, daemon=True,
@@ -123,7 +122,7 @@ class Door:
 
     def _sleep_s(self) -> float:
         now = self._clock()
-        deadlines = [p.deadline for p in self._pending if self._places.stage(p) < CHECKING]
+        deadlines = [p.deadline for p in self._places if self._places.stage(p) < CHECKING]
         if self._accept_again:
             deadlines.append(self._accept_again)
         return max(0.0, min([now + TICK_S, *deadlines]) - now)
@@ -177,7 +176,6 @@ class Door:
             self._refuse(victim, "evicted")
         self._places.admit(pending, pending.source)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._pending.add(pending)
         self._selector.register(sock, selectors.EVENT_READ, pending)
 
     def _spoke(self, pending: _Pending) -> bool:
@@ -186,21 +184,21 @@ class Door:
         if self._places.stage(pending) != SILENT:
             return False
         self._readable(pending)
-        return pending not in self._pending or self._places.stage(pending) != SILENT
+        return pending not in self._places or self._places.stage(pending) != SILENT
 
     def _expire(self) -> None:
         now = self._clock()
         if self._accept_again and now >= self._accept_again:
             self._accept_again = 0.0
             self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
-        for pending in [p for p in self._pending if p.deadline <= now
+        for pending in [p for p in self._places if p.deadline <= now
                         and self._places.stage(p) < CHECKING]:
             self._end(pending, "slow")
 
     # -- the handshake -----------------------------------------------------------------------
 
     def _readable(self, pending: _Pending) -> None:
-        if pending not in self._pending:
+        if pending not in self._places:
             return   # dropped earlier in the same round of events
         try:
             data = pending.sock.recv(4096)
@@ -213,7 +211,7 @@ class Door:
             return
         pending.inbox += data
         try:
-            while pending in self._pending and self._places.stage(pending) < CHECKING:
+            while pending in self._places and self._places.stage(pending) < CHECKING:
                 message = self._next_message(pending)
                 if message is None:
                     return
@@ -267,7 +265,7 @@ class Door:
     def _check_proofs(self) -> None:
         """A checking thread: proofs, one source at a time in turn, until closed."""
         while (pending := self._proofs.get()) is not None:
-            if _peer_left(pending.sock):
+            if peek(pending.sock) == b"":
                 outcome = None   # gave up waiting: no scrypt for it
             else:
                 outcome = self._outcome(pending)
@@ -280,7 +278,7 @@ class Door:
                 pending, outcome = self._checked.get_nowait()
             except queue.Empty:
                 return
-            if pending not in self._pending:
+            if pending not in self._places:
                 continue
             if outcome is None:
                 self._end(pending, "closed", tell=False)
@@ -332,7 +330,6 @@ class Door:
             return False
 
     def _forget(self, pending: _Pending) -> None:
-        self._pending.discard(pending)
         self._places.release(pending)
         try:
             self._selector.unregister(pending.sock)
@@ -357,7 +354,7 @@ class Door:
                 return
             self._shut = True
         self._proofs.close()
-        for pending in list(self._pending):
+        for pending in self._places:
             self._refuse(pending, "closing")
         try:
             self._listener.close()
@@ -368,13 +365,3 @@ class Door:
         for checker in self._checkers:
             if checker.is_alive():
                 checker.join(PRE_AUTH_S)
-
-
-def _peer_left(sock: socket.socket) -> bool:
-    """Whether the peer has closed its end (it gave up waiting); never waits."""
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True

@@ -11,6 +11,9 @@ import unicodedata
 
 from gdrprobe.errors import PeerError
 
+# What a person does about a peer whose message this gdrprobe cannot take: a peer of another
+# version, or one that is not gdrprobe at all.
+SAME_VERSION_FIX = "run the same gdrprobe version on both hosts"
 PEER_TEXT_CHARS = 200
 PEER_NUMBER_CHARS = 24   # a number a peer sent, as it is quoted back: cut past this
 # Characters never shown: every control, format, private or unassigned character (Unicode
@@ -26,18 +29,18 @@ def field(message: dict, name: str, kind: type, *, low=None, high=None, default=
         if default is not ...:
             return default
         raise PeerError(f"peer message {peer_text(message.get('type'), 40)!r} lacks {name!r}",
-                        "")
+                        SAME_VERSION_FIX)
     value = message[name]
     if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
         expected = getattr(kind, "__name__", "number")
-        raise PeerError(f"peer message field {name!r} is not a {expected}", "")
+        raise PeerError(f"peer message field {name!r} is not a {expected}", SAME_VERSION_FIX)
     if isinstance(value, float) and not math.isfinite(value):
-        raise PeerError(f"peer message field {name!r} is not a finite number", "")
+        raise PeerError(f"peer message field {name!r} is not a finite number", SAME_VERSION_FIX)
     if kind is str and len(value) > 4096:
-        raise PeerError(f"peer message field {name!r} is too long", "")
+        raise PeerError(f"peer message field {name!r} is too long", SAME_VERSION_FIX)
     if low is not None and value < low or high is not None and value > high:
         raise PeerError(f"peer message field {name!r}={peer_number(value)} is outside "
-                        f"[{low}, {high}]", "")
+                        f"[{low}, {high}]", SAME_VERSION_FIX)
     return value
 
 
@@ -45,7 +48,7 @@ def int_list(message: dict, name: str, *, low: int, high: int, max_items: int) -
     values = field(message, name, list)
     if not 1 <= len(values) <= max_items:
         raise PeerError(f"peer message field {name!r} has {len(values)} items "
-                        f"(1 to {max_items} allowed)", "")
+                        f"(1 to {max_items} allowed)", SAME_VERSION_FIX)
     return [field({name: v}, name, int, low=low, high=high) for v in values]
 
 

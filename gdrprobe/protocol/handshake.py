@@ -141,9 +141,9 @@ def hex_field(message: dict, name: str, size: int) -> bytes:
     try:
         value = bytes.fromhex(text)
     except ValueError as error:
-        raise PeerError(f"peer field {name!r} is not hexadecimal", "") from error
+        raise PeerError(f"peer field {name!r} is not hexadecimal", SAME_VERSION_FIX) from error
     if len(value) != size:
-        raise PeerError(f"peer field {name!r} has the wrong length", "")
+        raise PeerError(f"peer field {name!r} has the wrong length", SAME_VERSION_FIX)
     return value
 
 

@@ -28,7 +28,7 @@ from typing import Callable, ClassVar, Protocol
 from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, PeerError
 from gdrprobe.protocol.channel import Channel, error_message
-from gdrprobe.protocol.fields import field, int_list, peer_number, peer_text
+from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, int_list, peer_number, peer_text
 from gdrprobe.rdma.endpoint import EndpointAddress
 from gdrprobe.rdma.verbs import MTUS
 from gdrprobe.report.model import EndpointSummary, Finding, Integrity, Status, to_dict
@@ -82,8 +82,7 @@ def gid_from_message(message: dict) -> str:
     text = field(message, "gid", str)
     if not VERBS_GID.fullmatch(text):
         raise PeerError(f"peer GID {peer_text(text, 64)!r} is not a GID in the form verbs "
-                        "takes (8 groups of 4 hex digits)", "run the same gdrprobe version "
-                        "on both hosts")
+                        "takes (8 groups of 4 hex digits)", SAME_VERSION_FIX)
     return text
 
 
@@ -96,11 +95,12 @@ def address_message(address: EndpointAddress) -> dict:
 def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> EndpointAddress:
     mtu = field(message, "mtu", int)
     if mtu not in MTUS:
-        raise PeerError(f"peer MTU {peer_number(mtu)} is not an RDMA MTU", "")
+        raise PeerError(f"peer MTU {peer_number(mtu)} is not an RDMA MTU", SAME_VERSION_FIX)
     qp_numbers = int_list(message, "qp_numbers", low=1, high=QPN_MAX, max_items=max_qps)
     psns = int_list(message, "psns", low=0, high=QPN_MAX, max_items=max_qps)
     if len(psns) != len(qp_numbers):
-        raise PeerError(f"the peer sent {len(qp_numbers)} QP numbers and {len(psns)} PSNs", "")
+        raise PeerError(f"the peer sent {len(qp_numbers)} QP numbers and {len(psns)} PSNs",
+                        SAME_VERSION_FIX)
     return EndpointAddress(gid=gid_from_message(message), gid_index=-1,
                            lid=field(message, "lid", int, low=0, high=0xFFFF), mtu=mtu,
                            qp_numbers=tuple(qp_numbers), psns=tuple(psns))
@@ -170,13 +170,15 @@ def findings_from_message(message: dict) -> tuple[Finding, ...]:
     """The findings the server sent about the host that owns its buffer, each checked."""
     items = field(message, "findings", list, default=[])
     if len(items) > MAX_FINDINGS or not all(isinstance(item, dict) for item in items):
-        raise PeerError(f"the peer sent more than {MAX_FINDINGS} findings or malformed ones", "")
+        raise PeerError(f"the peer sent more than {MAX_FINDINGS} findings or malformed ones",
+                        SAME_VERSION_FIX)
     statuses = {status.value for status in Status}
     found = []
     for item in items:
         status = field(item, "status", str)
         if status not in statuses:
-            raise PeerError(f"the peer sent a finding with status {peer_text(status, 16)!r}", "")
+            raise PeerError(f"the peer sent a finding with status {peer_text(status, 16)!r}",
+                            SAME_VERSION_FIX)
         found.append(Finding(peer_text(field(item, "id", str), 80),
                              peer_text(field(item, "group", str), 20), Status(status),
                              peer_text(field(item, "summary", str), FINDING_TEXT_CHARS),

@@ -15,6 +15,7 @@ import os
 from collections import defaultdict
 
 from gdrprobe.errors import MissingDependency, UsageError
+from gdrprobe.report.check import ENGAGED
 from gdrprobe.report.model import BenchReport, BenchRow, to_json
 from gdrprobe.report.text import RULE, answer_and_causes, rate
 
@@ -255,7 +256,7 @@ def prometheus_registry(report: BenchReport):
     registry = CollectorRegistry()
     engaged = engaged_gauge(registry)
     for pair in (p for p in report.pairs if p.verdict is not None):
-        engaged.labels(pair.gpu, pair.nic).set(int(pair.verdict.classification == "engaged"))
+        engaged.labels(pair.gpu, pair.nic).set(int(pair.verdict.classification == ENGAGED))
     gauges = row_gauges(registry)
     for row in report.rows:
         if row.mode != "bandwidth" or row.outcome != "measured":

@@ -73,6 +73,10 @@ def crashed(group: str) -> str:
     return f"{group}.crashed"
 
 
+def is_crashed(finding_id: str) -> bool:
+    return finding_id.endswith(".crashed")
+
+
 def gpu_bar1(bdf: str) -> str:
     return f"gpu.{bdf}.bar1"
 

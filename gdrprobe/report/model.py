@@ -14,6 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from gdrprobe.errors import ExitCode
+from gdrprobe.report import finding_ids
 
 if TYPE_CHECKING:   # the bench's pairs hold the A/B's verdict; report.check imports this module
     from gdrprobe.report.check import Verdict
@@ -109,9 +110,13 @@ class DoctorReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when a check failed; warnings, skips and infos do not change it."""
-        failed = any(finding.status is Status.FAIL for finding in self.findings)
-        return int(ExitCode.VERDICT_NOT_OK if failed else ExitCode.OK)
+        """1 when a check failed; warnings, skips and infos do not change it. A check that
+        crashed is a bug in gdrprobe, not a fault of the node: alone it exits 70 (internal
+        error), which a prolog does not drain on."""
+        failed = [finding for finding in self.findings if finding.status is Status.FAIL]
+        if any(not finding_ids.is_crashed(finding.id) for finding in failed):
+            return int(ExitCode.VERDICT_NOT_OK)
+        return int(ExitCode.INTERNAL if failed else ExitCode.OK)
 
 
 # ---- RDMA device inventory -------------------------------------------------

@@ -39,9 +39,15 @@ def build(variant: str = "") -> pathlib.Path:
     partial = directory / f"{LIBRARY}.{os.getpid()}"
     subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared",
                     "-fPIC", *flags, "-o", str(partial), *map(str, SOURCES), "-lpthread"],
-                   check=True)
+                   check=True, timeout=120)
     partial.rename(library)
     return directory
+
+
+def standin_settings(**settings: str) -> dict[str, str]:
+    """GDRPROBE_STANDIN_<KEY>=value for each setting, what standin.c reads when it loads
+    (apply_environment): fail="cuInit=802", compute_mode="exclusive-process", ..."""
+    return {f"GDRPROBE_STANDIN_{key.upper()}": value for key, value in settings.items()}
 
 
 def environment(variant: str = "", base: dict | None = None) -> dict:

@@ -132,5 +132,6 @@ def real_driver_present() -> bool:
     """Whether a libcuda.so.1 other than the stand-in is loadable from the default path."""
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     probe = "import ctypes\ntry:\n ctypes.CDLL('libcuda.so.1'); print(1)\nexcept OSError: print(0)"
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                          timeout=60)
     return done.stdout.strip() == "1"

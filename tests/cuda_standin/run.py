@@ -21,10 +21,13 @@ VERSION = ("import importlib.metadata as m\n"
            "for name in ('cuda-python', 'cuda-bindings'):\n"
            "    try: print(name, m.version(name)); break\n"
            "    except m.PackageNotFoundError: pass\n")
+# Each test has pytest-timeout's bound (pyproject.toml); this one bounds a run that hangs
+# outside a test (collection, a stand-in that deadlocks at load).
+SUITE_TIMEOUT_S = 1800
 
 
 def bindings_version(python: str) -> str:
-    found = subprocess.run([python, "-c", VERSION], capture_output=True, text=True)
+    found = subprocess.run([python, "-c", VERSION], capture_output=True, text=True, timeout=60)
     return found.stdout.strip() or "no cuda-python"
 
 
@@ -33,7 +36,12 @@ def run_suite(python: str, extra: list[str]) -> int:
     env["PYTHONPATH"] = ":".join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                str(ROOT / "tests" / "cuda_standin"), *extra]
-    return subprocess.run(command, cwd=ROOT, env=env).returncode
+    try:
+        return subprocess.run(command, cwd=ROOT, env=env, timeout=SUITE_TIMEOUT_S).returncode
+    except subprocess.TimeoutExpired:
+        print(f"the binding suite under {python} did not end within {SUITE_TIMEOUT_S} s",
+              flush=True)
+        return 124
 
 
 def main(argv: list[str]) -> int:

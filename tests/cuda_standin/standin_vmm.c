@@ -320,22 +320,26 @@ void vmm_reset(void)
     pthread_mutex_unlock(&vmm_lock);
 }
 
-/* Whether the VMM allocation mapped at ptr asked for GPUDirect RDMA; -1: none mapped there. */
-int standin_vmm_gdr_capable(CUdeviceptr ptr)
+static struct mapping *mapping_starting_at(CUdeviceptr ptr)
 {
     for (int i = 0; i < MAX_VMM; i++)
         if (mappings[i].live && mappings[i].start == ptr)
-            return physicals[mappings[i].physical].gdr_capable;
-    return -1;
+            return &mappings[i];
+    return NULL;
+}
+
+/* Whether the VMM allocation mapped at ptr asked for GPUDirect RDMA; -1: none mapped there. */
+int standin_vmm_gdr_capable(CUdeviceptr ptr)
+{
+    struct mapping *m = mapping_starting_at(ptr);
+    return m ? physicals[m->physical].gdr_capable : -1;
 }
 
 /* Whether the VMM memory at ptr is mapped (1) and accessible (2); 0: not mapped. */
 int standin_vmm_state(CUdeviceptr ptr)
 {
-    for (int i = 0; i < MAX_VMM; i++)
-        if (mappings[i].live && mappings[i].start == ptr)
-            return 1 + mappings[i].accessible;
-    return 0;
+    struct mapping *m = mapping_starting_at(ptr);
+    return m ? 1 + m->accessible : 0;
 }
 
 static const struct { const char *name; void *function; } vmm_entries[] = {

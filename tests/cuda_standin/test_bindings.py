@@ -146,7 +146,7 @@ def test_every_call_makes_its_context_current_on_the_calling_thread(standin, gpu
 
     worker = threading.Thread(target=elsewhere)
     worker.start()
-    worker.join()
+    worker.join(30)
     assert errors == []
     assert standin.calls_without_context() == 0
     assert standin.flushes() == 1

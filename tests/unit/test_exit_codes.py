@@ -109,3 +109,9 @@ def test_the_place_named_is_gdrprobes_own_code():
 def test_a_gdrprobe_error_keeps_its_own_code(command_raising, capsys):
     assert command_raising(NoDevice("no such device", "fix it")) == ExitCode.NO_DEVICE
     assert capsys.readouterr().err.startswith("gdrprobe: error: no such device")
+
+
+def test_an_error_with_no_class_of_its_own_is_an_internal_error_not_a_drain(command_raising):
+    from gdrprobe.errors import GdrprobeError
+
+    assert command_raising(GdrprobeError("raised bare", "fix it")) == ExitCode.INTERNAL

@@ -9,20 +9,14 @@ import pytest
 
 from gdrprobe import defaults
 from gdrprobe.errors import CudaError, UsageError
-from gdrprobe.memory import cuda
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory
 from gdrprobe.memory.spec import MemorySpec
-from tests.unit.fake_cuda import FakeDriver
+from tests.unit.fake_cuda import FakeDriver, fake_gpu
 
 VMM = {102: 1, 110: 1}     # VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, GPU_DIRECT_RDMA_WITH_CUDA_VMM
 STEPS = ["cuMemGetAllocationGranularity", "cuMemCreate", "cuMemAddressReserve", "cuMemMap",
          "cuMemSetAccess"]
 UNDO = ["cuMemUnmap", "cuMemAddressFree", "cuMemRelease"]
-
-
-def fake_gpu(**kwargs):
-    driver = FakeDriver(**kwargs)
-    return driver, cuda.GpuDevice(driver, 0, "0")
 
 
 def memory_calls(driver) -> list[str]:

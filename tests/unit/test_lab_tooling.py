@@ -1,6 +1,10 @@
 """The lab's own logic that needs no guest: command lines and wiring."""
 
+import os
+import signal
 import time
+
+import pytest
 
 from lab import vm
 
@@ -41,6 +45,25 @@ def test_a_guest_past_its_time_out_is_killed_with_its_whole_process_group(monkey
     assert guest.process.poll() is not None
 
 
+def test_a_killed_guest_whose_escaped_child_holds_the_pipe_still_returns(monkeypatch):
+    """A child that left the group (setsid) outlives the kill and keeps the output pipe
+    open: reading it to the end would wait as long as that child lives."""
+    monkeypatch.setattr(vm, "KILLED_OUTPUT_S", 1.0)
+    guest = vm.Guest("held", "unused")
+    monkeypatch.setattr(guest, "argv",
+                        lambda kernel: ["bash", "-c", "setsid sleep 300 & echo $!; wait"])
+    guest.start("/k/vmlinuz")
+    escaped = None
+    try:
+        result = guest.wait(timeout=1.0)
+        escaped = int(result.output.split()[0])
+        assert result.timed_out and result.returncode == 124
+        assert "the pipe is still held open" in result.output
+    finally:
+        if escaped is not None:
+            os.kill(escaped, signal.SIGKILL)
+
+
 def gone_within(pid: int, seconds: float) -> bool:
     """The group's SIGTERM reaches the child at once, but a loaded machine may run its exit
     a moment after the leader's."""
@@ -59,3 +82,10 @@ def running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_set_up_step_that_hangs_is_a_lab_error_naming_it(monkeypatch):
+    from lab import kernel
+    monkeypatch.setattr(kernel, "STEP_TIMEOUT_S", 0.5)
+    with pytest.raises(kernel.LabError, match="'sleep 30' did not end within 0.5 s"):
+        kernel.run(["sleep", "30"])

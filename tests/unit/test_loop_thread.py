@@ -37,7 +37,7 @@ def bystander():
     thread.start()
     yield thread
     idle.set()
-    thread.join()
+    thread.join(5)
 
 
 def ctrl_c(to: threading.Thread) -> None:

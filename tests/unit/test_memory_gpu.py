@@ -12,16 +12,13 @@ import pytest
 
 from gdrprobe import _native
 from gdrprobe.memory import cuda
-from gdrprobe.memory.cuda_results import RESULT_ERRORS
-from gdrprobe.errors import (CudaError, ExitCode, GpuOutOfMemory, GpuUnusable, NotTestable,
-                             UsageError)
-from gdrprobe.errors import SCHEDULER_ACTION
+from gdrprobe.errors import CudaError, ExitCode, GpuOutOfMemory, NotTestable, UsageError
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, StagedGpuMemory, choose_mechanism
 from gdrprobe.memory.nic_probe import NicDmaBufSupport, interpret_nic_probe
 from gdrprobe.memory.causes import REGISTRATION_CAUSES, registration_cause
 from gdrprobe.memory.nic_probe import OLD_PYVERBS, dmabuf_mr
-from tests.unit.fake_cuda import FakeDriver, FakeResult
+from tests.unit.fake_cuda import FakeDriver, FakeResult, fake_gpu
 from tests.unit.machine import no_cuda_driver_only
 
 
@@ -48,27 +45,7 @@ def test_no_driver_is_retried_not_cached():
     assert cuda.driver.cache_info().currsize == 0
 
 
-# ---- driver results -------------------------------------------------------------
-
-
-
-
-def test_check_returns_the_value_or_none():
-    assert cuda.check((FakeResult.CUDA_SUCCESS, 42), "cuDeviceGetCount()") == 42
-    assert cuda.check((FakeResult.CUDA_SUCCESS,), "cuInit(0)") is None
-
-
-@pytest.mark.parametrize("result, error_class, words", [
-    (FakeResult.CUDA_ERROR_INVALID_VALUE, CudaError, "a CUDA driver call failed"),
-    (FakeResult.CUDA_ERROR_OUT_OF_MEMORY, GpuOutOfMemory, "out of memory"),
-    (FakeResult.CUDA_ERROR_NO_DEVICE, NotTestable, "not testable: no GPU"),
-])
-def test_check_names_the_call_and_the_error(result, error_class, words):
-    with pytest.raises(error_class) as raised:
-        cuda.check((result, None), "cuMemAlloc(4096)")
-    assert words in raised.value.cause
-    assert f"cuMemAlloc(4096) returned {result.name}" in raised.value.cause
-    assert raised.value.fix
+# ---- driver selection ---------------------------------------------------------
 
 
 def test_a_selector_that_is_neither_ordinal_nor_bus_id_is_a_usage_error():
@@ -219,11 +196,6 @@ def test_the_base_provider_stages_nothing():
 # the CPU; what only a GPU can show is in tests/gpu.
 
 
-def fake_gpu(**kwargs):
-    driver = FakeDriver(**kwargs)
-    return driver, cuda.GpuDevice(driver, 0, "0")
-
-
 def test_the_device_retains_and_releases_its_context_once():
     driver, gpu = fake_gpu()
     assert (gpu.name, gpu.bus_id, driver.retained) == ("Fake H100", "0000:3b:00.0", 1)
@@ -355,54 +327,6 @@ def test_auto_registers_memory_that_cannot_be_exported_by_address(memory_type):
 
 def test_auto_with_device_memory_still_prefers_dmabuf():
     assert choose_mechanism("auto", attrs(dma_buf=1), NIC_YES, "device")[0] == "dmabuf"
-
-
-class StartUpResult(enum.IntEnum):
-    """CUresult names and values of cuda.h for the results cuInit can return at start-up."""
-    CUDA_ERROR_STUB_LIBRARY = 34
-    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER = 36
-    CUDA_ERROR_DEVICE_UNAVAILABLE = 46
-    CUDA_ERROR_SYSTEM_NOT_READY = 802
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803
-    CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE = 804
-    CUDA_ERROR_MPS_CONNECTION_FAILED = 805
-    CUDA_ERROR_UNKNOWN = 999
-
-
-@pytest.mark.parametrize("result, words", [
-    (StartUpResult.CUDA_ERROR_STUB_LIBRARY, "stub"),
-    (StartUpResult.CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "older than this call needs"),
-    (StartUpResult.CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS"),
-])
-def test_start_up_results_of_the_checks_own_environment_are_not_testable(result, words):
-    with pytest.raises(NotTestable) as raised:
-        cuda.check((result,), "cuInit(0)")
-    assert words in raised.value.cause and raised.value.fix
-    assert raised.value.exit_code == ExitCode.NOT_TESTABLE
-
-
-@pytest.mark.parametrize("result, words", [
-    (StartUpResult.CUDA_ERROR_SYSTEM_NOT_READY, "fabric manager"),
-    (StartUpResult.CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "forward-compatibility"),
-    (StartUpResult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "kernel module"),
-    (StartUpResult.CUDA_ERROR_DEVICE_UNAVAILABLE, "exclusive-process"),
-])
-def test_start_up_results_every_job_would_meet_drain(result, words):
-    with pytest.raises(GpuUnusable) as raised:
-        cuda.check((result,), "cuInit(0)")
-    assert words in raised.value.cause and raised.value.fix
-    assert raised.value.exit_code == ExitCode.GPU_UNUSABLE
-    assert SCHEDULER_ACTION[raised.value.exit_code] == "drain"
-    assert not isinstance(raised.value, NotTestable)     # the A/B does not absorb it
-
-
-def test_an_unknown_start_up_result_is_a_cuda_error_naming_it():
-    with pytest.raises(CudaError, match="cuInit.0. returned CUDA_ERROR_UNKNOWN"):
-        cuda.check((StartUpResult.CUDA_ERROR_UNKNOWN,), "cuInit(0)")
-
-
-def test_insufficient_driver_is_not_a_driver_api_result():
-    assert "CUDA_ERROR_INSUFFICIENT_DRIVER" not in RESULT_ERRORS
 
 
 class DynamicLibNotFoundError(RuntimeError):
@@ -597,40 +521,3 @@ def test_a_run_posts_nothing_inline_from_a_gpu_buffer_and_says_so():
         settings = client._settings(endpoint, on_gpu)
         assert settings.inline_bytes == 0 and "inline off" in settings.inline_note
         assert client._settings(endpoint, on_host).inline_note == ""
-
-
-# ---- results the installed bindings do not know (a driver newer than cuda-python) -------
-
-
-class NewerDriver(FakeDriver):
-    """cuda-python 12.6.2.post1 builds each result with CUresult(value): a value its enum
-    lacks raises ValueError instead of returning a result."""
-
-    def __init__(self, value: int, call: str):
-        super().__init__()
-        self.value, self.call = value, call
-
-    def __getattribute__(self, name):
-        if name == object.__getattribute__(self, "call"):
-            value = object.__getattribute__(self, "value")
-
-            def unknown(*args):
-                raise ValueError(f"{value} is not a valid CUresult")
-            return unknown
-        return object.__getattribute__(self, name)
-
-
-@pytest.mark.parametrize("value, error_class, name", [
-    (226, GpuUnusable, "CUDA_ERROR_CONTAINED (CUresult 226, unknown to this cuda-python)"),
-    (916, CudaError, "CUDA_ERROR_KEY_ROTATION (CUresult 916, unknown to this cuda-python)"),
-    (4242, CudaError, "CUresult 4242 (unknown to this cuda-python)"),
-])
-@pytest.mark.parametrize("call", ["cuInit", "cuMemAlloc"])
-def test_a_result_the_bindings_do_not_know_is_a_named_error(value, error_class, name, call):
-    driver = NewerDriver(value, call)
-    with pytest.raises(error_class) as raised:
-        if call == "cuInit":
-            cuda.initialised(driver)
-        else:
-            cuda.GpuDevice(driver, 0, "0").alloc_device(4096)
-    assert name in raised.value.cause and raised.value.fix

@@ -36,7 +36,7 @@ def compile_with_werror(source: pathlib.Path, *extra: str) -> None:
     flags = [*shlex.split(sysconfig.get_config_var("CFLAGS") or ""), *setup_assignment("WARNINGS"),
              "-Werror", f"-I{ROOT / 'csrc'}", f"-I{sysconfig.get_paths()['include']}"]
     run = subprocess.run([*compiler(), *flags, *extra, str(source)], capture_output=True,
-                         text=True)
+                         text=True, timeout=100)
     assert run.returncode == 0, run.stderr
 
 
@@ -59,6 +59,6 @@ def test_cythons_output_compiles_without_a_warning(tmp_path):
     output = tmp_path / "_native.c"
     cython = subprocess.run([sys.executable, "-m", "cython", "-3", "-I", str(ROOT),
                              str(ROOT / "gdrprobe" / "_native.pyx"), "-o", str(output)],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, timeout=100)
     assert cython.returncode == 0 and "warning" not in cython.stderr.lower(), cython.stderr
     compile_with_werror(output, "-fsyntax-only")

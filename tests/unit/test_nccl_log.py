@@ -390,7 +390,8 @@ def test_a_large_job_prints_one_row_per_nic_name():
 
 
 def run_cli(argv):
-    # cli.COMMAND_MODULES is owned elsewhere; register this command on a parser of its own.
+    # cli.build_parser's command list is owned elsewhere; register this command on a parser
+    # of its own.
     parser = argparse.ArgumentParser()
     command.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -15,7 +15,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOG_MB = 60
 MAX_RSS_MIB = 200
-TIME_LIMIT_S = 600          # generous: a slow, shared machine; no timing is asserted
+# Each of the two children, inside the 120 s every unit test has (pyproject.toml): generous
+# (the whole test takes seconds); no timing is asserted.
+TIME_LIMIT_S = 50
 
 READ = ("import json, resource, sys, gdrprobe; r = gdrprobe.read_nccl_log(sys.argv[1]); "
         "print(json.dumps({'rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "

@@ -8,6 +8,7 @@ import pytest
 
 from gdrprobe.campaign.machine import machine_facts
 from tests.unit.doctor import machines, nccl_machines as nm
+from tests.unit.doctor.nccl_libraries import built_library
 
 
 def dual_socket(root):
@@ -84,3 +85,15 @@ def test_the_machine_facts_carry_the_ports_and_the_environment_as_nccl_sees_it(t
     port = facts.ports["mlx5_0", 1]
     assert (port.rate_gbps, port.link_layer) == (400.0, "InfiniBand")
     assert facts.software_nics == ()
+
+
+
+def test_the_gate_decides_by_the_rules_of_the_nccl_the_job_loads(tmp_path):
+    """NCCL 2.25 has no GPUDirect RDMA to a NIC behind Grace's C2C (2.26.2 on): the gate
+    says what the doctor's nccl.gpu finding says, not what 2.30.7 would do."""
+    tree = nm.gh200(tmp_path)
+    built_library(tree, "/opt/nccl/lib", "2.25.1")
+    facts = machine_facts(str(tmp_path), {"LD_LIBRARY_PATH": "/opt/nccl/lib"})
+    (use,) = facts.nccl.values()
+    assert not use.uses_gdr and use.node_fault and not use.settings
+    assert "beyond the GDR level PXB (NCCL's default)" in use.cause

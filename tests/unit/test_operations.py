@@ -84,6 +84,22 @@ def test_check_prometheus_writes_the_file_and_an_error_writes_its_exit_code(
         f'gdrprobe_check_exit_code{{gpu="",nic="mlx5_9",node="{socket.gethostname()}"}}'] == "4.0"
 
 
+def test_a_bug_in_the_check_writes_the_internal_error_not_the_last_checks_metrics(
+        api, tmp_path, monkeypatch, capsys):  # noqa: F811
+    path = tmp_path / "check.prom"
+    assert main(["check", "--quiet", "--prometheus", str(path)]) == 0
+
+    def bug(**kwargs):
+        raise KeyError("slot")
+
+    monkeypatch.setattr("gdrprobe.check", bug)
+    assert main(["check", "--quiet", "--prometheus", str(path)]) == 70
+    found = samples(path.read_text())
+    assert found[f'gdrprobe_check_exit_code{{gpu="",nic="",node="{socket.gethostname()}"}}'] \
+        == "70.0"
+    assert not [name for name in found if "engaged" in name]
+
+
 def test_an_unwritable_file_or_missing_prometheus_client_is_refused_before_measuring(
         api, tmp_path, monkeypatch, capsys):  # noqa: F811
     assert main(["check", "--prometheus", str(tmp_path / "no" / "such.prom")]) == 2
@@ -150,7 +166,7 @@ def processes():
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
 
 
 def test_prometheus_scrapes_the_check_through_node_exporter(tmp_path, processes):

@@ -8,7 +8,7 @@ from tests.unit.machine import no_rdma_device_only
 
 def run_python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip()
+                          check=True, timeout=60).stdout.strip()
 
 
 def test_import_loads_neither_pyverbs_nor_cuda_nor_numpy():
@@ -25,7 +25,7 @@ def test_import_loads_neither_pyverbs_nor_cuda_nor_numpy():
 @no_rdma_device_only
 def test_devices_without_rdma_exits_with_no_device_code():
     done = subprocess.run([sys.executable, "-m", "gdrprobe", "devices"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 4
     assert "no RDMA device found" in done.stderr
     assert "fix:" in done.stderr
@@ -33,5 +33,5 @@ def test_devices_without_rdma_exits_with_no_device_code():
 
 def test_bad_flag_is_a_usage_error():
     done = subprocess.run([sys.executable, "-m", "gdrprobe", "devices", "--bogus"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

@@ -97,11 +97,9 @@ def test_a_run_reaches_the_engine_the_same_way(engine, capsys, argv, call):
 
 def test_a_gpu_buffer_makes_both_doors_run_the_a_b(engine, capsys):
     cli = through_cli(engine, ["run", "--loopback", "--mem", "gpu"], capsys)
-    api_calls = []
     engine.clear()
     report = gdrprobe.run(loopback=True, mem="gpu")
-    api_calls = list(engine)
-    assert cli == api_calls
+    assert cli == list(engine)
     assert report.kind == "check" and report.verdict.classification == "engaged"
     options = cli[0][1]
     assert options.sizes == (defaults.A_B_SIZE,)             # the A/B's size, both doors
@@ -138,14 +136,21 @@ def test_every_default_the_cli_shows_is_the_table_s(capsys):
         assert shown in " ".join(capsys.readouterr().out.split()), command
 
 
-def test_the_gate_is_the_same_through_both_doors(engine, capsys, monkeypatch):
+BUS = "0000:3b:00.0"
+
+
+def one_gpu_machine(monkeypatch, **facts) -> None:
+    """machine_facts() answers one GPU (BUS) and the NIC NCCL gives it, with these facts."""
     from gdrprobe.campaign import machine
     from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
 
-    bus = "0000:3b:00.0"
-    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
-                         findings=FINDINGS)
-    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    found = MachineFacts(GpuFacts((BUS,), (BUS,)), {BUS: NicChoice("mlx5_0", "NCCL's")},
+                         **facts)
+    monkeypatch.setattr(machine, "machine_facts", lambda: found)
+
+
+def test_the_gate_is_the_same_through_both_doors(engine, capsys, monkeypatch):
+    one_gpu_machine(monkeypatch, findings=FINDINGS)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     cli = through_cli(engine, ["check", "-q"], capsys)
     api = through_api(engine, lambda: gdrprobe.check())
@@ -178,13 +183,7 @@ def test_the_doctor_door_survives_importing_the_doctor_package(tmp_path, capsys)
 
 def test_qps_floor_and_the_node_check_are_the_same_through_both_doors(engine, capsys,
                                                                       monkeypatch):
-    from gdrprobe.campaign import machine
-    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
-
-    bus = "0000:3b:00.0"
-    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
-                         findings=FINDINGS)
-    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    one_gpu_machine(monkeypatch, findings=FINDINGS)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     cli = through_cli(engine, ["check", "-q", "4", "--floor", "0", "--quiet"], capsys)
     api = through_api(engine, lambda: gdrprobe.check(qps=4, floor=0))
@@ -219,13 +218,7 @@ def test_the_gate_registers_as_nccl_does_with_nccls_configuration_files(engine, 
                                                                          monkeypatch):
     """NCCL_IB_PCI_RELAXED_ORDERING=0 from /etc/nccl.conf (the environment as NCCL sees it)
     turns relaxed ordering off for the check's registrations, as NCCL's net_ib does."""
-    from gdrprobe.campaign import machine
-    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
-
-    bus = "0000:3b:00.0"
-    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
-                         nccl_environ={"NCCL_IB_PCI_RELAXED_ORDERING": "0"})
-    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    one_gpu_machine(monkeypatch, nccl_environ={"NCCL_IB_PCI_RELAXED_ORDERING": "0"})
     monkeypatch.delenv("NCCL_IB_PCI_RELAXED_ORDERING", raising=False)
     calls = through_api(engine, lambda: gdrprobe.check())
     assert {call[1].relaxed_ordering for call in calls if call[0] == "runner"} == {False}
@@ -235,14 +228,8 @@ def test_the_gate_registers_as_nccl_does_with_nccls_configuration_files(engine, 
 def test_the_gate_allocates_gpu_memory_as_nccl_will(engine, monkeypatch, cumem, allocation):
     """NCCL_CUMEM_ENABLE=0 turns NCCL's cuMem (VMM) allocations off (src/misc/cudawrap.cc
     ncclCuMemEnable); the gate's GPU buffers follow it unless --gpu-alloc says."""
-    from gdrprobe.campaign import machine
-    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
-
-    bus = "0000:3b:00.0"
     environ = {} if cumem is None else {"NCCL_CUMEM_ENABLE": cumem}
-    facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
-                         nccl_environ=environ)
-    monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+    one_gpu_machine(monkeypatch, nccl_environ=environ)
     gdrprobe.check()
     probes = [call for call in engine if call[0] == "probe"]
     assert {call[1].allocation for call in probes if call[1].kind == "gpu"} == {allocation}
@@ -255,17 +242,12 @@ def test_the_gate_allocates_gpu_memory_as_nccl_will(engine, monkeypatch, cumem, 
 def test_the_gate_exports_with_the_pcie_mapping_where_nccl_does(engine, monkeypatch):
     """On a C2C system NCCL asks for the PCIe mapping type for a GPU on a PCIe path to its
     NIC (the decision's gdr_mode "pci"): the gate's GPU buffers are exported the same way."""
-    from gdrprobe.campaign import machine
-    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
     from gdrprobe.report.check import NcclUse
 
-    bus = "0000:3b:00.0"
     for pcie in (False, True):
-        use = NcclUse(gpu=bus, nic="mlx5_0", path="direct", via_gpu=None, receives=True,
+        use = NcclUse(gpu=BUS, nic="mlx5_0", path="direct", via_gpu=None, receives=True,
                       sends=True, reasons=(), pcie_mapping=pcie)
-        facts = MachineFacts(GpuFacts((bus,), (bus,)), {bus: NicChoice("mlx5_0", "NCCL's")},
-                             nccl={bus: use})
-        monkeypatch.setattr(machine, "machine_facts", lambda facts=facts: facts)
+        one_gpu_machine(monkeypatch, nccl={BUS: use})
         engine.clear()
         gdrprobe.check()
         gpu_specs = [spec for call in engine if call[0] == "probe" for spec in call[1:]

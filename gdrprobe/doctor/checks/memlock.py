@@ -18,7 +18,7 @@ import functools
 import re
 
 from gdrprobe.doctor.checks.probe_needs import PROBE_MEMLOCK_BYTES, MiB, format_mib
-from gdrprobe.doctor.facts.container import Container, detect_container
+from gdrprobe.doctor.facts.container import Container
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.facts.memory_path import KERNEL_RELEASE_FILE, kernel_version
 from gdrprobe.report import finding_ids as ids
@@ -196,8 +196,8 @@ def systemd_memlock(root: SysRoot) -> tuple[float | None, list[Evidence]]:
     return soft, evidence
 
 
-def kernel_default(root: SysRoot) -> tuple[float, Evidence]:
-    release = root.read(KERNEL_RELEASE_FILE) or ""
+def kernel_default(release: str | None) -> tuple[float, Evidence]:
+    release = release or ""
     version = kernel_version(release) or (0, 0)
     value = next(size for floor, size in KERNEL_DEFAULT_MEMLOCK if version >= floor)
     return value, Evidence(KERNEL_RELEASE_FILE, f"{release or 'unknown'}: kernel default {format_bytes(value)}")
@@ -221,7 +221,7 @@ def job_limit(ctx: DoctorContext, container: Container,
         return pam_soft, "pam_limits (a login: ssh, su, a batch system using PAM)", tuple(pam_evidence)
     if systemd_soft is not None:
         return systemd_soft, "systemd's DefaultLimitMEMLOCK (no memlock line in limits.conf)", tuple(systemd_evidence)
-    value, evidence = kernel_default(ctx.root)
+    value, evidence = kernel_default(ctx.kernel_release)
     return value, "the kernel's default (neither limits.conf nor systemd sets memlock)", (
         Evidence(PAM_LIMITS_FILE, "no '*' memlock line"), Evidence(SYSTEMD_CONF, "no DefaultLimitMEMLOCK"), evidence)
 
@@ -246,7 +246,7 @@ def job_finding(ctx: DoctorContext, container: Container, own: tuple[str, str] |
 
 
 def check(ctx: DoctorContext) -> list[Finding]:
-    container = detect_container(ctx)
+    container = ctx.container
     cap_eff = effective_capabilities(ctx.root)
     own = memlock_limits(ctx.root)
     findings = [limit_finding(own, cap_eff, container)]

@@ -16,8 +16,7 @@ from typing import Callable
 
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.nccl.decision import decide
-from gdrprobe.nccl.env import (GdrLevel, gdr_level, int_value, netdevs_policy, parse_hca_filter,
-                               pxn_disabled)
+from gdrprobe.nccl.env import GdrLevel, int_value, netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
 from gdrprobe.nccl.topo import nccl_ports
 from gdrprobe.report import finding_ids as ids
@@ -124,7 +123,7 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
     if value is None:
         return []
     evidence = (variable_evidence(ctx, "NCCL_NET_GDR_LEVEL"),)
-    level = gdr_level(ctx.environ, ctx.nccl_rules.default_gdr_level(ctx.environ))
+    level = ctx.nccl_rules.gdr_level(ctx.environ)
     if level.ignored:
         return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} is not a spelling NCCL accepts (names are "

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 import posixpath
+from collections.abc import Mapping
 
-from gdrprobe.doctor.facts.container import detect_container
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.facts.pci import INFINIBAND_CLASS_DIR, PCI_DEVICES_DIR, rdma_devices
+from gdrprobe.nccl.topo import Port
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
@@ -22,10 +23,6 @@ NIC_DRIVER_WITHOUT_IB = (("mlx5_core", "mlx5_ib"), ("bnxt_en", "bnxt_re"), ("ice
 
 
 # ---- facts ------------------------------------------------------------------
-
-
-def ports(root: SysRoot, device: str) -> list[str]:
-    return root.listdir(f"{INFINIBAND_CLASS_DIR}/{device}/ports")
 
 
 def port_file(root: SysRoot, device: str, port: str, name: str) -> str | None:
@@ -83,39 +80,37 @@ def no_device_finding(root: SysRoot) -> Finding:
                    evidence=tuple(evidence), fix=fix[0].upper() + fix[1:] + ".")
 
 
-def port_findings(root: SysRoot, device: str, port: str) -> list[Finding]:
-    state = port_file(root, device, port, "state") or "unknown"
-    link_layer = port_file(root, device, port, "link_layer")
-    port_dir = f"{INFINIBAND_CLASS_DIR}/{device}/ports/{port}"
+def port_findings(root: SysRoot, device: str, port: Port) -> list[Finding]:
+    state, number = port.state or "unknown", str(port.number)
+    port_dir = f"{INFINIBAND_CLASS_DIR}/{device}/ports/{number}"
     findings = []
     if "ACTIVE" not in state:
-        physical = port_file(root, device, port, "phys_state")
+        physical = port_file(root, device, number, "phys_state")
         findings.append(finding(
-            id=ids.nic_port(device, port, "state"), status=Status.WARN,
-            summary=f"{device} port {port} is {state} (physical state {physical})",
+            id=ids.nic_port(device, number, "state"), status=Status.WARN,
+            summary=f"{device} port {number} is {state} (physical state {physical})",
             evidence=(Evidence(port_dir + "/state", state), Evidence(port_dir + "/phys_state", str(physical))),
             fix="Check the cable and the switch port; on InfiniBand, a port stuck in INIT needs a subnet manager.",
         ))
-    if link_layer == "Ethernet" and not roce_v2_gid_indices(root, device, port):
+    if port.link_layer == "Ethernet" and not roce_v2_gid_indices(root, device, number):
         findings.append(finding(
-            id=ids.nic_port(device, port, "roce_v2_gid"), status=Status.WARN,
-            summary=f"{device} port {port} is Ethernet but has no RoCE v2 GID, so routable RoCE is impossible",
+            id=ids.nic_port(device, number, "roce_v2_gid"), status=Status.WARN,
+            summary=f"{device} port {number} is Ethernet but has no RoCE v2 GID, so routable RoCE is impossible",
             evidence=(Evidence(port_dir + "/gid_attrs/types/*", "no 'RoCE v2' entry"),),
             fix="Give the port's network interface an IP address and bring it up; GIDs follow its addresses.",
         ))
     return findings
 
 
-def ports_summary_finding(root: SysRoot, devices: list[str]) -> Finding:
-    states = {f"{device}/{port}": port_file(root, device, port, "state") or "unknown"
-              for device in devices for port in ports(root, device)}
+def ports_summary_finding(ports: Mapping[str, tuple[Port, ...]]) -> Finding:
+    states = {(device, port.number): port.state or "unknown" for device, listed in ports.items() for port in listed}
     active = [name for name, state in states.items() if "ACTIVE" in state]
     return finding(
         id=ids.NIC_PORTS,
         status=Status.OK if active else Status.FAIL,
         summary=f"{len(active)} of {len(states)} RDMA ports are active",
-        evidence=tuple(Evidence(f"{INFINIBAND_CLASS_DIR}/{name.replace('/', '/ports/')}/state", state)
-                       for name, state in states.items()),
+        evidence=tuple(Evidence(f"{INFINIBAND_CLASS_DIR}/{device}/ports/{port}/state", state)
+                       for (device, port), state in states.items()),
         fix="" if active else "Bring at least one port up (cable, switch port, subnet manager on InfiniBand).",
     )
 
@@ -131,7 +126,7 @@ def device_nodes_finding(ctx: DoctorContext, devices: list[str]) -> Finding:
     if not missing and not refused:
         return finding(id=ids.NIC_DEV_INFINIBAND, status=Status.OK,
                        summary="every RDMA device has its verbs node in /dev/infiniband", evidence=evidence)
-    container = detect_container(ctx)
+    container = ctx.container
     if not missing:
         fix = ("Run as a user who may open them (rdma-core's udev rules make them 0666), or allow them in "
                "the container's devices cgroup.")
@@ -174,9 +169,9 @@ def check(ctx: DoctorContext) -> list[Finding]:
         return [no_device_finding(ctx.root)]
     findings = [finding(id=ids.NIC_DEVICES, status=Status.OK, summary=f"RDMA devices: {', '.join(devices)}",
                         evidence=(Evidence(INFINIBAND_CLASS_DIR, ", ".join(devices)),)),
-                ports_summary_finding(ctx.root, devices)]
-    for device in devices:
-        for port in ports(ctx.root, device):
+                ports_summary_finding(ctx.ports)]
+    for device, ports in ctx.ports.items():
+        for port in ports:
             findings += port_findings(ctx.root, device, port)
     findings.append(device_nodes_finding(ctx, devices))
     scatter = scatter_to_cqe_finding(ctx, devices)

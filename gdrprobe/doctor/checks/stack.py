@@ -24,8 +24,7 @@ import functools
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.facts.memory_path import (DMABUF_MIN_KERNEL, DRIVER_VERSION_FILE,
                                                KERNEL_RELEASE_FILE, MEMORY_PEERS_DIR,
-                                               NVIDIA_PEERMEM_MODULE, driver_version_line,
-                                               kernel_version)
+                                               NVIDIA_PEERMEM_MODULE, kernel_version)
 from gdrprobe.nccl.gdr_support import DMABUF_MIN_CUDA_DRIVER, MemoryPaths, format_cuda_version
 from gdrprobe.nccl.versions import PEERMEM_MODULE_FILE
 from gdrprobe.report import finding_ids as ids
@@ -90,8 +89,8 @@ def read_inventory(ctx: DoctorContext) -> StackInventory:
     root = ctx.root
     facts = ctx.cuda_facts if ctx.cuda_facts and "error" not in ctx.cuda_facts else {}
     return StackInventory(
-        driver_line=driver_version_line(root),
-        kernel_release=root.read(KERNEL_RELEASE_FILE),
+        driver_line=ctx.driver_line,
+        kernel_release=ctx.kernel_release,
         cuda_driver=facts.get("driver_version"),
         ofed_marker=ofed_marker(root),
         peermem_loaded=root.exists(NVIDIA_PEERMEM_MODULE),

@@ -5,9 +5,9 @@ over the topology read once (:mod:`gdrprobe.doctor.facts.topology`).
 
 from __future__ import annotations
 
-from gdrprobe.doctor.facts import pci
+from gdrprobe.doctor.facts import nvml, pci
 from gdrprobe.doctor.facts.topology import CPUINFO, DMI_FILES, PcieDevice, Topology
-from gdrprobe.nccl.env import GdrLevel, gdr_level
+from gdrprobe.nccl.env import GdrLevel
 from gdrprobe.nccl.topo import NcclPciTree, pcie_distance
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
@@ -164,7 +164,7 @@ def distance_finding(gpu: PcieDevice, nic: PcieDevice, decision, tree: NcclPciTr
 
 def nvml_crosscheck_finding(topology: Topology, facts) -> Finding | None:
     """NVML's common ancestor of each GPU pair (nvidia-smi topo -m) against the sysfs tree."""
-    matrix = (facts or {}).get("common_ancestor") if facts and "error" not in facts else None
+    matrix = facts.get("common_ancestor") if nvml.usable(facts) else None
     if not matrix:
         return None
     gpus = {gpu.bdf: gpu for gpu in topology.gpus}
@@ -199,7 +199,7 @@ def check(ctx) -> list[Finding]:
                             (Evidence("sysfs PCI tree", render_matrix(topology)),)))
     crosscheck = nvml_crosscheck_finding(topology, ctx.nvml_facts)
     findings += [crosscheck] if crosscheck else []
-    level = gdr_level(ctx.environ, ctx.nccl_rules.default_gdr_level(ctx.environ))
+    level = ctx.nccl_rules.gdr_level(ctx.environ)
     findings.append(level_finding(level, ctx.environ_source("NCCL_NET_GDR_LEVEL")))
     nics = {nic.name: nic for nic in topology.nics}
     for gpu, decision in zip(topology.gpus, ctx.nccl_decisions):

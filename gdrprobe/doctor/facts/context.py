@@ -17,7 +17,10 @@ import os
 from typing import Any
 from collections.abc import Mapping
 
-from gdrprobe.doctor.facts.memory_path import read_memory_paths
+from gdrprobe.doctor.facts import pci
+from gdrprobe.doctor.facts.container import Container, detect_container
+from gdrprobe.doctor.facts.memory_path import (KERNEL_RELEASE_FILE, driver_version_line,
+                                               read_memory_paths)
 from gdrprobe.doctor.facts.nccl_library import find_nccl_library, this_python_sites
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
 from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
@@ -27,7 +30,7 @@ from gdrprobe.errors import GdrprobeError
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.nccl.gdr_support import MemoryPaths
-from gdrprobe.nccl.topo import NcclPciTree
+from gdrprobe.nccl.topo import NcclPciTree, Port
 from gdrprobe.nccl.versions import NcclRules, parse_version
 from gdrprobe.report.model import NcclGpuDecision, NcclLibrary
 from gdrprobe.sysroot import SysRoot
@@ -128,6 +131,25 @@ class DoctorContext:
     @functools.cached_property
     def topology(self) -> Topology:
         return build_topology(self.root)
+
+    @functools.cached_property
+    def ports(self) -> dict[str, tuple[Port, ...]]:
+        """Every RDMA device's ports (software devices too) as sysfs states them."""
+        return {device: pci.rdma_ports(self.root, device) for device in pci.rdma_devices(self.root)}
+
+    @functools.cached_property
+    def driver_line(self) -> str | None:
+        """The NVIDIA kernel driver's version line (its flavour), or None without a driver."""
+        return driver_version_line(self.root)
+
+    @functools.cached_property
+    def kernel_release(self) -> str | None:
+        return self.root.read(KERNEL_RELEASE_FILE)
+
+    @functools.cached_property
+    def container(self) -> Container:
+        """Whether the doctor runs in a container, and which kind (the fixes depend on it)."""
+        return detect_container(self)
 
     @functools.cached_property
     def unopenable_nics(self) -> dict[str, str]:

@@ -13,8 +13,7 @@ import dataclasses
 import re
 from typing import Any
 
-from gdrprobe.nccl.gdr_support import (PEERMEM_FILES, Half, MemoryPaths, dmabuf_enabled,
-                                        gpu_dmabuf_half)
+from gdrprobe.nccl.gdr_support import Half, MemoryPaths, dmabuf_enabled, gpu_dmabuf_half
 from gdrprobe.sysroot import SysRoot
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
@@ -79,7 +78,7 @@ def nic_halves(nic_facts: dict[str, Any] | None, release: str | None) -> tuple[d
     return halves, default
 
 
-def peermem_file(root: SysRoot, files: tuple[str, ...] = PEERMEM_FILES) -> str | None:
+def peermem_file(root: SysRoot, files: tuple[str, ...]) -> str | None:
     """The first of the files the NCCL in use looks for that exists."""
     return next((path for path in files if root.exists(path)), None)
 
@@ -97,8 +96,8 @@ def peermem_registered(root: SysRoot) -> bool | None:
 
 def read_memory_paths(ctx) -> MemoryPaths:
     root = ctx.root
-    release = root.read(KERNEL_RELEASE_FILE)
-    platform = platform_half(driver_version_line(root), release)
+    release = ctx.kernel_release
+    platform = platform_half(ctx.driver_line, release)
     gpus, default_gpu = gpu_halves(ctx.cuda_facts, platform)
     nics, default_nic = nic_halves(ctx.nic_facts, release)
     cuda = ctx.cuda_facts if ctx.cuda_facts and "error" not in ctx.cuda_facts else {}

@@ -155,9 +155,10 @@ def candidates(root: SysRoot, environ: Mapping[str, str], hint: str | None,
         found += in_dirs(root, [environ["CONDA_PREFIX"] + "/lib"], "the conda environment's lib (CONDA_PREFIX)")
     found += [(path, LD_SO_CACHE + package_note(path)) for path in ld_cache_paths(root.read_bytes(LD_SO_CACHE, 1 << 20))
               if root.exists(path)]
-    if not root.exists(LD_SO_CACHE):
-        found += [(path, "the loader's default directories" + package_note(path))
-                  for path, _ in in_dirs(root, list(DEFAULT_DIRS), "")]
+    # glibc elf/dl-load.c _dl_map_object: the default directories come last whenever the
+    # cache gave nothing, also when a cache exists that does not list the soname.
+    found += [(path, "the loader's default directories" + package_note(path))
+              for path, _ in in_dirs(root, list(DEFAULT_DIRS), "")]
     first: dict[str, str] = {}
     for path, source in found:
         first.setdefault(path, source)

@@ -49,7 +49,7 @@ def collect_node_facts(ctx) -> NodeFacts:
     devices = topology.gpus + nics
     return NodeFacts(
         gpus=topology.gpus, nics=nics,
-        ports={nic.name: pci.rdma_ports(ctx.root, nic.name) for nic in nics},
+        ports={nic.name: ctx.ports.get(nic.name, ()) for nic in nics},
         links={device.bdf: pci.pcie_link(ctx.root, device.bdf) for device in devices},
         gpu_facts={gpu.bdf: gpu_facts(cuda.get(gpu.bdf, {}), nvml.gpu_entry(ctx.nvml_facts, gpu.bdf))
                    for gpu in topology.gpus},

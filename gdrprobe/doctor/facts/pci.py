@@ -18,11 +18,9 @@ INFINIBAND_CLASS_DIR = "/sys/class/infiniband"
 
 NVIDIA_VENDOR_ID = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)   # VGA-compatible and 3D controller (class, subclass)
-BRIDGE_CLASS = 0x0604            # PCI-to-PCI bridge: root ports and switch ports
 
 # Without CAP_SYS_ADMIN the kernel serves only the standard header of config space.
 UNPRIVILEGED_CONFIG_BYTES = 64
-CONVENTIONAL_CONFIG_BYTES = 256
 EXTENDED_CONFIG_BYTES = 4096
 EXTENDED_CAPABILITIES_START = 0x100
 
@@ -65,10 +63,6 @@ def vendor_id(root: SysRoot, bdf: str) -> int | None:
     return _read_hex(root, f"{device_dir(bdf)}/vendor")
 
 
-def device_id(root: SysRoot, bdf: str) -> int | None:
-    return _read_hex(root, f"{device_dir(bdf)}/device")
-
-
 def class_code(root: SysRoot, bdf: str) -> int | None:
     """The 24-bit class code (class, subclass, programming interface)."""
     return _read_hex(root, f"{device_dir(bdf)}/class")
@@ -95,11 +89,6 @@ def parent_bridges(path: str) -> tuple[str, ...]:
     """BDFs of the bridges above a device, from its root port down to its direct parent."""
     functions = [part for part in path.split("/") if is_pci_bus_id(part)]
     return tuple(functions[:-1])
-
-
-def is_bridge(root: SysRoot, bdf: str) -> bool:
-    code = class_code(root, bdf)
-    return code is not None and code >> 8 == BRIDGE_CLASS
 
 
 def is_nvidia_gpu(root: SysRoot, bdf: str) -> bool:

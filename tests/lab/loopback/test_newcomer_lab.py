@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from tests.cuda_standin.build import environment
-from tests.lab.helpers import REPO, gdrprobe, rdma_resources
+from tests.lab.helpers import REPO, gdrprobe, over_standin, rdma_resources
 
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
 
@@ -49,10 +48,8 @@ def test_auto_falls_back_to_peermem_on_rxe_and_says_why(baseline):
     """Over the stand-in libcuda.so.1 the driver loads, so the GPU arm runs: rxe cannot
     register DMA-BUF (NCCL's probe answers EOPNOTSUPP), and gpu falls back to peermem."""
     pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
-    env = environment() | {"PYTHONPATH": REPO}
-    done = subprocess.run([sys.executable, "-m", "gdrprobe", "run", "--loopback", "--mem", "gpu",
-                           "--repeats", "1", "-n", "50", "--json"], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    done = gdrprobe("run", "--loopback", "--mem", "gpu", "--repeats", "1", "-n", "50", "--json",
+                    env=over_standin(), timeout=600)
     assert done.stdout, done.stderr
     gpu = json.loads(done.stdout)["arms"][1]
     assert "auto fell back to peermem" in gpu["mechanism_reason"]

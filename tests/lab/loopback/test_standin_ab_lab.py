@@ -15,8 +15,7 @@ import sys
 
 import pytest
 
-from tests.cuda_standin.build import environment
-from tests.lab.helpers import REPO, gdrprobe_json, rdma_resources
+from tests.lab.helpers import REPO, gdrprobe, gdrprobe_json, over_standin, rdma_resources
 
 pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
 
@@ -29,12 +28,8 @@ def run_over_standin(*args: str, **standin) -> tuple[int, dict]:
 
 def run_loopback(*args: str, **standin) -> subprocess.CompletedProcess:
     """gdrprobe run --loopback over the stand-in, configured by GDRPROBE_STANDIN_<KEY>."""
-    env = environment()
-    env["PYTHONPATH"] = REPO
-    env.update({f"GDRPROBE_STANDIN_{key.upper()}": value for key, value in standin.items()})
-    return subprocess.run([sys.executable, "-m", "gdrprobe", "run", "--loopback", "-n", "100",
-                           "-s", "65536", *args], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=REPO)
+    return gdrprobe("run", "--loopback", "-n", "100", "-s", "65536", *args,
+                    env=over_standin(**standin), timeout=600)
 
 
 @pytest.mark.parametrize("side", ["--mem", "--remote-mem"])
@@ -117,9 +112,7 @@ print(json.dumps(to_dict(report)))
 
 @pytest.mark.parametrize("mem", ["dmabuf", "gpu"])
 def test_a_pyverbs_that_takes_no_fd_registers_through_libibverbs_never_silently(mem, baseline):
-    env = environment()
-    env["PYTHONPATH"] = REPO
-    done = subprocess.run([sys.executable, "-c", PYVERBS_34_TO_43, mem], env=env,
+    done = subprocess.run([sys.executable, "-c", PYVERBS_34_TO_43, mem], env=over_standin(),
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

@@ -153,10 +153,3 @@ class FakeTopology:
 
     def nearest_nic(self, gpu):
         return self.nearest.get(gpu.bdf, (None, None))
-
-
-def two_gpu_topology() -> FakeTopology:
-    """GPU0 under the switch of mlx5_0 (PIX), GPU1 two switches away from mlx5_1 (PXB)."""
-    gpu0, gpu1 = FakeDevice("0000:1b:00.0", "GPU0"), FakeDevice("0000:9b:00.0", "GPU1")
-    nic0, nic1 = FakeDevice("0000:1a:00.0", "mlx5_0"), FakeDevice("0000:9a:00.0", "mlx5_1", 1)
-    return FakeTopology([gpu0, gpu1], [nic0, nic1], {gpu0.bdf: (nic0, "PIX"), gpu1.bdf: (nic1, "PXB")})

@@ -74,6 +74,17 @@ def test_without_a_cache_the_default_directories_hold_rhels_libnccl(tmp_path):
     assert found.source == "the loader's default directories (RHEL's libnccl installs it there)"
 
 
+def test_a_cache_that_does_not_list_it_still_leaves_the_default_directories(tmp_path):
+    """glibc (elf/dl-load.c _dl_map_object) tries its default directories whenever the cache
+    gave nothing: a libnccl installed without running ldconfig still loads."""
+    tree = machines.SysfsTree(tmp_path)
+    path = built_library(tree, "/usr/lib64", "2.23.4")
+    tree.write("/etc/ld.so.cache", ld_so_cache([("libc.so.6", "/lib64/libc.so.6")]))
+    found = library(tmp_path)
+    assert (found.path, found.version) == (path, "2.23.4")
+    assert found.source == "the loader's default directories (RHEL's libnccl installs it there)"
+
+
 def test_nccl_names_the_library_whose_version_is_in_its_bytes(tmp_path):
     tree = machines.SysfsTree(tmp_path)
     tree.write("/scratch/libnccl.so.2", library_bytes("2.27.3+cuda12.9"))

@@ -34,6 +34,15 @@ def test_crashing_check_becomes_a_failing_finding(tmp_path, monkeypatch):
     assert any(f.id == "acs.bridge" for f in report.findings)     # later checks still ran
 
 
+def test_a_crash_alone_exits_internal_not_the_drain_code():
+    """A crashed check is a bug in gdrprobe: it must not drain the node (exit 1); a real
+    failure beside it still does."""
+    crash = Finding("stack.crashed", "stack", Status.FAIL, "the stack check crashed")
+    assert DoctorReport("/", (crash,)).exit_code == ExitCode.INTERNAL
+    failed = Finding("acs.bridge", "acs", Status.FAIL, "ACS on")
+    assert DoctorReport("/", (crash, failed)).exit_code == ExitCode.VERDICT_NOT_OK
+
+
 def test_findings_follow_flowchart_order_and_first_blocker_leads(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "CHECKS", OWN_CHECKS)
     machines.acs_node(tmp_path, pairs=1)
@@ -211,6 +220,38 @@ def test_a_failed_capture_leaves_the_earlier_one_as_it_was(tmp_path, monkeypatch
         capture(str(dest), root=str(tmp_path / "node"), environ={}, replace=True)
     assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == before
     assert sorted(os.listdir(tmp_path)) == ["node", "report"]
+
+
+def test_a_failed_swap_puts_the_earlier_capture_back(tmp_path, monkeypatch):
+    import pytest
+
+    from gdrprobe.doctor import capture as capture_module
+
+    machines.pix_node(tmp_path / "node", pairs=1)
+    dest = tmp_path / "report"
+    capture(str(dest), root=str(tmp_path / "node"), environ={})
+    before = sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))
+    rename = os.rename
+
+    def refused_into_dest(source, target):
+        if str(target) == str(dest) and ".old" not in str(source):
+            raise OSError(28, "No space left on device")
+        rename(source, target)
+    monkeypatch.setattr(capture_module.os, "rename", refused_into_dest)
+    with pytest.raises(OSError):
+        capture(str(dest), root=str(tmp_path / "node"), environ={}, replace=True)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == before
+    assert sorted(os.listdir(tmp_path)) == ["node", "report"]
+
+
+def test_a_destination_that_cannot_be_made_is_a_usage_error(tmp_path, capsys):
+    from gdrprobe.cli import main
+
+    machines.pix_node(tmp_path / "node", pairs=1)
+    (tmp_path / "a-file").write_text("")
+    assert main(["capture", str(tmp_path / "a-file" / "report"), "--root", str(tmp_path / "node")]) == 2
+    error = capsys.readouterr().err
+    assert "cannot write a capture into" in error and "fix: pass a DEST in a directory" in error
 
 
 def test_the_capture_command_says_replace(tmp_path, capsys):
