@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "gdr_pattern.h"
+
 #define POLL_BATCH 16
 /* Busy waits look at the stop flag (a memory read) every SPINS_BETWEEN_STOP_CHECKS empty
  * polls or spins, and at the clock, for the stall deadline, only every
@@ -17,6 +19,7 @@
 
 struct qp_progress {
     uint64_t target;       /* messages this QP will post in total */
+    uint64_t pass_limit;   /* ... and by the end of the current pass (UINT64_MAX: no passes) */
     uint64_t posted;
     uint64_t completed;
     uint64_t unsignaled;   /* messages posted since the last signalled one */
@@ -91,7 +94,8 @@ static int bw_config_valid(const struct gdr_bw_config *cfg)
            cfg->tx_depth >= 1 && cfg->cq_mod >= 1 && cfg->cq_mod <= cfg->tx_depth &&
            cfg->post_list >= 1 && cfg->post_list <= GDR_MAX_POST_LIST &&
            cfg->post_list <= cfg->tx_depth && (cfg->duration_ns > 0 || cfg->iterations > 0) &&
-           cfg->slots >= 1 && cfg->stop && clock_valid(&cfg->clock);
+           cfg->slots >= 1 && cfg->src_slots >= cfg->slots && cfg->stop &&
+           clock_valid(&cfg->clock);
 }
 
 static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
@@ -102,16 +106,28 @@ static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
     res->wc_qp_num = wc->qp_num;
 }
 
+/* What a QP posts before it stops: its messages, or those of the current pass. */
+static uint64_t qp_limit(const struct qp_progress *p)
+{
+    return p->target < p->pass_limit ? p->target : p->pass_limit;
+}
+
+/* Where the round's next message comes from and goes to (see gdr_bw_config.slots). */
+struct slot_cursor {
+    uint32_t dst, src;
+};
+
 /* Post as many messages on one QP as its send queue has room for, each to its slot. */
 static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct qp_progress *p,
-                      struct ibv_send_wr *wrs, struct ibv_sge *sges, uint32_t *slot,
+                      struct ibv_send_wr *wrs, struct ibv_sge *sges, struct slot_cursor *slot,
                       struct gdr_bw_result *res)
 {
     unsigned int inline_flag = cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
+    uint64_t limit = qp_limit(p);
 
-    while (p->posted < p->target && p->posted - p->completed < cfg->tx_depth) {
+    while (p->posted < limit && p->posted - p->completed < cfg->tx_depth) {
         uint64_t room = cfg->tx_depth - (p->posted - p->completed);
-        uint64_t left = p->target - p->posted;
+        uint64_t left = limit - p->posted;
         uint32_t count = cfg->post_list, i;
         struct ibv_send_wr *bad = NULL;
 
@@ -121,13 +137,16 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
             count = (uint32_t)left;
         for (i = 0; i < count; i++) {
             uint64_t number = p->posted + i + 1;
-            uint64_t offset = (uint64_t)*slot * cfg->msg_size;
-            int signalled = number % cfg->cq_mod == 0 || number == p->target;
+            /* The last message before the QP stops is signalled: its completion is the
+             * QP's last, and the drain (or the pass) waits for it. */
+            int signalled = number % cfg->cq_mod == 0 || number == limit;
 
-            sges[i].addr = cfg->local_addr + offset;
-            wrs[i].wr.rdma.remote_addr = cfg->remote_addr + offset;
-            if (++*slot == cfg->slots)   /* the next message's slot, over all QPs */
-                *slot = 0;
+            sges[i].addr = cfg->local_addr + (uint64_t)slot->src * cfg->msg_size;
+            wrs[i].wr.rdma.remote_addr = cfg->remote_addr + (uint64_t)slot->dst * cfg->msg_size;
+            if (++slot->dst == cfg->slots)   /* the next message's slots, over all QPs */
+                slot->dst = 0;
+            if (++slot->src == cfg->src_slots)
+                slot->src = 0;
 
             p->unsignaled++;
             wrs[i].send_flags = (signalled ? IBV_SEND_SIGNALED : 0) | inline_flag;
@@ -157,6 +176,45 @@ static int all_completed(const struct qp_progress *qps, uint32_t num_qps)
             return 0;
     }
     return 1;
+}
+
+static int pass_completed(const struct qp_progress *qps, uint32_t num_qps)
+{
+    uint32_t q;
+
+    for (q = 0; q < num_qps; q++) {
+        if (qps[q].completed < qp_limit(&qps[q]))
+            return 0;
+    }
+    return 1;
+}
+
+/* The round's messages are dealt to the QPs in turn, message k to QP k mod num_qps: of the
+ * first `end`, QP q sends this many. Each pass so ends with `slots` messages sent in all,
+ * however many QPs, and every QP sends in a run of more passes than QPs. */
+static uint64_t qp_share(uint64_t end, uint32_t q, uint32_t num_qps)
+{
+    return (end + num_qps - 1 - q) / num_qps;
+}
+
+static uint64_t total_posted(const struct qp_progress *qps, uint32_t num_qps)
+{
+    uint64_t posted = 0;
+    uint32_t q;
+
+    for (q = 0; q < num_qps; q++)
+        posted += qps[q].posted;
+    return posted;
+}
+
+/* Let the QPs post the messages of pass `pass` (all of theirs when there are no passes). */
+static void open_pass(const struct gdr_bw_config *cfg, struct qp_progress *qps, uint64_t pass)
+{
+    uint32_t q;
+
+    for (q = 0; q < cfg->num_qps; q++)
+        qps[q].pass_limit = cfg->pass_end ? qp_share((pass + 1) * cfg->slots, q, cfg->num_qps)
+                                          : UINT64_MAX;
 }
 
 /* One scatter entry per chained request: each message has its own slot's address. */
@@ -222,10 +280,38 @@ static void track_window(const struct gdr_bw_config *cfg, struct bw_window *w, s
                              window_full(cfg, total - w->start_msgs))) {
         w->end = now;
         w->end_msgs = total;
-        /* Stop posting; one more signalled message per QP lets the drain see every write land. */
+        /* Stop posting; one more signalled message per QP lets the drain see every write
+         * land. In passes, the current pass is finished instead, so its check is whole. */
         for (q = 0; q < cfg->num_qps; q++)
-            qps[q].target = qps[q].posted + 1;
+            qps[q].target = cfg->pass_end ? qp_limit(&qps[q]) : qps[q].posted + 1;
     }
+}
+
+/* The pass check, between passes with nothing in flight. Its time is the check's, not the
+ * link's: the warm-up and the window go on where they stopped, and the peak window starts
+ * afresh (the queues drained for the check). */
+static int end_pass(const struct gdr_bw_config *cfg, struct bw_window *w, struct watchdog *watch,
+                    uint64_t *t0, uint64_t pass, uint64_t messages, uint64_t total,
+                    struct gdr_bw_result *res)
+{
+    uint64_t before = gdr_clock_ticks(&cfg->clock), after, paused;
+    int rc = cfg->pass_end(cfg->pass_ctx, pass, messages);
+
+    after = gdr_clock_ticks(&cfg->clock);
+    paused = after - before;
+    res->passes++;
+    res->paused_ns += (uint64_t)gdr_clock_ns(&cfg->clock, paused);
+    *t0 += paused;
+    if (w->measuring && !w->end)
+        w->start += paused;
+    w->peak_start = after;
+    w->peak_msgs = total;
+    watch->progressed = 1;
+    if (rc) {
+        res->status = GDR_ERR_PASS;
+        return -1;
+    }
+    return 0;
 }
 
 int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
@@ -234,11 +320,11 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
     struct ibv_send_wr wrs[GDR_MAX_POST_LIST];
     struct ibv_wc wc[POLL_BATCH];
     struct ibv_sge sges[GDR_MAX_POST_LIST];
-    uint32_t slot = 0;
+    struct slot_cursor slot = {0, 0};
     struct bw_window w;
     struct watchdog watch;
     struct gdr_clock_mark mark;
-    uint64_t total = 0, t0;
+    uint64_t total = 0, t0, pass = 0, pass_first = 0;
     uint32_t q;
 
     memset(res, 0, sizeof(*res));
@@ -252,6 +338,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
         memset(&qps[q], 0, sizeof(qps[q]));
         qps[q].target = cfg->duration_ns ? UINT64_MAX : cfg->iterations + cfg->warmup_iterations;
     }
+    open_pass(cfg, qps, pass);
     w.warmup_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->warmup_ns);
     w.duration_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->duration_ns);
     watchdog_init(&watch, gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns));
@@ -270,8 +357,23 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
             if (post_burst(cfg, q, &qps[q], wrs, sges, &slot, res))
                 return res->status;
         }
-        if (all_completed(qps, cfg->num_qps))
-            break;
+        if (pass_completed(qps, cfg->num_qps)) {
+            int last = all_completed(qps, cfg->num_qps);
+            uint64_t posted = total_posted(qps, cfg->num_qps);
+
+            if (last && !w.end) {   /* iteration mode: the window closes at the last completion */
+                w.end = gdr_clock_ticks(&cfg->clock);
+                w.end_msgs = total;
+            }
+            if (cfg->pass_end && end_pass(cfg, &w, &watch, &t0, pass, posted - pass_first,
+                                          total, res))
+                return res->status;
+            if (last)
+                break;
+            pass_first = posted;
+            open_pass(cfg, qps, ++pass);
+            continue;
+        }
 
         n = ibv_poll_cq(cfg->cq, POLL_BATCH, wc);
         if (n < 0) {
@@ -295,14 +397,9 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
         track_window(cfg, &w, qps, t0, total, &res->peak_bytes_per_s);
     }
 
-    if (!w.end) {   /* iteration mode: the window closes at the last completion */
-        w.end = gdr_clock_ticks(&cfg->clock);
-        w.end_msgs = total;
-    }
     check_clock(&cfg->clock, &mark, &res->clock_check);
     res->messages = w.end_msgs - w.start_msgs;
-    for (q = 0; q < cfg->num_qps; q++)
-        res->posted += qps[q].posted;
+    res->posted = total_posted(qps, cfg->num_qps);
     res->elapsed_ns = (uint64_t)gdr_clock_ns(&cfg->clock, w.end - w.start);
     res->status = GDR_OK;
     return res->status;
@@ -373,6 +470,22 @@ static int send_tag(const struct gdr_lat_config *cfg, uint64_t stall_ticks,
     return wait_for_send(cfg, stall_ticks, res);
 }
 
+/* Check the message that has just arrived: all but its last byte (the tag) carry the
+ * round's pattern. Every message is checked: a path that corrupts some is caught. */
+static void verify_received(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
+{
+    size_t first = 0;
+    size_t bad = gdr_pattern_verify((const uint8_t *)(uintptr_t)cfg->recv_buf,
+                                    cfg->msg_size - 1, cfg->seed, &first);
+
+    if (!bad)
+        return;
+    if (!res->bad_bytes)
+        res->first_bad_offset = first;
+    res->bad_messages++;
+    res->bad_bytes += bad;
+}
+
 int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 {
     struct ibv_sge sge = {.addr = cfg->send_addr, .length = cfg->msg_size, .lkey = cfg->lkey};
@@ -394,9 +507,12 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     wr.wr.rdma.rkey = cfg->rkey;
     stall_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns);   /* once, not per wait */
 
-    /* One clock read per round trip, between the echo's arrival and the next post: a
-     * sample is the time from one post to the next, as perftest times it (tposted[], read
-     * just before each post in perftest_resources.c run_iter_lat_write). */
+    /* A sample is the time from one post to the next, as perftest times it (tposted[],
+     * read just before each post in perftest_resources.c run_iter_lat_write), less the
+     * check of the echo: the clock is read when the echo has arrived and again after its
+     * check, just before the next post. The responder checks each message after its
+     * reply is on its way, while the initiator checks the echo: off the round trip. A
+     * message landing during the responder's check carries the same bytes but its tag. */
     gdr_clock_mark(&cfg->clock, &mark);
     last_post = mark.ticks;
     for (i = 0; i < cfg->iterations; i++) {
@@ -410,10 +526,13 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
                 return res->status;
             now = gdr_clock_ticks(&cfg->clock);
             cfg->samples_ns[i] = now - last_post;   /* ticks until the run ends */
-            last_post = now;
-        } else if (wait_for_tag(cfg, stall_ticks, tag, res) ||
-                   send_tag(cfg, stall_ticks, &wr, tag, res)) {
-            return res->status;
+            verify_received(cfg, res);
+            last_post = gdr_clock_ticks(&cfg->clock);
+        } else {
+            if (wait_for_tag(cfg, stall_ticks, tag, res) ||
+                send_tag(cfg, stall_ticks, &wr, tag, res))
+                return res->status;
+            verify_received(cfg, res);
         }
         res->completed = i + 1;
     }

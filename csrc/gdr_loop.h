@@ -21,7 +21,14 @@ enum gdr_status {
     GDR_ERR_WC = 4,         /* a completion with an error status: wc_status, wc_vendor_err */
     GDR_ERR_STALL = 5,      /* no progress for stall_timeout_ns: the peer is gone or stuck */
     GDR_ERR_STOPPED = 6,    /* *stop became non-zero (Ctrl-C, caller's deadline) */
+    GDR_ERR_PASS = 7,       /* the pass check (pass_end) asked the loop to stop */
 };
+
+/* Called between two passes of a bandwidth loop, with nothing in flight: the receiver
+ * checks the pass's messages before any slot is written again. pass counts from 0;
+ * messages is how many the pass sent (all QPs), the k-th of the round being message
+ * pass * slots + k. Returns 0 to go on. */
+typedef int (*gdr_pass_fn)(void *ctx, uint64_t pass, uint64_t messages);
 
 struct gdr_bw_config {
     struct ibv_qp *qps[GDR_MAX_QPS];
@@ -43,8 +50,14 @@ struct gdr_bw_config {
     uint32_t post_list;           /* work requests chained per ibv_post_send */
     uint32_t max_inline;          /* messages up to this size go inline */
     uint32_t slots;               /* >= 1: the k-th message posted (all QPs) goes to slot
-                                   * k mod slots, at that times msg_size on both sides, so
-                                   * the receiver can check the last `slots` messages */
+                                   * k mod slots of the peer's buffer, at that times
+                                   * msg_size */
+    uint32_t src_slots;           /* >= slots: ... and is sent from source slot k mod
+                                   * src_slots: with one more source slot than slots, the
+                                   * message a slot holds differs from the one before it */
+    gdr_pass_fn pass_end;         /* non-NULL: the round runs in passes of `slots` messages,
+                                   * pass_end called after each, outside the window */
+    void *pass_ctx;
     uint64_t stall_timeout_ns;
     struct gdr_clock clock;
     volatile int *stop;
@@ -66,6 +79,8 @@ struct gdr_bw_result {
     uint64_t posted;              /* posted in all, all QPs, warm-up included */
     uint64_t elapsed_ns;          /* length of the measured window */
     double peak_bytes_per_s;      /* best rate over windows of tx_depth x QPs messages */
+    uint64_t passes;              /* pass_end calls made */
+    uint64_t paused_ns;           /* time in pass_end, left out of the measured window */
     struct gdr_clock_check clock_check;
 };
 
@@ -75,6 +90,8 @@ struct gdr_lat_config {
     uint64_t send_addr;           /* local source of the message (in the local MR) */
     uint32_t lkey;
     volatile uint8_t *recv_buf;   /* local buffer the peer writes into */
+    uint64_t seed;                /* every message's first msg_size - 1 bytes carry the
+                                   * pattern of seed (gdr_pattern.h); its last, the tag */
     uint64_t remote_addr;         /* the peer's receive buffer */
     uint32_t rkey;
     uint32_t msg_size;
@@ -94,6 +111,9 @@ struct gdr_lat_result {
     uint32_t wc_vendor_err;
     uint32_t wc_qp_num;
     uint64_t completed;           /* round trips completed */
+    uint64_t bad_messages;        /* messages received with a byte off the pattern */
+    uint64_t bad_bytes;           /* such bytes over all messages received */
+    uint64_t first_bad_offset;    /* in the first bad message; valid when bad_bytes > 0 */
     struct gdr_clock_check clock_check;
 };
 

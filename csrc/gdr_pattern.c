@@ -67,20 +67,25 @@ void gdr_slots_fill(uint8_t *buf, size_t size, size_t slots, uint64_t seed)
         gdr_pattern_fill(buf + slot * size, size, gdr_slot_seed(seed, slot));
 }
 
-size_t gdr_slots_verify(const uint8_t *buf, size_t size, size_t slots, uint64_t seed,
-                        size_t *bad_slots, size_t *first_bad)
+size_t gdr_messages_verify(const uint8_t *buf, size_t size, size_t slots, size_t src_slots,
+                           uint64_t seed, uint64_t first, size_t count, size_t *bad_messages,
+                           size_t *first_bad)
 {
-    size_t slot, bad = 0, first = 0, wrong;
+    size_t i, bad = 0, offset, where = 0, wrong;
+    uint64_t k;
 
-    *bad_slots = 0;
-    for (slot = 0; slot < slots; slot++) {
-        wrong = gdr_pattern_verify(buf + slot * size, size, gdr_slot_seed(seed, slot), &first);
+    *bad_messages = 0;
+    for (i = 0; i < count; i++) {
+        k = first + i;
+        offset = (size_t)(k % slots) * size;
+        wrong = gdr_pattern_verify(buf + offset, size, gdr_slot_seed(seed, k % src_slots),
+                                   &where);
         if (wrong == 0)
             continue;
         if (bad == 0)
-            *first_bad = slot * size + first;
+            *first_bad = offset + where;
         bad += wrong;
-        (*bad_slots)++;
+        (*bad_messages)++;
     }
     return bad;
 }

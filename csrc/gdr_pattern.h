@@ -22,17 +22,22 @@ void gdr_pattern_fill(uint8_t *buf, size_t len, uint64_t seed);
  * goes to *first_bad (left untouched when all bytes match). */
 size_t gdr_pattern_verify(const uint8_t *buf, size_t len, uint64_t seed, size_t *first_bad);
 
-/* A bandwidth round's messages each land in a slot of their own, slot k at k * size,
- * with a pattern of its own (gdr_slot_seed): a message written to the wrong slot, or a
- * wrong one that a later right one would have overwritten, is caught. */
+/* A bandwidth round's message k lands in slot k mod slots of the receiver's buffer, at
+ * that times size, and is sent from source slot k mod src_slots, whose pattern is its own
+ * (gdr_slot_seed). With one more source slot than slots, a slot's next message carries
+ * other bytes than its last: a write that never landed, or landed in the wrong slot, is
+ * caught, as is a wrong one that a later right one would have overwritten. */
 uint64_t gdr_slot_seed(uint64_t seed, uint64_t slot);
 
+/* The source slots: slot k holds size bytes of its own pattern. */
 void gdr_slots_fill(uint8_t *buf, size_t size, size_t slots, uint64_t seed);
 
-/* Wrong bytes over the slots; the slots holding any in *bad_slots, the first wrong
- * offset from buf in *first_bad (untouched when all match). */
-size_t gdr_slots_verify(const uint8_t *buf, size_t size, size_t slots, uint64_t seed,
-                        size_t *bad_slots, size_t *first_bad);
+/* Check the round's messages first to first + count - 1 (count <= slots) where they
+ * landed. Wrong bytes; the messages holding any in *bad_messages, the first wrong offset
+ * from buf in *first_bad (untouched when all match). */
+size_t gdr_messages_verify(const uint8_t *buf, size_t size, size_t slots, size_t src_slots,
+                           uint64_t seed, uint64_t first, size_t count, size_t *bad_messages,
+                           size_t *first_bad);
 
 /* Number of bytes of buf[0, len) that are not the poison byte; first one in *first_bad. */
 size_t gdr_poison_verify(const uint8_t *buf, size_t len, size_t *first_bad);

@@ -36,8 +36,9 @@ cdef extern from "gdr_pattern.h" nogil:
     size_t gdr_pattern_verify(const uint8_t *buf, size_t length, uint64_t seed, size_t *first_bad)
     uint64_t gdr_slot_seed(uint64_t seed, uint64_t slot)
     void gdr_slots_fill(uint8_t *buf, size_t size, size_t slots, uint64_t seed)
-    size_t gdr_slots_verify(const uint8_t *buf, size_t size, size_t slots, uint64_t seed,
-                            size_t *bad_slots, size_t *first_bad)
+    size_t gdr_messages_verify(const uint8_t *buf, size_t size, size_t slots, size_t src_slots,
+                               uint64_t seed, uint64_t first, size_t count,
+                               size_t *bad_messages, size_t *first_bad)
     size_t gdr_poison_verify(const uint8_t *buf, size_t length, size_t *first_bad)
 
 
@@ -74,7 +75,9 @@ cdef extern from "gdr_loop.h" nogil:
         GDR_MAX_POST_LIST
         GDR_MAX_MSG_SIZE
     enum gdr_status:
-        GDR_OK, GDR_ERR_ARGS, GDR_ERR_POST, GDR_ERR_POLL, GDR_ERR_WC, GDR_ERR_STALL, GDR_ERR_STOPPED
+        GDR_OK, GDR_ERR_ARGS, GDR_ERR_POST, GDR_ERR_POLL, GDR_ERR_WC, GDR_ERR_STALL, GDR_ERR_STOPPED,
+        GDR_ERR_PASS
+    ctypedef int (*gdr_pass_fn)(void *ctx, uint64_t pass_, uint64_t messages)
 
     struct gdr_bw_config:
         ibv_qp *qps[GDR_MAX_QPS]
@@ -95,6 +98,9 @@ cdef extern from "gdr_loop.h" nogil:
         uint32_t post_list
         uint32_t max_inline
         uint32_t slots
+        uint32_t src_slots
+        gdr_pass_fn pass_end
+        void *pass_ctx
         uint64_t stall_timeout_ns
         gdr_clock clock
         volatile int *stop
@@ -113,6 +119,8 @@ cdef extern from "gdr_loop.h" nogil:
         uint64_t posted
         uint64_t elapsed_ns
         double peak_bytes_per_s
+        uint64_t passes
+        uint64_t paused_ns
         gdr_clock_check clock_check
 
     struct gdr_lat_config:
@@ -121,6 +129,7 @@ cdef extern from "gdr_loop.h" nogil:
         uint64_t send_addr
         uint32_t lkey
         volatile uint8_t *recv_buf
+        uint64_t seed
         uint64_t remote_addr
         uint32_t rkey
         uint32_t msg_size
@@ -139,6 +148,9 @@ cdef extern from "gdr_loop.h" nogil:
         uint32_t wc_vendor_err
         uint32_t wc_qp_num
         uint64_t completed
+        uint64_t bad_messages
+        uint64_t bad_bytes
+        uint64_t first_bad_offset
         gdr_clock_check clock_check
 
     int gdr_bw_run(const gdr_bw_config *cfg, gdr_bw_result *res)

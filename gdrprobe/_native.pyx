@@ -27,11 +27,13 @@ STATUS_NAMES = {
     c.GDR_ERR_WC: "work completion error",
     c.GDR_ERR_STALL: "no progress",
     c.GDR_ERR_STOPPED: "stopped",
+    c.GDR_ERR_PASS: "stopped by the check of a pass",
 }
 STATUS_OK = c.GDR_OK
 STATUS_STOPPED = c.GDR_ERR_STOPPED
 STATUS_STALL = c.GDR_ERR_STALL
 STATUS_WC = c.GDR_ERR_WC
+STATUS_PASS = c.GDR_ERR_PASS
 MAX_QPS = c.GDR_MAX_QPS
 MAX_POST_LIST = c.GDR_MAX_POST_LIST
 MAX_SIZE = c.GDR_MAX_MSG_SIZE
@@ -125,12 +127,17 @@ def slots_fill(uintptr_t addr, size_t size, size_t slots, uint64_t seed):
         c.gdr_slots_fill(<uint8_t *>addr, size, slots, seed)
 
 
-def slots_verify(uintptr_t addr, size_t size, size_t slots, uint64_t seed):
-    """(slots with a wrong byte, wrong bytes, first wrong offset from addr or -1)."""
-    cdef size_t bad_slots = 0, first = 0, bad
+def messages_verify(uintptr_t addr, size_t size, size_t slots, size_t src_slots,
+                    uint64_t seed, uint64_t first, size_t count):
+    """(messages with a wrong byte, wrong bytes, first wrong offset from addr or -1) of the
+    round's messages first to first + count - 1, where they landed (gdr_pattern.h)."""
+    cdef size_t bad_messages = 0, where = 0, bad
+    if count > slots or src_slots < slots:
+        raise ValueError(f"{count} messages in {slots} slots from {src_slots} source slots")
     with nogil:
-        bad = c.gdr_slots_verify(<const uint8_t *>addr, size, slots, seed, &bad_slots, &first)
-    return bad_slots, bad, (first if bad else -1)
+        bad = c.gdr_messages_verify(<const uint8_t *>addr, size, slots, src_slots, seed, first,
+                                    count, &bad_messages, &where)
+    return bad_messages, bad, (where if bad else -1)
 
 
 def poison_fill(uintptr_t addr, size_t length):
@@ -343,6 +350,8 @@ cdef class BandwidthLoopResult:
     cdef readonly uint64_t posted            # posted in all, warm-up included
     cdef readonly uint64_t elapsed_ns        # the measured window
     cdef readonly double peak_bytes_per_s
+    cdef readonly uint64_t passes            # passes checked by the receiver
+    cdef readonly uint64_t paused_ns         # spent on those checks, outside the window
     cdef readonly ClockCheck clock_check
 
 
@@ -356,6 +365,9 @@ cdef class LatencyLoopResult:
     cdef readonly uint32_t wc_vendor_err
     cdef readonly uint32_t wc_qp_num
     cdef readonly uint64_t completed                 # round trips completed
+    cdef readonly uint64_t bad_messages              # received off the pattern (each checked)
+    cdef readonly uint64_t bad_bytes
+    cdef readonly uint64_t first_bad_offset          # valid when bad_bytes > 0
     cdef readonly ClockCheck clock_check
     cdef readonly RoundTripSummary round_trip        # None: the responder, or a failed run
 
@@ -369,6 +381,16 @@ cdef int _check_inside(str what, end, memory) except -1:
     return 0
 
 
+cdef int _pass_end(void *ctx, uint64_t pass_, uint64_t messages) noexcept nogil:
+    """The bandwidth loop's pass check: the config's on_pass, which answers whether to go on.
+    An exception in it (its caller's to report) stops the loop."""
+    with gil:
+        try:
+            return 0 if (<object>ctx)(pass_, messages) else 1
+        except BaseException:
+            return 1
+
+
 cdef class BandwidthConfig:
     """The bandwidth loop's settings in the C struct the loop reads, with the objects that
     own what that struct points at: handles (rdma.handles.RawHandles, which holds the pyverbs
@@ -376,21 +398,25 @@ cdef class BandwidthConfig:
     where a QP holds its PD and CQs, the user holds its owners: the addresses and the lkey
     are read from them, never passed apart from them, and they live at least as long as the
     config, which run_bandwidth holds until the loop returns. remote is the peer's buffer
-    (address, rkey)."""
+    (address, rkey). on_pass, if given, is called between passes of `slots` messages from
+    the loop's thread (pass, messages) and returns whether to go on: the receiver checks
+    each pass before its slots are written again."""
 
     cdef c.gdr_bw_config cfg
-    cdef readonly object handles, memory
+    cdef readonly object handles, memory, on_pass
 
     def __init__(self, handles, memory, remote, *, uint32_t msg_size, uint64_t iterations,
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
                  uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0,
-                 uint32_t slots=1, bint counter=False, double ns_per_tick=1.0):
+                 uint32_t slots=1, uint32_t src_slots=0, on_pass=None, bint counter=False,
+                 double ns_per_tick=1.0):
         cdef Py_ssize_t i, num_qps = len(handles.qps)
         if not 1 <= num_qps <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
-        _check_inside("the slots", <object>slots * msg_size, memory)
-        self.handles, self.memory = handles, memory
+        src_slots = src_slots or slots
+        _check_inside("the source slots", <object>src_slots * msg_size, memory)
+        self.handles, self.memory, self.on_pass = handles, memory, on_pass
         memset(&self.cfg, 0, sizeof(self.cfg))
         for i in range(num_qps):
             self.cfg.qps[i] = <c.ibv_qp *><uintptr_t>handles.qps[i]
@@ -404,7 +430,10 @@ cdef class BandwidthConfig:
         self.cfg.window_messages = window_messages
         self.cfg.tx_depth, self.cfg.cq_mod, self.cfg.post_list = tx_depth, cq_mod, post_list
         self.cfg.max_inline = max_inline
-        self.cfg.slots = slots
+        self.cfg.slots, self.cfg.src_slots = slots, src_slots
+        if on_pass is not None:
+            self.cfg.pass_end = _pass_end
+            self.cfg.pass_ctx = <void *>on_pass
         self.cfg.stall_timeout_ns = stall_timeout_ns
         self.cfg.clock = _loop_clock(counter, ns_per_tick)
 
@@ -418,7 +447,7 @@ cdef class LatencyConfig:
     cdef readonly object handles, memory
 
     def __init__(self, handles, memory, remote, *, uint64_t send_offset, uint32_t msg_size,
-                 uint64_t iterations, bint initiator, uint64_t stall_timeout_ns,
+                 uint64_t iterations, bint initiator, uint64_t stall_timeout_ns, uint64_t seed,
                  uint32_t max_inline=0, bint counter=False, double ns_per_tick=1.0):
         _check_inside("the message sent", <object>send_offset + msg_size, memory)
         self.handles, self.memory = handles, memory
@@ -429,6 +458,7 @@ cdef class LatencyConfig:
         self.cfg.recv_buf = <volatile uint8_t *><uintptr_t>memory.address
         self.cfg.remote_addr, self.cfg.rkey = remote.address, remote.rkey
         self.cfg.msg_size, self.cfg.iterations = msg_size, iterations
+        self.cfg.seed = seed
         self.cfg.max_inline = max_inline
         self.cfg.initiator = initiator
         self.cfg.stall_timeout_ns = stall_timeout_ns
@@ -447,7 +477,8 @@ def run_bandwidth(BandwidthConfig config, StopFlag stop):
         config.cfg.stop = NULL   # the flag is the caller's: no pointer to it outlives the call
     return BandwidthLoopResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
                                res.wc_qp_num, res.messages, res.posted, res.elapsed_ns,
-                               res.peak_bytes_per_s, _clock_check(&res.clock_check))
+                               res.peak_bytes_per_s, res.passes, res.paused_ns,
+                               _clock_check(&res.clock_check))
 
 
 def run_latency(LatencyConfig config, StopFlag stop):
@@ -473,5 +504,5 @@ def run_latency(LatencyConfig config, StopFlag stop):
         config.cfg.stop = NULL
         free(samples)
     return LatencyLoopResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
-                             res.wc_qp_num, res.completed, _clock_check(&res.clock_check),
-                             round_trip)
+                             res.wc_qp_num, res.completed, res.bad_messages, res.bad_bytes,
+                             res.first_bad_offset, _clock_check(&res.clock_check), round_trip)

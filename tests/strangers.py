@@ -37,6 +37,14 @@ class Strangers:
             key.fileobj.close()
         self._selector.close()
 
+    def wait_until_cut(self, timeout_s: float = 30.0) -> int:
+        """How many were cut, once one has been (the server's cut reaches this thread a
+        moment after the client it made room for was served), or timeout_s has passed."""
+        deadline = time.monotonic() + timeout_s
+        while self.cut == 0 and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.05)
+        return self.cut
+
     def _connect(self, address: str) -> None:
         if self.connects >= self.max_connects:
             return

@@ -59,6 +59,10 @@ def register(subparsers) -> None:
                              "where the kernel reports it constant and non-stop, else "
                              "CLOCK_MONOTONIC; counter: the cycle counter anyway (each run is "
                              "still cross-checked against CLOCK_MONOTONIC)")
+    parser.add_argument("--sample-integrity", action="store_true",
+                        help="check only the messages the receiver's slots hold at the end of "
+                             "each size, not every message (no pauses between passes; "
+                             "corruption that comes and goes can be missed)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
     parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
@@ -93,6 +97,7 @@ def probe_settings(args) -> dict:
         "relaxed_ordering": None if args.relaxed_ordering is None
         else args.relaxed_ordering == "on",
         "clock": args.clock,
+        "sample_integrity": args.sample_integrity or None,
     }
 
 

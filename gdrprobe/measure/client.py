@@ -5,6 +5,7 @@ clear error, and every verbs object and buffer is released."""
 
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import time
@@ -12,7 +13,7 @@ import time
 from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
 from gdrprobe.measure.clock import LoopClock, loop_clock, monotonic
-from gdrprobe.measure.loops import (LoopThread, bandwidth_in_flight, bandwidth_result,
+from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, bandwidth_result,
                                     check_status, latency_in_flight, latency_result,
                                     stall_timeout_s)
 from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
@@ -27,8 +28,9 @@ from gdrprobe.protocol.channel import Channel, abort_message
 from gdrprobe.protocol.fields import SAME_VERSION_FIX
 from gdrprobe.protocol.handshake import (TRANSIENT_REFUSALS, Refused, ServerSecret,
                                          authenticate_as_client)
-from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
-                                        Start, Verified, findings_in, send)
+from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked, PassDone,
+                                        Queued, Setup, SetupOk, Start, Verified, findings_in,
+                                        send)
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
 from gdrprobe.rdma.verbs import port_rate_gbps
 from gdrprobe.report.model import Integrity, RunReport, RunSettings
@@ -63,6 +65,16 @@ def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
     raise IntegrityError(f"payload corrupted at {size} B on {where}: " + "; ".join(details),
                          "GPU buffers: check the IOMMU (must be off or passthrough) and ACS "
                          "with 'gdrprobe doctor'; host buffers: suspect the NIC or its driver")
+
+
+def integrity_method(options: ProbeOptions) -> str:
+    """Which messages the receiver checks, as the report says it (docs/method.md)."""
+    if options.mode == "latency":
+        return "every message checked, each way, as it arrives (after the timing)"
+    if options.sample_integrity:
+        return "sampled: the messages the slots hold at the end of each size"
+    return ("every message checked: the sender pauses between passes of a slot ring while "
+            "the receiver checks them, outside the measured window")
 
 
 def raise_if_server_ended(channel: Channel, what: str, evidence: str = "") -> None:
@@ -234,6 +246,7 @@ class ProbeClient:
                            post_list=o.post_list, mtu_bytes=endpoint.mtu,
                            inline_bytes=self._inline_bytes(memory),
                            clock=self.clock.description if self.clock else "",
+                           integrity=integrity_method(o),
                            inline_note=("" if memory.inline_capable or not o.max_inline else
                                         f"inline off: the source is a {memory.kind} buffer "
                                         "the CPU cannot read where verbs addresses it"))
@@ -269,13 +282,14 @@ class ProbeClient:
         o = self.options
         what = f"the {size}-byte bandwidth round"
         seed = _native.pattern_seed(size, self.round)
-        slots = o.slots(size)
-        memory.fill_slots(size, slots, seed)
-        stage_out_s = memory.stage_out(0, slots * size) / slots   # per message
+        slots, sources = o.slots(size), o.source_slots(size)
+        memory.fill_slots(size, sources, seed)
+        stage_out_s = memory.stage_out(0, sources * size) / sources   # per message
         # No wait for the server: its buffer was poisoned before setup_ok or the last
         # "verified", and the channel keeps "start" ahead of "done".
         send(channel, Start(size, self.round))
         duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
+        passes = None if o.sample_integrity else PassGate(self.stop)
         per_qp = None if o.duration_s else o.iterations + o.warmup_iterations
         stall_s = stall_timeout_s(bandwidth_in_flight(size, o.qps, o.tx_depth, per_qp),
                                   self.port_gbps)
@@ -286,9 +300,10 @@ class ProbeClient:
             window_messages=o.window_messages(size), tx_depth=o.tx_depth,
             cq_mod=o.cq_moderation, post_list=o.post_list,
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
-            slots=slots, **self.clock.loop_args())
+            slots=slots, src_slots=sources, on_pass=passes, **self.clock.loop_args())
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
-            **self._heartbeat(channel, what))
+            **self._heartbeat(channel, what), passes=passes,
+            on_pass=functools.partial(self._pass_checked, channel))
         self._check_loop(channel, raw, what, stall_s)
         send(channel, Done(raw.posted))
         verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
@@ -297,6 +312,12 @@ class ProbeClient:
         result = bandwidth_result(size, raw, verified.integrity,
                                   stage_s_per_message=stage_out_s + verified.stage_in_s)
         return result, raw.clock_check
+
+    @staticmethod
+    def _pass_checked(channel: Channel, index: int, messages: int) -> None:
+        """A pass has landed: the server checks it before the loop writes its slots again."""
+        send(channel, PassDone(index, messages))
+        PassChecked.from_message(channel.receive(PassChecked.KIND), index)
 
     def _latency_round(self, channel, handles, memory, remote, size):
         o = self.options
@@ -307,7 +328,8 @@ class ProbeClient:
         channel.receive(READY)
         stall_s = stall_timeout_s(latency_in_flight(size), self.port_gbps)
         config = latency_config(handles, memory, remote, size, o.iterations,
-                                self.endpoint_options.max_inline, True, stall_s, self.clock)
+                                self.endpoint_options.max_inline, True, stall_s, self.clock,
+                                seed)
         raw = LoopThread(_native.run_latency, config, self.stop).wait(
             **self._heartbeat(channel, what))
         self._check_loop(channel, raw, what, stall_s)
@@ -315,7 +337,7 @@ class ProbeClient:
         integrity = Verified.from_message(channel.receive(Verified.KIND),
                                           bandwidth=False).integrity
         raise_if_corrupt(integrity, size, "the server")
-        # The echo too: the server wrote the same pattern into our receive half.
-        echo = received_integrity(memory, size, seed, o.iterations)
+        # The echoes too: the server sent the same pattern into our receive half.
+        echo = received_integrity(raw, size)
         raise_if_corrupt(echo, size, "this side (the server's echo)")
         return latency_result(size, o.iterations, raw.round_trip, integrity), raw.clock_check

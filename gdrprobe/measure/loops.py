@@ -5,12 +5,13 @@ immutable BandwidthLoopResult and LatencyLoopResult) into report rows or errors.
 from __future__ import annotations
 
 import contextlib
+import queue
 import signal
 import threading
 import time
 
 from gdrprobe import _native
-from gdrprobe.errors import CompletionError, Interrupted, PeerError, RdmaError
+from gdrprobe.errors import CompletionError, GdrprobeError, Interrupted, PeerError, RdmaError
 from gdrprobe.report.model import BandwidthResult, Integrity, LatencyResult
 
 # The watchdog of a loop: how long it may see no completion before it calls the link
@@ -49,6 +50,9 @@ WC_RETRY_EXCEEDED = 12
 WC_REMOTE_ACCESS_ERROR = 10
 
 
+# How long a thread waiting for a pass waits before it looks whether the loop has ended.
+PASS_LOOK_S = 0.5
+
 # What the command line turns into KeyboardInterrupt (cli/common.py terminate_as_interrupt).
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
@@ -72,6 +76,38 @@ def held_interrupts():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
         for number in dict.fromkeys(arrived):
             signal.raise_signal(number)
+
+
+class PassGate:
+    """Between the bandwidth loop's passes: the loop's thread (calling the gate, as the
+    loop's on_pass) hands each pass to the thread that owns the channel (:meth:`next`) and
+    waits for its answer (:meth:`answer`), or for the stop flag."""
+
+    ANSWER_POLL_S = 0.2   # how soon a waiting loop sees the stop flag
+
+    def __init__(self, stop: _native.StopFlag):
+        self._stop = stop
+        self._ready: queue.SimpleQueue = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+
+    def __call__(self, index: int, messages: int) -> bool:
+        self._ready.put((index, messages))
+        while not self._stop.is_set:
+            try:
+                return self._answers.get(timeout=self.ANSWER_POLL_S)
+            except queue.Empty:
+                continue
+        return False
+
+    def next(self, timeout_s: float) -> tuple[int, int] | None:
+        """The pass that has landed (index, messages), if one does within timeout_s."""
+        try:
+            return self._ready.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def answer(self, go_on: bool) -> None:
+        self._answers.put(go_on)
 
 
 class LoopThread:
@@ -100,18 +136,26 @@ class LoopThread:
         except BaseException as error:   # handed to the caller's thread
             self._outcome["error"] = error
 
-    def wait(self, tick=None, tick_every_s: float = 2.0):
+    def wait(self, tick=None, tick_every_s: float = 2.0, passes: PassGate | None = None,
+             on_pass=None):
         """Start the loop if it is not running yet; its result once it ends; tick, if given,
-        is called every tick_every_s meanwhile (a heartbeat). On Ctrl-C the loop is stopped
-        before this re-raises, so no verbs object is torn down under it."""
+        is called every tick_every_s meanwhile (a heartbeat), and on_pass(index, messages)
+        for each pass the loop hands to `passes` (the loop goes on once it returns). On
+        Ctrl-C, or an error in either, the loop is stopped before this re-raises, so no
+        verbs object is torn down under it."""
         next_tick = time.monotonic() + tick_every_s
         try:
             if self._thread.ident is None:
                 self.start()
             while self._thread.is_alive():
-                # Waking only for the next heartbeat keeps this thread off the CPUs the loop
-                # and the NIC's driver need; a signal still interrupts the wait at once.
-                self._thread.join(max(0.0, next_tick - time.monotonic()) if tick else 0.5)
+                # Waking only for the next heartbeat or pass keeps this thread off the CPUs
+                # the loop and the NIC's driver need; a signal still interrupts the wait.
+                wait_s = max(0.0, next_tick - time.monotonic()) if tick else 0.5
+                if passes is None:
+                    self._thread.join(wait_s)
+                elif (landed := passes.next(min(wait_s, PASS_LOOK_S))) is not None:
+                    on_pass(*landed)
+                    passes.answer(True)
                 if tick is not None and time.monotonic() >= next_tick:
                     next_tick += tick_every_s
                     tick()
@@ -149,6 +193,9 @@ def check_status(result, what: str, stall_timeout: float) -> None:
         return
     if status == _native.STATUS_STOPPED:
         raise Interrupted(f"{what} was interrupted", "")
+    if status == _native.STATUS_PASS:   # the pass check's own error is raised where it ran
+        raise GdrprobeError(f"{what} stopped at the check of a pass, without an error",
+                            "report this as a gdrprobe bug")
     if status == _native.STATUS_STALL:
         raise PeerError(f"{what} made no progress for {stall_timeout:.1f} s (the time what "
                         f"was in flight needs on a link {SLOW_LINK_FACTOR}x slower than the "
@@ -200,6 +247,8 @@ def bandwidth_result(size: int, loop, integrity: Integrity,
         message_rate_mpps=loop.messages / seconds / 1e6 if seconds > 0 else 0.0,
         integrity=integrity,
         stage_copy_gbps=size * 8 / stage_s_per_message / 1e9 if stage_s_per_message > 0 else None,
+        integrity_pause_s=loop.paused_ns / 1e9,
+        integrity_passes=loop.passes,
     )
 
 

@@ -25,8 +25,10 @@ SWEEP_SIZES = defaults.SWEEP_SIZES
 # (device, QPs, registering the buffer), which took up to 3 s in the emulated lab.
 MIN_TIMEOUT_S = 5.0
 MAX_TIMEOUT_S = 3600.0
-# Integrity sees every message it can, in slots bounded in bytes and number (the rules:
-# gdrprobe.defaults.integrity_slots, buffer_bytes); the report says how many were checked.
+# Integrity: a bandwidth round's messages land in slots bounded in bytes and number (the
+# rules: gdrprobe.defaults.integrity_slots, buffer_bytes), and the round runs in passes of
+# that many, the receiver checking each pass before its slots are written again; a run
+# that samples checks only the last pass. The report says how many were checked.
 INTEGRITY_CAP_BYTES = defaults.INTEGRITY_CAP_BYTES
 MAX_SLOTS = defaults.MAX_SLOTS
 
@@ -69,6 +71,9 @@ class ProbeOptions:
     # The bytes one size's integrity slots may take: less than the cap only where the
     # locked-memory limit asks for less (campaign/memlock.py); both sides size by it.
     integrity_bytes: int = INTEGRITY_CAP_BYTES
+    # Check only the messages the slots hold at the end of each size, not every one: no
+    # pauses between passes, at the price of missing corruption that comes and goes.
+    sample_integrity: bool = False
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
@@ -133,6 +138,12 @@ class ProbeOptions:
         messages = None if self.duration_s else (self.iterations + self.warmup_iterations) * self.qps
         return defaults.integrity_slots(size, messages, self.integrity_bytes)
 
+    def source_slots(self, size: int) -> int:
+        """The sender's distinct messages of this size: one more than the slots, so that
+        no slot receives the same bytes twice running (gdr_pattern.h); they fit in the
+        sender's buffer, which has room for a message past the slots."""
+        return self.slots(size) + 1
+
     @property
     def buffer_bytes(self) -> int:
         """For the size that needs most: its slots and a message past them (where stray
@@ -169,6 +180,7 @@ class ProbeOptions:
             clock=field(message, "clock", str),
             integrity_bytes=field(message, "integrity_bytes", int, low=1,
                                   high=INTEGRITY_CAP_BYTES),
+            sample_integrity=field(message, "sample_integrity", bool),
         )
 
     def window_messages(self, size: int) -> int:

@@ -13,6 +13,7 @@ never blocks serving (protocol/serverlog.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import socket
 import threading
@@ -24,21 +25,22 @@ from gdrprobe.measure.clock import loop_clock
 from gdrprobe.measure.loops import LoopThread, check_status, latency_in_flight, stall_timeout_s
 from gdrprobe.measure.nic_queue import NicQueue
 from gdrprobe.measure.options import ProbeOptions, check_latency_memory
+from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
-                                   heartbeat_s, latency_config, offset_or_none,
-                                   prepare_latency_round, received_integrity, remote_buffer)
+                                   heartbeat_s, latency_config, prepare_latency_round,
+                                   received_integrity, remote_buffer)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel
 from gdrprobe.protocol.door import Door
 from gdrprobe.protocol.fields import SAME_VERSION_FIX, peer_text
 from gdrprobe.protocol.handshake import ServerSecret
-from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, Queued, Setup, SetupOk,
-                                        Start, Verified, error_with_findings, send)
+from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked, PassDone,
+                                        Queued, Setup, SetupOk, Start, Verified,
+                                        error_with_findings, send)
 from gdrprobe.protocol.serverlog import LineLog
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
 from gdrprobe.rdma.verbs import port_rate_gbps
-from gdrprobe.report.model import Integrity
 
 PREFLIGHT_BYTES = 2 * 4096     # the smallest buffer: a page for the message, a page past it
 MIN_MAX_BUFFER = 16 << 10      # holds the smallest run: that buffer and its queues
@@ -327,31 +329,39 @@ class ProbeServer:
                 self._latency_round(channel, options, endpoint, handles, memory,
                                     setup.buffer, start.size, seed)
 
-    def _wait_for_done(self, channel: Channel, bandwidth: bool) -> Done:
-        """The client's heartbeats keep the run alive; silence past the time-out ends it."""
-        while (message := channel.receive(PROGRESS, Done.KIND))["type"] != Done.KIND:
-            pass
+    def _wait_for_done(self, channel: Channel, bandwidth: bool, on_pass=None) -> Done:
+        """The client's heartbeats keep the run alive; silence past the time-out ends it.
+        A bandwidth round's passes go to on_pass as they land."""
+        kinds = (PROGRESS, Done.KIND) + ((PassDone.KIND,) if on_pass else ())
+        while (message := channel.receive(*kinds))["type"] != Done.KIND:
+            if message["type"] == PassDone.KIND:
+                on_pass(message)
         return Done.from_message(message, bandwidth)
 
     def _bandwidth_round(self, channel, options, memory, size, seed):
-        """Verify a round the client has written. The buffer is poisoned again for the next
-        round (the slots: past them a stray write fails the run) before "verified" goes
-        out, so the client writes at once after "start": one round trip a size, not two."""
-        posted = self._wait_for_done(channel, bandwidth=True).messages
+        """Check a round the client has written: each pass as it lands, before the client
+        writes its slots again, or (a sampling run) the slots' last messages at the end.
+        The buffer is poisoned again for the next round (the slots: past them a stray write
+        fails the run) before "verified" goes out, so the client writes at once after
+        "start": one round trip a size, not two."""
+        check = RoundCheck(memory, size, options.slots(size), options.source_slots(size), seed)
+        on_pass = None if options.sample_integrity else functools.partial(self._pass, channel,
+                                                                           check)
+        posted = self._wait_for_done(channel, bandwidth=True, on_pass=on_pass).messages
         if posted == 0:
             raise PeerError(f"the client ended the {size}-byte round without writing", "")
-        used = min(options.slots(size), posted)   # slots holding the last messages
-        memory.flush_remote_writes()
-        stage_in_s = memory.stage_in(0, used * size) / used   # per message
-        bad_messages, bad, first_bad = memory.verify_slots(size, used, seed)
-        stray, first_stray = memory.verify_poison(used * size)
-        memory.poison(used * size)   # the rest was just found to be poison still
-        integrity = Integrity(checked=True, bytes_checked=used * size, bad_bytes=bad,
-                              first_bad_offset=offset_or_none(first_bad), stray_bytes=stray,
-                              first_stray_offset=offset_or_none(first_stray),
-                              messages_checked=used, messages_total=posted,
-                              bad_messages=bad_messages)
-        send(channel, Verified(integrity, stage_in_s))
+        if options.sample_integrity:
+            check.last(posted)
+        elif check.messages != posted:
+            raise PeerError(f"the client posted {posted} messages of {size} B and had "
+                            f"{check.messages} checked", SAME_VERSION_FIX)
+        send(channel, Verified(check.integrity(posted), check.stage_in_s))
+
+    @staticmethod
+    def _pass(channel: Channel, check: RoundCheck, message: dict) -> None:
+        landed = PassDone.from_message(message, check.passes, check.slots)
+        check.next_pass(landed.messages)
+        send(channel, PassChecked(landed.index))
 
     def _latency_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
         if remote is None:
@@ -361,7 +371,8 @@ class ProbeServer:
         stall_s = stall_timeout_s(latency_in_flight(size), port_rate_gbps(endpoint.port_attr))
         # The responder times nothing: its clock only keeps the stall deadline.
         config = latency_config(handles, memory, remote, size, options.iterations,
-                                options.max_inline, False, stall_s, loop_clock(options.clock))
+                                options.max_inline, False, stall_s, loop_clock(options.clock),
+                                seed)
         responder = LoopThread(_native.run_latency, config, self.stop)
         try:
             responder.start()
@@ -377,4 +388,4 @@ class ProbeServer:
             raise PeerError(f"the client ended {what} after {raw.completed} of "
                             f"{options.iterations} round trips", "")
         check_status(raw, what, stall_s)
-        send(channel, Verified(received_integrity(memory, size, seed, options.iterations)))
+        send(channel, Verified(received_integrity(raw, size)))

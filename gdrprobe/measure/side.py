@@ -70,21 +70,23 @@ def prepare_latency_round(memory: MemoryProvider, size: int, seed: int) -> None:
     memory.fill_pattern(send_half(memory), size, seed)
 
 
-def received_integrity(memory: MemoryProvider, size: int, seed: int,
-                       iterations: int) -> Integrity:
-    """What the peer's last latency message left in this side's lower half: the round's
-    pattern in all but its last byte, which is the loop's tag."""
-    bad, first_bad = memory.verify_pattern(0, size - 1, seed)
-    return Integrity(checked=True, bytes_checked=size - 1, bad_bytes=bad,
-                     first_bad_offset=offset_or_none(first_bad), stray_bytes=0,
-                     first_stray_offset=None, messages_total=iterations,
-                     bad_messages=int(bad > 0))
+def received_integrity(raw, size: int) -> Integrity:
+    """What the peer's latency messages carried into this side, each checked by the loop as
+    it arrived (a LatencyLoopResult): the round's pattern in all but the last byte, which
+    is the loop's tag."""
+    return Integrity(checked=True, bytes_checked=raw.completed * (size - 1),
+                     bad_bytes=raw.bad_bytes,
+                     first_bad_offset=raw.first_bad_offset if raw.bad_bytes else None,
+                     stray_bytes=0, first_stray_offset=None,
+                     messages_checked=max(1, raw.completed), messages_total=max(1, raw.completed),
+                     bad_messages=raw.bad_messages)
 
 
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
-                   max_inline: int, initiator: bool, stall_s: float, clock: LoopClock):
+                   max_inline: int, initiator: bool, stall_s: float, clock: LoopClock,
+                   seed: int):
     """The ping-pong loop's settings for one side (see send_half)."""
     return _native.LatencyConfig(
         handles, memory, remote, send_offset=send_half(memory), msg_size=size,
         iterations=iterations, max_inline=max_inline, initiator=initiator,
-        stall_timeout_ns=int(stall_s * 1e9), **clock.loop_args())
+        stall_timeout_ns=int(stall_s * 1e9), seed=seed, **clock.loop_args())

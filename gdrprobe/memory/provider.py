@@ -62,16 +62,20 @@ class MemoryProvider(abc.ABC):
         return _native.pattern_verify(self.cpu_view + offset, length, seed)
 
     def fill_slots(self, size: int, slots: int, seed: int) -> None:
-        """A bandwidth round's messages from offset 0: slot k holds size bytes of the
-        pattern of the slot's own seed (gdr_slot_seed of seed and k)."""
+        """A bandwidth round's source messages from offset 0: slot k holds size bytes of
+        the pattern of the slot's own seed (gdr_slot_seed of seed and k)."""
         _native.slots_fill(self.cpu_view, size, slots, seed)
         self.push(0, size * slots)
 
-    def verify_slots(self, size: int, slots: int, seed: int) -> tuple[int, int, int]:
-        """(slots holding a wrong byte, wrong bytes, first wrong offset or -1) of what
-        fill_slots would have written."""
-        self.pull(0, size * slots)
-        return _native.slots_verify(self.cpu_view, size, slots, seed)
+    def verify_messages(self, size: int, slots: int, source_slots: int, seed: int,
+                        first: int, count: int) -> tuple[int, int, int]:
+        """(messages holding a wrong byte, wrong bytes, first wrong offset or -1) of the
+        round's messages first to first + count - 1, where they landed: message k in slot
+        k mod slots, sent from source slot k mod source_slots (fill_slots)."""
+        start = first % slots
+        self.pull(0, size * (slots if start + count > slots else start + count))
+        return _native.messages_verify(self.cpu_view, size, slots, source_slots, seed, first,
+                                       count)
 
     def poison(self, end: int | None = None) -> None:
         """Fill the buffer up to end (all of it: None) with the poison byte."""

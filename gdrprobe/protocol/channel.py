@@ -30,7 +30,9 @@ from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, peer_text
 
 # 4: a salt per handshake, the work puzzle, the refusal codes (handshake.py); a run's
 #    integrity_bytes (measure/options.py)
-PROTOCOL_VERSION = 4
+# 5: every bandwidth message checked, pass by pass ("pass", "checked": messages.py), unless
+#    the run samples (sample_integrity)
+PROTOCOL_VERSION = 5
 MAGIC = b"GDRP"
 HEADER = struct.Struct(">4sHI")
 SEQUENCE = struct.Struct(">Q")

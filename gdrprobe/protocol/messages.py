@@ -3,7 +3,8 @@
 A run's conversation, client to server unless marked (<-)::
 
     setup, queued* <-, setup_ok <-,
-    then each round: start, ready <- (latency only), progress*, done, verified <-,
+    then each round: start, ready <- (latency only), progress*, (pass, checked <-)*, done,
+    verified <-,
     and at the end: bye
 
 A message with fields is a frozen dataclass: ``KIND`` is its type on the wire,
@@ -335,6 +336,47 @@ class Done:
         if not bandwidth:
             return cls()
         return cls(field(message, "messages", int, low=0, high=MAX_MESSAGES))
+
+
+@dataclasses.dataclass(frozen=True)
+class PassDone:
+    """A bandwidth round's pass has landed: `messages` messages (all QPs), the round's
+    pass * slots to pass * slots + messages - 1. The client waits for "checked" before it
+    writes the slots again."""
+
+    KIND: ClassVar[str] = "pass"
+    index: int
+    messages: int
+
+    def to_message(self) -> dict:
+        return {"index": self.index, "messages": self.messages}
+
+    @classmethod
+    def from_message(cls, message: dict, expected_index: int, slots: int) -> PassDone:
+        index = field(message, "index", int, low=0, high=MAX_MESSAGES)
+        if index != expected_index:
+            raise PeerError(f"the client said pass {index} had landed where pass "
+                            f"{expected_index} was next", SAME_VERSION_FIX)
+        return cls(index, field(message, "messages", int, low=1, high=slots))
+
+
+@dataclasses.dataclass(frozen=True)
+class PassChecked:
+    """<- The server has checked a pass (what it found comes with "verified")."""
+
+    KIND: ClassVar[str] = "checked"
+    index: int
+
+    def to_message(self) -> dict:
+        return {"index": self.index}
+
+    @classmethod
+    def from_message(cls, message: dict, expected_index: int) -> PassChecked:
+        index = field(message, "index", int, low=0, high=MAX_MESSAGES)
+        if index != expected_index:
+            raise PeerError(f"the server said it checked pass {index}, not "
+                            f"{expected_index}", SAME_VERSION_FIX)
+        return cls(index)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -202,8 +202,8 @@ class Integrity:
     first_bad_offset: int | None
     stray_bytes: int               # bytes past the message that were written
     first_stray_offset: int | None
-    messages_checked: int = 1      # the last this many messages of the size were checked,
-    messages_total: int = 1        # of this many (each in its own slot of the buffer)
+    messages_checked: int = 1      # this many messages of the size were checked (all, or
+    messages_total: int = 1        # the last ones of a run that samples), of this many
     bad_messages: int = 0          # of those checked, how many had a wrong byte
 
     @property
@@ -230,6 +230,10 @@ class BandwidthResult:
     integrity: Integrity
     # A staged side's GPU<->host copies of one message, as a rate (None without staging).
     stage_copy_gbps: float | None = None
+    # The time the sender waited, between passes, for the receiver to check every message
+    # (outside elapsed_s), and how many passes it checked; 0 for a run that samples.
+    integrity_pause_s: float = 0.0
+    integrity_passes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +283,7 @@ class RunSettings:
     inline_bytes: int = 0          # messages up to this size were posted inline
     inline_note: str = ""          # why inline was forced off (a GPU source buffer)
     clock: str = ""                # what the loops timed with, and why (measure/clock.py)
+    integrity: str = ""            # which messages the receiver checked, and when
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,7 @@ def render_run_settings(report: RunReport) -> str:
         f"  handles via {report.handle_route}",
         *([f" {s.inline_note}"] if s.inline_note else []),
         *([f" clock: {s.clock}"] if s.clock else []),
+        *([f" integrity: {s.integrity}"] if s.integrity else []),
         *render_endpoints(report), RULE])
 
 

@@ -47,7 +47,7 @@ def test_idle_strangers_from_sixteen_addresses_refilled_when_cut_keep_no_client_
                        max_s=60) as strangers:
             assert served(port, "127.0.0.99")             # from another address
             assert served(port, STRANGER_ADDRESSES[0])    # from the strangers' own
-        assert strangers.cut > 0                           # they were cut, and came back
+            assert strangers.wait_until_cut() > 0          # they were cut, and came back
     assert any("to make room for a newer one" in line for line in lines)
 
 

@@ -252,9 +252,9 @@ def test_gpu_provider_slots_go_through_the_staging_copy_in_one_copy_each_way():
     with PeermemGpuMemory(gpu, 8192) as memory:
         memory.fill_slots(1024, 6, 21)
         _native.zero_fill(memory.staging.ptr, 8192)     # the check must read the GPU side
-        assert memory.verify_slots(1024, 6, 21) == (0, 0, -1)
+        assert memory.verify_messages(1024, 6, 7, 21, 0, 6) == (0, 0, -1)
         ctypes.c_uint8.from_address(memory.buffer.ptr + 2 * 1024 + 3).value ^= 0xFF
-        assert memory.verify_slots(1024, 6, 21) == (1, 1, 2 * 1024 + 3)
+        assert memory.verify_messages(1024, 6, 7, 21, 0, 6) == (1, 1, 2 * 1024 + 3)
     assert driver.calls.count("cuMemcpyHtoD") == 1    # the six slots' fill, in one copy
     assert driver.calls.count("cuMemcpyDtoH") == 2    # one per verify
     assert driver.live == {}

@@ -74,16 +74,38 @@ def test_slots_each_have_their_own_pattern_and_a_wrong_one_is_counted(buffer):
     addr, length = buffer
     seed, size, slots = native.pattern_seed(1000, 2), 1000, 5
     native.slots_fill(addr, size, slots, seed)
-    assert native.slots_verify(addr, size, slots, seed) == (0, 0, -1)
+    assert native.messages_verify(addr, size, slots, slots, seed, 0, slots) == (0, 0, -1)
     assert native.slot_seed(seed, 0) == seed
     assert native.slot_seed(seed, 1) == (seed + 0x9E3779B97F4A7C15) % (1 << 64)
     assert native.pattern_verify(addr + 3 * size, size, native.slot_seed(seed, 3)) == (0, -1)
     # slot 2 written with slot 1's pattern (a message in the wrong slot), one byte of slot 4
     native.pattern_fill(addr + 2 * size, size, native.slot_seed(seed, 1))
     ctypes.c_uint8.from_address(addr + 4 * size + 17).value ^= 0xFF
-    bad_slots, bad, first = native.slots_verify(addr, size, slots, seed)
-    assert (bad_slots, first) == (2, 2 * size)
+    bad_messages, bad, first = native.messages_verify(addr, size, slots, slots, seed, 0, slots)
+    assert (bad_messages, first) == (2, 2 * size)
     assert size * 0.9 < bad <= size + 1
+
+
+def test_a_message_is_known_by_its_number_so_a_slot_left_from_the_last_pass_fails(buffer):
+    """Message k lands in slot k mod 3 from source slot k mod 4: the second pass (messages
+    3 to 5) must carry the patterns of source slots 3, 0 and 1, so slots still holding the
+    first pass's messages (a write that never landed) fail, and the right ones pass."""
+    addr, _ = buffer
+    seed, size, slots, sources = native.pattern_seed(512, 7), 512, 3, 4
+    native.slots_fill(addr, size, slots, seed)                 # the first pass landed
+    assert native.messages_verify(addr, size, slots, sources, seed, 0, 3) == (0, 0, -1)
+    assert native.messages_verify(addr, size, slots, sources, seed, 3, 3)[0] == 3
+    for k in (3, 4):                                            # message 5 never lands
+        native.pattern_fill(addr + k % slots * size, size, native.slot_seed(seed, k % sources))
+    bad_messages, bad, first = native.messages_verify(addr, size, slots, sources, seed, 3, 3)
+    assert (bad_messages, first // size) == (1, 2)
+    assert bad > size * 0.9
+    # The last messages of a run of 8 (a sampling run checks messages 5, 6 and 7).
+    for k in (5, 6, 7):
+        native.pattern_fill(addr + k % slots * size, size, native.slot_seed(seed, k % sources))
+    assert native.messages_verify(addr, size, slots, sources, seed, 5, 3) == (0, 0, -1)
+    with pytest.raises(ValueError):
+        native.messages_verify(addr, size, slots, sources, seed, 0, 4)   # more than slots
 
 
 def test_poison_detects_stray_writes(buffer):

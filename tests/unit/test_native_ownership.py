@@ -36,7 +36,7 @@ def bandwidth_config(raw, memory, **settings):
 
 def latency_config(raw, memory, **settings):
     settings = {"send_offset": 4096, "msg_size": 64, "iterations": 10, "initiator": True,
-                "stall_timeout_ns": 10**9} | settings
+                "stall_timeout_ns": 10**9, "seed": 1} | settings
     return _native.LatencyConfig(raw, memory, PEER, **settings)
 
 
@@ -61,9 +61,12 @@ def test_a_config_keeps_the_owners_of_its_pointers_alive(make_config):
 
 def test_a_config_refuses_messages_past_the_end_of_its_buffer():
     raw = owned_handles()
-    with pytest.raises(ValueError, match="the slots end at byte 8448, past the 8192-byte"):
+    with pytest.raises(ValueError, match="source slots end at byte 8448, past the 8192-byte"):
         bandwidth_config(raw, Memory(8192), msg_size=1056, slots=8)
     bandwidth_config(raw, Memory(8192), msg_size=1024, slots=8)
+    bandwidth_config(raw, Memory(8192), msg_size=1024, slots=7, src_slots=8)
+    with pytest.raises(ValueError, match="source slots end at byte 9216"):
+        bandwidth_config(raw, Memory(8192), msg_size=1024, slots=8, src_slots=9)
     with pytest.raises(ValueError, match="the message sent end at byte 4160, past the 4096"):
         latency_config(raw, Memory(4096), send_offset=4096, msg_size=64)
 

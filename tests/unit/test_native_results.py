@@ -24,24 +24,25 @@ NO_CLOCK_CHECK = _native.ClockCheck(agreement=1.0, span_ns=0)
 def bandwidth(**fields):
     values = {"status": _native.STATUS_OK, "errno": 0, "wc_status": 0, "wc_vendor_err": 0,
               "wc_qp_num": 0, "messages": 1000, "posted": 1100, "elapsed_ns": 1_000_000,
-              "peak_bytes_per_s": 0.0, "clock_check": NO_CLOCK_CHECK}
+              "peak_bytes_per_s": 0.0, "passes": 0, "paused_ns": 0,
+              "clock_check": NO_CLOCK_CHECK}
     return _native.BandwidthLoopResult(**values | fields)
 
 
 def latency(**fields):
     values = {"status": _native.STATUS_OK, "errno": 0, "wc_status": 0, "wc_vendor_err": 0,
-              "wc_qp_num": 0, "completed": 10, "clock_check": NO_CLOCK_CHECK,
-              "round_trip": None}
+              "wc_qp_num": 0, "completed": 10, "bad_messages": 0, "bad_bytes": 0,
+              "first_bad_offset": 0, "clock_check": NO_CLOCK_CHECK, "round_trip": None}
     return _native.LatencyLoopResult(**values | fields)
 
 
 def test_results_have_named_fields_and_cannot_be_changed():
     assert [f.name for f in dataclasses.fields(_native.BandwidthLoopResult)] == [
         "status", "errno", "wc_status", "wc_vendor_err", "wc_qp_num", "messages", "posted",
-        "elapsed_ns", "peak_bytes_per_s", "clock_check"]
+        "elapsed_ns", "peak_bytes_per_s", "passes", "paused_ns", "clock_check"]
     assert [f.name for f in dataclasses.fields(_native.LatencyLoopResult)] == [
         "status", "errno", "wc_status", "wc_vendor_err", "wc_qp_num", "completed",
-        "clock_check", "round_trip"]
+        "bad_messages", "bad_bytes", "first_bad_offset", "clock_check", "round_trip"]
     result = bandwidth(errno=5)
     assert result.errno == 5
     for target, name in ((result, "elapsed_ns"), (result.clock_check, "span_ns"),
@@ -62,7 +63,8 @@ def test_the_loops_return_typed_results():
     assert _native.STATUS_NAMES[result.status] == "bad loop configuration"
     assert isinstance(result.clock_check, _native.ClockCheck)
     config = _native.LatencyConfig(handles, memory, memory, send_offset=4096, msg_size=64,
-                                   iterations=0, initiator=True, stall_timeout_ns=10**9)
+                                   iterations=0, initiator=True, stall_timeout_ns=10**9,
+                                   seed=1)
     result = _native.run_latency(config, _native.StopFlag())
     assert isinstance(result, _native.LatencyLoopResult)
     assert _native.STATUS_NAMES[result.status] == "bad loop configuration"

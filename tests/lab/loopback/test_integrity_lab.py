@@ -1,9 +1,14 @@
-"""Integrity that sees every message (issue 11): a wrong write that a later, right one
-would have overwritten is caught in its own slot, the coverage is reported, and the
-latency echo is verified on the client too. Faults are injected at the source (the
-writer's pattern), never by mocking verbs."""
+"""Integrity that sees every message (issues 11 and 23): a wrong write that a later, right
+one would have overwritten is caught in its own slot; every pass of the slot ring is
+checked before it is written again, so corruption that comes and goes is caught at every
+size, in -D runs and in latency runs, where each message is checked each way; the coverage
+is reported. Faults are injected at the source (the writer's bytes, from outside the loop,
+as a faulty read path would corrupt them), never by mocking verbs."""
 
+import ctypes
+import re
 import threading
+import time
 
 import pytest
 
@@ -26,10 +31,18 @@ def test_every_message_of_a_short_round_is_checked(server):
     assert integrity["bad_messages"] == 0 and integrity["bytes_checked"] == 10 * 65536
 
 
-def test_a_long_round_reports_the_last_messages_it_checked(server):
+def test_a_long_round_checks_every_message_pass_by_pass_unless_it_samples(server):
     report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-s", "1048576", "-n", "20")
-    integrity = report["bandwidth"][0]["integrity"]
-    assert (integrity["messages_checked"], integrity["messages_total"]) == (4, 20)
+    row = report["bandwidth"][0]
+    assert (row["integrity"]["messages_checked"], row["integrity"]["messages_total"]) == (20, 20)
+    assert row["integrity_passes"] == 5            # 4 slots of 1 MiB: 5 passes of 4
+    assert row["integrity_pause_s"] > 0
+    assert report["settings"]["integrity"].startswith("every message checked")
+    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-s", "1048576", "-n", "20",
+                           "--sample-integrity")
+    row = report["bandwidth"][0]
+    assert (row["integrity"]["messages_checked"], row["integrity"]["messages_total"]) == (4, 20)
+    assert row["integrity_passes"] == 0
 
 
 def test_one_wrong_message_among_right_ones_is_caught(server, monkeypatch):
@@ -82,3 +95,103 @@ def test_a_garbage_latency_echo_is_caught_by_the_client():
     finally:
         server.close()
         thread.join(30)
+
+
+class SourceFault:
+    """Corrupts the client's source messages (one byte of each) from outside the loop while
+    chosen passes are sent, and puts them right again after: what a read path that fails
+    for a while does. The client's source is what it filled last (fill_slots)."""
+
+    def __init__(self, monkeypatch, corrupt_passes: range):
+        self.corrupt_passes = corrupt_passes
+        self.source = None
+        fill = HostMemory.fill_slots
+
+        def recording_fill(memory, size, slots, seed):
+            fill(memory, size, slots, seed)
+            self.source = (memory, size, slots, seed)
+
+        checked = ProbeClient._pass_checked
+
+        def checked_then_fault(channel, index, messages):
+            checked(channel, index, messages)
+            memory, size, slots, seed = self.source
+            if index + 1 == self.corrupt_passes.start:
+                for slot in range(slots):
+                    ctypes.c_uint8.from_address(memory.cpu_view + slot * size + size // 2) \
+                        .value ^= 0x5A
+            elif index + 1 == self.corrupt_passes.stop:
+                fill(memory, size, slots, seed)
+
+        monkeypatch.setattr(HostMemory, "fill_slots", recording_fill)
+        monkeypatch.setattr(ProbeClient, "_pass_checked", staticmethod(checked_then_fault))
+
+
+def bad_messages(error: IntegrityError) -> tuple[int, int]:
+    """(wrong messages, messages checked) from the error's cause."""
+    found = re.search(r"in (\d+) message\(s\) \(checked (\d+)/(\d+) messages\)", error.cause)
+    assert found, error.cause
+    return int(found.group(1)), int(found.group(2))
+
+
+# Each size with enough messages for five passes of its slot ring (slots: min(1024,
+# 4 MiB / size)); the fault covers the second pass alone, 20% of the round.
+PASSES_OF_EACH_SIZE = [(4096, 4100, 1024), (65536, 320, 64), (1048576, 20, 4),
+                       (8388608, 5, 1)]
+
+
+@pytest.mark.parametrize("size, iterations, per_pass", PASSES_OF_EACH_SIZE)
+def test_corruption_that_comes_and_goes_is_caught_at_every_size(server, monkeypatch, size,
+                                                                 iterations, per_pass):
+    SourceFault(monkeypatch, range(1, 2))
+    client = ProbeClient("127.0.0.1", server.port, TOKEN,
+                         ProbeOptions(sizes=(size,), iterations=iterations, timeout_s=30),
+                         EndpointOptions())
+    with pytest.raises(IntegrityError) as caught:
+        client.run()
+    assert bad_messages(caught.value) == (per_pass, iterations)
+
+
+def test_corruption_that_comes_and_goes_is_caught_in_a_run_of_fixed_duration(server,
+                                                                             monkeypatch):
+    SourceFault(monkeypatch, range(2, 4))
+    client = ProbeClient("127.0.0.1", server.port, TOKEN,
+                         ProbeOptions(sizes=(65536,), duration_s=1.0, warmup_s=0.2,
+                                      timeout_s=30), EndpointOptions())
+    with pytest.raises(IntegrityError) as caught:
+        client.run()
+    wrong, checked = bad_messages(caught.value)
+    assert wrong == 2 * 64                          # passes 2 and 3, 64 slots each
+    assert checked > 4 * 64                         # and right ones before and after
+
+
+def test_corruption_that_comes_and_goes_is_caught_in_a_latency_run(server, monkeypatch):
+    """The client's first messages leave corrupted, then the source is put right while
+    the run goes on: the server checks every message, not only the last."""
+    from gdrprobe.measure import client as client_module
+
+    prepare = client_module.prepare_latency_round
+    restored = threading.Event()
+
+    def prepare_then_fault(memory, size, seed):
+        prepare(memory, size, seed)
+        wrong_byte = ctypes.c_uint8.from_address(memory.cpu_view + memory.length // 2 + 1)
+        wrong_byte.value ^= 0x5A
+
+        def put_right():
+            time.sleep(0.3)
+            wrong_byte.value ^= 0x5A
+            restored.set()
+
+        threading.Thread(target=put_right, daemon=True).start()
+
+    monkeypatch.setattr(client_module, "prepare_latency_round", prepare_then_fault)
+    options = ProbeOptions(mode="latency", sizes=(4096,), iterations=4000, timeout_s=30)
+    client = ProbeClient("127.0.0.1", server.port, TOKEN, options, EndpointOptions())
+    started = time.monotonic()
+    with pytest.raises(IntegrityError, match="on the server") as caught:
+        client.run()
+    wrong, checked = bad_messages(caught.value)
+    assert checked == 4000 and wrong >= 1
+    if restored.is_set() and time.monotonic() - started > 2.0:
+        assert wrong < checked   # put right mid-run: the later messages passed

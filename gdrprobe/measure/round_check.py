@@ -1,0 +1,68 @@
+"""The receiver's check of one bandwidth round: every pass as it lands (the default), or
+the messages the slots hold at the end (a sampling run), and the stray bytes past the slots.
+
+A round's message k lands in slot k mod slots and was sent from source slot k mod
+source_slots (csrc/gdr_pattern.h): the pattern it must carry follows from k alone, so a
+check proves which message a slot holds, not only that it holds good bytes."""
+
+from __future__ import annotations
+
+from gdrprobe.measure.side import offset_or_none
+from gdrprobe.memory.provider import MemoryProvider
+from gdrprobe.report.model import Integrity
+
+
+class RoundCheck:
+    """What the receiver has found so far in one size's round."""
+
+    def __init__(self, memory: MemoryProvider, size: int, slots: int, source_slots: int,
+                 seed: int):
+        self.memory, self.size, self.slots = memory, size, slots
+        self.source_slots, self.seed = source_slots, seed
+        self.passes = 0            # passes checked
+        self.messages = 0          # messages checked
+        self.bad_messages = self.bad_bytes = 0
+        self.first_bad: int | None = None
+        self._stage_s = 0.0
+        self._slots_used = 0
+
+    def next_pass(self, messages: int) -> None:
+        """Check the next pass: `messages` messages from slot 0, the round's
+        passes * slots to passes * slots + messages - 1."""
+        self._check(self.passes * self.slots, messages)
+        self.passes += 1
+
+    def last(self, posted: int) -> None:
+        """A sampling run: check the messages the slots hold after `posted` were sent."""
+        held = min(self.slots, posted)
+        self._check(posted - held, held)
+
+    def _check(self, first: int, count: int) -> None:
+        used = min(self.slots, first % self.slots + count)
+        self.memory.flush_remote_writes()
+        self._stage_s += self.memory.stage_in(0, used * self.size)
+        bad_messages, bad, first_bad = self.memory.verify_messages(
+            self.size, self.slots, self.source_slots, self.seed, first, count)
+        if bad and self.first_bad is None:
+            self.first_bad = first_bad
+        self.bad_messages += bad_messages
+        self.bad_bytes += bad
+        self.messages += count
+        self._slots_used = max(self._slots_used, used)
+
+    @property
+    def stage_in_s(self) -> float:
+        """A staged buffer's copy time per message checked (0.0 in place)."""
+        return self._stage_s / self.messages if self.messages else 0.0
+
+    def integrity(self, posted: int) -> Integrity:
+        """The round's integrity, with the stray bytes past the slots used. The buffer is
+        poisoned again up to there for the next round (past it, it was just found poison)."""
+        used_bytes = self._slots_used * self.size
+        stray, first_stray = self.memory.verify_poison(used_bytes)
+        self.memory.poison(used_bytes)
+        return Integrity(checked=True, bytes_checked=self.messages * self.size,
+                         bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,
+                         stray_bytes=stray, first_stray_offset=offset_or_none(first_stray),
+                         messages_checked=self.messages, messages_total=posted,
+                         bad_messages=self.bad_messages)

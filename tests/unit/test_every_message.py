@@ -1,0 +1,121 @@
+"""Every bandwidth message checked: the loop's passes reach the thread that owns the
+channel (measure/loops.py PassGate), and the receiver's RoundCheck knows each message by its
+number (measure/round_check.py). The lab runs both through Soft-RoCE
+(tests/lab/loopback/test_integrity_lab.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gdrprobe import _native
+from gdrprobe.measure.loops import LoopThread, PassGate
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.measure.round_check import RoundCheck
+from gdrprobe.memory.host import HostMemory
+
+
+def passes_loop(count):
+    """Stands in for the C loop: hands `count` passes of 5 messages to its on_pass (the
+    gate) from its own thread, and stops at the first the gate does not go on from."""
+    def loop(config, stop):
+        handed = []
+        for index in range(count):
+            handed.append(threading.current_thread().name)
+            if not config(index, 5):
+                return ("stopped", handed)
+        return ("done", handed)
+    return loop
+
+
+def test_each_pass_is_answered_in_the_waiting_thread_and_the_loop_goes_on():
+    stop = _native.StopFlag()
+    gate = PassGate(stop)
+    seen = []
+    status, handed = LoopThread(passes_loop(4), gate, stop).wait(
+        passes=gate, on_pass=lambda index, messages: seen.append(
+            (index, messages, threading.current_thread().name)))
+    assert status == "done"
+    assert handed == ["gdrprobe-loop"] * 4
+    assert seen == [(i, 5, threading.current_thread().name) for i in range(4)]
+
+
+def test_an_error_in_a_pass_stops_the_loop_and_is_raised():
+    stop = _native.StopFlag()
+    gate = PassGate(stop)
+
+    def refuse(index, messages):
+        if index == 1:
+            raise RuntimeError("the server went away")
+
+    thread = LoopThread(passes_loop(4), gate, stop)
+    with pytest.raises(RuntimeError, match="went away"):
+        thread.wait(passes=gate, on_pass=refuse)
+    assert stop.is_set
+    assert thread.finish() == ("stopped", ["gdrprobe-loop"] * 2)
+
+
+def sent(memory, size, slots, sources, seed, first, count):
+    """What the loop writes: message k from source slot k mod sources into slot k mod
+    slots (the receiver's buffer is also memory here)."""
+    for k in range(first, first + count):
+        memory.fill_pattern(k % slots * size, size, _native.slot_seed(seed, k % sources))
+
+
+@pytest.fixture
+def memory():
+    memory = HostMemory(16 * 4096)
+    yield memory
+    memory.close()
+
+
+def test_every_pass_is_checked_and_a_corrupt_message_in_a_middle_pass_is_counted(memory):
+    size, slots, seed = 1000, 8, _native.pattern_seed(1000, 3)
+    memory.poison()
+    check = RoundCheck(memory, size, slots, slots + 1, seed)
+    for index, count in enumerate((8, 8, 3)):       # 19 messages: two passes and a part
+        sent(memory, size, slots, slots + 1, seed, index * slots, count)
+        if index == 1:                              # message 12 corrupted on the way
+            memory.fill_pattern(4 * size + 10, 1, 0)
+        check.next_pass(count)
+    integrity = check.integrity(posted=19)
+    assert (integrity.messages_checked, integrity.messages_total) == (19, 19)
+    assert integrity.bad_messages == 1
+    assert integrity.first_bad_offset == 4 * size + 10
+    assert integrity.stray_bytes == 0
+    assert not integrity.ok
+    # Poisoned again for the next round, up to the slots used.
+    assert memory.verify_poison(0) == (0, -1)
+
+
+def test_a_slot_that_missed_its_write_holds_the_last_pass_and_fails(memory):
+    size, slots, seed = 512, 4, _native.pattern_seed(512, 1)
+    check = RoundCheck(memory, size, slots, slots + 1, seed)
+    sent(memory, size, slots, slots + 1, seed, 0, 4)
+    check.next_pass(4)
+    sent(memory, size, slots, slots + 1, seed, 4, 3)   # message 7 never lands
+    check.next_pass(4)
+    assert check.bad_messages == 1
+    assert check.first_bad // size == 3
+
+
+def test_a_sampling_run_checks_only_the_messages_the_slots_hold(memory):
+    size, slots, seed = 512, 4, _native.pattern_seed(512, 2)
+    memory.poison()
+    sent(memory, size, slots, slots + 1, seed, 0, 10)
+    check = RoundCheck(memory, size, slots, slots + 1, seed)
+    check.last(10)
+    integrity = check.integrity(posted=10)
+    assert (integrity.messages_checked, integrity.messages_total) == (4, 10)
+    assert integrity.ok
+
+
+def test_the_sender_has_one_source_slot_more_than_the_receiver_has_slots_and_room_for_it():
+    options = ProbeOptions(sizes=(65536, 4 << 20), iterations=1000)
+    for size in options.sizes:
+        assert options.source_slots(size) == options.slots(size) + 1
+        assert options.source_slots(size) * size <= options.buffer_bytes
+    assert ProbeOptions().sample_integrity is False
+    assert ProbeOptions.from_message(ProbeOptions(sample_integrity=True).to_message()) \
+        .sample_integrity is True
