@@ -10,8 +10,10 @@ move this GPU's bytes, inside the check's time budget.
   side is the peer's GPU, the receive side this one.
 - **NCCL's environment** (configuration files included): ``NCCL_IB_GID_INDEX`` picks the
   GID on RoCE ports, as ``src/transport/net_ib/connect.cc`` ncclIbGetGidIndex does (NCCL
-  ignores it on InfiniBand); ``NCCL_IB_PCI_RELAXED_ORDERING`` the registration (the API's
-  options); NCCL's decision whether to use GPUDirect at all (:func:`verdict.with_nccl`).
+  ignores it on InfiniBand), and without it ``NCCL_IB_ADDR_FAMILY``,
+  ``NCCL_IB_ROCE_VERSION_NUM`` and ``NCCL_IB_ADDR_RANGE`` steer NCCL's walk of the GID
+  table; ``NCCL_IB_PCI_RELAXED_ORDERING`` the registration (the API's options); NCCL's
+  decision whether to use GPUDirect at all (:func:`verdict.with_nccl`).
 - **The floor**: the deciding arm against the port's line rate, where the kernel states
   it and the NIC is hardware.
 - **One A/B per NIC at a time** (:mod:`gdrprobe.campaign.nic_lock`).
@@ -35,6 +37,7 @@ from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl.env import int_param
 from gdrprobe.rdma.endpoint import EndpointOptions
+from gdrprobe.rdma.verbs import GidPreference
 from gdrprobe.report.check import CheckReport, FloorCheck, NcclUse, RankPair
 
 # What a check keeps of its budget for the runs when it waits for a NIC another check
@@ -98,6 +101,17 @@ def nccl_gid_index(facts: MachineFacts, nic: str, port: int) -> int | None:
     return value if value >= 0 else None
 
 
+def nccl_gid_preference(environ: Mapping[str, str]) -> GidPreference:
+    """What NCCL's walk of a RoCE port's GID table asks for, from the job's environment
+    (NCCL 2.30.7 src/transport/net_ib/connect.cc): envIbAddrFamily (AF_INET unless the
+    variable is exactly "AF_INET6"), NCCL_PARAM IbRoceVersionNum (2), envIbAddrRange (the
+    text; GidPreference.network reads it as NCCL does)."""
+    return GidPreference(
+        family=6 if environ.get("NCCL_IB_ADDR_FAMILY") == "AF_INET6" else 4,
+        roce_version=int_param(environ, "NCCL_IB_ROCE_VERSION_NUM", 2),
+        address_range=environ.get("NCCL_IB_ADDR_RANGE") or None)
+
+
 def first_rdma_device() -> str:
     """The device a check without NCCL's choice uses: the first libibverbs lists."""
     from gdrprobe.rdma import verbs
@@ -153,7 +167,8 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     if gid_index is None and nccl_gid is not None:
         gid_index = nccl_gid
         nic_reason += f"; GID index {gid_index} from NCCL_IB_GID_INDEX"
-    endpoint = EndpointOptions(device=nic, port=gate.ib_port, gid_index=gid_index)
+    endpoint = EndpointOptions(device=nic, port=gate.ib_port, gid_index=gid_index,
+                               gid_preference=nccl_gid_preference(facts.nccl_environ))
     options = gate.options
     if budget.seconds is not None:
         options = sized_for_budget(options, budget.seconds,

@@ -61,7 +61,8 @@ def register(subparsers) -> None:
                              "parallel; one line per GPU; the exit code is the worst")
     add_device_flags(parser, "the one NCCL will use for the GPU",
                      "NCCL_IB_GID_INDEX on a RoCE port, else the RoCE v2 GID of 127.0.0.1's "
-                     "route")
+                     "route where the port has one, else the GID NCCL's walk picks under "
+                     "NCCL_IB_ADDR_FAMILY, _ROCE_VERSION_NUM and _ADDR_RANGE")
     parser.add_argument("--mem", default=defaults.GPU_MEMORY,
                         choices=("gpu", "dmabuf", "peermem"),
                         help="the GPU arms' mechanism (default gpu: chosen automatically)")

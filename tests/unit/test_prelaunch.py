@@ -14,9 +14,11 @@ from gdrprobe.campaign import prelaunch
 from gdrprobe.campaign.gate import Budget, PortFacts, rank_pair
 from gdrprobe.campaign.machine import machine_facts
 from gdrprobe.campaign.nic_lock import nic_lock
+from gdrprobe.campaign.prelaunch import nccl_gid_preference
 from gdrprobe.errors import NotTestable
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.rdma.verbs import GidPreference
 from gdrprobe.report.model import to_json
 from tests.unit.doctor import nccl_machines as nm
 from tests.unit.test_ab import recorded_run
@@ -107,6 +109,26 @@ def test_nccl_ib_gid_index_picks_the_gid_on_roce_only(tmp_path, runs, locks, lin
     report = check(facts, "0000:1b:00.0", locks)
     assert {endpoint.gid_index for endpoint, *_ in runs} == {gid_index}
     assert ("NCCL_IB_GID_INDEX" in report.placement.nic_reason) == (gid_index is not None)
+
+
+def test_nccl_s_gid_walk_follows_the_job_s_address_family_roce_version_and_range(
+        tmp_path, runs, locks):
+    nm.dmabuf_only(tmp_path)
+    facts = machine_facts(str(tmp_path), {})
+    facts = dataclasses.replace(facts, nccl_environ={
+        "NCCL_IB_ADDR_FAMILY": "AF_INET6", "NCCL_IB_ROCE_VERSION_NUM": "1",
+        "NCCL_IB_ADDR_RANGE": "fd00::/8"}, ports={("mlx5_0", 1): PortFacts(400.0, "Ethernet")})
+    check(facts, "0000:1b:00.0", locks)
+    assert {endpoint.gid_preference for endpoint, *_ in runs} == {
+        GidPreference(family=6, roce_version=1, address_range="fd00::/8")}
+
+
+@pytest.mark.parametrize("value, family", [("AF_INET6", 6), ("AF_INET", 4), ("", 4),
+                                           ("af_inet6", 4), ("INET6", 4)])
+def test_nccl_takes_only_af_inet6_exactly_for_ipv6(value, family):
+    preference = nccl_gid_preference({"NCCL_IB_ADDR_FAMILY": value})
+    assert (preference.family, preference.roce_version, preference.address_range) == \
+        (family, 2, None)
 
 
 def test_an_nccl_setting_that_keeps_nccl_off_gdr_is_exit_10(tmp_path, runs, locks):
