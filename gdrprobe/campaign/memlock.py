@@ -5,10 +5,10 @@ the process holds CAP_IPC_LOCK (Linux drivers/infiniband/core/umem.c, ib_umem_ge
 registration fails with ENOMEM once ``pinned_vm`` would pass the limit). A run pins one
 buffer per end in this process (loopback: both ends), sized by its integrity slots
 (:func:`gdrprobe.defaults.integrity_slots`, :func:`gdrprobe.defaults.buffer_bytes`). Fewer
-slots pin less and change no measurement, only how many messages are checked in a slot of
-their own; so a run that would not fit gets fewer, down to one per size, and a run that does
-not fit even then is refused before anything starts, with the number it needs and how to
-raise the limit. GPU memory registered through DMA-BUF or peermem is not charged; the A/B's
+slots pin less and change no number measured: every message is still checked, in more
+passes of fewer messages (a run that samples checks fewer); so a run that would not fit gets
+fewer, down to one per size, and a run that does not fit even then is refused before
+anything starts, with the number it needs and how to raise the limit. GPU memory registered through DMA-BUF or peermem is not charged; the A/B's
 host arm, host memory at both ends, is what pins most.
 """
 
@@ -94,8 +94,8 @@ def fit_to_memlock(options: ProbeOptions, ends: int, memory: LockedMemory,
         size = max(options.sizes, key=lambda s: options.slots(s) * s)
         notice(f"the locked-memory limit (RLIMIT_MEMLOCK {_mib(memory.soft)}) holds "
                f"{fitted.slots(size)} integrity slots of {size} B per end instead of "
-               f"{options.slots(size)}: the same measurement, fewer messages checked in a slot "
-               f"of their own ({_mib(pinned_bytes(fitted, ends))} pinned)")
+               f"{options.slots(size)}: the same measurement, every message still checked, in "
+               f"more passes ({_mib(pinned_bytes(fitted, ends))} pinned)")
     return fitted
 
 
