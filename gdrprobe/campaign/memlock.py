@@ -8,8 +8,9 @@ buffer per end in this process (loopback: both ends), sized by its integrity slo
 slots pin less and change no number measured: every message is still checked, in more
 passes of fewer messages (a run that samples checks fewer); so a run that would not fit gets
 fewer, down to one per size, and a run that does not fit even then is refused before
-anything starts, with the number it needs and how to raise the limit. GPU memory registered through DMA-BUF or peermem is not charged; the A/B's
-host arm, host memory at both ends, is what pins most.
+anything starts, with the number it needs and how to raise the limit. GPU memory registered
+through DMA-BUF or peermem is not charged; the A/B's host arm, host memory at both ends, is
+what pins most.
 """
 
 from __future__ import annotations
@@ -19,17 +20,15 @@ import math
 import resource
 
 from gdrprobe.doctor.checks.memlock import (effective_capabilities, has_ipc_lock,
-                                            memlock_fix)
-from gdrprobe.doctor.checks.probe_needs import QUEUE_MARGIN_BYTES
+                                            memlock_fix, pinned_bytes_now)
+from gdrprobe.doctor.checks.probe_needs import MiB, QUEUE_MARGIN_BYTES
 from gdrprobe.doctor.facts.container import detect_container
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.errors import ResourceLimit
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.sysroot import SysRoot
 
-STATUS_FILE = "/proc/self/status"
 KiB = 1 << 10
-MiB = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,19 +51,12 @@ def locked_memory(root: SysRoot | None = None) -> LockedMemory:
     root = root or SysRoot("/")
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     capabilities = effective_capabilities(root)
-    return LockedMemory(_limit(soft), _limit(hard), _pinned_bytes(root),
+    return LockedMemory(_limit(soft), _limit(hard), pinned_bytes_now(root),
                         capabilities is not None and has_ipc_lock(capabilities))
 
 
 def _limit(value: int) -> float:
     return math.inf if value == resource.RLIM_INFINITY else value
-
-
-def _pinned_bytes(root: SysRoot) -> int:
-    for line in (root.read(STATUS_FILE) or "").splitlines():
-        if line.startswith("VmPin:"):
-            return int(line.split()[1]) * KiB
-    return 0
 
 
 def pinned_bytes(options: ProbeOptions, ends: int) -> int:

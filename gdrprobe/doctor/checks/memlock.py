@@ -69,6 +69,14 @@ def effective_capabilities(root: SysRoot) -> int | None:
     return None
 
 
+def pinned_bytes_now(root: SysRoot) -> int:
+    """What this process has pinned already (VmPin), charged to the same limit."""
+    for line in (root.read(STATUS_FILE) or "").splitlines():
+        if line.startswith("VmPin:"):
+            return int(line.split()[1]) * 1024   # kB, as /proc writes it
+    return 0
+
+
 def has_ipc_lock(cap_eff: int) -> bool:
     return bool(cap_eff >> CAP_IPC_LOCK_BIT & 1)
 
