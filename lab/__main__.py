@@ -4,6 +4,8 @@
   python -m lab loopback -- CMD                one guest, rxe0 on lo
   python -m lab pair --a CMD --b CMD           two guests on a virtual wire
   python -m lab demo                           the main job on the two-host lab
+  python -m lab demo-slurm                     a Slurm cluster on the two-host lab
+  python -m lab demo-dmabuf                    the DMA-BUF arm through the kernel's import path
   python -m lab test                           the lab test suites
 """
 
@@ -14,7 +16,7 @@ import sys
 
 from lab import vm
 from lab.kernel import LabError, ensure_kernel
-from lab.suites import demo, run_suites
+from lab.suites import demo, demo_dmabuf, demo_slurm, run_suites
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     pair.add_argument("--a", required=True, help="command for host a (10.77.0.1)")
     pair.add_argument("--b", required=True, help="command for host b (10.77.0.2)")
     sub.add_parser("demo", help="the README's main command on the two-host lab")
+    sub.add_parser("demo-slurm", help="Slurm across the two guests: the prolog, the matrix, "
+                                      "a drained node (docs/slurm.md)")
+    sub.add_parser("demo-dmabuf", help="the A/B with --mem dmabuf through the kernel's dma-buf "
+                                       "import path with host pages behind it "
+                                       "(docs/dmabuf-lab.md)")
     tests = sub.add_parser("test", help="run the lab test suites in guests")
     tests.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k NAME)")
     args = parser.parse_args(argv)
@@ -50,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             return max(r.returncode for r in results)
         if args.action == "demo":
             return demo()
+        if args.action == "demo-slurm":
+            return demo_slurm()
+        if args.action == "demo-dmabuf":
+            return demo_dmabuf()
         return run_suites(args.pytest_args)
     except LabError as error:
         print(f"lab: {error}", file=sys.stderr)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 
-from lab import vm
-from lab.kernel import REPO
+from lab import modules, slurm, vm
+from lab.kernel import REPO, LabError
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 LOOPBACK_TESTS = "tests/lab/loopback"
@@ -19,6 +20,8 @@ DEMO_TOKEN = "lab-demo-token-0001"
 # idle machine and twice that on a loaded one. These bound a hung guest, not a slow one.
 LOOPBACK_SUITE_TIMEOUT_S = 3600
 PAIR_SUITE_TIMEOUT_S = 1800
+DEMO_SLURM_TIMEOUT_S = 600
+DEMO_DMABUF_TIMEOUT_S = 600
 
 
 def demo() -> int:
@@ -37,6 +40,49 @@ def demo() -> int:
     return max(result.returncode for result in results)
 
 
+def demo_slurm() -> int:
+    """A Slurm cluster across the two guests (lab/slurm.py): the prolog in deploy/slurm/
+    run by slurmd, the node x node matrix under srun and salloc's mpirun, a node drained by
+    a failing check."""
+    from tests.cuda_standin.build import build   # test code: only the demo needs it
+
+    # Host b checks over the stand-in libcuda.so.1, built here where the guests can see it.
+    run_dir = slurm.prepare({"gdr-a": None, "gdr-b": str(build())})
+    try:
+        results = vm.run_pair(f"{PYTHON} -m lab.slurm demo {run_dir}",
+                              f"{PYTHON} -m lab.slurm node {run_dir} gdr-b",
+                              DEMO_SLURM_TIMEOUT_S)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    for result in results:
+        vm.print_result(result)
+    code = max(result.returncode for result in results)
+    print(f"demo-slurm: {int(code == 0)} passed, {int(code != 0)} failed")
+    return code
+
+
+def demo_dmabuf() -> int:
+    """The A/B with --mem dmabuf through the kernel's dma-buf import path with host pages
+    behind it (docs/dmabuf-lab.md): the modules built or reused here, loaded in one guest,
+    the JSON and the kernel's dma-buf table taken during the run."""
+    built = modules.ensure_modules()
+    result = vm.run_loopback(f"bash {modules.GUEST_SCRIPT} load {built.folder} && "
+                             f"{PYTHON} -m lab.modules guest-demo", DEMO_DMABUF_TIMEOUT_S)
+    vm.print_result(result)
+    code = result.returncode
+    print(f"demo-dmabuf: {int(code == 0)} passed, {int(code != 0)} failed")
+    return code
+
+
+def prepare_dmabuf_modules() -> None:
+    """Build (or reuse) the dma-buf lab's modules before the guest boots; where they cannot
+    be built, say why: tests/lab/loopback/test_dmabuf_kernel_lab.py then skips."""
+    try:
+        modules.ensure_modules()
+    except LabError as error:
+        print(f"lab: the dma-buf lab's modules were not built, their tests skip: {error}")
+
+
 def pytest_command(path: str, extra: list[str]) -> str:
     argv = [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", path, *extra]
     return " ".join(shlex.quote(a) for a in argv)
@@ -44,6 +90,7 @@ def pytest_command(path: str, extra: list[str]) -> str:
 
 def run_suites(extra: list[str]) -> int:
     """The loopback suite in one guest, then the two-host suite across two guests."""
+    prepare_dmabuf_modules()
     loopback = vm.run_loopback(pytest_command(LOOPBACK_TESTS, extra), LOOPBACK_SUITE_TIMEOUT_S)
     vm.print_result(loopback)
     host_a, host_b = vm.run_pair(pytest_command(PAIR_TESTS, extra), f"{PYTHON} -m lab.agent",

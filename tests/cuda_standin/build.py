@@ -17,6 +17,9 @@ import tempfile
 HERE = pathlib.Path(__file__).parent
 SOURCES = [HERE / "standin.c", HERE / "standin_vmm.c"]
 HEADER = HERE / "standin.h"
+# The lab's dma-buf exporter interface (lab/dmabuf/gdr_dmabuf_uapi.h), which the stand-in
+# exports through where that module is loaded.
+EXPORTER_HEADER = HERE.parent.parent / "lab" / "dmabuf" / "gdr_dmabuf_uapi.h"
 LIBRARY = "libcuda.so.1"
 # A driver older than CUDA 12.0: no cuGetProcAddress_v2 (what cuda-bindings 12.x+ need).
 VARIANTS = {"": [], "no-proc-address-v2": ["-DSTANDIN_NO_PROC_ADDRESS_V2"]}
@@ -25,7 +28,7 @@ VARIANTS = {"": [], "no-proc-address-v2": ["-DSTANDIN_NO_PROC_ADDRESS_V2"]}
 def build(variant: str = "") -> pathlib.Path:
     """The directory holding the compiled stand-in; compiled once per source and flags."""
     flags = VARIANTS[variant]
-    text = b"".join(path.read_bytes() for path in (*SOURCES, HEADER))
+    text = b"".join(path.read_bytes() for path in (*SOURCES, HEADER, EXPORTER_HEADER))
     digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     directory = pathlib.Path(tempfile.gettempdir()) / f"gdrprobe-cuda-standin-{digest}"
     library = directory / LIBRARY
@@ -38,7 +41,8 @@ def build(variant: str = "") -> pathlib.Path:
     # Build beside the target and rename, so a concurrent run never loads half a file.
     partial = directory / f"{LIBRARY}.{os.getpid()}"
     subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared",
-                    "-fPIC", *flags, "-o", str(partial), *map(str, SOURCES), "-lpthread"],
+                    "-fPIC", f"-I{EXPORTER_HEADER.parent}", *flags, "-o", str(partial),
+                    *map(str, SOURCES), "-lpthread"],
                    check=True, timeout=120)
     partial.rename(library)
     return directory

@@ -6,10 +6,11 @@
  * a machine without a GPU. It implements the driver entry points gdrprobe calls with the
  * driver's C signatures, checks their arguments the way the documentation states them,
  * and backs "device" memory with host memory (a memfd mapping, so a DMA-BUF export can
- * hand out a real file descriptor to the same pages). It proves argument marshalling,
- * return shapes, enum values, alignment of exported ranges, that a context is current
- * before each call that needs one, fd and allocation lifetimes, and what gdrprobe makes
- * of every CUresult: tests ask for any result of any call through the standin_* control
+ * hand out a real file descriptor to the same pages: in the lab, with its exporter loaded,
+ * a kernel dma-buf of exactly the exported range; docs/dmabuf-lab.md). It proves argument
+ * marshalling, return shapes, enum values, alignment of exported ranges, that a context is
+ * current before each call that needs one, fd and allocation lifetimes, and what gdrprobe
+ * makes of every CUresult: tests ask for any result of any call through the standin_* control
  * functions (ctypes). It proves nothing about a GPU, GPUDirect or a driver's behaviour
  * beyond its documented interface; tests/gpu is where a real GPU is checked.
  *
@@ -19,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include "standin.h"
+#include "gdr_dmabuf_uapi.h"   /* lab/dmabuf: the lab's dma-buf exporter */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -617,6 +620,24 @@ static CUresult cuMemcpyDtoH_(void *to, CUdeviceptr from, size_t length)
     return copy_checked(to, (const void *)(uintptr_t)from, length, from);
 }
 
+/* The DMA-BUF fd for [address, address + length) of span's memfd: a real dma-buf of exactly
+ * that range where the lab's exporter is loaded (lab/dmabuf/exporter, /dev/gdr_dmabuf), as
+ * the driver exports exactly the range asked; elsewhere the memfd itself (same pages, no
+ * kernel dma-buf). Returns the fd or -errno. */
+static int export_range(const struct vmm_span *span, CUdeviceptr address, size_t length)
+{
+    int exporter = open(GDR_DMABUF_DEVICE, O_RDWR | O_CLOEXEC);
+    if (exporter < 0) {
+        int fd = fcntl(span->memfd, F_DUPFD_CLOEXEC, 3);
+        return fd < 0 ? -errno : fd;
+    }
+    struct gdr_dmabuf_create request = {span->memfd, 0, address - span->start, length};
+    int fd = ioctl(exporter, GDR_DMABUF_CREATE, &request);
+    int error = errno;
+    close(exporter);
+    return fd < 0 ? -error : fd;
+}
+
 static CUresult cuMemGetHandleForAddressRange_(void *handle, CUdeviceptr address, size_t length,
                                                int handle_type, unsigned long long flags)
 {
@@ -646,9 +667,9 @@ static CUresult cuMemGetHandleForAddressRange_(void *handle, CUdeviceptr address
         return INVALID_VALUE;
     if (!attributes[span.device][124])
         return NOT_SUPPORTED;
-    int fd = fcntl(span.memfd, F_DUPFD_CLOEXEC, 3);
+    int fd = export_range(&span, address, length);
     if (fd < 0)
-        return OUT_OF_MEMORY;
+        return fd == -EINVAL ? INVALID_VALUE : OUT_OF_MEMORY;
     *(int *)handle = fd;
     last_export_address = address;
     last_export_length = length;

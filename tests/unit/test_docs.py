@@ -176,12 +176,3 @@ def test_the_exit_code_table_lists_every_code():
     codes = {int(code) for line in table.splitlines()[2:]
              for code in line.strip("|").split("|")[0].split(",")}
     assert codes == {int(code) for code in ExitCode}
-
-
-def test_the_slurm_prolog_drains_what_the_command_drains():
-    from gdrprobe.cli.check import SCHEDULER_ACTION
-
-    prolog = re.search(r"^\s*([\d|]+)\) exit 1 ;;", text(ROOT / "docs" / "check.md"), re.M)
-    assert prolog, "docs/check.md has no prolog case that drains"
-    drained = {int(code) for code in prolog.group(1).split("|")}
-    assert drained == {code for code, action in SCHEDULER_ACTION.items() if action == "drain"}

@@ -40,14 +40,6 @@ def test_the_readme_table_is_generated_from_the_one_table():
         "regenerate the README's table from gdrprobe.errors.exit_codes_markdown()")
 
 
-def test_the_prolog_recipe_drains_exactly_the_drain_codes():
-    recipe = (ROOT / "docs" / "check.md").read_text()
-    drained = re.search(r"^\s*([\d|]+)\) exit 1 ;;", recipe, re.M)
-    assert drained, "docs/check.md has no prolog case that drains"
-    assert {int(code) for code in drained.group(1).split("|")} == {int(c) for c in DRAIN_CODES}
-    assert re.search(r"^\s*0\) ;;", recipe, re.M), "the prolog starts the job on 0"
-
-
 def test_check_help_states_every_code_and_its_action():
     done = subprocess.run([sys.executable, "-m", "gdrprobe", "check", "--help"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)

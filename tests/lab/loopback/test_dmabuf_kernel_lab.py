@@ -1,0 +1,184 @@
+"""The DMA-BUF arm through the kernel's dma-buf import path with host pages behind it.
+
+In this guest the lab's rdma_rxe (with reg_user_mr_dmabuf) replaces Debian's, the lab's
+exporter (gdr_dmabuf) is loaded, and the stand-in libcuda.so.1 exports "device" memory
+through it: cuMemGetHandleForAddressRange returns a real dma-buf of exactly the range, and
+ibv_reg_dmabuf_mr goes through ib_umem_dmabuf_get_pinned (attach, pin, map) to rxe, which
+then reads and writes the dma-buf's pages. What this proves: the arguments the kernel checks,
+the attach and map, the pinning, the lifetimes of fd and MR, the integrity of bytes written
+into dma-buf pages, and the verdict and errno of each failure. What it cannot: PCIe
+peer-to-peer to a GPU BAR, ACS, the IOMMU (docs/dmabuf-lab.md). The modules are built on the
+host before the guest boots (python -m lab.modules); where they are not, every test skips.
+
+The module swap is undone after the last test here, so the rest of the suite sees Debian's
+rxe (whose DMA-BUF answer is EOPNOTSUPP) again.
+"""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lab.modules import (GUEST_SCRIPT, RXE_DMA_DEVICE, built_modules, dmabuf_environment,
+                         read_bufinfo, run_dmabuf_ab)
+from tests.lab.helpers import REPO, rdma_resources
+
+pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
+
+REFUSE_P2P = "/sys/module/gdr_dmabuf/parameters/refuse_peer2peer"
+
+
+def guest_script(*args: str) -> None:
+    done = subprocess.run(["bash", GUEST_SCRIPT, *args], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        pytest.skip(f"the lab's dma-buf modules cannot load here: {done.stderr.strip()}")
+
+
+@pytest.fixture(scope="module")
+def modules():
+    if not os.path.exists("/sys/class/infiniband/rxe0") or os.geteuid() != 0:
+        pytest.skip("needs a lab guest (rxe0, root)")
+    built = built_modules(os.uname().release)
+    if built is None:
+        pytest.skip("the lab's dma-buf modules are not built for this kernel: run "
+                    "'python -m lab.modules' on the host")
+    guest_script("load", built.folder)
+    yield built
+    guest_script("restore")
+
+
+@pytest.fixture
+def refuse_peer2peer(modules):
+    with open(REFUSE_P2P, "w") as switch:
+        switch.write("1")
+    yield
+    with open(REFUSE_P2P, "w") as switch:
+        switch.write("0")
+
+
+# --mem: rxe reads a dma-buf (the source); --remote-mem too: it also writes one (the
+# destination), GPU memory at both ends as in issue 14's check.
+@pytest.mark.parametrize("ends", [(), ("--remote-mem", "dmabuf")], ids=["one-end", "both-ends"])
+def test_the_dmabuf_arm_registers_through_the_kernel_and_rxe_moves_its_pages(modules, ends):
+    baseline = rdma_resources()
+    done, table = run_dmabuf_ab(modules, *ends)
+    assert done.stdout, done.stderr
+    report = json.loads(done.stdout)
+    verdict, arm = report["verdict"], report["arms"][1]
+    # "measured": registered, rxe moved the pages, and the integrity check of what landed
+    # (every message, through the stand-in's view of device memory) passed.
+    assert arm["arm"] == "dmabuf" and arm["outcome"] == "measured", (arm, done.stderr)
+    assert arm["local_memory"]["mechanism"] == "dmabuf", arm["local_memory"]
+    if ends:
+        assert arm["remote_memory"]["mechanism"] == "dmabuf", arm["remote_memory"]
+    # Host pages against host pages: a measured answer, about DMA-BUF.
+    assert verdict["classification"] in ("engaged", "degraded"), verdict
+    assert verdict["mechanism"] == "dmabuf", verdict
+    assert done.returncode == (0 if verdict["classification"] == "engaged" else 1)
+    # The kernel's own table, taken during the run: gdr_dmabuf's buffer attached to rxe.
+    assert "gdr_dmabuf" in table and RXE_DMA_DEVICE in table, table
+    assert rdma_resources() == baseline
+    assert "gdr_dmabuf" not in read_bufinfo()     # fd and MR gone: the buffer is released
+
+
+def test_an_exporter_refusing_peer_to_peer_is_eopnotsupp_and_not_engaged(refuse_peer2peer,
+                                                                         modules):
+    baseline = rdma_resources()
+    done, table = run_dmabuf_ab(modules)
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["verdict"]["classification"] == "not engaged"
+    arm = report["arms"][1]
+    assert arm["arm"] == "dmabuf" and arm["outcome"] == "registration failed", arm
+    assert any("EOPNOTSUPP" in cause for cause in report["verdict"]["likely_causes"])
+    assert table == ""                # the attach was refused: nothing ever attached
+    assert rdma_resources() == baseline
+
+
+# Registration straight through libibverbs, for what gdrprobe never asks on purpose.
+VERBS = r"""
+import ctypes, errno, json, mmap, os, sys
+import pyverbs.device, pyverbs.enums as e, pyverbs.mr, pyverbs.pd
+from pyverbs.pyverbs_error import PyverbsRDMAError
+
+GDR_DMABUF_CREATE = (1 << 30) | (24 << 16) | (ord("G") << 8) | 0x42   # _IOW('G', 0x42, 24)
+libc = ctypes.CDLL(None, use_errno=True)
+PAGE = mmap.PAGESIZE
+
+
+def dmabuf(memfd, offset, size):
+    argument = ctypes.create_string_buffer(
+        memfd.to_bytes(4, "little", signed=True) + bytes(4)
+        + offset.to_bytes(8, "little") + size.to_bytes(8, "little"))
+    exporter = os.open("/dev/gdr_dmabuf", os.O_RDWR)
+    fd = libc.ioctl(exporter, ctypes.c_ulong(GDR_DMABUF_CREATE), argument)
+    os.close(exporter)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "GDR_DMABUF_CREATE")
+    return fd
+
+
+def register(pd, length, fd, offset):
+    access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+    try:
+        return pyverbs.mr.DmaBufMR(pd, length, access, dmabuf=fd, offset=offset), 0
+    except PyverbsRDMAError as error:
+        return None, error.error_code
+
+
+def bufinfo():
+    with open("/sys/kernel/debug/dma_buf/bufinfo") as table:
+        return table.read()
+
+
+memfd = os.memfd_create("lab-dmabuf")
+os.ftruncate(memfd, 4 * PAGE)
+pd = pyverbs.pd.PD(pyverbs.device.Context(name="rxe0"))
+case, result = sys.argv[1], {}
+if case == "past-end":
+    fd = dmabuf(memfd, PAGE, 2 * PAGE)
+    result["errno"] = register(pd, 2 * PAGE, fd, PAGE)[1]
+elif case == "closed-fd":
+    fd = dmabuf(memfd, 0, 2 * PAGE)
+    os.close(fd)
+    result["errno"] = register(pd, 2 * PAGE, fd, 0)[1]
+elif case == "freed-while-registered":
+    view = mmap.mmap(memfd, 4 * PAGE)
+    view[:4] = b"page"
+    fd = dmabuf(memfd, 0, 2 * PAGE)
+    mr, result["errno"] = register(pd, 2 * PAGE, fd, 0)
+    view.close(); os.close(memfd); os.close(fd)     # the "device memory" freed, fd closed
+    result["held_after_free"] = "gdr_dmabuf" in bufinfo()
+    mr.close()
+    result["released_after_dereg"] = "gdr_dmabuf" not in bufinfo()
+print(json.dumps(result))
+"""
+
+
+def verbs_case(built, case: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", VERBS, case], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=dmabuf_environment(built))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("case, code", [
+    # ib_umem_dmabuf_get: offset + length past the dma-buf's size (umem_dmabuf.c)
+    ("past-end", errno.EINVAL),
+    # dma_buf_get on a closed descriptor (drivers/dma-buf/dma-buf.c)
+    ("closed-fd", errno.EBADF),
+])
+def test_registration_the_kernel_refuses_returns_its_errno(modules, case, code):
+    baseline = rdma_resources()
+    assert verbs_case(modules, case) == {"errno": code}
+    assert rdma_resources() == baseline
+
+
+def test_memory_freed_while_registered_stays_pinned_until_deregistration(modules):
+    baseline = rdma_resources()
+    result = verbs_case(modules, "freed-while-registered")
+    assert result == {"errno": 0, "held_after_free": True, "released_after_dereg": True}
+    assert rdma_resources() == baseline

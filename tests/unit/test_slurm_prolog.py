@@ -1,0 +1,128 @@
+"""deploy/slurm/gdrprobe-prolog.sh, run as slurmd runs it, over a fake `gdrprobe` that exits
+with a chosen code and a fake `scontrol` that records its arguments: every exit code of
+the README's table gets the prolog action gdrprobe/errors.py gives it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from gdrprobe.errors import DRAIN, EXIT_CODES, START, WARN
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROLOG = os.path.join(REPO, "deploy", "slurm", "gdrprobe-prolog.sh")
+NODE = "node17"
+MESSAGE = "gdrprobe check: GPUDirect RDMA not engaged on GPU 0000:3b:00.0 via mlx5_1"
+
+pytestmark = pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
+
+
+def executable(path, text: str) -> str:
+    path.write_text(textwrap.dedent(text))
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A directory with the fakes, and run(code) running the prolog against them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "gdrprobe", f"""\
+        #!/bin/sh
+        echo "$@" >> {tmp_path}/gdrprobe.args
+        echo "this goes to stdout, which the prolog drops"
+        [ "$FAKE_CODE" = 0 ] || {{ echo "{MESSAGE}"; echo "a second line"; }} >&2
+        exit "$FAKE_CODE"
+        """)
+    executable(bin_dir / "scontrol", f"""\
+        #!/bin/sh
+        for argument in "$@"; do echo "$argument"; done >> {tmp_path}/scontrol.args
+        exit "${{FAKE_SCONTROL_CODE:-0}}"
+        """)
+    conf = tmp_path / "gdrprobe-prolog"
+    conf.write_text(f"GDRPROBE_PROLOG_LOG={tmp_path}/prolog.log\n")
+
+    def run(code: int, **env: str) -> subprocess.CompletedProcess:
+        environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": NODE,
+                       "SLURM_JOB_ID": "42", "GDRPROBE_PROLOG_CONF": str(conf),
+                       "FAKE_CODE": str(code), **env}
+        return subprocess.run(["sh", PROLOG], env=environment, capture_output=True,
+                              text=True, timeout=30)
+
+    run.dir = tmp_path
+    run.conf = conf
+    return run
+
+
+def read(path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.mark.parametrize("row", EXIT_CODES, ids=lambda row: f"exit{int(row.code)}")
+def test_each_exit_code_gets_the_action_errors_py_gives_it(node, row):
+    done = node(int(row.code))
+    scontrol = read(node.dir / "scontrol.args").splitlines()
+    log = read(node.dir / "prolog.log")
+    if row.action == START:
+        assert done.returncode == 0 and scontrol == [] and log == ""
+    elif row.action == DRAIN:
+        assert done.returncode == 1, done.stderr
+        assert scontrol == ["update", f"nodename={NODE}", "state=drain",
+                            f"reason=gdrprobe: exit {int(row.code)}: "
+                            "GPUDirect RDMA not engaged on GPU 0000:3b:00.0 via mlx5_1"]
+        assert f"node {NODE}, job 42: drain: {MESSAGE}" in log
+    else:
+        assert row.action == WARN
+        assert done.returncode == 0 and scontrol == []
+        assert f"warn (exit {int(row.code)}), the job starts: {MESSAGE}" in log
+
+
+def test_it_checks_every_gpu_of_the_node_quietly_within_its_budget(node):
+    node(0)
+    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 60 --quiet\n"
+
+
+def test_the_settings_file_names_the_command_and_its_arguments(node):
+    wrapper = executable(node.dir / "wrapped-gdrprobe", f"""\
+        #!/bin/sh
+        echo wrapped >> {node.dir}/gdrprobe.args
+        exec gdrprobe "$@"
+        """)
+    with node.conf.open("a") as conf:
+        conf.write(f"GDRPROBE={wrapper}\nGDRPROBE_CHECK_ARGS='--time-budget 20 -d mlx5_0'\n")
+    node(0)
+    assert read(node.dir / "gdrprobe.args").splitlines() == [
+        "wrapped", "check --node --time-budget 20 -d mlx5_0 --quiet"]
+
+
+def test_a_long_reason_is_cut_to_what_sinfo_shows_in_one_line(node):
+    long_message = "x" * 500
+    executable(node.dir / "bin" / "gdrprobe", f"""\
+        #!/bin/sh
+        echo "{long_message}" >&2
+        exit 1
+        """)
+    node(1)
+    reason = read(node.dir / "scontrol.args").splitlines()[-1]
+    assert reason.startswith("reason=gdrprobe: exit 1: xxx")
+    assert len(reason) == len("reason=") + 200
+
+
+def test_a_drain_scontrol_refuses_still_keeps_the_job_off_the_node(node):
+    done = node(4, FAKE_SCONTROL_CODE="1")
+    assert done.returncode == 1
+    assert "scontrol could not drain node17" in read(node.dir / "prolog.log")
+
+
+def test_no_gdrprobe_warns_and_lets_the_job_start(node):
+    with node.conf.open("a") as conf:
+        conf.write(f"GDRPROBE={node.dir}/not-installed/gdrprobe\n")
+    done = node(0)
+    assert done.returncode == 0
+    log = read(node.dir / "prolog.log")
+    assert "warn (exit 127), the job starts:" in log and "not-installed/gdrprobe" in log
