@@ -314,14 +314,17 @@ def read_bufinfo() -> str:
         return table.read()
 
 
-def run_dmabuf_ab(built: Built, *args: str, repeats: int = 1, timeout: float = 600):
-    """gdrprobe run --loopback --mem dmabuf --json over the stand-in: (the finished process,
-    the first bufinfo that showed a buffer attached to rxe while it ran, or "")."""
+def run_dmabuf_ab(built: Built, *args: str, repeats: int = 1, timeout: float = 600,
+                  standin: dict | None = None):
+    """gdrprobe run --loopback --mem dmabuf --json over the stand-in (configured by standin:
+    tests.cuda_standin.build.standin_settings): (the finished process, the first bufinfo
+    that showed a buffer attached to rxe while it ran, or "")."""
     argv = [sys.executable, "-m", "gdrprobe", "run", "--loopback", "-n", "100", "-s", "65536",
             "--mem", "dmabuf", "--repeats", str(repeats), "--json", *args]
     seen: list[str] = []
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=REPO, env=dmabuf_environment(built)) as process:
+                          cwd=REPO, env=dmabuf_environment(built) | (standin or {})) \
+            as process:
         watcher = threading.Thread(target=watch_bufinfo, args=(process, seen), daemon=True)
         watcher.start()
         try:

@@ -76,6 +76,7 @@ static unsigned long long last_export_flags;
 static int flushes;
 static int compute_held;      /* another process holds the GPU, or no process may use it */
 static int pcie_mapping_refused;
+static int export_short;      /* a faulty driver: its dma-buf is a page short of the range */
 __thread CUcontext current;
 
 /* ---- configuration and failure injection ------------------------------------------ */
@@ -204,6 +205,9 @@ static void attribute_setting(const char *key, int value) { standin_set_attribut
  * GDRPROBE_STANDIN_PCIE_MAPPING    refused: the platform refuses the PCIe mapping type of a
  *                              DMA-BUF export (CUDA_ERROR_NOT_SUPPORTED), as a GPU without a
  *                              C2C link to its CPU may
+ * GDRPROBE_STANDIN_DMABUF_EXPORT   short: a faulty driver whose dma-buf is one page shorter
+ *                              than the range asked (where the lab's exporter makes real
+ *                              dma-bufs): registering the range runs past its end
  */
 static void apply_environment(void)
 {
@@ -222,6 +226,8 @@ static void apply_environment(void)
     }
     if ((text = getenv("GDRPROBE_STANDIN_PCIE_MAPPING")))
         pcie_mapping_refused = strcmp(text, "refused") == 0;
+    if ((text = getenv("GDRPROBE_STANDIN_DMABUF_EXPORT")))
+        export_short = strcmp(text, "short") == 0;
 }
 
 void standin_set_devices(int count) { device_count = count; }
@@ -310,7 +316,7 @@ void standin_reset(void)
     calls_without_context = 0;
     exported_count = 0;
     flushes = 0;
-    compute_held = pcie_mapping_refused = 0;
+    compute_held = pcie_mapping_refused = export_short = 0;
     current = NULL;
     vmm_reset();
     apply_environment();
@@ -631,7 +637,8 @@ static int export_range(const struct vmm_span *span, CUdeviceptr address, size_t
         int fd = fcntl(span->memfd, F_DUPFD_CLOEXEC, 3);
         return fd < 0 ? -errno : fd;
     }
-    struct gdr_dmabuf_create request = {span->memfd, 0, address - span->start, length};
+    size_t exported = export_short && length > HOST_PAGE ? length - HOST_PAGE : length;
+    struct gdr_dmabuf_create request = {span->memfd, 0, address - span->start, exported};
     int fd = ioctl(exporter, GDR_DMABUF_CREATE, &request);
     int error = errno;
     close(exporter);

@@ -19,8 +19,12 @@ MAX_RSS_MIB = 200
 # (the whole test takes seconds); no timing is asserted.
 TIME_LIMIT_S = 50
 
-READ = ("import json, resource, sys, gdrprobe; r = gdrprobe.read_nccl_log(sys.argv[1]); "
-        "print(json.dumps({'rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "
+# The peak is the child's own VmHWM, its address space's high-water mark, which starts afresh
+# at exec: ru_maxrss would also count the parent's resident size at the fork (Linux keeps
+# the larger across exec), and pytest's grows with the suite.
+READ = ("import json, re, sys, gdrprobe; r = gdrprobe.read_nccl_log(sys.argv[1]); "
+        "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()); "
+        "print(json.dumps({'rss_mib': int(hwm.group(1)) / 1024, "
         "'verdict': r.verdict, 'network_channels': r.network_channels, 'channels': len(r.channels), "
         "'nics': len(r.nics), 'lines_read': r.lines_read}))")
 

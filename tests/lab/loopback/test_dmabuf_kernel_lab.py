@@ -24,6 +24,7 @@ import pytest
 
 from lab.modules import (GUEST_SCRIPT, RXE_DMA_DEVICE, built_modules, dmabuf_environment,
                          read_bufinfo, run_dmabuf_ab)
+from tests.cuda_standin.build import standin_settings
 from tests.lab.helpers import REPO, rdma_resources
 
 pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
@@ -95,6 +96,20 @@ def test_an_exporter_refusing_peer_to_peer_is_eopnotsupp_and_not_engaged(refuse_
     assert arm["arm"] == "dmabuf" and arm["outcome"] == "registration failed", arm
     assert any("EOPNOTSUPP" in cause for cause in report["verdict"]["likely_causes"])
     assert table == ""                # the attach was refused: nothing ever attached
+    assert rdma_resources() == baseline
+
+
+def test_a_driver_exporting_less_than_the_range_is_einval_and_not_engaged(modules):
+    """A faulty CUDA driver whose dma-buf is a page shorter than the range gdrprobe asked
+    for: registering the range runs past the dma-buf's end, which ib_umem_dmabuf_get refuses
+    (EINVAL, drivers/infiniband/core/umem_dmabuf.c), as NCCL's registration would be."""
+    baseline = rdma_resources()
+    done, table = run_dmabuf_ab(modules, standin=standin_settings(dmabuf_export="short"))
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and report["verdict"]["classification"] == "not engaged"
+    arm = report["arms"][1]
+    assert arm["arm"] == "dmabuf" and arm["outcome"] == "registration failed", arm
+    assert any("EINVAL" in cause for cause in report["verdict"]["likely_causes"]), report
     assert rdma_resources() == baseline
 
 
