@@ -86,6 +86,26 @@ def test_the_dmabuf_arm_registers_through_the_kernel_and_rxe_moves_its_pages(mod
     assert "gdr_dmabuf" not in read_bufinfo()     # fd and MR gone: the buffer is released
 
 
+def test_check_puts_dmabuf_memory_at_both_ends_through_the_kernel(modules, tmp_path):
+    """`gdrprobe check` (GPU memory at both ends, issue 14) on the patched rxe: both of the
+    deciding arm's buffers are dma-bufs the NIC reads and writes through the kernel."""
+    baseline = rdma_resources()
+    env = dmabuf_environment(modules) | {"GDRPROBE_LOCK_DIR": str(tmp_path)}
+    env.pop("LOCAL_RANK", None)
+    done = subprocess.run([sys.executable, "-m", "gdrprobe", "check", "--mem", "dmabuf",
+                           "--time-budget", "120", "-s", "64K", "--repeats", "2", "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert done.stdout, done.stderr
+    report = json.loads(done.stdout)
+    verdict, gpu = report["verdict"], report["arms"][1]
+    assert gpu["direction"] == "both" and gpu["outcome"] == "measured", gpu
+    for side in ("local_memory", "remote_memory"):
+        assert gpu[side]["mechanism"] == "dmabuf", gpu[side]
+    assert verdict["classification"] in ("engaged", "degraded"), verdict
+    assert verdict["mechanism"] == "dmabuf" and done.returncode == verdict["exit_code"]
+    assert rdma_resources() == baseline
+
+
 def test_an_exporter_refusing_peer_to_peer_is_eopnotsupp_and_not_engaged(refuse_peer2peer,
                                                                          modules):
     baseline = rdma_resources()
