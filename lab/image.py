@@ -29,7 +29,7 @@ import time
 
 from packaging.requirements import Requirement
 
-from lab.kernel import CACHE, REPO
+from lab.kernel import CACHE, REPO, LabError
 
 SUITE = "bookworm"
 # The suite with its point-release updates and security fixes, as Debian's own images and a
@@ -70,7 +70,7 @@ TOOLS = {"mmdebstrap": "mmdebstrap", "umoci": "umoci"}
 INSTALLER = ("/usr/bin/python3", "python3-installer")
 
 
-class ImageError(RuntimeError):
+class ImageError(LabError):
     """The image could not be built; the message names the cause and the fix."""
 
 
