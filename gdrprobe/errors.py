@@ -25,6 +25,7 @@ class ExitCode(enum.IntEnum):
     NOT_TESTABLE = 9         # a requested arm cannot run here (no GPU, no CUDA driver)
     NCCL_SETTING = 10        # an NCCL setting keeps NCCL off GPUDirect RDMA; the node is fine
     GPU_UNUSABLE = 11        # every CUDA process fails on this GPU (fabric manager down, ...)
+    INCONCLUSIVE = 12        # no answer now: the measurement straddles, or another job is busy
     INTERNAL = 70            # a bug in gdrprobe: sysexits.h's EX_SOFTWARE, "internal software error"
     INTERRUPTED = 130        # Ctrl-C
 
@@ -76,6 +77,10 @@ EXIT_CODES = (
                 "not support, driver library and kernel module differ, another process holds "
                 "the GPU in exclusive-process mode, an uncorrectable ECC or NVLink error",
                 DRAIN),
+    ExitCodeRow(ExitCode.INCONCLUSIVE, "inconclusive: the node could not be judged now (the "
+                "per-repeat ratios still straddle the threshold at the end of the time budget, "
+                "another job's traffic on the NIC during the window, or a GPU or NIC held by a "
+                "process that is not the job's); it says nothing against the node", WARN),
     ExitCodeRow(ExitCode.INTERNAL, "an internal error: a bug in gdrprobe (the message says "
                 "where, and how to report it); it says nothing about the node", WARN),
     ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM); everything was "
@@ -206,6 +211,13 @@ class GpuUnusable(GdrprobeError):
     crashes as the check did (:mod:`gdrprobe.memory.cuda_results` says which results)."""
 
     exit_code = ExitCode.GPU_UNUSABLE
+
+
+class Inconclusive(GdrprobeError):
+    """The node could not be judged now: the answer depends on something that is not the
+    node's fault (another job's traffic or process, a measurement that straddles)."""
+
+    exit_code = ExitCode.INCONCLUSIVE
 
 
 class Interrupted(GdrprobeError):
