@@ -8,7 +8,8 @@ MLX5, UCX and KUBERNETES variables, HOME, and the variables that say where the j
 is: LD_LIBRARY_PATH, LD_PRELOAD, VIRTUAL_ENV, CONDA_PREFIX; NCCL's configuration files are
 among the files copied), the CUDA driver's facts, NVML's facts, NCCL's DMA-BUF probe per NIC
 and what finding the job's libnccl took besides files (--nccl, this interpreter's
-site-packages, a version read from the library's bytes) go to CAPTURE_DIR.
+site-packages and executable, versions and ELF dynamic sections read from libraries' bytes,
+which may lie past the first MiB a copy keeps) go to CAPTURE_DIR.
 
 A capture is written into a new directory beside DEST and renamed into place, so it is never
 merged with what DEST held: a reused bug-report directory would otherwise replay as a machine

@@ -89,15 +89,28 @@ class NcclGpuDecision:
 
 
 @dataclasses.dataclass(frozen=True)
+class NcclCandidate:
+    """The libnccl one Python on the machine (or a program that is none) would load (doctor)."""
+
+    python: str                   # which Python, and how it was found
+    path: str | None              # None: none found
+    version: str | None
+    source: str                   # the rule that picked it
+
+
+@dataclasses.dataclass(frozen=True)
 class NcclLibrary:
     """The libnccl the job will load, found without loading it (doctor)."""
 
     path: str | None              # None: none found
     version: str | None           # 2.21.5; None: not readable
-    source: str                   # where it was found: --nccl, LD_LIBRARY_PATH, a wheel, /etc/ld.so.cache, ...
+    source: str                   # the rule that picked it: --nccl, torch's RPATH, LD_LIBRARY_PATH, ld.so.cache, ...
     version_from: str | None      # the file name, the wheel's metadata, or the library's bytes
     shadowed: tuple[str, ...] = ()     # other copies found later in the loader's order
     differences: tuple[str, ...] = ()  # what this release does differently from the rules of 2.30.7
+    python: str | None = None     # the Python the answer is for (None: --nccl names the library)
+    python_named: bool = True     # False: no --nccl, the answer is the default's; see candidates
+    candidates: tuple[NcclCandidate, ...] = ()  # without --nccl: what each Python found would load
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from gdrprobe.nccl.env import GdrLevel, int_value, netdevs_policy, parse_hca_fil
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
 from gdrprobe.nccl.topo import nccl_ports
 from gdrprobe.report import finding_ids as ids
-from gdrprobe.report.model import Evidence, Finding, NcclGpuDecision, Status
+from gdrprobe.report.model import Evidence, Finding, NcclGpuDecision, NcclLibrary, Status
 
 GROUP = ids.NCCL
 finding = functools.partial(Finding, group=GROUP)
@@ -289,22 +289,33 @@ def decision_findings(ctx: DoctorContext) -> list[Finding]:
 
 
 def library_finding(ctx: DoctorContext) -> Finding:
-    """Which libnccl the job loads and the rules its version follows
+    """Which libnccl the job loads, for which Python, and the rules its version follows
     (:mod:`gdrprobe.doctor.facts.nccl_library`, :mod:`gdrprobe.nccl.versions`)."""
     library = ctx.nccl_library
     differences = tuple(Evidence("differs from 2.30.7", what) for what in library.differences)
     shadowed = tuple(Evidence("also present, not loaded", other) for other in library.shadowed)
+    pythons = python_evidence(library)
     if library.path is None:
         return finding(id=ids.NCCL_LIBRARY, status=Status.SKIP,
                        summary=f"no libnccl found ({library.source}): the decisions below follow NCCL 2.30.7",
-                       evidence=(Evidence("where the loader looks", library.source),),
+                       evidence=(Evidence("where the loader looks", library.source),) + pythons,
                        fix="Name the job's libnccl or its Python with --nccl PATH.")
-    where = (Evidence(library.path, library.source),)
+    where = (Evidence(library.path, library.source),) + pythons
+    what = f"NCCL {library.version}" if library.version else "a libnccl whose version could not be read"
+    if pythons_disagree(library):
+        return finding(id=ids.NCCL_LIBRARY, status=Status.WARN,
+                       summary=f"which Python? The job's NCCL depends on the Python that runs it, and the Pythons "
+                               f"on this machine load different ones; with {library.python} the job loads {what} "
+                               f"from {library.path} ({library.source}), which the decisions below follow",
+                       evidence=where + shadowed + differences,
+                       fix="Name the job's Python or its libnccl with --nccl PATH (an interpreter such as "
+                           "/opt/venv/bin/python3, a virtual environment, or the library).")
     if library.version is None:
         return finding(id=ids.NCCL_LIBRARY, status=Status.WARN,
                        summary=f"the job will load {library.path} ({library.source}), whose version could not be "
                                "read: the decisions below follow NCCL 2.30.7",
-                       evidence=where + shadowed,
+                       evidence=where + ((Evidence("version", library.version_from),) if library.version_from else ())
+                       + shadowed,
                        fix="Check that it is a libnccl; --nccl PATH names the one the job loads.")
     return finding(id=ids.NCCL_LIBRARY, status=Status.INFO,
                    summary=f"the job will load NCCL {library.version} from {library.path} ({library.source}); "
@@ -312,6 +323,21 @@ def library_finding(ctx: DoctorContext) -> Finding:
                               if differences else "its rules are 2.30.7's where the doctor applies them"),
                    evidence=where + (Evidence("version read from", library.version_from),) + shadowed + differences
                    + (Evidence("cuMem", ctx.nccl_rules.cumem_default),))
+
+
+def python_evidence(library: NcclLibrary) -> tuple[Evidence, ...]:
+    """Whose answer it is; without --nccl, what every Python found would load."""
+    if library.python_named:
+        return (Evidence("the job's Python", library.python),) if library.python else ()
+    default = Evidence("the job's Python", f"not named (--nccl): the default is {library.python}")
+    return (default,) + tuple(
+        Evidence(f"NCCL of {c.python}", f"{c.path} (NCCL {c.version or 'version unknown'}; {c.source})"
+                 if c.path else "none found") for c in library.candidates)
+
+
+def pythons_disagree(library: NcclLibrary) -> bool:
+    """Without --nccl, whether the Pythons found would load different files."""
+    return not library.python_named and len({c.path for c in library.candidates if c.path}) > 1
 
 
 # ---- NCCL_NETDEVS_POLICY ------------------------------------------------------

@@ -21,7 +21,8 @@ from gdrprobe.doctor.facts import pci
 from gdrprobe.doctor.facts.container import Container, detect_container
 from gdrprobe.doctor.facts.memory_path import (KERNEL_RELEASE_FILE, driver_version_line,
                                                read_memory_paths)
-from gdrprobe.doctor.facts.nccl_library import find_nccl_library, this_python_sites
+from gdrprobe.doctor.facts.nccl_library import find_nccl_library
+from gdrprobe.doctor.facts.pythons import this_python
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
 from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
 from gdrprobe.doctor.facts.nvml import collect_nvml_facts
@@ -108,19 +109,22 @@ class DoctorContext:
     @functools.cached_property
     def nccl_search(self) -> dict[str, Any]:
         """What finding the job's NCCL needs beyond files: --nccl, this interpreter's
-        site-packages, and versions read from library bytes (live: found now; replay: captured)."""
+        site-packages and executable, versions and dynamic sections read from libraries'
+        bytes (live: found now; replay: captured)."""
         captured = ({} if self.live else self._captured_json(NCCL_FACTS_FILE)) or {}
+        interpreter = this_python() if self.live else captured
         return {"nccl": self._nccl or captured.get("nccl"),
-                "site_packages": this_python_sites() if self.live else captured.get("site_packages", []),
-                "versions_in_bytes": dict(captured.get("versions_in_bytes", {}))}
+                "site_packages": interpreter.get("site_packages", []), "executable": interpreter.get("executable"),
+                "versions_in_bytes": dict(captured.get("versions_in_bytes", {})),
+                "elf_dynamic": dict(captured.get("elf_dynamic", {}))}
 
     @functools.cached_property
     def nccl_library(self) -> NcclLibrary:
         """The libnccl the job will load, where it came from, and its version."""
         search = self.nccl_search
-        library, from_bytes = find_nccl_library(self.root, self.process_environ, search["nccl"],
-                                                search["site_packages"], search["versions_in_bytes"])
-        search["versions_in_bytes"].update(from_bytes)
+        library, read = find_nccl_library(self.root, self.process_environ, search)
+        for kind, facts in read.items():
+            search[kind].update(facts)
         return library
 
     @functools.cached_property

@@ -1,136 +1,75 @@
 """The libnccl the job will load, found without loading it, and its version.
 
-A job asks the dynamic loader for ``libnccl.so.2`` (NCCL's soname, ``makefiles/common.mk``),
-usually from a library whose RUNPATH names the NCCL wheel of its Python (PyTorch's
-``nvidia-nccl-cu12``/``-cu13``, in ``site-packages/nvidia/nccl/lib``). The loader looks, in
-this order (glibc's ld.so(8)): LD_PRELOAD, LD_LIBRARY_PATH, the RUNPATH (the wheel; a conda
-environment's ``lib``), ``/etc/ld.so.cache``, then its default directories (Debian and
-Ubuntu's ``libnccl2`` in ``/usr/lib/<arch>-linux-gnu``, RHEL's ``libnccl`` in
-``/usr/lib64``). The first copy found is the one the job gets; the later ones are shadowed.
+A job asks the dynamic loader for ``libnccl.so.2`` (NCCL's soname, ``makefiles/common.mk``)
+from the library that links NCCL: in a PyTorch job, one of ``torch/lib`` (libtorch_cuda.so).
+The file it gets is found the way glibc's loader finds it for that library
+(:mod:`gdrprobe.doctor.facts.dynamic_loader`): LD_PRELOAD, the library's DT_RPATH and the
+Python executable's (only without a DT_RUNPATH), LD_LIBRARY_PATH, the library's DT_RUNPATH,
+``/etc/ld.so.cache``, the default directories. The RPATH and RUNPATH are read from the
+library's own dynamic section (:mod:`gdrprobe.doctor.facts.elf_dynamic`): PyTorch's pip
+wheels carry ``$ORIGIN/../../nvidia/nccl/lib`` as DT_RPATH (``.ci/manywheel/build_cuda.sh``
+CUDA_RPATHS, ``build_common.sh`` patchelf ``--force-rpath``), an NGC image's torch names no
+wheel, so a wheel installed beside the image's libnccl is not what it loads. The libraries
+between torch's ``_C`` and the one that asks carry the same DT_RPATH in that build, so the
+chain glibc walks is that library's, then the executable's. Before any of this, torch may
+open a wheel's libnccl itself (:mod:`gdrprobe.doctor.facts.torch_preload`); a torch that no
+library of which asks for ``libnccl.so.2`` has NCCL linked in (PyTorch's USE_STATIC_NCCL).
+A Python without torch is taken to load the NCCL wheel of its site-packages (and a conda
+environment its ``lib/``) as a RUNPATH would; a program that is no Python has no RUNPATH.
 
-``--nccl PATH`` names the library itself, or the job's Python (an interpreter, a virtual
-environment, a prefix or a site-packages directory); without it the job's Python is
-VIRTUAL_ENV's, CONDA_PREFIX's, then this interpreter's.
+``--nccl PATH`` names the library itself (or the directory holding it), or the job's Python
+(:mod:`gdrprobe.doctor.facts.pythons`). Without it the answer depends on which Python runs
+the job: every Python found is looked at, the default answer is the first with torch (else
+the first that finds a libnccl), and each candidate's library is reported.
 
 The version comes from the file name (``libnccl.so.2.21.5``, what NCCL's build installs),
-else the wheel's metadata (``nvidia_nccl_cu12-2.21.5.dist-info``), else the string NCCL
-keeps in its bytes for ``strings`` to find ("NCCL version 2.21.5+cuda12.4", ``src/init.cc``
-VERSION_STRING). Every file is read through the root, so a capture keeps what was read; a
-version read from the bytes is also captured as a fact, since a capture keeps no whole
-library.
+else the wheel's metadata (``nvidia_nccl_cu12-2.21.5.dist-info``, the one whose RECORD
+lists the file), else the string NCCL keeps in its bytes ("NCCL version 2.21.5+cuda12.4",
+``src/init.cc`` VERSION_STRING), which also decides when two wheels' RECORDs list the same
+file (nvidia-nccl-cu12 and -cu13 install the same path; the last one unpacked owns it).
+Every file is read through the root; what a capture cannot keep (a version deep in a
+library's bytes, the dynamic section of a library of a gigabyte) is captured as a fact.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import posixpath
 import re
-import struct
-import sys
 from collections.abc import Mapping
+from typing import NamedTuple
 
+from gdrprobe.doctor.facts.dynamic_loader import LoadingObject, places, resolve
+from gdrprobe.doctor.facts.elf_dynamic import Dynamic, ElfUnreadable, read_dynamic
+from gdrprobe.doctor.facts.pythons import Python, candidate_pythons, python_at
+from gdrprobe.doctor.facts.torch_preload import SOURCE_LIMIT, cuda_major, preloaded_nccl, read_preload
 from gdrprobe.nccl.versions import NcclRules, parse_version
-from gdrprobe.report.model import NcclLibrary
+from gdrprobe.report.model import NcclCandidate, NcclLibrary
 from gdrprobe.sysroot import SysRoot
 
 SONAME = "libnccl.so.2"
 WHEEL_DIR = "nvidia/nccl/lib"
-LD_SO_CACHE = "/etc/ld.so.cache"
-# glibc's trusted directories: Debian/Ubuntu multiarch, then RHEL's lib64, then the plain ones.
-DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
-                "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
 PACKAGE_DIRS = {"/usr/lib/x86_64-linux-gnu": "Debian/Ubuntu's libnccl2",
                 "/usr/lib/aarch64-linux-gnu": "Debian/Ubuntu's libnccl2", "/usr/lib64": "RHEL's libnccl"}
-SITE_PATTERNS = ("lib/python3*/site-packages", "lib64/python3*/site-packages",
-                 "local/lib/python3*/dist-packages", "lib/python3/dist-packages")
+# PyTorch's CMake targets torch_global_deps (opened first by torch/__init__.py), torch_cuda, torch.
+TORCH_LIBRARIES = ("libtorch_global_deps.so", "libtorch_cuda.so", "libtorch.so")
+MAX_TORCH_LIBRARIES = 32
+GLOBAL_DEPS = "libtorch_global_deps.so"
+NO_PYTHON = "a program that is no Python (nccl-tests, a C++ job)"
 VERSIONED_NAME = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")
 WHEEL_METADATA = re.compile(r"nvidia_nccl_cu\d+-(\d+\.\d+\.\d+)[^/]*\.dist-info$")
 VERSION_MARK = b"NCCL version "
 VERSION_TEXT = 32                # "2.21.5+cuda12.4" and its NUL fit
 SCAN_CHUNK = 8 << 20
-SCAN_LIMIT = 2 << 30             # NCCL's libraries are a few hundred MiB
-CACHE_MAGIC = b"glibc-ld.so.cache1.1"
-CACHE_HEADER = 48                # struct cache_file_new up to its entries (glibc dl-cache.h)
-CACHE_ENTRY = 24                 # struct file_entry_new: flags, key, value, osversion, hwcap
+SCAN_LIMIT = 2 << 30             # NCCL's libraries are a few hundred MiB, libtorch_cuda.so about one GiB
 
 
-# ---- where the job's Python keeps its packages ---------------------------------------------
+class Answer(NamedTuple):
+    """What one Python (or a program that is none) would load: every copy in the loader's
+    order, the first the one it gets, each with the rule that finds it."""
 
-
-def this_python_sites() -> list[str]:
-    """The running interpreter's site-packages (``gdrprobe.check()`` runs in the job's Python)."""
-    return [path for path in sys.path if path.endswith(("site-packages", "dist-packages"))]
-
-
-def python_sites(root: SysRoot, start: str) -> list[str]:
-    """The site-packages directories of the Python a path names: an interpreter
-    (``bin/python3``), a prefix (a virtual environment, a conda environment, /usr), or a
-    site-packages directory itself."""
-    if posixpath.basename(start.rstrip("/")) in ("site-packages", "dist-packages"):
-        return [start]
-    prefix = start
-    if not root.listdir(start):                  # a file: an interpreter in PREFIX/bin
-        prefix = posixpath.dirname(posixpath.dirname(start))
-    return [site for pattern in SITE_PATTERNS for site in matching(root, prefix, pattern)]
-
-
-def matching(root: SysRoot, prefix: str, pattern: str) -> list[str]:
-    """A glob under the root, each step through :meth:`SysRoot.listdir` (so a capture keeps it)."""
-    found = [prefix]
-    for part in pattern.split("/"):
-        found = [posixpath.join(base, name) for base in found for name in root.listdir(base)
-                 if fnmatch.fnmatchcase(name, part)]
-    return found
-
-
-def job_pythons(root: SysRoot, environ: Mapping[str, str], hint: str | None,
-                this_python: list[str]) -> list[tuple[list[str], str]]:
-    """(site-packages directories, whose) of the job's Python, in the order they count."""
-    if hint and not is_library(hint):
-        return [(python_sites(root, hint), f"the Python at {hint} (--nccl)")]
-    found = [(python_sites(root, environ[name]), f"the Python at {environ[name]} ({name})")
-             for name in ("VIRTUAL_ENV", "CONDA_PREFIX") if environ.get(name)]
-    return found + [(this_python, "this Python (gdrprobe's own interpreter)")]
-
-
-def is_library(path: str) -> bool:
-    return posixpath.basename(path).startswith("libnccl")
-
-
-# ---- the loader's order -----------------------------------------------------------------------
-
-
-def in_dirs(root: SysRoot, directories: list[str], source: str) -> list[tuple[str, str]]:
-    """The soname in each directory that has it, with ``source`` ("{dir}": the directory)."""
-    found = []
-    for directory in directories:
-        path = posixpath.join(directory, SONAME)
-        if directory and root.exists(path):
-            found.append((path, source.replace("{dir}", directory)))
-    return found
-
-
-def ld_cache_paths(data: bytes | None) -> list[str]:
-    """The paths /etc/ld.so.cache gives for the soname, in its order (glibc's format 1.1,
-    alone or after the old "ld.so-1.7.0" table; string offsets count from its header)."""
-    start = (data or b"").find(CACHE_MAGIC)
-    if start < 0 or len(data) < start + CACHE_HEADER:
-        return []
-    (count,) = struct.unpack_from("<I", data, start + len(CACHE_MAGIC))
-    found = []
-    for index in range(count):
-        offset = start + CACHE_HEADER + index * CACHE_ENTRY
-        if offset + CACHE_ENTRY > len(data):
-            break
-        _flags, key, value = struct.unpack_from("<iII", data, offset)
-        if c_string(data, start + key) == SONAME:
-            found.append(c_string(data, start + value))
-    return found
-
-
-def c_string(data: bytes, offset: int) -> str:
-    end = data.find(b"\0", offset)
-    return data[offset:end if end >= 0 else len(data)].decode("utf-8", "replace")
+    python: str
+    copies: list[tuple[str, str]]
+    torch: bool
 
 
 def package_note(path: str) -> str:
@@ -138,54 +77,202 @@ def package_note(path: str) -> str:
     return f" ({owner} installs it there)" if owner else ""
 
 
-def candidates(root: SysRoot, environ: Mapping[str, str], hint: str | None,
-               this_python: list[str]) -> list[tuple[str, str]]:
-    """Every copy of the library the job could get, first the one it gets, with where each
-    came from."""
-    if hint and is_library(hint):
-        return [(hint, "--nccl")] if root.exists(hint) else []
-    found = [(entry, "LD_PRELOAD") for entry in environ.get("LD_PRELOAD", "").replace(":", " ").split()
-             if is_library(entry) and root.exists(entry)]
-    found += in_dirs(root, environ.get("LD_LIBRARY_PATH", "").split(":"), "LD_LIBRARY_PATH ({dir})")
-    if hint:
-        found += in_dirs(root, [hint], "the directory --nccl names")
-    for sites, whose in job_pythons(root, environ, hint, this_python):
-        found += in_dirs(root, [posixpath.join(site, WHEEL_DIR) for site in sites], f"the NCCL wheel of {whose}")
-    if environ.get("CONDA_PREFIX"):
-        found += in_dirs(root, [environ["CONDA_PREFIX"] + "/lib"], "the conda environment's lib (CONDA_PREFIX)")
-    found += [(path, LD_SO_CACHE + package_note(path)) for path in ld_cache_paths(root.read_bytes(LD_SO_CACHE, 1 << 20))
-              if root.exists(path)]
-    # glibc elf/dl-load.c _dl_map_object: the default directories come last whenever the
-    # cache gave nothing, also when a cache exists that does not list the soname.
-    found += [(path, "the loader's default directories" + package_note(path))
-              for path, _ in in_dirs(root, list(DEFAULT_DIRS), "")]
+def is_library(path: str) -> bool:
+    return posixpath.basename(path).startswith("libnccl")
+
+
+def first_each(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
     first: dict[str, str] = {}
-    for path, source in found:
-        first.setdefault(path, source)
+    for path, rule in found:
+        first.setdefault(path, rule)
     return list(first.items())
 
 
-# ---- the version ------------------------------------------------------------------------------
+class Finder:
+    """One search: the root, the process environment, and what was read from libraries'
+    bytes (``read``, for a capture; a replay's ``captured`` facts are used first)."""
+
+    def __init__(self, root: SysRoot, environ: Mapping[str, str], captured: Mapping):
+        self.root, self.environ = root, environ
+        self.captured_versions = dict(captured.get("versions_in_bytes", {}))
+        self.captured_dynamic = dict(captured.get("elf_dynamic", {}))
+        self.read: dict[str, dict] = {"versions_in_bytes": {}, "elf_dynamic": {}}
+        self.versions: dict[str, tuple[str | None, str | None]] = {}
+
+    # ---- facts from bytes ---------------------------------------------------------------
+
+    def dynamic(self, path: str) -> Dynamic | None:
+        if path in self.captured_dynamic:
+            return Dynamic.from_fact(self.captured_dynamic[path])
+        try:
+            found = read_dynamic(self.root, path)
+        except ElfUnreadable:
+            return None
+        self.read["elf_dynamic"][path] = found.as_fact()
+        return found
+
+    def loading_object(self, path: str | None, executable: bool = False) -> LoadingObject | None:
+        dynamic = self.dynamic(path) if path and self.root.exists(path) else None
+        return LoadingObject(path, dynamic, executable) if dynamic else None
+
+    def version_text(self, path: str) -> str | None:
+        text = version_in_bytes(self.root, path) or self.captured_versions.get(path)
+        if text:
+            self.read["versions_in_bytes"][path] = text
+        return text
+
+    # ---- what one Python loads ------------------------------------------------------------
+
+    def answer(self, python: Python | None) -> Answer:
+        found = [(entry, "LD_PRELOAD") for entry in self.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+                 if is_library(entry) and self.root.exists(entry)]
+        if python is None:
+            return Answer(NO_PYTHON, first_each(found + self.search(None)), False)
+        torch = next((posixpath.join(site, "torch") for site in python.sites
+                      if self.root.listdir(posixpath.join(site, "torch"))), None)
+        copies = self.torch_copies(python, torch) if torch else None
+        if copies is None:
+            copies = self.search(None, self.assumed_runpath(python))
+        return Answer(python.name, first_each(found + copies), torch is not None)
+
+    def search(self, loader: LoadingObject | None, after: list[tuple[str, str]] = (),
+               executable: LoadingObject | None = None) -> list[tuple[str, str]]:
+        tried = places(self.root, loader, executable, self.environ) + list(after)
+        return resolve(self.root, SONAME, tried, bool(loader and loader.dynamic.nodeflib), package_note)
+
+    @staticmethod
+    def assumed_runpath(python: Python) -> list[tuple[str, str]]:
+        """Without torch: the Python's NCCL wheel (and a conda environment's lib) as a RUNPATH."""
+        wheels = [(posixpath.join(site, WHEEL_DIR), f"the NCCL wheel of {python.name}") for site in python.sites]
+        return wheels + ([(python.conda_lib, f"the conda environment's lib ({python.name})")]
+                         if python.conda_lib else [])
+
+    def torch_copies(self, python: Python, torch: str) -> list[tuple[str, str]] | None:
+        """The copies in the order torch's loading meets them; None: torch's libraries could
+        not be read (or hold no NCCL), so torch tells nothing."""
+        loader = self.torch_loader(torch + "/lib")
+        if loader is None:
+            linked = self.static_nccl(torch + "/lib")
+            return [(linked, f"linked into {linked} (no library of torch asks the loader for {SONAME})")] \
+                if linked else None
+        executable = self.loading_object(python.executable, executable=True)
+        preloaded = self.torch_preloaded(python, torch, loader, executable)
+        return ([preloaded] if preloaded else []) + self.search(loader, executable=executable)
+
+    def torch_loader(self, lib: str) -> LoadingObject | None:
+        """The library of torch that asks for libnccl.so.2: the one torch opens first, then
+        libtorch_cuda.so, libtorch.so, then any other of torch/lib (at most 32)."""
+        others = sorted(name for name in self.root.listdir(lib) if ".so" in name and name not in TORCH_LIBRARIES)
+        for name in TORCH_LIBRARIES + tuple(others[:MAX_TORCH_LIBRARIES]):
+            found = self.loading_object(posixpath.join(lib, name))
+            if found and SONAME in found.dynamic.needed:
+                return found
+        return None
+
+    def static_nccl(self, lib: str) -> str | None:
+        """A torch library that is an ELF object with NCCL's version string in its bytes."""
+        for name in TORCH_LIBRARIES[1:]:
+            path = posixpath.join(lib, name)
+            if self.loading_object(path) and self.version_text(path):
+                return path
+        return None
+
+    def torch_preloaded(self, python: Python, torch: str, loader: LoadingObject,
+                        executable: LoadingObject | None) -> tuple[str, str] | None:
+        """The libnccl torch/__init__.py opens itself before ``loader`` asks, if it does."""
+        source = self.root.read_bytes(torch + "/__init__.py", SOURCE_LIMIT)
+        preload = read_preload(source.decode("utf-8", "replace") if source else None)
+        deps = self.loading_object(posixpath.join(torch, "lib", GLOBAL_DEPS)) if preload else None
+        if deps is None:
+            return None
+        found = {name: resolve(self.root, name, places(self.root, deps, executable, self.environ),
+                               deps.dynamic.nodeflib) for name in deps.dynamic.needed if preload.failure_names(name)}
+        missing = next((name for name, copies in found.items() if not copies), None)
+        cudart = next((copies[0][0] for name, copies in found.items() if copies and name.startswith("libcudart")), "")
+        sites, major = list(python.sites), cuda_major(self.root, torch)
+        if missing is not None and preload.on_failure:
+            path = preloaded_nccl(self.root, sites, preload.libraries, True, preload, major)
+            why = f"{GLOBAL_DEPS} finds no {missing}"
+        elif (missing is None and loader.path != deps.path and preload.on_success and preload.success_mark
+              and preload.success_mark in cudart):
+            path = preloaded_nccl(self.root, sites, preload.on_success, not preload.best_effort, preload, major)
+            why = f"{GLOBAL_DEPS} loaded {cudart}"
+        else:
+            return None
+        return (path, f"preloaded by {torch}/__init__.py from sys.path ({why})") if path else None
+
+    # ---- the version ------------------------------------------------------------------------
+
+    def version(self, path: str) -> tuple[str | None, str | None]:
+        """(version, how it was read) of one file, read once."""
+        if path not in self.versions:
+            self.versions[path] = self.read_version(path)
+        return self.versions[path]
+
+    def read_version(self, path: str) -> tuple[str | None, str | None]:
+        name = posixpath.basename(self.root.realpath(path))
+        match = VERSIONED_NAME.search(name)
+        if match:
+            return match.group(1), f"the file name {name}"
+        owners = wheel_owners(self.root, path)
+        if len(owners) == 1:
+            return owners[0][1], f"the wheel's metadata {owners[0][0]}"
+        text = self.version_text(path)
+        version = parse_version(text)
+        claimed = f"; {' and '.join(info for info, _ in owners)} both list it" if owners else ""
+        if version is None:
+            return None, (f"its bytes name no version{claimed}" if owners else None)
+        return ".".join(map(str, version)), f"the library's bytes (\"NCCL version {text}\"){claimed}"
+
+    def candidate(self, answer: Answer) -> NcclCandidate:
+        if not answer.copies:
+            return NcclCandidate(answer.python, None, None, "none found")
+        path, rule = answer.copies[0]
+        return NcclCandidate(answer.python, path, self.version(path)[0], rule)
+
+    def library(self, answer: Answer, named: bool, candidates: tuple[NcclCandidate, ...] = ()) -> NcclLibrary:
+        python = None if answer.python == "--nccl" else answer.python
+        if not answer.copies:
+            return NcclLibrary(None, None, f"looked in {looked_in(answer.python)}", None,
+                               differences=NcclRules().differences(), python=python, python_named=named,
+                               candidates=candidates)
+        (path, source), others = answer.copies[0], answer.copies[1:]
+        version, how = self.version(path)
+        return NcclLibrary(path, version, source, how, shadowed=tuple(f"{other} ({rule})" for other, rule in others),
+                           differences=NcclRules(parse_version(version)).differences(), python=python,
+                           python_named=named, candidates=candidates)
 
 
-def wheel_version(root: SysRoot, path: str) -> tuple[str, str] | None:
-    """The version of the nvidia-nccl wheel that installed ``path``: its dist-info's name,
-    the one whose RECORD lists the library when several are there."""
+def looked_in(python: str) -> str:
+    if python == "--nccl":
+        return "the path --nccl names"
+    return ("LD_PRELOAD, torch's libraries' RPATH and RUNPATH, LD_LIBRARY_PATH, the Python's NCCL wheel, "
+            "/etc/ld.so.cache and the loader's default directories")
+
+
+def wheel_owners(root: SysRoot, path: str) -> list[tuple[str, str]]:
+    """(dist-info, version) of each nvidia-nccl wheel that installed ``path``: those whose
+    RECORD lists it; if none does, every one there."""
     lib_dir = posixpath.dirname(path)
     if not lib_dir.endswith("/" + WHEEL_DIR):
-        return None
+        return []
     site = lib_dir[:-len(WHEEL_DIR) - 1]
-    wheels = [(name, match.group(1)) for name in root.listdir(site) if (match := WHEEL_METADATA.match(name))]
+    wheels = [(f"{site}/{name}", match.group(1)) for name in root.listdir(site)
+              if (match := WHEEL_METADATA.match(name))]
     relative = posixpath.relpath(path, site)
-    owners = [(name, version) for name, version in wheels
-              if relative in (root.read(f"{site}/{name}/RECORD") or "")] or wheels
-    return (owners[0][1], f"the wheel's metadata {site}/{owners[0][0]}") if owners else None
+    return [(info, version) for info, version in wheels
+            if relative in record_paths(root.read(f"{info}/RECORD"))] or wheels
+
+
+def record_paths(record: str | None) -> set[str]:
+    """The files a wheel's RECORD lists (its first CSV field per line)."""
+    return {line.split(",", 1)[0].strip('"') for line in (record or "").splitlines()}
 
 
 def version_in_bytes(root: SysRoot, path: str) -> str | None:
     """The "NCCL version x.y.z+cudaX.Y" string in the library's bytes, read in chunks."""
     try:
-        handle = root.open(path)
+        handle = root.open(root.realpath(path))
     except OSError:
         return None
     tail, scanned = b"", 0
@@ -203,38 +290,33 @@ def version_in_bytes(root: SysRoot, path: str) -> str | None:
     return None
 
 
-def read_version(root: SysRoot, path: str, captured: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
-    """(version, how it was read, the bytes' string when that is how)."""
-    name = posixpath.basename(root.realpath(path))
-    match = VERSIONED_NAME.search(name)
-    if match:
-        return match.group(1), f"the file name {name}", None
-    wheel = wheel_version(root, path)
-    if wheel:
-        return wheel[0], wheel[1], None
-    text = version_in_bytes(root, path) or captured.get(path)
-    version = parse_version(text)
-    if version is None:
-        return None, None, None
-    return ".".join(map(str, version)), f"the library's bytes (\"NCCL version {text}\")", text
+def default_answer(answers: list[Answer]) -> Answer:
+    """The first Python whose torch finds a libnccl, else the first answer that finds one,
+    else the last (the program that is no Python)."""
+    return next((a for a in answers if a.torch and a.copies), None) or next(
+        (a for a in answers if a.copies), answers[-1])
 
 
-def find_nccl_library(root: SysRoot, environ: Mapping[str, str], hint: str | None, this_python: list[str],
-                      captured: Mapping[str, str]) -> tuple[NcclLibrary, dict[str, str]]:
-    """The library the job will load (or where none was found), and the versions read from
-    bytes (path -> string) for a capture to keep."""
-    found = candidates(root, environ, hint, this_python)
-    if not found:
-        looked = ("the path --nccl names" if hint and is_library(hint) else
-                  "LD_PRELOAD, LD_LIBRARY_PATH, the job's Python's NCCL wheel, CONDA_PREFIX, "
-                  f"{LD_SO_CACHE} and the loader's default directories")
-        return NcclLibrary(None, None, f"looked in {looked}", None,
-                           differences=NcclRules().differences()), {}
-    (path, source), others = found[0], found[1:]
-    version, how, text = read_version(root, path, captured)
-    rules = NcclRules(parse_version(version))
-    library = NcclLibrary(path, version, source, how,
-                          shadowed=tuple(f"{other} ({where})" for other, where in others),
-                          differences=rules.differences())
-    return library, ({path: text} if text else {})
+def named_library(root: SysRoot, hint: str) -> str | None:
+    """The library ``--nccl`` names: a libnccl file, or a directory holding libnccl.so.2."""
+    if is_library(hint):
+        return hint
+    inside = posixpath.join(hint, SONAME)
+    return inside if root.exists(inside) else None
 
+
+def find_nccl_library(root: SysRoot, environ: Mapping[str, str], search: Mapping) -> tuple[NcclLibrary, dict]:
+    """The library the job will load (or where none was found), and what was read from
+    libraries' bytes for a capture to keep. ``search``: ``nccl`` (--nccl), this interpreter's
+    ``site_packages`` and ``executable``, and the facts a capture kept."""
+    finder = Finder(root, environ, search)
+    hint = search.get("nccl")
+    if hint and (path := named_library(root, hint)):
+        answer = Answer("--nccl", [(path, "--nccl")] if root.exists(path) else [], False)
+        return finder.library(answer, named=True), finder.read
+    if hint:
+        answer = finder.answer(python_at(root, hint, f"the Python at {hint} (--nccl)"))
+        return finder.library(answer, named=True), finder.read
+    answers = [finder.answer(python) for python in candidate_pythons(root, environ, search)] + [finder.answer(None)]
+    candidates = tuple(finder.candidate(answer) for answer in answers)
+    return finder.library(default_answer(answers), named=False, candidates=candidates), finder.read

@@ -53,3 +53,46 @@ def ld_so_cache(entries: list[tuple[str, str]], old_table: bool = False) -> byte
         return new
     old = b"ld.so-1.7.0" + struct.pack("<I", 0)
     return old + b"\0" * (-len(old) % 8) + new
+
+
+# ---- ELF objects with a dynamic section, and torch installs built from them ---------------
+
+LOAD_ADDRESS = 0x400000
+
+
+def elf_object(needed=(), soname=None, rpath=None, runpath=None, nodeflib=False, padding=0, payload=b"",
+               ident=b"\x7fELF\x02\x01\x01") -> bytes:
+    """A 64-bit little-endian ELF shared object (Elf64_Ehdr, a PT_LOAD mapping the whole file
+    at LOAD_ADDRESS, a PT_DYNAMIC), its strings in a string table after ``padding`` zero
+    bytes and ``payload`` (a capture keeps only a file's first MiB)."""
+    strings, offsets = b"\0", {}
+    for text in (*needed, soname, rpath, runpath):
+        if text is not None and text not in offsets:
+            offsets[text] = len(strings)
+            strings += text.encode() + b"\0"
+    strtab = 64 + 2 * 56 + padding + len(payload)
+    dynamic_at = strtab + len(strings) + (-(strtab + len(strings)) % 8)
+    entries = [(1, offsets[name]) for name in needed]
+    entries += [(tag, offsets[text]) for tag, text in ((14, soname), (15, rpath), (29, runpath)) if text is not None]
+    entries += [(5, LOAD_ADDRESS + strtab), (10, len(strings))] + ([(0x6FFFFFFB, 0x800)] if nodeflib else [])
+    dynamic = b"".join(struct.pack("<qQ", tag, value) for tag, value in entries + [(0, 0)])
+    size = dynamic_at + len(dynamic)
+    header = struct.pack("<16sHHIQQQIHHHHHH", ident.ljust(16, b"\0"), 3, 62, 1, 0, 64, 0, 0, 64, 56, 2, 64, 0, 0)
+    phdrs = (struct.pack("<IIQQQQQQ", 1, 5, 0, LOAD_ADDRESS, LOAD_ADDRESS, size, size, 0x1000)
+             + struct.pack("<IIQQQQQQ", 2, 6, dynamic_at, LOAD_ADDRESS + dynamic_at, LOAD_ADDRESS + dynamic_at,
+                           len(dynamic), len(dynamic), 8))
+    body = header + phdrs + b"\0" * padding + payload + strings
+    return body + b"\0" * (dynamic_at - len(body)) + dynamic
+
+
+def torch(tree: machines.SysfsTree, site: str, library: str = "libtorch_cuda.so", init: str | None = None,
+          global_deps: bytes | None = None, **dynamic) -> str:
+    """A torch package in ``site`` whose ``library`` carries ``dynamic`` (needed: libnccl.so.2
+    unless given); returns that library's path."""
+    dynamic.setdefault("needed", ("libc10_cuda.so", "libnccl.so.2"))
+    path = f"{site}/torch/lib/{library}"
+    tree.write(path, elf_object(**dynamic))
+    tree.write(f"{site}/torch/__init__.py", init or "")
+    if global_deps is not None:
+        tree.write(f"{site}/torch/lib/libtorch_global_deps.so", global_deps)
+    return path
