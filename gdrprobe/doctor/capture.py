@@ -5,11 +5,12 @@ path it touched is then copied: symbolic links stay links (sysfs topology lives 
 them), directories stay directories, and files are copied by reading them, because
 sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, CUDA,
 MLX5, UCX and KUBERNETES variables, HOME, and the variables that say where the job's libnccl
-is: LD_LIBRARY_PATH, LD_PRELOAD, VIRTUAL_ENV, CONDA_PREFIX; NCCL's configuration files are
-among the files copied), the CUDA driver's facts, NVML's facts, NCCL's DMA-BUF probe per NIC
-and what finding the job's libnccl took besides files (--nccl, this interpreter's
-site-packages and executable, versions and ELF dynamic sections read from libraries' bytes,
-which may lie past the first MiB a copy keeps) go to CAPTURE_DIR.
+is: LD_LIBRARY_PATH, LD_PRELOAD, VIRTUAL_ENV, CONDA_PREFIX; NCCL's configuration files and
+its topology file, with the links on the way to it, are among the files copied), the CUDA
+driver's facts, NVML's facts, NCCL's DMA-BUF probe per NIC and what finding the job's
+libnccl took besides files (--nccl, this interpreter's site-packages and executable, versions
+and ELF dynamic sections read from libraries' bytes, which may lie past the first MiB a copy
+keeps) go to CAPTURE_DIR.
 
 A capture is written into a new directory beside DEST and renamed into place, so it is never
 merged with what DEST held: a reused bug-report directory would otherwise replay as a machine

@@ -81,6 +81,8 @@ class NodeFacts:
     gdr_support: MemoryPaths               # per NIC and GPU: can NCCL register GPU memory
     # bridge bus id -> the id NCCL gives a switch (topo.pci_device_id); none: no switch is flattened
     switch_ids: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # bus id -> where NCCL's topology file puts the device, or why it does not (said in the why)
+    placement: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def gpu(self, bdf: str) -> GpuFacts:
         return self.gpu_facts.get(bdf, GpuFacts())
@@ -420,6 +422,7 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
         why.append(f"PXN: {gpu.name} sends through {path.via.name} over NVLink, "
                    f"{paths.to_net[path.via][nic].type} from there to {nic.label}")
     why += [f"receive: {write.reason}", f"send: {read.reason}"] + detour_notes(machine, gpu, nic)
+    why += [machine.facts.placement[d.bdf] for d in (gpu, nic.device) if d.bdf in machine.facts.placement]
     if write.mode == "pci":
         why.append("GDR mode PCI: the GPU reaches its CPU over C2C but this NIC over PCIe, so NCCL forces "
                    "a PCIe mapping of GPU memory (paths.cc ncclTopoCheckGdr)")

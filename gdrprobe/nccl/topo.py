@@ -33,6 +33,8 @@ class PcieEndpoint(Protocol):
     numa_node: int                 # -1 when the platform does not say
     host_bridge: str | None        # pci0000:00
     bridges: tuple[str, ...]       # bus ids from the root port down to the direct parent
+    # Optional, read by nccl_parents(): ``nccl_parents``, the PCI nodes NCCL puts above it,
+    # nearest first, where NCCL's topology file places it (topo_file.place_device).
 
 
 def common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
@@ -75,6 +77,13 @@ def pci_parents(bridges: tuple[str, ...]) -> tuple[str, ...]:
     switch's downstream port hangs off the switch's upstream port, and a device under a root
     port hangs off the CPU."""
     return tuple(bridges[index] for index in range(len(bridges) - 2, -1, -2))
+
+
+def nccl_parents(endpoint: PcieEndpoint) -> tuple[str, ...]:
+    """The PCI nodes NCCL puts above a device, nearest first: the topology file's where it
+    places the device (the endpoint's ``nccl_parents``), else those of its sysfs path."""
+    placed = getattr(endpoint, "nccl_parents", None)
+    return pci_parents(endpoint.bridges) if placed is None else placed
 
 
 def pci_device_id(vendor: str, device: str, subsystem_vendor: str, subsystem_device: str) -> int:
@@ -120,7 +129,7 @@ class NcclPciTree:
     def __init__(self, endpoints, ids: dict[str, int], flatten: str | None = "masked"):
         self.parent: dict[str, str | None] = {}
         for endpoint in endpoints:
-            chain = pci_parents(endpoint.bridges)
+            chain = nccl_parents(endpoint)
             for node, above in zip(chain, chain[1:] + (None,)):
                 self.parent.setdefault(node, above)
         self.alias: dict[str, str] = {}
@@ -169,7 +178,7 @@ class NcclPciTree:
 
     def chain(self, endpoint: PcieEndpoint) -> tuple[str, ...]:
         """The switches above the device as NCCL sees them, nearest first."""
-        first = next(iter(pci_parents(endpoint.bridges)), None)
+        first = next(iter(nccl_parents(endpoint)), None)
         node = self.alias.get(first, first)
         found = []
         while node is not None:

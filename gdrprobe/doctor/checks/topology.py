@@ -1,14 +1,17 @@
 """Where each GPU sits against the NIC NCCL uses for it, whether this is a virtual machine,
-and the GPU/NIC matrix in ``nvidia-smi topo -m`` vocabulary (:mod:`gdrprobe.nccl.topo`),
-over the topology read once (:mod:`gdrprobe.doctor.facts.topology`).
+NCCL's topology file, and the GPU/NIC matrix in ``nvidia-smi topo -m`` vocabulary
+(:mod:`gdrprobe.nccl.topo`), over the topology read once (:mod:`gdrprobe.doctor.facts.topology`).
 """
 
 from __future__ import annotations
 
 from gdrprobe.doctor.facts import nvml, pci
-from gdrprobe.doctor.facts.topology import CPUINFO, DMI_FILES, PcieDevice, Topology
+from gdrprobe.doctor.facts.topology import (ABSENT, CPUINFO, DMI_FILES, LOADED, MALFORMED, NO_FILE,
+                                            NcclTopologyFile, PcieDevice, Topology)
 from gdrprobe.nccl.env import GdrLevel
-from gdrprobe.nccl.topo import NcclPciTree, pcie_distance
+from gdrprobe.nccl.topo import pcie_distance
+from gdrprobe.nccl.topo_file import OPEN_FAILURE_INFO_SINCE, VIRTUAL_TOPOLOGY_FILE
+from gdrprobe.nccl.versions import NcclRules, dotted
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
 
@@ -89,8 +92,15 @@ def inventory_findings(topology: Topology) -> list[Finding]:
     return findings
 
 
-def virtualization_finding(topology: Topology) -> Finding:
+def virtualization_finding(topology: Topology, topology_file: NcclTopologyFile) -> Finding:
     virt = topology.virtualization
+    placed = len(topology_file.placements)
+    if virt.flat and placed:
+        return Finding(
+            ids.TOPOLOGY_VM, GROUP, Status.INFO,
+            f"flat virtual PCI topology: every GPU and NIC sits directly on a root bus, but NCCL's topology file "
+            f"{topology_file.named} places {placed} of them under the switches it describes (topology.nccl_file)",
+            virt.evidence)
     if virt.flat:
         return Finding(
             ids.TOPOLOGY_VM, GROUP, Status.WARN,
@@ -130,15 +140,16 @@ def level_finding(level: GdrLevel, where: str = "environment") -> Finding:
                    (source,))
 
 
-def distance_finding(gpu: PcieDevice, nic: PcieDevice, decision, tree: NcclPciTree,
-                     gdr_possible: bool = True) -> Finding:
-    """Where the NIC NCCL uses for this GPU sits, in nvidia-smi's words and NCCL's (which
-    flattens Broadcom switches that show one switch as two levels); a PXN or C2C path that
+def distance_finding(gpu: PcieDevice, nic: PcieDevice, decision, nccl_class: str,
+                     gdr_possible: bool = True, placed_by: str = "") -> Finding:
+    """Where the NIC NCCL uses for this GPU sits, in nvidia-smi's words (sysfs) and NCCL's
+    (which flattens Broadcom switches that show one switch as two levels, and follows its
+    topology file, ``placed_by``, where that places either device); a PXN or C2C path that
     NCCL runs with GPUDirect RDMA is healthy whatever the PCIe distance (see nccl.gpu.<bdf>)."""
     distance = pcie_distance(gpu, nic)
-    nccl_class = tree.path_type(gpu, nic)
+    source = f", as NCCL's topology file {placed_by} places them" if placed_by else ""
     summary = (f"{gpu.name} ({gpu.bdf}, NUMA {gpu.numa_node}) and the NIC NCCL uses, {nic.name} "
-               f"({nic.bdf}, NUMA {nic.numa_node}): {distance} (NCCL class {nccl_class})")
+               f"({nic.bdf}, NUMA {nic.numa_node}): {distance} (NCCL class {nccl_class}{source})")
     evidence = _placement_evidence(gpu) + _placement_evidence(nic)
     if distance in ("PIX", "PXB") or nccl_class in ("PIX", "PXB"):
         return Finding(ids.TOPOLOGY_DISTANCE, GROUP, Status.OK, summary, evidence)
@@ -188,12 +199,95 @@ def nvml_crosscheck_finding(topology: Topology, facts) -> Finding | None:
                    (Evidence("nvmlDeviceGetTopologyCommonAncestor", f"{compared} pair(s) compared"),))
 
 
+# ---- NCCL's topology file ---------------------------------------------------------------
+
+
+def file_evidence(topology_file: NcclTopologyFile) -> tuple[Evidence, ...]:
+    setting = topology_file.setting
+    source = f"{setting.origin} NCCL_TOPO_FILE" if setting.named else "NCCL's default path (NCCL_TOPO_FILE unset)"
+    found = [Evidence(source, repr(setting.path))]
+    if topology_file.path and topology_file.path != setting.path:
+        found.append(Evidence(f"realpath {setting.path}", topology_file.path))
+    return tuple(found)
+
+
+def placement_evidence(topology_file: NcclTopologyFile, devices: tuple[PcieDevice, ...]) -> tuple[Evidence, ...]:
+    return tuple(Evidence(f"{device.name} {device.bdf}", topology_file.placements[device.bdf].describe())
+                 for device in devices if device.bdf in topology_file.placements)
+
+
+def kept_gpu_attributes(topology_file: NcclTopologyFile, gpus: tuple[PcieDevice, ...]) -> list[str]:
+    """<gpu> attributes the file fixes and NCCL keeps over what it detects (xml.cc
+    ncclTopoGetXmlFromGpu sets dev and sm only where unset; topo.cc ncclTopoGetSystem
+    xmlInitAttrInt keeps gdr): the doctor does not model them."""
+    return [f"{gpu.name} {key}={value}" for gpu in gpus if gpu.bdf in topology_file.placements
+            for key, value in topology_file.placements[gpu.bdf].gpu.items() if key in ("dev", "sm", "gdr")]
+
+
+def loaded_file_finding(topology_file: NcclTopologyFile, topology: Topology) -> Finding:
+    devices = topology.gpus + topology.nics
+    evidence = file_evidence(topology_file) + placement_evidence(topology_file, devices)
+    placed = [device.name for device in devices if device.bdf in topology_file.placements]
+    if not placed:
+        why = topology_file.detail or ("it names none of this node's GPUs and NICs by bus id or net name, "
+                                       "nor a switch above them")
+        return Finding(ids.TOPOLOGY_NCCL_FILE, GROUP, Status.WARN,
+                       f"NCCL reads its topology file {topology_file.named}, but {why}: NCCL places every "
+                       "device from sysfs", evidence,
+                       "Give NCCL the topology file written for this machine (its VM size), whose <pci busid> "
+                       "are the bus ids in /sys/bus/pci/devices, or unset NCCL_TOPO_FILE.")
+    kept = kept_gpu_attributes(topology_file, topology.gpus)
+    rest = len(devices) - len(placed)
+    summary = (f"NCCL places {', '.join(placed)} as its topology file {topology_file.named} says, "
+               f"not from sysfs" + (f"; {rest} other device(s) from sysfs" if rest else ""))
+    if kept:
+        return Finding(ids.TOPOLOGY_NCCL_FILE, GROUP, Status.WARN,
+                       f"{summary}; the file also fixes {', '.join(kept)}, which NCCL keeps over what it detects "
+                       "and the doctor does not model", evidence,
+                       "Remove the <gpu> elements' dev, sm and gdr attributes unless they are meant to override "
+                       "what NCCL detects.")
+    return Finding(ids.TOPOLOGY_NCCL_FILE, GROUP, Status.OK, summary, evidence)
+
+
+def unloaded_file_finding(topology_file: NcclTopologyFile, rules: NcclRules) -> Finding:
+    """A file NCCL_TOPO_FILE names that NCCL does not load, or one at the default path that
+    fails; NCCL logs a file it cannot open only when NCCL_TOPO_FILE names it."""
+    evidence = file_evidence(topology_file)
+    summary = f"NCCL's topology file {topology_file.named}: {topology_file.consequence()}"
+    if topology_file.state == MALFORMED:
+        return Finding(ids.TOPOLOGY_NCCL_FILE, GROUP, Status.FAIL, summary, evidence,
+                       "Repair the file (NCCL's own parser: double-quoted values, blanks between attributes, "
+                       "no <?xml?> line, <system version=\"1\">) or reinstall it from the image, or unset "
+                       "NCCL_TOPO_FILE.")
+    level = "INFO" if rules.since(OPEN_FAILURE_INFO_SINCE) else "WARN"
+    logged = (f"; {rules.name} says so only at NCCL_DEBUG={level} (\"Could not open XML topology file\", "
+              f"{level} from {dotted(OPEN_FAILURE_INFO_SINCE)} on)") if topology_file.state == ABSENT else ""
+    return Finding(ids.TOPOLOGY_NCCL_FILE, GROUP, Status.WARN, summary + logged, evidence,
+                   "Point NCCL_TOPO_FILE at the topology file of this machine that the job's user may read, "
+                   "or unset it.")
+
+
+def topology_file_finding(topology_file: NcclTopologyFile, topology: Topology, rules: NcclRules) -> Finding:
+    """Which topology source NCCL uses: sysfs, or the file it reads first (topo.cc
+    ncclTopoGetSystem)."""
+    if topology_file.state == LOADED:
+        return loaded_file_finding(topology_file, topology)
+    if topology_file.said:
+        return unloaded_file_finding(topology_file, rules)
+    default = (f"nor {VIRTUAL_TOPOLOGY_FILE}" if topology_file.state != NO_FILE
+               else f"and {rules.name} reads no default file")
+    return Finding(ids.TOPOLOGY_NCCL_FILE, GROUP, Status.INFO,
+                   f"NCCL detects the topology from sysfs: no NCCL_TOPO_FILE {default}",
+                   (Evidence("environment and NCCL's configuration files", "NCCL_TOPO_FILE unset"),))
+
+
 def check(ctx) -> list[Finding]:
     topology = ctx.topology
     findings = inventory_findings(topology)
-    findings.append(virtualization_finding(topology))
+    findings.append(virtualization_finding(topology, ctx.nccl_topology_file))
     if not (topology.gpus and topology.nics):
         return findings
+    findings.append(topology_file_finding(ctx.nccl_topology_file, topology, ctx.nccl_rules))
     findings.append(Finding(ids.TOPOLOGY_MATRIX, GROUP, Status.INFO,
                             "GPU/NIC matrix in nvidia-smi topo -m vocabulary",
                             (Evidence("sysfs PCI tree", render_matrix(topology)),)))
@@ -202,8 +296,14 @@ def check(ctx) -> list[Finding]:
     level = ctx.nccl_rules.gdr_level(ctx.environ)
     findings.append(level_finding(level, ctx.environ_source("NCCL_NET_GDR_LEVEL")))
     nics = {nic.name: nic for nic in topology.nics}
+    node = ctx.nccl_node
+    placed = {device.bdf: device for device in node.gpus + node.nics}
     for gpu, decision in zip(topology.gpus, ctx.nccl_decisions):
         if decision.nic is not None:
+            nic = nics[decision.nic]
             possible = ctx.memory_paths.nic_gdr(decision.nic, gpu.bdf)
-            findings.append(distance_finding(gpu, nics[decision.nic], decision, ctx.nccl_tree, possible))
+            nccl_class = ctx.nccl_tree.path_type(placed[gpu.bdf], placed[nic.bdf])
+            by_file = {gpu.bdf, nic.bdf} & set(ctx.nccl_topology_file.placements)
+            findings.append(distance_finding(gpu, nic, decision, nccl_class, possible,
+                                             ctx.nccl_topology_file.named if by_file else ""))
     return findings

@@ -26,7 +26,7 @@ from gdrprobe.doctor.facts.pythons import this_python
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
 from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
 from gdrprobe.doctor.facts.nvml import collect_nvml_facts
-from gdrprobe.doctor.facts.topology import Topology, build_topology
+from gdrprobe.doctor.facts.topology import NcclTopologyFile, Topology, build_topology, read_nccl_topology_file
 from gdrprobe.errors import GdrprobeError
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
@@ -135,6 +135,12 @@ class DoctorContext:
     @functools.cached_property
     def topology(self) -> Topology:
         return build_topology(self.root)
+
+    @functools.cached_property
+    def nccl_topology_file(self) -> NcclTopologyFile:
+        """NCCL's topology file, read as the job's NCCL reads it, and where it puts the devices."""
+        return read_nccl_topology_file(self.root, self.environ, self.environ_source,
+                                       self.nccl_rules.effective, self.topology)
 
     @functools.cached_property
     def ports(self) -> dict[str, tuple[Port, ...]]:

@@ -1,16 +1,21 @@
 """What NCCL's rules (:mod:`gdrprobe.nccl.decision`) read of this machine, gathered from the
-doctor's facts: the GPUs and NICs on the PCIe tree, each NIC's ports, each device's PCIe
-link, the ids of the switches above them (NCCL flattens Broadcom ones), the CUDA driver's
-and NVML's word on each GPU, /proc/cpuinfo, and whether NCCL can register GPU memory with
-each NIC."""
+doctor's facts: the GPUs and NICs on the PCIe tree, where NCCL's topology file puts them
+instead (its CPU and switches, the link it gives a device, the ids it gives a switch), each
+NIC's ports, each device's PCIe link, the ids of the switches above them (NCCL flattens
+Broadcom ones), the CUDA driver's and NVML's word on each GPU, /proc/cpuinfo, and whether
+NCCL can register GPU memory with each NIC."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from gdrprobe.doctor.facts import nvml, pci
-from gdrprobe.doctor.facts.topology import CPUINFO
+from gdrprobe.doctor.facts.topology import CPUINFO, LOADED, NcclTopologyFile, PcieDevice
 from gdrprobe.nccl.decision import GpuFacts, NodeFacts
+from gdrprobe.nccl.topo import nccl_parents
+from gdrprobe.nccl.topo_file import Placement
 
 
 def cuda_gpus(cuda_facts: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -41,20 +46,57 @@ def nvml_order(nvml_facts: dict[str, Any] | None) -> tuple[str, ...] | None:
     return tuple(entry.get("pci_bus_id") for entry in nvml_facts.get("gpus", []))
 
 
+def placed(device: PcieDevice, placement: Placement | None) -> PcieDevice:
+    """The device where NCCL puts it: on the topology file's CPU (NCCL tells its CPUs apart
+    by numaid alone) below the file's switches, where the file has a say."""
+    if placement is None:
+        return device
+    return dataclasses.replace(device, numa_node=placement.numa_node, host_bridge=f"<cpu numaid={placement.numaid}>",
+                               nccl_parents=placement.parents)
+
+
+def switch_ids(root, devices: tuple[PcieDevice, ...], placements: Mapping[str, Placement]) -> dict[str, int]:
+    """The id NCCL gives each switch above the devices, the file's attributes first."""
+    ids = {}
+    for device in devices:
+        placement = placements.get(device.bdf)
+        in_file = placement.from_file if placement else {}
+        for bridge in nccl_parents(device) if placement else device.bridges:
+            ids[bridge] = pci.nccl_device_id(root, bridge, in_file.get(bridge))
+    return dict(sorted(ids.items()))
+
+
+def placement_notes(topology_file: NcclTopologyFile, devices: tuple[PcieDevice, ...]) -> dict[str, str]:
+    """What each decision says of the file: where it put the device, or, for every GPU, that
+    NCCL does not read it (named but missing, unreadable, or failing NCCL's init)."""
+    file = topology_file.named
+    if topology_file.state == LOADED:
+        return {device.bdf: f"{device.name} ({device.bdf}) is where NCCL's topology file {file} puts it: "
+                            f"{topology_file.placements[device.bdf].describe()}"
+                for device in devices if device.bdf in topology_file.placements}
+    if not topology_file.said:
+        return {}
+    return {device.bdf: f"NCCL's topology file {file}: {topology_file.consequence()}"
+            for device in devices if device.kind == "GPU"}
+
+
 def collect_node_facts(ctx) -> NodeFacts:
     topology = ctx.topology
     cuda = cuda_gpus(ctx.cuda_facts)
+    placements = ctx.nccl_topology_file.placements
+    gpus = tuple(placed(gpu, placements.get(gpu.bdf)) for gpu in topology.gpus)
     # NCCL chooses among the NICs it can open (ctx.unopenable_nics says why one is not).
-    nics = tuple(nic for nic in topology.nics if nic.name not in ctx.unopenable_nics)
-    devices = topology.gpus + nics
+    nics = tuple(placed(nic, placements.get(nic.bdf)) for nic in topology.nics if nic.name not in ctx.unopenable_nics)
+    devices = gpus + nics
     return NodeFacts(
-        gpus=topology.gpus, nics=nics,
+        gpus=gpus, nics=nics,
         ports={nic.name: ctx.ports.get(nic.name, ()) for nic in nics},
-        links={device.bdf: pci.pcie_link(ctx.root, device.bdf) for device in devices},
+        links={device.bdf: pci.pcie_link(ctx.root, device.bdf, placements[device.bdf].own
+                                          if device.bdf in placements else None) for device in devices},
         gpu_facts={gpu.bdf: gpu_facts(cuda.get(gpu.bdf, {}), nvml.gpu_entry(ctx.nvml_facts, gpu.bdf))
                    for gpu in topology.gpus},
         nvml_order=nvml_order(ctx.nvml_facts),
         cpuinfo=ctx.root.read(CPUINFO) or "",
         gdr_support=ctx.memory_paths,
-        switch_ids={bridge: pci.nccl_device_id(ctx.root, bridge)
-                    for bridge in sorted({b for device in devices for b in device.bridges})})
+        switch_ids=switch_ids(ctx.root, devices, placements),
+        placement=placement_notes(ctx.nccl_topology_file, devices))

@@ -9,6 +9,7 @@ and a BDF (``0000:1b:00.0``) and returns None (or -1 for NUMA) when sysfs does n
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from gdrprobe.nccl.topo import PcieLink, Port, pci_device_id
 from gdrprobe.sysroot import SysRoot, is_pci_bus_id
@@ -53,10 +54,13 @@ def _read_hex(root: SysRoot, path: str) -> int | None:
         return None
 
 
-def nccl_device_id(root: SysRoot, bdf: str) -> int:
+def nccl_device_id(root: SysRoot, bdf: str, in_file: Mapping[str, str] | None = None) -> int:
     """The id NCCL gives a PCI switch (:func:`gdrprobe.nccl.topo.pci_device_id`) from the
-    same four sysfs attributes it reads (src/graph/xml.cc ncclTopoGetXmlFromSys)."""
-    return pci_device_id(*(root.read(f"{device_dir(bdf)}/{name}") or "" for name in NCCL_ID_ATTRIBUTES))
+    same four sysfs attributes it reads (src/graph/xml.cc ncclTopoGetXmlFromSys), each one
+    NCCL's topology file gives for the switch (``in_file``) taken from the file instead."""
+    in_file = in_file or {}
+    return pci_device_id(*(in_file[name] if name in in_file else root.read(f"{device_dir(bdf)}/{name}") or ""
+                           for name in NCCL_ID_ATTRIBUTES))
 
 
 def vendor_id(root: SysRoot, bdf: str) -> int | None:
@@ -164,16 +168,20 @@ def local_cpulist(root: SysRoot, bdf: str) -> str | None:
     return root.read(f"{device_dir(bdf)}/local_cpulist")
 
 
-def pcie_link(root: SysRoot, bdf: str) -> PcieLink:
+def pcie_link(root: SysRoot, bdf: str, in_file: Mapping[str, str] | None = None) -> PcieLink:
     """The device's PCIe link as sysfs states it: its own max_link_speed and max_link_width
     and those of the port above it (NCCL rates them:
-    :func:`gdrprobe.nccl.topo.link_bandwidth_gbs`)."""
+    :func:`gdrprobe.nccl.topo.link_bandwidth_gbs`). Where NCCL's topology file gives the
+    device's link_speed or link_width (``in_file``), NCCL keeps that instead of reading
+    sysfs (src/graph/xml.cc ncclTopoGetXmlFromSys), so it stands for both ends."""
+    in_file = in_file or {}
     path = resolved_path(root, bdf)
     parent = path.rsplit("/", 1)[0]
-    return PcieLink(device_speed=root.read(path + "/max_link_speed") or "",
-                    port_speed=root.read(parent + "/max_link_speed") or "",
-                    device_width=root.read(path + "/max_link_width") or "",
-                    port_width=root.read(parent + "/max_link_width") or "")
+    speeds = ((in_file["link_speed"],) * 2 if "link_speed" in in_file else
+              (root.read(path + "/max_link_speed") or "", root.read(parent + "/max_link_speed") or ""))
+    widths = ((in_file["link_width"],) * 2 if "link_width" in in_file else
+              (root.read(path + "/max_link_width") or "", root.read(parent + "/max_link_width") or ""))
+    return PcieLink(device_speed=speeds[0], port_speed=speeds[1], device_width=widths[0], port_width=widths[1])
 
 
 def rdma_ports(root: SysRoot, ibdev: str) -> tuple[Port, ...]:

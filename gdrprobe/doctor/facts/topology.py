@@ -1,15 +1,24 @@
 """Where the GPUs and RDMA NICs sit on the PCIe tree, and whether this is a virtual machine,
-read from sysfs once (:attr:`gdrprobe.doctor.facts.context.DoctorContext.topology`).
+read from sysfs once (:attr:`gdrprobe.doctor.facts.context.DoctorContext.topology`); and
+NCCL's topology file, read once as NCCL reads it, with where it puts each of those devices
+(:attr:`gdrprobe.doctor.facts.context.DoctorContext.nccl_topology_file`).
 
-Distances between them are NCCL's rule and vocabulary: :mod:`gdrprobe.nccl.topo`.
+Distances between them are NCCL's rule and vocabulary: :mod:`gdrprobe.nccl.topo`; the
+file's format and NCCL's use of it: :mod:`gdrprobe.nccl.topo_file`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Callable, Mapping
 
 from gdrprobe.doctor.facts import pci
-from gdrprobe.nccl.topo import common_prefix, nccl_path_type, pcie_distance
+from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl.nets import mapped_function
+from gdrprobe.nccl.topo import common_prefix, nccl_path_type, pci_parents, pcie_distance
+from gdrprobe.nccl.topo_file import (MAX_FILE_BYTES, OversizedFile, Placement, TopoFileError, TopoFileSetting,
+                                     TopologyXml, Version, parse_topology, place_device, topo_file_setting)
 from gdrprobe.report.model import Evidence
 from gdrprobe.sysroot import SysRoot
 
@@ -36,6 +45,9 @@ class PcieDevice:
     host_bridge: str | None        # pci0000:00
     local_cpus: str | None         # local_cpulist, the "CPU Affinity" column of nvidia-smi
     bridges: tuple[str, ...]       # from the root port down to the direct parent
+    # Where NCCL's topology file puts it: the switches above it (NCCL's view only, see
+    # gdrprobe.doctor.facts.nccl_node); None: NCCL places it from sysfs.
+    nccl_parents: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,3 +157,106 @@ def build_topology(root: SysRoot) -> Topology:
     endpoints = gpus + nics if gpus and nics else ()
     return Topology(gpus=gpus, nics=nics, software_nics=software,
                     virtualization=detect_virtualization(root, bdfs, endpoints))
+
+
+# ---- NCCL's topology file ---------------------------------------------------------------------
+
+# What became of the file: NCCL looks for none; it cannot open it (and goes on without);
+# gdrprobe cannot read this user's copy; too long to judge; NCCL fails on it; NCCL reads it.
+NO_FILE, ABSENT, UNREADABLE, TOO_LARGE, MALFORMED, LOADED = (
+    "none", "absent", "unreadable", "too large", "malformed", "loaded")
+
+
+@dataclasses.dataclass(frozen=True)
+class NcclTopologyFile:
+    """NCCL's topology file on this machine and what NCCL makes of it."""
+
+    setting: TopoFileSetting | None        # None: NCCL looks for no file
+    state: str                             # one of NO_FILE ... LOADED
+    detail: str = ""                       # NCCL's error, or why the file is not read
+    path: str = ""                         # the file read, links resolved
+    placements: Mapping[str, Placement] = dataclasses.field(default_factory=dict)  # GPU/NIC bus id -> place
+    result: str = ""                       # what NCCL's init returns on a malformed file
+
+    @property
+    def named(self) -> str:
+        return self.setting.describe() if self.setting else "none"
+
+    @property
+    def said(self) -> bool:
+        """Whether the file is worth a word in each decision: NCCL_TOPO_FILE names it, or it
+        is there at NCCL's default path."""
+        return self.state != NO_FILE and (self.setting.named or self.state != ABSENT)
+
+    def consequence(self) -> str:
+        """What NCCL does about a file it does not load."""
+        return {
+            ABSENT: f"NCCL cannot open it ({self.detail}), so it detects every device from sysfs",
+            UNREADABLE: f"{self.detail}: NCCL run by this user detects every device from sysfs, one run by a user "
+                        "who may read it places them as the file says",
+            TOO_LARGE: f"{self.detail}: what NCCL makes of it is not judged, every device is judged from sysfs",
+            MALFORMED: f"NCCL fails on it ({self.detail}): every communicator's init returns {self.result}, "
+                       "so the job stops before any transfer; the devices are judged from sysfs, as NCCL would "
+                       "place them without the file",
+        }.get(self.state, "")
+
+
+def nic_bus_id(nic: PcieDevice, environ: Mapping[str, str]) -> str:
+    """The function NCCL's IB transport names for a NIC (net_ib ncclIbGetPciPath,
+    NCCL_IB_MERGE_VFS on by default), which NCCL looks up in the file."""
+    return mapped_function(nic.bdf, int_param(environ, "NCCL_IB_MERGE_VFS", 1) != 0)
+
+
+def place_devices(root: SysRoot, xml: TopologyXml, topology: Topology,
+                  environ: Mapping[str, str]) -> dict[str, Placement]:
+    """Where the file puts each GPU and PCI NIC (those it has no say on are left out)."""
+    in_sysfs = set(pci.list_devices(root))
+    found = {}
+    for device in topology.gpus + topology.nics:
+        bus_id, name = (device.bdf, None) if device.kind == "GPU" else (nic_bus_id(device, environ), device.name)
+        placement = place_device(xml, bus_id, pci_parents(device.bridges), in_sysfs, name)
+        if placement is not None:
+            found[device.bdf] = placement
+    return found
+
+
+def topology_file_path(root: SysRoot, setting: TopoFileSetting) -> str:
+    """The file fopen opens: a relative name from the working directory, links resolved
+    inside the root (a replay must not follow an absolute link out of the capture)."""
+    return root.realpath(os.path.join(os.getcwd(), setting.path))
+
+
+def read_nccl_topology_file(root: SysRoot, environ: Mapping[str, str], origin: Callable[[str], str],
+                            version: Version, topology: Topology) -> NcclTopologyFile:
+    """NCCL's topology file as the NCCL ``version`` finds and reads it (topo.cc
+    ncclTopoGetSystem, xml.cc ncclTopoGetXmlFromFile); ``environ`` is NCCL's (its
+    configuration files merged), ``origin`` says where a variable of it comes from."""
+    setting = topo_file_setting(environ, origin("NCCL_TOPO_FILE"), version)
+    if setting is None:
+        return NcclTopologyFile(None, NO_FILE)
+    if not setting.path:
+        return NcclTopologyFile(setting, ABSENT, "fopen(\"\") fails: the name is empty")
+    path = topology_file_path(root, setting)
+    data = root.read_bytes(path, MAX_FILE_BYTES)
+    if data is None:
+        return unopened(root, setting, path)
+    try:
+        xml = parse_topology(data.decode("latin-1"), version)
+        placements = place_devices(root, xml, topology, environ)
+    except OversizedFile as error:
+        return NcclTopologyFile(setting, TOO_LARGE, str(error), path)
+    except TopoFileError as error:
+        return NcclTopologyFile(setting, MALFORMED, error.message, path, result=error.result)
+    detail = "" if xml.has_system else "it holds no <system version=...> element NCCL reads"
+    return NcclTopologyFile(setting, LOADED, detail, path, placements)
+
+
+def unopened(root: SysRoot, setting: TopoFileSetting, path: str) -> NcclTopologyFile:
+    """A file gdrprobe could not read: absent (NCCL cannot open it either), or there but
+    not readable by this user (NCCL run by this user cannot open it; one run by a user who
+    can, can), or a directory (NCCL opens it and reads nothing)."""
+    if not root.exists(path):
+        return NcclTopologyFile(setting, ABSENT, "no such file", path)
+    if root.is_denied(path):
+        return NcclTopologyFile(setting, UNREADABLE, "this user may not read it", path)
+    return NcclTopologyFile(setting, UNREADABLE, "not a file that can be read (a directory?)", path)

@@ -54,6 +54,7 @@ class SysfsTree:
         self.root = Path(root)
         self.devices: dict[str, str] = {}            # bdf -> machine path of its directory
         self._numa: dict[str, tuple[int, str]] = {}  # host bridge -> (NUMA node, local CPUs)
+        self._host_dirs: dict[str, str] = {}         # host bridge -> machine path of its directory
         self._next_iommu_group = 0
         self.cmdline(BARE_METAL_CMDLINE)
         self.cpuinfo(hypervisor=False)
@@ -93,19 +94,23 @@ class SysfsTree:
         self.write("/gdrprobe-capture/environ.json", json.dumps(variables))
 
     # -- PCI -------------------------------------------------------------------
-    def host_bridge(self, bus: int, numa: int = 0, cpus: str = "0-55", domain: int = 0) -> str:
-        """A root complex pciDDDD:BB with its host bridge function; returns its name."""
+    def host_bridge(self, bus: int, numa: int = 0, cpus: str = "0-55", domain: int = 0,
+                    under: str = "/sys/devices", function: bool = True) -> str:
+        """A root complex pciDDDD:BB (``under`` another device: a Hyper-V VMBus channel) with
+        its host bridge function unless ``function`` is False; returns its name."""
         name = f"pci{domain:04x}:{bus:02x}"
         self._numa[name] = (numa, cpus)
-        self.path(f"/sys/devices/{name}").mkdir(parents=True, exist_ok=True)
-        self.function(name, f"{domain:04x}:{bus:02x}:00.0", INTEL, 0x09A2, HOST_BRIDGE_CLASS)
+        self._host_dirs[name] = f"{under}/{name}"
+        self.path(self._host_dirs[name]).mkdir(parents=True, exist_ok=True)
+        if function:
+            self.function(name, f"{domain:04x}:{bus:02x}:00.0", INTEL, 0x09A2, HOST_BRIDGE_CLASS)
         return name
 
     def function(self, parent: str, bdf: str, vendor: int, device: int, class_code: int,
                  *, acs_control: int | None = None) -> str:
         """A PCI function under ``parent`` (a host bridge name or a bridge BDF); returns its BDF."""
-        parent_dir = self.devices.get(parent, f"/sys/devices/{parent}")
-        host = parent_dir.split("/")[3]
+        parent_dir = self.devices.get(parent) or self._host_dirs[parent]
+        host = next(part for part in parent_dir.split("/") if part.startswith("pci"))
         numa, cpus = self._numa[host]
         directory = f"{parent_dir}/{bdf}"
         self.devices[bdf] = directory
