@@ -30,6 +30,7 @@ from gdrprobe import defaults
 from gdrprobe.campaign.ab import HOST, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
 from gdrprobe.campaign.machine import holds_gpu_buffer
+from gdrprobe.campaign.nccl_use import receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.verdict import with_nccl
 from gdrprobe.errors import NoRdmaDevice, UsageError
@@ -169,7 +170,7 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
         nic_reason += f"; GID index {gid_index} from NCCL_IB_GID_INDEX"
     endpoint = EndpointOptions(device=nic, port=gate.ib_port, gid_index=gid_index,
                                gid_preference=nccl_gid_preference(facts.nccl_environ))
-    options = gate.options
+    options = dataclasses.replace(gate.options, flush=receive_flush(use))
     if budget.seconds is not None:
         options = sized_for_budget(options, budget.seconds,
                                    planned_runs(gate, remote.kind == local.kind == "gpu"),
