@@ -14,6 +14,9 @@ move this GPU's bytes, inside the check's time budget.
   ``NCCL_IB_ROCE_VERSION_NUM`` and ``NCCL_IB_ADDR_RANGE`` steer NCCL's walk of the GID
   table; ``NCCL_IB_PCI_RELAXED_ORDERING`` the registration (the API's options); NCCL's
   decision whether to use GPUDirect at all (:func:`verdict.with_nccl`).
+- **NCCL's flush**: the receiver reads back each check's last message with an RDMA READ
+  before checking it where NCCL flushes this GPU's receives, or NCCL's decision is unknown
+  (:func:`gdrprobe.campaign.nccl_use.receive_flush`, :mod:`gdrprobe.nccl.flush`).
 - **The floor**: the deciding arm against the port's line rate, where the kernel states
   it and the NIC is hardware.
 - **One A/B per NIC at a time** (:mod:`gdrprobe.campaign.nic_lock`).

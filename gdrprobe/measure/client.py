@@ -249,7 +249,7 @@ class ProbeClient:
                             f"{queued.position - 1} more waiting ahead of this one")
 
     def _settings(self, endpoint: Endpoint, memory: MemoryProvider,
-                  flushed: bool) -> RunSettings:
+                  flushed: bool = False) -> RunSettings:
         o = self.options
         return RunSettings(mode=o.mode, sizes_bytes=o.sizes, iterations=o.iterations,
                            warmup_iterations=o.warmup_iterations, duration_s=o.duration_s,

@@ -44,10 +44,8 @@ from collections.abc import Mapping
 from gdrprobe.nccl.decision import NodeFacts
 from gdrprobe.nccl.env import int_param, int_value
 from gdrprobe.nccl.topo import PATH_RANK
+from gdrprobe.nccl.versions import MODELLED, Version
 from gdrprobe.report.model import NcclGpuDecision
-
-Version = tuple[int, int, int]
-MODELLED: Version = (2, 30, 7)
 
 NEED_FLUSH_SINCE: Version = (2, 15, 1)          # paths.cc ncclTopoNeedFlush
 FORCE_FLUSH_OFF_SINCE: Version = (2, 19, 1)     # NCCL_NET_FORCE_FLUSH's default 1 -> 0
@@ -56,7 +54,6 @@ FORCE_FLUSH_PROPERTY_SINCE: Version = (2, 24, 3)   # ncclNetProperties_t.forceFl
 C2C_FLUSH_SINCE: Version = (2, 26, 2)           # C2C CPU with a PCIe NIC
 DATA_DIRECT_FLUSH_SINCE: Version = (2, 27, 3)   # init.cc forceFlush on data-direct devices
 
-FLUSH_BYTES = 1          # what ncclIbIflush reads: gpuFlush.sge.length
 HOPPER = 90              # "Flush is required on Ampere and earlier" (paths.cc)
 NEAREST_PCIE_PATH = "PXB"   # the C2C rule: gpu->paths[NET].type <= PATH_PXB
 

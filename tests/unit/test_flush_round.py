@@ -16,7 +16,7 @@ from gdrprobe.campaign import bench
 from gdrprobe.campaign.machine import machine_facts
 from gdrprobe.errors import IntegrityError, PeerError, UsageError
 from gdrprobe.measure.client import flush_method, raise_if_corrupt
-from gdrprobe.measure.flush import wants_flush
+from gdrprobe.measure.flush import FLUSH_BYTES, wants_flush
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.memory.spec import MemorySpec
@@ -150,6 +150,10 @@ def test_the_options_carry_what_asked_for_the_flush():
 ])
 def test_only_gpu_memory_the_nic_writes_directly_is_flushed(rule, spec, flushed):
     assert wants_flush(rule, spec) is flushed
+
+
+def test_the_receiver_reads_what_nccl_reads():
+    assert FLUSH_BYTES == 1     # net_ib connect.cc: gpuFlush.sge.length = 1
 
 
 def test_the_report_says_the_flush_ran_and_what_asked_for_it():

@@ -78,10 +78,6 @@ def test_a_data_direct_device_is_named_dev_dma(net, data_direct):
     assert f.data_direct_net(net) is data_direct
 
 
-def test_nccl_reads_one_byte():
-    assert f.FLUSH_BYTES == 1
-
-
 # ---- the machine's answer, through the doctor's facts and the check's NCCL decision ----------
 
 
