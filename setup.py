@@ -10,7 +10,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CSRC = ["csrc/gdr_clock.c", "csrc/gdr_stats.c", "csrc/gdr_pattern.c", "csrc/gdr_hostmem.c",
-        "csrc/gdr_peek.c", "csrc/gdr_loop.c", "csrc/gdr_dmabuf.c"]
+        "csrc/gdr_peek.c", "csrc/gdr_loop.c", "csrc/gdr_dmabuf.c", "csrc/gdr_flush.c"]
 WARNINGS = ["-Wall", "-Wextra"]
 
 native = Extension(

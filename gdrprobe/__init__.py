@@ -23,6 +23,7 @@ __all__ = ["ExitCode", "GdrprobeError", "__version__", "list_devices", "run", "s
            "read_nccl_log", "new_token", "token_warning", "TOKEN_ENV", "limits"]
 
 TOKEN_ENV = "GDRPROBE_TOKEN"   # where the command line looks for a token it was not given
+FLUSH_ASKED = "asked for (run --flush)"   # what asked run() for NCCL's flush
 
 
 # ---- what the machine has ---------------------------------------------------------------
@@ -159,7 +160,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         pcie_mapping: bool = False, huge_pages: bool = False, staged: bool = False,
         repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
         size: int | None = None, connect_wait_s: float = 0.0, on_result=None, notice=None,
-        gpu_alloc: str = defaults.GPU_ALLOCATION, **settings):
+        gpu_alloc: str = defaults.GPU_ALLOCATION, flush: bool = False, **settings):
     """A probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
     this process). mem and remote_mem are host, gpu, dmabuf, peermem or staged.
 
@@ -171,7 +172,10 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s, clock, ...);
     on_result(result) sees each size's result as it is measured, notice(text) what a
     person may want to know while it runs (on_result: a single run only; the A/B reports
-    its arms in its own report). Raises :class:`GdrprobeError`."""
+    its arms in its own report). flush=True: the receiver of a GPU buffer flushes it as
+    NCCL does (an RDMA READ of the last message's first byte on a loopback QP) before each
+    check, and the report says so (check() follows NCCL's rules for that by itself).
+    Raises :class:`GdrprobeError`."""
     from gdrprobe.campaign.ab import ab_test
     from gdrprobe.campaign.machine import doctor_findings
     from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
@@ -193,6 +197,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
                          "drop --latency, or drop --mem/--remote-mem")
     if a_b:
         _require_gpu_arm(local, remote if loopback else None)
+    if flush:
+        settings["flush"] = FLUSH_ASKED
     # Both ends pin their buffers here in loopback, the client's alone against a server.
     options = fit_to_memlock(_options(a_b, size, settings), 2 if loopback else 1,
                              locked_memory(), notice)

@@ -32,6 +32,7 @@ cdef extern from "gdr_stats.h" nogil:
 cdef extern from "gdr_pattern.h" nogil:
     int GDR_POISON_BYTE
     uint64_t gdr_pattern_seed(uint64_t size, uint64_t round)
+    uint8_t gdr_pattern_byte(uint64_t seed, uint64_t offset)
     void gdr_pattern_fill(uint8_t *buf, size_t length, uint64_t seed)
     size_t gdr_pattern_verify(const uint8_t *buf, size_t length, uint64_t seed, size_t *first_bad)
     uint64_t gdr_slot_seed(uint64_t seed, uint64_t slot)
@@ -155,3 +156,28 @@ cdef extern from "gdr_loop.h" nogil:
 
     int gdr_bw_run(const gdr_bw_config *cfg, gdr_bw_result *res)
     int gdr_lat_run(const gdr_lat_config *cfg, gdr_lat_result *res)
+
+
+cdef extern from "gdr_flush.h" nogil:
+    enum:
+        GDR_FLUSH_MAX_BYTES
+
+    struct gdr_flush_target:
+        ibv_qp *qp
+        ibv_cq *cq
+        uint64_t remote_addr
+        uint32_t rkey
+        volatile uint8_t *landing
+        uint32_t lkey
+        uint32_t length
+
+    struct gdr_flush_result:
+        int status
+        int err_errno
+        int wc_status
+        uint32_t wc_vendor_err
+        uint32_t wc_qp_num
+        uint64_t elapsed_ns
+
+    int gdr_flush(const gdr_flush_target *target, uint8_t fill, const gdr_clock *clock,
+                  uint64_t stall_timeout_ns, volatile int *stop, gdr_flush_result *res)

@@ -103,6 +103,11 @@ def pattern_seed(uint64_t size, uint64_t round):
     return c.gdr_pattern_seed(size, round)
 
 
+def pattern_byte(uint64_t seed, uint64_t offset):
+    """The byte at offset of the pattern of seed."""
+    return c.gdr_pattern_byte(seed, offset)
+
+
 def pattern_fill(uintptr_t addr, size_t length, uint64_t seed):
     with nogil:
         c.gdr_pattern_fill(<uint8_t *>addr, length, seed)
@@ -506,3 +511,71 @@ def run_latency(LatencyConfig config, StopFlag stop):
     return LatencyLoopResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
                              res.wc_qp_num, res.completed, res.bad_messages, res.bad_bytes,
                              res.first_bad_offset, _clock_check(&res.clock_check), round_trip)
+
+
+# ---- NCCL's flush: one RDMA READ of received bytes on a loopback QP (csrc/gdr_flush.h) ----
+
+MAX_FLUSH_BYTES = c.GDR_FLUSH_MAX_BYTES
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class FlushResult:
+    """One flush READ (struct gdr_flush_result) and the bytes it landed."""
+
+    cdef readonly int status
+    cdef readonly int errno "errno_"
+    cdef readonly int wc_status
+    cdef readonly uint32_t wc_vendor_err
+    cdef readonly uint32_t wc_qp_num
+    cdef readonly uint64_t elapsed_ns        # post to completion
+    cdef readonly bytes landed               # what the READ brought back (valid when ok)
+
+
+cdef class FlushConfig:
+    """The flush READ's target in the C struct gdr_flush reads, with the objects that own
+    what it points at (see BandwidthConfig): handles (rdma.handles.RawHandles of the
+    loopback QP and its CQ), memory (the receive buffer's provider: its received bytes are
+    read back, through its rkey) and landing (a registered host buffer's provider, which
+    the READ writes and the CPU then reads)."""
+
+    cdef c.gdr_flush_target target
+    cdef c.gdr_clock clock
+    cdef readonly object handles, memory, landing
+    cdef readonly uint64_t stall_timeout_ns
+
+    def __init__(self, handles, memory, landing, *, uint32_t length,
+                 uint64_t stall_timeout_ns, bint counter=False, double ns_per_tick=1.0):
+        if not 1 <= length <= c.GDR_FLUSH_MAX_BYTES:
+            raise ValueError(f"a flush reads 1 to {c.GDR_FLUSH_MAX_BYTES} bytes, not {length}")
+        if landing.kind != "host":
+            raise ValueError("the flush lands in host memory, which the CPU reads")
+        _check_inside("the landing bytes", length, landing)
+        self.handles, self.memory, self.landing = handles, memory, landing
+        memset(&self.target, 0, sizeof(self.target))
+        self.target.qp = <c.ibv_qp *><uintptr_t>handles.qps[0]
+        self.target.cq = <c.ibv_cq *><uintptr_t>handles.cq
+        self.target.rkey = memory.rkey
+        self.target.landing = <volatile uint8_t *><uintptr_t>landing.address
+        self.target.lkey = landing.lkey
+        self.target.length = length
+        self.stall_timeout_ns = stall_timeout_ns
+        self.clock = _loop_clock(counter, ns_per_tick)
+
+    @property
+    def length(self):
+        return self.target.length
+
+
+def run_flush(FlushConfig config, uint64_t offset, uint8_t fill, StopFlag stop):
+    """One flush READ of config.length bytes at offset in the receive buffer, waited on; the
+    landing bytes are set to fill first. A FlushResult. This call holds config (and so its
+    owners) and stop until the READ has completed or the wait ended."""
+    cdef c.gdr_flush_target target = config.target
+    cdef c.gdr_flush_result res
+    _check_inside("the bytes read back", <object>offset + target.length, config.memory)
+    target.remote_addr = <uint64_t>config.memory.address + offset
+    with nogil:
+        c.gdr_flush(&target, fill, &config.clock, config.stall_timeout_ns, &stop.value, &res)
+    landed = (<char *>target.landing)[:target.length]
+    return FlushResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
+                       res.wc_qp_num, res.elapsed_ns, landed)

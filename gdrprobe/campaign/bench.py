@@ -27,6 +27,7 @@ from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationF
                              UsageError)
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
 from gdrprobe.campaign.gate import MachineFacts, NicChoice
+from gdrprobe.campaign.nccl_use import receive_flush
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.campaign.verdict import ArmMeasurement, check_threshold, classify
 from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
@@ -62,6 +63,8 @@ class BenchPlan:
     qps: tuple[int, ...]
     options: ProbeOptions           # sizes, iterations or duration, queue settings
     latency_iterations: int = 1000  # 0: no latency rows
+    # GPU -> what asks its receive buffer for NCCL's flush ("": nothing; see nccl_use)
+    flushes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def nics(self) -> list[str]:
         return list(dict.fromkeys(pair.nic for pair in self.pairs))
@@ -86,7 +89,8 @@ class BenchPlan:
                 self.options, mode="latency", sizes=latency_sizes(self.options.sizes),
                 iterations=self.latency_iterations, warmup_iterations=0, duration_s=None, qps=1,
                 tx_depth=1, cq_moderation=1, post_list=1)
-        return dataclasses.replace(self.options, qps=run.qps)
+        return dataclasses.replace(self.options, qps=run.qps,
+                                   flush=self.flushes.get(run.gpu, "") if run.gpu else "")
 
     def row_count(self) -> int:
         """How many rows the sweep will produce: the length of its progress bar."""
@@ -427,8 +431,9 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
                            duration_s=settings.duration_s, warmup_s=settings.warmup_s,
                            tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
                            timeout_s=timeout_s)
+    flushes = {pair.gpu: receive_flush(facts.nccl.get(pair.gpu)) for pair in pairs if pair.gpu}
     plan = BenchPlan(pairs, settings.memory_kinds, settings.qps, options,
-                     settings.latency_iterations)
+                     settings.latency_iterations, flushes)
     for run in plan.runs():
         plan.run_options(run)   # raises UsageError now rather than mid-sweep
     return plan

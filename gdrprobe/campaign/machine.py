@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
 from gdrprobe.campaign.nccl_use import deciding, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
+from gdrprobe.nccl.flush import gpu_flush
 
 
 def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> MachineFacts:
@@ -29,10 +30,21 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> 
     findings = run_checks(ctx)
     gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
     uses = nccl_uses(deciding(ctx.nccl_node, ctx.nccl_rules), ctx.environ, ctx.environ_source,
-                     firm="gpus" in (ctx.cuda_facts or {}), findings=findings)
+                     firm="gpus" in (ctx.cuda_facts or {}), findings=findings,
+                     flush_of=receive_flush_of(ctx))
     return MachineFacts(gpus, nccl_nics(ctx.nccl_decisions), ctx.cuda_facts,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
                         port_facts(ctx.ports), ctx.topology.software_nics)
+
+
+def receive_flush_of(ctx):
+    """NCCL's flush of a GPUDirect receive into a decision's GPU, by the rules of the NCCL
+    the job loads. The A/B's GPU arm receives through GPUDirect whatever NCCL decides, so it
+    is asked as for such a receive."""
+    def flush_of(decision):
+        return gpu_flush(decision, ctx.nccl_node, ctx.environ, ctx.nccl_rules.version,
+                         receives=True)
+    return flush_of
 
 
 def port_facts(ports: Mapping[str, Sequence]) -> dict[tuple[str, int], PortFacts]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl.flush import NcclFlush, unknown_decision
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report import finding_ids
 from gdrprobe.report.check import NcclUse
@@ -113,10 +114,12 @@ def node_fix(bdf: str, findings: Sequence) -> str:
 
 
 def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str], str],
-              firm: bool, findings: Sequence = ()) -> dict[str, NcclUse]:
+              firm: bool, findings: Sequence = (),
+              flush_of: Callable[[NcclGpuDecision], NcclFlush] | None = None) -> dict[str, NcclUse]:
     """For every GPU (by PCI bus id) NCCL's decision under ``environ`` (the environment as
     NCCL sees it, configuration files included) and, where GPUDirect is off, its cause.
-    firm: the facts the decision rests on were read (the CUDA driver answered)."""
+    firm: the facts the decision rests on were read (the CUDA driver answered); flush_of:
+    NCCL's flush of a GPUDirect receive into the decision's GPU."""
     decisions = Decisions(decide)
     defaults_only = without(environ, {name for name in environ if name.startswith("NCCL_")})
     uses = {}
@@ -128,7 +131,8 @@ def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str]
                       # On a C2C system NCCL asks for the PCIe mapping type where the NIC is
                       # on a PCIe path (nccl/decision.py gdr_mode "pci").
                       pcie_mapping=decision.gdr_mode == "pci",
-                      reasons=direction_reasons(decision))
+                      reasons=direction_reasons(decision),
+                      **flush_fields(flush_of(decision) if flush_of else None))
         if uses_gdr(decision, environ):
             uses[bdf] = NcclUse(**common)
             continue
@@ -141,3 +145,17 @@ def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str]
             uses[bdf] = NcclUse(**common, cause=cause, node_fault=True,
                                 fix=node_fix(bdf, findings))
     return uses
+
+
+def flush_fields(flush: NcclFlush | None) -> dict:
+    """NcclUse's flush and flush_rule; none where nobody asked (the flush then unknown)."""
+    return {} if flush is None else {"flush": flush.flushes, "flush_rule": flush.describe()}
+
+
+def receive_flush(use: NcclUse | None) -> str:
+    """What asks the receiver of a GPU arm for NCCL's flush before it checks the bytes ("":
+    nothing does): NCCL's rule for the GPU, or where NCCL's decision is unknown, the flush
+    anyway (:func:`gdrprobe.nccl.flush.unknown_decision`)."""
+    if use is None or not use.flush_rule:
+        return unknown_decision().describe()
+    return use.flush_rule if use.flush else ""

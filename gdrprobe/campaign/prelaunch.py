@@ -14,6 +14,9 @@ move this GPU's bytes, inside the check's time budget.
   ``NCCL_IB_ROCE_VERSION_NUM`` and ``NCCL_IB_ADDR_RANGE`` steer NCCL's walk of the GID
   table; ``NCCL_IB_PCI_RELAXED_ORDERING`` the registration (the API's options); NCCL's
   decision whether to use GPUDirect at all (:func:`verdict.with_nccl`).
+- **NCCL's flush**: the receiver reads back each check's last message with an RDMA READ
+  before checking it where NCCL flushes this GPU's receives, or NCCL's decision is unknown
+  (:func:`gdrprobe.campaign.nccl_use.receive_flush`, :mod:`gdrprobe.nccl.flush`).
 - **The floor**: the deciding arm against the port's line rate, where the kernel states
   it and the NIC is hardware.
 - **One A/B per NIC at a time** (:mod:`gdrprobe.campaign.nic_lock`).
@@ -30,6 +33,7 @@ from gdrprobe import defaults
 from gdrprobe.campaign.ab import HOST, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
 from gdrprobe.campaign.machine import holds_gpu_buffer
+from gdrprobe.campaign.nccl_use import receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.verdict import with_nccl
 from gdrprobe.errors import NoRdmaDevice, UsageError
@@ -169,7 +173,7 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
         nic_reason += f"; GID index {gid_index} from NCCL_IB_GID_INDEX"
     endpoint = EndpointOptions(device=nic, port=gate.ib_port, gid_index=gid_index,
                                gid_preference=nccl_gid_preference(facts.nccl_environ))
-    options = gate.options
+    options = dataclasses.replace(gate.options, flush=receive_flush(use))
     if budget.seconds is not None:
         options = sized_for_budget(options, budget.seconds,
                                    planned_runs(gate, remote.kind == local.kind == "gpu"),

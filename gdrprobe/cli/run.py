@@ -63,6 +63,11 @@ def register(subparsers) -> None:
                         help="check only the messages the receiver's slots hold at the end of "
                              "each size, not every message (no pauses between passes; "
                              "corruption that comes and goes can be missed)")
+    parser.add_argument("--flush", action="store_true",
+                        help="with a GPU receive buffer: read back the last message's first "
+                             "byte with an RDMA READ on a loopback QP before each check, as "
+                             "NCCL flushes every GPUDirect receive where its rules ask for it "
+                             "('gdrprobe check' follows those rules by itself)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
     parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
@@ -111,6 +116,7 @@ def run(args) -> int:
                      token=None if args.loopback else token_from(args),
                      remote_mem=args.remote_mem, staged=args.staged, repeats=args.repeats,
                      threshold=args.threshold, connect_wait_s=args.connect_wait,
+                     flush=args.flush,
                      notice=notice, **endpoint_arguments(args), **memory_arguments(args),
                      **probe_settings(args))
     report = run_rows_as_measured(arguments, args.json, args.report_gbits)

@@ -62,6 +62,11 @@ def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
     if integrity.stray_bytes:
         details.append(f"{integrity.stray_bytes} bytes written past the message, first at "
                        f"offset {integrity.first_stray_offset}")
+    if integrity.flush_bad:
+        details.append(f"NCCL's flush READ brought back another byte than the last message "
+                       f"wrote in {integrity.flush_bad} of {integrity.flush_reads} reads, first "
+                       f"at offset {integrity.first_flush_bad_offset}: the writes had not "
+                       "landed when their completion said so")
     raise IntegrityError(f"payload corrupted at {size} B on {where}: " + "; ".join(details),
                          "GPU buffers: check the IOMMU (must be off or passthrough) and ACS "
                          "with 'gdrprobe doctor'; host buffers: suspect the NIC or its driver")
@@ -75,6 +80,12 @@ def integrity_method(options: ProbeOptions) -> str:
         return "sampled: the messages the slots hold at the end of each size"
     return ("every message checked: the sender pauses between passes of a slot ring while "
             "the receiver checks them, outside the measured window")
+
+
+def flush_method(options: ProbeOptions) -> str:
+    """NCCL's flush as the report says it (docs/method.md#the-flush), with what asked for it."""
+    return (f"before each check the receiver read back the first byte of the last message "
+            f"with an RDMA READ on a loopback QP, as NCCL does: {options.flush}")
 
 
 def raise_if_server_ended(channel: Channel, what: str, evidence: str = "") -> None:
@@ -201,8 +212,9 @@ class ProbeClient:
             if self.on_result is not None:
                 self.on_result(result)
         channel.send(BYE)
+        flushed = any(row.integrity.flush_reads for row in bandwidth)
         return RunReport(
-            settings=self._settings(endpoint, memory), handle_route=handles.route,
+            settings=self._settings(endpoint, memory, flushed), handle_route=handles.route,
             local=endpoint_summary(endpoint, memory), remote=server.summary,
             bandwidth=tuple(bandwidth), latency=tuple(latency),
             remote_findings=self.remote_findings)
@@ -236,7 +248,8 @@ class ProbeClient:
                 self.notice(f"queued at the server behind a run from {queued.running}: "
                             f"{queued.position - 1} more waiting ahead of this one")
 
-    def _settings(self, endpoint: Endpoint, memory: MemoryProvider) -> RunSettings:
+    def _settings(self, endpoint: Endpoint, memory: MemoryProvider,
+                  flushed: bool = False) -> RunSettings:
         o = self.options
         return RunSettings(mode=o.mode, sizes_bytes=o.sizes, iterations=o.iterations,
                            warmup_iterations=o.warmup_iterations, duration_s=o.duration_s,
@@ -247,6 +260,7 @@ class ProbeClient:
                            inline_bytes=self._inline_bytes(memory),
                            clock=self.clock.description if self.clock else "",
                            integrity=integrity_method(o),
+                           flush=flush_method(o) if flushed else "",
                            inline_note=("" if memory.inline_capable or not o.max_inline else
                                         f"inline off: the source is a {memory.kind} buffer "
                                         "the CPU cannot read where verbs addresses it"))

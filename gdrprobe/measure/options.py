@@ -31,6 +31,7 @@ MAX_TIMEOUT_S = 3600.0
 # that samples checks only the last pass. The report says how many were checked.
 INTEGRITY_CAP_BYTES = defaults.INTEGRITY_CAP_BYTES
 MAX_SLOTS = defaults.MAX_SLOTS
+MAX_FLUSH_RULE_CHARS = 1000
 
 
 def dependent_settings(options: ProbeOptions) -> dict:
@@ -74,6 +75,10 @@ class ProbeOptions:
     # Check only the messages the slots hold at the end of each size, not every one: no
     # pauses between passes, at the price of missing corruption that comes and goes.
     sample_integrity: bool = False
+    # NCCL's flush: the receiver reads back each GPU buffer the NIC wrote with an RDMA READ
+    # on a loopback QP before checking it (measure/flush.py); the rule that asks for it, as
+    # the report says it ("": no flush).
+    flush: str = ""
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
@@ -125,6 +130,9 @@ class ProbeOptions:
             problems.append(f"time-out must be {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} s")
         if self.clock not in CLOCK_CHOICES:
             problems.append(f"clock must be one of {', '.join(CLOCK_CHOICES)}")
+        if not isinstance(self.flush, str) or len(self.flush) > MAX_FLUSH_RULE_CHARS:
+            problems.append(f"the flush rule must be text of at most {MAX_FLUSH_RULE_CHARS} "
+                            "characters")
         if not 1 <= self.integrity_bytes <= INTEGRITY_CAP_BYTES:
             problems.append(f"integrity bytes must be 1 to {INTEGRITY_CAP_BYTES}")
         if problems:
@@ -181,6 +189,7 @@ class ProbeOptions:
             integrity_bytes=field(message, "integrity_bytes", int, low=1,
                                   high=INTEGRITY_CAP_BYTES),
             sample_integrity=field(message, "sample_integrity", bool),
+            flush=field(message, "flush", str, default=""),
         )
 
     def window_messages(self, size: int) -> int:

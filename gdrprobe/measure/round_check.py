@@ -3,10 +3,15 @@ the messages the slots hold at the end (a sampling run), and the stray bytes pas
 
 A round's message k lands in slot k mod slots and was sent from source slot k mod
 source_slots (csrc/gdr_pattern.h): the pattern it must carry follows from k alone, so a
-check proves which message a slot holds, not only that it holds good bytes."""
+check proves which message a slot holds, not only that it holds good bytes.
+
+Where the run asks for NCCL's flush, each check starts with it (gdrprobe.measure.flush): the
+READ of the first byte of the last message checked, where NCCL reads, which must bring back
+the byte that message put there."""
 
 from __future__ import annotations
 
+from gdrprobe import _native
 from gdrprobe.measure.side import offset_or_none
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.report.model import Integrity
@@ -16,15 +21,18 @@ class RoundCheck:
     """What the receiver has found so far in one size's round."""
 
     def __init__(self, memory: MemoryProvider, size: int, slots: int, source_slots: int,
-                 seed: int):
+                 seed: int, flusher=None):
         self.memory, self.size, self.slots = memory, size, slots
         self.source_slots, self.seed = source_slots, seed
+        self.flusher = flusher     # a measure.flush.Flusher, or None: no flush
         self.passes = 0            # passes checked
         self.messages = 0          # messages checked
         self.bad_messages = self.bad_bytes = 0
         self.first_bad: int | None = None
         self._stage_s = 0.0
         self._slots_used = 0
+        self.flush_reads = self.flush_bad = 0
+        self.first_flush_bad: int | None = None
 
     def next_pass(self, messages: int) -> None:
         """Check the next pass: `messages` messages from slot 0, the round's
@@ -39,6 +47,8 @@ class RoundCheck:
 
     def _check(self, first: int, count: int) -> None:
         used = min(self.slots, first % self.slots + count)
+        if self.flusher is not None:
+            self._flush(first + count - 1)
         self.memory.flush_remote_writes()
         self._stage_s += self.memory.stage_in(0, used * self.size)
         bad_messages, bad, first_bad = self.memory.verify_messages(
@@ -49,6 +59,18 @@ class RoundCheck:
         self.bad_bytes += bad
         self.messages += count
         self._slots_used = max(self._slots_used, used)
+
+    def _flush(self, last: int) -> None:
+        """NCCL's flush after message `last` landed: its first byte read back, which must be
+        the first byte of its pattern."""
+        offset = (last % self.slots) * self.size
+        expected = _native.pattern_byte(_native.slot_seed(self.seed, last % self.source_slots), 0)
+        read = self.flusher.read_back(offset, expected)
+        self.flush_reads += 1
+        if read != expected:
+            self.flush_bad += 1
+            if self.first_flush_bad is None:
+                self.first_flush_bad = offset
 
     @property
     def stage_in_s(self) -> float:
@@ -65,4 +87,5 @@ class RoundCheck:
                          bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,
                          stray_bytes=stray, first_stray_offset=offset_or_none(first_stray),
                          messages_checked=self.messages, messages_total=posted,
-                         bad_messages=self.bad_messages)
+                         bad_messages=self.bad_messages, flush_reads=self.flush_reads,
+                         flush_bad=self.flush_bad, first_flush_bad_offset=self.first_flush_bad)

@@ -12,6 +12,7 @@ never blocks serving (protocol/serverlog.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import ipaddress
@@ -22,6 +23,7 @@ import time
 from gdrprobe import _native, defaults
 from gdrprobe.errors import GdrprobeError, PeerError, UsageError
 from gdrprobe.measure.clock import loop_clock
+from gdrprobe.measure.flush import Flusher, wants_flush
 from gdrprobe.measure.loops import LoopThread, check_status, latency_in_flight, stall_timeout_s
 from gdrprobe.measure.nic_queue import NicQueue
 from gdrprobe.measure.options import ProbeOptions, check_latency_memory
@@ -261,11 +263,12 @@ class ProbeServer:
             self.stop.clear()
             local_ip = channel.sock.getsockname()[0]
             try:
+                flushing = wants_flush(options.flush, spec)
                 with Endpoint(options.endpoint_options(self.endpoint_options, server=True),
                               local_ip) as endpoint:
                     with open_buffer(spec, endpoint, options.buffer_bytes, True,
-                                     options.relaxed_ordering) as memory:
-                        self._serve_rounds(channel, options, endpoint, memory, setup)
+                                     options.relaxed_ordering, read_back=flushing) as memory:
+                        self._serve_rounds(channel, options, endpoint, memory, setup, flushing)
             except GdrprobeError as error:
                 # A GPU buffer that would not register, or a broken path into it: the
                 # client's verdict needs this host's findings about it all the more.
@@ -309,14 +312,25 @@ class ProbeServer:
 
     # -- the rounds ----------------------------------------------------------------------
 
-    def _serve_rounds(self, channel, options, endpoint, memory, setup: Setup):
+    def _serve_rounds(self, channel, options, endpoint, memory, setup: Setup, flushing: bool):
         endpoint.connect(setup.endpoint)
         handles = endpoint.handles()
         if options.mode == "bandwidth":
             memory.poison()   # for the first round (see _bandwidth_round)
-        send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
-                              endpoint_summary(endpoint, memory), self.timeout_s,
-                              self.findings if memory.kind == "gpu" else ()))
+        with self._flusher(endpoint, memory, flushing) as flusher:
+            send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
+                                  endpoint_summary(endpoint, memory), self.timeout_s,
+                                  self.findings if memory.kind == "gpu" else ()))
+            self._rounds(channel, options, endpoint, handles, memory, setup, flusher)
+
+    def _flusher(self, endpoint, memory, flushing: bool):
+        """NCCL's flush QP for this receive buffer where the run asks for the flush and the
+        NIC writes GPU memory directly (measure/flush.py); else nothing."""
+        if not (flushing and memory.gpudirect_target):
+            return contextlib.nullcontext()
+        return Flusher(endpoint, memory, self.stop, port_rate_gbps(endpoint.port_attr))
+
+    def _rounds(self, channel, options, endpoint, handles, memory, setup: Setup, flusher):
         while True:
             message = channel.receive(Start.KIND, BYE)
             if message["type"] == BYE:
@@ -324,7 +338,7 @@ class ProbeServer:
             start = Start.from_message(message, max(options.sizes))
             seed = _native.pattern_seed(start.size, start.round)
             if options.mode == "bandwidth":
-                self._bandwidth_round(channel, options, memory, start.size, seed)
+                self._bandwidth_round(channel, options, memory, start.size, seed, flusher)
             else:
                 self._latency_round(channel, options, endpoint, handles, memory,
                                     setup.buffer, start.size, seed)
@@ -338,13 +352,14 @@ class ProbeServer:
                 on_pass(message)
         return Done.from_message(message, bandwidth)
 
-    def _bandwidth_round(self, channel, options, memory, size, seed):
+    def _bandwidth_round(self, channel, options, memory, size, seed, flusher=None):
         """Check a round the client has written: each pass as it lands, before the client
         writes its slots again, or (a sampling run) the slots' last messages at the end.
         The buffer is poisoned again for the next round (the slots: past them a stray write
         fails the run) before "verified" goes out, so the client writes at once after
         "start": one round trip a size, not two."""
-        check = RoundCheck(memory, size, options.slots(size), options.source_slots(size), seed)
+        check = RoundCheck(memory, size, options.slots(size), options.source_slots(size), seed,
+                           flusher)
         on_pass = None if options.sample_integrity else functools.partial(self._pass, channel,
                                                                            check)
         posted = self._wait_for_done(channel, bandwidth=True, on_pass=on_pass).messages

@@ -11,7 +11,8 @@ from gdrprobe.memory.cuda import open_gpu
 from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism
 from gdrprobe.memory.nic_probe import probe_nic_dmabuf
 from gdrprobe.memory.host import HostMemory
-from gdrprobe.memory.provider import LOCAL_ACCESS, PROBE_ACCESS, MemoryProvider
+from gdrprobe.memory.provider import (ACCESS_REMOTE_READ, LOCAL_ACCESS, PROBE_ACCESS,
+                                      MemoryProvider)
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.rdma import verbs
 from gdrprobe.sysroot import SysRoot
@@ -37,12 +38,14 @@ def relaxed_ordering_access(wanted: bool) -> int:
 
 @contextlib.contextmanager
 def open_buffer(spec: MemorySpec, endpoint, length: int, remote_write: bool,
-                relaxed_ordering: bool = True):
+                relaxed_ordering: bool = True, read_back: bool = False):
     """A registered provider of `length` bytes on the endpoint's PD, as the spec says;
-    writable by the peer only when remote_write; with relaxed ordering where wanted and
+    writable by the peer only when remote_write; readable by RDMA READ only when read_back
+    (NCCL's flush, on a QP of this side's own); with relaxed ordering where wanted and
     available. A GPU provider also carries ``choice_reason``: why this mechanism was used."""
     relaxed = relaxed_ordering_access(relaxed_ordering)
-    access = PROBE_ACCESS if remote_write else LOCAL_ACCESS
+    access = (PROBE_ACCESS if remote_write else LOCAL_ACCESS) | (
+        ACCESS_REMOTE_READ if read_back else 0)
     with open_provider(spec, endpoint, length, access, relaxed) as memory:
         yield memory
 

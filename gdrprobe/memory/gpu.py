@@ -73,6 +73,7 @@ class GpuMemory(MemoryProvider):
     # map; and an inline write bypasses GPUDirect, so it would prove nothing either way.
     # perftest forces inline off for CUDA buffers for the same reason (ctx_set_max_inline).
     inline_capable = False
+    gpudirect_target = True
 
     def _refused(self, error: Exception) -> Exception:
         return gpu_registration_failed(error, self.mechanism,
@@ -185,6 +186,7 @@ class StagedGpuMemory(GpuMemory):
 
     mechanism = "staged"
     inline_capable = True     # the NIC sends from the pinned host copy
+    gpudirect_target = False  # ... and writes into it: the CPU copies it home
 
     @property
     def address(self) -> int:

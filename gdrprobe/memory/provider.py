@@ -16,6 +16,8 @@ from gdrprobe.rdma import verbs
 
 ACCESS_LOCAL_WRITE = 1
 ACCESS_REMOTE_WRITE = 2
+# Only for NCCL's flush: this side reads back what landed, on a QP connected to itself.
+ACCESS_REMOTE_READ = 4
 # The scratch buffer a peer writes: remote writes, never remote reads.
 PROBE_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE
 # A buffer only this side sends from.
@@ -134,6 +136,9 @@ class MemoryProvider(abc.ABC):
     # Whether IBV_SEND_INLINE may send from this buffer: inline has the CPU copy the payload
     # from the SGE address, so only memory the CPU reads where verbs addresses it qualifies.
     inline_capable: bool = True
+    # Whether the NIC writes this buffer's home directly through GPUDirect RDMA: the
+    # receives NCCL flushes with an RDMA READ (gdrprobe.measure.flush).
+    gpudirect_target: bool = False
 
     def _register_with(self, create_mr: Callable, failure: Callable[[Exception], Exception]) -> None:
         """Register through create_mr(pyverbs) and keep the MR and its keys; a refusal

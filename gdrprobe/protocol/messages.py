@@ -129,14 +129,16 @@ def summary_from_message(message: dict) -> EndpointSummary:
 
 
 def integrity_message(integrity: Integrity) -> dict:
-    """What a receiver found; no offset is sent as -1."""
+    """What a receiver found; no offset is sent as -1. NCCL's flush is told where it ran."""
+    flush = {"flush_reads": integrity.flush_reads, "flush_bad": integrity.flush_bad,
+             "first_flush_bad_offset": _offset_message(integrity.first_flush_bad_offset)}
     return {"bytes_checked": integrity.bytes_checked, "bad_bytes": integrity.bad_bytes,
             "first_bad_offset": _offset_message(integrity.first_bad_offset),
             "stray_bytes": integrity.stray_bytes,
             "first_stray_offset": _offset_message(integrity.first_stray_offset),
             "messages_checked": integrity.messages_checked,
             "messages_total": integrity.messages_total,
-            "bad_messages": integrity.bad_messages}
+            "bad_messages": integrity.bad_messages} | (flush if integrity.flush_reads else {})
 
 
 def _offset_message(offset: int | None) -> int:
@@ -147,6 +149,8 @@ def integrity_from_message(message: dict) -> Integrity:
     first_bad = field(message, "first_bad_offset", int, low=-1)
     first_stray = field(message, "first_stray_offset", int, low=-1)
     total = field(message, "messages_total", int, low=1)
+    flush_reads = field(message, "flush_reads", int, low=0, high=total, default=0)
+    first_flush_bad = field(message, "first_flush_bad_offset", int, low=-1, default=-1)
     return Integrity(
         checked=True,
         bytes_checked=field(message, "bytes_checked", int, low=0),
@@ -157,6 +161,9 @@ def integrity_from_message(message: dict) -> Integrity:
         messages_checked=field(message, "messages_checked", int, low=1, high=total),
         messages_total=total,
         bad_messages=field(message, "bad_messages", int, low=0, high=total),
+        flush_reads=flush_reads,
+        flush_bad=field(message, "flush_bad", int, low=0, high=flush_reads, default=0),
+        first_flush_bad_offset=None if first_flush_bad < 0 else first_flush_bad,
     )
 
 

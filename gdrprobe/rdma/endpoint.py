@@ -21,6 +21,7 @@ QP_RNR_RETRY = 7
 QP_MIN_RNR_TIMER = 12
 HOP_LIMIT = 64
 LATENCY_MAX_INLINE = 220  # perftest's inline size for write latency
+FLUSH_QP_DEPTH = 1        # one flush READ in flight: each is waited on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +101,22 @@ def check_queue_limits(device: str, device_attr, options: EndpointOptions) -> No
         problems.append(f"{options.num_qps} QPs is over {device}'s max_qp {device_attr.max_qp}")
     if problems:
         raise UsageError("; ".join(problems), "lower --tx-depth (-t) or --qp (-q)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopbackQp:
+    """A QP connected to itself and its own CQ (:meth:`Endpoint.loopback_qp`)."""
+
+    qp: object
+    cq: object
+
+    def handles(self) -> RawHandles:
+        return raw_handles([self.qp], self.cq)
+
+    def close(self) -> None:
+        """The QP, then its CQ; safe to call twice (the endpoint closes them again)."""
+        self.qp.close()
+        self.cq.close()
 
 
 class Endpoint:
@@ -198,19 +215,35 @@ class Endpoint:
             low, high = (middle, high) if self._takes_inline(pv, middle) else (low, middle)
         return low
 
-    def _create_qp(self, pv, max_inline: int, tx_depth: int | None = None):
+    def _create_qp(self, pv, max_inline: int, tx_depth: int | None = None, cq=None,
+                   access: int | None = None):
         e = pv.enums
+        cq = cq or self.cq
         cap = pv.qp.QPCap(max_send_wr=tx_depth or self.options.tx_depth, max_recv_wr=1,
                           max_send_sge=1, max_recv_sge=1, max_inline_data=max_inline)
-        init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap,
-                                sq_sig_all=0)
+        init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=0)
         attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT, port_num=self.options.port)
-        attr.qp_access_flags = self._access_flags(pv)
+        attr.qp_access_flags = self._access_flags(pv) if access is None else access
         return pv.qp.QP(self.pd, init, attr)
 
     def _access_flags(self, pv) -> int:
         remote = pv.enums.IBV_ACCESS_REMOTE_WRITE if self.options.remote_write else 0
         return pv.enums.IBV_ACCESS_LOCAL_WRITE | remote
+
+    def loopback_qp(self) -> LoopbackQp:
+        """NCCL's flush QP (net_ib connect.cc gpuFlush.qp): an RC QP on this endpoint's PD,
+        allowed remote reads and connected to itself, with a CQ of its own so that nothing
+        else completes there. Released with the endpoint (or before, by its close())."""
+        pv = verbs.pyverbs()
+        cq = self._keep(self._verbs(pv, "creating the flush QP's CQ",
+                                    lambda: pv.cq.CQ(self.ctx, FLUSH_QP_DEPTH + 1)))
+        access = pv.enums.IBV_ACCESS_LOCAL_WRITE | pv.enums.IBV_ACCESS_REMOTE_READ
+        qp = self._keep(self._verbs(pv, "creating the flush QP", lambda: self._create_qp(
+            pv, 0, tx_depth=FLUSH_QP_DEPTH, cq=cq, access=access)))
+        psn = secrets.randbelow(1 << 24)
+        self._to_rts(pv, qp, psn, qp.qp_num, psn, self.gid, self.port_attr.lid,
+                     verbs.mtu_enum(self.mtu), access)
+        return LoopbackQp(qp, cq)
 
     @property
     def mtu(self) -> int:
@@ -231,24 +264,30 @@ class Endpoint:
         path_mtu = verbs.mtu_enum(min(self.mtu, remote.mtu))
         for qp, local_psn, remote_qpn, remote_psn in zip(self.qps, self.psns,
                                                          remote.qp_numbers, remote.psns):
-            attr = pv.qp.QPAttr(port_num=self.options.port)
-            attr.qp_access_flags = self._access_flags(pv)
-            attr.path_mtu = path_mtu
-            attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote_qpn, remote_psn, local_psn
-            attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
-            attr.min_rnr_timer = QP_MIN_RNR_TIMER
-            attr.timeout, attr.retry_cnt, attr.rnr_retry = QP_TIMEOUT, QP_RETRY_COUNT, QP_RNR_RETRY
-            route = pv.addr.GlobalRoute(dgid=pv.addr.GID(remote.gid), sgid_index=self.gid_index,
-                                        hop_limit=HOP_LIMIT)
-            attr.ah_attr = pv.addr.AHAttr(port_num=self.options.port, is_global=1, gr=route,
-                                          dlid=remote.lid)
-            try:
-                qp.to_rts(attr)
-            except pv.PyverbsRDMAError as error:
-                raise RdmaError(f"connecting QP {qp.qp_num} to the peer's QP {remote_qpn} "
-                                "failed", "check that both sides use GIDs of the same type "
-                                "and reachable addresses ('gdrprobe devices')",
-                                evidence=str(error).splitlines()[0]) from error
+            self._to_rts(pv, qp, local_psn, remote_qpn, remote_psn, remote.gid, remote.lid,
+                         path_mtu, self._access_flags(pv))
+
+    def _to_rts(self, pv, qp, local_psn: int, remote_qpn: int, remote_psn: int,
+                remote_gid: str, remote_lid: int, path_mtu: int, access: int) -> None:
+        """One QP through RTR to RTS towards the remote QP (its own number: a loopback)."""
+        attr = pv.qp.QPAttr(port_num=self.options.port)
+        attr.qp_access_flags = access
+        attr.path_mtu = path_mtu
+        attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote_qpn, remote_psn, local_psn
+        attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
+        attr.min_rnr_timer = QP_MIN_RNR_TIMER
+        attr.timeout, attr.retry_cnt, attr.rnr_retry = QP_TIMEOUT, QP_RETRY_COUNT, QP_RNR_RETRY
+        route = pv.addr.GlobalRoute(dgid=pv.addr.GID(remote_gid), sgid_index=self.gid_index,
+                                    hop_limit=HOP_LIMIT)
+        attr.ah_attr = pv.addr.AHAttr(port_num=self.options.port, is_global=1, gr=route,
+                                      dlid=remote_lid)
+        try:
+            qp.to_rts(attr)
+        except pv.PyverbsRDMAError as error:
+            raise RdmaError(f"connecting QP {qp.qp_num} to the peer's QP {remote_qpn} "
+                            "failed", "check that both sides use GIDs of the same type "
+                            "and reachable addresses ('gdrprobe devices')",
+                            evidence=str(error).splitlines()[0]) from error
 
     def handles(self) -> RawHandles:
         return raw_handles(self.qps, self.cq)

@@ -91,6 +91,8 @@ class NcclUse:
     firm: bool = True              # False: the decision rests on facts the doctor could not read
     fix: str = ""
     pcie_mapping: bool = False     # NCCL exports this GPU's DMA-BUF with the PCIe mapping type
+    flush: bool = False            # NCCL reads back each GPUDirect receive into this GPU (its flush)
+    flush_rule: str = ""           # the rule that decides it, with NCCL's source
 
     @property
     def uses_gdr(self) -> bool:

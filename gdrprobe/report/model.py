@@ -218,6 +218,11 @@ class Integrity:
     messages_checked: int = 1      # this many messages of the size were checked (all, or
     messages_total: int = 1        # the last ones of a run that samples), of this many
     bad_messages: int = 0          # of those checked, how many had a wrong byte
+    # NCCL's flush before each check (an RDMA READ of the last message's first byte, on a
+    # loopback QP): how many ran, and how many brought back another byte than it put there
+    flush_reads: int = 0
+    flush_bad: int = 0
+    first_flush_bad_offset: int | None = None
 
     @property
     def coverage(self) -> str:
@@ -227,7 +232,8 @@ class Integrity:
 
     @property
     def ok(self) -> bool:
-        return self.checked and self.bad_bytes == 0 and self.stray_bytes == 0
+        return (self.checked and self.bad_bytes == 0 and self.stray_bytes == 0
+                and self.flush_bad == 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +303,8 @@ class RunSettings:
     inline_note: str = ""          # why inline was forced off (a GPU source buffer)
     clock: str = ""                # what the loops timed with, and why (measure/clock.py)
     integrity: str = ""            # which messages the receiver checked, and when
+    flush: str = ""                # NCCL's flush before each check, and the rule that asked
+                                   # for it ("" where none ran)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,6 +65,7 @@ def render_run_settings(report: RunReport) -> str:
         *([f" {s.inline_note}"] if s.inline_note else []),
         *([f" clock: {s.clock}"] if s.clock else []),
         *([f" integrity: {s.integrity}"] if s.integrity else []),
+        *([f" flush: {s.flush}"] if s.flush else []),
         *render_endpoints(report), RULE])
 
 
