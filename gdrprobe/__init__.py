@@ -272,7 +272,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     remote_mem says otherwise; the GPU memory allocated as NCCL will allocate it
     (NCCL_CUMEM_ENABLE) unless gpu_alloc says. Returns (budget, facts, gate)."""
     from gdrprobe.campaign.gate import Budget
-    from gdrprobe.campaign.machine import machine_facts
+    from gdrprobe.campaign.machine import machine_facts, require_cuda_gpus
     from gdrprobe.campaign.prelaunch import GateSettings, check_floor
     from gdrprobe.nccl.env import gpu_allocation, relaxed_ordering_wanted
 
@@ -285,6 +285,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     if host is not None:
         _check_token(token, required=True)
     facts = machine_facts()
+    require_cuda_gpus(facts)      # GPUs lost to CUDA: every job here meets it (exit 11)
     gpu_alloc = gpu_alloc or gpu_allocation(facts.nccl_environ)
     settings = {key: value for key, value in settings.items() if value is not None}
     settings.setdefault("qps", defaults.CHECK_QPS)
