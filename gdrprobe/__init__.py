@@ -265,7 +265,8 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
           port=None, remote_mem=None):
     """What check() and check_node() share: the budget, started first (it limits the whole
     call); what can be refused before the doctor runs; the machine read once (one doctor,
-    one CUDA start-up); and what every check of the call is asked
+    one CUDA start-up), and GpuUnusable (exit 11) where CUDA lost GPUs sysfs lists; and
+    what every check of the call is asked
     (campaign.prelaunch.GateSettings): the runs' options with check's QPs (CHECK_QPS) and
     NCCL's relaxed-ordering setting from the environment as NCCL sees it; the send buffer
     as mem says, the receive buffer the same (loopback: GPU memory at both ends) unless
@@ -329,7 +330,10 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     repeats at least, `repeats` at most). time_budget_s (default CHECK_TIME_BUDGET_S; None:
     no limit) is a hard limit on the whole check, doctor, set-up and waiting for another
     check of the same NIC included. Returns a :class:`gdrprobe.report.model.CheckReport`."""
+    import dataclasses
+
     from gdrprobe.campaign.gate import rank_pair
+    from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.campaign.prelaunch import check_pair
 
     budget, facts, gate = _gate(
@@ -338,6 +342,9 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
         gpu_alloc=gpu_alloc, staged=staged, repeats=repeats, threshold=threshold,
         floor=floor, size=size)
     pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
+    # Both ends pin their host buffers here in loopback (check_node fits its NICs itself).
+    gate = dataclasses.replace(gate, options=fit_to_memlock(
+        gate.options, 1 if host else 2, locked_memory()))
     return check_pair(pair, facts, gate, budget, os.environ)
 
 
@@ -350,7 +357,8 @@ def check_node(*, ib_port: int = 1, gid_index: int | None = None,
                size: int | None = None, **settings):
     """:func:`check` for every GPU of the node with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
-    parallel, all inside time_budget_s. Returns a
+    parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
+    fitted them), all inside time_budget_s. Returns a
     :class:`gdrprobe.report.model.NodeCheckReport`: one entry per GPU, and ``exit_code``
     the worst of theirs (a drain before a warn)."""
     from gdrprobe.campaign.node import check_node as _check_node

@@ -43,7 +43,8 @@ def require_cuda_gpus(facts: MachineFacts) -> None:
     to CUDA (a failing ``gpu.cuda``: :func:`gdrprobe.doctor.checks.gpu.cuda_gpu_fault`): a
     job started here meets the same driver, so the gate answers before measuring."""
     for finding in facts.findings:
-        if finding.id == finding_ids.GPU_CUDA and finding.status is Status.FAIL:
+        if (getattr(finding, "id", None) == finding_ids.GPU_CUDA
+                and finding.status is Status.FAIL):
             raise GpuUnusable(finding.summary, finding.fix,
                               evidence="; ".join(item.value for item in finding.evidence))
 
