@@ -38,8 +38,8 @@ of those GPUs than sysfs does (:func:`missing_gpus_error`): a job that counts on
 GPUs meets one missing. Which GPUs CUDA should see is the caller's to say (the doctor reads
 sysfs: :mod:`gdrprobe.doctor.checks.gpu`); the rules here compare.
 
-Every error :func:`result_error` makes carries the result's name as ``cuda_result``, so
-that a caller that knows more (sysfs) can apply the rules above to it.
+Every error :func:`result_error` makes carries the result's name as ``cuda_result`` and the
+call as ``cuda_call``, so that a caller that knows more (sysfs) can apply the rules above.
 
 A result the installed cuda-python does not know (the driver is newer than the bindings)
 reaches gdrprobe as the bindings' ``ValueError`` ("226 is not a valid CUresult") instead of
@@ -159,7 +159,7 @@ def result_error(err, what: str) -> GdrprobeError:
     error_class, cause, fix = RESULT_ERRORS.get(
         policy, (CudaError, "a CUDA driver call failed", GENERIC_FIX))
     error = error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")
-    error.cuda_result = policy or name
+    error.cuda_result, error.cuda_call = policy or name, what
     return error
 
 
@@ -174,17 +174,19 @@ LOST_GPU_FIX = ("check dmesg for Xid errors (Xid 79: the GPU has fallen off the 
                 "reinstall the driver; have a GPU that keeps falling off replaced")
 
 
-def lost_gpus_error(result: str, sysfs_gpus: Sequence[str]) -> GpuUnusable | None:
-    """The node fault behind cuInit's result where sysfs lists GPUs CUDA should see (bus
-    ids), or None: no such GPU, or a result that is no sign of a lost GPU."""
+def lost_gpus_error(result: str, sysfs_gpus: Sequence[str],
+                    call: str = "cuInit(0)") -> GpuUnusable | None:
+    """The node fault behind the result of the driver's start-up (cuInit, or a call that
+    lists the GPUs) where sysfs lists GPUs CUDA should see (bus ids), or None: no such GPU,
+    or a result that is no sign of a lost GPU."""
     if result not in LOST_GPU_RESULTS or not sysfs_gpus:
         return None
     return GpuUnusable(
         f"the GPUs are lost to CUDA: sysfs lists {len(sysfs_gpus)} NVIDIA GPU(s) and "
-        f"cuInit(0) returned {result} (a GPU fallen off the bus or a broken driver): every "
+        f"{call} returned {result} (a GPU fallen off the bus or a broken driver): every "
         "CUDA process here fails the same way", LOST_GPU_FIX,
         evidence=f"sysfs: {len(sysfs_gpus)} NVIDIA GPU(s) ({', '.join(sysfs_gpus)}); "
-                 f"CUDA: cuInit(0) returned {result}")
+                 f"CUDA: {call} returned {result}")
 
 
 def missing_gpus_error(cuda_gpus: Sequence[str], sysfs_gpus: Sequence[str]) -> GpuUnusable | None:

@@ -39,7 +39,7 @@ def two_gpu_node(tmp_path, cuda_facts: dict):
 
 def cuinit_failed(result: str) -> dict:
     return {"error": f"a CUDA driver call failed (cuInit(0) returned {result})",
-            "result": result}
+            "result": result, "call": "cuInit(0)"}
 
 
 def cuda_lists(*bus_ids: str, name: str = "NVIDIA H100 80GB HBM3") -> dict:
@@ -151,8 +151,17 @@ def test_where_cudas_view_is_not_the_nodes_nothing_is_compared(tmp_path, environ
 
 def test_the_doctors_cuda_facts_keep_the_result_the_driver_answered():
     facts = collect_cuda_facts(FakeDriver(fail={"cuInit": FakeResult.CUDA_ERROR_UNKNOWN}))
-    assert facts["result"] == "CUDA_ERROR_UNKNOWN"
+    assert (facts["result"], facts["call"]) == ("CUDA_ERROR_UNKNOWN", "cuInit(0)")
     assert "cuInit(0) returned CUDA_ERROR_UNKNOWN" in facts["error"]
+
+
+def test_a_gpu_the_driver_fails_on_while_listing_them_names_that_call(tmp_path):
+    """cuInit passed, then the driver failed on a GPU it lists (a GPU falling off now)."""
+    facts = collect_cuda_facts(FakeDriver(fail={"cuDeviceGetName":
+                                                FakeResult.CUDA_ERROR_UNKNOWN}))
+    two_gpu_node(tmp_path, facts)
+    fault = gpu.cuda_gpu_fault(doctor(tmp_path))
+    assert "cuDeviceGetName returned CUDA_ERROR_UNKNOWN" in fault.cause
 
 
 # ---- the gate drains before it measures -------------------------------------------------

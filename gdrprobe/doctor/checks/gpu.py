@@ -230,7 +230,7 @@ def cuda_gpu_fault(ctx: DoctorContext) -> GpuUnusable | None:
     expected = gpus_for_cuda(ctx)
     if "gpus" in facts:
         return missing_gpus_error([gpu["pci_bus_id"] for gpu in facts["gpus"]], expected)
-    return lost_gpus_error(facts.get("result", ""), expected)
+    return lost_gpus_error(facts.get("result", ""), expected, facts.get("call", "cuInit(0)"))
 
 
 def lost_gpu_finding(fault: GpuUnusable) -> Finding:

@@ -202,9 +202,10 @@ class DoctorContext:
 
 def collect_cuda_facts(driver=None) -> dict[str, Any]:
     """:func:`gdrprobe.memory.cuda.gpu_inventory` as JSON-ready data, or ``{"error":
-    reason}`` when there is no driver to ask, with ``"result"``: the CUresult's name where
-    the driver answered one (:mod:`gdrprobe.memory.cuda_results`). ``driver`` replaces
-    cuda-python's module in tests."""
+    reason}`` when there is no driver to ask, with ``"result"`` and ``"call"``: the
+    CUresult's name and the call that returned it, where the driver answered one
+    (:mod:`gdrprobe.memory.cuda_results`). ``driver`` replaces cuda-python's module in
+    tests."""
     from gdrprobe.memory.cuda import gpu_inventory
 
     try:
@@ -212,4 +213,5 @@ def collect_cuda_facts(driver=None) -> dict[str, Any]:
     except GdrprobeError as error:
         reason = "; ".join(part for part in (error.cause, error.evidence) if part)
         result = getattr(error, "cuda_result", "")
-        return {"error": reason, **({"result": result} if result else {})}
+        answer = {"result": result, "call": error.cuda_call} if result else {}
+        return {"error": reason, **answer}
