@@ -271,14 +271,15 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
           port=None, remote_mem=None):
     """What check() and check_node() share: the budget, started first (it limits the whole
     call); what can be refused before the doctor runs; the machine read once (one doctor,
-    one CUDA start-up); and what every check of the call is asked
+    one CUDA start-up), and GpuUnusable (exit 11) where CUDA lost GPUs sysfs lists; and
+    what every check of the call is asked
     (campaign.prelaunch.GateSettings): the runs' options with check's QPs (CHECK_QPS) and
     NCCL's relaxed-ordering setting from the environment as NCCL sees it; the send buffer
     as mem says, the receive buffer the same (loopback: GPU memory at both ends) unless
     remote_mem says otherwise; the GPU memory allocated as NCCL will allocate it
     (NCCL_CUMEM_ENABLE) unless gpu_alloc says. Returns (budget, facts, gate)."""
     from gdrprobe.campaign.gate import Budget
-    from gdrprobe.campaign.machine import machine_facts
+    from gdrprobe.campaign.machine import machine_facts, require_cuda_gpus
     from gdrprobe.campaign.prelaunch import GateSettings, check_floor
     from gdrprobe.nccl.env import gpu_allocation, relaxed_ordering_wanted
 
@@ -291,6 +292,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     if host is not None:
         _check_token(token, required=True)
     facts = machine_facts()
+    require_cuda_gpus(facts)      # GPUs lost to CUDA: every job here meets it (exit 11)
     gpu_alloc = gpu_alloc or gpu_allocation(facts.nccl_environ)
     settings = {key: value for key, value in settings.items() if value is not None}
     settings.setdefault("qps", defaults.CHECK_QPS)
@@ -334,7 +336,10 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     repeats at least, `repeats` at most). time_budget_s (default CHECK_TIME_BUDGET_S; None:
     no limit) is a hard limit on the whole check, doctor, set-up and waiting for another
     check of the same NIC included. Returns a :class:`gdrprobe.report.model.CheckReport`."""
+    import dataclasses
+
     from gdrprobe.campaign.gate import rank_pair
+    from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.campaign.prelaunch import check_pair
 
     budget, facts, gate = _gate(
@@ -343,6 +348,9 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
         gpu_alloc=gpu_alloc, staged=staged, repeats=repeats, threshold=threshold,
         floor=floor, size=size)
     pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
+    # Both ends pin their host buffers here in loopback (check_node fits its NICs itself).
+    gate = dataclasses.replace(gate, options=fit_to_memlock(
+        gate.options, 1 if host else 2, locked_memory()))
     return check_pair(pair, facts, gate, budget, os.environ)
 
 
@@ -355,7 +363,8 @@ def check_node(*, ib_port: int = 1, gid_index: int | None = None,
                size: int | None = None, **settings):
     """:func:`check` for every GPU of the node with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
-    parallel, all inside time_budget_s. Returns a
+    parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
+    fitted them), all inside time_budget_s. Returns a
     :class:`gdrprobe.report.model.NodeCheckReport`: one entry per GPU, and ``exit_code``
     the worst of theirs (a drain before a warn)."""
     from gdrprobe.campaign.node import check_node as _check_node

@@ -66,8 +66,9 @@ EXIT_CODES = (
     ExitCodeRow(ExitCode.RESOURCE_LIMIT, "a resource limit: locked memory, huge pages, host "
                 "memory", DRAIN),
     ExitCodeRow(ExitCode.NOT_TESTABLE, "not testable here (no GPU, no CUDA driver, no RDMA "
-                "device under a GPU arm, memory that proves nothing, CUDA out of memory; an "
-                "NCCL log whose network lines could not be read)", WARN),
+                "device under a GPU arm, memory that proves nothing, CUDA out of memory, a "
+                "pyverbs build gdrprobe cannot use; an NCCL log whose network lines could not "
+                "be read)", WARN),
     ExitCodeRow(ExitCode.NCCL_SETTING, "NCCL will not use GPUDirect RDMA for this GPU because "
                 "of an NCCL setting (the job's environment or an NCCL configuration file, e.g. "
                 "`NCCL_NET_GDR_LEVEL=LOC`); the node is fine. Where NCCL's rules refuse it on "
@@ -75,7 +76,8 @@ EXIT_CODES = (
     ExitCodeRow(ExitCode.GPU_UNUSABLE, "the GPU is unusable for every CUDA process: the "
                 "fabric manager is not running, forward-compatibility libraries the GPU does "
                 "not support, driver library and kernel module differ, another process holds "
-                "the GPU in exclusive-process mode, an uncorrectable ECC or NVLink error",
+                "the GPU in exclusive-process mode, an uncorrectable ECC or NVLink error, a "
+                "GPU sysfs lists that CUDA does not (fallen off the bus, a broken driver)",
                 DRAIN),
     ExitCodeRow(ExitCode.INCONCLUSIVE, "inconclusive: the node could not be judged now (the "
                 "per-repeat ratios still straddle the threshold at the end of the time budget, "

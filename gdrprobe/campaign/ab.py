@@ -156,8 +156,9 @@ def pipelined_bound(run: RunReport, host: ArmRecord) -> float:
 
 
 # What makes a GPU arm "not testable here" (or not engaged) rather than a failed run. A
-# CUDA error is one of them: e.g. cuMemGetHandleForAddressRange refusing the PCIe mapping
-# means that mechanism is not available here, and the other arms still run.
+# CUDA error is one of them: a driver call that fails in one arm ends that arm, and the
+# other arms still run (a DMA-BUF export the driver refuses is a refused registration:
+# gdrprobe.memory.causes.dmabuf_export_refused).
 # A missing cuda-python is not among them: it is a missing dependency (exit 3) with its fix.
 ARM_ERRORS = (NotTestable, RegistrationFailed, CudaError)
 # ibv_wc_status values a NIC reports when its DMA to or from the buffer fails: local

@@ -16,7 +16,10 @@ from collections.abc import Mapping, Sequence
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
 from gdrprobe.campaign.nccl_use import deciding, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
+from gdrprobe.errors import GpuUnusable
 from gdrprobe.nccl.flush import gpu_flush
+from gdrprobe.report import finding_ids
+from gdrprobe.report.model import Status
 
 
 def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> MachineFacts:
@@ -45,6 +48,17 @@ def receive_flush_of(ctx):
         return gpu_flush(decision, ctx.nccl_node, ctx.environ, ctx.nccl_rules.version,
                          receives=True)
     return flush_of
+
+
+def require_cuda_gpus(facts: MachineFacts) -> None:
+    """Raises GpuUnusable (exit 11, drain) where the doctor found GPUs the PCI bus has lost
+    to CUDA (a failing ``gpu.cuda``: :func:`gdrprobe.doctor.checks.gpu.cuda_gpu_fault`): a
+    job started here meets the same driver, so the gate answers before measuring."""
+    for finding in facts.findings:
+        if (getattr(finding, "id", None) == finding_ids.GPU_CUDA
+                and finding.status is Status.FAIL):
+            raise GpuUnusable(finding.summary, finding.fix,
+                              evidence="; ".join(item.value for item in finding.evidence))
 
 
 def port_facts(ports: Mapping[str, Sequence]) -> dict[tuple[str, int], PortFacts]:

@@ -8,16 +8,23 @@ thread each (the loops run with the GIL released). Each check also takes its NIC
 file, so a ``require()`` in a job on the same node never measures against it. The node's
 exit code is the worst GPU's: a code that drains before one that warns, and among those
 the larger.
+
+The NICs share one process's locked-memory limit: the checks are fitted to it
+(:func:`gdrprobe.campaign.memlock.fit_node_to_memlock`), with fewer integrity slots each,
+and where that is not enough with fewer NICs at a time (lanes of whole NICs, the others
+later in the same lane), so gdrprobe's own footprint never makes a registration fail.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import threading
 from typing import Callable
 from collections.abc import Iterable, Mapping
 
 from gdrprobe.campaign.gate import Budget, MachineFacts, node_pairs
+from gdrprobe.campaign.memlock import LockedMemory, fit_node_to_memlock, locked_memory
 from gdrprobe.campaign.prelaunch import GateSettings, check_pair
 from gdrprobe.errors import DRAIN, SCHEDULER_ACTION, START, WARN, ExitCode, GdrprobeError
 from gdrprobe.report.check import NodeCheckReport, NodeGpuCheck, RankPair
@@ -42,6 +49,15 @@ def by_nic(pairs: list[RankPair]) -> list[list[RankPair]]:
     return list(groups.values())
 
 
+def in_lanes(groups: list[list[RankPair]], lanes: int) -> list[list[RankPair]]:
+    """The NICs' groups in `lanes` lanes that run at the same time, each lane its groups
+    one after the other: the largest group first, into the lane with the fewest GPUs."""
+    filled: list[list[RankPair]] = [[] for _ in range(min(lanes, len(groups)))]
+    for group in sorted(groups, key=len, reverse=True):
+        min(filled, key=len).extend(group)
+    return filled
+
+
 def check_one(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: float | None,
               environ: Mapping[str, str], check: CheckPair) -> NodeGpuCheck:
     """One GPU's check on its share of the budget; an error is its answer, not the node's."""
@@ -64,11 +80,16 @@ def check_one(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: 
 
 
 def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
-               environ: Mapping[str, str], check: CheckPair = check_pair) -> NodeCheckReport:
-    """Every GPU of the node, one A/B per NIC at a time, NICs in parallel."""
+               environ: Mapping[str, str], check: CheckPair = check_pair,
+               memory: LockedMemory | None = None) -> NodeCheckReport:
+    """Every GPU of the node, one A/B per NIC at a time, NICs in parallel as far as the
+    locked-memory limit (memory: this process's unless given) holds them."""
     pairs = node_pairs(facts.gpus, facts.nics)
     results: dict[int, NodeGpuCheck] = {}
     cancelled = threading.Event()
+    fit = fit_node_to_memlock(gate.options, 1 if gate.host else 2, len(by_nic(pairs)),
+                              memory or locked_memory())
+    gate = dataclasses.replace(gate, options=fit.options)
 
     def run_group(group: list[RankPair]) -> None:
         for turn, pair in enumerate(group):
@@ -78,7 +99,7 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
                        else budget.remaining() / (len(group) - turn))
             results[pairs.index(pair)] = check_one(pair, facts, gate, seconds, environ, check)
 
-    groups = by_nic(pairs)
+    groups = in_lanes(by_nic(pairs), fit.at_once)
     with concurrent.futures.ThreadPoolExecutor(len(groups),
                                                thread_name_prefix="gdrprobe-nic") as pool:
         futures = [pool.submit(run_group, group) for group in groups]
@@ -91,4 +112,5 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
     checks = tuple(results[index] for index in sorted(results))
     return NodeCheckReport(gpus=checks, time_budget_s=budget.seconds,
                            elapsed_s=round(budget.elapsed(), 3),
-                           exit_code=worst_exit_code(check.exit_code for check in checks))
+                           exit_code=worst_exit_code(check.exit_code for check in checks),
+                           memlock=fit.note)

@@ -197,6 +197,9 @@ def check_status(result, what: str, stall_timeout: float) -> None:
     if status == _native.STATUS_PASS:   # the pass check's own error is raised where it ran
         raise GdrprobeError(f"{what} stopped at the check of a pass, without an error",
                             "report this as a gdrprobe bug")
+    if status == _native.STATUS_ARGS:   # gdrprobe's own configuration: a bug, never a drain
+        raise GdrprobeError(f"{what} refused its configuration (a bug in gdrprobe)",
+                            "report this as a gdrprobe bug")
     if status == _native.STATUS_STALL:
         raise PeerError(f"{what} made no progress for {stall_timeout:.1f} s (the time what "
                         f"was in flight needs on a link {SLOW_LINK_FACTOR}x slower than the "

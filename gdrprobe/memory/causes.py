@@ -30,7 +30,23 @@ SCATTER_TO_CQE_HINT = ("on mlx5, if the path is present and registration still f
 BAR1_HINT = ("check BAR1 with 'nvidia-smi -q -d MEMORY'; a small BAR1 needs \"Above 4G "
              "Decoding\" and \"Resizable BAR\" in the BIOS")
 
+# A DMA-BUF export the GPU driver refused (cuMemGetHandleForAddressRange failed): the
+# registration fails before the NIC is asked, so there is no errno; this code stands for it
+# where a registration failure carries one (RegistrationFailed.error_code, the verdict's
+# registration_errno). NCCL exports its buffers with the same call and gives up on the
+# connection when it fails (NCCL 2.30.7 src/transport/net.cc sendProxyConnect and
+# recvProxyConnect: CUCHECK, which returns ncclUnhandledCudaError, src/include/cudawrap.h),
+# as it does when the NIC refuses the DMA-BUF (NCCLCHECK of regMrDmaBuf).
+DMABUF_EXPORT_REFUSED = -2
+DMABUF_EXPORT_CALL = "cuMemGetHandleForAddressRange"
+
 REGISTRATION_CAUSES: dict[int, RegistrationCause] = {
+    DMABUF_EXPORT_REFUSED: RegistrationCause(
+        "the GPU driver refused to export the GPU memory as DMA-BUF; NCCL makes the same "
+        "call for its buffers and gives up on the connection",
+        "check dmesg and 'nvidia-smi' for why the driver refused (the GPU says it can "
+        "export: CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED); until it is fixed, NCCL registers "
+        "through peer memory with NCCL_DMABUF_ENABLE=0 and nvidia-peermem loaded"),
     errno.EOPNOTSUPP: RegistrationCause(
         "the RDMA driver cannot register DMA-BUF memory (its rdma-core provider or kernel "
         "driver has no DMA-BUF registration; rxe and siw never do)",
@@ -61,9 +77,12 @@ REGISTRATION_CAUSES: dict[int, RegistrationCause] = {
 
 
 def errno_name(code: int | None) -> str:
-    """EOPNOTSUPP for 95 (Python says ENOTSUP, an alias), as verbs tools print it."""
+    """EOPNOTSUPP for 95 (Python says ENOTSUP, an alias), as verbs tools print it; the
+    refused DMA-BUF export by the call that refused it."""
     if code == errno.EOPNOTSUPP:
         return "EOPNOTSUPP"
+    if code == DMABUF_EXPORT_REFUSED:
+        return DMABUF_EXPORT_CALL
     return errno.errorcode.get(code, f"errno {code}")
 
 
@@ -95,6 +114,17 @@ def host_registration_error(error, what: str) -> Exception:
                              evidence=first_line(error))
     return RdmaError(f"registering {what} failed", "check 'gdrprobe doctor' and dmesg",
                      evidence=first_line(error))
+
+
+def dmabuf_export_refused(call: str, result: str, pcie_mapping: bool) -> RegistrationFailed:
+    """A DMA-BUF export the GPU driver refused with CUresult ``result``: the DMA-BUF
+    registration failed (the verdict: not engaged), as NCCL's would."""
+    known = REGISTRATION_CAUSES[DMABUF_EXPORT_REFUSED]
+    mapping = " with the PCIe mapping" if pcie_mapping else ""
+    return RegistrationFailed(f"registering GPU memory through dmabuf failed: {known.cause} "
+                              f"({call}{mapping} returned {result})",
+                              known.fix + ("; or drop --dmabuf-pcie" if pcie_mapping else ""),
+                              f"{call}: {result}", DMABUF_EXPORT_REFUSED, "dmabuf")
 
 
 def gpu_registration_failed(error, mechanism: str, what: str) -> RegistrationFailed:

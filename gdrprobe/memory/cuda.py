@@ -23,8 +23,9 @@ import dataclasses
 import functools
 import mmap
 from gdrprobe.errors import GdrprobeError, MissingDependency, NotTestable, UsageError
-from gdrprobe.memory.cuda_results import (UPGRADE_DRIVER_FIX, result_error, result_name,
-                                          unknown_result)
+from gdrprobe.memory.causes import dmabuf_export_refused
+from gdrprobe.memory.cuda_results import (RESULT_ERRORS, UPGRADE_DRIVER_FIX, result_error,
+                                          result_name, unknown_result)
 from gdrprobe.sysroot import pci_bus_id
 
 HOST_PAGE_BYTES = mmap.PAGESIZE
@@ -48,12 +49,6 @@ FLUSH_OPTION_HOST = 1
 # CUGPUDirectRDMAWritesOrdering: NONE=0, OWNER=100, ALL_DEVICES=200.
 WRITES_ORDERING_OWNER = 100
 PCIE_MAPPING_MIN_DRIVER = 12080
-
-
-# What cuMemGetHandleForAddressRange returns where the platform or driver will not export
-# the range (e.g. the PCIe mapping on a system that refuses it): not a fault, the DMA-BUF
-# mechanism is simply not available here.
-DMABUF_REFUSALS = ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE")
 
 
 def check(result: tuple, what: str):
@@ -482,7 +477,14 @@ class GpuDevice:
         return flag
 
     def export_dmabuf(self, ptr: int, length: int, pcie_mapping: bool = False) -> tuple[int, int]:
-        """(fd, offset of ptr in the DMA-BUF) for [ptr, ptr+length); the caller closes fd."""
+        """(fd, offset of ptr in the DMA-BUF) for [ptr, ptr+length); the caller closes fd.
+
+        A GPU that cannot export (its DMA_BUF_SUPPORTED attribute) is "not testable": NCCL
+        does not use DMA-BUF there (NCCL 2.30.7 src/init.cc dmaBufSupported). A GPU that
+        can but whose driver refuses the export is a refused DMA-BUF registration
+        (:func:`gdrprobe.memory.causes.dmabuf_export_refused`): NCCL makes the same call and
+        gives up. A result with a meaning of its own (out of memory, a GPU no process can
+        use: :data:`gdrprobe.memory.cuda_results.RESULT_ERRORS`) keeps it."""
         if not self.attributes.dma_buf_supported:
             raise NotTestable(f"not testable: GPU {self.bus_id} cannot export DMA-BUF "
                               f"(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED="
@@ -499,14 +501,9 @@ class GpuDevice:
                          self._driver.CUmemRangeHandleType.CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
                          flags)
         name = result_name(result[0])
-        if name in DMABUF_REFUSALS:
-            mapping = " with the PCIe mapping" if pcie_mapping else ""
-            raise NotTestable(f"not testable: the driver will not export this GPU memory as "
-                              f"DMA-BUF{mapping} ({what} returned {name}): the DMA-BUF "
-                              "mechanism is not available here",
-                              "use the peermem mechanism (--mem peermem, nvidia-peermem "
-                              "loaded)" + (", or drop --dmabuf-pcie" if pcie_mapping else ""),
-                              evidence=f"{what}: {name}")
+        policy = getattr(result[0], "policy_name", name)
+        if int(result[0]) != 0 and policy not in RESULT_ERRORS:
+            raise dmabuf_export_refused(what, name, pcie_mapping)
         return int(check(result, what)), span.offset
 
     def flush_rdma_writes(self) -> bool:

@@ -27,6 +27,20 @@ CUresult documentation that cuda-python's ``cuda.bindings.driver.CUresult`` carr
 - **any other result** is a :class:`CudaError` naming the call and the result; in the A/B it
   makes the GPU arm "not testable" with that cause.
 
+What the PCI bus says changes three start-up results. ``CUDA_ERROR_NO_DEVICE`` (100: the
+driver detected no CUDA-capable device), ``CUDA_ERROR_OPERATING_SYSTEM`` (304: an operating
+system call failed, e.g. opening the GPU's device files) and ``CUDA_ERROR_UNKNOWN`` (999: an
+internal driver error) are "no GPU here" only where there is none. Where sysfs still lists
+NVIDIA GPU functions that CUDA should see, the GPU has fallen off the bus (Xid 79) or the
+driver is broken: a job started here fails the same way, so it is a :class:`GpuUnusable`
+with that evidence (:func:`lost_gpus_error`). Likewise a driver that starts but lists fewer
+of those GPUs than sysfs does (:func:`missing_gpus_error`): a job that counts on the node's
+GPUs meets one missing. Which GPUs CUDA should see is the caller's to say (the doctor reads
+sysfs: :mod:`gdrprobe.doctor.checks.gpu`); the rules here compare.
+
+Every error :func:`result_error` makes carries the result's name as ``cuda_result`` and the
+call as ``cuda_call``, so that a caller that knows more (sysfs) can apply the rules above.
+
 A result the installed cuda-python does not know (the driver is newer than the bindings)
 reaches gdrprobe as the bindings' ``ValueError`` ("226 is not a valid CUresult") instead of
 a result: :func:`unknown_result` turns it back into a result with a name, so the policy
@@ -36,6 +50,7 @@ above applies to it as to any other.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from gdrprobe.errors import CudaError, GdrprobeError, GpuOutOfMemory, GpuUnusable, NotTestable
 
@@ -137,9 +152,54 @@ def result_name(err) -> str:
 
 
 def result_error(err, what: str) -> GdrprobeError:
-    """The error a failed driver call's result means (the policy above)."""
+    """The error a failed driver call's result means (the policy above), carrying the
+    result's name as ``cuda_result``."""
     name = result_name(err)
     policy = getattr(err, "policy_name", name)
     error_class, cause, fix = RESULT_ERRORS.get(
         policy, (CudaError, "a CUDA driver call failed", GENERIC_FIX))
-    return error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")
+    error = error_class(f"{cause} ({what} returned {name})", fix, evidence=f"{what}: {name}")
+    error.cuda_result, error.cuda_call = policy or name, what
+    return error
+
+
+# ---- what the PCI bus says: GPUs the driver lost ---------------------------------------
+
+# cuInit results that, with NVIDIA GPUs on the bus that CUDA should see, mean those GPUs are
+# lost to every CUDA process (meanings: the CUresult documentation, cuda.h).
+LOST_GPU_RESULTS = ("CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_OPERATING_SYSTEM", "CUDA_ERROR_UNKNOWN")
+LOST_GPU_FIX = ("check dmesg for Xid errors (Xid 79: the GPU has fallen off the bus) and "
+                "'nvidia-smi' for the GPUs it still lists; reset the GPU (nvidia-smi -r) or "
+                "reboot; where the nvidia kernel module is not loaded (lsmod), reload or "
+                "reinstall the driver; have a GPU that keeps falling off replaced")
+
+
+def lost_gpus_error(result: str, sysfs_gpus: Sequence[str],
+                    call: str = "cuInit(0)") -> GpuUnusable | None:
+    """The node fault behind the result of the driver's start-up (cuInit, or a call that
+    lists the GPUs) where sysfs lists GPUs CUDA should see (bus ids), or None: no such GPU,
+    or a result that is no sign of a lost GPU."""
+    if result not in LOST_GPU_RESULTS or not sysfs_gpus:
+        return None
+    return GpuUnusable(
+        f"the GPUs are lost to CUDA: sysfs lists {len(sysfs_gpus)} NVIDIA GPU(s) and "
+        f"{call} returned {result} (a GPU fallen off the bus or a broken driver): every "
+        "CUDA process here fails the same way", LOST_GPU_FIX,
+        evidence=f"sysfs: {len(sysfs_gpus)} NVIDIA GPU(s) ({', '.join(sysfs_gpus)}); "
+                 f"CUDA: {call} returned {result}")
+
+
+def missing_gpus_error(cuda_gpus: Sequence[str], sysfs_gpus: Sequence[str]) -> GpuUnusable | None:
+    """The node fault of a driver that lists fewer of the GPUs sysfs lists (bus ids, as
+    sysfs spells them), or None when CUDA lists every one."""
+    missing = [bus_id for bus_id in sysfs_gpus if bus_id not in set(cuda_gpus)]
+    if not missing:
+        return None
+    return GpuUnusable(
+        f"CUDA lists {len(cuda_gpus)} of the {len(sysfs_gpus)} NVIDIA GPUs sysfs lists: "
+        f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} lost to CUDA (fallen "
+        "off the bus, or the driver failed on it); a job that uses the node's GPUs meets it",
+        LOST_GPU_FIX,
+        evidence=f"sysfs: {len(sysfs_gpus)} NVIDIA GPU(s) ({', '.join(sysfs_gpus)}); "
+                 f"CUDA: cuDeviceGetCount() = {len(cuda_gpus)} "
+                 f"({', '.join(cuda_gpus) or 'none'})")

@@ -11,7 +11,7 @@ import ipaddress
 import secrets
 
 from gdrprobe.rdma import verbs
-from gdrprobe.errors import NoDevice, RdmaError, UsageError
+from gdrprobe.errors import NoDevice, PeerError, RdmaError, UsageError
 from gdrprobe.rdma.devices import choose_device, open_failed, open_refusal
 from gdrprobe.rdma.handles import RawHandles, raw_handles
 
@@ -259,8 +259,10 @@ class Endpoint:
         """Move every QP through RTR to RTS towards the peer's matching QP."""
         pv = verbs.pyverbs()
         if len(remote.qp_numbers) != len(self.qps):
-            raise RdmaError(f"the peer has {len(remote.qp_numbers)} QPs, this side "
-                            f"{len(self.qps)}", "use the same --qps on both sides")
+            # Both ends build their QPs from the one run's options: a peer that did not is
+            # the peer's (or a gdrprobe of another version), never a fault of this node.
+            raise PeerError(f"the peer has {len(remote.qp_numbers)} QPs, this side "
+                            f"{len(self.qps)}", "run the same gdrprobe version on both sides")
         path_mtu = verbs.mtu_enum(min(self.mtu, remote.mtu))
         for qp, local_psn, remote_qpn, remote_psn in zip(self.qps, self.psns,
                                                          remote.qp_numbers, remote.psns):

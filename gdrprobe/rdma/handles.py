@@ -11,10 +11,16 @@ returns the struct as an object. Whichever route found a pointer, it is checked 
 (QP number, QP type, CQ size) and against the other located handle (the QP's send CQ must
 be the located CQ) before the C loop may use it. The check never loads through a pointer it
 has not yet trusted: the native layer has the kernel copy what it points at, so a pointer
-into unmapped memory is an RdmaError, not a segmentation fault.
+into unmapped memory is an error (below), not a segmentation fault.
 
 The pointers travel with the pyverbs objects that own them (RawHandles.owners), so a loop's
 configuration can hold those objects for as long as the loop may use the pointers.
+
+What a failure here means is gdrprobe's, never the node's, so it never exits with a code
+that drains: a pyverbs whose objects are laid out in a way gdrprobe does not know
+(:func:`unknown_layout`) is "not testable" (exit 9: the check cannot run with this pyverbs,
+and that says nothing against the node; jobs do not use pyverbs); an object of the wrong
+kind or one already closed is a bug in gdrprobe (:func:`misused`, exit 70).
 """
 
 from __future__ import annotations
@@ -24,11 +30,24 @@ import dataclasses
 from gdrprobe import _native
 
 from gdrprobe.rdma import verbs
-from gdrprobe.errors import RdmaError
+from gdrprobe.errors import GdrprobeError, NotTestable
 
 IBV_QPT_RC = 2
 FIX = ("this pyverbs build lays out its objects differently from the ones gdrprobe knows "
        "(rdma-core 44 to 64); please report the rdma-core version ('dpkg -l python3-pyverbs')")
+BUG_FIX = ("a bug in gdrprobe, not a fault of this node: please report it with the "
+           "rdma-core version ('dpkg -l python3-pyverbs')")
+
+
+def unknown_layout(cause: str, evidence: str = "") -> NotTestable:
+    """A pyverbs build gdrprobe cannot find the verbs objects in: gdrprobe's limitation."""
+    return NotTestable(f"not testable: gdrprobe cannot use this pyverbs: {cause}", FIX,
+                       evidence=evidence)
+
+
+def misused(cause: str) -> GdrprobeError:
+    """gdrprobe handed this module something it should not have: an internal error."""
+    return GdrprobeError(f"internal error: {cause}", BUG_FIX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,37 +68,37 @@ def has_pointer_properties(qp_class) -> bool:
 def layout_pointer(obj, expected_class) -> int:
     """The first C field after PyverbsCM's, after checking the object's type and size."""
     if not isinstance(obj, expected_class):
-        raise RdmaError(f"expected a pyverbs {expected_class.__name__}, got "
-                        f"{type(obj).__name__}", FIX)
+        raise misused(f"expected a pyverbs {expected_class.__name__}, got "
+                      f"{type(obj).__name__}")
     offset = verbs.pyverbs().base.PyverbsCM.__basicsize__
     try:
         pointer = _native.object_slot(obj, offset)
     except ValueError as error:
-        raise RdmaError(f"pyverbs {type(obj).__name__} is smaller than its pointer field", FIX,
-                        evidence=str(error)) from error
+        raise unknown_layout(f"pyverbs {type(obj).__name__} is smaller than its pointer field",
+                             str(error)) from error
     if not pointer:
-        raise RdmaError(f"pyverbs {type(obj).__name__} holds no verbs object (closed?)", FIX)
+        raise misused(f"pyverbs {type(obj).__name__} holds no verbs object (closed?)")
     return pointer
 
 
 def locate(obj, expected_class, attribute: str, modern: bool) -> tuple[int, str]:
     """(pointer, route): the integer property where this pyverbs has one, else the layout."""
     if not isinstance(obj, expected_class):
-        raise RdmaError(f"expected a pyverbs {expected_class.__name__}, got "
-                        f"{type(obj).__name__}", FIX)
+        raise misused(f"expected a pyverbs {expected_class.__name__}, got "
+                      f"{type(obj).__name__}")
     if modern and hasattr(type(obj), attribute):
         return int(getattr(obj, attribute)), "property"
     return layout_pointer(obj, expected_class), "layout"
 
 
 def read_fields(reader, pointer: int, what: str) -> dict:
-    """What reader (qp_fields, cq_fields) finds at pointer; RdmaError where the pointer
-    does not lead to readable memory."""
+    """What reader (qp_fields, cq_fields) finds at pointer; :func:`unknown_layout` where
+    the pointer does not lead to readable memory."""
     try:
         return reader(pointer)
     except OSError as error:
-        raise RdmaError(f"the located {what} is not readable memory", FIX,
-                        evidence=str(error)) from error
+        raise unknown_layout(f"the located {what} is not readable memory",
+                             str(error)) from error
 
 
 def check_qp(pointer: int, qp, cq_pointer: int) -> None:
@@ -87,18 +106,18 @@ def check_qp(pointer: int, qp, cq_pointer: int) -> None:
     expected = {"qp_num": qp.qp_num, "qp_type": IBV_QPT_RC}
     found = {"qp_num": fields["qp_num"], "qp_type": fields["qp_type"]}
     if found != expected:
-        raise RdmaError("the located ibv_qp does not match its pyverbs QP", FIX,
-                        evidence=f"pyverbs says {expected}, the pointer holds {found}")
+        raise unknown_layout("the located ibv_qp does not match its pyverbs QP",
+                             f"pyverbs says {expected}, the pointer holds {found}")
     if fields["send_cq"] != cq_pointer:
-        raise RdmaError("the located ibv_qp does not use the located ibv_cq", FIX,
-                        evidence=f"send_cq 0x{fields['send_cq']:x}, CQ 0x{cq_pointer:x}")
+        raise unknown_layout("the located ibv_qp does not use the located ibv_cq",
+                             f"send_cq 0x{fields['send_cq']:x}, CQ 0x{cq_pointer:x}")
 
 
 def check_cq(pointer: int, cq) -> None:
     fields = read_fields(_native.cq_fields, pointer, "ibv_cq")
     if fields["cqe"] != cq.cqe or not fields["context"]:
-        raise RdmaError("the located ibv_cq does not match its pyverbs CQ", FIX,
-                        evidence=f"pyverbs cqe {cq.cqe}, the pointer holds {fields['cqe']}")
+        raise unknown_layout("the located ibv_cq does not match its pyverbs CQ",
+                             f"pyverbs cqe {cq.cqe}, the pointer holds {fields['cqe']}")
 
 
 def pd_pointer(pd) -> int:
@@ -111,9 +130,9 @@ def pd_pointer(pd) -> int:
     pointer, _ = locate(pd, pv.pd.PD, "pd", has_pointer_properties(pv.qp.QP))
     fields = read_fields(_native.pd_fields, pointer, "ibv_pd")
     if fields["handle"] != pd.handle or not fields["context"]:
-        raise RdmaError("the located ibv_pd does not match its pyverbs PD", FIX,
-                        evidence=f"pyverbs handle {pd.handle}, the pointer holds "
-                                 f"{fields['handle']} (context 0x{fields['context']:x})")
+        raise unknown_layout("the located ibv_pd does not match its pyverbs PD",
+                             f"pyverbs handle {pd.handle}, the pointer holds "
+                             f"{fields['handle']} (context 0x{fields['context']:x})")
     return pointer
 
 

@@ -202,3 +202,4 @@ class NodeCheckReport:
     time_budget_s: float | None
     elapsed_s: float
     exit_code: int                 # the worst of the GPUs' (a drain code before a warn code)
+    memlock: str = ""              # how the locked-memory limit fitted the checks ("": as asked)

@@ -132,6 +132,7 @@ def node_line(check: NodeGpuCheck) -> str:
 def render_node_check(report: NodeCheckReport) -> str:
     budget = f" of a {report.time_budget_s:g} s budget" if report.time_budget_s else ""
     return "\n".join([node_line(check) for check in report.gpus]
+                     + ([f"memlock: {report.memlock}"] if report.memlock else [])
                      + [f"node: {len(report.gpus)} GPU(s) in {report.elapsed_s:.1f} s{budget}; "
                         f"exit {report.exit_code}: {SCHEDULER_ACTION[report.exit_code]}"])
 

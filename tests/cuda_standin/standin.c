@@ -95,6 +95,7 @@ static void default_attributes(void)
 }
 
 static void apply_environment(void);
+void standin_set_devices(int count);
 
 __attribute__((constructor)) static void standin_load(void)
 {
@@ -208,6 +209,10 @@ static void attribute_setting(const char *key, int value) { standin_set_attribut
  * GDRPROBE_STANDIN_DMABUF_EXPORT   short: a faulty driver whose dma-buf is one page shorter
  *                              than the range asked (where the lab's exporter makes real
  *                              dma-bufs): registering the range runs past its end
+ * GDRPROBE_STANDIN_DEVICES     how many GPUs the driver lists (0 to MAX_DEVICES; default 1),
+ *                              device d at bus 0000:3b+d:00.0: fewer than a test's sysfs
+ *                              lists is a GPU lost to CUDA; 0 makes cuInit return
+ *                              CUDA_ERROR_NO_DEVICE
  */
 static void apply_environment(void)
 {
@@ -228,9 +233,14 @@ static void apply_environment(void)
         pcie_mapping_refused = strcmp(text, "refused") == 0;
     if ((text = getenv("GDRPROBE_STANDIN_DMABUF_EXPORT")))
         export_short = strcmp(text, "short") == 0;
+    if ((text = getenv("GDRPROBE_STANDIN_DEVICES")))
+        standin_set_devices(atoi(text));
 }
 
-void standin_set_devices(int count) { device_count = count; }
+void standin_set_devices(int count)
+{
+    device_count = count < 0 ? 0 : count > MAX_DEVICES ? MAX_DEVICES : count;
+}
 void standin_set_driver_version(int version) { driver_version = version; }
 void standin_set_alloc_offset(size_t offset) { alloc_offset = offset; }
 
@@ -445,6 +455,19 @@ static CUresult cuDeviceGetName_(char *name, int length, CUdevice device)
     if (!valid_device(device))
         return INVALID_DEVICE;
     snprintf(name, (size_t)length, "gdrprobe stand-in driver %d (not a GPU)", device);
+    return SUCCESS;
+}
+
+/* What the doctor records of each GPU (gdrprobe.memory.cuda.device_facts). */
+static CUresult cuDeviceTotalMem_(size_t *bytes, CUdevice device)
+{
+    ENTER("cuDeviceTotalMem");
+    NEEDS_INIT();
+    if (!bytes)
+        return INVALID_VALUE;
+    if (!valid_device(device))
+        return INVALID_DEVICE;
+    *bytes = (size_t)80 << 30;
     return SUCCESS;
 }
 
@@ -718,6 +741,7 @@ static const struct entry entries[] = {
     {"cuDeviceGet", (void *)cuDeviceGet_},
     {"cuDeviceGetName", (void *)cuDeviceGetName_},
     {"cuDeviceGetPCIBusId", (void *)cuDeviceGetPCIBusId_},
+    {"cuDeviceTotalMem", (void *)cuDeviceTotalMem_},
     {"cuDeviceGetByPCIBusId", (void *)cuDeviceGetByPCIBusId_},
     {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute_},
     {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain_},

@@ -18,7 +18,8 @@ import pytest
 
 from gdrprobe import _native
 from gdrprobe.errors import (ExitCode, GdrprobeError, GpuOutOfMemory, GpuUnusable, NotTestable,
-                             UsageError)
+                             RegistrationFailed, UsageError)
+from gdrprobe.memory.causes import DMABUF_EXPORT_REFUSED
 from gdrprobe.memory import cuda
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, StagedGpuMemory
 from tests.cuda_standin.conftest import error_of, real_driver_present
@@ -280,14 +281,29 @@ def test_start_up_results_name_their_cause(standin, result, error_class, cause_w
     cuda.driver()        # the next attempt starts the driver: failures are not cached
 
 
-@pytest.mark.parametrize("result", ["CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"])
-def test_a_refused_dmabuf_export_means_the_mechanism_is_not_available(standin, gpu, result):
+@pytest.mark.parametrize("result", ["CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE",
+                                    "CUDA_ERROR_UNKNOWN"])
+def test_a_refused_dmabuf_export_is_a_refused_dmabuf_registration(standin, gpu, result):
+    """The GPU says it can export (DMA_BUF_SUPPORTED=1) and the driver refuses: NCCL makes
+    the same call and gives up (net.cc CUCHECK), so the DMA-BUF registration failed."""
     standin.fail("cuMemGetHandleForAddressRange", int(getattr(cuda.import_driver().CUresult,
                                                                result)))
-    with gpu.allocate("device", 4096) as buffer, pytest.raises(NotTestable) as raised:
+    with gpu.allocate("device", 4096) as buffer, pytest.raises(RegistrationFailed) as raised:
         gpu.export_dmabuf(buffer.ptr, 4096, pcie_mapping=False)
-    assert "DMA-BUF" in raised.value.cause and result in raised.value.cause
+    error = raised.value
+    assert "refused to export the GPU memory as DMA-BUF" in error.cause
+    assert f"returned {result}" in error.cause
+    assert (error.mechanism, error.error_code) == ("dmabuf", DMABUF_EXPORT_REFUSED)
+    assert not isinstance(error, NotTestable)
+
+
+def test_a_gpu_that_cannot_export_is_not_asked_and_stays_not_testable(standin):
+    standin.set_attribute(124, 0)
+    with cuda.open_gpu("0") as gpu, gpu.allocate("device", 4096) as buffer, \
+            pytest.raises(NotTestable) as raised:
+        gpu.export_dmabuf(buffer.ptr, 4096)
     assert raised.value.exit_code == ExitCode.NOT_TESTABLE
+    assert standin.calls("cuMemGetHandleForAddressRange") == 0
 
 
 # ---- load-time outcomes: each in a fresh interpreter -----------------------------------

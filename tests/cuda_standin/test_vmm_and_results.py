@@ -140,15 +140,18 @@ def test_the_compute_mode_attribute_follows_the_environment():
     assert run_fresh(code, base_env=configured(compute_mode="exclusive-process")) == 3
 
 
-def test_a_platform_that_refuses_the_pcie_mapping_makes_dmabuf_not_testable():
+def test_a_platform_that_refuses_the_pcie_mapping_refuses_the_dmabuf_registration():
+    """NCCL asks for the PCIe mapping where it exports so (net.cc
+    getHandleForAddressRangeFlags) and gives up when the export fails: not engaged."""
     code = ("from gdrprobe.memory import cuda\n"
             "    with cuda.open_gpu('0') as gpu, gpu.allocate('device', 4096, 'vmm') as b:\n"
             "        gpu.export_dmabuf(b.ptr, 4096, pcie_mapping=True)")
     outcome = error_of(code, base_env=configured(pcie_mapping="refused"))
     if outcome != "no error" and "lacks the flag" in outcome["cause"]:
         pytest.skip("these bindings lack the PCIe mapping flag")
-    assert outcome["kind"] == "NotTestable" and "with the PCIe mapping" in outcome["cause"]
-    assert "CUDA_ERROR_NOT_SUPPORTED" in outcome["cause"]
+    assert outcome["kind"] == "RegistrationFailed" and outcome["exit_code"] == ExitCode.RDMA
+    assert "with the PCIe mapping returned CUDA_ERROR_NOT_SUPPORTED" in outcome["cause"]
+    assert "drop --dmabuf-pcie" in outcome["fix"]
 
 
 def test_vmm_attributes_and_driver_version_come_from_the_environment():
@@ -164,3 +167,64 @@ def test_vmm_attributes_and_driver_version_come_from_the_environment():
 
 def test_not_testable_is_never_the_answer_for_a_node_fault():
     assert not issubclass(GpuUnusable, NotTestable)
+
+
+# ---- GPUs the PCI bus has and CUDA lost: the stand-in's answer against a fixture sysfs ---
+
+LOST_GPUS = """
+from gdrprobe.doctor.checks import gpu
+from gdrprobe.doctor.facts.context import DoctorContext, collect_cuda_facts
+from gdrprobe.sysroot import SysRoot
+ctx = DoctorContext(SysRoot({root!r}), environ={{}})
+ctx.cuda_facts = collect_cuda_facts()
+fault = gpu.cuda_gpu_fault(ctx)
+outcome = dict(result=ctx.cuda_facts.get("result"), fault=None if fault is None else dict(
+    kind=type(fault).__name__, cause=fault.cause, evidence=fault.evidence,
+    exit_code=int(fault.exit_code)))
+"""
+STANDIN_GPUS = ("0000:3b:00.0", "0000:3c:00.0")     # the stand-in's devices 0 and 1
+
+
+def lost_gpus(tmp_path, gpus_in_sysfs: int, **settings) -> dict:
+    """The stand-in configured by settings, against a sysfs with that many of its GPUs."""
+    from tests.unit.doctor.machines import SysfsTree
+
+    tree = SysfsTree(tmp_path)
+    host = tree.host_bridge(0x3A)
+    for bus_id in STANDIN_GPUS[:gpus_in_sysfs]:
+        tree.gpu(host, bus_id)
+    return run_fresh(LOST_GPUS.format(root=str(tmp_path)), base_env=configured(**settings))
+
+
+@pytest.mark.parametrize("failing, result", [
+    ("cuInit=100", "CUDA_ERROR_NO_DEVICE"), ("cuInit=304", "CUDA_ERROR_OPERATING_SYSTEM"),
+    ("cuInit=999", "CUDA_ERROR_UNKNOWN")])
+def test_cuinit_failing_while_sysfs_lists_gpus_is_a_gpu_no_job_can_use(tmp_path, failing,
+                                                                        result):
+    outcome = lost_gpus(tmp_path, 2, fail=failing)
+    fault = outcome["fault"]
+    assert outcome["result"] == result
+    assert (fault["kind"], fault["exit_code"]) == ("GpuUnusable", ExitCode.GPU_UNUSABLE)
+    assert fault["evidence"] == ("sysfs: 2 NVIDIA GPU(s) (0000:3b:00.0, 0000:3c:00.0); "
+                                 f"CUDA: cuInit(0) returned {result}")
+
+
+def test_a_driver_that_lists_no_gpu_while_sysfs_has_one_is_a_lost_gpu(tmp_path):
+    fault = lost_gpus(tmp_path, 1, devices="0")["fault"]
+    assert "cuInit(0) returned CUDA_ERROR_NO_DEVICE" in fault["cause"]
+
+
+def test_a_driver_that_lists_fewer_gpus_than_sysfs_names_the_lost_one(tmp_path):
+    fault = lost_gpus(tmp_path, 2, devices="1")["fault"]
+    assert fault["exit_code"] == ExitCode.GPU_UNUSABLE
+    assert "CUDA lists 1 of the 2 NVIDIA GPUs sysfs lists: 0000:3c:00.0 is lost" in \
+        fault["cause"]
+    assert "cuDeviceGetCount() = 1 (0000:3b:00.0)" in fault["evidence"]
+
+
+@pytest.mark.parametrize("gpus_in_sysfs, settings", [(2, {"devices": "2"}),
+                                                     (0, {"fail": "cuInit=100"}),
+                                                     (0, {"fail": "cuInit=999"})])
+def test_no_gpu_is_lost_where_cuda_lists_them_all_or_sysfs_has_none(tmp_path, gpus_in_sysfs,
+                                                                     settings):
+    assert lost_gpus(tmp_path, gpus_in_sysfs, **settings)["fault"] is None

@@ -16,6 +16,9 @@ class FakeResult(enum.IntEnum):
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_NO_DEVICE = 100
+    CUDA_ERROR_OPERATING_SYSTEM = 304
+    CUDA_ERROR_NOT_SUPPORTED = 801
+    CUDA_ERROR_UNKNOWN = 999
 
 
 class CUdevice_attribute(enum.IntEnum):
@@ -91,7 +94,9 @@ class FakeDriver:
         for number in unknown:
             del self.attributes[number]
         self.name, self.bus_id, self.version = name, bus_id, driver_version
-        self.fail = set(fail)
+        # The calls that fail: a set of names (CUDA_ERROR_INVALID_VALUE), or name -> result.
+        self.fail = (dict(fail) if isinstance(fail, dict)
+                     else dict.fromkeys(fail, FakeResult.CUDA_ERROR_INVALID_VALUE))
         self.live = {}              # address -> (mapped length, kind)
         self.calls = []
         self.retained = 0
@@ -99,7 +104,7 @@ class FakeDriver:
     def _result(self, name, value=None):
         self.calls.append(name)
         if name in self.fail:
-            return (FakeResult.CUDA_ERROR_INVALID_VALUE, None)
+            return (self.fail[name], None)
         return self.OK if value is None else (FakeResult.CUDA_SUCCESS, value)
 
     def cuInit(self, flags):

@@ -11,7 +11,7 @@ from gdrprobe import defaults
 from gdrprobe.errors import CudaError, UsageError
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory
 from gdrprobe.memory.spec import MemorySpec
-from tests.unit.fake_cuda import FakeDriver, fake_gpu
+from tests.unit.fake_cuda import FakeDriver, FakeResult, fake_gpu
 
 VMM = {102: 1, 110: 1}     # VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, GPU_DIRECT_RDMA_WITH_CUDA_VMM
 STEPS = ["cuMemGetAllocationGranularity", "cuMemCreate", "cuMemAddressReserve", "cuMemMap",
@@ -94,7 +94,7 @@ def test_a_failed_step_frees_what_came_before(failing):
 def test_a_failed_free_still_frees_the_rest_and_says_so():
     driver, gpu = fake_gpu(attributes=VMM)
     buffer = gpu.allocate("device", 4096, "vmm")
-    driver.fail = {"cuMemUnmap"}
+    driver.fail = {"cuMemUnmap": FakeResult.CUDA_ERROR_INVALID_VALUE}
     with pytest.raises(CudaError, match="cuMemUnmap"):
         buffer.close()
     assert memory_calls(driver)[-3:] == UNDO and driver.live == {}

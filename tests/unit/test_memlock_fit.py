@@ -4,8 +4,11 @@ fit is refused before anything starts with the number it needs and how to raise 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import resource
+import threading
+import time
 
 import pytest
 
@@ -15,6 +18,7 @@ from gdrprobe.campaign import memlock
 from gdrprobe.campaign.memlock import LockedMemory, fit_to_memlock, locked_memory, pinned_bytes
 from gdrprobe.errors import ExitCode, ResourceLimit
 from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.report.check_text import render_node_check
 from gdrprobe.sysroot import SysRoot
 
 MiB = 1 << 20
@@ -132,3 +136,131 @@ def test_run_that_cannot_fit_is_refused_before_anything_starts(monkeypatch):
     monkeypatch.setattr(memlock, "locked_memory", lambda: STOCK)
     with pytest.raises(ResourceLimit, match="more than the locked-memory limit"):
         gdrprobe.run(loopback=True, size=8 * MiB)
+
+
+# ---- the node check: one process, every NIC, one limit ---------------------------------
+
+CHECK = ProbeOptions(sizes=(defaults.A_B_SIZE,), qps=defaults.CHECK_QPS)
+
+
+def test_eight_nics_checked_at_once_as_they_are_pin_far_more_than_the_stock_limit():
+    """What the issue saw: each loopback check pins two 5 MiB buffers and the queues."""
+    assert 8 * pinned_bytes(CHECK, 2) == 112 * MiB
+
+
+@pytest.mark.parametrize("memory", [LockedMemory(soft=math.inf, hard=math.inf),
+                                    LockedMemory(soft=MiB, hard=MiB, exempt=True),
+                                    LockedMemory(soft=112 * MiB, hard=112 * MiB)])
+def test_a_node_check_that_fits_runs_every_nic_at_once_as_asked(memory):
+    assert memlock.fit_node_to_memlock(CHECK, 2, 8, memory) == memlock.NodeFit(CHECK, 8)
+
+
+def test_a_node_check_shares_the_limit_with_fewer_slots_per_nic():
+    fit = memlock.fit_node_to_memlock(CHECK, 2, 8, LockedMemory(64 * MiB, 64 * MiB))
+    assert fit.at_once == 8 and 8 * pinned_bytes(fit.options, 2) <= 64 * MiB
+    assert fit.options.slots(defaults.A_B_SIZE) == 1 < CHECK.slots(defaults.A_B_SIZE) == 4
+    assert "holds 1 integrity slots of 1048576 B per end instead of 4 in each NIC's check" \
+        in fit.note
+    assert "NICs' checks at a time" not in fit.note
+
+
+def test_at_the_stock_limit_the_nics_take_turns_and_the_node_never_pins_more():
+    fit = memlock.fit_node_to_memlock(CHECK, 2, 8, STOCK)
+    assert fit.at_once == 1 and pinned_bytes(fit.options, 2) <= 8 * MiB
+    assert "1 of the 8 NICs' checks at a time (the others take their turn)" in fit.note
+    assert "the node check at most 8.0 MiB of the 8.0 MiB this process may pin" in fit.note
+    two = memlock.fit_node_to_memlock(CHECK, 2, 8, LockedMemory(20 * MiB, 20 * MiB))
+    assert two.at_once == 2 and 2 * pinned_bytes(two.options, 2) <= 20 * MiB
+
+
+def test_against_a_server_a_node_check_pins_one_end_per_nic():
+    fit = memlock.fit_node_to_memlock(CHECK, 1, 8, LockedMemory(48 * MiB, 48 * MiB))
+    assert fit.at_once == 8 and 8 * pinned_bytes(fit.options, 1) <= 48 * MiB
+
+
+def test_a_limit_that_holds_not_even_one_check_is_refused_with_the_number():
+    with pytest.raises(ResourceLimit, match="this run pins 8.0 MiB of host memory"):
+        memlock.fit_node_to_memlock(CHECK, 2, 8, LockedMemory(6 * MiB, 6 * MiB))
+
+
+def test_lanes_keep_each_nics_gpus_together_and_balance_the_rest():
+    from gdrprobe.campaign.node import in_lanes
+
+    groups = [["a0", "a1"], ["b0"], ["c0", "c1", "c2"], ["d0"]]
+    assert in_lanes(groups, 2) == [["c0", "c1", "c2", "d0"], ["a0", "a1", "b0"]]
+    assert in_lanes(groups, 1) == [["c0", "c1", "c2", "a0", "a1", "b0", "d0"]]
+    assert sorted(map(tuple, in_lanes(groups, 8))) == sorted(map(tuple, groups))
+
+
+class Concurrency:
+    """A node check's GPU check that records the options it got and how many ran at once."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+        self.options, self.budgets = [], []
+
+    def __call__(self, pair, facts, gate, budget, environ):
+        from gdrprobe.report.check import CheckReport, Verdict
+        from tests.unit.test_ab import SETTINGS
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.options.append(gate.options)
+            self.budgets.append(budget.seconds)
+        time.sleep(0.01)         # long enough for another NIC's thread to start, if it may
+        with self.lock:
+            self.running -= 1
+        return CheckReport(Verdict("engaged"), (), SETTINGS, 1, placement=pair)
+
+
+def eight_nic_node():
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
+
+    buses = tuple(f"0000:{bus:02x}:00.0" for bus in range(0x10, 0x18))
+    return MachineFacts(GpuFacts(buses, buses),
+                        {bus: NicChoice(f"mlx5_{i}", "NCCL's choice") for i, bus in enumerate(buses)})
+
+
+def test_check_node_at_the_stock_limit_checks_every_gpu_one_nic_at_a_time():
+    from gdrprobe.campaign import node
+    from gdrprobe.campaign.gate import Budget
+    from tests.unit.test_prelaunch import GATE
+
+    recorder = Concurrency()
+    report = node.check_node(eight_nic_node(), GATE, Budget(80.0), {}, recorder, STOCK)
+    assert [check.exit_code for check in report.gpus] == [0] * 8
+    assert recorder.most == 1
+    assert {pinned_bytes(options, 2) for options in recorder.options} == {8 * MiB}
+    assert recorder.budgets[0] == pytest.approx(10.0, abs=1.0)     # an eighth of 80 s, first
+    assert "1 of the 8 NICs' checks at a time" in report.memlock
+    assert report.memlock in render_node_check(report)
+
+
+def test_check_node_with_room_runs_the_nics_at_once_and_says_nothing():
+    from gdrprobe.campaign import node
+    from gdrprobe.campaign.gate import Budget
+    from tests.unit.test_prelaunch import GATE
+
+    recorder = Concurrency()
+    report = node.check_node(eight_nic_node(), GATE, Budget(None), {}, recorder,
+                             LockedMemory(math.inf, math.inf))
+    assert set(recorder.options) == {GATE.options} and report.memlock == ""
+
+
+def test_check_at_the_stock_limit_runs_sized_to_it(monkeypatch):
+    """gdrprobe.check() as a non-root user at 8 MiB: its loopback A/B fits, not exit 8."""
+    from gdrprobe.campaign import machine, prelaunch
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts
+
+    asked = []
+    monkeypatch.setattr(machine, "machine_facts",
+                        lambda: MachineFacts(GpuFacts(("0000:3b:00.0",), ("0000:3b:00.0",)), {}))
+    monkeypatch.setattr(memlock, "locked_memory", lambda: STOCK)
+    monkeypatch.setattr(prelaunch, "check_pair",
+                        lambda pair, facts, gate, budget, environ: asked.append(gate.options))
+    gdrprobe.check(gpu="0", device="mlx5_0")
+    (options,) = asked
+    assert pinned_bytes(options, 2) <= 8 * MiB < pinned_bytes(dataclasses.replace(
+        options, integrity_bytes=defaults.INTEGRITY_CAP_BYTES), 2)

@@ -12,11 +12,12 @@ import pytest
 
 from gdrprobe import _native
 from gdrprobe.memory import cuda
-from gdrprobe.errors import CudaError, ExitCode, GpuOutOfMemory, NotTestable, UsageError
+from gdrprobe.errors import (CudaError, ExitCode, GpuOutOfMemory, NotTestable,
+                             RegistrationFailed, UsageError)
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, StagedGpuMemory, choose_mechanism
 from gdrprobe.memory.nic_probe import NicDmaBufSupport, interpret_nic_probe
-from gdrprobe.memory.causes import REGISTRATION_CAUSES, registration_cause
+from gdrprobe.memory.causes import DMABUF_EXPORT_REFUSED, REGISTRATION_CAUSES, registration_cause
 from gdrprobe.memory.nic_probe import OLD_PYVERBS, dmabuf_mr
 from tests.unit.fake_cuda import FakeDriver, FakeResult, fake_gpu
 from tests.unit.machine import no_cuda_driver_only
@@ -361,12 +362,28 @@ def test_an_entry_point_the_driver_lacks_is_not_testable_by_name():
     assert "has no cuMemGetHandleForAddressRange" in raised.value.cause
 
 
-def test_a_refused_export_means_the_dmabuf_mechanism_is_not_available_here():
+def test_an_export_refused_by_a_gpu_that_can_export_is_a_refused_dmabuf_registration():
+    """NCCL exports its buffers with the same call and gives up when it fails (net.cc
+    CUCHECK): the DMA-BUF registration failed, not "not testable"."""
     driver, gpu = fake_gpu(fail={"cuMemGetHandleForAddressRange"})
+    with gpu.alloc_device(4096) as buffer, pytest.raises(RegistrationFailed) as raised:
+        gpu.export_dmabuf(buffer.ptr, 4096)
+    error = raised.value
+    assert (error.mechanism, error.error_code) == ("dmabuf", DMABUF_EXPORT_REFUSED)
+    assert error.exit_code == ExitCode.RDMA and not isinstance(error, NotTestable)
+    assert "the GPU driver refused to export the GPU memory as DMA-BUF" in error.cause
+    assert "returned CUDA_ERROR_INVALID_VALUE" in error.cause
+    assert "NCCL_DMABUF_ENABLE=0" in error.fix
+
+
+def test_a_gpu_that_cannot_export_stays_not_testable():
+    """NCCL does not use DMA-BUF on a GPU whose DMA_BUF_SUPPORTED is 0 (init.cc
+    dmaBufSupported): nothing is exported, and that says nothing against the node."""
+    driver, gpu = fake_gpu(attributes={124: 0})
     with gpu.alloc_device(4096) as buffer, pytest.raises(NotTestable) as raised:
         gpu.export_dmabuf(buffer.ptr, 4096)
-    assert "will not export this GPU memory as DMA-BUF" in raised.value.cause
-    assert "CUDA_ERROR_INVALID_VALUE" in raised.value.cause and "peermem" in raised.value.fix
+    assert "cannot export DMA-BUF" in raised.value.cause
+    assert "cuMemGetHandleForAddressRange" not in driver.calls
 
 
 def test_a_missing_gpu_is_a_usage_error_but_other_results_are_not():

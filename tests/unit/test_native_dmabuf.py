@@ -12,7 +12,7 @@ import types
 import pytest
 
 from gdrprobe import _native
-from gdrprobe.errors import RdmaError
+from gdrprobe.errors import ExitCode, GdrprobeError, NotTestable
 from gdrprobe.rdma import dmabuf, handles, verbs
 
 
@@ -67,12 +67,13 @@ def test_the_pd_pointer_is_checked_against_pyverbs_own_handle(monkeypatch):
     fake_pyverbs(monkeypatch)
     struct = IbvPd(context=0x5000, handle=3)
     assert handles.pd_pointer(FakePD(struct, 3)) == ctypes.addressof(struct)
-    with pytest.raises(RdmaError, match="does not match its pyverbs PD"):
+    with pytest.raises(NotTestable, match="does not match its pyverbs PD"):
         handles.pd_pointer(FakePD(struct, 4))
-    with pytest.raises(RdmaError, match="does not match its pyverbs PD"):
+    with pytest.raises(NotTestable, match="does not match its pyverbs PD"):
         handles.pd_pointer(FakePD(IbvPd(context=0, handle=3), 3))     # no context
-    with pytest.raises(RdmaError, match="expected a pyverbs FakePD, got object"):
+    with pytest.raises(GdrprobeError, match="expected a pyverbs FakePD, got object") as raised:
         handles.pd_pointer(object())
+    assert raised.value.exit_code == ExitCode.INTERNAL
 
 
 def test_without_ibv_reg_dmabuf_mr_the_answer_is_eopnotsupp_as_nccls(monkeypatch):

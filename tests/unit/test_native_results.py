@@ -12,7 +12,7 @@ import types
 import pytest
 
 from gdrprobe import _native
-from gdrprobe.errors import CompletionError, PeerError, RdmaError
+from gdrprobe.errors import CompletionError, ExitCode, GdrprobeError, PeerError, RdmaError
 from gdrprobe.measure import loops
 from gdrprobe.report.model import Integrity
 
@@ -69,6 +69,9 @@ def test_the_loops_return_typed_results():
     assert isinstance(result, _native.LatencyLoopResult)
     assert _native.STATUS_NAMES[result.status] == "bad loop configuration"
     assert result.round_trip is None
+    with pytest.raises(GdrprobeError, match="refused its configuration") as raised:
+        loops.check_status(result, "the round", 10.0)
+    assert raised.value.exit_code == ExitCode.INTERNAL          # gdrprobe's bug, not a drain
 
 
 def test_staging_time_is_charged_to_the_row_not_written_into_the_result():

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from gdrprobe import _native
-from gdrprobe.errors import RdmaError
+from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GdrprobeError, NotTestable
 from gdrprobe.rdma import handles
 
 # Addresses no readable memory lies at: the NULL page, a mapping just unmapped (a dangling
@@ -53,10 +53,12 @@ for reader in (_native.qp_fields, _native.cq_fields):
                                     for name in ("null", "unmapped", "guard page")]
 
 
-def test_checking_a_bogus_handle_is_an_rdma_error_naming_the_fix():
+def test_checking_a_bogus_handle_is_not_testable_naming_the_fix():
+    """A layout gdrprobe does not know is gdrprobe's limitation: exit 9 (warn), never the
+    drain of a failed verbs call (6)."""
     out = run_isolated(BOGUS_POINTERS + """
 from types import SimpleNamespace
-from gdrprobe.errors import RdmaError
+from gdrprobe.errors import NotTestable
 from gdrprobe.rdma import handles
 
 for name, pointer in BOGUS.items():
@@ -64,19 +66,21 @@ for name, pointer in BOGUS.items():
                   lambda: handles.check_cq(pointer, SimpleNamespace(cqe=16))):
         try:
             check()
-        except RdmaError as error:
-            print(error.cause, "|", error.fix == handles.FIX)
+        except NotTestable as error:
+            print(error.cause, "|", error.fix == handles.FIX, int(error.exit_code))
 """)
-    assert out.count("is not readable memory | True") == 6
+    assert out.count("is not readable memory | True 9") == 6
     assert out.count("the located ibv_qp") == 3 and out.count("the located ibv_cq") == 3
 
 
 def test_a_readable_pointer_with_the_wrong_contents_does_not_match():
     zeros = ctypes.create_string_buffer(1024)
     address = ctypes.addressof(zeros)
-    with pytest.raises(RdmaError, match="ibv_qp does not match its pyverbs QP"):
+    with pytest.raises(NotTestable, match="ibv_qp does not match its pyverbs QP") as raised:
         handles.check_qp(address, types.SimpleNamespace(qp_num=7), 0x1000)
-    with pytest.raises(RdmaError, match="ibv_cq does not match its pyverbs CQ"):
+    assert raised.value.exit_code == ExitCode.NOT_TESTABLE
+    assert raised.value.cause.startswith("not testable: gdrprobe cannot use this pyverbs")
+    with pytest.raises(NotTestable, match="ibv_cq does not match its pyverbs CQ"):
         handles.check_cq(address, types.SimpleNamespace(cqe=16))
 
 
@@ -100,8 +104,15 @@ for offset in (1 << 40, -8, object.__basicsize__ - 7):
 def test_an_object_smaller_than_its_pointer_field_is_refused(monkeypatch):
     base = types.SimpleNamespace(PyverbsCM=types.SimpleNamespace(__basicsize__=1 << 20))
     monkeypatch.setattr(handles.verbs, "pyverbs", lambda: types.SimpleNamespace(base=base))
-    with pytest.raises(RdmaError, match="smaller than its pointer field"):
+    with pytest.raises(NotTestable, match="smaller than its pointer field"):
         handles.layout_pointer(object(), object)
+
+
+def test_an_object_of_the_wrong_kind_is_a_bug_in_gdrprobe_not_a_node_fault():
+    with pytest.raises(GdrprobeError, match="expected a pyverbs int, got object") as raised:
+        handles.layout_pointer(object(), int)
+    assert raised.value.exit_code == ExitCode.INTERNAL
+    assert SCHEDULER_ACTION[raised.value.exit_code] == "warn"
 
 
 def peek_through_pipe(address: int, length: int) -> tuple[int, bytes]:

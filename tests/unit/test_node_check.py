@@ -4,16 +4,21 @@ recorder, so nothing here opens a device."""
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
 
 from gdrprobe.campaign import node
 from gdrprobe.campaign.gate import Budget, GpuFacts, MachineFacts, NicChoice
+from gdrprobe.campaign.memlock import LockedMemory
 from gdrprobe.errors import CudaError, ExitCode
 from gdrprobe.report.check import CheckReport, Verdict
 from gdrprobe.report.check_text import render_node_check
 from tests.unit.test_ab import SETTINGS
+from tests.unit.test_prelaunch import GATE
+
+UNLIMITED = LockedMemory(soft=math.inf, hard=math.inf)
 
 BUS = ("0000:1b:00.0", "0000:1d:00.0", "0000:3d:00.0", "0000:3f:00.0")
 # Two GPUs per NIC, as on an 8-GPU, 4-NIC node.
@@ -57,7 +62,7 @@ class Recorder:
 
 def test_nics_run_in_parallel_and_each_nic_one_check_at_a_time():
     recorder = Recorder()
-    report = node.check_node(FACTS, gate=None, budget=Budget(None), environ={}, check=recorder)
+    report = node.check_node(FACTS, GATE, Budget(None), {}, recorder, UNLIMITED)
     assert recorder.most_at_once == {"mlx5_0": 1, "mlx5_1": 1}
     assert [(check.gpu, check.nic, check.exit_code) for check in report.gpus] == [
         (BUS[0], "mlx5_0", 0), (BUS[1], "mlx5_0", 0), (BUS[2], "mlx5_1", 0),
@@ -67,7 +72,7 @@ def test_nics_run_in_parallel_and_each_nic_one_check_at_a_time():
 
 def test_the_gpus_of_one_nic_share_what_the_budget_has_left():
     recorder = Recorder()
-    node.check_node(FACTS, gate=None, budget=Budget(60.0), environ={}, check=recorder)
+    node.check_node(FACTS, GATE, Budget(60.0), {}, recorder, UNLIMITED)
     assert recorder.budgets[BUS[0]] == pytest.approx(30.0, abs=1.0)   # half of it, first
 
 
@@ -75,7 +80,7 @@ def test_the_node_exits_with_the_worst_gpu_and_an_error_is_one_gpus_answer():
     recorder = Recorder({BUS[1]: "not testable",
                          BUS[2]: CudaError("cuMemAlloc failed", "see dmesg"),
                          BUS[3]: ValueError("a bug")})
-    report = node.check_node(FACTS, gate=None, budget=Budget(None), environ={}, check=recorder)
+    report = node.check_node(FACTS, GATE, Budget(None), {}, recorder, UNLIMITED)
     codes = [check.exit_code for check in report.gpus]
     assert codes == [0, 9, int(CudaError.exit_code), int(ExitCode.INTERNAL)]
     assert report.exit_code == int(CudaError.exit_code)          # a drain before a warn
@@ -97,5 +102,5 @@ def test_a_node_without_a_gpu_checks_ordinal_0_so_its_answer_says_why():
     empty = MachineFacts(GpuFacts(None, (), "no CUDA driver"), {})
     recorder = Recorder({"0": "not testable"})
     recorder.barrier = threading.Barrier(1)
-    report = node.check_node(empty, gate=None, budget=Budget(None), environ={}, check=recorder)
+    report = node.check_node(empty, GATE, Budget(None), {}, recorder, UNLIMITED)
     assert [(check.gpu, check.exit_code) for check in report.gpus] == [("0", 9)]

@@ -266,3 +266,18 @@ def test_a_nic_whose_verbs_node_sysfs_does_not_name_stays_a_candidate(tmp_path):
 
     nccl_machines.shared_switch(tmp_path, nics=2)          # no infiniband_verbs entries at all
     assert nccl_nics(tmp_path)[0] == "mlx5_0"
+
+
+def test_a_peer_with_another_qp_count_is_the_peers_not_a_failed_verbs_call(monkeypatch):
+    """Both ends build their QPs from one run's options: a peer that did not is a peer
+    error (5, warn), never the drain of a failed verbs call (6)."""
+    from gdrprobe.errors import PeerError
+    from gdrprobe.rdma import endpoint, verbs as verbs_module
+
+    monkeypatch.setattr(verbs_module, "pyverbs", lambda: None)
+    side = object.__new__(endpoint.Endpoint)
+    side.qps = [object(), object()]
+    peer = endpoint.EndpointAddress("fe80::1", 0, 0, 4096, qp_numbers=(7,), psns=(1,))
+    with pytest.raises(PeerError, match="the peer has 1 QPs, this side 2") as raised:
+        side.connect(peer)
+    assert raised.value.exit_code == ExitCode.PEER

@@ -212,11 +212,16 @@ class DoctorContext:
 
 def collect_cuda_facts(driver=None) -> dict[str, Any]:
     """:func:`gdrprobe.memory.cuda.gpu_inventory` as JSON-ready data, or ``{"error":
-    reason}`` when there is no driver to ask. ``driver`` replaces cuda-python's module in
+    reason}`` when there is no driver to ask, with ``"result"`` and ``"call"``: the
+    CUresult's name and the call that returned it, where the driver answered one
+    (:mod:`gdrprobe.memory.cuda_results`). ``driver`` replaces cuda-python's module in
     tests."""
     from gdrprobe.memory.cuda import gpu_inventory
 
     try:
         return gpu_inventory(driver)
     except GdrprobeError as error:
-        return {"error": "; ".join(part for part in (error.cause, error.evidence) if part)}
+        reason = "; ".join(part for part in (error.cause, error.evidence) if part)
+        result = getattr(error, "cuda_result", "")
+        answer = {"result": result, "call": error.cuda_call} if result else {}
+        return {"error": reason, **answer}
