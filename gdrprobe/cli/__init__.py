@@ -93,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()      # a closed pipe is met here, not at the interpreter's exit
         return code
     except UsageExit as refused:
-        json_error(args, argv, int(ExitCode.USAGE), refused.message, command=refused.prog)
+        try:
+            json_error(args, argv, int(ExitCode.USAGE), refused.message, command=refused.prog)
+        except BrokenPipeError:
+            raise SystemExit(closed_output()) from None
         raise
     except SystemExit:          # --help, --version
         if not flushed():

@@ -585,3 +585,20 @@ def test_a_plugin_whose_reader_went_away_prints_no_traceback(tmp_path):
     finally:
         os.close(writer)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_docs_table_of_what_each_exit_does_is_the_one_table_s():
+    """docs/operations.md says what each exit does in the gate, NPD and Prometheus; its rows
+    name exactly the codes errors.py gives each action."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in page.splitlines()
+            if line.startswith("| ") and "|" in line[2:]}
+
+    def codes(prefix: str) -> set[int]:
+        [cell] = [cell for cell in rows if cell.startswith(prefix)]
+        return {int(code) for code in re.findall(r"\b(\d+)\b", cell.split(":", 1)[1])}
+
+    assert codes("a drain code") == {int(c) for c in DRAIN_CODES}
+    assert codes("the check cannot run") == {int(c) for c in CANNOT_CHECK_CODES}
+    warnings = {int(row.code) for row in EXIT_CODES if row.action == WARN}
+    assert codes("a warning that says nothing") == warnings - {int(c) for c in CANNOT_CHECK_CODES}
