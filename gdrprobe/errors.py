@@ -27,7 +27,9 @@ class ExitCode(enum.IntEnum):
     GPU_UNUSABLE = 11        # every CUDA process fails on this GPU (fabric manager down, ...)
     INCONCLUSIVE = 12        # no answer now: the measurement straddles, or another job is busy
     INTERNAL = 70            # a bug in gdrprobe: sysexits.h's EX_SOFTWARE, "internal software error"
-    INTERRUPTED = 130        # Ctrl-C
+    INTERRUPTED = 130        # Ctrl-C: SIGINT, 128 + 2 as a shell reports it
+    BROKEN_PIPE = 141        # the output's reader went away: SIGPIPE, 128 + 13
+    TERMINATED = 143         # SIGTERM (a scheduler, kill): 128 + 15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +87,21 @@ EXIT_CODES = (
                 "process that is not the job's); it says nothing against the node", WARN),
     ExitCodeRow(ExitCode.INTERNAL, "an internal error: a bug in gdrprobe (the message says "
                 "where, and how to report it); it says nothing about the node", WARN),
-    ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM); everything was "
+    ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C: SIGINT); everything was "
                 "released", WARN),
+    ExitCodeRow(ExitCode.BROKEN_PIPE, "the reader of the output went away (a closed pipe: "
+                "output piped into `head` or `true`): the command stopped quietly, as a Unix "
+                "tool that SIGPIPE ends; it says nothing about the node", WARN),
+    ExitCodeRow(ExitCode.TERMINATED, "terminated (SIGTERM: a scheduler, `kill`, a container "
+                "stopping); everything was released", WARN),
 )
 SCHEDULER_ACTION = {int(row.code): row.action for row in EXIT_CODES}
 DRAIN_CODES = tuple(row.code for row in EXIT_CODES if row.action == DRAIN)
+# The warnings that say the check itself could not run (bad flags, a missing Python
+# dependency, a bug in gdrprobe): nothing against the node, but nothing checks it either
+# until an operator acts; deploy/ makes them seen (NPD's GdrprobeCheckProblem condition, the
+# alert GdrprobeCheckCannotRun), never silent.
+CANNOT_CHECK_CODES = (ExitCode.USAGE, ExitCode.MISSING_DEPENDENCY, ExitCode.INTERNAL)
 
 
 def exit_codes_markdown() -> str:

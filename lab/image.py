@@ -41,8 +41,11 @@ SOURCES = (f"deb http://deb.debian.org/debian {SUITE} main",
 # image built FROM this one can still extend with apt-get ("minbase" adds Priority:required).
 VARIANT = "apt"
 # What gdrprobe needs at run time. python3-pyverbs depends on rdma-core (and so udev) itself;
-# libibverbs1 and ibverbs-providers are named because the verbs path loads them directly.
-PACKAGES = ("python3", "python3-pyverbs", "libibverbs1", "ibverbs-providers", "rdma-core")
+# libibverbs1 and ibverbs-providers are named because the verbs path loads them directly;
+# python3-prometheus-client (0.16 in bookworm, gdrprobe[prometheus]'s floor) because the
+# node-problem-detector monitor in deploy/npd/ writes the check's metrics (--prometheus).
+PACKAGES = ("python3", "python3-pyverbs", "libibverbs1", "ibverbs-providers", "rdma-core",
+            "python3-prometheus-client")
 # Documentation is no use in a container; the copyright files (the licences) stay. dpkg(1),
 # --path-exclude and --path-include: the last matching option wins.
 DPKG_OPTIONS = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
@@ -249,9 +252,10 @@ def install_wheels(rootfs: str, wheels: list[str]) -> None:
     for wheel in wheels:
         step([INSTALLER[0], "-m", "installer", "--destdir", rootfs, wheel],
              f"installing {os.path.basename(wheel)} into the image")
-    # The smoke test: the image's own Python loads the native layer and pyverbs.
+    # The smoke test: the image's own Python loads the native layer, pyverbs and what the
+    # deploy/ monitors call (prometheus_client).
     step(["chroot", rootfs, "/usr/bin/python3", "-c",
-          "import gdrprobe._native, pyverbs.device, cuda.bindings.driver"],
+          "import gdrprobe._native, pyverbs.device, cuda.bindings.driver, prometheus_client"],
          "importing gdrprobe in the image")
     if not os.path.isfile(os.path.join(rootfs, ENTRYPOINT.lstrip("/"))):
         raise ImageError(f"the wheel installed no {ENTRYPOINT}: see [project.scripts]")

@@ -17,17 +17,58 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
+import signal
 import sys
+import threading
 import traceback
 
 from gdrprobe import __version__
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GdrprobeError
 
 
+class UsageExit(SystemExit):
+    """argparse's refusal of a command line (exit 2, as argparse exits), with its message, so
+    that :func:`main` can put it in the error document of ``--json``."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(int(ExitCode.USAGE))
+        self.prog = prog
+        self.message = message
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, refusing an argument a command does not take with that command's
+    usage (argparse's own names the top level's), and a perftest spelling with gdrprobe's
+    equivalent (:mod:`gdrprobe.cli.perftest`); a refusal is a :class:`UsageExit`."""
+
+    def parse_args(self, args=None, namespace=None):
+        from gdrprobe.cli.perftest import perftest_hint
+
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            hint = perftest_hint(extras)
+            self.command_parser(parsed).error(
+                f"unrecognized arguments: {' '.join(extras)}" + (f"\n  {hint}" if hint else ""))
+        return parsed
+
+    def command_parser(self, parsed) -> argparse.ArgumentParser:
+        """The parser of the command parsed (this one where there is none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(parsed, action.dest, None), self)
+        return self
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise UsageExit(self.prog, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gdrprobe.cli import bench, check, cluster, devices, doctor, nccl_log, run, serve
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gdrprobe",
         description="Prove whether GPUDirect RDMA is engaged, in one process.",
     )
@@ -39,34 +80,184 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit code. SIGTERM cleans up as Ctrl-C does, and exits 143 where Ctrl-C
+    exits 130; with --json an error prints its document on stdout too (cli.common); output
+    whose reader went away (a pipe into head) ends the command quietly with 141."""
+    args = None
+    INTERRUPTS.install()
     try:
         # Building the parser imports the commands; parsing may format a help text that
         # loads the native extension (common.Range): a failure there is a bug too.
         args = build_parser().parse_args(argv)
-        return int(args.handler(args))
+        code = INTERRUPTS.exit_code(int(args.handler(args)))
+        sys.stdout.flush()      # a closed pipe is met here, not at the interpreter's exit
+        return code
+    except UsageExit as refused:
+        try:
+            json_error(args, argv, int(ExitCode.USAGE), refused.message, command=refused.prog)
+        except BrokenPipeError:
+            raise SystemExit(closed_output()) from None
+        raise
+    except SystemExit:          # --help, --version
+        if not flushed():
+            raise SystemExit(closed_output()) from None
+        raise
+    except BrokenPipeError as error:
+        if output_closed():
+            return closed_output()
+        return failed(args, argv, ExitCode.INTERNAL, internal_error_message(error),
+                      internal_error_cause(error), where(error), REPORT_FIX)
     except GdrprobeError as error:
-        print(f"gdrprobe: error: {error}", file=sys.stderr)
-        return int(error.exit_code)
+        return failed(args, argv, INTERRUPTS.exit_code(int(error.exit_code)),
+                      f"gdrprobe: error: {error}", error.cause, error.evidence, error.fix,
+                      error=error)
     except KeyboardInterrupt:
-        print("gdrprobe: interrupted; everything was released", file=sys.stderr)
-        return int(ExitCode.INTERRUPTED)
+        return failed(args, argv, INTERRUPTS.exit_code(int(ExitCode.INTERRUPTED)),
+                      f"gdrprobe: {INTERRUPTS.what()}; everything was released",
+                      INTERRUPTS.what())
     except Exception as error:   # noqa: BLE001 - a bug must never read as a node fault
-        print(internal_error_message(error), file=sys.stderr)
-        return int(ExitCode.INTERNAL)
+        return failed(args, argv, ExitCode.INTERNAL, internal_error_message(error),
+                      internal_error_cause(error), where(error), REPORT_FIX)
+    finally:
+        INTERRUPTS.restore()
+
+
+def failed(args, argv, code: int, message: str, cause: str, evidence: str = "", fix: str = "",
+           error: GdrprobeError | None = None) -> int:
+    """An error's message on stderr and, with --json, its document on stdout; returns its
+    exit code (141 where the output is gone)."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+        json_error(args, argv, int(code), cause, evidence, fix, error=error)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return closed_output()
+    return int(code)
+
+
+def json_error(args, argv, code: int, cause: str, evidence: str = "", fix: str = "",
+               command: str = "", error: GdrprobeError | None = None) -> None:
+    """With --json (parsed, or on a command line argparse refused), the error's document
+    (:func:`gdrprobe.cli.common.print_error_document`)."""
+    wanted = getattr(args, "json", False) if args is not None else \
+        "--json" in (sys.argv[1:] if argv is None else argv)
+    if not wanted:
+        return
+    try:
+        from gdrprobe.cli.common import print_error_document
+    except ImportError:          # a broken install: the message on stderr is all there is
+        return
+    print_error_document(command or getattr(args, "command", "") or "", code, cause,
+                         evidence, fix, error=error)
+
+
+# ---- signals: SIGTERM as Ctrl-C, and a closed pipe -----------------------------------------
+
+
+class Interrupts:
+    """SIGTERM (a scheduler, kill, a container stopping) cleans up exactly as Ctrl-C does: it
+    is raised as KeyboardInterrupt wherever the command runs (measure/loops.py holds it
+    while a loop must finish). Which of the two came decides the exit code, 128 + the
+    signal's number as a shell reports a command the signal ended: 130 for SIGINT, 143 for
+    SIGTERM."""
+
+    def __init__(self):
+        self.terminated = False
+        self._previous = None
+
+    def install(self) -> None:
+        """main(): catch SIGTERM for this command (the main thread only: Python's rule)."""
+        self.terminated = False
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.getsignal(signal.SIGTERM)
+            self.catch_sigterm()
+
+    def catch_sigterm(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self.terminated = True
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        """The handler main() found (a test calling main() keeps its own)."""
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def exit_code(self, code: int) -> int:
+        """An interrupted command's code says which signal it was."""
+        if code == ExitCode.INTERRUPTED and self.terminated:
+            return int(ExitCode.TERMINATED)
+        return code
+
+    def what(self) -> str:
+        return "terminated (SIGTERM)" if self.terminated else "interrupted (Ctrl-C: SIGINT)"
+
+
+INTERRUPTS = Interrupts()
+
+
+def output_closed() -> bool:
+    """Whether stdout or stderr lost its reader: the write end of a pipe whose reader is gone
+    polls POLLERR (Linux fs/pipe.c pipe_poll), a socket's POLLHUP. A BrokenPipeError from
+    anything else (a socket of the out-of-band channel) is not a closed output."""
+    return any(_lost_reader(stream) for stream in (sys.stdout, sys.stderr))
+
+
+def _lost_reader(stream) -> bool:
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):    # not a file: a test's capture
+        return False
+    poller = select.poll()
+    poller.register(descriptor, 0)                   # POLLERR and POLLHUP are always asked
+    return any(events & (select.POLLERR | select.POLLHUP)
+               for _, events in poller.poll(0))
+
+
+def flushed() -> bool:
+    """stdout flushed; False where its reader is gone."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return False
+    return True
+
+
+def closed_output() -> int:
+    """The output's reader went away (``gdrprobe ... | head``): stop quietly with 141, as a
+    Unix tool that SIGPIPE ends (128 + 13), never as a bug (70). SIGPIPE itself stays ignored
+    (Python's start-up sets SIG_IGN): with its default action any closed socket would kill
+    gdrprobe mid-run (Python's signal documentation, "Note on SIGPIPE"). What is left in
+    the buffers goes to /dev/null, so the interpreter's last flush fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        if _lost_reader(stream):
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    return int(ExitCode.BROKEN_PIPE)
 
 
 TRACEBACK_ENV = "GDRPROBE_TRACEBACK"   # set to 1 for the whole traceback of an internal error
 
 
+REPORT_FIX = ("report it to gdrprobe's issue tracker with this message and the whole "
+              f"traceback ({TRACEBACK_ENV}=1 prints it)")
+
+
+def internal_error_cause(error: BaseException) -> str:
+    return f"internal error: {type(error).__name__}: {error}"
+
+
 def internal_error_message(error: BaseException) -> str:
     """An exception gdrprobe did not expect, said as a bug of gdrprobe (not the node's): what,
     where (the innermost frame in gdrprobe's own code), and how to report it."""
-    lines = [f"gdrprobe: internal error: {type(error).__name__}: {error}",
+    lines = [f"gdrprobe: {internal_error_cause(error)}",
              f"  at {where(error)}",
              f"  this is a bug in gdrprobe {__version__}, not a fault of this node (exit "
              f"{int(ExitCode.INTERNAL)}: {SCHEDULER_ACTION[ExitCode.INTERNAL]})",
-             "  please report it to gdrprobe's issue tracker with this message and the whole "
-             f"traceback ({TRACEBACK_ENV}=1 prints it)"]
+             f"  please {REPORT_FIX}"]
     if os.environ.get(TRACEBACK_ENV) == "1":
         lines.append("".join(traceback.format_exception(type(error), error,
                                                         error.__traceback__)).rstrip())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 import gdrprobe
@@ -138,11 +137,39 @@ def token_from(args) -> str | None:
 
 
 def terminate_as_interrupt() -> None:
-    """SIGTERM (a job scheduler, kill) cleans up exactly like Ctrl-C."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
+    """SIGTERM (a job scheduler, kill) cleans up exactly like Ctrl-C; the exit code says
+    which it was (cli.Interrupts: 143, not 130). cli.main already catches it for every
+    command; a command that installed another handler on the way calls this again."""
+    from gdrprobe.cli import INTERRUPTS
 
-    signal.signal(signal.SIGTERM, handler)
+    INTERRUPTS.catch_sigterm()
+
+
+# ---- --json: one document, errors included -------------------------------------------------
+
+DOCUMENT_PRINTED = "json_document_printed"   # on an error whose command printed a document
+
+
+def printed_document(error: BaseException) -> BaseException:
+    """Mark an error whose command already printed its --json document for it (a run's
+    partial-run document): no second document follows."""
+    setattr(error, DOCUMENT_PRINTED, True)
+    return error
+
+
+def print_error_document(command: str, code: int, cause: str, evidence: str = "",
+                         fix: str = "", error: BaseException | None = None) -> None:
+    """The one JSON document of a --json command that ended in an error instead of its
+    report (:class:`gdrprobe.report.model.ErrorReport`, docs/json.md), on stdout, unless
+    the command printed its own for this error (:func:`printed_document`)."""
+    from gdrprobe.errors import SCHEDULER_ACTION
+    from gdrprobe.report.model import ErrorReport, to_json
+
+    if getattr(error, DOCUMENT_PRINTED, False):
+        return
+    print(to_json(ErrorReport(command.removeprefix("gdrprobe").strip(), int(code),
+                              SCHEDULER_ACTION[int(code)],
+                              cause, evidence, fix)), flush=True)
 
 
 def add_memory_flags(parser, remote: bool, default: str = "host") -> None:

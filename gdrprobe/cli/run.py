@@ -7,7 +7,7 @@ import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, add_qps_flag,
                                  add_verdict_flags, endpoint_arguments, memory_arguments, notice,
-                                 size, terminate_as_interrupt, token_from)
+                                 printed_document, size, terminate_as_interrupt, token_from)
 
 
 def register(subparsers) -> None:
@@ -153,6 +153,7 @@ def run_rows_as_measured(arguments: dict, as_json: bool, gbits: bool):
             latency = tuple(r for r in rows if not isinstance(r, BandwidthResult))
             print(to_json(PartialRunReport(bandwidth, latency, error.cause, error.fix,
                                            error.evidence, int(error.exit_code))))
+            printed_document(error)     # the document of this error: no second one
         raise
     if isinstance(report, RunReport):
         print(to_json(report) if as_json else render_run_settings(report))

@@ -22,6 +22,7 @@ import ctypes
 import dataclasses
 import functools
 import mmap
+import re
 from gdrprobe.errors import GdrprobeError, MissingDependency, NotTestable, UsageError
 from gdrprobe.memory.causes import dmabuf_export_refused
 from gdrprobe.memory.cuda_results import (RESULT_ERRORS, UPGRADE_DRIVER_FIX, result_error,
@@ -325,21 +326,33 @@ def is_bus_id(selector: str) -> bool:
     return ":" in selector
 
 
+# The forms cuDeviceGetByPCIBusId reads (cuda.h, its documentation): domain:bus:device.function,
+# domain:bus:device and bus:device.function, every part hexadecimal.
+BUS_ID_FORMS = re.compile(r"[0-9a-f]+:[0-9a-f]+:[0-9a-f]+(\.[0-9a-f]+)?|[0-9a-f]+:[0-9a-f]+\.[0-9a-f]+",
+                          re.IGNORECASE)
+
+
+def check_gpu_selector(selector: str) -> None:
+    """A GPU as CUDA names one: an ordinal (cuDeviceGet) or a PCI bus id in a form
+    cuDeviceGetByPCIBusId reads. The public API refuses anything else before it probes."""
+    if not ((selector.isascii() and selector.isdigit()) or BUS_ID_FORMS.fullmatch(selector)):
+        raise UsageError(f"GPU {selector!r} is neither a CUDA ordinal nor a PCI bus id",
+                         "pass a GPU as an ordinal (0) or a full bus id (0000:3b:00.0)")
+
+
 # What cuDeviceGet / cuDeviceGetByPCIBusId return for a GPU that is not there.
 NO_SUCH_GPU = ("CUDA_ERROR_INVALID_DEVICE", "CUDA_ERROR_INVALID_VALUE")
 
 
 def find_device(module, selector: str):
     """The CUdevice for a CUDA ordinal ("0") or a full PCI bus id ("0000:3b:00.0")."""
+    check_gpu_selector(selector)
     if is_bus_id(selector):
         what = f"cuDeviceGetByPCIBusId({selector!r})"
         result = attempt(module, "cuDeviceGetByPCIBusId", selector.encode())
-    elif selector.isdigit():
+    else:
         what = f"cuDeviceGet({selector})"
         result = attempt(module, "cuDeviceGet", int(selector))
-    else:
-        raise UsageError(f"{selector!r} is neither a CUDA ordinal nor a PCI bus id",
-                         "pass a GPU as an ordinal (0) or a full bus id (0000:3b:00.0)")
     if result_name(result[0]) in NO_SUCH_GPU:
         count = call(module, "cuDeviceGetCount", what="cuDeviceGetCount()")
         raise UsageError(f"no GPU {selector!r} ({what} returned {result_name(result[0])})",

@@ -222,13 +222,23 @@ def require_prometheus() -> None:
 
 PAIR_LABELS = ("gpu", "nic")
 ROW_LABELS = ("gpu", "nic", "memory", "qps", "size_bytes")
+# Prometheus' naming guide (prometheus.io/docs/practices/naming, "Base units"): base units in
+# the name, bytes even where bits are the habit, and a ratio (0 to 1) where a percent or a
+# fraction would be said; so a row's Gb/s (10^9 bit/s) is written as bytes per second.
 ROW_METRICS = (   # (the row's field, the metric, its help): one name per value, bench or check
-    ("bandwidth_avg_gbps", "gdrprobe_bandwidth_gbps", "RDMA WRITE average bandwidth, 10^9 bit/s"),
+    ("bandwidth_avg_gbps", "gdrprobe_bandwidth_bytes_per_second",
+     "RDMA WRITE average bandwidth, bytes per second"),
     ("gpu_host_ratio", "gdrprobe_gpu_host_ratio", "GPU memory bandwidth over host memory "
      "bandwidth, same NIC, QPs and size"),
-    ("line_rate_fraction", "gdrprobe_line_rate_fraction", "average bandwidth over the port's "
+    ("line_rate_fraction", "gdrprobe_line_rate_ratio", "average bandwidth over the port's "
      "line rate (speed x width)"),
 )
+BYTES_PER_SECOND_PER_GBPS = 1e9 / 8
+
+
+def in_base_units(field: str, value: float) -> float:
+    """A row's value as its metric carries it (ROW_METRICS): Gb/s as bytes per second."""
+    return value * BYTES_PER_SECOND_PER_GBPS if field.endswith("_gbps") else value
 
 
 def engaged_gauge(registry, extra_labels: tuple[str, ...] = ()):
@@ -250,7 +260,7 @@ def row_gauges(registry, extra_labels: tuple[str, ...] = ()) -> dict:
 
 def prometheus_registry(report: BenchReport):
     """The node-exporter text-file metrics: GDR engaged per pair, and per measured
-    bandwidth row its Gb/s, GPU/host ratio and line-rate fraction."""
+    bandwidth row its bandwidth (bytes per second), GPU/host ratio and line-rate ratio."""
     from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry()
@@ -265,7 +275,7 @@ def prometheus_registry(report: BenchReport):
         for field, gauge in gauges.items():
             value = getattr(row, field)
             if value is not None:
-                gauge.labels(*values).set(value)
+                gauge.labels(*values).set(in_base_units(field, value))
     Gauge("gdrprobe_bench_timestamp_seconds", "when the sweep ended (Unix time)",
           registry=registry).set_to_current_time()
     return registry

@@ -152,7 +152,7 @@ class CheckReport:
     kind = "check"
     verdict: Verdict
     arms: tuple[ArmReport, ...]
-    settings: RunSettings          # the host arm's
+    settings: RunSettings | None   # the host arm's; None where no run could start
     repeats: int                   # repeats run (the host arm's runs)
     placement: RankPair | None = None   # the GPU and NIC gdrprobe.check() chose, and why
     floor: FloorCheck | None = None

@@ -10,18 +10,26 @@ written; :func:`check_prometheus_file` refuses its absence before anything is me
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 
 from gdrprobe.errors import ExitCode
-from gdrprobe.report.bench import (check_output_file, engaged_gauge, require_prometheus,
-                                   row_gauges, write_registry)
+from gdrprobe.report.bench import (check_output_file, engaged_gauge, in_base_units,
+                                   require_prometheus, row_gauges, write_registry)
 from gdrprobe.report.check import ENGAGED, CheckReport, NodeCheckReport
 
 NODE_LABELS = ("node",)
 GPU_LABELS = ("gpu", "nic", "node")
 EXIT_CODE_METRIC = "gdrprobe_check_exit_code"
 TIMESTAMP_METRIC = "gdrprobe_check_timestamp_seconds"
+# The node label where the host's name is not the node's: in a pod, whose host name is the
+# pod's, the DaemonSet sets it from spec.nodeName (the downward API).
+NODE_ENV = "GDRPROBE_NODE_NAME"
+
+
+def node_name() -> str:
+    return os.environ.get(NODE_ENV) or socket.gethostname()
 
 
 def check_prometheus_file(path: str, flag: str = "--prometheus") -> None:
@@ -35,16 +43,16 @@ def write_check_prometheus(report: CheckReport | NodeCheckReport, path: str,
                            node: str | None = None) -> None:
     """The check's metrics into path (a ``.prom`` file in node_exporter's
     ``--collector.textfile.directory``), replaced atomically. node: the node label
-    (default: this host's name)."""
-    write_registry(check_registry(_entries(report), node or socket.gethostname()), path)
+    (default: $GDRPROBE_NODE_NAME, else this host's name)."""
+    write_registry(check_registry(_entries(report), node or node_name()), path)
 
 
 def write_check_error(exit_code: int, path: str, gpu: str = "", nic: str = "",
                       node: str | None = None) -> None:
     """A check that ended in an error before its report (no RDMA device, say): its exit
     code and time stamp alone, so an alert sees the node as checked and not passing."""
-    write_registry(check_registry([(gpu, nic, int(exit_code), None)],
-                                  node or socket.gethostname()), path)
+    write_registry(check_registry([(gpu, nic, int(exit_code), None)], node or node_name()),
+                   path)
 
 
 def _entries(report: CheckReport | NodeCheckReport) -> list[tuple]:
@@ -77,7 +85,7 @@ def check_registry(entries: list[tuple], node: str):
             labels = (gpu, nic, memory, str(report.settings.qps), str(size), node)
             for field, value in values.items():
                 if value is not None:
-                    gauges[field].labels(*labels).set(value)
+                    gauges[field].labels(*labels).set(in_base_units(field, value))
     Gauge(TIMESTAMP_METRIC, "when gdrprobe check ended on the node (Unix time)",
           list(NODE_LABELS), registry=registry).labels(node).set_to_current_time()
     return registry

@@ -29,8 +29,9 @@ def render_check(report: CheckReport) -> str:
         lines += render_floor(report.floor)
     if report.placement is not None:
         lines += render_placement(report.placement)
-    lines += [RULE, render_settings(report.settings, report.gpu_settings), RULE]
-    lines += render_arms(report.arms)
+    if report.settings is not None:       # None: not one run could start
+        lines += [RULE, render_settings(report.settings, report.gpu_settings), RULE]
+        lines += render_arms(report.arms)
     lines.append(RULE)
     shown = {text for arm in report.arms for text in (arm.mechanism_reason, arm.detail) if text}
     evidence = [line for line in v.evidence if line.partition(": ")[2] not in shown

@@ -333,6 +333,20 @@ class PartialRunReport:
     exit_code: int
 
 
+@dataclasses.dataclass(frozen=True)
+class ErrorReport:
+    """A command that ended in an error instead of its report: its --json document, with
+    the exit code and what a scheduler does with it (docs/json.md)."""
+
+    kind = "error"
+    command: str                   # devices, run, check ...; "" before a command was known
+    exit_code: int
+    action: str                    # start the job, drain or warn (errors.SCHEDULER_ACTION)
+    error_cause: str
+    error_evidence: str
+    error_fix: str
+
+
 # ---- the benchmark sweep (gdrprobe.campaign.bench) -------------------------------------
 
 

@@ -175,13 +175,14 @@ INDENT = " " * 7
 
 
 def first_blocker(report: DoctorReport) -> Finding | None:
-    """What stops GPUDirect RDMA first. A machine without an NVIDIA GPU or a PCI RDMA NIC (a
-    software RDMA device, rxe or siw, has no PCI function and can never do GPUDirect) cannot
-    do it whatever else is fixed, so that finding leads although it is only a warning; else
-    the first failure in flowchart order (the order the doctor produced the findings in)."""
-    impossible = next((f for f in report.findings if f.id == ids.TOPOLOGY_DEVICES
-                       and f.status in (Status.WARN, Status.FAIL)), None)
-    return impossible or next((f for f in report.findings if f.status is Status.FAIL), None)
+    """What stops GPUDirect RDMA first: the first failure in flowchart order (the order the
+    doctor produced the findings in), the one the exit code 1 is about. Without a failure,
+    a machine with no NVIDIA GPU or no PCI RDMA NIC (a software RDMA device, rxe or siw, has
+    no PCI function and can never do GPUDirect) is blocked all the same, although that
+    finding is only a warning."""
+    failure = next((f for f in report.findings if f.status is Status.FAIL), None)
+    return failure or next((f for f in report.findings if f.id == ids.TOPOLOGY_DEVICES
+                            and f.status is Status.WARN), None)
 
 
 def doctor_headline(report: DoctorReport) -> str:

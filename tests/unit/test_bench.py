@@ -202,9 +202,13 @@ def test_prometheus_text_parses_back(tmp_path):
     ratio = {(s.labels["memory"], s.labels["qps"], s.labels["size_bytes"]): s.value
              for s in families["gdrprobe_gpu_host_ratio"].samples}
     assert ratio[("dmabuf", "1", "65536")] == pytest.approx(0.95)
-    bandwidth = families["gdrprobe_bandwidth_gbps"].samples
+    bandwidth = families["gdrprobe_bandwidth_bytes_per_second"].samples
     assert len(bandwidth) == 12
-    assert len(families["gdrprobe_line_rate_fraction"].samples) == 12
+    [row] = [r for r in report.rows if (r.memory, r.qps, r.size_bytes) == ("dmabuf", 1, 65536)]
+    [value] = [s.value for s in bandwidth if (s.labels["memory"], s.labels["qps"],
+               s.labels["size_bytes"]) == ("dmabuf", "1", "65536")]
+    assert value == pytest.approx(row.bandwidth_avg_gbps * 1e9 / 8)   # bytes/s, not Gb/s
+    assert len(families["gdrprobe_line_rate_ratio"].samples) == 12
 
 
 def test_plot_data_and_the_figures_drawn_from_it(tmp_path):

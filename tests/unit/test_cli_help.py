@@ -123,3 +123,55 @@ def test_the_help_prints_where_the_native_extension_was_never_built():
     done = run_without_native("from gdrprobe.cli import main\nmain(['run', '--help'])\n")
     assert done.returncode == 0, done.stderr
     assert "a range the native extension sets (not built here)" in " ".join(done.stdout.split())
+
+
+# ---- perftest's habits get gdrprobe's equivalent (issue 29) ----------------------------------
+
+
+@pytest.mark.parametrize("argv, equivalent", [
+    (["check", "--report_gbits"], "--report-gbits"),
+    (["bench", "--report_gbits"], "report Gb/s always"),
+    (["check", "--use_cuda", "0"], "--gpu N"),
+    (["run", "--loopback", "--use_cuda=0"], "--mem gpu --gpu N"),
+    (["check", "--use_cuda_dmabuf"], "--mem dmabuf"),
+    (["check", "-F"], "--clock"),
+    (["bench", "-b"], "names a failing direction"),
+    (["check", "-a"], "gdrprobe bench"),
+    (["bench", "-a"], "--sizes LIST"),
+], ids=lambda value: " ".join(value) if isinstance(value, list) else "")
+def test_a_perftest_spelling_is_refused_with_gdrprobes_equivalent(argv, equivalent, capsys):
+    """argparse answered with the top level's usage and 'unrecognized arguments'; now the
+    command's own usage and what gdrprobe calls it (cli/perftest.py's one table)."""
+    from gdrprobe.cli import main
+    from gdrprobe.cli.perftest import PERFTEST_SPELLINGS
+
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    err = capsys.readouterr().err
+    assert refused.value.code == 2
+    assert err.startswith(f"usage: gdrprobe {argv[0]} ")
+    spelling = next(a.split("=")[0] for a in argv if a.split("=")[0] in PERFTEST_SPELLINGS)
+    assert f"{spelling} is perftest's spelling: " in err and equivalent in err
+
+
+def test_the_perftest_table_names_no_flag_a_command_takes_as_perftest_does():
+    """A spelling in the table is one a command would refuse; the flags gdrprobe shares with
+    perftest (run -a) still mean what they mean there."""
+    from gdrprobe.cli.perftest import PERFTEST_SPELLINGS
+
+    commands = subcommands()
+    assert build_parser().parse_args(["run", "--loopback", "-a"]).all is True
+    for spelling in PERFTEST_SPELLINGS:
+        takers = [name for name, parser in commands.items()
+                  if spelling in parser._option_string_actions]
+        assert set(takers) <= {"run"}, (spelling, takers)
+
+
+def test_an_unknown_flag_is_refused_with_the_command_s_usage(capsys):
+    from gdrprobe.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["devices", "--bogus"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.startswith("usage: gdrprobe devices ")
+    assert "unrecognized arguments: --bogus" in err and "perftest" not in err

@@ -58,7 +58,7 @@ def test_a_short_sweep_writes_json_csv_plots_and_prometheus(tmp_path, baseline):
         files["prometheus"].read_text())}
     assert [(s.labels, s.value) for s in families["gdrprobe_gdr_engaged"].samples] == [
         ({"gpu": "0", "nic": "rxe0"}, 0.0)]
-    assert len(families["gdrprobe_bandwidth_gbps"].samples) == 4
+    assert len(families["gdrprobe_bandwidth_bytes_per_second"].samples) == 4
     for name in ("bandwidth.png", "latency.png", "matrix.png"):
         assert (files["plot"] / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert rdma_resources() == baseline

@@ -101,3 +101,30 @@ def test_check_in_the_image_drives_a_mounted_in_driver_to_a_measured_verdict(bas
     assert gpu["local_memory"]["mechanism"] in ("peermem", "dmabuf"), gpu["local_memory"]
     assert report["placement"]["nic"] == "rxe0"
     assert rdma_resources() == baseline
+
+
+NPD_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "deploy", "npd")
+
+
+def test_the_npd_plugin_in_the_image_checks_and_writes_its_metrics(baseline):
+    """deploy/npd/ as the DaemonSet mounts it (bound at /tmp/driver here) run by the image's
+    Python, as NPD runs it: the check runs with --prometheus (the image ships
+    prometheus_client: issue 29 found every run exit 3), answers Unknown for "not testable"
+    (no GPU: a warning, never a problem), writes the check's metrics with the node's name,
+    and the health rule finds that the check runs."""
+    plugin = "/tmp/driver/gdrprobe-npd-plugin"
+    state = ["--npd-state", "/tmp/npd-state.json"]
+    command = (f"{plugin} {' '.join(state)} --time-budget 60 --prometheus /tmp/gdrprobe.prom; "
+               f"echo \"status $?\"; {plugin} {' '.join(state)} --npd-health; "
+               "echo \"health $?\"; cat /tmp/gdrprobe.prom")
+    done = in_image("sh", "-c", command, driver=os.path.abspath(NPD_DIR), timeout=300,
+                    env={"GDRPROBE_LOCK_DIR": "/tmp", "GDRPROBE_NODE_NAME": "gpu-node-17"})
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("exit 9 (warn: not testable): ") and lines[1] == "status 2", \
+        done.stdout + done.stderr
+    assert lines[2:4] == ["gdrprobe check runs", "health 0"]
+    codes = [line for line in lines[4:] if line.startswith("gdrprobe_check_exit_code{")]
+    assert codes and all('node="gpu-node-17"' in line and line.endswith(" 9.0")
+                         for line in codes), lines[4:]
+    assert "Traceback" not in done.stderr
+    assert rdma_resources() == baseline

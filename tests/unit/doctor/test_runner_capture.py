@@ -285,15 +285,20 @@ def test_doctor_root_must_be_a_capture_or_a_machine_root(tmp_path, capsys):
 # ---- the first blocker ---------------------------------------------------------------------
 
 
-def test_no_gpu_and_a_software_nic_lead_a_memlock_failure(tmp_path):
-    """The lab guest: rxe0 and no GPU. GPUDirect RDMA cannot happen there whatever the
-    memlock limit, so that is the first blocker, not memlock."""
+def test_a_failure_leads_and_no_gpu_with_a_software_nic_leads_only_without_one(tmp_path):
+    """The lab guest: rxe0 and no GPU. The headline's first blocker is the failure the exit
+    code 1 is about (memlock), never a warning while a failure stands; without a failure the
+    warning that GPUDirect RDMA cannot happen here leads (issue 29)."""
     tree = machines.SysfsTree(tmp_path)
     tree.software_rdma("rxe0")
-    report = runner.run_doctor(str(tmp_path), environ={})
+    found = runner.run_doctor(str(tmp_path), environ={})
+    report = DoctorReport(found.root, tuple(f for f in found.findings
+                                            if f.status is not Status.FAIL))
+    assert render.doctor_headline(report).startswith(
+        "First blocker: topology.devices: no NVIDIA GPU and PCI RDMA NIC found: GPUDirect "
+        "RDMA cannot happen")
     memlock = Finding("memlock.limit", "memlock", Status.FAIL, "memlock limit 8 MiB")
-    report = DoctorReport(report.root, report.findings + (memlock,))
-    headline = render.doctor_headline(report)
-    assert headline.startswith("First blocker: topology.devices: no NVIDIA GPU and PCI RDMA "
-                               "NIC found: GPUDirect RDMA cannot happen")
+    failing = DoctorReport(report.root, report.findings + (memlock,))
+    assert failing.exit_code == 1
+    assert render.doctor_headline(failing) == "First blocker: memlock.limit: memlock limit 8 MiB"
     assert render.first_blocker(DoctorReport("/", (memlock,))) == memlock
