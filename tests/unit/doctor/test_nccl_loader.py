@@ -249,6 +249,7 @@ def two_pythons(tmp_path) -> machines.SysfsTree:
     tree = nccl_machines.pix_and_pxb(tmp_path)
     ngc_image(tmp_path, wheel_version=None)
     tree.write("/opt/venv/pyvenv.cfg", "home = /usr/bin\n")
+    tree.write("/opt/venv/bin/python3", "")            # the interpreter --nccl may name
     wheel(tree, VENV_SITE, "2.27.3")
     torch(tree, VENV_SITE, rpath=PIP_RPATH)
     tree.write("/home/alice/.venv/pyvenv.cfg", "")        # home directories are not crawled
