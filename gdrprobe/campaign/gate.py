@@ -25,6 +25,7 @@ from gdrprobe import defaults
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
+from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.check import NcclUse, RankPair
 from gdrprobe.report.model import RunReport
 
@@ -95,6 +96,7 @@ class MachineFacts:
     nccl_environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
     ports: Mapping[tuple[str, int], PortFacts] = dataclasses.field(default_factory=dict)
     software_nics: tuple[str, ...] = ()   # RDMA devices with no PCI function (rxe, siw)
+    nccl_rules: NcclRules = NcclRules()   # the rules of the NCCL the job loads
 
 
 # ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------

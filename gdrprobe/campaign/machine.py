@@ -1,7 +1,8 @@
 """What the campaigns know about the machine they run on, read once by the doctor: its
-findings, its GPUs, the NIC NCCL will use for each GPU and whether NCCL will use GPUDirect
-RDMA for it, the environment as NCCL sees it, and each RDMA port's rate and link layer;
-and which of the findings speak for which buffer.
+findings, its GPUs, the NIC NCCL will use for each GPU and whether (and through which
+registration) NCCL will use GPUDirect RDMA for it, the environment as NCCL sees it and the
+rules of the NCCL the job loads, and each RDMA port's rate and link layer; and which of the
+findings speak for which buffer.
 
 The doctor speaks for the GPU buffers of the host it ran on. A client's A/B takes this
 host's findings when a GPU buffer is here (its own, or in loopback the server's too); a
@@ -11,16 +12,20 @@ can name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
-from gdrprobe.campaign.nccl_use import deciding, nccl_uses
+from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.nccl.versions import NcclRules
 
 
-def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> MachineFacts:
+def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
+                  job_gpus: Collection[str] | None = None) -> MachineFacts:
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once
-    (root and environ: a captured machine)."""
+    (root and environ: a captured machine). job_gpus: the bus ids of the job's GPUs on this
+    node, NCCL's communicator (None: every GPU), which NCCL's rules count."""
     from gdrprobe.doctor.facts.context import DoctorContext
     from gdrprobe.doctor.runner import run_checks
     from gdrprobe.sysroot import SysRoot
@@ -28,11 +33,34 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> 
     ctx = DoctorContext(SysRoot(root), environ)
     findings = run_checks(ctx)
     gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
-    uses = nccl_uses(deciding(ctx.nccl_node, ctx.nccl_rules), ctx.environ, ctx.environ_source,
-                     firm="gpus" in (ctx.cuda_facts or {}), findings=findings)
-    return MachineFacts(gpus, nccl_nics(ctx.nccl_decisions), ctx.cuda_facts,
+    decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
+    known = tuple(dict.fromkeys((*(gpus.cuda_bus_ids or ()), *gpus.sysfs_bus_ids)))
+    uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.cuda_facts or {}),
+                     findings=findings, rules=ctx.nccl_rules,
+                     gpus=[bdf for bdf in known if job_gpus is None or bdf in job_gpus])
+    decisions = ctx.nccl_decisions if job_gpus is None else decide(ctx.environ)
+    return MachineFacts(gpus, nccl_nics(decisions), ctx.cuda_facts,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
-                        port_facts(ctx.ports), ctx.topology.software_nics)
+                        port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules)
+
+
+def nccl_view(root: str = "/", environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], NcclRules]:
+    """The environment as NCCL sees it (the process's, then its configuration files) and the
+    rules of the NCCL the job loads, without running the doctor's checks: what a host-memory
+    run needs of NCCL (its relaxed-ordering setting)."""
+    from gdrprobe.doctor.facts.context import DoctorContext
+    from gdrprobe.sysroot import SysRoot
+
+    ctx = DoctorContext(SysRoot(root), environ)
+    return dict(ctx.environ), ctx.nccl_rules
+
+
+def follow_nccl(memory: MemorySpec, facts: MachineFacts | None) -> MemorySpec:
+    """A buffer of this host registered as NCCL registers that GPU's memory where the
+    mechanism is left to gdrprobe (:func:`gdrprobe.campaign.nccl_use.as_nccl_registers`)."""
+    if facts is None or memory.kind != "gpu":
+        return memory
+    return as_nccl_registers(memory, facts.nccl.get(facts.gpus.bus_id(memory.gpu)))
 
 
 def port_facts(ports: Mapping[str, Sequence]) -> dict[tuple[str, int], PortFacts]:
@@ -55,14 +83,11 @@ def holds_gpu_buffer(local, loopback: bool) -> bool:
     return loopback or local.kind == "gpu"
 
 
-def doctor_findings(local, loopback: bool) -> tuple:
-    """This host's findings when they speak for a buffer of the run, else none (the doctor
-    is not run at all: a host-only run needs nothing of it)."""
-    if not holds_gpu_buffer(local, loopback):
-        return ()
-    from gdrprobe.doctor.runner import run_doctor
-
-    return run_doctor().findings
+def run_facts(local, loopback: bool) -> MachineFacts | None:
+    """This host's facts when they speak for a buffer of the run (its findings, NCCL's
+    decision for the GPU), else None (the doctor is not run at all: a host-only run needs
+    nothing of it)."""
+    return machine_facts() if holds_gpu_buffer(local, loopback) else None
 
 
 def findings_to_serve(findings: Sequence) -> tuple:

@@ -30,6 +30,7 @@ from gdrprobe import defaults
 from gdrprobe.campaign.ab import HOST, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
 from gdrprobe.campaign.machine import holds_gpu_buffer
+from gdrprobe.campaign.nccl_use import as_nccl_registers
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.verdict import with_nccl
 from gdrprobe.errors import NoRdmaDevice, UsageError
@@ -139,8 +140,10 @@ def send_gpu(pair: RankPair, use: NcclUse | None,
 
 
 def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
-    """A GPU buffer exported as NCCL will export it: with the PCIe mapping type where NCCL
-    asks for it (a C2C system's GPU on a PCIe path to its NIC)."""
+    """A GPU buffer registered and exported as NCCL will: through NCCL's mechanism where
+    --mem gpu leaves it open (nccl_use.as_nccl_registers), with the PCIe mapping type where
+    NCCL asks for it (a C2C system's GPU on a PCIe path to its NIC)."""
+    memory = as_nccl_registers(memory, use)
     if memory.kind != "gpu" or use is None or not use.pcie_mapping:
         return memory
     return dataclasses.replace(memory, pcie_mapping=True)

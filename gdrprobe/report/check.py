@@ -80,7 +80,7 @@ class NcclUse:
 
     gpu: str                       # the GPU's PCI bus id
     nic: str | None                # the NIC NCCL uses for it (channel 0); None: none
-    path: str                      # direct | pxn | c2c | none
+    path: str                      # direct | pxn | c2c | socket | none
     via_gpu: str | None            # PXN: the NVLink peer whose memory the NIC reads on sends
     receives: bool                 # gdr_write: the NIC writes this GPU's memory directly
     sends: bool                    # gdr_read: the NIC reads GPU memory directly
@@ -91,6 +91,8 @@ class NcclUse:
     firm: bool = True              # False: the decision rests on facts the doctor could not read
     fix: str = ""
     pcie_mapping: bool = False     # NCCL exports this GPU's DMA-BUF with the PCIe mapping type
+    mechanism: str | None = None   # what NCCL registers this GPU's memory through: dmabuf, peermem; None: no GDR
+    mechanism_reason: str = ""     # the rule and the NCCL release that chose it
 
     @property
     def uses_gdr(self) -> bool:
