@@ -13,7 +13,9 @@ variable at all (NCCL's defaults). GPUDirect on there but off here: the settings
 cause, each one found by dropping it alone (a job image's ``NCCL_NET_GDR_LEVEL=LOC``, an
 ``/etc/nccl.conf`` line); the node is fine. Off with the defaults too: the node's topology
 or stack makes NCCL refuse it (a NIC beyond NCCL's GDR level, no peer memory and no
-DMA-BUF NCCL can use, a GPU without GPUDirect support).
+DMA-BUF NCCL can use, a GPU without GPUDirect support), unless a setting NCCL leaves off by
+design gives it back (an MLO partition without NCCL_NET_GDR_MLOPART): NCCL's policy, not the
+node's fault.
 
 ``--mem gpu`` (the mechanism left to gdrprobe) follows NCCL: the GPU arm registers its
 memory as NCCL will (:func:`as_nccl_registers`); ``--mem dmabuf`` and ``--mem peermem`` stay
@@ -27,7 +29,8 @@ from typing import Callable
 from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MemorySpec
-from gdrprobe.nccl.decision import SOCKET_PATH, NodeFacts, decide, environment_refusal, transport_refusal
+from gdrprobe.nccl.decision import (OPT_IN_SETTINGS, SOCKET_PATH, NodeFacts, decide, environment_refusal,
+                                    transport_refusal)
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report import finding_ids
 from gdrprobe.report.check import NcclUse
@@ -140,7 +143,16 @@ def decided_use(decision: NcclGpuDecision, environ: Mapping[str, str], decisions
     cause = why_not(decision)
     if would_use(without(environ, nccl_names(environ))) or context.refusal and not context.firm:
         return setting_caused(common, cause, culprits(environ, would_use, context.source))
+    if would_use({**environ, **OPT_IN_SETTINGS}):
+        return NcclUse(**common, cause=f"NCCL's default: {cause}", fix=opt_in_fix())
     return NcclUse(**common, cause=cause, node_fault=True, fix=node_fix(bdf, context.findings))
+
+
+def opt_in_fix() -> str:
+    """What a job sets to get GPUDirect where NCCL leaves it off by design."""
+    settings = ", ".join(f"{name}={value}" for name, value in OPT_IN_SETTINGS.items())
+    return (f"if this job should use GPUDirect RDMA, set {settings} (NCCL leaves it off by default here); "
+            "otherwise nothing is wrong with the node")
 
 
 def refused_use(bdf: str, environ: Mapping[str, str], context: UseContext) -> NcclUse:

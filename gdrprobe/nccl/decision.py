@@ -68,6 +68,10 @@ from gdrprobe.report.model import NcclChannel, NcclGpuDecision
 
 PRE_AMPERE = 80
 SOCKET_PATH = "socket"     # the decision's path where NCCL's socket transport carries the GPU's traffic
+# Settings NCCL leaves off by design and a job turns on to get GPUDirect: MLO partitions get
+# none unless NCCL_NET_GDR_MLOPART is set (paths.cc ncclTopoCheckGdr, 2.30.7). Off under
+# them is NCCL's policy, not a fault of the node.
+OPT_IN_SETTINGS = {"NCCL_NET_GDR_MLOPART": "1"}
 MLOPART = "MLOPart"        # src/init.cc fillInfo: strstr(prop.name, "MLOPart")
 
 

@@ -152,9 +152,9 @@ class NcclRules:
         """NCCL_NET names the socket transport: strcasecmp from 2.13.4, strcmp before
         (src/init.cc ncclNetInit; src/plugin/net.cc from 2.27)."""
         name = environ.get("NCCL_NET")
-        if name is None:
-            return False
-        return name.lower() == SOCKET_TRANSPORT.lower() if self.since(NET_NAME_CASELESS_SINCE) else name == SOCKET_TRANSPORT
+        if name is None or not self.since(NET_NAME_CASELESS_SINCE):
+            return name == SOCKET_TRANSPORT
+        return name.lower() == SOCKET_TRANSPORT.lower()
 
     def relaxed_ordering(self, environ: Mapping[str, str]) -> bool:
         """Whether NCCL registers memory with IBV_ACCESS_RELAXED_ORDERING (where libibverbs

@@ -73,8 +73,8 @@ SIMPLE_RULES = (
          "Make sure the file describes this machine, or unset it to let NCCL detect the topology."),
     Rule("NCCL_PXN_DISABLE", lambda value: pxn_disabled({"NCCL_PXN_DISABLE": value}), Status.INFO,
          "NCCL will not relay through an NVLink peer GPU to that GPU's nearer NIC, so some GPUs use a farther NIC"),
-    Rule("NCCL_IB_PCI_RELAXED_ORDERING", lambda value: not relaxed_ordering_wanted({"NCCL_IB_PCI_RELAXED_ORDERING": value}),
-         Status.INFO,
+    Rule("NCCL_IB_PCI_RELAXED_ORDERING",
+         lambda value: not relaxed_ordering_wanted({"NCCL_IB_PCI_RELAXED_ORDERING": value}), Status.INFO,
          "NCCL registers memory without PCIe relaxed ordering (only 1 and 2 ask for it), which costs bandwidth "
          "in virtual machines"),
     Rule("NCCL_IB_CUDA_SUPPORT", always, Status.WARN,
@@ -289,6 +289,9 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_u
 
 
 def decision_fix(reason: str) -> str:
+    if "MLO partition" in reason:
+        return ("Set NCCL_NET_GDR_MLOPART=1 if this partitioned GPU should use GPUDirect RDMA (NCCL leaves it off "
+                "for MLO partitions by default).")
     if "GDR level" in reason and "NCCL_NET_GDR_LEVEL=" in reason:
         return "Unset NCCL_NET_GDR_LEVEL (NCCL's default admits PIX, PXB and P2C)."
     if "GDR level" in reason:

@@ -10,7 +10,7 @@ from typing import Any
 
 from gdrprobe.doctor.facts import nvml, pci
 from gdrprobe.doctor.facts.topology import CPUINFO
-from gdrprobe.nccl.decision import GpuFacts, NodeFacts
+from gdrprobe.nccl.decision import GpuFacts, NodeFacts, mlo_partition
 
 
 def cuda_gpus(cuda_facts: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -31,7 +31,8 @@ def gpu_facts(cuda_gpu: dict[str, Any], nvml_gpu: dict[str, Any] | None) -> GpuF
     return GpuFacts(capability=capability(cuda_gpu),
                     gdr_supported=None if supported is None else bool(supported),
                     c2c_links=nvml_gpu.get("c2c_link_count") or 0,
-                    nvlinks=tuple(nvml_gpu.get("nvlink_remote_bus_ids", ())))
+                    nvlinks=tuple(nvml_gpu.get("nvlink_remote_bus_ids", ())),
+                    mlo_part=mlo_partition(cuda_gpu.get("name")))
 
 
 def nvml_order(nvml_facts: dict[str, Any] | None) -> tuple[str, ...] | None:
