@@ -97,6 +97,9 @@ class MachineFacts:
     ports: Mapping[tuple[str, int], PortFacts] = dataclasses.field(default_factory=dict)
     software_nics: tuple[str, ...] = ()   # RDMA devices with no PCI function (rxe, siw)
     nccl_rules: NcclRules = NcclRules()   # the rules of the NCCL the job loads
+    # NCCL's answer for every GPU where its environment alone keeps it off GPUDirect
+    # (machine.nccl_use_of: also for a GPU the doctor could not place or identify)
+    nccl_everywhere: NcclUse | None = None
 
 
 # ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------

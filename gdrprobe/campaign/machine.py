@@ -12,13 +12,15 @@ can name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
-from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, nccl_uses
+from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, environment_use, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl.versions import NcclRules
+from gdrprobe.report.check import NcclUse
 
 
 def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
@@ -34,14 +36,24 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
     findings = run_checks(ctx)
     gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
     decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
-    known = tuple(dict.fromkeys((*(gpus.cuda_bus_ids or ()), *gpus.sysfs_bus_ids)))
     uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.cuda_facts or {}),
-                     findings=findings, rules=ctx.nccl_rules,
-                     gpus=[bdf for bdf in known if job_gpus is None or bdf in job_gpus])
+                     findings=findings, rules=ctx.nccl_rules)
     decisions = ctx.nccl_decisions if job_gpus is None else decide(ctx.environ)
     return MachineFacts(gpus, nccl_nics(decisions), ctx.cuda_facts,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
-                        port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules)
+                        port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules,
+                        environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules))
+
+
+def nccl_use_of(facts: MachineFacts, gpu: str) -> NcclUse | None:
+    """NCCL's decision for a GPU of this host (a bus id or a CUDA ordinal): the doctor's for
+    that GPU, else, where NCCL's environment alone decides, that answer (a GPU the doctor
+    could not place or identify: a VM or container without its PCI function, no CUDA facts)."""
+    bdf = facts.gpus.bus_id(gpu)
+    found = facts.nccl.get(bdf)
+    if found is None and facts.nccl_everywhere is not None:
+        return dataclasses.replace(facts.nccl_everywhere, gpu=bdf)
+    return found
 
 
 def nccl_view(root: str = "/", environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], NcclRules]:
@@ -60,7 +72,7 @@ def follow_nccl(memory: MemorySpec, facts: MachineFacts | None) -> MemorySpec:
     mechanism is left to gdrprobe (:func:`gdrprobe.campaign.nccl_use.as_nccl_registers`)."""
     if facts is None or memory.kind != "gpu":
         return memory
-    return as_nccl_registers(memory, facts.nccl.get(facts.gpus.bus_id(memory.gpu)))
+    return as_nccl_registers(memory, nccl_use_of(facts, memory.gpu))
 
 
 def port_facts(ports: Mapping[str, Sequence]) -> dict[tuple[str, int], PortFacts]:

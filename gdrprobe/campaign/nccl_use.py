@@ -155,32 +155,32 @@ def opt_in_fix() -> str:
             "otherwise nothing is wrong with the node")
 
 
-def refused_use(bdf: str, environ: Mapping[str, str], context: UseContext) -> NcclUse:
-    """A GPU of the job without a decision (the topology could not be read) where NCCL's
-    environment alone keeps it off GPUDirect: the settings are the cause."""
+def environment_use(environ: Mapping[str, str], source: Callable[[str], str],
+                    rules: NcclRules | None = None) -> NcclUse | None:
+    """Where NCCL's environment alone keeps every GPU off GPUDirect (whatever the topology),
+    the answer for any GPU of the job, also one the doctor could not place or identify
+    (``gpu`` is left empty for the caller to fill in); else None. The settings are the cause."""
+    refusal = environment_refusal(environ, rules)
+    if refusal is None:
+        return None
+
     def would_use(env: Mapping[str, str]) -> bool:
-        return environment_refusal(env, context.rules) is None
-    path = SOCKET_PATH if transport_refusal(environ, context.rules) else "none"
-    common = dict(gpu=bdf, nic=None, path=path, via_gpu=None, receives=False, sends=False,
-                  firm=True, reasons=(f"receive: {context.refusal}", f"send: {context.refusal}"))
-    return setting_caused(common, context.refusal, culprits(environ, would_use, context.source))
+        return environment_refusal(env, rules) is None
+    path = SOCKET_PATH if transport_refusal(environ, rules) else "none"
+    common = dict(gpu="", nic=None, path=path, via_gpu=None, receives=False, sends=False,
+                  firm=True, reasons=(f"receive: {refusal}", f"send: {refusal}"))
+    return setting_caused(common, refusal, culprits(environ, would_use, source))
 
 
 def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str], str],
-              firm: bool, findings: Sequence = (), rules: NcclRules | None = None,
-              gpus: Sequence[str] = ()) -> dict[str, NcclUse]:
+              firm: bool, findings: Sequence = (), rules: NcclRules | None = None) -> dict[str, NcclUse]:
     """For every GPU (by PCI bus id) NCCL's decision under ``environ`` (the environment as
     NCCL sees it, configuration files included) and, where GPUDirect is off, its cause.
-    firm: the facts the decision rests on were read (the CUDA driver answered). gpus: the
-    bus ids of the job's GPUs as CUDA or sysfs list them; where the topology gave a GPU no
-    decision, a setting that decides alone still answers for it."""
+    firm: the facts the decision rests on were read (the CUDA driver answered)."""
     decisions = Decisions(decide)
     context = UseContext(source, firm, findings, rules, environment_refusal(environ, rules))
-    uses = {bdf: decided_use(decision, environ, decisions, context)
+    return {bdf: decided_use(decision, environ, decisions, context)
             for bdf, decision in decisions.under(environ).items()}
-    if context.refusal:
-        uses.update({bdf: refused_use(bdf, environ, context) for bdf in gpus if bdf not in uses})
-    return uses
 
 
 def as_nccl_registers(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:

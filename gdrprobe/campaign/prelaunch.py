@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from gdrprobe import defaults
 from gdrprobe.campaign.ab import HOST, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
-from gdrprobe.campaign.machine import holds_gpu_buffer
+from gdrprobe.campaign.machine import holds_gpu_buffer, nccl_use_of
 from gdrprobe.campaign.nccl_use import as_nccl_registers
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.verdict import with_nccl
@@ -160,7 +160,7 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
     from gdrprobe.measure import loopback
 
-    use = facts.nccl.get(facts.gpus.bus_id(pair.gpu))
+    use = nccl_use_of(facts, pair.gpu)
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.cuda_bus_ids)
     local = as_nccl_exports(gate.gpu_memory(sender) if sender is not None else HOST, use)

@@ -165,7 +165,14 @@ class MemoryPaths:
                 if not (self.peermem_file or self.dmabuf(nic, gpu, dmabuf_enabled))]
 
     def dmabuf_everywhere(self) -> bool:
-        return all(self.dmabuf(nic, gpu) for nic in self.nics for gpu in self.gpus)
+        """NCCL registers every pair's GPU memory through DMA-BUF."""
+        return all(self.kind(nic, gpu) == "dmabuf" for nic in self.nics for gpu in self.gpus)
+
+    def unasked_nics(self) -> list[str]:
+        """NICs that cannot register DMA-BUF but get DMA-BUF registrations all the same
+        (NCCL 2.13.x, :attr:`gdrprobe.nccl.versions.NcclRules.dmabuf_needs_nic`): they fail."""
+        return sorted({nic for nic in self.nics for gpu in self.gpus
+                       if self.kind(nic, gpu) == "dmabuf" and not self.nic_half(nic).supported})
 
     def why_not(self, nic: str, gpu: str) -> str:
         """Why NCCL says "GPU Direct RDMA Disabled" for this NIC and GPU."""

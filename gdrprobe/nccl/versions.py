@@ -41,8 +41,8 @@ tag whose source has the newer rule (the file and function are in each property'
   value >= 0 as it is, any other negative off. Before 2.18.1 NCCL allocates with cudaMalloc.
 - NCCL_IB_PCI_RELAXED_ORDERING: from 2.12.7 (``net_ib.cc`` ncclIbRelaxedOrderingCapable);
   before, no registration asks for relaxed ordering.
-- NCCL_NET: matched case-insensitively from 2.13.4 (``src/init.cc``, later
-  ``src/plugin/net.cc``: strcasecmp), exactly before (strcmp).
+- NCCL_NET: matched case-insensitively from 2.13.4 (``src/net.cc``, later
+  ``src/plugin/net.cc`` ncclNetInit: strcasecmp), exactly before (strcmp).
 - NCCL_NETDEVS_POLICY and the channel spread it sets: from 2.28.3 (``topo.cc``
   ncclTopoGetLocalNetType); an older NCCL spreads channels over NICs differently, which
   the decision does not model.
@@ -150,7 +150,7 @@ class NcclRules:
 
     def selects_socket(self, environ: Mapping[str, str]) -> bool:
         """NCCL_NET names the socket transport: strcasecmp from 2.13.4, strcmp before
-        (src/init.cc ncclNetInit; src/plugin/net.cc from 2.27)."""
+        (src/net.cc ncclNetInit; src/plugin/net.cc ncclNetInit from 2.26)."""
         name = environ.get("NCCL_NET")
         if name is None or not self.since(NET_NAME_CASELESS_SINCE):
             return name == SOCKET_TRANSPORT

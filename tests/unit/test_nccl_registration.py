@@ -64,8 +64,12 @@ def test_nccl_2_13_registers_through_dmabuf_without_asking_the_nic(tmp_path, ver
     2.14.3 added ``props.ptrSupport & NCCL_PTR_DMABUF``. A NIC that cannot register DMA-BUF
     then fails NCCL 2.13's registrations, and the check measures that failure."""
     node(tmp_path, version, nic_dmabuf=False)
-    use = machine_facts(str(tmp_path), {}).nccl[GPU]
+    facts = machine_facts(str(tmp_path), {})
+    use = facts.nccl[GPU]
     assert use.uses_gdr and use.mechanism == mechanism
+    path = next(f for f in facts.findings if f.id == "stack.path")
+    assert (path.status.value, "registrations will fail" in path.summary) == \
+        (("fail", True) if mechanism == "dmabuf" else ("ok", False))
 
 
 @pytest.mark.parametrize("choice", ["dmabuf", "peermem"])

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from gdrprobe.campaign import prelaunch
-from gdrprobe.campaign.machine import machine_facts
+from gdrprobe.campaign.machine import machine_facts, nccl_use_of
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.runner import run_doctor
 from gdrprobe.nccl.decision import decide
@@ -203,7 +203,9 @@ def test_a_setting_that_decides_alone_holds_without_the_topology(tmp_path, envir
     read, yet these settings keep NCCL off GPUDirect whatever it is. Was: no decision at all,
     so the check said engaged."""
     nm.gpu_outside_sysfs(tmp_path)
-    (use,) = machine_facts(str(tmp_path), {**environ, "NCCL_DEBUG": "INFO"}).nccl.values()
+    facts = machine_facts(str(tmp_path), {**environ, "NCCL_DEBUG": "INFO"})
+    assert facts.nccl == {}                                  # no topology, no decision
+    use = nccl_use_of(facts, "0")
     assert use.gpu == "0000:00:05.0" and use.firm and not use.uses_gdr and not use.node_fault
     assert use.settings == (f"{variable} (environment)",)
     assert use.fix.startswith(f"if this job should use GPUDirect RDMA, unset {variable}")
@@ -220,6 +222,16 @@ def test_the_check_on_a_software_nic_with_gdr_level_loc_is_not_used_by_nccl(tmp_
     report = check(facts, "0", locks)
     assert (report.verdict.classification, report.verdict.exit_code) == ("not used by NCCL", 10)
     assert report.verdict.nccl.settings == ("NCCL_NET_GDR_LEVEL=LOC (environment)",)
+
+
+def test_a_setting_that_decides_alone_answers_for_a_gpu_nothing_identifies(tmp_path):
+    """No CUDA facts either (the driver did not answer the doctor): the GPU is known only by
+    its CUDA ordinal, and NCCL's environment still answers for it."""
+    tree = nm.gpu_outside_sysfs(tmp_path)
+    tree.path(f"{nm.CAPTURE}/cuda.json").unlink()
+    use = nccl_use_of(machine_facts(str(tmp_path), {"NCCL_IB_DISABLE": "1"}), "0")
+    assert (use.gpu, use.path, use.settings) == ("0", "socket", ("NCCL_IB_DISABLE=1 (environment)",))
+    assert nccl_use_of(machine_facts(str(tmp_path), {}), "0") is None
 
 
 @pytest.mark.parametrize("version, gdr", [("2.27.5", True), ("2.30.7", False)])
