@@ -164,7 +164,9 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         size: int | None = None, connect_wait_s: float = 0.0, on_result=None, notice=None,
         gpu_alloc: str = defaults.GPU_ALLOCATION, **settings):
     """A probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
-    this process). mem and remote_mem are host, gpu, dmabuf, peermem or staged.
+    this process). mem and remote_mem are host, gpu, dmabuf, peermem or staged; gpu
+    registers a buffer of this host as NCCL registers that GPU's memory (DMA-BUF or peer
+    memory, by the doctor's decision), else as the GPU and NIC allow.
 
     With a GPU buffer at either end this is the A/B (host arm against GPU arm, `repeats`
     times, plus the staged arm with staged=True) and returns a
@@ -326,7 +328,9 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     Without gpu and device, the pair this process's rank will use: the GPU from LOCAL_RANK
     (torchrun), SLURM_LOCALID (srun) or OMPI_COMM_WORLD_LOCAL_RANK among the GPUs
     CUDA_VISIBLE_DEVICES leaves, the NIC NCCL will use for it, and with PXN the NVLink
-    peer's memory for the sends; ``report.placement`` says which and why. NCCL's own
+    peer's memory for the sends; ``report.placement`` says which and why. With mem="gpu"
+    the memory is registered as NCCL will register it (DMA-BUF or peer memory: its release,
+    NCCL_DMABUF_ENABLE, the GPU and the NIC decide); dmabuf and peermem as named. NCCL's own
     decision for the GPU joins the verdict: "not used by NCCL" where NCCL will not use
     GPUDirect for it (exit 10 for an NCCL setting, 1 for the node). floor: the fraction of
     the port's line rate the GPU arm must reach (hardware NICs whose rate is known; 0: no
