@@ -146,18 +146,21 @@ def _memory(choice: str, gpu: str = "0", gpu_mem_type: str = defaults.GPU_MEMORY
                                   allocation=gpu_alloc)
 
 
-def _options(a_b: bool, size: int | None, settings: dict):
+def _options(a_b: bool, size: int | None, settings: dict, nccl_view):
     """A run's options: the A/B compares bandwidth at large messages (A_B_SIZE) unless a
-    size is given; registration follows NCCL_IB_PCI_RELAXED_ORDERING as NCCL does unless
-    relaxed_ordering is given; the rest is ProbeOptions' own (gdrprobe.defaults)."""
+    size is given; registration follows NCCL_IB_PCI_RELAXED_ORDERING as the job's NCCL
+    reads it (nccl_view: the environment as NCCL sees it, configuration files included, and
+    its release's rules) unless relaxed_ordering is given; the rest is ProbeOptions' own
+    (gdrprobe.defaults)."""
     from gdrprobe.measure.options import ProbeOptions
-    from gdrprobe.nccl.env import relaxed_ordering_wanted
 
     settings = {key: value for key, value in settings.items() if value is not None}
     if "sizes" not in settings:
         default = defaults.A_B_SIZE if a_b else defaults.SIZE
         settings["sizes"] = (default if size is None else size,)
-    settings.setdefault("relaxed_ordering", relaxed_ordering_wanted(os.environ))
+    if "relaxed_ordering" not in settings:
+        environ, rules = nccl_view
+        settings["relaxed_ordering"] = rules.relaxed_ordering(environ)
     return ProbeOptions(**settings)
 
 
@@ -224,7 +227,9 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         size: int | None = None, connect_wait_s: float = 0.0, on_result=None, notice=None,
         gpu_alloc: str = defaults.GPU_ALLOCATION, flush: bool = False, **settings):
     """A probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
-    this process). mem and remote_mem are host, gpu, dmabuf, peermem or staged.
+    this process). mem and remote_mem are host, gpu, dmabuf, peermem or staged; gpu
+    registers a buffer of this host as NCCL registers that GPU's memory (DMA-BUF or peer
+    memory, by the doctor's decision), else as the GPU and NIC allow.
 
     With a GPU buffer at either end this is the A/B (host arm against GPU arm, `repeats`
     times, plus the staged arm with staged=True) and returns a
@@ -239,7 +244,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     check, and the report says so (check() follows NCCL's rules for that by itself).
     Raises :class:`GdrprobeError`."""
     from gdrprobe.campaign.ab import ab_test
-    from gdrprobe.campaign.machine import doctor_findings
+    from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
     from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.measure.loopback import runner
 
@@ -264,8 +269,13 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         _require_gpu_arm(local, remote if loopback else None)
     if flush:
         settings["flush"] = FLUSH_ASKED
+    # This host's facts where a GPU buffer is here: --mem gpu registers as NCCL does.
+    facts = run_facts(local, loopback) if a_b else None
+    local = follow_nccl(local, facts)
+    remote = follow_nccl(remote, facts) if loopback and remote is not None else remote
+    view = (facts.nccl_environ, facts.nccl_rules) if facts else nccl_view()
     # Both ends pin their buffers here in loopback, the client's alone against a server.
-    options = fit_to_memlock(_options(a_b, size, settings), 2 if loopback else 1,
+    options = fit_to_memlock(_options(a_b, size, settings, view), 2 if loopback else 1,
                              locked_memory(), notice)
     probe = runner(options, _endpoint(device, ib_port, gid_index),
                    None if loopback else host, _port(port), token, connect_wait_s,
@@ -273,7 +283,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     if not a_b:
         return probe(local, remote)
     return ab_test(probe, local, remote, staged=staged, repeats=repeats,
-                   threshold=threshold, doctor_findings=doctor_findings(local, loopback))
+                   threshold=threshold, doctor_findings=facts.findings if facts else ())
 
 
 def _require_gpu_arm(*in_process) -> None:
@@ -347,7 +357,6 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     from gdrprobe.campaign.gate import Budget
     from gdrprobe.campaign.machine import machine_facts, require_cuda_gpus
     from gdrprobe.campaign.prelaunch import GateSettings, check_floor
-    from gdrprobe.nccl.env import gpu_allocation, relaxed_ordering_wanted
 
     budget = Budget(time_budget_s)
     if settings.get("mode", "bandwidth") != "bandwidth":
@@ -362,10 +371,9 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
         _check_token(token, required=True)
     facts = machine_facts()
     require_cuda_gpus(facts)      # GPUs lost to CUDA: every job here meets it (exit 11)
-    gpu_alloc = gpu_alloc or gpu_allocation(facts.nccl_environ)
+    gpu_alloc = gpu_alloc or facts.nccl_rules.gpu_allocation(facts.nccl_environ)
     settings = {key: value for key, value in settings.items() if value is not None}
     settings.setdefault("qps", defaults.CHECK_QPS)
-    settings.setdefault("relaxed_ordering", relaxed_ordering_wanted(facts.nccl_environ))
 
     def send(gpu: str):
         return _memory(mem, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
@@ -375,7 +383,8 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
         return _memory(choice, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
 
     return budget, facts, GateSettings(
-        options=_options(True, size, settings), gpu_memory=send, receive_memory=receive,
+        options=_options(True, size, settings, (facts.nccl_environ, facts.nccl_rules)),
+        gpu_memory=send, receive_memory=receive,
         ib_port=ib_port, gid_index=gid_index, repeats=repeats, threshold=threshold,
         floor=floor, staged=staged, keep_cq_moderation="cq_moderation" in settings,
         host=host, port=_port(port), token=token)
@@ -396,7 +405,9 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     Without gpu and device, the pair this process's rank will use: the GPU from LOCAL_RANK
     (torchrun), SLURM_LOCALID (srun) or OMPI_COMM_WORLD_LOCAL_RANK among the GPUs
     CUDA_VISIBLE_DEVICES leaves, the NIC NCCL will use for it, and with PXN the NVLink
-    peer's memory for the sends; ``report.placement`` says which and why. NCCL's own
+    peer's memory for the sends; ``report.placement`` says which and why. With mem="gpu"
+    the memory is registered as NCCL will register it (DMA-BUF or peer memory: its release,
+    NCCL_DMABUF_ENABLE, the GPU and the NIC decide); dmabuf and peermem as named. NCCL's own
     decision for the GPU joins the verdict: "not used by NCCL" where NCCL will not use
     GPUDirect for it (exit 10 for an NCCL setting, 1 for the node). floor: the fraction of
     the port's line rate the GPU arm must reach (hardware NICs whose rate is known; 0: no
@@ -547,7 +558,7 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
     call it on every rank. Rank 0 gets the :class:`gdrprobe.report.model.ClusterReport`
     (its ``exit_code`` is the worst pair's; a slow pair alone: 1), the other ranks None."""
     from gdrprobe.campaign import cluster as _cluster
-    from gdrprobe.campaign.machine import doctor_findings
+    from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
 
     _percent_habit("--slow-fraction", slow_fraction)
     if not 0 < slow_fraction <= 1:
@@ -557,10 +568,12 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
     _check_gpus(gpu)
     endpoint = _endpoint(device, ib_port, gid_index)
     local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
-    options = _options(True, size, {"iterations": iterations, "timeout_s": timeout_s})
+    facts = run_facts(local, loopback=False)
+    view = (facts.nccl_environ, facts.nccl_rules) if facts else nccl_view()
+    options = _options(True, size, {"iterations": iterations, "timeout_s": timeout_s}, view)
     return _cluster.run_cluster(
         _cluster.world(), pattern, _cluster.pair_server(endpoint, timeout_s),
         lambda: _cluster.advertised_address(endpoint, oob_address),
-        _cluster.pair_probe(options, endpoint, local, repeats, threshold,
-                            doctor_findings(local, loopback=False)),
+        _cluster.pair_probe(options, endpoint, follow_nccl(local, facts), repeats, threshold,
+                            facts.findings if facts else ()),
         slow_fraction)

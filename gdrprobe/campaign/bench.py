@@ -427,10 +427,12 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
     if not pairs:
         raise UsageError(f"NCCL pairs no GPU with {', '.join(nics)}",
                          "add --matrix to pair every GPU with every NIC")
+    # Registered as NCCL registers (NCCL_IB_PCI_RELAXED_ORDERING, as check and run read it).
     options = ProbeOptions(sizes=settings.sizes_bytes, iterations=settings.iterations,
                            duration_s=settings.duration_s, warmup_s=settings.warmup_s,
                            tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s,
+                           relaxed_ordering=facts.nccl_rules.relaxed_ordering(facts.nccl_environ))
     flushes = {pair.gpu: receive_flush(facts.nccl.get(pair.gpu)) for pair in pairs if pair.gpu}
     plan = BenchPlan(pairs, settings.memory_kinds, settings.qps, options,
                      settings.latency_iterations, flushes)

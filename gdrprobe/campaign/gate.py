@@ -25,6 +25,7 @@ from gdrprobe import defaults
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
+from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.check import NcclUse, RankPair
 from gdrprobe.report.model import RunReport
 
@@ -95,6 +96,10 @@ class MachineFacts:
     nccl_environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
     ports: Mapping[tuple[str, int], PortFacts] = dataclasses.field(default_factory=dict)
     software_nics: tuple[str, ...] = ()   # RDMA devices with no PCI function (rxe, siw)
+    nccl_rules: NcclRules = NcclRules()   # the rules of the NCCL the job loads
+    # NCCL's answer for every GPU where its environment alone keeps it off GPUDirect
+    # (machine.nccl_use_of: also for a GPU the doctor could not place or identify)
+    nccl_everywhere: NcclUse | None = None
 
 
 # ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------

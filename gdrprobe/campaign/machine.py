@@ -1,7 +1,8 @@
 """What the campaigns know about the machine they run on, read once by the doctor: its
-findings, its GPUs, the NIC NCCL will use for each GPU and whether NCCL will use GPUDirect
-RDMA for it, the environment as NCCL sees it, and each RDMA port's rate and link layer;
-and which of the findings speak for which buffer.
+findings, its GPUs, the NIC NCCL will use for each GPU and whether (and through which
+registration) NCCL will use GPUDirect RDMA for it, the environment as NCCL sees it and the
+rules of the NCCL the job loads, and each RDMA port's rate and link layer; and which of the
+findings speak for which buffer.
 
 The doctor speaks for the GPU buffers of the host it ran on. A client's A/B takes this
 host's findings when a GPU buffer is here (its own, or in loopback the server's too); a
@@ -11,20 +12,26 @@ can name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
-from gdrprobe.campaign.nccl_use import deciding, nccl_uses
+from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, environment_use, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
 from gdrprobe.errors import GpuUnusable
+from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl.flush import gpu_flush
+from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report import finding_ids
+from gdrprobe.report.check import NcclUse
 from gdrprobe.report.model import Status
 
 
-def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> MachineFacts:
+def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
+                  job_gpus: Collection[str] | None = None) -> MachineFacts:
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once
-    (root and environ: a captured machine)."""
+    (root and environ: a captured machine). job_gpus: the bus ids of the job's GPUs on this
+    node, NCCL's communicator (None: every GPU), which NCCL's rules count."""
     from gdrprobe.doctor.facts.context import DoctorContext
     from gdrprobe.doctor.runner import run_checks
     from gdrprobe.sysroot import SysRoot
@@ -32,12 +39,44 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> 
     ctx = DoctorContext(SysRoot(root), environ)
     findings = run_checks(ctx)
     gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
-    uses = nccl_uses(deciding(ctx.nccl_node, ctx.nccl_rules), ctx.environ, ctx.environ_source,
-                     firm="gpus" in (ctx.cuda_facts or {}), findings=findings,
-                     flush_of=receive_flush_of(ctx))
-    return MachineFacts(gpus, nccl_nics(ctx.nccl_decisions), ctx.cuda_facts,
+    decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
+    uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.cuda_facts or {}),
+                     findings=findings, rules=ctx.nccl_rules, flush_of=receive_flush_of(ctx))
+    decisions = ctx.nccl_decisions if job_gpus is None else decide(ctx.environ)
+    return MachineFacts(gpus, nccl_nics(decisions), ctx.cuda_facts,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
-                        port_facts(ctx.ports), ctx.topology.software_nics)
+                        port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules,
+                        environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules))
+
+
+def nccl_use_of(facts: MachineFacts, gpu: str) -> NcclUse | None:
+    """NCCL's decision for a GPU of this host (a bus id or a CUDA ordinal): the doctor's for
+    that GPU, else, where NCCL's environment alone decides, that answer (a GPU the doctor
+    could not place or identify: a VM or container without its PCI function, no CUDA facts)."""
+    bdf = facts.gpus.bus_id(gpu)
+    found = facts.nccl.get(bdf)
+    if found is None and facts.nccl_everywhere is not None:
+        return dataclasses.replace(facts.nccl_everywhere, gpu=bdf)
+    return found
+
+
+def nccl_view(root: str = "/", environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], NcclRules]:
+    """The environment as NCCL sees it (the process's, then its configuration files) and the
+    rules of the NCCL the job loads, without running the doctor's checks: what a host-memory
+    run needs of NCCL (its relaxed-ordering setting)."""
+    from gdrprobe.doctor.facts.context import DoctorContext
+    from gdrprobe.sysroot import SysRoot
+
+    ctx = DoctorContext(SysRoot(root), environ)
+    return dict(ctx.environ), ctx.nccl_rules
+
+
+def follow_nccl(memory: MemorySpec, facts: MachineFacts | None) -> MemorySpec:
+    """A buffer of this host registered as NCCL registers that GPU's memory where the
+    mechanism is left to gdrprobe (:func:`gdrprobe.campaign.nccl_use.as_nccl_registers`)."""
+    if facts is None or memory.kind != "gpu":
+        return memory
+    return as_nccl_registers(memory, nccl_use_of(facts, memory.gpu))
 
 
 def receive_flush_of(ctx):
@@ -81,14 +120,11 @@ def holds_gpu_buffer(local, loopback: bool) -> bool:
     return loopback or local.kind == "gpu"
 
 
-def doctor_findings(local, loopback: bool) -> tuple:
-    """This host's findings when they speak for a buffer of the run, else none (the doctor
-    is not run at all: a host-only run needs nothing of it)."""
-    if not holds_gpu_buffer(local, loopback):
-        return ()
-    from gdrprobe.doctor.runner import run_doctor
-
-    return run_doctor().findings
+def run_facts(local, loopback: bool) -> MachineFacts | None:
+    """This host's facts when they speak for a buffer of the run (its findings, NCCL's
+    decision for the GPU), else None (the doctor is not run at all: a host-only run needs
+    nothing of it)."""
+    return machine_facts() if holds_gpu_buffer(local, loopback) else None
 
 
 def findings_to_serve(findings: Sequence) -> tuple:

@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from gdrprobe import defaults
 from gdrprobe.campaign.ab import HOST, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
-from gdrprobe.campaign.machine import holds_gpu_buffer
-from gdrprobe.campaign.nccl_use import receive_flush
+from gdrprobe.campaign.machine import holds_gpu_buffer, nccl_use_of
+from gdrprobe.campaign.nccl_use import as_nccl_registers, receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.verdict import with_nccl
 from gdrprobe.errors import NoRdmaDevice, UsageError
@@ -143,8 +143,10 @@ def send_gpu(pair: RankPair, use: NcclUse | None,
 
 
 def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
-    """A GPU buffer exported as NCCL will export it: with the PCIe mapping type where NCCL
-    asks for it (a C2C system's GPU on a PCIe path to its NIC)."""
+    """A GPU buffer registered and exported as NCCL will: through NCCL's mechanism where
+    --mem gpu leaves it open (nccl_use.as_nccl_registers), with the PCIe mapping type where
+    NCCL asks for it (a C2C system's GPU on a PCIe path to its NIC)."""
+    memory = as_nccl_registers(memory, use)
     if memory.kind != "gpu" or use is None or not use.pcie_mapping:
         return memory
     return dataclasses.replace(memory, pcie_mapping=True)
@@ -161,7 +163,7 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
     from gdrprobe.measure import loopback
 
-    use = facts.nccl.get(facts.gpus.bus_id(pair.gpu))
+    use = nccl_use_of(facts, pair.gpu)
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.cuda_bus_ids)
     local = as_nccl_exports(gate.gpu_memory(sender) if sender is not None else HOST, use)

@@ -98,6 +98,8 @@ def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int, relaxe
 
 
 def mechanism_for(spec: MemorySpec, attributes, nic) -> tuple[str, str]:
+    if spec.reason:   # chosen by NCCL's decision for --mem gpu: its rule is the reason
+        return spec.mechanism, spec.reason
     if spec.mechanism == "staged":
         return "staged", "staged requested: the bounce through pinned host memory"
     if spec.mechanism == "peermem":

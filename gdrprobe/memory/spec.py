@@ -10,7 +10,7 @@ import dataclasses
 from gdrprobe.defaults import GPU_ALLOCATION, GPU_ALLOCATIONS, MEM_CHOICES
 from gdrprobe.defaults import GPU_MEMORY_TYPES as MEMORY_TYPES
 from gdrprobe.errors import UsageError
-from gdrprobe.protocol.fields import field
+from gdrprobe.protocol.fields import field, peer_text
 
 MECHANISMS = ("auto", "dmabuf", "peermem")
 # Managed and pinned-host memory sit in (or migrate to) host pages the NIC reaches without
@@ -18,6 +18,7 @@ MECHANISMS = ("auto", "dmabuf", "peermem")
 GPUDIRECT_PROOF_MEMORY = "device"
 KINDS = ("host", "gpu")
 GPU_MECHANISMS = (*MECHANISMS, "staged")
+REASON_CHARS = 1000      # a peer's reason for its mechanism, as the server keeps it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,9 @@ class MemorySpec:
     # Device memory through VMM (NCCL's way, where supported) or cuMemAlloc; see
     # gdrprobe.memory.cuda_vmm. Managed and pinned-host memory have allocators of their own.
     allocation: str = GPU_ALLOCATION
+    # Why this mechanism where NCCL's decision chose it for --mem gpu (campaign/nccl_use.py
+    # as_nccl_registers); empty: as asked, or chosen when the buffer is opened.
+    reason: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -71,4 +75,5 @@ class MemorySpec:
                    gpu=field(message, "gpu", str), memory_type=field(message, "memory_type", str),
                    pcie_mapping=field(message, "pcie_mapping", bool),
                    huge_pages=field(message, "huge_pages", bool),
-                   allocation=field(message, "allocation", str, default=GPU_ALLOCATION))
+                   allocation=field(message, "allocation", str, default=GPU_ALLOCATION),
+                   reason=peer_text(field(message, "reason", str, default=""), REASON_CHARS))

@@ -28,10 +28,24 @@ differ) over the node's facts (:class:`NodeFacts`, which the doctor collects:
    NICs (on the NIC-to-GPU paths, which the detour of step 3 changes and PXN does not) and
    netsPerGpu set by NCCL_NETDEVS_POLICY (AUTO: DIVUP(NICs, GPUs); ALL; MAX:n).
 5. GDR (ncclTopoCheckGdr): the NIC must support it (:mod:`gdrprobe.nccl.gdr_support`),
-   the GPU too; for sends, NCCL_NET_GDR_READ=0 turns it off, and its default turns it off
-   on GPUs before sm80 that have no NVLink peer (unless they are the only GPU); then the
-   path type (the proxy GPU's, for PXN) must not exceed the GDR level. Its mode is PCI (a
-   PCIe mapping forced) for a C2C GPU whose path to the NIC is not P2C, else Default.
+   the GPU too, and an MLO partition needs NCCL_NET_GDR_MLOPART; for sends,
+   NCCL_NET_GDR_READ=0 turns it off, and its default turns it off on GPUs before sm80 that
+   have no NVLink peer (unless they are the only GPU); then the path type (the proxy GPU's,
+   for PXN) must not exceed the GDR level. Its mode is PCI (a PCIe mapping forced) for a C2C
+   GPU whose path to the NIC is not P2C, else Default. Where GDR is on, the memory is
+   registered through DMA-BUF or peer memory (``src/transport/net.cc`` useDmaBuf:
+   :meth:`gdrprobe.nccl.gdr_support.MemoryPaths.kind`).
+
+NCCL's topology holds the communicator's GPUs, not the node's (``src/graph/topo.cc``
+ncclTopoGetSystem fills a GPU for each rank on this host): the GPUs the job uses
+(``job_gpus``; all of the node's when not given) are the ones steps 2-5 count (the local
+GPUs, the PXN relays, "the only GPU", the NVLink peers), while NVML's index and which NVLink
+ends are NVSwitches stay the node's.
+
+Some settings decide alone, whatever the topology (:func:`environment_refusal`):
+NCCL_IB_DISABLE, NCCL_NET naming the socket transport, and a GDR level below every path a
+GPU can have to a NIC; the decision says so for every GPU, and holds where the topology
+could not be read.
 
 NVLink and C2C come from NVML; without it there is neither PXN nor P2C to see, and the
 decision says so.
@@ -41,17 +55,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
+from gdrprobe.nccl.cparse import atoi
 from gdrprobe.nccl.env import int_param, netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import MemoryPaths
 from gdrprobe.nccl.nets import Net, NetBuilder, physical_nets
-from gdrprobe.nccl.topo import (PATH_RANK, InterCpu, NcclPciTree, PcieEndpoint, PcieLink, Port,
+from gdrprobe.nccl.topo import (InterCpu, NcclPciTree, PcieEndpoint, PcieLink, Port,
                                 inter_cpu_bandwidth, link_bandwidth_gbs, nvlink_gbs_per_link, same_cpu)
-from gdrprobe.nccl.versions import GDR_C2C_SINCE, NcclRules
+from gdrprobe.nccl.versions import GDR_C2C_SINCE, NcclRules, dotted
 from gdrprobe.report.model import NcclChannel, NcclGpuDecision
 
 PRE_AMPERE = 80
+SOCKET_PATH = "socket"     # the decision's path where NCCL's socket transport carries the GPU's traffic
+# Settings NCCL leaves off by design and a job turns on to get GPUDirect: MLO partitions get
+# none unless NCCL_NET_GDR_MLOPART is set (paths.cc ncclTopoCheckGdr, 2.30.7). Off under
+# them is NCCL's policy, not a fault of the node.
+OPT_IN_SETTINGS = {"NCCL_NET_GDR_MLOPART": "1"}
+MLOPART = "MLOPart"        # src/init.cc fillInfo: strstr(prop.name, "MLOPart")
 
 
 # ---- the facts the rules read -------------------------------------------------------------
@@ -65,6 +86,15 @@ class GpuFacts:
     gdr_supported: bool | None = None      # CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
     c2c_links: int = 0                     # NVML's C2C link count (Grace)
     nvlinks: tuple[str, ...] = ()          # bus id at the far end of each active NVLink
+    mlo_part: int | None = None            # the MLO partition this CUDA device is (mlo_partition)
+
+
+def mlo_partition(cuda_name: str | None) -> int | None:
+    """The MLO partition a CUDA device is, as NCCL reads it from the device's name (src/init.cc
+    fillInfo, 2.30.7: ``strstr(prop.name, "MLOPart")`` and ``atoi`` of what follows); None:
+    a whole GPU."""
+    at = (cuda_name or "").find(MLOPART)
+    return None if at < 0 else atoi(cuda_name[at + len(MLOPART):])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,21 +145,25 @@ class Paths:
     to_gpu: dict[Net, dict[PcieEndpoint, PairPath]]
 
 
-def merge_path_type(first: str, second: str) -> str:
+def merge_path_type(first: str, second: str, rank: Mapping[str, int]) -> str:
     """paths.cc mergePathType: the worse of two, but C2C then PHB is P2C."""
     if {first, second} == {"C2C", "PHB"}:
         return "P2C"
-    return max(first, second, key=PATH_RANK.__getitem__)
+    return max(first, second, key=rank.__getitem__)
 
 
 class Machine:
     """NCCL's rules applied to one node's facts under one environment."""
 
-    def __init__(self, facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None):
+    def __init__(self, facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None,
+                 job_gpus: Collection[str] | None = None):
         self.facts = facts
         self.environ = environ
         self.rules = rules or NcclRules()
-        self.gpus = facts.gpus
+        self.rank = self.rules.path_rank
+        # The communicator's GPUs (the job's) are NCCL's GPUs; the node's stay for NVML's
+        # index and for telling an NVSwitch (a far end that is no GPU of the node) apart.
+        self.gpus = tuple(gpu for gpu in facts.gpus if job_gpus is None or gpu.bdf in job_gpus)
         self.tree = NcclPciTree(facts.gpus + facts.nics, dict(facts.switch_ids), self.rules.bcm_flatten)
         hca = environ.get("NCCL_IB_HCA")
         self.hca = parse_hca_filter(hca) if hca is not None else None
@@ -141,7 +175,7 @@ class Machine:
         # NCCL_DMABUF_ENABLE is read from this environment, like every other variable.
         self.support = facts.gdr_support.under(environ)
         self.level = self.rules.gdr_level(environ)
-        self.gpu_bdfs = {gpu.bdf for gpu in facts.gpus}
+        self.node_gpu_bdfs = {gpu.bdf for gpu in facts.gpus}
         # Memoised per machine (a class-level cache would keep every Machine alive).
         self.link_gbs = functools.cache(self._link_gbs)
         self.direct = functools.cache(self._direct)
@@ -169,7 +203,7 @@ class Machine:
         direct = self.nvlinks(gpu).count(peer.bdf)
         if direct:
             return direct
-        switched = [len([r for r in self.nvlinks(g) if r not in self.gpu_bdfs]) for g in (gpu, peer)]
+        switched = [len([r for r in self.nvlinks(g) if r not in self.node_gpu_bdfs]) for g in (gpu, peer)]
         return min(switched)
 
     def nvlink_gbs(self, gpu: PcieEndpoint, peer: PcieEndpoint) -> float:
@@ -202,20 +236,22 @@ class Machine:
             return []
         best = max(path.bw for path in options.values())
         top = {k: p for k, p in options.items() if p.bw == best}
-        lowest = min(PATH_RANK[p.type] for p in top.values())
-        return [k for k, p in top.items() if PATH_RANK[p.type] == lowest]
+        lowest = min(self.rank[p.type] for p in top.values())
+        return [k for k, p in top.items() if self.rank[p.type] == lowest]
 
     @functools.cached_property
     def before_pxn(self) -> dict[PcieEndpoint, dict[Net, PairPath]]:
+        """The direct paths, with P2C from a C2C GPU to the NICs of its CPU: its local ones
+        from 2.29.2, every one in 2.27.3-2.29.1 (versions.NcclRules.p2c_local_nics_only)."""
         table = {gpu: {net: self.direct(gpu, net) for net in self.nets} for gpu in self.gpus}
         if not self.rules.p2c_path:
             return table
         for gpu in self.gpus:
             if not self.c2c(gpu):
                 continue
-            for net in self.local(table[gpu]):
+            for net in self.local(table[gpu]) if self.rules.p2c_local_nics_only else self.nets:
                 path = table[gpu][net]
-                if same_cpu(gpu, net.device) and PATH_RANK[path.type] > PATH_RANK["P2C"]:
+                if same_cpu(gpu, net.device) and path.type == "PHB":
                     table[gpu][net] = dataclasses.replace(path, type="P2C")
         return table
 
@@ -236,7 +272,7 @@ class Machine:
         listed = self.facts.nvml_order or ()
         if gpu.bdf in listed:
             return listed.index(gpu.bdf)
-        return sorted(g.bdf for g in self.gpus).index(gpu.bdf)
+        return sorted(self.node_gpu_bdfs).index(gpu.bdf)
 
     def nets_per_gpu(self, gpu: PcieEndpoint, paths: Paths) -> int:
         nets = self.local(paths.to_net[gpu])
@@ -275,6 +311,10 @@ class Machine:
         if self.facts.gpu(gpu.bdf).gdr_supported is False:
             return Gdr(False, "the GPU does not support GPUDirect RDMA "
                               "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED=0)")
+        if self.facts.gpu(gpu.bdf).mlo_part is not None and not self.rules.mlo_part_gdr(self.environ):
+            return Gdr(False, f"the GPU is MLO partition {self.facts.gpu(gpu.bdf).mlo_part}: NCCL gives "
+                              "partitions no GPUDirect RDMA unless NCCL_NET_GDR_MLOPART is set non-zero "
+                              "(paths.cc ncclTopoCheckGdr, 2.30.7)")
         if read:
             refused = self.read_refusal(gpu)
             if refused:
@@ -309,18 +349,25 @@ class Machine:
         return "default"
 
     def read_refusal(self, gpu: PcieEndpoint) -> str | None:
-        """Why NCCL keeps the NIC from reading GPU memory on sends, or None."""
+        """Why NCCL keeps the NIC from reading GPU memory on sends, or None. The default
+        (-2, any negative) needs an NVLink peer among the communicator's GPUs, unless the GPU
+        is its only one: from 2.19.1 only before sm80, on every GPU before
+        (versions.NcclRules.gdr_read_pre_ampere_only)."""
         setting = int_param(self.environ, "NCCL_NET_GDR_READ", -2)
         if setting == 0:
             return f"NCCL_NET_GDR_READ={self.environ['NCCL_NET_GDR_READ']} turns send-side GDR off"
         cc = self.capability(gpu)
-        if setting > 0 or cc is None or cc >= PRE_AMPERE or len(self.gpus) == 1:
+        pre_ampere_only = self.rules.gdr_read_pre_ampere_only
+        if setting > 0 or len(self.gpus) == 1 or pre_ampere_only and (cc is None or cc >= PRE_AMPERE):
             return None
         if any(self.nvlink_count(gpu, peer) for peer in self.gpus if peer != gpu):
             return None
         nvlink = "no NVLink peer" if self.nvml_known else "no NVLink peer known (NVML unavailable)"
-        return (f"sm{cc} is older than Ampere and has {nvlink}: NCCL_NET_GDR_READ's default keeps "
-                "send-side GDR off to spare the PCIe bus")
+        if pre_ampere_only:
+            return (f"sm{cc} is older than Ampere and has {nvlink}: NCCL_NET_GDR_READ's default keeps "
+                    "send-side GDR off to spare the PCIe bus")
+        return (f"the GPU has {nvlink} among the job's GPUs: {self.rules.name}'s NCCL_NET_GDR_READ default "
+                "keeps send-side GDR off on every such GPU (before 2.19.1 not only before Ampere)")
 
     # -- step 3: the NIC loop -----------------------------------------------------------
     @functools.cached_property
@@ -334,23 +381,28 @@ class Machine:
                 if pxn:
                     self.try_pxn(gpu, net, paths)
                 path = paths.to_net[gpu][net]
-                if PATH_RANK[path.type] < PATH_RANK["PHB"]:
+                if self.rank[path.type] < self.rank["PHB"]:
                     gdr = self.gdr(gpu, net, path, False, paths)
                     if not gdr.on:
                         self.detour(gpu, net, paths, gdr.reason)
         return paths
 
     def try_pxn(self, gpu: PcieEndpoint, net: Net, paths: Paths) -> None:
+        """paths.cc ncclTopoComputePaths, PXN, as the release has it (versions.py): the
+        relay within NCCL_PXN_C2C's type of the NIC, over NVLink, with GDR to the NIC from
+        2.30.3; taken for more bandwidth (2.14.3 on) or where the own path is beyond the
+        release's limit (PXB, then PXN from 2.27.6)."""
         # Asked again for every pair, as NCCL does: earlier updates change the answer.
         peer = self.local_gpu(net, paths)
         if peer is None or peer == gpu or not self.nvlink_count(gpu, peer):
             return
         peer_path, own = paths.to_net[peer][net], paths.to_net[gpu][net]
-        if PATH_RANK[peer_path.type] > PATH_RANK[self.rules.pxn_level(self.environ)]:
+        if self.rank[peer_path.type] > self.rank[self.rules.pxn_level(self.environ)]:
             return
-        if not self.gdr(peer, net, peer_path, True, paths).on:
+        if self.rules.pxn_relay_needs_gdr and not self.gdr(peer, net, peer_path, True, paths).on:
             return
-        if peer_path.bw > own.bw or PATH_RANK[own.type] > PATH_RANK["PXN"]:
+        beyond = self.rank[own.type] > self.rank[self.rules.pxn_own_limit(self.environ)]
+        if beyond or self.rules.pxn_by_bandwidth and peer_path.bw > own.bw:
             paths.to_net[gpu][net] = PairPath("PXN", min(self.nvlink_gbs(gpu, peer), peer_path.bw), peer)
 
     def detour(self, gpu: PcieEndpoint, net: Net, paths: Paths, why: str) -> None:
@@ -358,7 +410,7 @@ class Machine:
         Grace, else PHB), then CPU to NIC (PHB, or SYS on another CPU)."""
         to_cpu, to_cpu_bw = ("C2C", float("inf")) if self.c2c(gpu) else ("PHB", self.link_gbs(gpu.bdf))
         onward, onward_bw = self.cpu_to_net(gpu, net)
-        kind, bw = merge_path_type(to_cpu, onward), min(to_cpu_bw, onward_bw)
+        kind, bw = merge_path_type(to_cpu, onward, self.rank), min(to_cpu_bw, onward_bw)
         before = paths.to_net[gpu][net]
         paths.to_net[gpu][net] = PairPath(kind, bw, detour=(before.type, why))
         paths.to_gpu[net][gpu] = PairPath(kind, bw)
@@ -381,10 +433,22 @@ def path_kind(path: PairPath) -> str:
     return {"PXN": "pxn", "P2C": "c2c"}.get(path.type, "direct")
 
 
-def no_nic_decision(gpu: PcieEndpoint) -> NcclGpuDecision:
+def no_nic_decision(gpu: PcieEndpoint, rules: NcclRules | None = None) -> NcclGpuDecision:
     return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=None, path="none", via_gpu=None,
                            path_type=None, bandwidth_gbs=0.0, gdr_write=False, gdr_read=False,
-                           why=("no RDMA NIC that NCCL may use",), candidates=())
+                           why=("no RDMA NIC that NCCL may use",), candidates=(), nccl_version=version_of(rules))
+
+
+def socket_decision(gpu: PcieEndpoint, rules: NcclRules, refusal: str) -> NcclGpuDecision:
+    """A GPU whose traffic NCCL's settings send through its socket transport, in host memory
+    (:func:`transport_refusal`): no RDMA NIC, no GPUDirect either way, for that reason."""
+    return dataclasses.replace(no_nic_decision(gpu, rules), path=SOCKET_PATH,
+                               why=(refusal, f"receive: {refusal}", f"send: {refusal}"))
+
+
+def version_of(rules: NcclRules | None) -> str | None:
+    """The release whose rules decided, as the report says it; None: unknown (2.30.7's rules)."""
+    return dotted(rules.version) if rules is not None and rules.version else None
 
 
 def channel(machine: Machine, gpu: PcieEndpoint, number: int) -> NcclChannel:
@@ -405,10 +469,13 @@ def detour_notes(machine: Machine, gpu: PcieEndpoint, chosen: Net) -> list[str]:
 
 
 def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
+    refused = transport_refusal(machine.environ, machine.rules)
+    if refused:
+        return socket_decision(gpu, machine.rules, refused)
     paths = machine.paths
     nic = machine.channel_nic(gpu, paths)
     if nic is None:
-        return no_nic_decision(gpu)
+        return no_nic_decision(gpu, machine.rules)
     candidates = tuple(n.label for n in machine.local(paths.to_net[gpu]))
     path = paths.to_net[gpu][nic]
     write, read = machine.gdr(gpu, nic, path, False, paths), machine.gdr(gpu, nic, path, True, paths)
@@ -431,20 +498,65 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
                    + machine.inter_cpu.source)
     if not machine.nvml_known:
         why.append("NVLink and C2C unknown (NVML unavailable): PXN and P2C are not considered")
-    if machine.capability(gpu) is None:
+    if machine.capability(gpu) is None and machine.rules.gdr_read_pre_ampere_only:
         why.append("compute capability unknown (no CUDA facts): the pre-Ampere send rule is not applied")
+    mechanism = machine.support.kind(nic.device.name, gpu.bdf) if write.on else None
     return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=nic.device.name, path=path_kind(path),
                            via_gpu=path.via.bdf if path.via else None, path_type=path.type,
                            bandwidth_gbs=round(path.bw, 2), gdr_write=write.on, gdr_read=read.on,
                            why=tuple(why), candidates=candidates, net=nic.label, gdr_mode=write.mode,
-                           mechanism=machine.support.kind(nic.device.name, gpu.bdf) if write.on else None,
+                           mechanism=mechanism,
+                           mechanism_reason=machine.support.registration_reason(nic.device.name, gpu.bdf)
+                           if mechanism else "",
                            channels=tuple(channel(machine, gpu, c) for c in range(machine.nets_per_gpu(gpu, paths))),
-                           detour_from=path.detour[0] if path.detour else None)
+                           detour_from=path.detour[0] if path.detour else None,
+                           nccl_version=version_of(machine.rules))
 
 
-def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None) -> tuple[NcclGpuDecision, ...]:
-    """Every GPU's decision under ``environ``, the environment as NCCL sees it (a what-if:
-    the same facts with a variable unset; every NCCL variable, NCCL_DMABUF_ENABLE too, is
-    read from it), by the rules of the NCCL in use (None: 2.30.7)."""
-    machine = Machine(facts, environ, rules)
+def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None,
+           job_gpus: Collection[str] | None = None) -> tuple[NcclGpuDecision, ...]:
+    """The decision for each of the job's GPUs (``job_gpus``: their bus ids, the
+    communicator's GPUs on this node; None: every GPU of the node) under ``environ``, the
+    environment as NCCL sees it (a what-if: the same facts with a variable unset; every
+    NCCL variable, NCCL_DMABUF_ENABLE too, is read from it), by the rules of the NCCL in use
+    (None: 2.30.7)."""
+    machine = Machine(facts, environ, rules, job_gpus)
     return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)
+
+
+# ---- where NCCL's environment alone decides ----------------------------------------------
+
+
+def transport_refusal(environ: Mapping[str, str], rules: NcclRules | None = None) -> str | None:
+    """Why NCCL uses no RDMA transport at all under this environment, or None: with
+    NCCL_IB_DISABLE non-zero its IB transport does not start (``src/transport/net_ib/init.cc``
+    ncclIbInitDevices, ``net_ib.cc`` ncclIbInit in older releases: ``if
+    (ncclParamIbDisable()) return ncclInternalError``), and NCCL_NET naming the socket transport picks it by name
+    (:meth:`gdrprobe.nccl.versions.NcclRules.selects_socket`): every byte then goes through
+    host memory."""
+    rules = rules or NcclRules()
+    if int_param(environ, "NCCL_IB_DISABLE", 0) != 0:
+        return (f"NCCL_IB_DISABLE={environ['NCCL_IB_DISABLE']} turns NCCL's InfiniBand/RoCE transport off "
+                "(net_ib/init.cc ncclIbInitDevices): NCCL sends through sockets in host memory")
+    if rules.selects_socket(environ):
+        return (f"NCCL_NET={environ['NCCL_NET']} selects the socket transport (plugin/net.cc ncclNetInit): "
+                "NCCL sends through host memory")
+    return None
+
+
+def level_refusal(environ: Mapping[str, str], rules: NcclRules | None = None) -> str | None:
+    """A GDR level below every distance a GPU can have to a NIC (LOC, NVL, NVB; C2C too
+    where the release does not count a C2C path as C2C): GPUDirect RDMA is off for every GPU
+    whatever the topology (paths.cc ncclTopoCheckGdr: ``distance > netGdrLevel``)."""
+    rules = rules or NcclRules()
+    level = rules.gdr_level(environ)
+    if level.raw is None or any(level.admits(d) for d in rules.nearest_gdr_distances(environ)):
+        return None
+    return (f"NCCL_NET_GDR_LEVEL={level.raw} means {level.name}: no NIC is that close to a GPU, so NCCL "
+            "turns GPUDirect RDMA off for every GPU (paths.cc ncclTopoCheckGdr)")
+
+
+def environment_refusal(environ: Mapping[str, str], rules: NcclRules | None = None) -> str | None:
+    """Why NCCL's environment alone keeps every GPU off GPUDirect RDMA, whatever the
+    topology (so it holds where the topology could not be read), or None."""
+    return transport_refusal(environ, rules) or level_refusal(environ, rules)

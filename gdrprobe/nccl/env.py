@@ -15,6 +15,7 @@ SYS), else NCCL keeps its default and says nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 from collections.abc import Mapping
 
@@ -39,18 +40,23 @@ def int_param(environ: Mapping[str, str], name: str, default: int) -> int:
 
 def relaxed_ordering_wanted(environ: Mapping[str, str]) -> bool:
     """NCCL_IB_PCI_RELAXED_ORDERING (default 2): 1 and 2 ask for relaxed ordering where the
-    verbs library offers it (IBVERBS_1.8), 0 turns it off (NCCL 2.x net_ib
-    ncclIbRelaxedOrderingCapable)."""
+    verbs library offers it (IBVERBS_1.8), any other value turns it off (net_ib
+    ncclIbRelaxedOrderingCapable: ``roMode == 1 || roMode == 2``). The one reading of it:
+    :meth:`gdrprobe.nccl.versions.NcclRules.relaxed_ordering` adds the release that has it,
+    and ``run``, ``check``, ``bench`` and the doctor all ask that."""
     return int_param(environ, "NCCL_IB_PCI_RELAXED_ORDERING", 2) in (1, 2)
 
 
 def gpu_allocation(environ: Mapping[str, str]) -> str:
-    """How NCCL allocates its GPU buffers: NCCL_CUMEM_ENABLE (default -2, auto) 0 turns the
-    cuMem (VMM) API off, any other value forced on or auto uses it where the driver and GPU
-    support it (src/misc/cudawrap.cc ncclCuMemEnable, ncclIsCuMemSupported: CUDA driver
-    12.0+ and CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED). "vmm" falls back to
-    cuMemAlloc where VMM is unsupported, as NCCL's auto does (memory/cuda_vmm.py)."""
-    return "malloc" if int_param(environ, "NCCL_CUMEM_ENABLE", -2) == 0 else "vmm"
+    """How NCCL 2.19.1+ allocates its GPU buffers (src/misc/cudawrap.cc ncclCuMemEnable:
+    ``param >= 0 ? param : (param == -2 && ncclCuMemSupported)``, default -2): a positive
+    value forces the cuMem (VMM) API, -2 uses it where the driver and GPU support it
+    (ncclIsCuMemSupported: CUDA driver 12.0+ and the VMM attributes), 0 and every other
+    negative value (-1 too) allocate with cudaMalloc. "vmm" falls back to cuMemAlloc where
+    VMM is unsupported, as NCCL's auto does (memory/cuda_vmm.py). Older releases:
+    :meth:`gdrprobe.nccl.versions.NcclRules.gpu_allocation`."""
+    setting = int_param(environ, "NCCL_CUMEM_ENABLE", -2)
+    return "vmm" if setting > 0 or setting == -2 else "malloc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +67,11 @@ class GdrLevel:
     raw: str | None                # the variable's value; None when unset
     ignored: bool                  # set to something NCCL does not parse, so the default holds
     undefined: bool = False        # a number NCCL reads outside its table: ``name`` is the default, assumed
+    # the release's path numbers (NcclRules.path_rank): the level is compared as a number
+    rank: Mapping[str, int] = dataclasses.field(default_factory=lambda: PATH_RANK, compare=False, repr=False)
 
     def admits(self, nccl_class: str) -> bool:
-        return PATH_RANK[nccl_class] <= PATH_RANK[self.name]
+        return self.rank[nccl_class] <= self.rank[self.name]
 
 
 def default_gdr_level(environ: Mapping[str, str]) -> str:
@@ -71,26 +79,29 @@ def default_gdr_level(environ: Mapping[str, str]) -> str:
     return "P2C" if int_param(environ, "NCCL_NET_GDR_C2C", 1) else "PXB"
 
 
-def gdr_level(environ: Mapping[str, str], default: str | None = None) -> GdrLevel:
+def gdr_level(environ: Mapping[str, str], default: str | None = None,
+              rank: Mapping[str, int] | None = None) -> GdrLevel:
     """NCCL_NET_GDR_LEVEL as NCCL parses it (src/graph/paths.cc ncclGetLevel): exact names;
     else, when the first character is a digit, ``int oldLevel = strtol(str, NULL, 0)`` (the
     long truncated to a C int; an overflow saturates at LONG_MAX first), clamped at the end
     of levelsOldToNew, where a negative int indexes before the table: undefined behaviour,
     reported as such with the default assumed; else ignored. ``default``: the release's own
-    (:meth:`gdrprobe.nccl.versions.NcclRules.default_gdr_level`), else 2.30.7's."""
+    (:meth:`gdrprobe.nccl.versions.NcclRules.default_gdr_level`), else 2.30.7's; ``rank``:
+    the release's path numbers."""
     raw = environ.get("NCCL_NET_GDR_LEVEL")
+    level = functools.partial(GdrLevel, raw=raw, rank=rank or PATH_RANK)
     default = default or default_gdr_level(environ)
     if raw is None:
-        return GdrLevel(default, None, ignored=False)
+        return level(default, ignored=False)
     if raw in PATH_RANK:
-        return GdrLevel(raw, raw, ignored=False)
+        return level(raw, ignored=False)
     if raw[:1] in "0123456789":
         number = strtoll(raw)
         number = c_int(INT64_MAX if number is None else number)
         if number < 0:
-            return GdrLevel(default, raw, ignored=False, undefined=True)
-        return GdrLevel(LEGACY_LEVELS[min(number, len(LEGACY_LEVELS) - 1)], raw, ignored=False)
-    return GdrLevel(default, raw, ignored=True)
+            return level(default, ignored=False, undefined=True)
+        return level(LEGACY_LEVELS[min(number, len(LEGACY_LEVELS) - 1)], ignored=False)
+    return level(default, ignored=True)
 
 
 # NCCL_NET_MERGE_LEVEL's names (src/graph/topo.cc nicPathKvList) with the path type each

@@ -17,6 +17,12 @@
   driver >= 11.7 and CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED != 0.
 - the NIC's verdict (``src/graph/topo.cc`` ncclTopoPopulateNics): GDR when peer memory, or
   both DMA-BUF halves; otherwise NCCL logs "GPU Direct RDMA Disabled for HCA".
+- the registration NCCL then makes (``src/transport/net.cc`` useDmaBuf, set in
+  sendProxySetup and recvProxySetup): DMA-BUF where the GPU half holds
+  (``proxyState->dmaBufSupport``) and the NIC registers DMA-BUF (``props.ptrSupport &
+  NCCL_PTR_DMABUF``), else peer memory (``ncclNetRegMr`` with the CUDA address). NCCL
+  2.13.x does not ask the NIC (:attr:`gdrprobe.nccl.versions.NcclRules.dmabuf_needs_nic`);
+  before 2.13.4 there is no DMA-BUF at all.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from gdrprobe.nccl.env import int_param
-from gdrprobe.nccl.versions import PEERMEM_FILES
+from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.model import Evidence
 
 DMABUF_MIN_CUDA_DRIVER = 11070          # cuDriverGetVersion() encoding of 11.7
@@ -73,9 +79,7 @@ class MemoryPaths:
     # The pairs NCCL would register memory for; unnamed stand-ins when the bus has none.
     nics: tuple[str, ...] = ("any NIC",)
     gpus: tuple[str, ...] = ("any GPU",)
-    peermem_files: tuple[str, ...] = PEERMEM_FILES   # the files the NCCL in use looks for
-    nccl_dmabuf: bool = True               # the NCCL in use can register through DMA-BUF (2.13.4 on)
-    nccl_name: str = "NCCL"                # "NCCL 2.12.12": who the reasons speak of
+    rules: NcclRules = NcclRules()         # the NCCL in use: its peer-memory files, DMA-BUF, name
     # A fact NCCL does not read: whether nvidia-peermem registered with the peer-memory API
     # (None: cannot tell; False: loaded, /sys/kernel/mm/memory_peers there, nv_mem not in it).
     peermem_registered: bool | None = None
@@ -86,31 +90,73 @@ class MemoryPaths:
         return dataclasses.replace(self, dmabuf_enabled=dmabuf_enabled(environ),
                                    dmabuf_enable_raw=environ.get("NCCL_DMABUF_ENABLE"))
 
+    @property
+    def peermem_files(self) -> tuple[str, ...]:
+        """The files whose presence means peer memory to the NCCL in use."""
+        return self.rules.peermem_files
+
+    @property
+    def nccl_name(self) -> str:
+        """Who the reasons speak of: "NCCL 2.12.12", or "NCCL" when its version is unknown."""
+        return self.rules.name
+
     def gpu_half(self, bdf: str) -> Half:
         return self.gpu_halves.get(bdf, self.default_gpu_half)
 
     def nic_half(self, nic: str) -> Half:
         return self.nic_halves.get(nic, self.default_nic_half)
 
-    def dmabuf(self, nic: str, gpu: str, enabled: bool | None = None) -> bool:
+    def gpu_dmabuf(self, gpu: str, enabled: bool | None = None) -> bool:
+        """The communicator's side (init.cc dmaBufSupported): a release with DMA-BUF,
+        NCCL_DMABUF_ENABLE not 0 (``enabled`` overrides it), the GPU's half."""
         on = self.dmabuf_enabled if enabled is None else enabled
-        return self.nccl_dmabuf and on and self.gpu_half(gpu).supported and self.nic_half(nic).supported
+        return self.rules.dmabuf and on and self.gpu_half(gpu).supported
+
+    def dmabuf(self, nic: str, gpu: str, enabled: bool | None = None) -> bool:
+        return self.gpu_dmabuf(gpu, enabled) and self.nic_half(nic).supported
 
     def nic_gdr(self, nic: str, gpu: str) -> bool:
         """topo.cc ncclTopoPopulateNics: (ptrSupport & CUDA) || (dmaBufSupport && (ptrSupport & DMABUF))."""
         return self.peermem_file is not None or self.dmabuf(nic, gpu)
 
-    def mechanism(self, nic: str, gpu: str) -> str | None:
-        """What NCCL registers GPU memory with for this pair: DMA-BUF is preferred (net.cc)."""
-        if self.dmabuf(nic, gpu):
-            return "DMA-BUF"
-        return "peer memory (nvidia-peermem)" if self.peermem_file else None
+    def registers_dmabuf(self, nic: str, gpu: str) -> bool:
+        """net.cc useDmaBuf: the GPU side, and the NIC's DMA-BUF property where the release asks it."""
+        return self.dmabuf(nic, gpu) if self.rules.dmabuf_needs_nic else self.gpu_dmabuf(gpu)
 
     def kind(self, nic: str, gpu: str) -> str | None:
-        """:meth:`mechanism` as the JSON names it: dmabuf, peermem, or None."""
-        if self.dmabuf(nic, gpu):
-            return "dmabuf"
-        return "peermem" if self.peermem_file else None
+        """What NCCL registers GPU memory with for this pair where it can use GDR with it:
+        dmabuf (preferred, net.cc useDmaBuf), peermem, or None."""
+        if not self.nic_gdr(nic, gpu):
+            return None
+        return "dmabuf" if self.registers_dmabuf(nic, gpu) else "peermem"
+
+    def mechanism(self, nic: str, gpu: str) -> str | None:
+        """:meth:`kind` in words."""
+        return {"dmabuf": "DMA-BUF", "peermem": "peer memory (nvidia-peermem)"}.get(self.kind(nic, gpu))
+
+    def registration_reason(self, nic: str, gpu: str) -> str:
+        """Why NCCL registers this pair's GPU memory the way :meth:`kind` says, with the rule
+        and the release; the other mechanism only as information."""
+        who = self.rules.described
+        peermem = (f"peer memory is there too ({self.peermem_file}), not what NCCL uses" if self.peermem_file
+                   else "no peer memory (" + ", ".join(self.peermem_files) + " absent)")
+        if self.kind(nic, gpu) == "dmabuf":
+            nic_side = (self.nic_half(nic).reason if self.rules.dmabuf_needs_nic
+                        else f"the NIC is not asked before 2.14.3 ({self.nic_half(nic).reason})")
+            return (f"{who} registers GPU memory through DMA-BUF (src/transport/net.cc useDmaBuf, src/init.cc "
+                    f"dmaBufSupported): NCCL_DMABUF_ENABLE is not 0, {self.gpu_half(gpu).reason}, {nic_side}; "
+                    + peermem)
+        blockers = self.dmabuf_blockers(nic, gpu)
+        return (f"{who} registers GPU memory through peer memory ({self.peermem_file}, net.cc ncclNetRegMr): "
+                f"DMA-BUF is not used because {'; '.join(blockers)} (information only: not measured)")
+
+    def dmabuf_blockers(self, nic: str, gpu: str) -> list[str]:
+        """Why NCCL does not register this pair through DMA-BUF."""
+        if not self.rules.dmabuf:
+            return [f"{self.nccl_name} predates DMA-BUF registration (NCCL 2.13.4)"]
+        parts = [f"NCCL_DMABUF_ENABLE={self.dmabuf_enable_raw} switches it off"] if not self.dmabuf_enabled else []
+        halves = (self.gpu_half(gpu), self.nic_half(nic)) if self.rules.dmabuf_needs_nic else (self.gpu_half(gpu),)
+        return parts + [half.reason for half in halves if not half.supported]
 
     def disabled_pairs(self, dmabuf_enabled: bool | None = None) -> list[tuple[str, str]]:
         """(NIC, GPU) pairs NCCL reports "GPU Direct RDMA Disabled" for (``dmabuf_enabled``
@@ -119,12 +165,19 @@ class MemoryPaths:
                 if not (self.peermem_file or self.dmabuf(nic, gpu, dmabuf_enabled))]
 
     def dmabuf_everywhere(self) -> bool:
-        return all(self.dmabuf(nic, gpu) for nic in self.nics for gpu in self.gpus)
+        """NCCL registers every pair's GPU memory through DMA-BUF."""
+        return all(self.kind(nic, gpu) == "dmabuf" for nic in self.nics for gpu in self.gpus)
+
+    def unasked_nics(self) -> list[str]:
+        """NICs that cannot register DMA-BUF but get DMA-BUF registrations all the same
+        (NCCL 2.13.x, :attr:`gdrprobe.nccl.versions.NcclRules.dmabuf_needs_nic`): they fail."""
+        return sorted({nic for nic in self.nics for gpu in self.gpus
+                       if self.kind(nic, gpu) == "dmabuf" and not self.nic_half(nic).supported})
 
     def why_not(self, nic: str, gpu: str) -> str:
         """Why NCCL says "GPU Direct RDMA Disabled" for this NIC and GPU."""
         parts = ["no peer-memory module (none of " + ", ".join(self.peermem_files) + " exists)"]
-        if not self.nccl_dmabuf:
+        if not self.rules.dmabuf:
             return "; ".join(parts + [f"{self.nccl_name} predates DMA-BUF registration (NCCL 2.13.4)"])
         if not self.dmabuf_enabled:
             parts.append(f"DMA-BUF is switched off by NCCL_DMABUF_ENABLE={self.dmabuf_enable_raw}")

@@ -80,7 +80,7 @@ class NcclUse:
 
     gpu: str                       # the GPU's PCI bus id
     nic: str | None                # the NIC NCCL uses for it (channel 0); None: none
-    path: str                      # direct | pxn | c2c | none
+    path: str                      # direct | pxn | c2c | socket | none
     via_gpu: str | None            # PXN: the NVLink peer whose memory the NIC reads on sends
     receives: bool                 # gdr_write: the NIC writes this GPU's memory directly
     sends: bool                    # gdr_read: the NIC reads GPU memory directly
@@ -93,6 +93,8 @@ class NcclUse:
     pcie_mapping: bool = False     # NCCL exports this GPU's DMA-BUF with the PCIe mapping type
     flush: bool = False            # NCCL reads back each GPUDirect receive into this GPU (its flush)
     flush_rule: str = ""           # the rule that decides it, with NCCL's source
+    mechanism: str | None = None   # what NCCL registers this GPU's memory through: dmabuf, peermem; None: no GDR
+    mechanism_reason: str = ""     # the rule and the NCCL release that chose it
 
     @property
     def uses_gdr(self) -> bool:

@@ -72,7 +72,7 @@ class NcclGpuDecision:
     gpu: str                      # GPU0, GPU1, ... in PCI bus order
     gpu_bdf: str
     nic: str | None               # the NIC channel 0 uses; None: no NIC NCCL may use
-    path: str                     # direct, pxn (through an NVLink peer), c2c (Grace), none
+    path: str                     # direct, pxn (through an NVLink peer), c2c (Grace), socket (host memory), none
     via_gpu: str | None           # pxn: bus id of the peer GPU whose NIC it is
     path_type: str | None         # NCCL's path type (PIX, PXB, P2C, PXN, PHB, SYS)
     bandwidth_gbs: float          # NCCL's path bandwidth, GB/s
@@ -86,6 +86,8 @@ class NcclGpuDecision:
     channels: tuple[NcclChannel, ...] = ()  # channel c uses channels[c % len(channels)]
     detour_from: str | None = None  # the path type NCCL had before GDR was found off on it and it
                                     # routed the path through the CPU (path_type is then PHB or P2C)
+    mechanism_reason: str = ""    # the rule and the NCCL release that chose the mechanism; the other as information
+    nccl_version: str | None = None  # the job's NCCL whose rules decided; None: unknown, 2.30.7's rules
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import pytest
 
 import gdrprobe
 from gdrprobe.errors import ExitCode, NoRdmaDevice, NotTestable
+from gdrprobe.nccl.versions import NcclRules
 
 NO_LIBCUDA = "libcuda.so.1: cannot open shared object file: No such file or directory"
 TOKEN = "a-token-of-32-characters-or-more-0123"
@@ -36,7 +37,8 @@ def machine(monkeypatch):
     monkeypatch.setattr(verbs, "devices", lambda: {"rxe0": None})
     monkeypatch.setattr(cuda, "driver_library_error", lambda: NO_LIBCUDA)
     monkeypatch.setattr(loopback, "runner", runner)
-    monkeypatch.setattr(campaign_machine, "doctor_findings", lambda local, loopback: ())
+    monkeypatch.setattr(campaign_machine, "run_facts", lambda local, loopback: None)
+    monkeypatch.setattr(campaign_machine, "nccl_view", lambda: ({}, NcclRules()))
     return started
 
 

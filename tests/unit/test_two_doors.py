@@ -23,7 +23,9 @@ def engine(monkeypatch, tmp_path):
     """Recorders in place of the run engine, the server, the doctor and MPI; the A/B's
     prerequisites (an RDMA device, the CUDA driver) are met."""
     from gdrprobe.campaign import cluster, machine
+    from gdrprobe.campaign.gate import GpuFacts, MachineFacts
     from gdrprobe.measure import loopback, server
+    from gdrprobe.nccl.versions import NcclRules
     from gdrprobe.memory import cuda
     from gdrprobe.rdma import verbs
 
@@ -60,8 +62,9 @@ def engine(monkeypatch, tmp_path):
     monkeypatch.setattr(verbs, "devices", lambda: {"mlx5_0": None})
     monkeypatch.setattr(cuda, "require_driver_library", lambda: None)
     monkeypatch.setattr(server, "ProbeServer", Server)
-    monkeypatch.setattr(machine, "doctor_findings",
-                        lambda local, loopback: FINDINGS if local.kind == "gpu" else ())
+    monkeypatch.setattr(machine, "run_facts", lambda local, loopback: MachineFacts(
+        GpuFacts(None, ()), {}, findings=FINDINGS) if local.kind == "gpu" else None)
+    monkeypatch.setattr(machine, "nccl_view", lambda: ({}, NcclRules()))
     monkeypatch.setattr(machine, "served_findings", lambda: FINDINGS)
     monkeypatch.setattr(cluster, "world", lambda: types.SimpleNamespace())
     monkeypatch.setattr(cluster, "run_cluster", run_cluster)

@@ -15,8 +15,9 @@ import functools
 from typing import Callable
 
 from gdrprobe.doctor.facts.context import DoctorContext
-from gdrprobe.nccl.decision import decide
-from gdrprobe.nccl.env import GdrLevel, int_value, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl.decision import SOCKET_PATH, decide, level_refusal
+from gdrprobe.nccl.env import (GdrLevel, int_value, netdevs_policy, parse_hca_filter, pxn_disabled,
+                               relaxed_ordering_wanted)
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
 from gdrprobe.nccl.topo import nccl_ports
 from gdrprobe.report import finding_ids as ids
@@ -54,8 +55,6 @@ SIMPLE_RULES = (
     Rule("NCCL_IB_DISABLE", is_nonzero, Status.FAIL,
          "NCCL will not use InfiniBand/RoCE verbs and falls back to TCP sockets through host memory: no GPUDirect RDMA",
          UNSET_FIX),
-    Rule("NCCL_NET", lambda value: value.strip().lower() == "socket", Status.FAIL,
-         "NCCL uses the socket transport: traffic goes through host memory, no GPUDirect RDMA", UNSET_FIX),
     Rule("NCCL_NET_GDR_READ", is_zero, Status.WARN,
          "NCCL will not let the NIC read GPU memory on the send side: sends stage through host memory, "
          "receives can still use GPUDirect RDMA", UNSET_FIX),
@@ -74,8 +73,10 @@ SIMPLE_RULES = (
          "Make sure the file describes this machine, or unset it to let NCCL detect the topology."),
     Rule("NCCL_PXN_DISABLE", lambda value: pxn_disabled({"NCCL_PXN_DISABLE": value}), Status.INFO,
          "NCCL will not relay through an NVLink peer GPU to that GPU's nearer NIC, so some GPUs use a farther NIC"),
-    Rule("NCCL_IB_PCI_RELAXED_ORDERING", is_zero, Status.INFO,
-         "NCCL registers memory without PCIe relaxed ordering, which costs bandwidth in virtual machines"),
+    Rule("NCCL_IB_PCI_RELAXED_ORDERING",
+         lambda value: not relaxed_ordering_wanted({"NCCL_IB_PCI_RELAXED_ORDERING": value}), Status.INFO,
+         "NCCL registers memory without PCIe relaxed ordering (only 1 and 2 ask for it), which costs bandwidth "
+         "in virtual machines"),
     Rule("NCCL_IB_CUDA_SUPPORT", always, Status.WARN,
          "removed in NCCL 2.4.0: no code reads it, so it has no effect",
          "Use NCCL_NET_GDR_LEVEL instead, or unset it."),
@@ -109,6 +110,15 @@ def simple_rule_findings(ctx: DoctorContext) -> list[Finding]:
             if rule.variable in ctx.environ and rule.applies(ctx.environ[rule.variable])]
 
 
+def net_findings(ctx: DoctorContext) -> list[Finding]:
+    """NCCL_NET naming the socket transport, matched as the job's NCCL matches it
+    (versions.NcclRules.selects_socket: any case from 2.13.4, exactly "Socket" before)."""
+    if not ctx.nccl_rules.selects_socket(ctx.environ):
+        return []
+    return [rule_finding(ctx, Rule("NCCL_NET", always, Status.FAIL, "NCCL uses the socket transport: traffic goes "
+                                   "through host memory, no GPUDirect RDMA", UNSET_FIX))]
+
+
 # ---- NCCL_NET_GDR_LEVEL -----------------------------------------------------
 
 
@@ -137,7 +147,7 @@ def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
                                 f"level is unknown; the doctor assumes the default {level.name}",
                         evidence=evidence,
                         fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
-    if not level.admits("PIX"):
+    if level_refusal(ctx.environ, ctx.nccl_rules):
         return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.FAIL,
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: no NIC is that close to a GPU, "
                                 "so NCCL disables GPUDirect RDMA everywhere",
@@ -230,7 +240,18 @@ def channel_words(decision: NcclGpuDecision) -> str:
                      for c in decision.channels) + " (then again from channel 0)"
 
 
+def socket_finding(decision: NcclGpuDecision) -> Finding:
+    """A GPU whose traffic NCCL's settings send through its socket transport: the per-GPU
+    answer agrees with the variable's finding."""
+    return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
+                   summary=f"{decision.gpu} ({decision.gpu_bdf}): NCCL moves this GPU's traffic through host memory, "
+                           f"WITHOUT GPUDirect RDMA: {decision.why[0]}",
+                   evidence=(Evidence("why", decision.why[0]),), fix=UNSET_FIX)
+
+
 def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_unregistered: bool = False) -> Finding:
+    if decision.path == SOCKET_PATH:
+        return socket_finding(decision)
     label = f"{decision.gpu} ({decision.gpu_bdf})"
     evidence = (Evidence("NIC NCCL uses (channel 0)", f"{decision.net or decision.nic}, {decision.bandwidth_gbs} GB/s; "
                                                         f"equal candidates: {', '.join(decision.candidates)}"),
@@ -239,6 +260,7 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_u
                 Evidence("GDR receive (NIC writes GPU memory)", "yes" if decision.gdr_write else "no"),
                 Evidence("GDR send (NIC reads GPU memory)", "yes" if decision.gdr_read else "no"),
                 Evidence("GDR mode, memory registered through", f"{decision.gdr_mode}, {decision.mechanism or '-'}"),
+                *((Evidence("registration", decision.mechanism_reason),) if decision.mechanism_reason else ()),
                 Evidence("why", "\n".join(decision.why)))
     where = f"{decision.net or decision.nic} {path_words(decision, names)}"
     if decision.gdr_write and decision.mechanism == "peermem" and peermem_unregistered:
@@ -267,6 +289,9 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_u
 
 
 def decision_fix(reason: str) -> str:
+    if "MLO partition" in reason:
+        return ("Set NCCL_NET_GDR_MLOPART=1 if this partitioned GPU should use GPUDirect RDMA (NCCL leaves it off "
+                "for MLO partitions by default).")
     if "GDR level" in reason and "NCCL_NET_GDR_LEVEL=" in reason:
         return "Unset NCCL_NET_GDR_LEVEL (NCCL's default admits PIX, PXB and P2C)."
     if "GDR level" in reason:
@@ -282,7 +307,8 @@ def decision_fix(reason: str) -> str:
 def decision_findings(ctx: DoctorContext) -> list[Finding]:
     names = {gpu.bdf: gpu.name for gpu in ctx.topology.gpus}
     unregistered = ctx.memory_paths.peermem_registered is False
-    return [decision_finding(d, names, unregistered) for d in ctx.nccl_decisions if d.nic is not None]
+    return [decision_finding(d, names, unregistered) for d in ctx.nccl_decisions
+            if d.nic is not None or d.path == SOCKET_PATH]
 
 
 # ---- the NCCL the job will load ----------------------------------------------------
@@ -360,8 +386,8 @@ def netdevs_policy_findings(ctx: DoctorContext) -> list[Finding]:
 
 
 def check(ctx: DoctorContext) -> list[Finding]:
-    findings = (simple_rule_findings(ctx) + dmabuf_enable_findings(ctx) + gdr_level_findings(ctx)
-                + ib_hca_findings(ctx) + netdevs_policy_findings(ctx))
+    findings = (simple_rule_findings(ctx) + net_findings(ctx) + dmabuf_enable_findings(ctx)
+                + gdr_level_findings(ctx) + ib_hca_findings(ctx) + netdevs_policy_findings(ctx))
     if not findings:
         findings.append(environment_ok_finding(ctx))
     return [library_finding(ctx)] + findings + decision_findings(ctx)

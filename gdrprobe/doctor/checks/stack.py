@@ -166,6 +166,15 @@ def path_finding(inventory: StackInventory) -> Finding:
     evidence = (Evidence(DRIVER_VERSION_FILE, inventory.driver_line),
                 Evidence(KERNEL_RELEASE_FILE, str(inventory.kernel_release))) + paths.evidence()
     disabled = inventory.paths.disabled_pairs()
+    unasked = paths.unasked_nics()
+    if unasked:
+        return finding(id=ids.STACK_PATH, status=Status.FAIL,
+                       summary=f"{paths.nccl_name} registers GPU memory through DMA-BUF with {', '.join(unasked)} "
+                               "without asking whether the NIC can (src/transport/net.cc before 2.14.3): "
+                               + paths.nic_half(unasked[0]).reason + "; its registrations will fail",
+                       evidence=evidence,
+                       fix="Upgrade the job's NCCL to 2.14.3 or newer, or set NCCL_DMABUF_ENABLE=0 so that it "
+                           "registers through peer memory.")
     if not disabled:
         mechanisms = sorted({paths.mechanism(nic, gpu) for nic in paths.nics for gpu in paths.gpus})
         inferred = any(paths.nic_half(nic).inferred for nic in paths.nics for gpu in paths.gpus

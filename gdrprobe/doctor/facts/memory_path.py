@@ -110,5 +110,5 @@ def read_memory_paths(ctx) -> MemoryPaths:
                        nic_halves=nics, default_nic_half=default_nic,
                        nics=tuple(n.name for n in ctx.topology.nics) or ("any NIC",),
                        gpus=gpu_bdfs or ("any GPU",),
-                       peermem_files=rules.peermem_files, nccl_dmabuf=rules.dmabuf, nccl_name=rules.name,
+                       rules=rules,
                        peermem_registered=peermem_registered(root))

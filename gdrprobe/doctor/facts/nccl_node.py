@@ -13,7 +13,7 @@ from typing import Any
 
 from gdrprobe.doctor.facts import nvml, pci
 from gdrprobe.doctor.facts.topology import CPUINFO, LOADED, NcclTopologyFile, PcieDevice
-from gdrprobe.nccl.decision import GpuFacts, NodeFacts
+from gdrprobe.nccl.decision import GpuFacts, NodeFacts, mlo_partition
 from gdrprobe.nccl.topo import nccl_parents
 from gdrprobe.nccl.topo_file import Placement
 
@@ -36,7 +36,8 @@ def gpu_facts(cuda_gpu: dict[str, Any], nvml_gpu: dict[str, Any] | None) -> GpuF
     return GpuFacts(capability=capability(cuda_gpu),
                     gdr_supported=None if supported is None else bool(supported),
                     c2c_links=nvml_gpu.get("c2c_link_count") or 0,
-                    nvlinks=tuple(nvml_gpu.get("nvlink_remote_bus_ids", ())))
+                    nvlinks=tuple(nvml_gpu.get("nvlink_remote_bus_ids", ())),
+                    mlo_part=mlo_partition(cuda_gpu.get("name")))
 
 
 def nvml_order(nvml_facts: dict[str, Any] | None) -> tuple[str, ...] | None:

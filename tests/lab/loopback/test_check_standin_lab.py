@@ -53,3 +53,19 @@ def test_the_screen_says_rxe_can_never_do_gpudirect_and_q_n_sets_the_qps(tmp_pat
     assert " QPs 1 " in text and " NIC rxe0: " in text
     assert text.rstrip().endswith(("exit 0: start the job", "exit 1: drain"))
     assert code in (0, 1)
+
+
+def test_a_gdr_level_no_path_reaches_holds_without_the_topology(tmp_path):
+    """The guest's GPU is the stand-in's (no NVIDIA function in sysfs) and its NIC Soft-RoCE:
+    NCCL's topology cannot be read, yet NCCL_NET_GDR_LEVEL=LOC keeps NCCL off GPUDirect
+    whatever it is (issue 28: was engaged, exit 0)."""
+    env = over_standin() | {"GDRPROBE_LOCK_DIR": str(tmp_path), "NCCL_NET_GDR_LEVEL": "LOC"}
+    env.pop("LOCAL_RANK", None)
+    done = gdrprobe("check", "--time-budget", "120", "-s", "64K", "--repeats", "1", "--json",
+                    env=env, timeout=600)
+    verdict = json.loads(done.stdout)["verdict"]
+    assert verdict["nccl"]["settings"] == ["NCCL_NET_GDR_LEVEL=LOC (environment)"]
+    assert verdict["nccl"]["firm"] and not verdict["nccl"]["node_fault"]
+    # A measurement the A/B calls degraded stays a node's answer (check.md); any other is NCCL's.
+    expected = ("degraded", 1) if verdict["classification"] == "degraded" else ("not used by NCCL", 10)
+    assert (verdict["classification"], verdict["exit_code"], done.returncode) == (*expected, expected[1])

@@ -391,3 +391,58 @@ def gh200_nic_beside_gpu(root) -> machines.SysfsTree:
     cuda_facts(tree, [gpu], name="NVIDIA GH200 480GB")
     nvml_facts(tree, [gpu], c2c=True)
     return tree
+
+
+# ---- issue 28: the registration NCCL uses, NCCL's release and environment ---------------------
+
+
+def dmabuf_and_peermem(root) -> machines.SysfsTree:
+    """Open module on 5.15 with MLNX_OFED: DMA-BUF works and nvidia-peermem is registered
+    with the peer-memory API as well (every release of NCCL finds it), so NCCL could register
+    either way and its release and NCCL_DMABUF_ENABLE choose."""
+    tree = dmabuf_only(root)
+    stack(tree, kernel="5.15.0-105-generic")
+    nvidia_peermem(tree, memory_peers=True)
+    return tree
+
+
+def grace_pair(root) -> machines.SysfsTree:
+    """Two Grace Hoppers in one node: each GPU reaches its own Grace over C2C, each Grace has
+    one 400 Gb/s NIC on a root port (P2C from its GPU, SYS from the other), and the two GPUs
+    share 18 NVLinks, so each can also reach the other Grace's NIC through its peer (PXN)."""
+    tree = machines.SysfsTree(root)
+    tree.cpuinfo(hypervisor=False)
+    gpus = []
+    for k in (0, 1):
+        cpus = "0-71" if k == 0 else "72-143"
+        gpu_host = tree.host_bridge(0x00, numa=k, cpus=cpus, domain=8 + k)
+        gpus.append(tree.gpu(tree.bridge(gpu_host, f"000{8 + k}:00:01.0", vendor=machines.NVIDIA),
+                             f"000{8 + k}:01:00.0"))
+        nic_host = tree.host_bridge(0x00, numa=k, cpus=cpus, domain=k)
+        tree.nic(tree.bridge(nic_host, f"000{k}:00:01.0", vendor=machines.NVIDIA), f"000{k}:01:00.0", f"mlx5_{k}")
+    links_everywhere(tree)
+    for k in (0, 1):
+        port_rate(tree, f"mlx5_{k}", 400)
+    stack(tree, driver=OPEN_DRIVER.replace("x86_64", "aarch64"), kernel="6.8.0-1013-nvidia-64k")
+    cuda_facts(tree, gpus, name="NVIDIA GH200 480GB")
+    nic_probe(tree, {"mlx5_0": EBADF, "mlx5_1": EBADF})
+    nvml_facts(tree, gpus, c2c=True, nvlink={gpus[0]: [gpus[1]] * 18, gpus[1]: [gpus[0]] * 18})
+    return tree
+
+
+def hopper_pair_without_nvlink(root) -> machines.SysfsTree:
+    """Two H100 PCIe cards (sm90) without NVLink bridges, each beside its NIC."""
+    tree = dmabuf_only(root)
+    nvml_facts(tree, gpu_bdfs(tree))
+    return tree
+
+
+def gpu_outside_sysfs(root) -> machines.SysfsTree:
+    """What a VM or a container without the GPU's PCI function shows (the lab's guests too):
+    the CUDA driver lists a GPU that sysfs has no NVIDIA function for, and the only RDMA
+    device is Soft-RoCE. NCCL's topology cannot be read here."""
+    tree = machines.SysfsTree(root)
+    tree.software_rdma("rxe0")
+    stack(tree)
+    cuda_facts(tree, ["0000:00:05.0"])
+    return tree

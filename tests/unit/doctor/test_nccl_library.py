@@ -186,9 +186,13 @@ def test_doctor_nccl_flag_json_and_capture_replay(tmp_path, capsys):
 
 @pytest.mark.parametrize("version, expected", [
     ((2, 30, 7), ()),
-    ((2, 28, 9), ("NCCL_NET_GDR_LEVEL defaults to PXB (changed in 2.29.2)",)),
+    ((2, 28, 9), ("PXN relays through an NVLink peer even where that peer has no GPUDirect RDMA",
+                  "NCCL_NET_GDR_LEVEL defaults to PXB (changed in 2.29.2)", "P2C to every NIC of a C2C GPU's CPU",
+                  "MLO partitions use GPUDirect RDMA like whole GPUs")),
     ((2, 8, 4), ("no DMA-BUF", "peer memory counts only", "no PXN", "no GPUDirect RDMA to NICs behind",
-                 "NCCL_NET_GDR_LEVEL defaults to PXB", "no NIC fusion", "no Broadcom switch", "channels spread"))])
+                 "NCCL_NET_GDR_LEVEL defaults to PXB", "NCCL_NET_GDR_READ's default keeps sends off",
+                 "MLO partitions", "no PCIe relaxed ordering", "NCCL_NET is matched case-sensitively",
+                 "no NIC fusion", "no Broadcom switch", "channels spread"))])
 def test_differences_from_2_30_7_name_each_rule_once(version, expected):
     found = NcclRules(version).differences()
     assert len(found) == len(expected) and all(f.startswith(e) for f, e in zip(found, expected))

@@ -3,7 +3,7 @@ from __future__ import annotations
 from .stack_machines import dmabuf_inventory, legacy_inventory, module, peermem_unregistered, write, context
 
 from gdrprobe.doctor.checks import stack
-from gdrprobe.nccl.gdr_support import PEERMEM_FILES
+from gdrprobe.nccl.versions import PEERMEM_FILES
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
