@@ -211,5 +211,5 @@ def gpu_flush(decision: NcclGpuDecision, facts: NodeFacts, environ: Mapping[str,
         gdr_receive=receives, capability=gpu.capability, gpu_c2c=bool(gpu.c2c_links),
         nic_path_type=decision.path_type, data_direct=data_direct_net(decision.net),
         peermem=support.peermem_file is not None,
-        nic_dmabuf=nic is not None and support.nccl_dmabuf and support.nic_half(nic).supported,
+        nic_dmabuf=nic is not None and support.rules.dmabuf and support.nic_half(nic).supported,
         environ=environ, version=version)
