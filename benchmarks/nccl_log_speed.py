@@ -167,10 +167,19 @@ def write_worst(out, rows: int) -> None:
                            f"[send] via NET/{'p' * 246}{tag}/{i}/GDRDMA x\n")
 
 
+def write_long_hosts(out, rows: int) -> None:
+    """Lines of the one-match format, each naming a new host of 60,000 characters."""
+    out.write(VERSION)
+    for i in range(rows):
+        out.write(f"{'h' * 60000}{i:07d}:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via "
+                  "NET/IB/0/GDRDMA\n")
+
+
 WRITERS = {"job": lambda out, args: write_job(out, args.mb),
            "crafted": lambda out, args: write_crafted(out, args.length, args.copies),
            "distinct": lambda out, args: write_distinct(out, args.rows),
-           "worst": lambda out, args: write_worst(out, args.rows)}
+           "worst": lambda out, args: write_worst(out, args.rows),
+           "long-hosts": lambda out, args: write_long_hosts(out, args.rows)}
 
 
 # ---- reading --------------------------------------------------------------------------------
@@ -207,6 +216,7 @@ HOSTILE = (   # name, writer, its argument
     ("crafted, 1 MiB lines", lambda out: write_crafted(out, 1 << 20)),
     ("10^6 distinct hosts and NICs", lambda out: write_distinct(out, 1_000_000)),
     ("every bound filled, 255-character names", lambda out: write_worst(out, 40_000)),
+    ("4000 hosts of 60,000 characters", lambda out: write_long_hosts(out, 4000)),
 )
 
 
@@ -243,7 +253,7 @@ def main() -> int:
     parser.add_argument("--kind", choices=sorted(WRITERS), default="job")
     parser.add_argument("--length", type=int, default=60 << 10, help="crafted: each line's length")
     parser.add_argument("--copies", type=int, default=1, help="crafted: lines of each kind")
-    parser.add_argument("--rows", type=int, default=100_000, help="distinct, worst: rounds")
+    parser.add_argument("--rows", type=int, default=100_000, help="distinct, worst, long-hosts: rounds")
     args = parser.parse_args()
     if args.write:
         with open(args.write, "w") as out:

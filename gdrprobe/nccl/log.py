@@ -64,6 +64,7 @@ MAX_LISTED_CHANNELS = 10_000    # channel lines kept for --lines; the rest are c
 # (net.cc: "%d[%d]", "%d[%lx]") take 28 characters at most.
 END_CHARS = 32
 MAX_FAST_KEYS = 4096         # distinct fast lines counted before they are folded in
+FAST_LINE_BYTES = 1024       # longer lines go record by record, where every name is cut
 
 
 class Remembered:
@@ -289,7 +290,8 @@ def scan_file(handle, path: str, keep_lines: bool) -> Scan:
 def read_raw(scan: Scan, number: int, raw: bytes, whole: bool) -> None:
     """One line (or piece): most lines of a large log in one match, counted by their
     fields and folded onto their NICs later; any other, record by record."""
-    if whole and not scan.keep_lines and (match := formats.FAST_LINE.fullmatch(raw)):
+    if (whole and not scan.keep_lines and len(raw) <= FAST_LINE_BYTES
+            and (match := formats.FAST_LINE.fullmatch(raw))):
         if match.group(5):
             scan.local_channels += 1
             return
