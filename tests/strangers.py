@@ -1,13 +1,25 @@
-"""Strangers for the hostile tests: idle connections to a server from many loopback
-addresses (127.0.0.x: Linux routes all of 127/8 to lo), each opened again as soon as the
-server cuts it. Bounded in connections and in time, served by one thread."""
+"""Strangers for the hostile tests and benchmarks, from many loopback addresses (127.0.0.x:
+Linux routes all of 127/8 to lo), bounded in connections and in time:
+
+- :class:`Strangers`: idle connections, each opened again as soon as the server cuts it,
+  served by one thread;
+- :class:`ProofFlood`: strangers that solve the server's puzzle, whatever it asks, and send
+  a random proof, again as soon as they are refused, a thread per address.
+"""
 
 from __future__ import annotations
 
+import collections
+import itertools
+import secrets
 import selectors
 import socket
 import threading
 import time
+
+from gdrprobe.errors import PeerError
+from gdrprobe.protocol import handshake as hs
+from gdrprobe.protocol.channel import Channel
 
 
 class Strangers:
@@ -73,3 +85,92 @@ class Strangers:
                 key.fileobj.close()
                 self.cut += 1
                 self._connect(key.data)
+
+
+class ProofFlood:
+    """`workers` threads (one per address unless told), each going round its share of
+    `addresses`, one connection at a time: hello, the puzzle the challenge asks solved, a
+    random proof, the refusal read; again at once. Until stop(), `max_proofs` proofs in all
+    or `max_s` seconds. Records the bits each challenge asked, the refusal codes, and the
+    CPU its threads spent (time.thread_time). Python solves on one core a process, so a
+    benchmark runs a flood per core with a few workers each: more threads than that only
+    share the core and miss the server's deadline."""
+
+    def __init__(self, port: int, addresses: list[str], max_proofs: int = 2000,
+                 max_s: float = 60.0, workers: int | None = None):
+        self.port, self.addresses = port, addresses
+        self.max_proofs, self.max_s = max_proofs, max_s
+        self.bits: list[int] = []
+        self.refusals: collections.Counter = collections.Counter()
+        self.cpu_s = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        workers = min(workers or len(addresses), len(addresses))
+        self._threads = [threading.Thread(target=self._run, args=(addresses[worker::workers],),
+                                          daemon=True, name=f"proof-flood-{worker}")
+                         for worker in range(workers)]
+
+    def __enter__(self) -> ProofFlood:
+        self._ends = time.monotonic() + self.max_s
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def wait_for(self, bits: int, proofs: int, timeout_s: float = 30.0) -> int:
+        """The most bits a challenge asked, once one asked `bits` and `proofs` proofs were
+        sent, or timeout_s has passed."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (max(self.bits, default=0) < bits
+                                               or len(self.bits) < proofs):
+            time.sleep(0.05)
+        return max(self.bits, default=0)
+
+    def _going(self) -> bool:
+        return (not self._stop.is_set() and time.monotonic() < self._ends
+                and len(self.bits) < self.max_proofs)
+
+    def _run(self, addresses: list[str]) -> None:
+        started = time.thread_time()
+        try:
+            for turn in itertools.count():
+                if not self._going():
+                    break
+                try:
+                    self._one(addresses[turn % len(addresses)])
+                except (OSError, PeerError):
+                    time.sleep(0.01)      # refused at accept, or cut: counted, tried again
+        finally:
+            with self._lock:
+                self.cpu_s += time.thread_time() - started
+
+    def _one(self, address: str) -> None:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10,
+                                        source_address=(address, 0))
+        channel = Channel(sock, 10.0, peer="server")
+        try:
+            mine = secrets.token_bytes(hs.NONCE_BYTES)
+            channel.send(hs.HELLO, nonce=mine.hex())
+            challenge = channel.receive(hs.CHALLENGE, hs.REFUSED)
+            if challenge["type"] == hs.REFUSED:
+                self._refused(challenge)
+                return
+            bits = challenge["puzzle_bits"]
+            solution = hs.solve_puzzle(bits, mine, bytes.fromhex(challenge["nonce"]))
+            with self._lock:
+                self.bits.append(bits)
+            channel.send(hs.AUTH, solution=solution.hex(), proof=secrets.token_hex(hs.PROOF_BYTES))
+            self._refused(channel.receive(hs.REFUSED))
+        finally:
+            channel.close()
+
+    def _refused(self, message: dict) -> None:
+        with self._lock:
+            self.refusals[str(message.get("reason"))] += 1

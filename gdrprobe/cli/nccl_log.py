@@ -19,14 +19,15 @@ def register(subparsers) -> None:
         help="read an NCCL_DEBUG=INFO log and say where GPUDirect RDMA was used",
         description="Per NIC and channel, whether NCCL used GPUDirect RDMA and, where the log says so, "
                     "how. Reads NCCL 2.4 to 2.30 and the IBext, SHARP and AWS OFI plugins; the file "
-                    "is streamed, so logs of any size are read whole.",
+                    "is streamed, so logs of any size are read whole, in bounded time and memory.",
         epilog="example: NCCL_DEBUG=INFO torchrun ... 2> train.log; gdrprobe nccl-log train.log",
     )
     parser.add_argument("file", metavar="FILE", help="log written with NCCL_DEBUG=INFO")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--lines", action="store_true",
-                        help="include every network channel line in the report (default: the summary "
-                             "per NIC; the lines of a large job's log can run to many thousands)")
+                        help="include the network channel lines in the report, up to a bound the report "
+                             "names (default: the summary per NIC; the lines of a large job's log can run "
+                             "to many thousands)")
     parser.set_defaults(handler=run)
 
 

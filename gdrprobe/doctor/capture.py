@@ -14,14 +14,23 @@ keeps) go to CAPTURE_DIR.
 
 A capture is written into a new directory beside DEST and renamed into place, so it is never
 merged with what DEST held: a reused bug-report directory would otherwise replay as a machine
-that does not exist. DEST must be new or empty, or (``replace``) an earlier capture.
+that does not exist. DEST must be new or empty, or (``replace``) an earlier capture, which is
+swapped for the new one in one step (renameat2 RENAME_EXCHANGE), so that a capture killed at
+any point leaves the old capture or the new one at DEST. Where the kernel or the file system
+cannot exchange, the old capture is renamed aside first, and the next capture into DEST puts
+it back if the run was killed between the two renames. Every run holds a lock (flock) on the
+hidden directories it writes; the next capture into DEST removes those no live run holds.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import json
 import os
 import posixpath
+import re
 import secrets
 import shutil
 from collections.abc import Mapping
@@ -37,6 +46,13 @@ CAPTURED_ENV_PREFIXES = ("NCCL_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
 CAPTURED_ENV_NAMES = ("HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX")
 MAX_FILE_BYTES = 1 << 20      # what SysRoot.read reads at most
 MAX_LINK_HOPS = 40            # the kernel's own limit on nested symbolic links
+# renameat2(2): RENAME_EXCHANGE (include/uapi/linux/fs.h), Linux 3.15 and glibc 2.28; a
+# kernel without the call says ENOSYS, a file system that cannot exchange EINVAL.
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+NO_EXCHANGE = (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP)
+STAGING_TAG = 8              # hexadecimal digits naming a staging directory: .DEST.<tag>
+OLD_SUFFIX = ".old"          # the earlier capture, renamed aside where there is no exchange
 ROOT_FIX = ("pass a directory written by 'gdrprobe capture DEST', or the root of a machine's "
             "file system with its sys/ and proc/ (the default, /, is this machine)")
 
@@ -179,45 +195,129 @@ def capture(dest_dir: str, root: str = "/", environ: Mapping[str, str] | None = 
     (only once the new one is complete). Nothing is ever merged."""
     check_root(root)
     dest_dir = os.path.abspath(dest_dir)
+    recover(dest_dir)
     check_destination(dest_dir, replace)
-    staging = _staging_beside(dest_dir)
+    staging, lock = _staging_beside(dest_dir), None
     try:
+        lock = _locked(staging, fcntl.LOCK_EX)
         copied = _capture_into(staging, root, environ, nccl)
         _move_into_place(staging, dest_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        _unlock(lock)
     return copied
 
 
 def _staging_beside(dest: str) -> str:
     """A new directory beside dest to write the capture into (dest's parent is created)."""
     parent = os.path.dirname(dest)
-    staging = os.path.join(parent, f".{os.path.basename(dest)}.{secrets.token_hex(4)}")
+    staging = os.path.join(parent, f".{os.path.basename(dest)}.{secrets.token_hex(STAGING_TAG // 2)}")
     try:
         os.makedirs(parent, exist_ok=True)
-        os.mkdir(staging)
+        os.mkdir(staging, 0o700)
     except OSError as error:
         raise UsageError(f"cannot write a capture into {dest}: {error.strerror or error} ({parent})",
                          "pass a DEST in a directory this user may write") from None
     return staging
 
 
+def _locked(path: str, how: int) -> int | None:
+    """A descriptor of the directory at path (never through a link) that holds its flock
+    for as long as this process lives; None where the file system has no locks (then no
+    run removes what another left). Raises BlockingIOError when LOCK_NB finds it held."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, how)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.ENOLCK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+        raise
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _vacant(dest: str) -> bool:
+    """Nothing at dest, or an empty directory (which a rename replaces)."""
+    return not os.path.lexists(dest) or (os.path.isdir(dest) and not os.path.islink(dest)
+                                         and not os.listdir(dest))
+
+
 def _move_into_place(staging: str, dest: str) -> None:
-    """Rename the finished capture to dest; an earlier capture there is moved aside first,
-    put back if the rename fails, and removed only after it (an empty dest is simply
-    replaced by rename)."""
-    if not os.path.lexists(dest) or not os.listdir(dest):
+    """Put the finished capture at dest: a rename onto a new or empty dest; an exchange
+    with an earlier capture, removed after; where there is no exchange, the earlier
+    capture renamed aside (locked, so that no other run takes it for a leftover), put
+    back if the second rename fails, removed only after it."""
+    if _vacant(dest):
         os.replace(staging, dest)
         return
-    old = f"{staging}.old"
-    os.rename(dest, old)
+    if _exchange(staging, dest):
+        shutil.rmtree(staging, ignore_errors=True)    # the earlier capture, now there
+        return
+    old = staging + OLD_SUFFIX
+    lock = _locked(dest, fcntl.LOCK_EX)
     try:
-        os.rename(staging, dest)
-    except BaseException:
-        os.rename(old, dest)
-        raise
-    shutil.rmtree(old)
+        os.rename(dest, old)
+        try:
+            os.rename(staging, dest)
+        except BaseException:
+            os.rename(old, dest)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        _unlock(lock)
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap two paths in one step; False where the kernel, the C library or the file system
+    cannot (then nothing was changed)."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(first), AT_FDCWD, os.fsencode(second), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in NO_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), first, None, second)
+
+
+def recover(dest: str) -> None:
+    """What killed captures left beside dest, that no live capture holds: an earlier
+    capture renamed aside (no exchange) goes back to dest when dest is gone; every other
+    hidden staging directory is removed. Only directories of this user, never a link."""
+    parent, name = os.path.split(dest)
+    pattern = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{{STAGING_TAG}}}(?:{re.escape(OLD_SUFFIX)})?")
+    try:
+        leftovers = sorted(entry for entry in os.listdir(parent or ".") if pattern.fullmatch(entry))
+    except OSError:
+        return                                         # no parent yet: nothing left there
+    for entry in leftovers:
+        _recover_one(os.path.join(parent, entry), dest)
+
+
+def _recover_one(path: str, dest: str) -> None:
+    try:
+        if os.lstat(path).st_uid != os.geteuid():
+            return
+        lock = _locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return                    # a link, not a directory, gone, or held by a live capture
+    if lock is None:
+        return                    # no locks here: it may be a live capture's
+    try:
+        if path.endswith(OLD_SUFFIX) and _vacant(dest):
+            os.replace(path, dest)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    finally:
+        _unlock(lock)
 
 
 def _capture_into(dest_dir: str, root: str, environ: Mapping[str, str] | None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 import socket
 import time
 
@@ -36,7 +37,18 @@ from gdrprobe.rdma.verbs import port_rate_gbps
 from gdrprobe.report.model import Integrity, RunReport, RunSettings
 
 CONNECT_RETRY_S = 0.5
-HANDSHAKE_TRIES = 3   # a connection dropped at a flooded door is tried again
+# A connection dropped at a flooded door is tried again, after a pause that doubles from
+# RETRY_FIRST_S up to RETRY_MAX_S, each drawn at random between half and all of it (so the
+# clients a flood pushed out do not come back together): at most 7.5 s of pauses in all.
+HANDSHAKE_TRIES = 5
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 4.0
+
+
+def retry_pause_s(attempt: int) -> float:
+    """The pause after the attempt-th refusal: half to all of a ceiling that doubles."""
+    ceiling = min(RETRY_FIRST_S * 2 ** (attempt - 1), RETRY_MAX_S)
+    return random.uniform(ceiling / 2, ceiling)
 
 
 def check_host(host: str) -> None:
@@ -150,18 +162,22 @@ class ProbeClient:
                          "check the address, the port (-p) and firewalls")
 
     def authenticated(self) -> Channel:
-        """A connection that proved the token. One the server dropped to make room (a
-        flood at its door) is tried again, HANDSHAKE_TRIES times in all."""
+        """A connection that proved the token. One the server dropped unproved (a flood at
+        its door) is tried again, HANDSHAKE_TRIES times in all, after a pause with jitter;
+        each pause is announced with the server's reason, in this client's words."""
         for attempt in range(1, HANDSHAKE_TRIES + 1):
             channel = self.connect()
             try:
-                authenticate_as_client(channel, self.token)
+                authenticate_as_client(channel, self.token, notice=self.notice)
                 return channel
             except Refused as error:
                 channel.close()
                 if error.code not in TRANSIENT_REFUSALS or attempt == HANDSHAKE_TRIES:
                     raise
-                self.notice(f"{error.cause}; trying again")
+                pause = retry_pause_s(attempt)
+                self.notice(f"{error.cause}; trying again in {pause:.1f} s "
+                            f"(try {attempt + 1} of {HANDSHAKE_TRIES})")
+                time.sleep(pause)
             except BaseException:
                 channel.close()
                 raise

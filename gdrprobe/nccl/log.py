@@ -15,12 +15,17 @@ source that prints each, are in :mod:`gdrprobe.nccl.log_formats`):
   up off for every NIC. With a plugin's ``GPU Direct RDMA (DMABUF) enabled for HCA 0`` it
   does prove the registration path (``net.cc``: useDmaBuf).
 
-The file is streamed: memory stays bounded whatever its size; the channel lines themselves
-are kept only when asked for.
+The file is streamed, and whatever it holds the reader stays bounded: in time, linear in the
+file (every pattern is, and a line over ``MAX_LINE_BYTES`` is read in pieces); in memory, by
+the bounds below on what it remembers (hosts, NICs, GPU-NIC pairs, names; channel lines
+only when asked for, and at most ``MAX_LISTED_CHANNELS``). Past a bound, records are counted
+together under ``OTHERS`` and the report says so: the verdict and the channel counts stay
+exact, only the breakdown per host or NIC is summarised.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import io
 import re
@@ -29,13 +34,65 @@ from collections.abc import Iterator
 from gdrprobe.errors import UsageError
 from gdrprobe.nccl import log_formats as formats
 from gdrprobe.nccl.log_summary import GDR_ENV, build_report
-from gdrprobe.report.nccl_log import NcclLogReport
+from gdrprobe.report.nccl_log import OTHER_NIC, OTHERS, NcclLogReport
 
 BLOCK_BYTES = 1 << 20        # read this much at a time
-MAX_LINE_BYTES = 1 << 20     # a longer "line" is read in pieces (memory stays bounded)
+# A longer line is read in pieces of this size and counted once as cut. NCCL writes one
+# record per write (debug.cc ncclDebugLog: a 1 KiB prefix buffer, then one vfprintf); a
+# line holds several only where processes' writes interleaved.
+MAX_LINE_BYTES = 64 << 10
 EXAMPLES = 3                 # unrecognised lines quoted in the report
 EXAMPLE_CHARS = 200
 READ_FIX = "pass the file the job wrote with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names it)"
+
+# What one log may make the reader remember, whatever it holds. Real logs stay far below:
+# NCCL names a host by its name up to the first dot (debug.cc getHostNameForLog) and has at
+# most 256 NICs a process (net_ib/common.h MAX_IB_VDEVS), 16 network plugins
+# (nccl_net.h NCCL_NET_MAX_PLUGINS) and 8 devices in a merged NIC
+# (NCCL_NET_MAX_DEVS_PER_NIC). docs/doctor.md gives the peak memory they allow, measured.
+NAME_CHARS = 255             # a host, NIC, GPU or network name is cut to this (DNS: 255 octets)
+MAX_HOSTS = 2048             # hosts named one by one; the records of the rest, under OTHERS
+MAX_NICS = 8192              # NICs (host, network, index) tallied one by one
+MAX_PAIRS = 8192             # distinct GPU-NIC pair decisions listed
+MAX_GPUS = 8192              # GPUs with DMA-BUF listed
+MAX_NAMES = 8192             # distinct NIC names and GPU and NIC ids
+MAX_FEW = 16                 # NCCL versions, network names, values of one variable
+MAX_VALUES = MAX_FEW * len(GDR_ENV)   # values of the variables read, and the plugins' reasons
+MAX_MEMBERS = 8              # devices of a merged NIC
+MAX_LISTED_CHANNELS = 10_000    # channel lines kept for --lines; the rest are counted
+# A channel's ends as listed, "rank[device]": a rank (int) and a bus id or device number
+# (net.cc: "%d[%d]", "%d[%lx]") take 28 characters at most.
+END_CHARS = 32
+MAX_FAST_KEYS = 4096         # distinct fast lines counted before they are folded in
+FAST_LINE_BYTES = 1024       # longer lines go record by record, where every name is cut
+
+
+class Remembered:
+    """Distinct names up to ``limit``, each cut to NAME_CHARS and kept once (every record
+    that names it shares that one string); past the limit a new name reads as OTHERS and
+    is counted in ``past``."""
+
+    __slots__ = ("limit", "known", "past", "keep_end")
+
+    def __init__(self, limit: int, keep_end: bool = False):
+        self.limit, self.keep_end = limit, keep_end
+        self.known: dict[str, str] = {}
+        self.past = 0
+
+    def cut(self, name: str) -> str:
+        if len(name) <= NAME_CHARS:
+            return name
+        return name[-NAME_CHARS:] if self.keep_end else name[:NAME_CHARS]
+
+    def __call__(self, name: str) -> str:
+        name = self.cut(name)
+        known = self.known.get(name)
+        if known is None:
+            if len(self.known) >= self.limit:
+                self.past += 1
+                return OTHERS
+            known = self.known[name] = name
+        return known
 
 
 class NicTally:
@@ -47,7 +104,7 @@ class NicTally:
     def __init__(self) -> None:
         self.name = self.port = self.link_layer = None
         self.members: tuple[str, ...] = ()
-        self.plugins: dict[str, None] = {}
+        self.plugins: dict[str, None] = {}           # network names: at most MAX_FEW + OTHERS
         self.enabled = self.disabled = 0             # "GPU Direct RDMA Enabled/Disabled for HCA"
         self.reasons: dict[str, None] = {}
         self.paths: dict[str, None] = {}             # what a plugin offers: DMA-BUF, nvidia-peermem
@@ -56,17 +113,22 @@ class NicTally:
 
 @dataclasses.dataclass
 class Scan:
-    """What the lines say, gathered in one pass; bounded by the number of distinct NICs,
-    GPU-NIC pairs and hosts, not by the length of the log (unless lines are kept)."""
+    """What the lines say, gathered in one pass; bounded by the limits above, not by the
+    length of the log or the number of hosts, NICs and channels it names."""
 
     keep_lines: bool = False
     versions: dict = dataclasses.field(default_factory=dict)        # (major, minor, patch)
-    hosts: dict = dataclasses.field(default_factory=dict)           # the records' hosts, first seen first
+    hosts: Remembered = dataclasses.field(default_factory=lambda: Remembered(MAX_HOSTS, keep_end=True))
+    host_lengths: list = dataclasses.field(default_factory=list)    # of the hosts known, ascending
+    names: Remembered = dataclasses.field(default_factory=lambda: Remembered(MAX_NAMES))
+    nets: Remembered = dataclasses.field(default_factory=lambda: Remembered(MAX_FEW))
+    values: Remembered = dataclasses.field(default_factory=lambda: Remembered(MAX_VALUES))
     nics: dict = dataclasses.field(default_factory=dict)            # (host, space, index) -> NicTally
     channels: list = dataclasses.field(default_factory=list)        # kept lines: see read_channel
     local_channels: int = 0
     pairs: dict = dataclasses.field(default_factory=dict)           # decision key -> count
     dmabuf_gpus: dict = dataclasses.field(default_factory=dict)     # (host, device)
+    dmabuf_hosts: dict = dataclasses.field(default_factory=dict)    # hosts with such a GPU
     env: dict = dataclasses.field(default_factory=dict)             # name -> {value}
     networks: dict = dataclasses.field(default_factory=dict)        # "Using network X"
     no_device: dict = dataclasses.field(default_factory=dict)       # host -> None
@@ -74,9 +136,12 @@ class Scan:
     ofi_dmabuf: dict = dataclasses.field(default_factory=dict)      # host -> bool
     ring_gdr: dict = dataclasses.field(default_factory=dict)        # GDR 0/1 -> count
     formats: dict = dataclasses.field(default_factory=dict)         # (name, versions) -> count
+    fast: dict = dataclasses.field(default_factory=dict)            # fast lines' groups -> count
     unrecognised: int = 0
     examples: list = dataclasses.field(default_factory=list)        # (line, text)
     cut_lines: int = 0
+    joined: int = 0              # records split across a line break, joined again
+    past: dict = dataclasses.field(default_factory=dict)            # what -> records past its bound
     lines: int = 0
     saw_nccl: bool = False
 
@@ -84,8 +149,56 @@ class Scan:
         key = (host, space, index)
         tally = self.nics.get(key)
         if tally is None:
+            if len(self.nics) >= MAX_NICS and key != OTHER_NIC:
+                self.count_past("nics")
+                return self.nic(*OTHER_NIC)
             tally = self.nics[key] = NicTally()
         return tally
+
+    def count_past(self, what: str) -> None:
+        self.past[what] = self.past.get(what, 0) + 1
+
+    def host_names(self) -> tuple[str, ...]:
+        return tuple(self.hosts.known) + ((OTHERS,) if self.hosts.past else ())
+
+    @property
+    def summarised(self) -> list[str]:
+        """What the bounds summarised: past them, records are counted together."""
+        past = dict(self.past)
+        past["pairs"] = past.pop("pairs on", 0) + past.pop("pairs off", 0)
+        for what in ("hosts", "names", "nets", "values"):
+            past[what] = getattr(self, what).past
+        said = past_bound()
+        return [said[what].format(n=count) for what, count in past.items() if count]
+
+    @property
+    def reading_notes(self) -> list[str]:
+        """What the report cannot show because of how the file was read."""
+        cut = [] if not self.cut_lines else [
+            f"{self.cut_lines} line(s) cut: without a line end (cut when the log was copied), or "
+            f"longer than {MAX_LINE_BYTES >> 10} KiB (read in pieces of that size): what they say "
+            "is read only where it is whole"]
+        return cut + self.summarised
+
+
+def past_bound() -> dict[str, str]:
+    """What each bound summarised, as the report says it ({n}: how many records)."""
+    return {
+        "hosts": f"the log names more than {MAX_HOSTS} hosts: the records of hosts past the first "
+                 f"{MAX_HOSTS} are counted together under host '{OTHERS}'",
+        "nics": f"the log names more than {MAX_NICS} NICs (by host, network and index): the records of "
+                f"NICs past the first {MAX_NICS} are counted together as NIC '{OTHERS}'",
+        "names": f"NIC, GPU and device names past the first {MAX_NAMES} distinct ones read as '{OTHERS}'",
+        "nets": f"network names past the first {MAX_FEW} distinct ones read as '{OTHERS}'",
+        "values": f"variable values and plugin reasons past the first {MAX_VALUES} distinct ones read as "
+                  f"'{OTHERS}'",
+        "pairs": f"{{n}} GPU-NIC pair decision line(s) past the first {MAX_PAIRS} distinct decisions are "
+                 "counted (on or off), not listed",
+        "gpus": f"{{n}} line(s) naming GPUs with DMA-BUF past the first {MAX_GPUS} are not listed",
+        "versions": f"{{n}} NCCL version line(s) naming versions past the first {MAX_FEW} are not listed",
+        "channels": f"{{n}} network channel line(s) past the first {MAX_LISTED_CHANNELS} are counted, not "
+                    "listed",
+    }
 
 
 # ---- reading the file ----------------------------------------------------------------------
@@ -93,30 +206,49 @@ class Scan:
 
 NCCL_MARK = re.compile(rb"NCCL (?:INFO|WARN|TRACE) |NCCL version \d")
 CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")   # not tab, line ends, form feed, ESC
+# A line whose last record may be a channel line a terminal wrapped (see formats.continued).
+CHANNEL_RECORD = re.compile(rb"NCCL INFO (?:Channel|Ring|Coll)")
 
 
-def blocks(handle, head: bytes, scan: Scan) -> Iterator[tuple[int, list[bytes], bool]]:
-    """The file's lines a block at a time, starting with the head already read (so a pipe,
-    <(zcat log.gz), reads too): the number of the block's first line, its lines, and whether
-    the last of them ended without a line end (the end of the file, or a line longer than
-    MAX_LINE_BYTES read in pieces). Memory: a block and a line at most."""
-    number, tail, block = 1, b"", head
+def lines_of(handle, head: bytes, scan: Scan) -> Iterator[tuple[int, bytes, bool]]:
+    """The file's lines, starting with the head already read (so a pipe, <(zcat log.gz),
+    reads too): each line's number, its bytes and whether it ended with a line end. A line
+    longer than MAX_LINE_BYTES comes in pieces of at most that size, all with its number,
+    all but the last as not ended; it is counted once in scan.cut_lines, and so is a last
+    line with no line end. Memory: a block and a piece at most."""
+    number, tail, block, long_line = 1, b"", head, False
     while block:
         if not scan.saw_nccl:
             scan.saw_nccl = NCCL_MARK.search(tail[-32:] + block) is not None
         lines = (tail + block).split(b"\n")
         tail = lines.pop()
-        cut = len(tail) > MAX_LINE_BYTES
-        if cut:
-            lines.append(tail)
-            tail = b""
-        yield number, lines, cut
-        number += len(lines)
+        for line in lines:
+            if long_line or len(line) > MAX_LINE_BYTES:
+                scan.cut_lines += not long_line
+                yield from pieces(number, line, ended=True)
+                long_line = False
+            else:
+                yield number, line, True
+            number += 1
+        if len(tail) > MAX_LINE_BYTES:       # a long line still going: its pieces so far
+            scan.cut_lines += not long_line
+            long_line = True
+            whole = len(tail) - len(tail) % MAX_LINE_BYTES
+            yield from pieces(number, tail[:whole], ended=False)
+            tail = tail[whole:]
         block = handle.read(BLOCK_BYTES)
-    if tail:
-        yield number, [tail], True
+    if tail or long_line:
+        scan.cut_lines += bool(tail.strip()) and not long_line
+        if tail:
+            yield number, tail, False
         number += 1
     scan.lines = number - 1
+
+
+def pieces(number: int, line: bytes, ended: bool) -> Iterator[tuple[int, bytes, bool]]:
+    for start in range(0, max(len(line), 1), MAX_LINE_BYTES):
+        piece = line[start:start + MAX_LINE_BYTES]
+        yield number, piece, ended and start + MAX_LINE_BYTES >= len(line)
 
 
 def check_text(head: bytes, path: str) -> None:
@@ -133,42 +265,77 @@ def check_text(head: bytes, path: str) -> None:
 
 
 def scan_file(handle, path: str, keep_lines: bool) -> Scan:
+    """Every line read, each once the next has been seen: a line that can only be the end
+    of the record before it is read as part of that record."""
     head = handle.read(BLOCK_BYTES)
     check_text(head, path)
     scan = Scan(keep_lines=keep_lines)
-    keywords, fast = formats.KEYWORDS.search, formats.FAST_LINE.fullmatch
-    counts: dict[tuple, int] = {}       # the fast lines' groups (bytes) -> how many
-    for first, lines, last_cut in blocks(handle, head, scan):
-        if last_cut:
-            scan.cut_lines += bool(lines[-1].strip())
-        last = len(lines) - 1
-        for offset, raw in enumerate(lines):
-            whole = offset < last or not last_cut
-            if whole and not keep_lines and (match := fast(raw)):
-                # Most lines of a large log: counted here, folded onto their NICs at the end.
-                if match.group(5):
-                    scan.local_channels += 1
-                    continue
-                key = match.groups()
-                if key not in counts:
-                    counts[key] = 0
-                    scan_host(scan, key[0].decode("utf-8", "replace"), glued=False)
-                counts[key] += 1
-            elif keywords(raw):
-                read_line(scan, first + offset, raw.decode("utf-8", "replace").rstrip("\r"), whole)
-    fold_fast_lines(scan, counts)
+    held = None
+    for line in lines_of(handle, head, scan):
+        if held is not None:
+            if join_split_record(scan, held, line):
+                held = None
+                continue
+            read_raw(scan, *held)
+        held = line
+    if held is not None:
+        read_raw(scan, *held)
+    fold_fast_lines(scan)
     if not scan.saw_nccl:
         raise UsageError(f"no NCCL line in {path}: no 'NCCL INFO' record and no 'NCCL version' line",
                          fix="run the job with NCCL_DEBUG=INFO and " + READ_FIX)
     return scan
 
 
-def fold_fast_lines(scan: Scan, counts: dict[tuple, int]) -> None:
+def read_raw(scan: Scan, number: int, raw: bytes, whole: bool) -> None:
+    """One line (or piece): most lines of a large log in one match, counted by their
+    fields and folded onto their NICs later; any other, record by record."""
+    if (whole and not scan.keep_lines and len(raw) <= FAST_LINE_BYTES
+            and (match := formats.FAST_LINE.fullmatch(raw))):
+        if match.group(5):
+            scan.local_channels += 1
+            return
+        key = match.groups()
+        if key not in scan.fast:
+            if len(scan.fast) >= MAX_FAST_KEYS:
+                fold_fast_lines(scan)
+            scan.fast[key] = 0
+            scan_host(scan, key[0].decode("utf-8", "replace"), glued=False)
+        scan.fast[key] += 1
+    elif formats.KEYWORDS.search(raw):
+        read_records(scan, number, formats.records(text_of(raw)), whole)
+
+
+def text_of(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").rstrip("\r")
+
+
+def join_split_record(scan: Scan, held: tuple[int, bytes, bool], line: tuple[int, bytes, bool]) -> bool:
+    """Read the held line's last record joined with the next line, when that line holds no
+    NCCL record and can only be its end (formats.continued); whether it did."""
+    number, held_raw, held_ended = held
+    raw = line[1]
+    if (not held_ended or b"NCCL INFO " in raw or NCCL_MARK.search(raw) is not None
+            or CHANNEL_RECORD.search(held_raw) is None):
+        return False
+    found = formats.records(text_of(held_raw))
+    if not found:
+        return False
+    joined = formats.continued(found[-1].message, text_of(raw))
+    if joined is None:
+        return False
+    scan.joined += 1
+    read_records(scan, number, found[:-1] + [found[-1]._replace(message=joined)], line[2])
+    return True
+
+
+def fold_fast_lines(scan: Scan) -> None:
     """Count the lines read in one match (formats.FAST_LINE), tallied by their fields, as
     their readers count the others."""
-    for groups, count in counts.items():
+    for groups, count in scan.fast.items():
         host, net, nic, gdrdma, _, gdr_net, state, index, name = (
             None if group is None else group.decode("utf-8", "replace") for group in groups)
+        host = scan_host(scan, host, glued=False)
         line_format = formats.CHANNEL_FORMATS[0] if net else formats.NIC_GDR_FORMAT
         key = (line_format.name, line_format.versions)
         scan.formats[key] = scan.formats.get(key, 0) + count
@@ -176,13 +343,13 @@ def fold_fast_lines(scan: Scan, counts: dict[tuple, int]) -> None:
             count_channel(scan, host, net, int(nic), bool(gdrdma), count)
         else:
             count_nic_gdr(scan, host, gdr_net, int(index), name, state == "Enabled", None, count)
+    scan.fast.clear()
 
 
 # ---- reading one line ----------------------------------------------------------------------
 
 
-def read_line(scan: Scan, number: int, line: str, whole: bool) -> None:
-    found = formats.records(line)
+def read_records(scan: Scan, number: int, found: list[formats.Record], whole: bool) -> None:
     for position, (host, message, glued) in enumerate(found):
         last = position == len(found) - 1
         # A record ends cut where the line does, or where the next one is glued on without
@@ -192,17 +359,24 @@ def read_line(scan: Scan, number: int, line: str, whole: bool) -> None:
 
 
 def scan_host(scan: Scan, host: str, glued: bool) -> str:
-    """The host a record came from. A record glued to the one before without a space may
-    carry the end of that message in its host ("GDRDMAnode2"): a known host it ends with
-    is taken instead."""
-    if host in scan.hosts or not host:
+    """The host a record came from, as remembered (past MAX_HOSTS: OTHERS). A record glued
+    to the one before without a space may carry the end of that message in its host
+    ("GDRDMAnode2"): the longest known host it ends with is taken instead."""
+    if not host:
         return host
+    host = scan.hosts.cut(host)
+    known = scan.hosts.known.get(host)
+    if known is not None:
+        return known
     if glued:
-        known = [name for name in scan.hosts if host.endswith(name)]
-        if known:
-            return max(known, key=len)
-    scan.hosts[host] = None
-    return host
+        # One look-up per length a known host has (at most NAME_CHARS), the longest first.
+        for length in reversed(scan.host_lengths):
+            if length < len(host) and (known := scan.hosts.known.get(host[-length:])):
+                return known
+    remembered = scan.hosts(host)
+    if remembered is not OTHERS and len(host) not in scan.host_lengths:
+        bisect.insort(scan.host_lengths, len(host))
+    return remembered
 
 
 def read_message(scan: Scan, number: int, host: str, message: str, cut: bool) -> None:
@@ -239,12 +413,31 @@ def read_channel(scan: Scan, number: int, host: str, match, cut: bool, collnet: 
     transport = count_channel(scan, host, match.group("net"), int(match.group("nic")), gdrdma, 1,
                               collnet)
     if scan.keep_lines:
-        scan.channels.append((number, host, match, gdrdma, collnet, transport))
+        keep_channel(scan, number, host, match.groupdict(), gdrdma, collnet, transport)
+
+
+def keep_channel(scan: Scan, number: int, host: str, fields: dict, gdrdma: bool | None,
+                 collnet: bool, transport: str) -> None:
+    """A channel line for --lines, as the few fields the report shows (names cut like
+    every name), up to MAX_LISTED_CHANNELS; the rest are counted, not listed."""
+    if len(scan.channels) >= MAX_LISTED_CHANNELS:
+        scan.count_past("channels")
+        return
+    device, peer_device = fields.get("dev"), fields.get("pdev")
+    scan.channels.append((
+        number, host, int(fields["channel"]), fields["dir"],
+        (fields["rank"] + (f"[{device}]" if device else ""))[:END_CHARS],
+        "" if collnet else (fields["peer"] + (f"[{peer_device}]" if peer_device else ""))[:END_CHARS],
+        transport, scan.nets(fields["net"]), int(fields["nic"]),
+        int(fields["proxy"]) if fields.get("proxy") else None, gdrdma,
+        bool(fields["pci"]), bool(fields["shared"]), collnet))
 
 
 def count_channel(scan: Scan, host: str, net: str, nic: int, gdrdma: bool | None, count: int,
                   collnet: bool = False) -> str:
-    """Count channel lines on their NIC; returns their transport, normalised."""
+    """Count channel lines on their NIC; returns their transport, normalised (a name
+    transport_of knows, or the network's name as remembered)."""
+    net = scan.nets(net)
     transport = formats.transport_of(net, collnet)
     tally = scan.nic(host, formats.nic_space(transport), nic)
     tally.plugins[net] = None
@@ -265,14 +458,17 @@ def read_nic_list(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     net = match.group("net")
     for index, (name, port, layer, members) in enumerate(formats.nic_list(match.group("devices"), net)):
         tally = scan.nic(host, net, index)
-        tally.name, tally.port, tally.link_layer, tally.members = name, port, layer, members
+        tally.name, tally.port = scan.names(name), port
+        tally.link_layer = layer if layer is None else scan.names(layer)
+        tally.members = tuple(scan.names(member) for member in members[:MAX_MEMBERS])
 
 
 def read_virtual_nic(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     tally = scan.nic(host, "IB", int(match.group("index")))
-    tally.name = match.group("name")
+    tally.name = scan.names(match.group("name"))
     if int(match.group("ndevs")) > 1:
-        tally.members = tuple(tally.name.split("+"))
+        tally.members = tuple(scan.names(member)
+                              for member in match.group("name").split("+")[:MAX_MEMBERS])
 
 
 def read_nic_gdr(scan: Scan, number: int, host: str, match, cut: bool) -> None:
@@ -282,8 +478,9 @@ def read_nic_gdr(scan: Scan, number: int, host: str, match, cut: bool) -> None:
 
 def count_nic_gdr(scan: Scan, host: str, net: str, index: int, name: str, enabled: bool,
                   reason: str | None, count: int) -> None:
+    net = scan.nets(net)
     tally = scan.nic(host, formats.nic_space(formats.transport_of(net)), index)
-    tally.name = name
+    tally.name = scan.names(name)
     tally.plugins[net] = None
     if enabled:
         tally.enabled += count
@@ -294,29 +491,42 @@ def count_nic_gdr(scan: Scan, host: str, net: str, index: int, name: str, enable
 
 def read_nic_path(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     tally = scan.nic(host, "IB", int(match.group("index")))
-    tally.name = tally.name or match.group("name")
+    tally.name = tally.name or scan.names(match.group("name"))
     tally.paths["DMA-BUF" if match.group("path") == "DMABUF" else "nvidia-peermem"] = None
 
 
 def read_pair(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     fields = match.groupdict()
-    key = (host, fields["gpu"], fields["nic"], fields["state"] == "Enabled", int(fields["distance"]),
+    enabled = fields["state"] == "Enabled"
+    names = scan.names
+    key = (host, names(fields["gpu"]), names(fields["nic"]), enabled, int(fields["distance"]),
            int(fields["level"]), f"{fields['distance']} {fields['op']} {fields['level']}",
-           fields.get("read"), fields.get("mode"), fields.get("pxn"))
+           fields.get("read"), fields.get("mode") and names(fields["mode"]),
+           fields.get("pxn") and names(fields["pxn"]))
+    if key not in scan.pairs and len(scan.pairs) >= MAX_PAIRS:
+        scan.count_past("pairs on" if enabled else "pairs off")
+        return
     scan.pairs[key] = scan.pairs.get(key, 0) + 1
 
 
 def read_version(scan: Scan, number: int, host: str, match, cut: bool) -> None:
-    scan.versions[tuple(int(part) for part in match.group("major", "minor", "patch"))] = None
+    version = tuple(int(part) for part in match.group("major", "minor", "patch"))
+    if version in scan.versions or len(scan.versions) < MAX_FEW:
+        scan.versions[version] = None
+    else:
+        scan.count_past("versions")
 
 
 def read_env(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     if match.group("name") in GDR_ENV:
-        scan.env.setdefault(match.group("name"), {})[match.group("value").rstrip(".")] = None
+        values = scan.env.setdefault(match.group("name"), {})
+        value = scan.values(match.group("value").rstrip("."))
+        if value in values or len(values) < MAX_FEW:
+            values[value] = None
 
 
 def read_network(scan: Scan, number: int, host: str, match, cut: bool) -> None:
-    scan.networks[match.group("net")] = None
+    scan.networks[scan.nets(match.group("net"))] = None
 
 
 def read_no_device(scan: Scan, number: int, host: str, match, cut: bool) -> None:
@@ -324,12 +534,17 @@ def read_no_device(scan: Scan, number: int, host: str, match, cut: bool) -> None
 
 
 def read_gpu_dmabuf(scan: Scan, number: int, host: str, match, cut: bool) -> None:
-    scan.dmabuf_gpus[(host, int(match.group("device")))] = None
+    scan.dmabuf_hosts[host] = None
+    key = (host, int(match.group("device")))
+    if key in scan.dmabuf_gpus or len(scan.dmabuf_gpus) < MAX_GPUS:
+        scan.dmabuf_gpus[key] = None
+    else:
+        scan.count_past("gpus")
 
 
 def read_ofi(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     if "reason" in match.groupdict():
-        scan.ofi_gdr_off[host] = match.group("reason")
+        scan.ofi_gdr_off[host] = scan.values(match.group("reason"))
     else:
         scan.ofi_dmabuf[host] = match.group("supported") == "true"
 
@@ -358,7 +573,8 @@ def parse_nccl_log(text: str, source: str = "", lines: bool = True) -> NcclLogRe
 
 
 def read_nccl_log(path: str, lines: bool = False) -> NcclLogReport:
-    """What the log at path proves, read as a stream; lines=True keeps every channel line."""
+    """What the log at path proves, read as a stream; lines=True keeps every channel line
+    (up to MAX_LISTED_CHANNELS)."""
     try:
         with open(path, "rb") as handle:
             scan = scan_file(handle, path, keep_lines=lines)

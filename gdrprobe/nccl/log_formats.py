@@ -7,6 +7,10 @@ nccl-rdma-sharp-plugins history, aws-ofi-nccl v1.0 .. v1.21). A line is split in
 first: the log prefix NCCL puts before every message (``debug.cc`` ncclDebugLog:
 ``host:pid:tid [cudaDev] NCCL INFO``) marks where a record starts, so several records glued
 on one line, and launcher prefixes before them, are read like clean lines.
+
+Every pattern is linear in the text it reads: nothing is tried at every position of a run
+whose end decides the match (tests/unit/test_nccl_log_scale.py feeds each the line that
+would cost it the square of its length; benchmarks/nccl_log_speed.py times them).
 """
 
 from __future__ import annotations
@@ -15,13 +19,23 @@ import dataclasses
 import re
 from typing import NamedTuple
 
+# Every number read into an int is at most 9 digits (group "(?P<nic>\d{1,9})"): no NCCL index,
+# channel or distance is longer, and Python refuses to convert a string of over 4300 digits.
+
 # ---- records: the prefix NCCL writes before each message ---------------------------------
 
 # debug.cc ncclDebugLog: "%s:%d:%d [%d] NCCL INFO ", "... %s:%d NCCL WARN ", "... %f %s:%d
 # NCCL TRACE " (2.4: misc/utils.cc, the same INFO prefix).
 RECORD_MARK = re.compile(r"NCCL (?:INFO|WARN|TRACE) ")
-# The host, pid and tid just before a mark; the host is what keys a node's NICs.
-HOST_BEFORE_MARK = re.compile(r"([\w.-]+):\d+:\d+ (?:\[\d+\] )?(?:\S+ )*$")
+# The host, pid and tid before a mark, then nothing but words each followed by one space
+# ("[0] ", TRACE's "0.1 func:12 "); the host is what keys a node's NICs. Found in two linear
+# steps (host_before), never by one pattern searched over the text: "[\w.-]+" tried at every
+# start of a long run of word characters, or "(?:\S+ )*$" at every word of a long run of
+# them, costs the square of the run.
+# The last character the words may not hold: whitespace other than one space between words.
+NOT_A_WORD_GAP = re.compile(r" (?=\s|\Z)|[^\S ]")     # searched in the reversed text
+# host:pid:tid ending a word, from the start of the host's run of characters only.
+HOST_TRIPLE = re.compile(r"(?<![\w.-])([\w.-]+):\d+:\d+ ")
 # NCCL_DEBUG=VERSION prints the version line without the prefix (debug.cc, NCCL_LOG_VERSION).
 MESSAGE_START = re.compile(r"NCCL version \d")
 
@@ -36,9 +50,9 @@ KEYWORDS = re.compile(rb" via |GPU Direct RDMA|Using|DMA-BUF|NCCL version|virtua
 # record.
 FAST_LINE = re.compile(
     rb"([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO (?:"
-    rb"Channel \d+/\d+ : \d+\[\w+\] -> \d+\[\w+\] (?:\[(?:send|receive)\] via NET/([^/]+?)/(\d+)"
+    rb"Channel \d+/\d+ : \d+\[\w+\] -> \d+\[\w+\] (?:\[(?:send|receive)\] via NET/([^/]+?)/(\d{1,9})"
     rb"(?:\(\d+\))?(/GDRDMA)?(?:\(PCI\))?(?:/Shared)?|(via) (?!NET/|COLLNET/).*)"
-    rb"|NET/([^:]+?) : GPU Direct RDMA (Enabled|Disabled) for HCA (\d+) '([^']*)')\r?")
+    rb"|NET/([^:]+?) : GPU Direct RDMA (Enabled|Disabled) for HCA (\d{1,9}) '([^']*)')\r?")
 # Lines that look like network facts; one that no format reads is "format not recognised".
 CANDIDATE = re.compile(r"via (?:NET|COLLNET)/|GPU Direct RDMA")
 
@@ -49,6 +63,18 @@ class Record(NamedTuple):
     glued: bool        # written right after the previous record, no space between
 
 
+def host_before(line: str, begin: int, end: int) -> tuple[str, int] | None:
+    """The host of the prefix that ends at ``end`` (where a mark starts) and where it
+    starts, or None: the leftmost ``host:pid:tid `` in line[begin:end] followed by nothing
+    but words each followed by one space. Linear in end - begin."""
+    if end <= begin or line[end - 1] != " ":
+        return None
+    gap = NOT_A_WORD_GAP.search(line[begin:end][::-1])
+    start = begin if gap is None else end - gap.start()
+    found = HOST_TRIPLE.search(line, start, end)
+    return None if found is None else (found.group(1), found.start())
+
+
 def records(line: str) -> list[Record]:
     """The records of one log line: one per NCCL prefix, or the version line NCCL prints bare."""
     first = RECORD_MARK.search(line)
@@ -56,19 +82,19 @@ def records(line: str) -> list[Record]:
         start = MESSAGE_START.search(line)
         return [Record("", line[start.start():], False)] if start else []
     if RECORD_MARK.search(line, first.end()) is None:       # one record: most lines
-        prefix = HOST_BEFORE_MARK.search(line, 0, first.start())
-        return [Record(prefix.group(1) if prefix else "", line[first.end():], False)]
+        prefix = host_before(line, 0, first.start())
+        return [Record(prefix[0] if prefix else "", line[first.end():], False)]
     marks = list(RECORD_MARK.finditer(line))
     hosts, ends, glued = [], [], []
     for number, mark in enumerate(marks):
         begin = marks[number - 1].end() if number else 0
-        prefix = HOST_BEFORE_MARK.search(line, begin, mark.start())
-        hosts.append(prefix.group(1) if prefix else "")
+        prefix = host_before(line, begin, mark.start())
+        hosts.append(prefix[0] if prefix else "")
         # The previous record ends where this one's prefix starts, unless the two are glued
         # with no space between: then the host may have swallowed the end of the previous
         # message ("/GDRDMAnode2:..."), and that message keeps every character.
-        clean = prefix and (prefix.start() == begin or line[prefix.start() - 1].isspace())
-        ends.append(prefix.start() if clean else mark.start())
+        clean = prefix and (prefix[1] == begin or line[prefix[1] - 1].isspace())
+        ends.append(prefix[1] if clean else mark.start())
         glued.append(number > 0 and not clean)
     ends = ends[1:] + [len(line)]
     return [Record(host, line[mark.end():end], stuck)
@@ -95,27 +121,27 @@ def fmt(name: str, versions: str, source: str, pattern: str) -> LineFormat:
 # "/GDRDMA" when the connection registered GPU memory with the NIC; "(PCI)" from 2.26 when
 # that registration maps through PCIe on a C2C platform; "/Shared" from 2.8.
 _SUFFIX = r"(?P<gdr>/GDRDMA)?(?P<pci>\(PCI\))?(?P<shared>/Shared)?"
-_NET = r"(?P<net>[^/]+?)/(?P<nic>\d+)"        # plugin names may hold spaces: "AWS Libfabric"
+_NET = r"(?P<net>[^/]+?)/(?P<nic>\d{1,9})"        # plugin names may hold spaces: "AWS Libfabric"
 
 CHANNEL_FORMATS = (   # the newest first: most logs in use today are in it
     # 2.12 adds the connection index and the PXN proxy rank "(%d)"; 2.18.3 prints nvmlDev
     # instead of the bus id; 2.26 adds "(PCI)".
     fmt("channel", "2.12-2.30", "src/transport/net.cc sendSetup/recvSetup",
-        r"Channel (?P<channel>\d+)/(?P<conn>\d+) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> "
+        r"Channel (?P<channel>\d{1,9})/(?P<conn>\d{1,9}) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> "
         r"(?P<peer>\d+)\[(?P<pdev>\w+)\] \[(?P<dir>send|receive)\] via NET/" + _NET
-        + r"(?:\((?P<proxy>\d+)\))?" + _SUFFIX),
+        + r"(?:\((?P<proxy>\d{1,9})\))?" + _SUFFIX),
     fmt("channel", "2.4", "src/transport/net.cc netSendSetup/netRecvSetup",
-        r"Ring (?P<channel>\d+) : (?P<rank>\d+) -> (?P<peer>\d+) \[(?P<dir>send|receive)\] "
+        r"Ring (?P<channel>\d{1,9}) : (?P<rank>\d+) -> (?P<peer>\d+) \[(?P<dir>send|receive)\] "
         r"via NET/" + _NET + _SUFFIX),
     fmt("channel", "2.5-2.6", "src/transport/net.cc netSendSetup/netRecvSetup (busId)",
-        r"Ring (?P<channel>\d+) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> (?P<peer>\d+)\[(?P<pdev>\w+)\] "
+        r"Ring (?P<channel>\d{1,9}) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> (?P<peer>\d+)\[(?P<pdev>\w+)\] "
         r"\[(?P<dir>send|receive)\] via NET/" + _NET + _SUFFIX),
     fmt("channel", "2.7-2.11", "src/transport/net.cc sendSetup/recvSetup",
-        r"Channel (?P<channel>\d+) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> (?P<peer>\d+)\[(?P<pdev>\w+)\] "
+        r"Channel (?P<channel>\d{1,9}) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> (?P<peer>\d+)\[(?P<pdev>\w+)\] "
         r"\[(?P<dir>send|receive)\] via NET/" + _NET + _SUFFIX),
     # CollNet (SHARP): "Coll" 2.6-2.8, "CollNet" 2.9-2.13, "CollNet %02d/%1d" from 2.14.
     fmt("collnet", "2.6-2.30", "src/transport/coll_net.cc sendSetup/recvSetup",
-        r"Coll(?:Net)? (?P<channel>\d+)(?:/(?P<conn>\d+))? : (?P<rank>\d+) "
+        r"Coll(?:Net)? (?P<channel>\d{1,9})(?:/(?P<conn>\d{1,9}))? : (?P<rank>\d+) "
         r"\[(?P<dir>send|receive)\] via COLLNET/" + _NET + _SUFFIX),
 )
 
@@ -140,9 +166,11 @@ NIC_LIST_FORMAT = fmt(
 # One entry of the IB list: " [%d]%s:%d/%s" (2.4-2.29; plugin "/SHARP" after it); 2.30 may
 # put ":rail" and ":plane" after the port; 2.20-2.23 print a merged NIC as
 # " [%d]={[%d] %s:%d/%s, ...}" (the outer index is the NIC NCCL uses).
-_ENTRY = r"\[\d+\] ?(?P<name>[^\s:\[\]{}=,]+):(?P<port>\d+)(?::\d*)*(?:/(?P<layer>\w+))?"
+_ENTRY = r"\[\d+\] ?(?P<name>[^\s:\[\]{}=,]+):(?P<port>\d{1,9})(?::\d*)*(?:/(?P<layer>\w+))?"
 NIC_ENTRY = re.compile(_ENTRY)
-NIC_LIST_ITEM = re.compile(r"\[\d+\]=\{(?P<members>[^}]*)\}|" + _ENTRY)
+# The members stop at the next brace either way ("[^}]*" tried at every "[0]={" of a line
+# holding many and no "}" would cost the square of the line).
+NIC_LIST_ITEM = re.compile(r"\[\d+\]=\{(?P<members>[^{}]*)\}|" + _ENTRY)
 # net_socket.cc: " [%d]%s:%s" (interface and address).
 SOCKET_ENTRY = re.compile(r"\[\d+\](?P<name>[^\s:\[\]]+):(?P<address>\S+)")
 
@@ -150,7 +178,7 @@ SOCKET_ENTRY = re.compile(r"\[\d+\](?P<name>[^\s:\[\]]+):(?P<address>\S+)")
 # (gdrSupport = NCCL_PTR_CUDA || (dmaBufSupport && NCCL_PTR_DMABUF)).
 NIC_GDR_FORMAT = fmt(
     "nic-gdr", "2.13-2.30", "src/graph/topo.cc ncclTopoGetSystem / ncclTopoPopulateNics",
-    r"NET/(?P<net>.+?) : GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<index>\d+) "
+    r"NET/(?P<net>.+?) : GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<index>\d{1,9}) "
     r"'(?P<name>[^']*)'")
 NEITHER_PATH = "neither peer memory nor DMA-BUF"     # why NIC_GDR_FORMAT says Disabled
 
@@ -159,31 +187,31 @@ NIC_FORMATS = (
         r"NET/(?P<net>IB) ?: No device found"),
     # 2.24+ (and the plugin from 2024-10): every NIC, and each NIC merged from several.
     fmt("virtual-nic", "2.24-2.30, IBext", "src/transport/net_ib.cc ncclIbMakeVDeviceInternal",
-        r"NET/(?P<net>IB) ?: Made virtual device \[(?P<index>\d+)\] name=(?P<name>\S+) "
-        r"speed=\d+ ndevs=(?P<ndevs>\d+)"),
+        r"NET/(?P<net>IB) ?: Made virtual device \[(?P<index>\d{1,9})\] name=(?P<name>\S+) "
+        r"speed=\d+ ndevs=(?P<ndevs>\d{1,9})"),
     fmt("nic-gdr", "2.5-2.12, IBext to 2023-05", "src/transport/net_ib.cc ncclIbGdrSupport callers",
-        r"NET/(?P<net>IB) : GPU Direct RDMA (?P<state>Disabled) for HCA (?P<index>\d+) "
+        r"NET/(?P<net>IB) : GPU Direct RDMA (?P<state>Disabled) for HCA (?P<index>\d{1,9}) "
         r"'(?P<name>[^']*)' \((?P<reason>no module)\)"),
     fmt("nic-gdr", "2.4", "src/transport/net_ib.cc ncclIbGdrSupport",
-        r"NET/(?P<net>IB) : GPU Direct RDMA (?P<state>Disabled) for GPU \w+\[\d+\] / HCA (?P<index>\d+) "
+        r"NET/(?P<net>IB) : GPU Direct RDMA (?P<state>Disabled) for GPU \w+\[\d+\] / HCA (?P<index>\d{1,9}) "
         r"'(?P<name>[^']*)' \((?P<reason>no module or not supported by GPU)\)"),
     NIC_GDR_FORMAT,
     # nccl-rdma-sharp-plugins from 2023-06 (NCCL 2.18+): which registration path each NIC
     # offers. The format string has no closing quote.
     fmt("nic-path", "IBext 2023-06+", "nccl-rdma-sharp-plugins src/p2p_plugin.c ncclIbGetPhysProperties",
         r"NET/(?P<net>IB) : GPU Direct RDMA \((?P<path>nvidia-peermem|DMABUF)\) enabled for HCA "
-        r"(?P<index>\d+) '(?P<name>[^'\s]*)'?"),
+        r"(?P<index>\d{1,9}) '(?P<name>[^'\s]*)'?"),
 )
 
 # The per-pair decision (distance against NCCL_NET_GDR_LEVEL), one format per era.
-_DIST = r"distance (?P<distance>\d+) (?P<op>[<>]=?) (?P<level>\d+)"
+_DIST = r"distance (?P<distance>\d{1,9}) (?P<op>[<>]=?) (?P<level>\d{1,9})"
 PAIR_FORMATS = (
     fmt("pair-gdr", "2.4", "src/transport/net.cc netGetGdrSupport",
         r"NET/[^:]+ : GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>\d+\[\d+\]) / "
-        r"HCA (?P<nic>\d+) \(" + _DIST + r"\)(?:, read (?P<read>\d))?"),
+        r"HCA (?P<nic>\d{1,9}) \(" + _DIST + r"\)(?:, read (?P<read>\d))?"),
     fmt("pair-gdr", "2.5-2.6", "src/transport/net.cc netGetGdrSupport",
         r"NET/[^:]+ : GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU (?P<gpu>[0-9a-f]+) / "
-        r"HCA (?P<nic>\d+) \(" + _DIST + r"\)(?:, read (?P<read>\d))?"),
+        r"HCA (?P<nic>\d{1,9}) \(" + _DIST + r"\)(?:, read (?P<read>\d))?"),
     # GPU bus id and NIC index (2.7-2.20), NIC id in hex (2.21-2.23), the GPU's rank
     # (2.24-2.28); " mode %s" from 2.26.
     fmt("pair-gdr", "2.7-2.28", "src/graph/paths.cc ncclTopoCheckGdr",
@@ -198,11 +226,13 @@ PAIR_FORMATS = (
 
 OTHER_FORMATS = (
     fmt("version", "2.4-2.30", "src/init.cc showVersion (VERSION_STRING)",
-        r"NCCL version (?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)"),
+        r"NCCL version (?P<major>\d{1,9})\.(?P<minor>\d{1,9})\.(?P<patch>\d{1,9})"),
     fmt("network", "2.6-2.30", "src/init.cc initNet / ncclNetInit",
-        r"Using network (?P<net>.+?)\s*$"),
+        # The name up to its last non-space character: ".+?\s*$" would try "\s*$" over the
+        # spaces after every character (the square of a line of spaces).
+        r"Using network (?P<net>\S(?:.*\S)?)\s*$"),
     fmt("gpu-dmabuf", "2.13-2.30", "src/init.cc dmaBufSupported",
-        r"DMA-BUF is available on GPU device (?P<device>\d+)"),
+        r"DMA-BUF is available on GPU device (?P<device>\d{1,9})"),
     fmt("env", "2.4-2.30", "src/misc/param.cc ncclLoadParam, graph/paths.cc ncclGetLevel",
         r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>\S+)"),
     # 2.24+: GDR 0 when a ring's network connection (connIndex 0) went without GDR.
@@ -234,6 +264,23 @@ def first_match(formats: tuple[LineFormat, ...], message: str) -> tuple[LineForm
     for line_format in formats:
         if match := line_format.pattern.match(message):
             return line_format, match
+    return None
+
+
+def continued(message: str, tail: str) -> str | None:
+    """A network channel record whose line broke before its end (a terminal wrapped it in
+    a paste: "... via" then " NET/IB/4/GDRDMA"), joined with the next line, which held
+    only its end: the joined text when it is one whole channel line and nothing else, as
+    written or with the one space a copy drops at the wrap; else None."""
+    if message[:4] not in ("Chan", "Ring", "Coll") or not tail.strip():
+        return None
+    joins = [message + tail]
+    if not message[-1:].isspace() and not tail[:1].isspace():
+        joins.append(f"{message} {tail}")
+    for joined in joins:
+        matched = first_match(CHANNEL_FORMATS, joined)
+        if matched is not None and not joined[matched[1].end():].strip():
+            return joined
     return None
 
 

@@ -9,8 +9,8 @@ changed across versions).
 from __future__ import annotations
 
 from gdrprobe.nccl import log_formats as formats
-from gdrprobe.report.nccl_log import (ChannelUse, DmabufGpu, LogLine, NcclLogReport, NicUse,
-                                      PairDecision)
+from gdrprobe.report.nccl_log import (OTHER_NIC, OTHERS, ChannelUse, DmabufGpu, LogLine,
+                                      NcclLogReport, NicUse, PairDecision)
 
 # The variables that decide whether and how NCCL uses GPUDirect RDMA (param.cc and
 # paths.cc print each one the job set).
@@ -43,7 +43,7 @@ def nic_mechanism(scan, host: str, space: str, tally) -> str | None:
     nic_offers = ("DMA-BUF" in tally.paths if space == "IB" else scan.ofi_dmabuf.get(host))
     if space == "OFI" and nic_offers is False:
         return peer_memory + ": the OFI plugin said it supports no DMA-BUF registration"
-    if nic_offers and host in {gpu_host for gpu_host, _ in scan.dmabuf_gpus}:
+    if nic_offers and host in scan.dmabuf_hosts:
         # net.cc sendProxyConnect/recvProxyConnect: useDmaBuf = useGdr && the comm's DMA-BUF
         # support (the "DMA-BUF is available" line) && the NIC's NCCL_PTR_DMABUF.
         return "DMA-BUF: the plugin offered DMA-BUF on this NIC and NCCL found it on the GPU"
@@ -67,7 +67,8 @@ def nic_uses(scan) -> tuple[NicUse, ...]:
             # The OFI plugin turns GDR off for all of its NICs (nccl_ofi_ofiutils.c).
             reasons, capable = reasons + ("the OFI plugin: " + scan.ofi_gdr_off[host],), False
         uses.append(NicUse(
-            host=host, transport=space, index=index, name=tally.name, port=tally.port,
+            host=host, transport=space, index=index,
+            name=OTHERS if (host, space, index) == OTHER_NIC else tally.name, port=tally.port,
             link_layer=tally.link_layer, members=tally.members, net_plugins=tuple(sorted(tally.plugins)),
             gdr_capable=capable, gdr_disabled_because=reasons,
             gdr_paths=tuple(tally.paths), gdr_mechanism=nic_mechanism(scan, host, space, tally),
@@ -106,7 +107,8 @@ def gdr_off_everywhere(scan, nics: tuple[NicUse, ...]) -> bool:
         return all(capable is False for capable in judged)
     if scan.ofi_gdr_off:
         return True
-    return bool(scan.pairs) and not any(key[3] for key in scan.pairs)
+    pairs_on = scan.past.get("pairs on") or any(key[3] for key in scan.pairs)
+    return bool(scan.pairs or scan.past.get("pairs off")) and not pairs_on
 
 
 def mechanism(nics: tuple[NicUse, ...], outcome: str) -> str:
@@ -188,6 +190,9 @@ def pair_sentences(pairs: tuple[PairDecision, ...]) -> list[str]:
 
 def conclusions(scan, nics, totals, pairs, env) -> list[str]:
     said = channel_sentences(scan, nics, totals) + nic_sentences(nics) + pair_sentences(pairs)
+    if scan.joined:
+        said.append(f"{scan.joined} record(s) split across a line break (a terminal's wrap in a "
+                    "paste) read whole: the line after each held nothing but its end")
     ofi_hosts = {nic.host for nic in nics if nic.transport == "OFI"}
     said += [f"the OFI plugin turned GPUDirect RDMA off{' on ' + host if host else ''}: {reason}"
              for host, reason in scan.ofi_gdr_off.items() if host not in ofi_hosts]
@@ -219,9 +224,6 @@ def limits(scan, nics: tuple[NicUse, ...], outcome: str, totals: tuple[int, int,
         unsaid.append(f"{scan.unrecognised} network line(s) in a format not recognised (first at "
                       f"line {first_line}: {first_text!r}): a newer NCCL or a plugin this reader "
                       "does not know; they are counted nowhere")
-    if scan.cut_lines:
-        unsaid.append(f"{scan.cut_lines} line(s) end without a line end (cut when the log was "
-                      "copied, or longer than 1 MiB): what they say is read only where it is whole")
     used = [nic for nic in nics if nic.gdrdma_channels]
     if used and any(nic.gdr_mechanism is None for nic in used):
         unsaid.append("the channel lines do not say whether GPU memory was registered through "
@@ -246,19 +248,13 @@ def limits(scan, nics: tuple[NicUse, ...], outcome: str, totals: tuple[int, int,
 
 def channel_uses(scan, nics: tuple[NicUse, ...]) -> tuple[ChannelUse, ...]:
     names = {(nic.host, nic.transport, nic.index): nic.name for nic in nics}
-    uses = []
-    for number, host, match, gdrdma, collnet, transport in scan.channels:
-        fields = match.groupdict()
-        device, peer_device = fields.get("dev"), fields.get("pdev")
-        uses.append(ChannelUse(
-            line=number, host=host, channel=int(fields["channel"]), direction=fields["dir"],
-            local=fields["rank"] + (f"[{device}]" if device else ""),
-            remote="" if collnet else fields["peer"] + (f"[{peer_device}]" if peer_device else ""),
-            transport=transport, net_plugin=fields["net"], nic_index=int(fields["nic"]),
-            nic_name=names.get((host, formats.nic_space(transport), int(fields["nic"]))),
-            proxy_rank=int(fields["proxy"]) if fields.get("proxy") else None, gdrdma=gdrdma,
-            pci_mapping=bool(fields["pci"]), shared=bool(fields["shared"]), collnet=collnet))
-    return tuple(uses)
+    return tuple(ChannelUse(
+        line=number, host=host, channel=channel, direction=direction, local=local, remote=remote,
+        transport=transport, net_plugin=net, nic_index=nic,
+        nic_name=names.get((host, formats.nic_space(transport), nic)), proxy_rank=proxy,
+        gdrdma=gdrdma, pci_mapping=pci, shared=shared, collnet=collnet)
+        for (number, host, channel, direction, local, remote, transport, net, nic, proxy, gdrdma,
+             pci, shared, collnet) in scan.channels)
 
 
 def pair_decisions(scan) -> tuple[PairDecision, ...]:
@@ -280,7 +276,7 @@ def build_report(scan, source: str, lines: bool) -> NcclLogReport:
     return NcclLogReport(
         source=source, nccl_version=".".join(map(str, version)) if version else None,
         verdict=outcome, mechanism=mechanism(nics, outcome), net_plugins=tuple(networks),
-        hosts=tuple(scan.hosts), nics=nics, network_channels=sum(totals),
+        hosts=scan.host_names(), nics=nics, network_channels=sum(totals),
         gdrdma_channels=totals[0], host_memory_channels=totals[1], unknown_channels=totals[2],
         local_channels=scan.local_channels, channels=channel_uses(scan, nics) if lines else (),
         pair_decisions=pairs,
@@ -290,6 +286,6 @@ def build_report(scan, source: str, lines: bool) -> NcclLogReport:
                                     if (line_format.name, line_format.versions) in scan.formats),
         unrecognised_lines=scan.unrecognised,
         unrecognised_examples=tuple(LogLine(*example) for example in scan.examples),
-        cut_lines=scan.cut_lines, lines_read=scan.lines,
-        conclusions=tuple(conclusions(scan, nics, totals, pairs, env)),
-        cannot_conclude=tuple(limits(scan, nics, outcome, totals)))
+        cut_lines=scan.cut_lines, joined_records=scan.joined, summarised=tuple(scan.summarised),
+        lines_read=scan.lines, conclusions=tuple(conclusions(scan, nics, totals, pairs, env)),
+        cannot_conclude=tuple(limits(scan, nics, outcome, totals) + scan.reading_notes))

@@ -16,9 +16,20 @@ So idle connections, from any number of addresses, never keep out a client that 
 a client from another address always gets in, and so does one from the strangers' own
 address (a NAT, a shared login node), whose hello puts it ahead of every silent one.
 
-Checking a proof costs a scrypt; :class:`FairQueue` hands the proofs that solved the
-puzzle to the checking threads one source at a time, in turn, so a source flooding proofs
-delays others by at most one proof each.
+Checking a proof costs a scrypt, so the cost falls on whoever sends it (SECURITY.md states
+the bound, benchmarks/door_flood.py measures it):
+
+- the puzzle asked of a new connection rises with the load (:func:`puzzle_bits`): the quiet
+  bits while the free checks (:class:`FreeChecks`, a few scrypts a second for proofs worked
+  for less) cover every proof waiting; else at least the paid bits, whose work costs the
+  stranger's CPU more than the scrypt costs the server's, and a bit more per doubling of
+  the proofs waiting for a checker;
+- :class:`ProofQueue` holds the proofs that solved their puzzle, at most a few, each for at
+  most ``PROOF_WAIT_S``; a newcomer into a full queue takes the place of the least proven
+  waiting (fewest bits, then from the source holding most, then the oldest) only when it
+  carries more work, and a proof past its wait is dropped unchecked; the checkers take the
+  most proven first, a source at a time in turn, and a proof worked for less than the paid
+  bits only with a free check.
 """
 
 from __future__ import annotations
@@ -27,12 +38,24 @@ import collections
 import dataclasses
 import ipaddress
 import threading
+import time
 
+from gdrprobe.protocol.handshake import MAX_PUZZLE_BITS, PAID_PUZZLE_BITS
 from gdrprobe.rdma.verbs import gid_ip_address   # an IPv4-mapped IPv6 address, unmapped
 
 PER_SOURCE = 8
 MAX_PENDING = 256
 IPV6_SOURCE_PREFIX = 64
+# Proofs waiting for a checker, at most, and for how long: with two checkers of a scrypt of
+# 0.07 s (benchmarks/RESULTS.md), a full queue is checked in a third of a second.
+PROOFS_WAITING = 8
+PROOF_WAIT_S = 3.0
+# Scrypts a server spends on proofs worked for less than PAID_PUZZLE_BITS: a burst, then
+# this many a second (0.07 s of CPU each); a client that connects more often than that, or
+# any client during a flood, solves the paid puzzle.
+FREE_CHECKS = 16
+FREE_CHECKS_PER_S = 1.0
+SERVED_SOURCES = 4096        # sources whose last turn the proof queue remembers
 
 SILENT, CHALLENGED, CHECKING = 0, 1, 2   # what a pending connection has shown, in order
 
@@ -76,6 +99,10 @@ class Places:
         """Whether a newcomer from source needs another connection to make room first."""
         return (len(self._by_source.get(source, ())) >= self._per_source
                 or len(self._places) >= self._total)
+
+    def at_source_limit(self, source: str) -> bool:
+        """Whether source holds every place one source may (not the door's total)."""
+        return len(self._by_source.get(source, ())) >= self._per_source
 
     def victim(self, source: str) -> object | None:
         """The connection that makes room for a newcomer from source (the door drops it),
@@ -123,32 +150,139 @@ class Places:
         return None
 
 
-class FairQueue:
-    """Work by source, handed out one source at a time in turn; thread-safe. get() waits,
-    and returns None once the queue is closed."""
+def puzzle_bits(quiet_bits: int, free_left: float, cheap_waiting: int, waiting: int,
+                checkers: int) -> int:
+    """The work asked of a new connection: quiet_bits while the free checks left cover every
+    proof worked for less that waits, and this one; else PAID_PUZZLE_BITS and one bit more
+    per doubling of the proofs waiting past one per checker, up to MAX_PUZZLE_BITS."""
+    if quiet_bits == 0 or free_left >= cheap_waiting + 1:
+        return quiet_bits
+    return min(PAID_PUZZLE_BITS + (waiting // checkers).bit_length(), MAX_PUZZLE_BITS)
 
-    def __init__(self):
-        self._queues: collections.OrderedDict[str, collections.deque] = \
-            collections.OrderedDict()
+
+class FreeChecks:
+    """The scrypts spent on proofs worked for less than the paid bits: `burst` at once,
+    refilled at `per_s` a second (a token bucket). Not thread-safe: ProofQueue holds it
+    under its lock."""
+
+    def __init__(self, burst: int = FREE_CHECKS, per_s: float = FREE_CHECKS_PER_S,
+                 clock=time.monotonic):
+        self._burst, self._per_s, self._clock = burst, per_s, clock
+        self._left, self._at = float(burst), clock()
+
+    def left(self) -> float:
+        now = self._clock()
+        self._left = min(self._burst, self._left + (now - self._at) * self._per_s)
+        self._at = now
+        return self._left
+
+    def take(self) -> bool:
+        if self.left() < 1:
+            return False
+        self._left -= 1
+        return True
+
+    def next_in_s(self) -> float:
+        """Seconds until one is left."""
+        return max(0.0, (1 - self.left()) / self._per_s) if self._per_s > 0 else PROOF_WAIT_S
+
+
+@dataclasses.dataclass(eq=False)
+class _Proof:
+    item: object
+    source: str
+    bits: int
+    queued: float       # by the queue's clock
+    order: int
+
+
+class ProofQueue:
+    """Proofs that solved their puzzle, waiting for a checker; thread-safe.
+
+    put() (the door) returns what it refused: None, the newcomer, or the waiting proof it
+    pushed out; expired() (the door) returns the proofs past ``wait_s``; get() (a checker)
+    waits for the next proof to check and returns None once the queue is closed."""
+
+    def __init__(self, capacity: int = PROOFS_WAITING, wait_s: float = PROOF_WAIT_S,
+                 paid_bits: int = PAID_PUZZLE_BITS, free: FreeChecks | None = None,
+                 clock=time.monotonic):
+        self._capacity, self._wait_s, self._paid_bits = capacity, wait_s, paid_bits
+        self._clock = clock
+        self._free = free or FreeChecks(clock=clock)
+        self._waiting: list[_Proof] = []
+        self._served: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._count = 0
         self._ready = threading.Condition()
         self._closed = False
 
-    def put(self, source: str, item) -> None:
+    # -- the door's side --------------------------------------------------------------------
+
+    def put(self, item, source: str, bits: int) -> object | None:
         with self._ready:
-            self._queues.setdefault(source, collections.deque()).append(item)
+            self._count += 1
+            proof = _Proof(item, source, bits, self._clock(), self._count)
+            refused = None
+            if len(self._waiting) >= self._capacity:
+                least = min(self._waiting, key=self._least_proven)
+                if least.bits >= bits:
+                    return item                    # it carries no more work than any
+                self._waiting.remove(least)
+                refused = least.item
+            self._waiting.append(proof)
             self._ready.notify()
+            return refused
+
+    def expired(self) -> list:
+        """The proofs that waited past wait_s, taken out."""
+        with self._ready:
+            now = self._clock()
+            gone = [proof for proof in self._waiting if now - proof.queued >= self._wait_s]
+            self._waiting = [proof for proof in self._waiting if proof not in gone]
+            return [proof.item for proof in gone]
+
+    def next_deadline(self) -> float | None:
+        with self._ready:
+            return min((proof.queued + self._wait_s for proof in self._waiting), default=None)
+
+    def load(self) -> tuple[float, int, int]:
+        """(free checks left, proofs waiting worked for less than the paid bits, proofs
+        waiting): what puzzle_bits weighs."""
+        with self._ready:
+            cheap = sum(proof.bits < self._paid_bits for proof in self._waiting)
+            return self._free.left(), cheap, len(self._waiting)
+
+    def _least_proven(self, proof: _Proof):
+        """Fewest bits first, then from the source with most waiting, then the oldest."""
+        held = sum(other.source == proof.source for other in self._waiting)
+        return proof.bits, -held, proof.order
+
+    # -- the checkers' side -----------------------------------------------------------------
 
     def get(self):
         with self._ready:
-            while not self._queues and not self._closed:
-                self._ready.wait()
-            if self._closed:
-                return None
-            source, items = self._queues.popitem(last=False)
-            item = items.popleft()
-            if items:
-                self._queues[source] = items    # to the back of the line
-            return item
+            while not self._closed:
+                proof = self._next()
+                if proof is not None:
+                    self._waiting.remove(proof)
+                    self._count += 1
+                    self._served[proof.source] = self._count
+                    self._served.move_to_end(proof.source)
+                    while len(self._served) > SERVED_SOURCES:
+                        self._served.popitem(last=False)
+                    return proof.item
+                cheap_only = bool(self._waiting)
+                self._ready.wait(self._free.next_in_s() if cheap_only else None)
+            return None
+
+    def _next(self) -> _Proof | None:
+        """The most proven proof, the source whose last turn is oldest first, then the
+        oldest; one worked for less than the paid bits only with a free check."""
+        paid = [proof for proof in self._waiting if proof.bits >= self._paid_bits]
+        candidates = paid or (self._waiting if self._waiting and self._free.take() else [])
+        if not candidates:
+            return None
+        return min(candidates, key=lambda proof: (-proof.bits, self._served.get(proof.source, 0),
+                                                  proof.order))
 
     def close(self) -> None:
         with self._ready:

@@ -32,7 +32,9 @@ from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, peer_text
 #    integrity_bytes (measure/options.py)
 # 5: every bandwidth message checked, pass by pass ("pass", "checked": messages.py), unless
 #    the run samples (sample_integrity)
-PROTOCOL_VERSION = 5
+# 6: the puzzle rises with the server's load, up to 22 bits (admission.py); the refusal code
+#    "overloaded" (a proof dropped unchecked)
+PROTOCOL_VERSION = 6
 MAGIC = b"GDRP"
 HEADER = struct.Struct(">4sHI")
 SEQUENCE = struct.Struct(">Q")

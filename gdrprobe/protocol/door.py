@@ -2,10 +2,13 @@
 that never blocks, so a stranger costs no thread of its own, and no scrypt until it has
 solved the handshake's puzzle.
 
-The door accepts, reads the hello, sends the challenge, reads the auth and checks the
-puzzle itself; the proof (a scrypt under a token) goes to a few checking threads, fairly
-by source (admission.py); a client that proved the token gets its welcome and is handed
-on, its channel sealed, to ``on_authenticated(channel, address)``. Every connection has a
+The door accepts, reads the hello, sends the challenge (its puzzle as hard as the load asks:
+admission.puzzle_bits), reads the auth and checks the puzzle itself; the proof (a scrypt
+under a token) waits for one of a few checking threads in a short queue, the most worked
+for first, fairly by source, and is dropped unchecked when it has waited too long or a
+proof that carries more work needs its place (admission.ProofQueue); a client that proved
+the token gets its welcome and is handed on, its channel sealed, to
+``on_authenticated(channel, address)``. Every connection has a
 deadline (hello within ``HELLO_S``, the whole handshake within ``PRE_AUTH_S``), anything
 wrong closes it at once, and every refusal tells the client why, in a code its own
 gdrprobe turns into words (handshake.REFUSALS). The door logs only its own words.
@@ -22,7 +25,8 @@ import time
 
 from gdrprobe.errors import PeerError
 from gdrprobe.protocol.admission import (CHALLENGED, CHECKING, MAX_PENDING, PER_SOURCE,
-                                         SILENT, FairQueue, Places, source_of)
+                                         PROOF_WAIT_S, SILENT, Places, ProofQueue, puzzle_bits,
+                                         source_of)
 from gdrprobe.protocol.channel import (HEADER, Channel, frame_length, parse_message, peek,
                                        plain_frame)
 from gdrprobe.protocol.handshake import (AUTH, CHALLENGE, HELLO, REFUSED, WELCOME,
@@ -45,6 +49,9 @@ _LISTENER, _WAKE = "listener", "wake"
 ENDED = {"malformed": "it sent what a gdrprobe client does not send",
          "closed": "it closed the connection", "slow": "it missed the handshake's deadline",
          "puzzle": "its work did not solve the puzzle"}
+# Why a proof was dropped before a checker took it.
+UNCHECKED = {"room": "the queue for the checkers was full, and no proof in it carried less work",
+             "waited": f"it waited {PROOF_WAIT_S:g} s for a checker"}
 
 
 class _Pending:
@@ -57,6 +64,7 @@ class _Pending:
         self.deadline = accepted + HELLO_S
         self.inbox = bytearray()
         self.handshake: ServerHandshake | None = None
+        self.bits = 0                # the work its challenge asked
 
 
 class Door:
@@ -64,13 +72,15 @@ class Door:
 
     def __init__(self, listener: socket.socket, secret: ServerSecret, on_authenticated,
                  log, *, per_source: int = PER_SOURCE, total: int = MAX_PENDING,
-                 checkers: int = CHECKERS, clock=time.monotonic):
+                 checkers: int = CHECKERS, clock=time.monotonic, proofs: ProofQueue | None = None):
         self._listener, self._secret = listener, secret
         self._on_authenticated = on_authenticated
         self.log = BurstLog(log, clock=clock)
         self._clock = clock
         self._places = Places(per_source, total)
-        self._proofs = FairQueue()
+        self._proofs = proofs or ProofQueue(clock=clock)
+        self._checker_count = checkers
+        self._asked_bits = secret.puzzle_bits    # the work asked of the last newcomer
         self._checked: queue.SimpleQueue = queue.SimpleQueue()
         self._checkers = [threading.Thread(target=self._check_proofs, daemon=True,
                                            name="gdrprobe-proof-check")
@@ -107,6 +117,7 @@ class Door:
                         self._readable(key.data)
                 self._finish_checked()
                 self._expire()
+                self._drop_waited_out()
         finally:
             self._shut_down()
 
@@ -125,6 +136,8 @@ class Door:
         deadlines = [p.deadline for p in self._places if self._places.stage(p) < CHECKING]
         if self._accept_again:
             deadlines.append(self._accept_again)
+        if (proof_deadline := self._proofs.next_deadline()) is not None:
+            deadlines.append(proof_deadline)
         return max(0.0, min([now + TICK_S, *deadlines]) - now)
 
     def _wake(self) -> None:
@@ -164,10 +177,7 @@ class Door:
         while self._places.full_for(pending.source):
             victim = self._places.victim(pending.source)
             if victim is None:
-                self.log(pending.source, "busy", f"refused a connection from {address}: "
-                         "every place its address may hold has a token proof being checked")
-                self._send(pending, plain_frame(REFUSED, reason="busy"))
-                self._close(pending)
+                self._refuse_newcomer(pending)
                 return
             if self._spoke(victim):
                 continue   # its hello was waiting to be read: not silent after all
@@ -177,6 +187,20 @@ class Door:
         self._places.admit(pending, pending.source)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._selector.register(sock, selectors.EVENT_READ, pending)
+
+    def _refuse_newcomer(self, pending: _Pending) -> None:
+        """No room: every place it could take has a token proof being checked, at its own
+        address ("busy") or, the door full, anywhere ("overloaded")."""
+        if self._places.at_source_limit(pending.source):
+            self.log(pending.source, "busy", f"refused a connection from {pending.address}: "
+                     "every place its address may hold has a token proof being checked")
+            code = "busy"
+        else:
+            self.log(pending.source, "overloaded", f"refused a connection from "
+                     f"{pending.address}: every place at the door has a token proof being checked")
+            code = "overloaded"
+        self._send(pending, plain_frame(REFUSED, reason=code))
+        self._close(pending)
 
     def _spoke(self, pending: _Pending) -> bool:
         """Read what a silent connection has sent and not been read yet (its hello, when a
@@ -236,7 +260,8 @@ class Door:
     def _step(self, pending: _Pending, message: dict) -> None:
         stage = self._places.stage(pending)
         if stage == SILENT and message["type"] == HELLO:
-            pending.handshake = ServerHandshake(self._secret, message)
+            pending.bits = self._puzzle_bits()
+            pending.handshake = ServerHandshake(self._secret, message, pending.bits)
             pending.deadline = pending.accepted + PRE_AUTH_S
             self._places.advance(pending, CHALLENGED)
             if not self._send(pending, plain_frame(CHALLENGE, **pending.handshake.challenge())):
@@ -248,11 +273,34 @@ class Door:
             self._places.advance(pending, CHECKING)
             self._selector.unregister(pending.sock)   # nothing more is due from it
             if self._secret.stretches:
-                self._proofs.put(pending.source, pending)
+                refused = self._proofs.put(pending, pending.source, pending.bits)
+                if refused is not None:
+                    self._drop_unchecked(refused, "room")
             else:
                 self._checked.put((pending, self._outcome(pending)))
         else:
             raise PeerError("a message out of order", "")
+
+    def _puzzle_bits(self) -> int:
+        """The work to ask of a newcomer, by the load; a change is logged (once a minute)."""
+        free_left, cheap, waiting = self._proofs.load()
+        bits = puzzle_bits(self._secret.puzzle_bits, free_left, cheap, waiting, self._checker_count)
+        if bits != self._asked_bits:
+            self._asked_bits = bits
+            self.log("the puzzle", "puzzle", f"asking {bits} bits of work of new connections: "
+                     f"{waiting} token proof(s) waiting for a checker, {int(free_left)} free "
+                     "check(s) left")
+        return bits
+
+    def _drop_waited_out(self) -> None:
+        for pending in self._proofs.expired():
+            self._drop_unchecked(pending, "waited")
+
+    def _drop_unchecked(self, pending: _Pending, why: str) -> None:
+        """A proof the door will not check: the client is told, and tries again."""
+        self.log(pending.source, "overloaded", f"dropped a token proof from {pending.address} "
+                 f"unchecked ({pending.bits} bits of work): {UNCHECKED[why]}")
+        self._refuse(pending, "overloaded")
 
     @staticmethod
     def _outcome(pending: _Pending):
@@ -263,7 +311,7 @@ class Door:
             return error
 
     def _check_proofs(self) -> None:
-        """A checking thread: proofs, one source at a time in turn, until closed."""
+        """A checking thread: the next proof the queue hands out, until closed."""
         while (pending := self._proofs.get()) is not None:
             if peek(pending.sock) == b"":
                 outcome = None   # gave up waiting: no scrypt for it

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 
 from gdrprobe.errors import PeerError
 from gdrprobe.protocol.channel import SAME_VERSION_FIX, TOKEN_FIX, Channel
@@ -39,16 +40,24 @@ SOLUTION_BYTES = 8
 # OpenSSL refuses over 32 MiB unless maxmem says more.
 KDF_N, KDF_R, KDF_P = 1 << 15, 8, 1
 KDF_MAXMEM = 64 << 20
-# The puzzle: 2^14 SHA-256 on average, about 20 ms of Python on a current core and half a
-# second in the emulated lab (24 us a hash there), asked before a server spends a scrypt
-# on a stranger; a client refuses to work for more than MAX_PUZZLE_BITS (a fake server
-# cannot make it spin).
+# The puzzle, asked before a server spends a scrypt on a stranger: 2^bits SHA-256 on
+# average. Quiet, PUZZLE_BITS: 2^14, about 4 ms of this client's Python (0.27 us a try,
+# an AMD EPYC with SHA-NI) and half a second in the emulated lab (24 us a try). Under load
+# (admission.puzzle_bits) at least PAID_PUZZLE_BITS: 2^20 tries cost 0.10 s of one core to
+# OpenSSL's SHA-256 (10.2 million single-block hashes a second, `openssl speed -evp sha256`)
+# and 0.28 s to this client, against 0.069 s for the scrypt that checks the proof on the same
+# core (benchmarks/RESULTS.md): a stranger pays more CPU than the server it makes check.
+# Up to MAX_PUZZLE_BITS (2^22: 1.1 s here) as proofs pile up; a client refuses to work for
+# more (a fake server cannot make it spin).
 PUZZLE_BITS = 14
-MAX_PUZZLE_BITS = 20
+PAID_PUZZLE_BITS = 20
+MAX_PUZZLE_BITS = 22
 HELLO, CHALLENGE, AUTH, WELCOME, REFUSED = "hello", "challenge", "auth", "welcome", "refused"
 REFUSAL_WAIT_S = 1.0           # for the refusal of a server that hung up as we sent
 RETRY_FIX = "try again; the server keeps serving"
-TRANSIENT_REFUSALS = ("evicted", "busy")   # a flood at the door: worth another try
+FLOOD_FIX = ("try again (the client does, after a pause); if it keeps happening, the server "
+             "is flooded with connections: find what connects to its port")
+TRANSIENT_REFUSALS = ("evicted", "busy", "overloaded")   # a flood at the door: worth another try
 # What a refused client is told, by code: the server sends only the code, unauthenticated,
 # and the client shows its own text for it, never the server's.
 REFUSALS = {
@@ -60,6 +69,9 @@ REFUSALS = {
                 "or run from another address"),
     "busy": ("it is already checking as many token proofs from this address as it takes",
              RETRY_FIX),
+    "overloaded": ("it dropped this connection's token proof unchecked: more proofs, from any "
+                   "address, were waiting for its checkers than it keeps, and this one carried "
+                   "the least work or had waited longest", FLOOD_FIX),
     "slow": ("this client did not finish the handshake within the server's deadline",
              "check the load on this host and the network path to the server"),
     "puzzle": ("the work this client sent did not solve the server's puzzle",
@@ -216,14 +228,22 @@ def _refusal_waiting(channel: Channel) -> PeerError | None:
         return None
 
 
-def authenticate_as_client(channel: Channel, credential: str | ServerSecret) -> None:
-    """Prove the token first, then check that the server knows it too; then seal."""
+def authenticate_as_client(channel: Channel, credential: str | ServerSecret,
+                           notice=None) -> None:
+    """Prove the token first, then check that the server knows it too; then seal.
+    notice(text) hears when the server asked for more work than it does when quiet."""
     mine = secrets.token_bytes(NONCE_BYTES)
     _send(channel, HELLO, nonce=mine.hex())
     challenge = _reply(channel, CHALLENGE)
     theirs = hex_field(challenge, "nonce", NONCE_BYTES)
     bits = field(challenge, "puzzle_bits", int, low=0, high=MAX_PUZZLE_BITS)
+    started = time.monotonic()
     solution = solve_puzzle(bits, mine, theirs)
+    if bits > PUZZLE_BITS and notice is not None:
+        notice(f"the server asked for {bits} bits of work instead of {PUZZLE_BITS}: it raises "
+               "them while more token proofs wait to be checked than it checks for free (a "
+               f"flood at its door, or many clients at once); solving took "
+               f"{time.monotonic() - started:.1f} s")
     key = client_key(credential, handshake_salt(mine, theirs))
     _send(channel, AUTH, solution=solution.hex(), proof=proof(key, b"client", mine, theirs).hex())
     welcome = _reply(channel, WELCOME)
@@ -239,22 +259,23 @@ class ServerHandshake:
     reads and writes the frames without blocking): challenge, then the cheap checks of the
     auth message, then the proof (a scrypt for a token), then the welcome."""
 
-    def __init__(self, secret: ServerSecret, hello: dict):
+    def __init__(self, secret: ServerSecret, hello: dict, puzzle_bits: int | None = None):
         self.secret = secret
         self.client_nonce = hex_field(hello, "nonce", NONCE_BYTES)
         self.server_nonce = secrets.token_bytes(NONCE_BYTES)
         self.shown = b""
+        # The work this handshake asks: the door's, by its load; else the quiet bits.
+        self.puzzle_bits = secret.puzzle_bits if puzzle_bits is None else puzzle_bits
 
     def challenge(self) -> dict:
-        return {"nonce": self.server_nonce.hex(), "puzzle_bits": self.secret.puzzle_bits}
+        return {"nonce": self.server_nonce.hex(), "puzzle_bits": self.puzzle_bits}
 
     def read_auth(self, auth: dict) -> bool:
         """Keep the client's proof; False when its work does not solve the puzzle (its
         proof is then not worth a scrypt)."""
         solution = hex_field(auth, "solution", SOLUTION_BYTES)
         self.shown = hex_field(auth, "proof", PROOF_BYTES)
-        return puzzle_solved(self.secret.puzzle_bits, self.client_nonce, self.server_nonce,
-                             solution)
+        return puzzle_solved(self.puzzle_bits, self.client_nonce, self.server_nonce, solution)
 
     def check_proof(self) -> tuple[dict, bytes, bytes]:
         """The welcome's fields and the (send, receive) keys of the sealed channel; raises

@@ -10,6 +10,12 @@ import dataclasses
 
 from gdrprobe.errors import ExitCode
 
+# Where nccl-log counts what it reads past one of its bounds (nccl/log.py): hosts past the
+# first ones read as host OTHERS, NICs past the first ones as the one NIC OTHER_NIC
+# (host, transport, index), names as OTHERS; the report's `summarised` says which.
+OTHERS = "(others)"
+OTHER_NIC = (OTHERS, OTHERS, -1)
+
 
 @dataclasses.dataclass(frozen=True)
 class ChannelUse:
@@ -100,7 +106,9 @@ class NcclLogReport:
     formats_read: tuple[str, ...]     # the line formats found: "channel (NCCL 2.12-2.30)"
     unrecognised_lines: int           # network lines in a format not recognised
     unrecognised_examples: tuple[LogLine, ...]
-    cut_lines: int                    # lines with no line end (cut, or longer than 1 MiB)
+    cut_lines: int                    # lines with no line end, or longer than 64 KiB (read in pieces)
+    joined_records: int               # records split across a line break (a paste's wrap), read whole
+    summarised: tuple[str, ...]       # what the reader's bounds counted together (many hosts, NICs)
     lines_read: int
     conclusions: tuple[str, ...]
     cannot_conclude: tuple[str, ...]

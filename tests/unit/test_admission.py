@@ -1,13 +1,24 @@
-"""The door's places and the order of proof checks (pure logic): a few addresses cannot
-fill the door, idle connections make room for ones that speak, a proof being checked
-keeps its place, and a source flooding proofs waits its turn like every other."""
+"""The door's places, the work it asks and the order of proof checks (pure logic): a few
+addresses cannot fill the door, idle connections make room for ones that speak, a proof
+being checked keeps its place, a source flooding proofs waits its turn like every other,
+the puzzle rises with the proofs waiting and falls back when they are gone, a proof worked
+for less than the paid bits costs a free check, and the least proven is dropped first."""
 
 import threading
 
 import pytest
 
 from gdrprobe.protocol.admission import (CHALLENGED, CHECKING, MAX_PENDING, PER_SOURCE,
-                                         FairQueue, Places, source_of)
+                                         FreeChecks, Places, ProofQueue, puzzle_bits, source_of)
+from gdrprobe.protocol.handshake import MAX_PUZZLE_BITS, PAID_PUZZLE_BITS, PUZZLE_BITS
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
 
 
 class Conn:
@@ -113,19 +124,98 @@ def test_a_source_is_an_address_or_an_ipv6_64(address, source):
     assert source_of(address) == source
 
 
+def paid_queue(**kwargs) -> ProofQueue:
+    return ProofQueue(paid_bits=PAID_PUZZLE_BITS, **kwargs)
+
+
 def test_proofs_are_checked_one_source_at_a_time_in_turn():
-    queue = FairQueue()
+    queue = paid_queue()
     for i in range(5):
-        queue.put("flood", f"flood#{i}")
-    queue.put("client", "client#0")
+        assert queue.put(f"flood#{i}", "flood", PAID_PUZZLE_BITS) is None
+    queue.put("client#0", "client", PAID_PUZZLE_BITS)
     assert [queue.get() for _ in range(3)] == ["flood#0", "client#0", "flood#1"]
 
 
 def test_a_closed_queue_ends_its_waiting_checkers():
-    queue = FairQueue()
+    queue = paid_queue()
     got = []
     waiting = threading.Thread(target=lambda: got.append(queue.get()))
     waiting.start()
     queue.close()
     waiting.join(5)
     assert got == [None]
+
+
+def test_the_most_proven_proof_is_checked_first():
+    queue = paid_queue()
+    queue.put("paid", "a", PAID_PUZZLE_BITS)
+    queue.put("more", "b", PAID_PUZZLE_BITS + 2)
+    assert [queue.get(), queue.get()] == ["more", "paid"]
+
+
+def test_a_full_queue_drops_the_least_proven_for_a_proof_with_more_work_and_refuses_an_equal_one():
+    queue = paid_queue(capacity=3)
+    queue.put("a#0", "a", PAID_PUZZLE_BITS)
+    queue.put("b#0", "b", PAID_PUZZLE_BITS)
+    queue.put("a#1", "a", PAID_PUZZLE_BITS)
+    assert queue.put("c#0", "c", PAID_PUZZLE_BITS) == "c#0"        # no more work: refused itself
+    # fewest bits, then from the source holding most (a), then the oldest of it
+    assert queue.put("d#0", "d", PAID_PUZZLE_BITS + 1) == "a#0"
+    assert queue.put("e#0", "e", PAID_PUZZLE_BITS + 2) == "b#0"       # a and b hold one: the oldest
+    assert [queue.get() for _ in range(3)] == ["e#0", "d#0", "a#1"]
+
+
+def test_a_proof_past_its_wait_is_dropped_unchecked():
+    clock = Clock()
+    queue = paid_queue(wait_s=3.0, clock=clock)
+    queue.put("old", "a", PAID_PUZZLE_BITS)
+    clock.now += 2.0
+    queue.put("new", "b", PAID_PUZZLE_BITS)
+    assert (queue.expired(), queue.next_deadline()) == ([], 103.0)
+    clock.now += 1.0
+    assert queue.expired() == ["old"] and queue.get() == "new"
+
+
+def test_a_proof_worked_for_less_than_the_paid_bits_is_checked_only_with_a_free_check():
+    clock = Clock()
+    queue = paid_queue(free=FreeChecks(burst=2, per_s=0.5, clock=clock), clock=clock)
+    for name in ("cheap#0", "cheap#1", "cheap#2"):
+        queue.put(name, "stranger", PUZZLE_BITS)
+    queue.put("paid", "client", PAID_PUZZLE_BITS)
+    assert [queue.get() for _ in range(3)] == ["paid", "cheap#0", "cheap#1"]   # 2 free checks
+    assert queue.load() == (0.0, 1, 1)
+    checked = []
+    checker = threading.Thread(target=lambda: checked.append(queue.get()))
+    checker.start()
+    checker.join(0.2)
+    assert checker.is_alive() and checked == []        # no free check left: it waits
+    clock.now += 2.0                                    # one more refilled
+    checker.join(10)
+    assert checked == ["cheap#2"]
+
+
+@pytest.mark.parametrize("free_left, cheap, waiting, bits", [
+    (16, 0, 0, PUZZLE_BITS),                 # quiet
+    (3, 2, 2, PUZZLE_BITS),                  # free checks left for every cheap proof and one more
+    (2, 2, 2, PAID_PUZZLE_BITS + 1),         # not for one more: the paid bits, and proofs wait
+    (0.5, 0, 0, PAID_PUZZLE_BITS),           # free checks spent, nothing waiting
+    (0, 0, 1, PAID_PUZZLE_BITS),
+    (0, 0, 4, PAID_PUZZLE_BITS + 2),         # a bit per doubling past one per checker
+    (0, 0, 8, MAX_PUZZLE_BITS),
+    (0, 0, 100, MAX_PUZZLE_BITS),            # never past what a client accepts
+])
+def test_the_puzzle_rises_with_the_load_and_falls_back_when_quiet(free_left, cheap, waiting, bits):
+    assert puzzle_bits(PUZZLE_BITS, free_left, cheap, waiting, checkers=2) == bits
+
+
+def test_a_server_with_nothing_to_stretch_asks_no_work_whatever_the_load():
+    assert puzzle_bits(0, 0, 0, 100, checkers=2) == 0
+
+
+def test_free_checks_refill_at_their_rate_up_to_their_burst():
+    clock = Clock()
+    free = FreeChecks(burst=2, per_s=1.0, clock=clock)
+    assert [free.take(), free.take(), free.take()] == [True, True, False]
+    assert free.next_in_s() == 1.0
+    clock.now += 10
+    assert free.left() == 2

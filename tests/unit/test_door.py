@@ -14,7 +14,7 @@ import pytest
 
 from gdrprobe.protocol import door as door_module
 from gdrprobe.protocol import handshake as hs
-from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION, plain_frame
+from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION, Channel, plain_frame
 from gdrprobe.protocol.handshake import ServerSecret, WrongToken, authenticate_as_client
 from tests.strangers import Strangers
 from tests.unit.test_exchange import TOKEN, connect, fails, serving
@@ -139,25 +139,26 @@ def test_a_strangers_bytes_never_reach_the_log_and_end_its_connection(junk):
                              for line in lines)
 
 
-@pytest.mark.parametrize("refusals, tries, ends, notes", [
-    (["evicted", "busy"], 3, "served", 2),       # a flood at the door: tried again
-    (["evicted"] * 3, 3, "evicted", 2),          # three times: given up, and said why
-    (["token"], 1, "token", 0),                  # a wrong token is never tried again
+@pytest.mark.parametrize("refusals, tries, ends", [
+    (["evicted", "busy", "overloaded"], 4, "served"),    # a flood at the door: tried again
+    (["overloaded"] * 5, 5, "overloaded"),               # five times: given up, and said why
+    (["token"], 1, "token"),                             # a wrong token is never tried again
 ])
-def test_a_client_pushed_out_by_a_flood_tries_again_and_says_so(monkeypatch, refusals,
-                                                               tries, ends, notes):
+def test_a_client_pushed_out_by_a_flood_backs_off_tries_again_and_says_why(monkeypatch, refusals,
+                                                                          tries, ends):
     from gdrprobe.measure import client as client_module
     from gdrprobe.measure.options import ProbeOptions
     from gdrprobe.rdma.endpoint import EndpointOptions
 
-    attempts, notices = [], []
+    attempts, notices, pauses = [], [], []
 
-    def authenticate(channel, token):
+    def authenticate(channel, token, notice=None):
         attempts.append(channel)
         if len(attempts) <= len(refusals):
             raise hs.refusal_error({"type": "refused", "reason": refusals[len(attempts) - 1]})
 
     monkeypatch.setattr(client_module, "authenticate_as_client", authenticate)
+    monkeypatch.setattr(client_module.time, "sleep", pauses.append)
     with serving(ServerSecret(TOKEN)) as (port, _, _):
         probe = client_module.ProbeClient("127.0.0.1", port, TOKEN, ProbeOptions(),
                                           EndpointOptions(), notice=notices.append)
@@ -166,5 +167,146 @@ def test_a_client_pushed_out_by_a_flood_tries_again_and_says_so(monkeypatch, ref
     assert (error is None) == (ends == "served")
     if error is not None:
         assert error.cause == f"the server refused the connection: {hs.REFUSALS[ends][0]}"
-    assert len(notices) == notes
-    assert all(note.endswith("; trying again") for note in notices)
+    # A pause after each transient refusal, half to all of a ceiling doubling from 0.5 s to 4 s.
+    ceilings = [0.5, 1.0, 2.0, 4.0][:len(pauses)]
+    assert len(pauses) == min(len(refusals), tries - 1) if ends != "token" else pauses == []
+    assert all(ceiling / 2 <= pause <= ceiling for pause, ceiling in zip(pauses, ceilings))
+    # Each notice says the server's reason, in this client's words, and the pause.
+    assert notices == [f"the server refused the connection: {hs.REFUSALS[code][0]}; trying again "
+                       f"in {pause:.1f} s (try {number + 2} of 5)"
+                       for number, (code, pause) in enumerate(zip(refusals, pauses))]
+
+
+def test_only_a_refusal_for_the_clients_own_address_says_this_address():
+    """'busy' is sent only when the client's own address holds every place; a proof dropped
+    in a flood from anywhere says so, and not "from this address"."""
+    assert "from this address" in hs.REFUSALS["busy"][0]
+    assert "from this address" not in hs.REFUSALS["overloaded"][0]
+    assert "from any address" in hs.REFUSALS["overloaded"][0]
+
+
+def solved_auth(raw, bits: int) -> None:
+    """Say hello and send the puzzle's solution with a random proof."""
+    mine = b"c" * hs.NONCE_BYTES
+    raw.send("hello", nonce=mine.hex())
+    challenge = raw.receive("challenge")
+    theirs = bytes.fromhex(challenge["nonce"])
+    raw.send("auth", solution=hs.solve_puzzle(challenge["puzzle_bits"], mine, theirs).hex(),
+             proof="00" * 32)
+
+
+def test_a_door_full_of_proofs_being_checked_says_whose_they_are(monkeypatch):
+    """Every place holds a proof being checked: a newcomer from one of their addresses is
+    told "busy" (from this address), one from elsewhere "overloaded", never the other way."""
+    import threading
+
+    release = threading.Event()
+    monkeypatch.setattr(hs, "stretch", lambda token, salt: release.wait(30) and b"k" * 32)
+    with serving(ServerSecret(TOKEN), per_source=1, total=2) as (port, _, lines):
+        checking = [connect(port, address) for address in ("127.0.0.5", "127.0.0.6")]
+        for raw in checking:
+            solved_auth(raw, hs.PUZZLE_BITS)
+        try:
+            answers = {}
+            for address in ("127.0.0.5", "127.0.0.7"):
+                for _ in range(50):          # until both proofs are being checked
+                    newcomer = connect(port, address)
+                    answers[address] = newcomer.receive("refused")["reason"]
+                    newcomer.close()
+                    if answers[address] != "evicted":
+                        break
+            assert answers == {"127.0.0.5": "busy", "127.0.0.7": "overloaded"}
+        finally:
+            release.set()
+            for raw in checking:
+                raw.close()
+
+
+def test_a_proof_flood_raises_the_puzzle_and_the_real_client_still_gets_in(monkeypatch):
+    """Sixteen addresses send puzzle-solved random proofs as fast as they can. The free
+    checks go at once, the puzzle rises past the paid bits, no more proofs worked for less
+    are checked than the free checks allow, and a client that knows the token gets in (after
+    its pauses, if the queue was full); once the flood ends the puzzle falls back. Bits here
+    are scaled down (quiet 4, paid 12, at most 14) and a check is a 5 ms sleep."""
+    import time
+
+    from gdrprobe.measure import client as client_module
+    from gdrprobe.measure.options import ProbeOptions
+    from gdrprobe.protocol import admission
+    from gdrprobe.protocol.admission import FreeChecks, ProofQueue
+    from gdrprobe.rdma.endpoint import EndpointOptions
+    from tests.strangers import ProofFlood
+
+    quiet, paid = 4, 12
+    monkeypatch.setattr(hs, "PUZZLE_BITS", quiet)
+    monkeypatch.setattr(admission, "PAID_PUZZLE_BITS", paid)
+    monkeypatch.setattr(admission, "MAX_PUZZLE_BITS", paid + 2)
+    monkeypatch.setattr(hs, "stretch", lambda token, salt: time.sleep(0.005) or
+                        hashlib.sha256(token.encode() + salt).digest())
+    checked_bits = []
+
+    class Recording(ProofQueue):
+        def get(self):
+            pending = super().get()
+            if pending is not None:
+                checked_bits.append(pending.bits)
+            return pending
+
+    burst, per_s = 4, 2.0
+    proofs = Recording(paid_bits=paid, free=FreeChecks(burst, per_s))
+    notices = []
+    started = time.monotonic()
+    with serving(ServerSecret(TOKEN), proofs=proofs) as (port, _, lines):
+        with ProofFlood(port, STRANGER_ADDRESSES, max_proofs=5000, max_s=60) as flood:
+            assert flood.wait_for(bits=paid, proofs=200) >= paid     # the flood drove it up
+            probe = client_module.ProbeClient("127.0.0.1", port, TOKEN, ProbeOptions(),
+                                              EndpointOptions(), notice=notices.append)
+            probe.authenticated().close()
+        flooded_s = time.monotonic() - started
+        asked = quiet_again(port, quiet)
+    assert asked == quiet                                        # and back down when quiet
+    cheap_checks = sum(bits < paid for bits in checked_bits)
+    assert cheap_checks <= burst + per_s * flooded_s + 1
+    assert any("bits of work of new connections" in line for line in lines)
+    assert flood.refusals["token"] > 0 and "busy" not in flood.refusals
+
+
+def test_a_client_asked_for_more_work_than_the_quiet_puzzle_says_so_and_why():
+    import threading
+
+    from tests.unit.test_exchange import tcp_pair
+
+    left, right = tcp_pair()
+    server, client = Channel(left, 5.0, "client"), Channel(right, 5.0, "server")
+    notes, outcome = [], {}
+    thread = threading.Thread(target=lambda: outcome.update(error=fails(
+        lambda: authenticate_as_client(client, TOKEN, notice=notes.append))))
+    thread.start()
+    try:
+        server.receive("hello")
+        server.send("challenge", nonce="ab" * 32, puzzle_bits=hs.PUZZLE_BITS + 2)
+        server.receive("auth")
+        server.send("refused", reason="token")
+        thread.join(30)
+    finally:
+        server.close()
+        client.close()
+    assert isinstance(outcome["error"], WrongToken)
+    assert len(notes) == 1 and notes[0].startswith(
+        f"the server asked for {hs.PUZZLE_BITS + 2} bits of work instead of {hs.PUZZLE_BITS}: it "
+        "raises them while more token proofs wait to be checked than it checks for free")
+
+
+def quiet_again(port: int, quiet: int, limit_s: float = 30.0) -> int:
+    """The bits a challenge asks, once they are back to quiet or limit_s has passed."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while True:
+        raw = connect(port, "127.0.0.99")
+        raw.send("hello", nonce="ab" * 32)
+        bits = raw.receive("challenge")["puzzle_bits"]
+        raw.close()
+        if bits == quiet or time.monotonic() > deadline:
+            return bits
+        time.sleep(0.2)

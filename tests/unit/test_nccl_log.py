@@ -58,6 +58,7 @@ EXPECTED = [
     ("socket-nccl-2.21.5.log", "2.21.5", "socket", ExitCode.VERDICT_NOT_OK),
     ("socket-no-ib-device-nccl-2.18.5.log", "2.18.5", "socket", ExitCode.VERDICT_NOT_OK),
     ("gdr-off-every-nic-nccl-2.18.5.log", "2.18.5", "gdr-unavailable", ExitCode.VERDICT_NOT_OK),
+    ("wrapped-paste-nccl-2.11.4.log", "2.11.4", "gdr-all", ExitCode.OK),
     ("single-node-nccl-2.21.5.log", "2.21.5", "no-net-channels", ExitCode.OK),
     ("messy-paste-nccl-2.21.5.log", "2.21.5", "gdr-some", ExitCode.OK),
     ("unrecognised-format.log", "2.31.0", "unknown", ExitCode.NOT_TESTABLE),
@@ -195,6 +196,36 @@ def test_glued_records_launcher_prefixes_and_a_cut_last_line():
     assert report.hosts == ("nodea", "nodeb")
     assert (report.gdrdma_channels, report.host_memory_channels, report.unknown_channels) == (5, 1, 2)
     assert report.nics[0].gdr_capable is True       # behind "[default0]:[timestamp] "
+
+
+def test_a_record_a_terminal_wrapped_in_a_paste_is_joined_with_its_end_and_said_so():
+    """A paste from a terminal that wrapped one record: "... via" then " NET/IBext/4/GDRDMA"."""
+    report = fixture("wrapped-paste-nccl-2.11.4.log")
+    assert (report.network_channels, report.gdrdma_channels, report.joined_records) == (9, 9, 1)
+    assert [(channel.line, channel.nic_name, channel.gdrdma) for channel in report.channels][-2:] == [
+        (11, "mlx5_4", True), (13, "mlx5_4", True)]
+    assert any("1 record(s) split across a line break" in text for text in report.conclusions)
+    assert report.lines_read == 14 and report.unrecognised_lines == 0
+
+
+HEAD = "n1:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+SEND = "n1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via"
+
+
+@pytest.mark.parametrize("first, second, joined, gdrdma", [
+    (SEND, " NET/IB/4/GDRDMA", 1, True),              # the space kept at the wrap
+    (SEND, "NET/IB/4/GDRDMA", 1, True),               # the copy dropped it
+    (SEND + " NET/IB/4", "/GDRDMA", 1, True),         # the suffix on the next line
+    (SEND + " NET/IB/4/GDR", "DMA\r", 1, True),
+    (SEND + " NET/IB/4", "epoch 1 loss 0.25", 0, False),     # a line of its own
+    (SEND + " NET/IB/4", "n1:1:2 [0] NCCL INFO Connected all rings", 0, False),
+    (SEND + " NET/IB/4", "", 0, False),
+    (SEND, " NET/IB/4/GDRDMA and more", 0, None),     # not only the record's end: not joined
+])
+def test_only_a_line_that_can_only_be_the_records_end_is_joined(first, second, joined, gdrdma):
+    report = parse_nccl_log(HEAD + first + "\n" + second + "\n")
+    assert report.joined_records == joined
+    assert [channel.gdrdma for channel in report.channels] == ([] if gdrdma is None else [gdrdma])
 
 
 def test_a_cut_gdr_suffix_is_never_host_memory():
