@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
+from gdrprobe.campaign.job_gpus import gpu_uuids
 from gdrprobe.campaign.nccl_use import deciding, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
 
@@ -27,7 +28,8 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None) -> 
 
     ctx = DoctorContext(SysRoot(root), environ)
     findings = run_checks(ctx)
-    gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
+    bus_ids = [gpu.bdf for gpu in ctx.topology.gpus]
+    gpus = GpuFacts.from_doctor(ctx.cuda_facts, bus_ids, gpu_uuids(ctx.root, bus_ids))
     uses = nccl_uses(deciding(ctx.nccl_node, ctx.nccl_rules), ctx.environ, ctx.environ_source,
                      firm="gpus" in (ctx.cuda_facts or {}), findings=findings)
     return MachineFacts(gpus, nccl_nics(ctx.nccl_decisions), ctx.cuda_facts,

@@ -142,6 +142,16 @@ def verdict_exit_code(verdict: Verdict) -> ExitCode:
     return ExitCode.NCCL_SETTING
 
 
+def main_cause(verdict: Verdict) -> str:
+    """The one line that says why the answer is what it is: for an inconclusive one, what
+    made it so; else the first likely cause, else the first evidence line."""
+    if verdict.exit_code == ExitCode.INCONCLUSIVE:
+        lines = [line for line in verdict.evidence if line.startswith("inconclusive:")]
+    else:
+        lines = list(verdict.likely_causes or verdict.evidence)
+    return lines[0] if lines else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class FloorCheck:
     """The absolute floor: each arm against the line rate of the port it ran on."""
@@ -189,6 +199,8 @@ class RankPair:
     send_gpu: str | None = None
     send_gpu_reason: str = ""
     lock: str = ""                 # the NIC's lock file, and how long the check waited for it
+    # How the port's own counters watched for other traffic during the runs, and what they saw.
+    port_traffic: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,3 +224,4 @@ class NodeCheckReport:
     time_budget_s: float | None
     elapsed_s: float
     exit_code: int                 # the worst of the GPUs' (a drain code before a warn code)
+    job_gpus: str = ""             # which GPUs are the job's, and who named them

@@ -88,7 +88,14 @@ def test_floor_and_node_reach_the_api(api, capsys):
     name, kwargs = api[-1]
     assert name == "check_node" and kwargs["floor"] == 0.5
     assert "gdrprobe check: GPU 0000:3b:00.0 via rxe0: not testable" in capsys.readouterr().err
-    assert main(["check", "--node", "--gpu", "0"]) == 2
+    assert main(["check", "--node", "-d", "mlx5_0"]) == 2
+
+
+def test_node_takes_the_jobs_gpus_from_gpu(api):
+    """issue 28: --gpu with --node names the job's GPUs (it was refused)."""
+    assert main(["check", "--node", "--gpu", "0,GPU-8932f937", "--quiet"]) == 9
+    name, kwargs = api[-1]
+    assert name == "check_node" and kwargs["gpus"] == "0,GPU-8932f937"
 
 
 def test_the_screen_names_the_nic_and_says_a_software_device_never_does_gpudirect():
