@@ -123,3 +123,36 @@ def test_the_json_verdict_lists_its_arms_and_names_the_nic():
         ("both", "not testable")]
     assert document["floor"]["software_device"] is True
     assert document["arms"][1]["direction"] == "both"
+
+
+# ---- inconclusive (issue 28) -------------------------------------------------------------
+
+
+def inconclusive_report():
+    run_once, _ = fake_probe(gpu_gbps=97.0)
+    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2, floor=RXE)
+    straddling = dataclasses.replace(report.verdict, inconclusive=True, evidence=(
+        "inconclusive: the per-repeat GPU/host ratios 0.80..0.97 straddle the threshold 0.90",
+        *report.verdict.evidence))
+    return dataclasses.replace(report, verdict=straddling, placement=PAIR)
+
+
+def test_require_raises_inconclusive_for_an_answer_the_measurement_cannot_tell(monkeypatch):
+    from gdrprobe.errors import Inconclusive
+
+    monkeypatch.setattr(gdrprobe, "check", lambda **kwargs: inconclusive_report())
+    with pytest.raises(Inconclusive) as raised:
+        gdrprobe.require(time_budget_s=20)
+    assert raised.value.exit_code == 12
+    assert raised.value.cause.startswith("GPUDirect RDMA is engaged, inconclusive (GPU/host "
+                                         "0.97): inconclusive: the per-repeat GPU/host ratios")
+
+
+def test_the_quiet_line_and_the_screen_say_inconclusive_and_warn(api, monkeypatch, capsys):
+    monkeypatch.setattr(gdrprobe, "check", lambda **kwargs: inconclusive_report())
+    assert main(["check", "--quiet"]) == 12
+    assert capsys.readouterr().err.startswith(
+        "gdrprobe check: GPUDirect RDMA engaged, inconclusive on GPU 0000:3b:00.0 via rxe0 "
+        "(exit 12: warn): inconclusive: the per-repeat GPU/host ratios 0.80..0.97")
+    text = render_check(inconclusive_report())
+    assert "inconclusive: the measurement cannot tell whether GPUDirect RDMA is engaged" in text
