@@ -186,7 +186,8 @@ RunOnce = Callable[[MemorySpec, MemorySpec], RunReport]
 def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
            threshold: float = defaults.THRESHOLD, doctor_findings=(),
            min_repeats: int | None = None, floor: FloorCheck | None = None,
-           settle_repeats: int | None = None) -> CheckReport:
+           settle_repeats: int | None = None,
+           disturbed: Callable[[], bool] | None = None) -> CheckReport:
     """Alternate the arms `repeats` times and classify. run_once(local, remote) runs one
     probe; errors of the host arm are the run's errors and propagate. Sampling stops as soon
     as the answer is known: when no GPU arm that could prove GPUDirect can run (after one
@@ -196,7 +197,8 @@ def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
     `repeats`, sampling goes on, up to settle_repeats (default: SETTLE_REPEATS, or
     `repeats` where that is more) or until run_once's budget says stop: more repeats narrow
     the median's interval until it leaves the threshold, or the verdict stays inconclusive
-    (exit 12). The diagnosing arms (one direction each) then run the same way, `repeats`
+    (exit 12); not once disturbed() says other traffic shared the runs (more repeats cannot
+    settle what is not the node's). The diagnosing arms (one direction each) then run the same way, `repeats`
     at most, only where the deciding two-ended arm fell short."""
     records = [ArmRecord(plan) for plan in arms]
     host = records[0]
@@ -204,7 +206,7 @@ def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
     diagnosing = [r for r in records[1:] if r.plan.role == DIAGNOSES]
     ceiling = max(repeats, settle_repeats or defaults.SETTLE_REPEATS)
     stopped = sample(run_once, host, main, Sampling(repeats, min_repeats, ceiling, threshold,
-                                                    floor))
+                                                    floor, disturbed))
     wanted = not stopped and needs_direction(host, main, threshold)
     for record in diagnosing:
         record.attempted = wanted
@@ -230,6 +232,7 @@ class Sampling:
     ceiling: int
     threshold: float
     floor: FloorCheck | None = None
+    disturbed: Callable[[], bool] | None = None   # True: other traffic shared the runs
 
     def done(self, repeat: int, host: ArmRecord, arms: list[ArmRecord]) -> bool:
         answers = [settled(r, self.threshold, self.floor)
@@ -237,7 +240,8 @@ class Sampling:
         conclusive = bool(answers) and all(answers)
         if repeat >= (self.planned if self.least is None else self.least) and conclusive:
             return True
-        return repeat >= self.planned and all(answers)
+        return repeat >= self.planned and (
+            all(answers) or (self.disturbed is not None and self.disturbed()))
 
 
 def sample(run_once: RunOnce, host: ArmRecord, arms: list[ArmRecord],
@@ -329,13 +333,14 @@ def measured_ratios(host: ArmRecord, records: list[ArmRecord],
 def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = None, *,
             staged: bool = False, repeats: int = 3, threshold: float = defaults.THRESHOLD,
             doctor_findings=(), min_repeats: int | None = None,
-            floor: FloorCheck | None = None, settle_repeats: int | None = None) -> CheckReport:
+            floor: FloorCheck | None = None, settle_repeats: int | None = None,
+            disturbed: Callable[[], bool] | None = None) -> CheckReport:
     """The whole A/B: plan the arms, run them, and classify. doctor_findings are the
     findings of the host that owns the GPU buffer (the caller runs the doctor there); they
     confirm or rule out the likely causes of a degraded result. With min_repeats, sampling
     stops once the answer is conclusive; an answer still inconclusive after `repeats`
-    samples on up to settle_repeats (see :func:`run_ab`). floor: the port's line rate and
-    the fraction of it the deciding arm must reach."""
+    samples on up to settle_repeats unless disturbed() (see :func:`run_ab`). floor: the
+    port's line rate and the fraction of it the deciding arm must reach."""
     if not 1 <= repeats <= 100:
         raise UsageError(f"{repeats} repeats: use 1 to 100",
                          f"e.g. --repeats {defaults.REPEATS} (the default)")
@@ -345,4 +350,4 @@ def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = No
         raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")
     arms = plan_arms(local, remote, staged)
     return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats, floor,
-                  settle_repeats)
+                  settle_repeats, disturbed)

@@ -235,7 +235,8 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
             report = ab_test(run_once, local, remote, staged=gate.staged,
                              repeats=gate.repeats, threshold=gate.threshold,
                              doctor_findings=facts.findings if here else (),
-                             min_repeats=min(2, gate.repeats), floor=floor)
+                             min_repeats=min(2, gate.repeats), floor=floor,
+                             disturbed=lambda: bool(watch.foreign))
         except GpuUnusable as error:
             elsewhere = held_elsewhere(error, pair.gpu, sender, gate)
             if elsewhere is None:

@@ -137,6 +137,30 @@ def test_another_jobs_traffic_on_the_port_is_inconclusive_not_degraded(machine, 
     assert "other traffic in" in report.placement.port_traffic
 
 
+def test_other_traffic_stops_the_extra_repeats_that_could_not_settle_it(machine, monkeypatch):
+    """The straddling ratios would sample on to 16 repeats; with the port shared, the
+    planned three are all there is to learn."""
+    facts, locks = machine
+    counters = Counters(foreign=60 * SIZE)
+    runner = counters.runner
+    speeds = iter([390.0, 300.0] * 20)
+
+    def straddling(*args, **kwargs):
+        probe = runner(*args, **kwargs)
+
+        def run(local, remote):
+            report = probe(local, remote)
+            if "gpu" not in (local.kind, remote.kind):
+                return report
+            row = dataclasses.replace(report.bandwidth[0], bandwidth_avg_gbps=next(speeds))
+            return dataclasses.replace(report, bandwidth=(row,))
+        return run
+
+    counters.runner = straddling
+    report = check_with(counters, facts, locks, monkeypatch)
+    assert report.repeats == GATE.repeats == 3 and report.verdict.exit_code == 12
+
+
 # ---- a GPU another process holds (CUDA_ERROR_DEVICE_UNAVAILABLE) -------------------------
 
 
