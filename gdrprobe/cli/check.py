@@ -183,6 +183,9 @@ def show_node(report, json_output: bool, quiet: bool) -> int:
         for check in report.gpus:
             if check.exit_code != ExitCode.OK:
                 print(f"gdrprobe check: {node_line(check)}", file=sys.stderr)
+        if not report.gpus:
+            print(f"gdrprobe check: nothing to check: {report.job_gpus} (exit "
+                  f"{report.exit_code}: {SCHEDULER_ACTION[report.exit_code]})", file=sys.stderr)
     return report.exit_code
 
 

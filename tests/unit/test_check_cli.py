@@ -156,3 +156,13 @@ def test_the_quiet_line_and_the_screen_say_inconclusive_and_warn(api, monkeypatc
         "(exit 12: warn): inconclusive: the per-repeat GPU/host ratios 0.80..0.97")
     text = render_check(inconclusive_report())
     assert "inconclusive: the measurement cannot tell whether GPUDirect RDMA is engaged" in text
+
+
+def test_a_node_check_with_nothing_to_check_says_so_quietly(api, monkeypatch, capsys):
+    empty = NodeCheckReport((), 30.0, 0.5, 9,
+                            job_gpus="NVIDIA_VISIBLE_DEVICES=void: the job has no GPU on this node")
+    monkeypatch.setattr(gdrprobe, "check_node", lambda **kwargs: empty)
+    assert main(["check", "--node", "--quiet"]) == 9
+    assert capsys.readouterr().err == (
+        "gdrprobe check: nothing to check: NVIDIA_VISIBLE_DEVICES=void: the job has no GPU on "
+        "this node (exit 9: warn)\n")
