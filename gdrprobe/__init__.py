@@ -344,7 +344,7 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 
 def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_type,
           gpu_alloc, staged, repeats, threshold, floor, size, host=None, token=None,
-          port=None, remote_mem=None):
+          port=None, remote_mem=None, job=None):
     """What check() and check_node() share: the budget, started first (it limits the whole
     call); what can be refused before the doctor runs; the machine read once (one doctor,
     one CUDA start-up), and GpuUnusable (exit 11) where CUDA lost GPUs sysfs lists; and
@@ -369,7 +369,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     if host is not None:
         _check_host(host)
         _check_token(token, required=True)
-    facts = machine_facts()
+    facts = machine_facts(job=job)    # job: the job's GPUs, NCCL's communicator on this node
     require_cuda_gpus(facts)      # GPUs lost to CUDA: every job here meets it (exit 11)
     gpu_alloc = gpu_alloc or facts.nccl_rules.gpu_allocation(facts.nccl_environ)
     settings = {key: value for key, value in settings.items() if value is not None}
@@ -453,44 +453,53 @@ def _not_testable_check(error: GdrprobeError, pair, threshold: float, budget):
     return CheckReport(verdict, arms=(), settings=None, repeats=0, placement=placement)
 
 
-def check_node(*, ib_port: int = 1, gid_index: int | None = None,
+def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | None = None,
                mem: str = defaults.GPU_MEMORY, gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
                gpu_alloc: str | None = None, staged: bool = False,
                repeats: int = defaults.REPEATS,
                threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
                size: int | None = None, **settings):
-    """:func:`check` for every GPU of the node with the NIC NCCL will use for it, in one
+    """:func:`check` for every GPU of the job with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
     parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
-    fitted them), all inside time_budget_s. Returns a
+    fitted them), all inside time_budget_s. The job's GPUs: gpus (comma-separated CUDA
+    ordinals, bus ids or UUIDs), else SLURM_STEP_GPUS, SLURM_JOB_GPUS,
+    NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set; else every GPU of the
+    node (:mod:`gdrprobe.campaign.job_gpus`). Returns a
     :class:`gdrprobe.report.model.NodeCheckReport`: one entry per GPU, and ``exit_code``
     the worst of theirs (a drain before a warn)."""
+    from gdrprobe.campaign.job_gpus import job_gpus
     from gdrprobe.campaign.node import check_node as _check_node
 
+    job = job_gpus(os.environ, gpus)      # a malformed list is refused before the doctor
     budget, facts, gate = _gate(
         time_budget_s, settings, ib_port=ib_port, gid_index=gid_index, mem=mem,
         gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
-        threshold=threshold, floor=floor, size=size)
-    return _check_node(facts, gate, budget, os.environ)
+        threshold=threshold, floor=floor, size=size, job=job)
+    return _check_node(facts, gate, budget, os.environ, job=job)
 
 
 def require(**kwargs):
     """:func:`check`, raising unless GPUDirect RDMA is engaged: a prelaunch gate for a
-    training job. Returns the report when engaged; raises VerdictNotOk (exit 1: degraded,
-    not engaged, or NCCL's rules refuse it on this node), NcclSetting (10: an NCCL setting
-    keeps NCCL off it) or NotTestable (9)."""
-    from gdrprobe.errors import NcclSetting, NotTestable, VerdictNotOk
+    training job. Returns the report when engaged (exit 0); raises VerdictNotOk (exit 1:
+    degraded, not engaged, or NCCL's rules refuse it on this node), NcclSetting (10: an NCCL
+    setting keeps NCCL off it), NotTestable (9) or Inconclusive (12: the measurement could
+    not tell, however its median leaned)."""
+    from gdrprobe.errors import Inconclusive, NcclSetting, NotTestable, VerdictNotOk
+    from gdrprobe.report.check import main_cause
 
     report = check(**kwargs)
     verdict = report.verdict
-    if verdict.classification == "engaged":
+    if verdict.exit_code == ExitCode.OK:
         return report
     error = {int(ExitCode.NOT_TESTABLE): NotTestable,
-             int(ExitCode.NCCL_SETTING): NcclSetting}.get(verdict.exit_code, VerdictNotOk)
+             int(ExitCode.NCCL_SETTING): NcclSetting,
+             int(ExitCode.INCONCLUSIVE): Inconclusive}.get(verdict.exit_code, VerdictNotOk)
     ratio = f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""
-    cause = f": {verdict.likely_causes[0]}" if verdict.likely_causes else ""
-    raise error(f"GPUDirect RDMA is {verdict.classification}{ratio}{cause}",
+    cause = f": {main_cause(verdict)}" if verdict.likely_causes or verdict.inconclusive else ""
+    state = verdict.classification + (", inconclusive" if error is Inconclusive else "")
+    raise error(f"GPUDirect RDMA is {state}{ratio}{cause}",
                 verdict.fix, evidence="; ".join(verdict.evidence))
 
 

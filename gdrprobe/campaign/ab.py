@@ -27,7 +27,7 @@ from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, Flo
 from gdrprobe.report.model import RunReport
 from gdrprobe.campaign.verdict import (DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
                                       arm_ratio, check_threshold, classify,
-                                      line_rate_fraction, straddles)
+                                      line_rate_fraction, settled)
 
 HOST = MemorySpec()
 REFERENCE = "reference"   # the staged arm's role: it informs a degraded verdict
@@ -186,24 +186,33 @@ RunOnce = Callable[[MemorySpec, MemorySpec], RunReport]
 
 def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
            threshold: float = defaults.THRESHOLD, doctor_findings=(),
-           min_repeats: int | None = None, floor: FloorCheck | None = None) -> CheckReport:
-    """Alternate the arms up to `repeats` times and classify. run_once(local, remote) runs
-    one probe; errors of the host arm are the run's errors and propagate. Sampling stops as
-    soon as the answer is known: when no GPU arm that could prove GPUDirect can run (after
-    one host measurement, kept for the report), when run_once raises StopSampling, and, from
-    min_repeats repeats on, when no GPU arm's per-repeat ratios straddle the threshold. The
-    diagnosing arms (one direction each) then run the same way, only where the deciding
-    two-ended arm fell short."""
+           min_repeats: int | None = None, floor: FloorCheck | None = None,
+           settle_repeats: int | None = None,
+           disturbed: Callable[[], bool] | None = None) -> CheckReport:
+    """Alternate the arms `repeats` times and classify. run_once(local, remote) runs one
+    probe; errors of the host arm are the run's errors and propagate. Sampling stops as soon
+    as the answer is known: when no GPU arm that could prove GPUDirect can run (after one
+    host measurement, kept for the report), when run_once raises StopSampling, and, from
+    min_repeats repeats on, when every deciding arm's answer is conclusive
+    (:func:`gdrprobe.campaign.verdict.settled`). Where one is still inconclusive after
+    `repeats`, sampling goes on, up to settle_repeats (default: SETTLE_REPEATS, or
+    `repeats` where that is more) or until run_once's budget says stop: more repeats narrow
+    the median's interval until it leaves the threshold, or the verdict stays inconclusive
+    (exit 12); not once disturbed() says other traffic shared the runs (more repeats cannot
+    settle what is not the node's). The diagnosing arms (one direction each) then run the same way, `repeats`
+    at most, only where the deciding two-ended arm fell short."""
     records = [ArmRecord(plan) for plan in arms]
     host = records[0]
     main = [r for r in records[1:] if r.plan.role != DIAGNOSES]
     diagnosing = [r for r in records[1:] if r.plan.role == DIAGNOSES]
-    stopped = sample(run_once, host, main, repeats, threshold, min_repeats)
+    ceiling = max(repeats, settle_repeats or defaults.SETTLE_REPEATS)
+    stopped = sample(run_once, host, main, Sampling(repeats, min_repeats, ceiling, threshold,
+                                                    floor, disturbed))
     wanted = not stopped and needs_direction(host, main, threshold)
     for record in diagnosing:
         record.attempted = wanted
     if wanted:
-        sample(run_once, host, diagnosing, repeats, threshold, min_repeats)
+        sample(run_once, host, diagnosing, Sampling(repeats, min_repeats, repeats, threshold))
     size = host.runs[-1].bandwidth[-1].size_bytes
     shown = [r for r in records if r.attempted]
     verdict = classify(host.measurement(size), [r.measurement(size) for r in shown[1:]],
@@ -214,11 +223,33 @@ def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
                        gpu_settings=deciding.runs[-1].settings if deciding else None)
 
 
-def sample(run_once: RunOnce, host: ArmRecord, arms: list[ArmRecord], repeats: int,
-           threshold: float, min_repeats: int | None) -> bool:
-    """Up to `repeats` repeats of the host arm and these arms; True when the budget ended
-    it (the arms it never reached say so)."""
-    for repeat in range(1, repeats + 1):
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """When sampling stops: `planned` repeats, from `least` on as soon as every arm's
+    answer is conclusive, beyond `planned` only while one is not, `ceiling` at most."""
+
+    planned: int
+    least: int | None               # None: the planned repeats all run
+    ceiling: int
+    threshold: float
+    floor: FloorCheck | None = None
+    disturbed: Callable[[], bool] | None = None   # True: other traffic shared the runs
+
+    def done(self, repeat: int, host: ArmRecord, arms: list[ArmRecord]) -> bool:
+        answers = [settled(r, self.threshold, self.floor)
+                   for r in measured_ratios(host, arms, self.floor)]
+        conclusive = bool(answers) and all(answers)
+        if repeat >= (self.planned if self.least is None else self.least) and conclusive:
+            return True
+        return repeat >= self.planned and (
+            all(answers) or (self.disturbed is not None and self.disturbed()))
+
+
+def sample(run_once: RunOnce, host: ArmRecord, arms: list[ArmRecord],
+           sampling: Sampling) -> bool:
+    """Repeats of the host arm and these arms until `sampling` says done; True when the
+    budget ended it (the arms it never reached say so)."""
+    for repeat in range(1, sampling.ceiling + 1):
         try:
             run_repeat(run_once, [host, *arms])
         except StopSampling as stop:
@@ -227,9 +258,7 @@ def sample(run_once: RunOnce, host: ArmRecord, arms: list[ArmRecord], repeats: i
                     record.error = NotTestable(f"not testable: {stop}",
                                                "give the check a larger time budget")
             return True
-        if deciding_arms_failed(arms) or (
-                min_repeats is not None and repeat >= min_repeats
-                and conclusive(host, arms, threshold)):
+        if deciding_arms_failed(arms) or sampling.done(repeat, host, arms):
             break
     return False
 
@@ -292,22 +321,27 @@ def deciding_arms_failed(records: list[ArmRecord]) -> bool:
     return all(r.error is not None for r in deciding)
 
 
-def conclusive(host: ArmRecord, records: list[ArmRecord], threshold: float) -> bool:
-    """Every GPU arm that measured has per-repeat ratios on one side of the threshold."""
+def measured_ratios(host: ArmRecord, records: list[ArmRecord],
+                    floor: FloorCheck | None) -> list:
+    """The ratio of every arm whose answer counts (not the staged reference) that has
+    measured so far."""
     reference = host.measurement(0)
-    ratios = [arm_ratio(reference, r.measurement(0)) for r in records if r.error is None]
-    return bool(ratios) and all(r is not None and not straddles(r, threshold) for r in ratios)
+    ratios = [arm_ratio(reference, r.measurement(0), floor) for r in records
+              if r.error is None and r.plan.role != REFERENCE]
+    return [ratio for ratio in ratios if ratio is not None]
 
 
 def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = None, *,
             staged: bool = False, repeats: int = 3, threshold: float = defaults.THRESHOLD,
             doctor_findings=(), min_repeats: int | None = None,
-            floor: FloorCheck | None = None) -> CheckReport:
+            floor: FloorCheck | None = None, settle_repeats: int | None = None,
+            disturbed: Callable[[], bool] | None = None) -> CheckReport:
     """The whole A/B: plan the arms, run them, and classify. doctor_findings are the
     findings of the host that owns the GPU buffer (the caller runs the doctor there); they
-    confirm or rule out the likely causes of a degraded result. With min_repeats, repeats
-    is a ceiling: sampling stops once the ratios are clear (see :func:`run_ab`). floor:
-    the port's line rate and the fraction of it the deciding arm must reach."""
+    confirm or rule out the likely causes of a degraded result. With min_repeats, sampling
+    stops once the answer is conclusive; an answer still inconclusive after `repeats`
+    samples on up to settle_repeats unless disturbed() (see :func:`run_ab`). floor: the
+    port's line rate and the fraction of it the deciding arm must reach."""
     if not 1 <= repeats <= 100:
         raise UsageError(f"{repeats} repeats: use 1 to 100",
                          f"e.g. --repeats {defaults.REPEATS} (the default)")
@@ -316,4 +350,5 @@ def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = No
     if local.kind == "host" and remote.kind == "host":
         raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")
     arms = plan_arms(local, remote, staged)
-    return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats, floor)
+    return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats, floor,
+                  settle_repeats, disturbed)

@@ -54,15 +54,20 @@ class GpuFacts:
     cuda_bus_ids: tuple[str, ...] | None   # CUDA's visible GPUs by ordinal; None: no driver
     sysfs_bus_ids: tuple[str, ...]         # NVIDIA GPUs in sysfs, in PCI bus order
     cuda_error: str = ""                   # why there is no CUDA list
+    # GPU UUID -> bus id, as the NVIDIA driver states them (campaign.job_gpus.gpu_uuids)
+    uuids: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_doctor(cls, cuda_facts: Mapping | None, sysfs_bus_ids) -> GpuFacts:
+    def from_doctor(cls, cuda_facts: Mapping | None, sysfs_bus_ids,
+                    uuids: Mapping[str, str] | None = None) -> GpuFacts:
         """From the doctor's CUDA facts (:func:`gdrprobe.memory.cuda.gpu_inventory` or
-        ``{"error": ...}``) and its topology's GPUs."""
+        ``{"error": ...}``), its topology's GPUs and the GPUs' UUIDs."""
         facts = cuda_facts or {"error": "no CUDA facts"}
+        known = dict(uuids or {})
         if "gpus" not in facts:
-            return cls(None, tuple(sysfs_bus_ids), str(facts.get("error", "")))
-        return cls(tuple(gpu["pci_bus_id"] for gpu in facts["gpus"]), tuple(sysfs_bus_ids))
+            return cls(None, tuple(sysfs_bus_ids), str(facts.get("error", "")), known)
+        return cls(tuple(gpu["pci_bus_id"] for gpu in facts["gpus"]), tuple(sysfs_bus_ids),
+                   uuids=known)
 
     def bus_id(self, gpu: str) -> str:
         """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
@@ -196,10 +201,18 @@ def given_gpu(gpu: str, facts: GpuFacts, environ: Mapping[str, str],
                     **_nic_fields(bus_id, decisions, device))
 
 
-def node_pairs(facts: GpuFacts, decisions: Mapping[str, NicChoice]) -> list[RankPair]:
-    """Every GPU of the node with the NIC NCCL will use for it (a node check): CUDA's GPUs
-    where the driver answered, else sysfs's in PCI bus order, else CUDA ordinal 0 (whose
-    check then says why it cannot run)."""
+def node_pairs(facts: GpuFacts, decisions: Mapping[str, NicChoice],
+               job: tuple[str, ...] | None = None, job_reason: str = "") -> list[RankPair]:
+    """The GPUs of a node check with the NIC NCCL will use for each: the job's (bus ids,
+    job_reason saying who named them) where given, else every GPU of the node: CUDA's where
+    the driver answered, else sysfs's in PCI bus order, else CUDA ordinal 0 (whose check
+    then says why it cannot run)."""
+    if job is not None:
+        cuda = facts.cuda_bus_ids or ()
+        return [RankPair(rank="", cuda_ordinal=cuda.index(bus_id) if bus_id in cuda else None,
+                         gpu=bus_id, gpu_reason=f"node check, the job's GPU: {job_reason}",
+                         **_nic_fields(bus_id, decisions, None))
+                for bus_id in job]
     if facts.cuda_bus_ids:
         return [RankPair(rank="", cuda_ordinal=ordinal, gpu=bus_id,
                          gpu_reason=f"node check: CUDA ordinal {ordinal}",

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
+from gdrprobe.campaign.job_gpus import JobGpus, gpu_uuids, match
 from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, environment_use, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
 from gdrprobe.errors import GpuUnusable
@@ -28,17 +29,21 @@ from gdrprobe.report.model import Status
 
 
 def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
-                  job_gpus: Collection[str] | None = None) -> MachineFacts:
+                  job_gpus: Collection[str] | None = None, job: JobGpus | None = None) -> MachineFacts:
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once
     (root and environ: a captured machine). job_gpus: the bus ids of the job's GPUs on this
-    node, NCCL's communicator (None: every GPU), which NCCL's rules count."""
+    node, NCCL's communicator (None: every GPU), which NCCL's rules count; job: the job's
+    GPUs as named (--gpu, SLURM_JOB_GPUS, ...), matched here to give job_gpus."""
     from gdrprobe.doctor.facts.context import DoctorContext
     from gdrprobe.doctor.runner import run_checks
     from gdrprobe.sysroot import SysRoot
 
     ctx = DoctorContext(SysRoot(root), environ)
     findings = run_checks(ctx)
-    gpus = GpuFacts.from_doctor(ctx.cuda_facts, [gpu.bdf for gpu in ctx.topology.gpus])
+    bus_ids = [gpu.bdf for gpu in ctx.topology.gpus]
+    gpus = GpuFacts.from_doctor(ctx.cuda_facts, bus_ids, gpu_uuids(ctx.root, bus_ids))
+    if job is not None and job_gpus is None:
+        job_gpus = match(job, gpus).bus_ids or None    # none here: the node's, as NCCL has none
     decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
     uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.cuda_facts or {}),
                      findings=findings, rules=ctx.nccl_rules, flush_of=receive_flush_of(ctx))

@@ -1,5 +1,13 @@
-"""The node check for a prolog (``gdrprobe check --node``, ``check_node()``): every GPU with
-the NIC NCCL will use for it, in one process.
+"""The node check for a prolog (``gdrprobe check --node``, ``check_node()``): every GPU of
+the job with the NIC NCCL will use for it, in one process.
+
+The job's GPUs are those its launcher or scheduler names (:mod:`gdrprobe.campaign.job_gpus`:
+``--gpu``, SLURM_STEP_GPUS, SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES);
+with none named, every GPU of the node. A named GPU this node has no match for, or one CUDA
+does not show this process, is that GPU's answer: not testable. A job with no GPU here has
+nothing to measure: not testable (exit 9, warn), never a drain. The job has not started, so
+a GPU of the job another process holds is a fault it would meet (exit 11); one that is not
+the job's is not (:func:`gdrprobe.campaign.prelaunch.held_elsewhere`).
 
 One doctor and one CUDA start-up serve every GPU (the caller reads the machine once).
 GPUs that share a NIC are checked one after the other, each taking an equal share of what
@@ -24,6 +32,7 @@ from typing import Callable
 from collections.abc import Iterable, Mapping
 
 from gdrprobe.campaign.gate import Budget, MachineFacts, node_pairs
+from gdrprobe.campaign.job_gpus import JobGpus, JobGpuSet, match
 from gdrprobe.campaign.memlock import LockedMemory, fit_node_to_memlock, locked_memory
 from gdrprobe.campaign.prelaunch import GateSettings, check_pair
 from gdrprobe.errors import DRAIN, SCHEDULER_ACTION, START, WARN, ExitCode, GdrprobeError
@@ -37,8 +46,8 @@ def severity(code: int) -> tuple[int, int]:
     return ({START: 0, WARN: 1, DRAIN: 2}[action], code)
 
 
-def worst_exit_code(codes: Iterable[int]) -> int:
-    return max(codes, key=severity, default=int(ExitCode.OK))
+def worst_exit_code(codes: Iterable[int], default: int = int(ExitCode.OK)) -> int:
+    return max(codes, key=severity, default=default)
 
 
 def by_nic(pairs: list[RankPair]) -> list[list[RankPair]]:
@@ -79,12 +88,37 @@ def check_one(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: 
     return NodeGpuCheck(pair.gpu, report.placement.nic, report.verdict.exit_code, report)
 
 
+def not_testable(gpu: str, why: str) -> NodeGpuCheck:
+    return NodeGpuCheck(gpu, None, int(ExitCode.NOT_TESTABLE), error=f"not testable: {why}",
+                        fix="name the job's GPUs as this node knows them (docs/check.md, "
+                            "'The job's GPUs')")
+
+
+def unchecked(job: JobGpuSet, visible: tuple[str, ...] | None) -> list[NodeGpuCheck]:
+    """The job's GPUs no check can open: named but not on this node, or hidden from CUDA in
+    this process."""
+    missing = [not_testable(name, why) for name, why in job.unmatched]
+    if visible is not None and job.job is not None:
+        missing += [not_testable(bus_id, "CUDA does not show this GPU to this process "
+                                         "(CUDA_VISIBLE_DEVICES)")
+                    for bus_id in job.bus_ids if bus_id not in visible]
+    return missing
+
+
 def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
                environ: Mapping[str, str], check: CheckPair = check_pair,
-               memory: LockedMemory | None = None) -> NodeCheckReport:
-    """Every GPU of the node, one A/B per NIC at a time, NICs in parallel as far as the
-    locked-memory limit (memory: this process's unless given) holds them."""
-    pairs = node_pairs(facts.gpus, facts.nics)
+               memory: LockedMemory | None = None, job: JobGpus | None = None) -> NodeCheckReport:
+    """The job's GPUs (job: as named; None: every GPU of the node), one A/B per NIC at a
+    time, NICs in parallel as far as the locked-memory limit (memory: this process's unless
+    given) holds them."""
+    gpus = match(job, facts.gpus)
+    visible = facts.gpus.cuda_bus_ids
+    missing = unchecked(gpus, visible)
+    named = None if job is None else tuple(bus_id for bus_id in gpus.bus_ids
+                                           if visible is None or bus_id in visible)
+    pairs = [] if named == () else node_pairs(facts.gpus, facts.nics, named, gpus.described)
+    # The job has not started: a GPU of its own that another process holds is a fault.
+    gate = dataclasses.replace(gate, job_gpus=gpus.bus_ids)
     results: dict[int, NodeGpuCheck] = {}
     cancelled = threading.Event()
     fit = fit_node_to_memlock(gate.options, 1 if gate.host else 2, len(by_nic(pairs)),
@@ -100,7 +134,7 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
             results[pairs.index(pair)] = check_one(pair, facts, gate, seconds, environ, check)
 
     groups = in_lanes(by_nic(pairs), fit.at_once)
-    with concurrent.futures.ThreadPoolExecutor(len(groups),
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(groups)),
                                                thread_name_prefix="gdrprobe-nic") as pool:
         futures = [pool.submit(run_group, group) for group in groups]
         try:
@@ -109,8 +143,10 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
         except BaseException:
             cancelled.set()    # the GPUs not started yet stay so; the running ones finish
             raise
-    checks = tuple(results[index] for index in sorted(results))
+    checks = tuple(results[index] for index in sorted(results)) + tuple(missing)
+    nothing = int(ExitCode.NOT_TESTABLE) if not checks else int(ExitCode.OK)
     return NodeCheckReport(gpus=checks, time_budget_s=budget.seconds,
                            elapsed_s=round(budget.elapsed(), 3),
-                           exit_code=worst_exit_code(check.exit_code for check in checks),
-                           memlock=fit.note)
+                           exit_code=worst_exit_code((check.exit_code for check in checks),
+                                                     nothing),
+                           memlock=fit.note, job_gpus=gpus.described)

@@ -20,6 +20,14 @@ move this GPU's bytes, inside the check's time budget.
 - **The floor**: the deciding arm against the port's line rate, where the kernel states
   it and the NIC is hardware.
 - **One A/B per NIC at a time** (:mod:`gdrprobe.campaign.nic_lock`).
+- **Other traffic on the port** during the runs, by the port's own counters against what
+  the runs put on the wire (:mod:`gdrprobe.campaign.port_traffic`), makes a measured answer
+  inconclusive (exit 12) instead of degraded (:func:`verdict.disturbed`).
+- **A GPU another process holds** (``CUDA_ERROR_DEVICE_UNAVAILABLE``: exclusive-process
+  compute mode with another process on it, or prohibited) is a fault the job meets, exit 11,
+  when it is the checked GPU, or in a node check (the job has not started) one of the job's;
+  any other GPU the check opens (PXN's peer for the sends) is not the job's to judge by:
+  exit 12 (:func:`held_elsewhere`).
 """
 
 from __future__ import annotations
@@ -35,14 +43,16 @@ from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_bud
 from gdrprobe.campaign.machine import holds_gpu_buffer, nccl_use_of
 from gdrprobe.campaign.nccl_use import as_nccl_registers, receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
-from gdrprobe.campaign.verdict import with_nccl
-from gdrprobe.errors import NoRdmaDevice, UsageError
+from gdrprobe.campaign.port_traffic import PortWatch
+from gdrprobe.campaign.verdict import disturbed, with_nccl
+from gdrprobe.errors import GpuUnusable, Inconclusive, NoRdmaDevice, UsageError
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl.env import int_param
 from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.rdma.verbs import GidPreference
 from gdrprobe.report.check import CheckReport, FloorCheck, NcclUse, RankPair
+from gdrprobe.sysroot import PCI_BUS_ID
 
 # What a check keeps of its budget for the runs when it waits for a NIC another check
 # holds: the first run may start only with the shortest out-of-band time-out left, the
@@ -67,6 +77,10 @@ class GateSettings:
     host: str | None = None                    # a server instead of loopback
     port: int = defaults.PORT
     token: str | None = None
+    # The GPUs (bus ids) that another process holding is a fault of: in a node check, the
+    # job's, which no process of the job holds yet; None in a rank's check (the job runs,
+    # and its other ranks may hold theirs): the checked GPU alone.
+    job_gpus: tuple[str, ...] | None = None
 
 
 def check_floor(floor: float) -> None:
@@ -158,6 +172,40 @@ def planned_runs(gate: GateSettings, two_ended: bool) -> int:
     return gate.repeats * (2 + gate.staged) + (3 * gate.repeats if two_ended else 0)
 
 
+# The CUresult of a GPU another process holds (exclusive-process) or no process may use
+# (prohibited), as gdrprobe.memory.cuda_results names it in the error's evidence.
+DEVICE_UNAVAILABLE = "CUDA_ERROR_DEVICE_UNAVAILABLE"
+
+
+def held_gpu(error: GpuUnusable) -> str | None:
+    """The bus id of the GPU a CUDA_ERROR_DEVICE_UNAVAILABLE is about: the evidence names
+    the call, and a GPU's context calls name their GPU as sysfs spells it
+    (memory.cuda.GpuDevice: cuDevicePrimaryCtxRetain(BUS)); None for any other error, or
+    where no GPU is named."""
+    evidence = (getattr(error, "evidence", "") or "").lower()
+    if DEVICE_UNAVAILABLE.lower() not in evidence:
+        return None
+    found = PCI_BUS_ID.search(evidence)
+    return found.group(0) if found else None
+
+
+def held_elsewhere(error: GpuUnusable, checked: str, sender: str | None,
+                   gate: GateSettings) -> Inconclusive | None:
+    """Inconclusive when the GPU another process holds is the one the check opened for the
+    sends (PXN's peer, not the checked GPU) and not one of the job's (gate.job_gpus, a
+    node check's); None: the error stands (exit 11): the checked GPU, or a GPU of the job."""
+    gpu = held_gpu(error)
+    if gpu is None or gpu != sender or sender == checked or gpu in (gate.job_gpus or ()):
+        return None
+    return Inconclusive(
+        f"inconclusive: GPU {gpu}, which this check opened for {checked}'s sends (NCCL's PXN "
+        "peer), is held by another process or closed to all (CUDA_ERROR_DEVICE_UNAVAILABLE), "
+        "and it is not one of the job's GPUs: the check could not run, and that says "
+        "nothing against this node",
+        "check again when that GPU is free; 'nvidia-smi' shows the processes on it",
+        evidence=error.evidence)
+
+
 def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: Budget,
                environ: Mapping[str, str]) -> CheckReport:
     """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
@@ -182,18 +230,27 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
                                    gate.keep_cq_moderation)
     floor = floor_check(nic, gate.ib_port, facts, gate.floor)
     wait_s = max(0.0, budget.remaining() - LOCK_RESERVE_S)
+    watch = PortWatch(nic, gate.ib_port, gate.threshold, loopback=gate.host is None)
     with nic_lock(nic, wait_s if math.isfinite(wait_s) else 3600.0, environ) as (held, why):
-        run_once = budgeted(lambda capped: loopback.runner(capped, endpoint, gate.host,
-                                                           gate.port, gate.token),
-                            options, budget)
+        run_once = watch.wrap(budgeted(lambda capped: loopback.runner(capped, endpoint,
+                                                                      gate.host, gate.port,
+                                                                      gate.token),
+                                       options, budget))
         here = holds_gpu_buffer(local, loopback=gate.host is None)
-        report = ab_test(run_once, local, remote, staged=gate.staged, repeats=gate.repeats,
-                         threshold=gate.threshold,
-                         doctor_findings=facts.findings if here else (),
-                         min_repeats=min(2, gate.repeats), floor=floor)
+        try:
+            report = ab_test(run_once, local, remote, staged=gate.staged,
+                             repeats=gate.repeats, threshold=gate.threshold,
+                             doctor_findings=facts.findings if here else (),
+                             min_repeats=min(2, gate.repeats), floor=floor,
+                             disturbed=lambda: bool(watch.foreign))
+        except GpuUnusable as error:
+            elsewhere = held_elsewhere(error, pair.gpu, sender, gate)
+            if elsewhere is None:
+                raise
+            raise elsewhere from error
     placement = dataclasses.replace(
         pair, nic=nic, nic_reason=nic_reason, time_budget_s=budget.seconds,
         elapsed_s=round(budget.elapsed(), 3), send_gpu=sender, send_gpu_reason=sender_why,
-        lock=held.describe(why))
-    return dataclasses.replace(report, verdict=with_nccl(report.verdict, use),
-                               placement=placement)
+        lock=held.describe(why), port_traffic=watch.describe())
+    verdict = with_nccl(disturbed(report.verdict, watch.foreign), use)
+    return dataclasses.replace(report, verdict=verdict, placement=placement)

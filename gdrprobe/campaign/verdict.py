@@ -32,15 +32,31 @@ NUMA node, a NIC on a narrower PCIe link) give a ratio near 1 and say nothing ot
 Ratio and spread: the probe runs the arms in alternation, so repeat ``i`` of the host arm
 and repeat ``i`` of a GPU arm saw the same conditions. The ratio is the median of those
 paired per-repeat ratios; the spread is their minimum and maximum (with the 3 to 10 repeats
-a probe affords, an interquartile range would rest on one or two points). When the spread
-straddles the threshold the classification stays the median's, and ``inconclusive`` is set
-with an evidence line saying so: the answer is the best estimate, flagged as one to rerun
-with more repeats. The exit code follows the classification alone.
+a probe affords, an interquartile range would rest on one or two points).
+
+Conclusive or not (:func:`answer_side`). Whether the median is above or below the threshold
+is the sign test's question: the distribution-free confidence interval of a median from n
+values is the span between the (d+1)-th smallest and the (d+1)-th largest, d the most each
+end may drop with P(Binomial(n, 1/2) <= d) <= (1 - MEDIAN_CONFIDENCE) / 2
+(:func:`median_interval`; with fewer than 5 values no d qualifies and the interval is the
+whole range, so 2 to 4 repeats are conclusive only when all of them agree). The answer is
+conclusive when that interval of the deciding arm's ratios lies on one side of the
+threshold, and, where the floor applies, the interval of its per-repeat line-rate fractions
+on one side of the floor (one side below either is a conclusive "degraded"). Otherwise the
+verdict keeps the median's classification as information, sets ``inconclusive`` with an
+evidence line, and its exit code is 12 (inconclusive, warn), never a drain
+(:func:`gdrprobe.report.check.verdict_exit_code`): this one rule serves check, the node
+check, require(), run's A/B, bench and cluster alike. More repeats narrow the interval (a
+wider range never makes a straddle conclusive, a median's interval does), which is why the
+A/B samples on while its answer is inconclusive (:mod:`gdrprobe.campaign.ab`). Another
+job's traffic on the port during the runs (:func:`disturbed`) makes a measured answer
+inconclusive the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 
@@ -116,10 +132,45 @@ def paired_ratios(host: Sequence[float], gpu: Sequence[float]) -> list[float]:
     return [g / h for h, g in zip(host, gpu) if h > 0]
 
 
+# The confidence of the median's interval that decides whether an answer is conclusive: a
+# two-sided sign test at 0.1, 0.05 a side (the convention of a 90% interval).
+MEDIAN_CONFIDENCE = 0.9
+
+
+def trimmed_per_end(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
+    """The most values each end of n may drop while the span left still covers the median
+    with at least `confidence`: the largest d with P(Binomial(n, 1/2) <= d) <= (1 -
+    confidence) / 2 (the span [x(d+1), x(n-d)] covers it with 1 - 2 P(B <= d)); 0 when even
+    the whole range falls short (n < 5 at 0.9)."""
+    tail, cumulative, kept = (1 - confidence) / 2, 0.0, 0
+    for d in range(n):
+        cumulative += math.comb(n, d) / 2 ** n
+        if cumulative > tail:
+            break
+        kept = d
+    return kept
+
+
+def median_interval(values: Sequence[float],
+                    confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float]:
+    """The distribution-free confidence interval of the median of values (sign test)."""
+    ordered = sorted(values)
+    d = trimmed_per_end(len(ordered), confidence)
+    return ordered[d], ordered[len(ordered) - 1 - d]
+
+
 def line_rate_fraction(bandwidths: Sequence[float], floor: FloorCheck | None) -> float | None:
     if floor is None or not floor.line_rate_gbps or not bandwidths:
         return None
     return round(statistics.median(bandwidths) / floor.line_rate_gbps, 4)
+
+
+def line_rate_interval(bandwidths: Sequence[float],
+                       floor: FloorCheck | None) -> tuple[float, float] | None:
+    """The median's interval of the per-repeat shares of line rate (None: no rate)."""
+    if floor is None or not floor.line_rate_gbps or not bandwidths:
+        return None
+    return median_interval([value / floor.line_rate_gbps for value in bandwidths])
 
 
 def arm_ratio(host: ArmMeasurement, gpu: ArmMeasurement,
@@ -130,7 +181,9 @@ def arm_ratio(host: ArmMeasurement, gpu: ArmMeasurement,
         return None
     return ArmRatio(gpu.arm, gpu.mechanism, gpu.memory_kind, statistics.median(ratios),
                     min(ratios), max(ratios), len(ratios), gpu.direction, gpu.outcome,
-                    gpu.role, line_rate_fraction(gpu.bandwidths_gbps, floor))
+                    gpu.role, line_rate_fraction(gpu.bandwidths_gbps, floor),
+                    median_interval(ratios),
+                    line_rate_interval(gpu.bandwidths_gbps, floor))
 
 
 def unmeasured_ratio(arm: ArmMeasurement) -> ArmRatio:
@@ -143,12 +196,35 @@ def format_ratio(r: ArmRatio) -> str:
     direction = f", {r.direction}" if r.direction else ""
     rate = (f"; {r.line_rate_fraction:.2f} of line rate"
             if r.line_rate_fraction is not None else "")
+    interval = ("" if r.interval in (None, (r.ratio_min, r.ratio_max)) else
+                f", the median's {MEDIAN_CONFIDENCE:.0%} interval "
+                f"{r.interval[0]:.2f}..{r.interval[1]:.2f}")
     return (f"{r.arm} ({r.memory_kind} memory{direction}): {r.ratio:.2f} of host bandwidth "
-            f"(per-repeat {r.ratio_min:.2f}..{r.ratio_max:.2f}, {r.repeats} repeats{rate})")
+            f"(per-repeat {r.ratio_min:.2f}..{r.ratio_max:.2f}{interval}, {r.repeats} "
+            f"repeats{rate})")
 
 
-def straddles(r: ArmRatio, threshold: float) -> bool:
-    return r.ratio_min < threshold <= r.ratio_max
+def side(interval: tuple[float, float], bound: float) -> int:
+    """1: the whole interval at or above bound; -1: all of it below; 0: it straddles."""
+    low, high = interval
+    return 1 if low >= bound else -1 if high < bound else 0
+
+
+def answer_side(r: ArmRatio, threshold: float, floor: FloorCheck | None = None) -> int:
+    """Where the arm's answer lies: 1 engaged (its ratios' interval at or above the
+    threshold and, where the floor applies, its line-rate shares' at or above the floor), -1
+    degraded (either interval wholly below), 0 not known (inconclusive)."""
+    ratio = side(r.interval or (r.ratio_min, r.ratio_max), threshold)
+    rate = (side(r.line_rate_interval, floor.floor)
+            if floor is not None and floor.applied and r.line_rate_interval else 1)
+    if -1 in (ratio, rate):
+        return -1
+    return 1 if ratio == rate == 1 else 0
+
+
+def settled(r: ArmRatio, threshold: float, floor: FloorCheck | None = None) -> bool:
+    """Whether the arm's answer is conclusive (:func:`answer_side`)."""
+    return answer_side(r, threshold, floor) != 0
 
 
 # ---- degraded: likely causes and what the doctor says about them -----------------
@@ -231,11 +307,21 @@ def _not_testable(reason: str, fix: str, threshold: float, evidence=(), arms=())
                    evidence=tuple(evidence), arms=tuple(arms))
 
 
-def spread_note(best: ArmRatio, threshold: float) -> list[str]:
-    if not straddles(best, threshold):
+def spread_note(best: ArmRatio, threshold: float, floor: FloorCheck | None) -> list[str]:
+    if settled(best, threshold, floor):
         return []
-    return [f"inconclusive: per-repeat ratios {best.ratio_min:.2f}..{best.ratio_max:.2f} "
-            f"straddle the threshold {threshold:.2f}; rerun with more repeats"]
+    low, high = best.interval or (best.ratio_min, best.ratio_max)
+    line = (f"inconclusive: the per-repeat GPU/host ratios {best.ratio_min:.2f}.."
+            f"{best.ratio_max:.2f} (the median's {MEDIAN_CONFIDENCE:.0%} interval "
+            f"{low:.2f}..{high:.2f}, {best.repeats} repeats) straddle the threshold "
+            f"{threshold:.2f}")
+    if side((low, high), threshold) != 0:
+        low, high = best.line_rate_interval
+        line = (f"inconclusive: the per-repeat shares of line rate (the median's "
+                f"{MEDIAN_CONFIDENCE:.0%} interval {low:.2f}..{high:.2f}, {best.repeats} "
+                f"repeats) straddle the floor {floor.floor:.2f}")
+    return [line + "; the answer is not known: exit 12 (warn), never a drain; check again "
+                   "when the node is quiet"]
 
 
 def below_floor(best: ArmRatio, floor: FloorCheck | None) -> bool:
@@ -246,10 +332,10 @@ def below_floor(best: ArmRatio, floor: FloorCheck | None) -> bool:
 def _measured_verdict(best: ArmRatio, ratios: Sequence[ArmRatio], threshold, evidence,
                       findings, floor: FloorCheck | None) -> Verdict:
     """Engaged or degraded: by the best direct arm's median ratio, then by the floor."""
-    evidence = list(evidence) + spread_note(best, threshold)
+    evidence = list(evidence) + spread_note(best, threshold, floor)
     common = dict(mechanism=best.mechanism, ratio=best.ratio, ratio_min=best.ratio_min,
                   ratio_max=best.ratio_max, threshold=threshold,
-                  inconclusive=straddles(best, threshold), arms=tuple(ratios),
+                  inconclusive=not settled(best, threshold, floor), arms=tuple(ratios),
                   below_floor=below_floor(best, floor))
     if common["below_floor"]:
         evidence.append(f"below the floor: {best.arm} reached {best.line_rate_fraction:.2f} "
@@ -459,15 +545,38 @@ def nccl_line(use: NcclUse) -> str:
 def with_nccl(verdict: Verdict, use: NcclUse | None) -> Verdict:
     """The A/B's verdict with NCCL's own decision for the GPU: "not used by NCCL" where NCCL
     will not use GPUDirect for it at all, unless the A/B already found the node at fault
-    (degraded or not engaged: that stays, a node fault whatever NCCL does) or the decision
-    rests on facts the doctor could not read (then it is evidence only)."""
+    (degraded or not engaged, conclusively: that stays, a node fault whatever NCCL does) or
+    the decision rests on facts the doctor could not read (then it is evidence only)."""
     if use is None:
         return verdict
     evidence = (nccl_line(use), *verdict.evidence)
-    if use.uses_gdr or not use.firm or verdict.classification in (DEGRADED, NOT_ENGAGED):
+    node_fault = (verdict.classification in (DEGRADED, NOT_ENGAGED)
+                  and not verdict.inconclusive)
+    if use.uses_gdr or not use.firm or node_fault:
         return dataclasses.replace(verdict, nccl=use, evidence=evidence)
     measured = (f"the A/B: {verdict.classification}"
                 + (f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""))
     return dataclasses.replace(
         verdict, classification=NOT_USED, nccl=use, evidence=(*evidence, measured),
         likely_causes=(use.cause,), fix=use.fix, direction=None)
+
+
+# ---- another job's traffic ---------------------------------------------------------
+
+
+def disturbed(verdict: Verdict, foreign: Sequence[str]) -> Verdict:
+    """The verdict when other traffic crossed the port during the runs (foreign: one line
+    per run that saw it, :mod:`gdrprobe.campaign.port_traffic`): a measured answer (engaged
+    or degraded) compared bandwidths another job shared, so it says nothing for or against
+    the node: inconclusive (exit 12). A refused registration or a broken data path is not a
+    matter of bandwidth and stays; the lines are evidence either way."""
+    if not foreign:
+        return verdict
+    lines = tuple(f"another job's traffic: {line}" for line in foreign)
+    if verdict.classification not in (ENGAGED, DEGRADED):
+        return dataclasses.replace(verdict, evidence=(*verdict.evidence, *lines))
+    note = ("inconclusive: other traffic shared the port during the runs, so the bandwidths "
+            "compared are not the node's; exit 12 (warn), never a drain; check again when "
+            "the port is quiet")
+    return dataclasses.replace(verdict, inconclusive=True,
+                               evidence=(note, *lines, *verdict.evidence))

@@ -3,9 +3,11 @@
 The A/B as NCCL will move the bytes of the GPU this process's rank will use
 (``LOCAL_RANK`` / ``SLURM_LOCALID`` through ``CUDA_VISIBLE_DEVICES``, or ``--gpu``) over
 the NIC NCCL will use for it (or ``-d``), GPU memory at both ends, inside a hard time
-budget; with ``--node`` every GPU of the node in one process. The exit code is the
-verdict's (0 engaged, 1 degraded, not engaged or refused by NCCL on this node, 9 not
-testable, 10 an NCCL setting keeps NCCL off GPUDirect) or an error's;
+budget; with ``--node`` every GPU of the job (``--gpu LIST``, SLURM_STEP_GPUS,
+SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) in one
+process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
+NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
+inconclusive) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
@@ -49,14 +51,19 @@ def register(subparsers) -> None:
                     "both ends, NCCL's own decision, an absolute floor of line rate, inside "
                     "a hard time budget. Exit 0 engaged, 1 degraded, not engaged or refused "
                     "by NCCL on this node (drain), 9 not testable, 10 an NCCL setting keeps "
-                    "NCCL off GPUDirect (warn); see the README for every code.",
+                    "NCCL off GPUDirect, 12 inconclusive (warn); see the README for every "
+                    "code.",
         epilog="example: gdrprobe check --gpu 0000:3b:00.0 -d mlx5_0 --time-budget 20; in a "
                "Slurm prolog, every GPU of the node: gdrprobe check --node --quiet. "
                + exit_codes_epilog())
     parser.add_argument("--gpu", metavar="ORDINAL|BUS_ID",
-                        help="the GPU (default: the one this process's local rank uses)")
+                        help="the GPU (default: the one this process's local rank uses); "
+                             "with --node the job's GPUs, comma-separated ordinals, bus ids "
+                             "or UUIDs (default: SLURM_STEP_GPUS, SLURM_JOB_GPUS, "
+                             "NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, else every "
+                             "GPU of the node)")
     parser.add_argument("--node", action="store_true",
-                        help="every GPU of the node with the NIC NCCL will use for it, in "
+                        help="every GPU of the job with the NIC NCCL will use for it, in "
                              "one process: GPUs sharing a NIC one after the other, NICs in "
                              "parallel; one line per GPU; the exit code is the worst")
     add_device_flags(parser, "the one NCCL will use for the GPU",
@@ -85,7 +92,9 @@ def register(subparsers) -> None:
                         metavar="SECONDS", help="hard limit on the whole check (--node: on "
                         "all of it), set-up included (default "
                         f"{defaults.CHECK_TIME_BUDGET_S:g})")
-    add_verdict_flags(parser, "A/B repeats at most; sampling stops once the verdict is clear")
+    add_verdict_flags(parser, "A/B repeats planned; sampling stops once the answer is clear, "
+                              f"and goes on past them while it is inconclusive, up to "
+                              f"{defaults.SETTLE_REPEATS} within the budget")
     parser.add_argument("--prometheus", metavar="FILE",
                         help="also write node-exporter text-file metrics to FILE, atomically: "
                              "bench's metrics, the exit code and time stamp, per GPU "
@@ -119,10 +128,11 @@ def run(args) -> int:
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
                   time_budget_s=args.time_budget, size=args.size, qps=qps)
     if args.node:
-        if args.gpu is not None or args.device is not None:
-            raise UsageError("--node checks every GPU with its NCCL NIC",
-                                      "drop --gpu and -d, or drop --node")
-        return show_node(with_metrics(args, lambda: gdrprobe.check_node(**common)),
+        if args.device is not None:
+            raise UsageError("--node checks each GPU with its NCCL NIC",
+                             "drop -d, or drop --node")
+        return show_node(with_metrics(args, lambda: gdrprobe.check_node(gpus=args.gpu,
+                                                                        **common)),
                          args.json, quiet)
     return show(with_metrics(args, lambda: gdrprobe.check(device=args.device, gpu=args.gpu,
                                                           **common)), args.json, quiet)
@@ -173,14 +183,21 @@ def show_node(report, json_output: bool, quiet: bool) -> int:
         for check in report.gpus:
             if check.exit_code != ExitCode.OK:
                 print(f"gdrprobe check: {node_line(check)}", file=sys.stderr)
+        if not report.gpus:
+            print(f"gdrprobe check: nothing to check: {report.job_gpus} (exit "
+                  f"{report.exit_code}: {SCHEDULER_ACTION[report.exit_code]})", file=sys.stderr)
     return report.exit_code
 
 
 def one_line(report) -> str:
     """The quiet mode's line: the verdict, the pair, what a prolog should do and why."""
+    from gdrprobe.report.check import main_cause
+
     verdict, pair = report.verdict, report.placement
-    cause = (verdict.likely_causes or verdict.evidence or ("",))[0]
+    cause = main_cause(verdict)
     direction = f", failing direction {verdict.direction}" if verdict.direction else ""
-    return (f"gdrprobe check: GPUDirect RDMA {verdict.classification}{direction} on GPU "
+    state = verdict.classification + (", inconclusive" if verdict.exit_code ==
+                                      ExitCode.INCONCLUSIVE else "")
+    return (f"gdrprobe check: GPUDirect RDMA {state}{direction} on GPU "
             f"{pair.gpu} via {pair.nic or 'the first RDMA device'} (exit {verdict.exit_code}: "
             f"{SCHEDULER_ACTION[verdict.exit_code]}): {cause}")

@@ -253,6 +253,7 @@ def bandwidth_result(size: int, loop, integrity: Integrity,
         stage_copy_gbps=size * 8 / stage_s_per_message / 1e9 if stage_s_per_message > 0 else None,
         integrity_pause_s=loop.paused_ns / 1e9,
         integrity_passes=loop.passes,
+        messages_posted=loop.posted,
     )
 
 

@@ -71,6 +71,10 @@ class ArmRatio:
     outcome: str = "measured"      # measured | registration failed | data path broken | not testable
     role: str = "decides"          # decides | reference | diagnoses
     line_rate_fraction: float | None = None   # median bandwidth over the port's line rate
+    # The median's confidence interval (campaign.verdict.median_interval) of the per-repeat
+    # ratios, and of the per-repeat shares of line rate: what decides "conclusive".
+    interval: tuple[float, float] | None = None
+    line_rate_interval: tuple[float, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +113,10 @@ class Verdict:
     ratio_min: float | None = None
     ratio_max: float | None = None
     threshold: float = defaults.THRESHOLD
-    inconclusive: bool = False           # the per-repeat ratios straddle the threshold
+    # Not known now (exit 12): the per-repeat ratios (or line-rate shares) straddle the
+    # threshold (the floor), or other traffic shared the port; the classification is the
+    # median's, kept as information.
+    inconclusive: bool = False
     evidence: tuple[str, ...] = ()
     likely_causes: tuple[str, ...] = ()
     fix: str = ""
@@ -124,14 +131,29 @@ class Verdict:
 
 
 def verdict_exit_code(verdict: Verdict) -> ExitCode:
-    """A classification's exit code; "not used by NCCL" drains where NCCL's rules refuse
-    GPUDirect on this node's hardware or stack, and only warns where an NCCL setting (the
-    job's environment, an NCCL configuration file) does: the node is fine."""
+    """A classification's exit code; a measured answer (engaged, degraded) that is
+    inconclusive is 12 whatever its classification, so an answer the measurement cannot
+    stand behind never drains and never says "start" on its own; "not used by NCCL" drains
+    where NCCL's rules refuse GPUDirect on this node's hardware or stack, and only warns
+    where an NCCL setting (the job's environment, an NCCL configuration file) does: the
+    node is fine."""
+    if verdict.inconclusive and verdict.classification in (ENGAGED, DEGRADED):
+        return ExitCode.INCONCLUSIVE
     if verdict.classification != NOT_USED:
         return EXIT_CODES[verdict.classification]
     if verdict.nccl is not None and verdict.nccl.node_fault:
         return ExitCode.VERDICT_NOT_OK
     return ExitCode.NCCL_SETTING
+
+
+def main_cause(verdict: Verdict) -> str:
+    """The one line that says why the answer is what it is: for an inconclusive one, what
+    made it so; else the first likely cause, else the first evidence line."""
+    if verdict.exit_code == ExitCode.INCONCLUSIVE:
+        lines = [line for line in verdict.evidence if line.startswith("inconclusive:")]
+    else:
+        lines = list(verdict.likely_causes or verdict.evidence)
+    return lines[0] if lines else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +203,8 @@ class RankPair:
     send_gpu: str | None = None
     send_gpu_reason: str = ""
     lock: str = ""                 # the NIC's lock file, and how long the check waited for it
+    # How the port's own counters watched for other traffic during the runs, and what they saw.
+    port_traffic: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,3 +229,4 @@ class NodeCheckReport:
     elapsed_s: float
     exit_code: int                 # the worst of the GPUs' (a drain code before a warn code)
     memlock: str = ""              # how the locked-memory limit fitted the checks ("": as asked)
+    job_gpus: str = ""             # which GPUs are the job's, and who named them

@@ -66,7 +66,8 @@ def _entries(report: CheckReport | NodeCheckReport) -> list[tuple]:
 
 def check_registry(entries: list[tuple], node: str):
     """The registry: per GPU its exit code, whether GDR is engaged (where the verdict says
-    something about GPUDirect: not for "not testable" or an error), and per measured arm
+    something about GPUDirect: not for "not testable", "inconclusive" or an error), and per
+    measured arm
     bench's bandwidth, GPU/host ratio and line-rate fraction; per node the time stamp."""
     from prometheus_client import CollectorRegistry, Gauge
 
@@ -80,7 +81,8 @@ def check_registry(entries: list[tuple], node: str):
         exit_code.labels(gpu, nic, node).set(code)
         if report is None or code == ExitCode.NOT_TESTABLE:
             continue
-        engaged.labels(gpu, nic, node).set(int(report.verdict.classification == ENGAGED))
+        if code != ExitCode.INCONCLUSIVE:     # an answer not known says nothing of GDR either
+            engaged.labels(gpu, nic, node).set(int(report.verdict.classification == ENGAGED))
         for memory, size, values in _arm_values(report):
             labels = (gpu, nic, memory, str(report.settings.qps), str(size), node)
             for field, value in values.items():

@@ -3,15 +3,18 @@ Renderers format; they never decide."""
 
 from __future__ import annotations
 
-from gdrprobe.errors import SCHEDULER_ACTION
+from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
 from gdrprobe.report.check import (DIRECTION_WORDS, NOT_TESTABLE, ArmReport, CheckReport,
                                    FloorCheck, NodeCheckReport, NodeGpuCheck, RankPair,
-                                   Verdict)
+                                   Verdict, main_cause)
 from gdrprobe.report.model import RunSettings
 from gdrprobe.report.text import RULE
 
 NOT_TESTABLE_MEANS = ("not testable: the check could not measure GPUDirect RDMA here, so it "
                       "says nothing for or against this node")
+INCONCLUSIVE_MEANS = ("inconclusive: the measurement cannot tell whether GPUDirect RDMA is "
+                      "engaged here, so it says nothing for or against this node; the "
+                      "classification above is its best estimate")
 
 
 def render_check(report: CheckReport) -> str:
@@ -19,6 +22,8 @@ def render_check(report: CheckReport) -> str:
     lines = [RULE, headline(v)]
     if v.classification == NOT_TESTABLE:
         lines.append(f" {NOT_TESTABLE_MEANS}")
+    if v.exit_code == ExitCode.INCONCLUSIVE:
+        lines.append(f" {INCONCLUSIVE_MEANS}")
     if v.direction:
         lines.append(f" failing direction: {v.direction}: "
                      f"{DIRECTION_WORDS.get(v.direction, 'not isolated by the arms')}")
@@ -76,6 +81,8 @@ def render_placement(pair: RankPair) -> list[str]:
         lines.append(f" sends from {pair.send_gpu or 'host memory'}: {pair.send_gpu_reason}")
     if pair.lock:
         lines.append(f" NIC lock: {pair.lock}")
+    if pair.port_traffic:
+        lines.append(f" other traffic: {pair.port_traffic}")
     if pair.elapsed_s is not None:
         lines.append(f" {pair.elapsed_s:.1f} s{budget}, doctor and set-up included")
     return lines
@@ -117,7 +124,8 @@ def node_line(check: NodeGpuCheck) -> str:
     if check.report is None:
         return f"GPU {check.gpu} via {check.nic or '-'}: {check.error} ({action})"
     v = check.report.verdict
-    parts = [v.classification + (f" via {v.mechanism}" if v.mechanism else "")]
+    parts = [v.classification + (f" via {v.mechanism}" if v.mechanism else "")
+             + (" (inconclusive)" if v.exit_code == ExitCode.INCONCLUSIVE else "")]
     if v.ratio is not None:
         parts.append(f"GPU/host {v.ratio:.2f}")
     deciding = next((arm for arm in check.report.arms if arm.role == "decides"), None)
@@ -125,14 +133,15 @@ def node_line(check: NodeGpuCheck) -> str:
         parts.append(f"{deciding.line_rate_fraction:.2f} of line rate")
     if v.direction:
         parts.append(f"failing direction {v.direction}")
-    cause = (v.likely_causes or ("",))[0] if v.exit_code else ""
+    cause = main_cause(v) if v.exit_code and (v.likely_causes or v.inconclusive) else ""
     return (f"GPU {check.gpu} via {check.nic or '-'}: {', '.join(parts)} ({action})"
             + (f": {cause}" if cause else ""))
 
 
 def render_node_check(report: NodeCheckReport) -> str:
     budget = f" of a {report.time_budget_s:g} s budget" if report.time_budget_s else ""
-    return "\n".join([node_line(check) for check in report.gpus]
+    job = [f"the job's GPUs: {report.job_gpus}"] if report.job_gpus else []
+    return "\n".join(job + [node_line(check) for check in report.gpus]
                      + ([f"memlock: {report.memlock}"] if report.memlock else [])
                      + [f"node: {len(report.gpus)} GPU(s) in {report.elapsed_s:.1f} s{budget}; "
                         f"exit {report.exit_code}: {SCHEDULER_ACTION[report.exit_code]}"])

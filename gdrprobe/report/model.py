@@ -255,6 +255,8 @@ class BandwidthResult:
     # (outside elapsed_s), and how many passes it checked; 0 for a run that samples.
     integrity_pause_s: float = 0.0
     integrity_passes: int = 0
+    # Every message the run posted, warm-up and window, all QPs: what it put on the wire.
+    messages_posted: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

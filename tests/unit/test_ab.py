@@ -138,11 +138,44 @@ def test_with_min_repeats_sampling_stops_once_the_ratios_are_clear():
     assert report.verdict.classification == "engaged" and not report.verdict.inconclusive
 
 
-def test_ratios_that_straddle_the_threshold_keep_sampling_to_the_ceiling():
-    run_once, calls = sequence_probe([85.0, 95.0, 93.0])
+def test_ratios_that_straddle_the_threshold_sample_on_until_the_answer_is_known():
+    """Three repeats straddle 0.9; at eight the median's interval drops the slowest one and
+    lies above the threshold: engaged, exit 0 (the old A/B stopped at three, inconclusive)."""
+    run_once, calls = sequence_probe([85.0, 95.0, 93.0, 96.0, 94.0, 97.0, 95.0, 96.0, 99.0])
     report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=3, min_repeats=2)
+    assert calls == ["host", "gpu"] * 8 and report.repeats == 8
+    assert report.verdict.classification == "engaged" and not report.verdict.inconclusive
+    assert report.verdict.exit_code == 0
+    assert report.verdict.ratio_min == pytest.approx(0.85)      # the range still straddles
+
+
+def test_a_straddle_that_never_settles_ends_at_the_ceiling_inconclusive():
+    run_once, calls = sequence_probe([85.0, 95.0] * 20)
+    report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=3, min_repeats=2,
+                    settle_repeats=6)
+    assert calls == ["host", "gpu"] * 6
+    assert report.verdict.inconclusive and report.verdict.exit_code == 12
+    unlimited, calls = sequence_probe([85.0, 95.0] * 20)
+    assert run_ab(unlimited, plan_arms(GPU, HOST, False), repeats=3).repeats == 16
+    assert len(calls) == 2 * 16                  # SETTLE_REPEATS, the default ceiling
+
+
+def test_the_budget_ends_the_extra_repeats_and_the_answer_stays_inconclusive():
+    run_once, calls = sequence_probe([85.0, 95.0] * 20)
+
+    def budgeted(local, remote):
+        if len(calls) == 10:
+            raise StopSampling("the time budget holds no further run")
+        return run_once(local, remote)
+
+    report = run_ab(budgeted, plan_arms(GPU, HOST, False), repeats=3, min_repeats=2)
+    assert report.repeats == 5 and report.verdict.exit_code == 12
+
+
+def test_a_run_of_planned_repeats_samples_on_only_while_inconclusive():
+    clear, calls = sequence_probe([97.0, 98.0, 96.0, 99.0])
+    assert run_ab(clear, plan_arms(GPU, HOST, False), repeats=3).repeats == 3
     assert calls == ["host", "gpu"] * 3
-    assert report.verdict.inconclusive and report.verdict.ratio == pytest.approx(0.93)
 
 
 def test_stop_sampling_classifies_what_was_measured():

@@ -88,7 +88,14 @@ def test_floor_and_node_reach_the_api(api, capsys):
     name, kwargs = api[-1]
     assert name == "check_node" and kwargs["floor"] == 0.5
     assert "gdrprobe check: GPU 0000:3b:00.0 via rxe0: not testable" in capsys.readouterr().err
-    assert main(["check", "--node", "--gpu", "0"]) == 2
+    assert main(["check", "--node", "-d", "mlx5_0"]) == 2
+
+
+def test_node_takes_the_jobs_gpus_from_gpu(api):
+    """issue 28: --gpu with --node names the job's GPUs (it was refused)."""
+    assert main(["check", "--node", "--gpu", "0,GPU-8932f937", "--quiet"]) == 9
+    name, kwargs = api[-1]
+    assert name == "check_node" and kwargs["gpus"] == "0,GPU-8932f937"
 
 
 def test_the_screen_names_the_nic_and_says_a_software_device_never_does_gpudirect():
@@ -116,3 +123,46 @@ def test_the_json_verdict_lists_its_arms_and_names_the_nic():
         ("both", "not testable")]
     assert document["floor"]["software_device"] is True
     assert document["arms"][1]["direction"] == "both"
+
+
+# ---- inconclusive (issue 28) -------------------------------------------------------------
+
+
+def inconclusive_report():
+    run_once, _ = fake_probe(gpu_gbps=97.0)
+    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2, floor=RXE)
+    straddling = dataclasses.replace(report.verdict, inconclusive=True, evidence=(
+        "inconclusive: the per-repeat GPU/host ratios 0.80..0.97 straddle the threshold 0.90",
+        *report.verdict.evidence))
+    return dataclasses.replace(report, verdict=straddling, placement=PAIR)
+
+
+def test_require_raises_inconclusive_for_an_answer_the_measurement_cannot_tell(monkeypatch):
+    from gdrprobe.errors import Inconclusive
+
+    monkeypatch.setattr(gdrprobe, "check", lambda **kwargs: inconclusive_report())
+    with pytest.raises(Inconclusive) as raised:
+        gdrprobe.require(time_budget_s=20)
+    assert raised.value.exit_code == 12
+    assert raised.value.cause.startswith("GPUDirect RDMA is engaged, inconclusive (GPU/host "
+                                         "0.97): inconclusive: the per-repeat GPU/host ratios")
+
+
+def test_the_quiet_line_and_the_screen_say_inconclusive_and_warn(api, monkeypatch, capsys):
+    monkeypatch.setattr(gdrprobe, "check", lambda **kwargs: inconclusive_report())
+    assert main(["check", "--quiet"]) == 12
+    assert capsys.readouterr().err.startswith(
+        "gdrprobe check: GPUDirect RDMA engaged, inconclusive on GPU 0000:3b:00.0 via rxe0 "
+        "(exit 12: warn): inconclusive: the per-repeat GPU/host ratios 0.80..0.97")
+    text = render_check(inconclusive_report())
+    assert "inconclusive: the measurement cannot tell whether GPUDirect RDMA is engaged" in text
+
+
+def test_a_node_check_with_nothing_to_check_says_so_quietly(api, monkeypatch, capsys):
+    empty = NodeCheckReport((), 30.0, 0.5, 9,
+                            job_gpus="NVIDIA_VISIBLE_DEVICES=void: the job has no GPU on this node")
+    monkeypatch.setattr(gdrprobe, "check_node", lambda **kwargs: empty)
+    assert main(["check", "--node", "--quiet"]) == 9
+    assert capsys.readouterr().err == (
+        "gdrprobe check: nothing to check: NVIDIA_VISIBLE_DEVICES=void: the job has no GPU on "
+        "this node (exit 9: warn)\n")

@@ -112,6 +112,19 @@ def test_a_node_check_has_one_series_per_gpu_and_not_testable_says_nothing_of_gd
     assert not [name for name in found if "0000:5e:00.0" in name and "engaged" in name]
 
 
+def test_an_inconclusive_answer_writes_its_exit_code_and_arms_but_no_engaged_series(tmp_path):
+    from tests.unit.test_check_cli import inconclusive_report
+
+    report = NodeCheckReport((NodeGpuCheck("0000:3b:00.0", "rxe0", 12,
+                                           report=inconclusive_report()),), 30.0, 4.0, 12)
+    path = tmp_path / "node.prom"
+    write_check_prometheus(report, str(path), node="n1")
+    found = samples(path.read_text())
+    assert found['gdrprobe_check_exit_code{gpu="0000:3b:00.0",nic="rxe0",node="n1"}'] == "12.0"
+    assert not [name for name in found if "engaged" in name]    # no alert on a guess
+    assert [name for name in found if name.startswith("gdrprobe_gpu_host_ratio{")]
+
+
 def test_check_prometheus_writes_the_file_and_an_error_writes_its_exit_code(
         api, tmp_path, monkeypatch, capsys):  # noqa: F811
     path = tmp_path / "check.prom"

@@ -35,6 +35,7 @@ def node(tmp_path):
     executable(bin_dir / "gdrprobe", f"""\
         #!/bin/sh
         echo "$@" >> {tmp_path}/gdrprobe.args
+        echo "${{SLURM_JOB_GPUS-unset}}" >> {tmp_path}/gdrprobe.gpus
         echo "this goes to stdout, which the prolog drops"
         [ "$FAKE_CODE" = 0 ] || {{ echo "{MESSAGE}"; echo "a second line"; }} >&2
         exit "$FAKE_CODE"
@@ -50,6 +51,7 @@ def node(tmp_path):
     def run(code: int, **env: str) -> subprocess.CompletedProcess:
         environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": NODE,
                        "SLURM_JOB_ID": "42", "GDRPROBE_PROLOG_CONF": str(conf),
+                       "SLURM_CONF": str(tmp_path / "slurm.conf"),
                        "FAKE_CODE": str(code), **env}
         return subprocess.run(["sh", PROLOG], env=environment, capture_output=True,
                               text=True, timeout=30)
@@ -126,3 +128,46 @@ def test_no_gdrprobe_warns_and_lets_the_job_start(node):
     assert done.returncode == 0
     log = read(node.dir / "prolog.log")
     assert "warn (exit 127), the job starts:" in log and "not-installed/gdrprobe" in log
+
+
+# ---- the job's GPUs (issue 28) -------------------------------------------------------------
+
+
+def test_the_jobs_gpus_reach_the_check_in_slurmds_environment(node):
+    node(0, SLURM_JOB_GPUS="0,2")
+    assert read(node.dir / "gdrprobe.gpus") == "0,2\n"
+    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 60 --quiet\n"
+
+
+GRES_CONF = "ClusterName=lab\n  GresTypes=gpu,shard\nNodeName=node17 Gres=gpu:8\n"
+
+
+def test_a_job_without_gpus_where_slurm_allocates_them_has_nothing_to_check(node):
+    (node.dir / "slurm.conf").write_text(GRES_CONF)
+    done = node(1)                      # the check would drain: it must not run at all
+    assert done.returncode == 0 and read(node.dir / "gdrprobe.args") == ""
+    assert read(node.dir / "scontrol.args") == ""
+    assert ("node node17, job 42: start: the job has no GPU on this node (SLURM_JOB_GPUS "
+            "unset): nothing to check") in read(node.dir / "prolog.log")
+
+
+def test_without_gres_slurm_never_names_gpus_so_the_whole_node_is_checked(node):
+    (node.dir / "slurm.conf").write_text("ClusterName=lab\nNodeName=node17 CPUs=1\n")
+    node(0)
+    assert read(node.dir / "gdrprobe.gpus") == "unset\n"
+    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 60 --quiet\n"
+
+
+@pytest.mark.parametrize("setting, runs", [("skip", False), ("check", True)])
+def test_the_setting_decides_for_a_job_without_gpus(node, setting, runs):
+    (node.dir / "slurm.conf").write_text(GRES_CONF if setting == "check" else "")
+    with node.conf.open("a") as conf:
+        conf.write(f"GDRPROBE_JOB_WITHOUT_GPUS={setting}\n")
+    assert node(0).returncode == 0
+    assert (read(node.dir / "gdrprobe.args") != "") == runs
+
+
+def test_an_inconclusive_check_warns_and_the_job_starts(node):
+    done = node(12, SLURM_JOB_GPUS="1")
+    assert done.returncode == 0 and read(node.dir / "scontrol.args") == ""
+    assert "warn (exit 12), the job starts:" in read(node.dir / "prolog.log")

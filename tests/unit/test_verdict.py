@@ -6,11 +6,11 @@ import errno
 
 import pytest
 
-from gdrprobe.errors import ExitCode
+from gdrprobe.errors import DRAIN_CODES, ExitCode
 from gdrprobe.report.model import Finding, Status
 from gdrprobe.report.check import NOT_USED, FloorCheck, NcclUse
 from gdrprobe.campaign.verdict import (DEGRADED, ENGAGED, NOT_ENGAGED, NOT_TESTABLE, ArmMeasurement,
-                              classify, paired_ratios, with_nccl)
+                              classify, disturbed, paired_ratios, with_nccl)
 
 MiB = 1 << 20
 
@@ -278,19 +278,76 @@ def test_median_at_the_threshold_with_a_low_repeat_is_engaged_but_inconclusive()
     assert verdict.classification == ENGAGED
     assert (verdict.ratio, verdict.ratio_min, verdict.ratio_max) == pytest.approx((0.9, 0.8, 0.95))
     assert verdict.inconclusive
-    assert verdict.exit_code == 0      # the exit code follows the classification
-    assert any(line.startswith("inconclusive: per-repeat ratios 0.80..0.95 straddle the "
+    # The classification is the median's, kept as information; the answer is not known.
+    assert verdict.exit_code == ExitCode.INCONCLUSIVE == 12
+    assert any(line.startswith("inconclusive: the per-repeat GPU/host ratios 0.80..0.95 (the "
+                               "median's 90% interval 0.80..0.95, 3 repeats) straddle the "
                                "threshold 0.90") for line in verdict.evidence)
 
 
-def test_median_below_with_a_high_repeat_is_degraded_but_inconclusive():
+def test_median_below_with_a_high_repeat_is_degraded_but_inconclusive_and_never_drains():
     host = ArmMeasurement("host", (100.0, 100.0, 100.0, 100.0, 100.0), memory_kind="host")
     gpu = ArmMeasurement("peermem", (86.0, 88.0, 93.0, 87.5, 89.0), "peermem")
     verdict = classify(host, [gpu])
     assert verdict.classification == DEGRADED
     assert verdict.ratio == pytest.approx(0.88)
     assert verdict.inconclusive
-    assert verdict.exit_code == 1
+    assert verdict.exit_code == 12 and verdict.exit_code not in DRAIN_CODES
+
+
+def test_the_loaded_labs_spread_is_inconclusive_not_a_drain():
+    """issue 28: ./dev demo-dmabuf on a loaded machine answered "degraded, inconclusive
+    (0.63..1.06)" with exit 1."""
+    host = ArmMeasurement("host", (10.0,) * 5, memory_kind="host")
+    gpu = ArmMeasurement("dmabuf", (6.3, 8.4, 10.6, 7.9, 9.7), "dmabuf")
+    verdict = classify(host, [gpu])
+    assert (verdict.classification, verdict.ratio_min, verdict.ratio_max) == (
+        DEGRADED, pytest.approx(0.63), pytest.approx(1.06))
+    assert verdict.exit_code == 12
+
+
+@pytest.mark.parametrize("n, dropped", [(2, 0), (4, 0), (5, 0), (7, 0), (8, 1), (10, 1),
+                                        (11, 2), (13, 3), (16, 4), (20, 5)])
+def test_the_medians_interval_drops_what_the_sign_test_allows(n, dropped):
+    """P(Binomial(n, 1/2) <= d) <= 0.05 for the d dropped at each end, and > 0.05 for d+1."""
+    from math import comb
+
+    from gdrprobe.campaign.verdict import median_interval, trimmed_per_end
+
+    assert trimmed_per_end(n) == dropped
+    if n >= 5:
+        assert sum(comb(n, k) for k in range(dropped + 1)) / 2 ** n <= 0.05
+    assert sum(comb(n, k) for k in range(dropped + 2)) / 2 ** n > 0.05
+    values = list(range(n))
+    assert median_interval(values) == (dropped, n - 1 - dropped)
+
+
+def test_more_repeats_settle_a_spread_that_the_range_never_would():
+    """Two disturbed repeats of sixteen: the range still straddles 0.9, the median's interval
+    (the 4 most extreme at each end dropped) does not: conclusive both ways."""
+    host = ArmMeasurement("host", (100.0,) * 16, memory_kind="host")
+    slow = ArmMeasurement("dmabuf", (85.0,) * 7 + (95.0, 96.0) + (84.0,) * 7, "dmabuf")
+    fast = ArmMeasurement("dmabuf", (97.0,) * 7 + (80.0, 81.0) + (98.0,) * 7, "dmabuf")
+    degraded, engaged = classify(host, [slow]), classify(host, [fast])
+    assert degraded.ratio_max > 0.9 > degraded.ratio_min and not degraded.inconclusive
+    assert (degraded.classification, degraded.exit_code) == (DEGRADED, 1)
+    assert degraded.arms[0].interval == pytest.approx((0.84, 0.85))
+    assert engaged.ratio_min < 0.9 < engaged.ratio_max and not engaged.inconclusive
+    assert (engaged.classification, engaged.exit_code) == (ENGAGED, 0)
+    assert any("the median's 90% interval 0.97..0.98" in line for line in engaged.evidence)
+
+
+def test_line_rate_shares_that_straddle_the_floor_are_inconclusive():
+    host = ArmMeasurement("host", (301.0, 341.0, 386.0), memory_kind="host")
+    gpu = ArmMeasurement("dmabuf", (300.0, 340.0, 385.0), "dmabuf")   # 0.75..0.96 of 400
+    verdict = classify(host, [gpu], floor=NDR_PORT)
+    assert verdict.ratio > 0.99 and verdict.arms[0].line_rate_fraction == 0.85
+    assert verdict.classification == ENGAGED and verdict.exit_code == 12
+    assert verdict.arms[0].line_rate_interval == pytest.approx((0.75, 0.9625))
+    assert any("straddle the floor 0.80" in line for line in verdict.evidence)
+    below = classify(host, [ArmMeasurement("dmabuf", (300.0, 310.0, 315.0), "dmabuf")],
+                     floor=NDR_PORT)
+    assert below.below_floor and below.exit_code == 1 and not below.inconclusive
 
 
 def test_a_tight_spread_below_the_threshold_is_conclusive():
@@ -405,3 +462,36 @@ def test_gdr_for_one_direction_only_is_said_not_judged():
     assert verdict.classification == ENGAGED
     assert verdict.evidence[0].startswith(
         "NCCL: uses GPUDirect RDMA for receives only through mlx5_0; send: sm70")
+
+
+def test_an_inconclusive_degraded_answer_lets_nccls_firm_decision_speak():
+    host = ArmMeasurement("host", (100.0,) * 3, memory_kind="host")
+    straddling = classify(host, [ArmMeasurement("dmabuf", (80.0, 95.0, 85.0), "dmabuf")])
+    assert straddling.classification == DEGRADED and straddling.exit_code == 12
+    node = with_nccl(straddling, nccl_use(cause="path SYS", node_fault=True))
+    setting = with_nccl(straddling, nccl_use(cause="NCCL_NET_GDR_LEVEL=LOC", settings=("x",)))
+    assert (node.classification, node.exit_code) == (NOT_USED, 1)
+    assert (setting.classification, setting.exit_code) == (NOT_USED, 10)
+
+
+# ---- another job's traffic (issue 28) ---------------------------------------------------
+
+FOREIGN = ("run 2: rxe0 port 1 sent 9100 packets, the probe's own at most 4200",)
+
+
+def test_other_traffic_on_the_port_makes_a_measured_answer_inconclusive():
+    degraded = classify(HOST_400G, [DMABUF_ACS])
+    for verdict in (ENGAGED_VERDICT, degraded):
+        seen = disturbed(verdict, FOREIGN)
+        assert seen.classification == verdict.classification and seen.inconclusive
+        assert seen.exit_code == ExitCode.INCONCLUSIVE
+        assert seen.evidence[1] == "another job's traffic: " + FOREIGN[0]
+    assert disturbed(ENGAGED_VERDICT, ()) == ENGAGED_VERDICT
+
+
+def test_other_traffic_does_not_excuse_a_refused_registration():
+    refused = classify(HOST_400G, [ArmMeasurement("dmabuf", mechanism="dmabuf",
+                                                  registration_errno=errno.EFAULT)])
+    seen = disturbed(refused, FOREIGN)
+    assert (seen.classification, seen.exit_code, seen.inconclusive) == (NOT_ENGAGED, 1, False)
+    assert seen.evidence[-1] == "another job's traffic: " + FOREIGN[0]

@@ -79,7 +79,9 @@ def test_the_dmabuf_arm_registers_through_the_kernel_and_rxe_moves_its_pages(mod
     # Host pages against host pages: a measured answer, about DMA-BUF.
     assert verdict["classification"] in ("engaged", "degraded"), verdict
     assert verdict["mechanism"] == "dmabuf", verdict
-    assert done.returncode == (0 if verdict["classification"] == "engaged" else 1)
+    # Exit 12 where the repeats still straddle the threshold (never a drain, issue 28).
+    assert done.returncode == verdict["exit_code"] == (
+        12 if verdict["inconclusive"] else 0 if verdict["classification"] == "engaged" else 1)
     # The kernel's own table, taken during the run: gdr_dmabuf's buffer attached to rxe.
     assert "gdr_dmabuf" in table and RXE_DMA_DEVICE in table, table
     assert rdma_resources() == baseline
