@@ -112,7 +112,7 @@ def test_check_answers_not_testable_with_the_report_the_docs_show(monkeypatch, t
 
     nm.dmabuf_only(tmp_path)
     facts = machine_facts(str(tmp_path), {})
-    monkeypatch.setattr("gdrprobe.campaign.machine.machine_facts", lambda: facts)
+    monkeypatch.setattr("gdrprobe.campaign.machine.machine_facts", lambda **_: facts)
 
     def no_device(*args, **kwargs):
         raise NotTestable("not testable: no RDMA device found", "load the RDMA driver",

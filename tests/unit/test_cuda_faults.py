@@ -175,7 +175,7 @@ def gate_machine(monkeypatch, tmp_path):
     def read(result_facts: dict):
         two_gpu_node(tmp_path, result_facts)
         facts = machine.machine_facts(str(tmp_path), {})
-        monkeypatch.setattr(machine, "machine_facts", lambda: facts)
+        monkeypatch.setattr(machine, "machine_facts", lambda **_: facts)
 
     monkeypatch.setattr(loopback, "runner", lambda *a, **k: pytest.fail("a run started"))
     monkeypatch.delenv("LOCAL_RANK", raising=False)

@@ -256,7 +256,7 @@ def test_check_at_the_stock_limit_runs_sized_to_it(monkeypatch):
 
     asked = []
     monkeypatch.setattr(machine, "machine_facts",
-                        lambda: MachineFacts(GpuFacts(("0000:3b:00.0",), ("0000:3b:00.0",)), {}))
+                        lambda **_: MachineFacts(GpuFacts(("0000:3b:00.0",), ("0000:3b:00.0",)), {}))
     monkeypatch.setattr(memlock, "locked_memory", lambda: STOCK)
     monkeypatch.setattr(prelaunch, "check_pair",
                         lambda pair, facts, gate, budget, environ: asked.append(gate.options))

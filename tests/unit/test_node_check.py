@@ -19,7 +19,6 @@ from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.report.check import CheckReport, Verdict
 from gdrprobe.report.check_text import render_node_check
 from tests.unit.test_ab import SETTINGS
-from tests.unit.test_prelaunch import GATE
 
 UNLIMITED = LockedMemory(soft=math.inf, hard=math.inf)
 
