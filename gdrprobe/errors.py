@@ -104,6 +104,19 @@ DRAIN_CODES = tuple(row.code for row in EXIT_CODES if row.action == DRAIN)
 CANNOT_CHECK_CODES = (ExitCode.USAGE, ExitCode.MISSING_DEPENDENCY, ExitCode.INTERNAL)
 
 
+def severity(code: int) -> tuple[int, int]:
+    """How much an exit code weighs for a scheduler: a drain over a warn over a start (an
+    unknown code warns), then the higher code."""
+    action = SCHEDULER_ACTION.get(code, WARN)
+    return ({START: 0, WARN: 1, DRAIN: 2}[action], code)
+
+
+def worst_exit_code(codes, default: int = 0) -> int:
+    """The code a set of answers gives a scheduler: the most severe (a drain before a warn,
+    so that one pair's peer error never hides another pair's fault)."""
+    return max(codes, key=severity, default=default)
+
+
 def exit_codes_markdown() -> str:
     """The README's "Exit codes" table, as generated from :data:`EXIT_CODES`."""
     lines = ["| exit | meaning | prolog action |", "|---|---|---|"]

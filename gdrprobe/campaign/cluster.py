@@ -16,7 +16,7 @@ import threading
 from typing import Callable
 
 from gdrprobe import defaults
-from gdrprobe.errors import GdrprobeError, MissingDependency, PeerError, UsageError
+from gdrprobe.errors import ExitCode, GdrprobeError, MissingDependency, PeerError, UsageError, worst_exit_code
 from gdrprobe.campaign.ab import ab_test
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.loopback import runner
@@ -249,6 +249,7 @@ def cluster_report(size: int, pattern: str, rows: list[ClusterPair],
     measured = [r.host_gbps for r in rows if r.host_gbps]
     median = statistics.median(measured) if measured else None
     flagged = []
+    codes = [row.exit_code for row in rows]
     for row in rows:
         if row.error:
             flagged.append(f"ranks {row.client_rank}->{row.server_rank}: {row.error}")
@@ -258,7 +259,8 @@ def cluster_report(size: int, pattern: str, rows: list[ClusterPair],
         if median and row.host_gbps and row.host_gbps < slow_fraction * median:
             flagged.append(f"ranks {row.client_rank}->{row.server_rank}: slow, "
                            f"{row.host_gbps:.3f} Gb/s against a median of {median:.3f}")
-    worst = max((row.exit_code for row in rows), default=0)
+            codes.append(int(ExitCode.VERDICT_NOT_OK))
+    worst = worst_exit_code(codes)
     return ClusterReport(ranks=size, pattern=pattern, pairs=tuple(rows),
                          median_host_gbps=median, slow_fraction=slow_fraction,
                          flagged=tuple(flagged), exit_code=worst or (1 if flagged else 0))

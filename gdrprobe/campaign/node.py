@@ -29,25 +29,16 @@ import concurrent.futures
 import dataclasses
 import threading
 from typing import Callable
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from gdrprobe.campaign.gate import Budget, MachineFacts, node_pairs
 from gdrprobe.campaign.job_gpus import JobGpus, JobGpuSet, match
 from gdrprobe.campaign.memlock import LockedMemory, fit_node_to_memlock, locked_memory
 from gdrprobe.campaign.prelaunch import GateSettings, check_pair
-from gdrprobe.errors import DRAIN, SCHEDULER_ACTION, START, WARN, ExitCode, GdrprobeError
+from gdrprobe.errors import ExitCode, GdrprobeError, worst_exit_code
 from gdrprobe.report.check import NodeCheckReport, NodeGpuCheck, RankPair
 
 CheckPair = Callable[[RankPair, MachineFacts, GateSettings, Budget, Mapping[str, str]], object]
-
-
-def severity(code: int) -> tuple[int, int]:
-    action = SCHEDULER_ACTION.get(code, WARN)
-    return ({START: 0, WARN: 1, DRAIN: 2}[action], code)
-
-
-def worst_exit_code(codes: Iterable[int], default: int = int(ExitCode.OK)) -> int:
-    return max(codes, key=severity, default=default)
 
 
 def by_nic(pairs: list[RankPair]) -> list[list[RankPair]]:

@@ -140,7 +140,8 @@ def test_report_names_failed_not_engaged_and_slow_pairs():
     assert report.flagged == ("ranks 0->2: GPUDirect RDMA not engaged",
                               "ranks 1->2: slow, 40.000 Gb/s against a median of 95.500",
                               "ranks 2->3: the server went away")
-    assert report.exit_code == 5
+    # A drain (the not engaged pair, the slow one) outweighs the peer error's warn (5).
+    assert report.exit_code == 1
     text = render_cluster(report)
     assert " rank 1  -           -           40.00       -\n" in text
     assert " rank 2  -           -           -           failed\n" in text
@@ -156,6 +157,15 @@ def test_a_clean_matrix_exits_zero_and_a_slow_pair_alone_exits_one():
     assert cluster.cluster_report(3, "all", fast, 0.8).exit_code == 0
     slow = fast[:2] + [ClusterPair(1, 2, "b", "c", host_gbps=10.0)]
     assert cluster.cluster_report(3, "all", slow, 0.8).exit_code == 1
+
+
+def test_a_peer_error_never_hides_a_slow_pair():
+    rows = [ClusterPair(0, 1, "a", "b", host_gbps=90.0), ClusterPair(0, 2, "a", "c", host_gbps=91.0),
+            ClusterPair(1, 2, "b", "c", host_gbps=10.0),
+            ClusterPair(2, 3, "c", "d", error="the server went away", exit_code=5)]
+    assert cluster.cluster_report(4, "all", rows, 0.8).exit_code == 1
+    only_warns = rows[:2] + rows[3:]
+    assert cluster.cluster_report(4, "all", only_warns, 0.8).exit_code == 5
 
 
 # ---- the MPI choreography, for real -------------------------------------------------
