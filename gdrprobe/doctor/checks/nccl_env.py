@@ -67,10 +67,11 @@ SIMPLE_RULES = (
     Rule("NCCL_GDR_FLUSH_DISABLE", is_nonzero, Status.WARN,
          "NCCL skips the flush that makes NIC writes visible to the GPU before sm90: received data may be stale",
          UNSET_FIX),
-    Rule("NCCL_TOPO_FILE", always, Status.WARN,
-         "NCCL reads the topology from this file instead of detecting it; a gdr= attribute in the file wins "
-         "over the detected value even though the log shows the detected one",
-         "Make sure the file describes this machine, or unset it to let NCCL detect the topology."),
+    # What the file does to NCCL's placement (and where it cannot be read) is the finding
+    # topology.nccl_file's, which judges the file itself: this one only says it is set.
+    Rule("NCCL_TOPO_FILE", always, Status.INFO,
+         "NCCL places the GPUs and NICs this file names under the file's switches and CPUs, the rest as "
+         "it detects them (finding topology.nccl_file: how this file places this node's devices)"),
     Rule("NCCL_PXN_DISABLE", lambda value: pxn_disabled({"NCCL_PXN_DISABLE": value}), Status.INFO,
          "NCCL will not relay through an NVLink peer GPU to that GPU's nearer NIC, so some GPUs use a farther NIC"),
     Rule("NCCL_IB_PCI_RELAXED_ORDERING",

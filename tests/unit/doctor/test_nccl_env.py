@@ -41,7 +41,7 @@ def test_harmless_nccl_variables_are_listed_as_evidence(tmp_path):
     ("NCCL_IB_DISABLE", "0x1", "nccl.ib_disable", Status.FAIL),          # strtoll base 0: 1
     ("NCCL_NET_GDR_READ", "false", "nccl.net_gdr_read", Status.WARN),    # no digits: 0
     ("NCCL_NET_GDR_LEVEL", "08", "nccl.net_gdr_level", Status.FAIL),     # strtol base 0: 0, LOC
-    ("NCCL_TOPO_FILE", "/etc/nccl/topo.xml", "nccl.topo_file", Status.WARN),
+    ("NCCL_TOPO_FILE", "/etc/nccl/topo.xml", "nccl.topo_file", Status.INFO),
     ("NCCL_IB_CUDA_SUPPORT", "1", "nccl.ib_cuda_support", Status.WARN),
     ("NCCL_NET_GDR_LEVEL", "0", "nccl.net_gdr_level", Status.FAIL),
     ("NCCL_NET_GDR_LEVEL", "LOC", "nccl.net_gdr_level", Status.FAIL),
