@@ -201,6 +201,11 @@ def given_gpu(gpu: str, facts: GpuFacts, environ: Mapping[str, str],
                     **_nic_fields(bus_id, decisions, device))
 
 
+# A node where neither sysfs nor CUDA shows a GPU still gets one check, of CUDA ordinal 0,
+# so that its answer says why nothing can be measured (no CUDA driver, no RDMA device).
+NO_GPU_FOUND = "node check: no GPU in sysfs or from CUDA: CUDA ordinal 0"
+
+
 def node_pairs(facts: GpuFacts, decisions: Mapping[str, NicChoice],
                job: tuple[str, ...] | None = None, job_reason: str = "") -> list[RankPair]:
     """The GPUs of a node check with the NIC NCCL will use for each: the job's (bus ids,
@@ -223,8 +228,7 @@ def node_pairs(facts: GpuFacts, decisions: Mapping[str, NicChoice],
                          gpu_reason=f"node check: GPU {index} in sysfs (PCI bus order)",
                          **_nic_fields(bus_id, decisions, None))
                 for index, bus_id in enumerate(facts.sysfs_bus_ids)]
-    return [RankPair(rank="", cuda_ordinal=0, gpu="0",
-                     gpu_reason="node check: no GPU in sysfs or from CUDA: CUDA ordinal 0",
+    return [RankPair(rank="", cuda_ordinal=0, gpu="0", gpu_reason=NO_GPU_FOUND,
                      **_nic_fields(None, decisions, None))]
 
 

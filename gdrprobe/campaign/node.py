@@ -31,7 +31,7 @@ import threading
 from typing import Callable
 from collections.abc import Mapping
 
-from gdrprobe.campaign.gate import Budget, MachineFacts, node_pairs
+from gdrprobe.campaign.gate import NO_GPU_FOUND, Budget, MachineFacts, node_pairs
 from gdrprobe.campaign.job_gpus import JobGpus, JobGpuSet, match
 from gdrprobe.campaign.memlock import LockedMemory, fit_node_to_memlock, locked_memory
 from gdrprobe.campaign.prelaunch import GateSettings, check_pair
@@ -61,6 +61,14 @@ def in_lanes(groups: list[list[RankPair]], lanes: int) -> list[list[RankPair]]:
 def check_one(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: float | None,
               environ: Mapping[str, str], check: CheckPair) -> NodeGpuCheck:
     """One GPU's check on its share of the budget; an error is its answer, not the node's."""
+    checked = checking(pair, facts, gate, seconds, environ, check)
+    if pair.gpu_reason == NO_GPU_FOUND:
+        return dataclasses.replace(checked, label="no GPU found")
+    return checked
+
+
+def checking(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: float | None,
+             environ: Mapping[str, str], check: CheckPair) -> NodeGpuCheck:
     if seconds is not None and seconds <= 0:
         return NodeGpuCheck(pair.gpu, pair.nic, int(ExitCode.NOT_TESTABLE),
                             error="not testable: the node check's time budget ran out "

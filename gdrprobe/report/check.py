@@ -217,6 +217,7 @@ class NodeGpuCheck:
     report: CheckReport | None = None
     error: str = ""
     fix: str = ""
+    label: str = ""                # how a person names it ("": "GPU <gpu>")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -118,11 +118,15 @@ def render_arms(arms: tuple[ArmReport, ...]) -> list[str]:
 # ---- the node check ------------------------------------------------------------------
 
 
+def node_gpu_label(check: NodeGpuCheck) -> str:
+    return check.label or f"GPU {check.gpu}"
+
+
 def node_line(check: NodeGpuCheck) -> str:
     """One GPU of a node check: the answer, the NIC, the action, and why."""
     action = f"exit {check.exit_code}: {SCHEDULER_ACTION.get(check.exit_code, 'warn')}"
     if check.report is None:
-        return f"GPU {check.gpu} via {check.nic or '-'}: {check.error} ({action})"
+        return f"{node_gpu_label(check)} via {check.nic or '-'}: {check.error} ({action})"
     v = check.report.verdict
     parts = [v.classification + (f" via {v.mechanism}" if v.mechanism else "")
              + (" (inconclusive)" if v.exit_code == ExitCode.INCONCLUSIVE else "")]
@@ -134,7 +138,7 @@ def node_line(check: NodeGpuCheck) -> str:
     if v.direction:
         parts.append(f"failing direction {v.direction}")
     cause = main_cause(v) if v.exit_code and (v.likely_causes or v.inconclusive) else ""
-    return (f"GPU {check.gpu} via {check.nic or '-'}: {', '.join(parts)} ({action})"
+    return (f"{node_gpu_label(check)} via {check.nic or '-'}: {', '.join(parts)} ({action})"
             + (f": {cause}" if cause else ""))
 
 
