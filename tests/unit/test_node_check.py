@@ -115,7 +115,7 @@ def test_a_node_without_a_gpu_checks_ordinal_0_so_its_answer_says_why():
                              check=recorder, memory=UNLIMITED)
     assert [(check.gpu, check.exit_code) for check in report.gpus] == [("0", 9)]
     # Issue 29: the answer does not name a "GPU 0" the node does not have.
-    first = render_node_check(report).splitlines()[0]
+    first = render_node_check(report).splitlines()[1]
     assert first.startswith("no GPU found via -: ") and "GPU 0" not in first
 
 
