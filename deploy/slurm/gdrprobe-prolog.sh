@@ -38,7 +38,9 @@
 # (NCCL_IB_HCA, say) is exported there too.
 
 DRAIN_CODES="1 4 6 7 8 11"
-REASON_MAX=200
+REASON_MAX=200          # bytes of the drain reason: one line of `sinfo -R`
+LOG_RECORD_MAX=1024     # bytes of one log record, time stamp included (log below)
+READ_MAX=65536          # bytes of gdrprobe's output read back: far more than one record holds
 
 GDRPROBE=gdrprobe
 GDRPROBE_CHECK_ARGS="--time-budget 60"
@@ -50,13 +52,61 @@ if [ -r "$conf" ]; then
 fi
 node=${SLURMD_NODENAME:-$(hostname -s)}
 
+# One record per run, on one line: gdrprobe's output (which a driver's message or a broken
+# locale may fill with anything) is escaped byte by byte, never through echo, which expands
+# backslashes (a "\\c" would glue the next record onto this one); the record stays within
+# LOG_RECORD_MAX bytes: syslog's traditional message size, logger(1)'s default --size
+# (util-linux, RFC 3164's 1 KiB), and under PIPE_BUF (4 KiB), so that the records of
+# prologs running at once never interleave in the file (one write to an O_APPEND file).
 log() {
-    line="gdrprobe-prolog: node $node, job ${SLURM_JOB_ID:-?}: $*"
+    stamp="$(date -u +%Y-%m-%dT%H:%M:%SZ) "
+    prefix="gdrprobe-prolog: node $node, job ${SLURM_JOB_ID:-?}: "
+    line="$prefix$(printf '%s' "$*" | clean log $((LOG_RECORD_MAX - ${#prefix} - ${#stamp})))"
     if [ -n "$GDRPROBE_PROLOG_LOG" ]; then
-        echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $line" >>"$GDRPROBE_PROLOG_LOG"
+        printf '%s%s\n' "$stamp" "$line" >>"$GDRPROBE_PROLOG_LOG"
     else
-        logger -t gdrprobe-prolog "$line"
+        logger -t gdrprobe-prolog -- "$line"
     fi
+}
+
+# clean MODE MAX: stdin made one line of valid UTF-8 of at most MAX bytes, cut on a character
+# boundary and ending in "..." where it was cut. MODE log keeps every byte visible: a
+# backslash doubled, a line break as \n, another control character (ESC, CR, C1's CSI...) or
+# a byte that is not UTF-8 as \xHH. MODE reason keeps the first line and removes control
+# characters and non-UTF-8 bytes: what scontrol gets is printed by sinfo to terminals.
+clean() {
+    tr -d '\000' | LC_ALL=C awk -v mode="$1" -v max="$2" '
+        BEGIN { for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i; room = max - 3 }
+        function put(token) {
+            if (length(out) + length(token) > room) cut = 1
+            else out = out token
+        }
+        function control(code) { if (mode == "log") put(sprintf("\\x%02x", code)) }
+        NR > 1 && mode != "log" { exit }
+        NR > 1 && !cut { put("\\n") }
+        !cut {
+            n = length($0)
+            for (i = 1; i <= n && !cut; i++) {
+                c = substr($0, i, 1); b = ord[c]
+                if (b == 92) { put(mode == "log" ? "\\\\" : c); continue }
+                if (b < 32 || b == 127) { control(b); continue }
+                if (b < 128) { put(c); continue }
+                need = -1
+                if (b >= 194 && b <= 223) need = 1
+                else if (b >= 224 && b <= 239) need = 2
+                else if (b >= 240 && b <= 244) need = 3
+                for (k = 1; k <= need; k++) {
+                    d = ord[substr($0, i + k, 1)]
+                    if (d < 128 || d > 191) need = -1
+                }
+                if (need < 0) { control(b); continue }
+                second = ord[substr($0, i + 1, 1)]
+                if (b == 194 && second < 160) control(second)  # U+0080..U+009F: C1 controls
+                else put(substr($0, i, need + 1))
+                i += need
+            }
+        }
+        END { printf "%s%s", out, (cut ? "..." : "") }'
 }
 
 is_drain_code() {
@@ -83,21 +133,26 @@ if [ -z "${SLURM_JOB_GPUS:-}" ] && skips_jobs_without_gpus; then
 fi
 
 # --quiet prints nothing when every GPU is engaged and one line per GPU otherwise, on
-# stderr: keep that, and let stdout go. SLURM_JOB_GPUS goes to gdrprobe in the environment.
+# stderr: keep that in a file (read back bounded, whatever gdrprobe wrote), let stdout go.
+# SLURM_JOB_GPUS goes to gdrprobe in the environment.
+said_file=$(mktemp 2>/dev/null) || said_file=/dev/null
+trap '[ "$said_file" = /dev/null ] || rm -f "$said_file"' EXIT
 # shellcheck disable=SC2086  # GDRPROBE and GDRPROBE_CHECK_ARGS are word lists
-said=$($GDRPROBE check --node $GDRPROBE_CHECK_ARGS --quiet 2>&1 >/dev/null)
+$GDRPROBE check --node $GDRPROBE_CHECK_ARGS --quiet 2>"$said_file" >/dev/null
 code=$?
-first_line=$(printf '%s\n' "$said" | sed -n '1p')
+said=$(head -c "$READ_MAX" "$said_file" | tr -d '\000')
 
 if [ "$code" = 0 ]; then
     exit 0
 fi
 if is_drain_code "$code"; then
-    reason=$(printf 'gdrprobe: exit %s: %s' "$code" "${first_line#gdrprobe check: }" \
-             | cut -c "1-$REASON_MAX")
-    log "drain: $said"
-    if ! scontrol update nodename="$node" state=drain reason="$reason"; then
-        log "scontrol could not drain $node; the failed prolog drains it with Slurm's reason"
+    reason=$(printf 'gdrprobe: exit %s: %s' "$code" "${said#gdrprobe check: }" \
+             | clean reason "$REASON_MAX")
+    if scontrol update nodename="$node" state=drain reason="$reason"; then
+        log "drain: $said"
+    else
+        log "drain (scontrol could not drain $node; the failed prolog drains it with Slurm's" \
+            "reason): $said"
     fi
     exit 1
 fi

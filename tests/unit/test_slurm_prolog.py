@@ -42,7 +42,7 @@ def node(tmp_path):
         """)
     executable(bin_dir / "scontrol", f"""\
         #!/bin/sh
-        for argument in "$@"; do echo "$argument"; done >> {tmp_path}/scontrol.args
+        printf '%s\n' "$@" >> {tmp_path}/scontrol.args
         exit "${{FAKE_SCONTROL_CODE:-0}}"
         """)
     conf = tmp_path / "gdrprobe-prolog"
@@ -171,3 +171,69 @@ def test_an_inconclusive_check_warns_and_the_job_starts(node):
     done = node(12, SLURM_JOB_GPUS="1")
     assert done.returncode == 0 and read(node.dir / "scontrol.args") == ""
     assert "warn (exit 12), the job starts:" in read(node.dir / "prolog.log")
+
+
+# ---- the prolog's own log, fed hostile output (issue 30) ----------------------------------
+
+HOSTILE = (b"GPU 0 \x1b[31mred\x1b[0m \\c glued\r over\x00 \xff \xc2\x9b2J caf\xc3\xa9\n"
+           b"second line\n")
+
+
+def saying(node, output: bytes) -> None:
+    """The fake gdrprobe writes `output` (any bytes) on stderr and exits $FAKE_CODE."""
+    (node.dir / "said").write_bytes(output)
+    executable(node.dir / "bin" / "gdrprobe", f"""\
+        #!/bin/sh
+        cat {node.dir}/said >&2
+        exit "$FAKE_CODE"
+        """)
+
+
+def records(node) -> list[str]:
+    """The log file's lines: each must be valid UTF-8."""
+    return (node.dir / "prolog.log").read_bytes().decode("utf-8").splitlines()
+
+
+def test_hostile_output_is_one_escaped_record_in_the_log(node):
+    saying(node, HOSTILE)
+    assert node(9).returncode == 0
+    [record] = records(node)
+    assert record.endswith(
+        "warn (exit 9), the job starts: GPU 0 \\x1b[31mred\\x1b[0m \\\\c glued\\x0d over "
+        "\\xff \\x9b2J café\\nsecond line")
+
+
+def test_the_drain_reason_has_no_control_characters(node):
+    saying(node, HOSTILE)
+    assert node(1).returncode == 1
+    reason = read(node.dir / "scontrol.args").splitlines()[-1]
+    assert reason == "reason=gdrprobe: exit 1: GPU 0 [31mred[0m \\c glued over  2J café"
+    [record] = records(node)
+    assert "drain: GPU 0 \\x1b[31mred" in record
+
+
+def test_output_past_what_logger_takes_still_logs_one_bounded_record(node):
+    """Over 128 KiB in one argument, exec(logger) failed (E2BIG) and the drain was never
+    logged: the record is cut to LOG_RECORD_MAX bytes, the drain still happens."""
+    logged = node.dir / "logger.args"
+    executable(node.dir / "bin" / "logger", f"""\
+        #!/bin/sh
+        printf '%s\\n' "$@" >> {logged}
+        """)
+    node.conf.write_text("")                          # no log file: syslog through logger
+    saying(node, b"x" * (200 * 1024) + b"\n")
+    assert node(1).returncode == 1
+    assert read(node.dir / "scontrol.args").splitlines()[0] == "update"
+    *options, record = logged.read_bytes().splitlines()
+    assert options == [b"-t", b"gdrprobe-prolog", b"--"]
+    assert record.startswith(b"gdrprobe-prolog: node node17, job 42: drain: xxx")
+    assert record.endswith(b"x...") and len(record) <= 1024
+
+
+def test_utf8_is_cut_on_a_character_boundary(node):
+    saying(node, "é".encode() * 800 + b"\n")
+    assert node(1).returncode == 1
+    [record] = records(node)                          # decodes: no half character
+    assert record.endswith("é...") and len(record.encode()) <= 1024
+    reason = read(node.dir / "scontrol.args").splitlines()[-1]
+    assert reason.endswith("é...") and len(reason.encode()) <= len("reason=") + 200
