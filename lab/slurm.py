@@ -50,8 +50,12 @@ PROLOG_CONF = "/etc/default/gdrprobe-prolog"
 MUNGE_KEY = "/etc/munge/munge.key"
 CGROUP_SLICE = "/sys/fs/cgroup/system.slice"
 PROLOG_LOG = os.path.join(LOG_DIR, "prolog.log")
-# The lab's guests run under emulation: a check of the stand-in "GPU" takes about 25 s there.
+# The lab's guests run under emulation: a check of the stand-in "GPU" takes about 25 s there,
+# so the prolog's budget and its own limit (SIGTERM, then SIGKILL) are the lab's, not the
+# defaults sized for Slurm's MessageTimeout on real nodes.
 PROLOG_TIME_BUDGET_S = 60
+PROLOG_TIMEOUT_S = 80
+PROLOG_KILL_AFTER_S = 10
 NODES_IDLE_TIMEOUT_S = 120
 JOB_TIMEOUT_S = 240
 # One rank per node, host memory (the guests have no GPU), Open MPI's own traffic off the
@@ -133,7 +137,9 @@ def prolog_conf(gdrprobe: str = GDRPROBE, standin: str | None = None,
     verdict: the gate's plumbing under slurmd, not GPU proof. Without it the guest has no
     GPU and the check answers "not testable" (exit 9: warn)."""
     arguments = f"--time-budget {PROLOG_TIME_BUDGET_S} -s 64K --repeats 2"
-    lines = [f"GDRPROBE={shlex.quote(gdrprobe)}", f"GDRPROBE_PROLOG_LOG={shlex.quote(log)}"]
+    lines = [f"GDRPROBE={shlex.quote(gdrprobe)}", f"GDRPROBE_PROLOG_LOG={shlex.quote(log)}",
+             f"GDRPROBE_PROLOG_TIMEOUT={PROLOG_TIMEOUT_S}",
+             f"GDRPROBE_PROLOG_KILL_AFTER={PROLOG_KILL_AFTER_S}"]
     if standin:
         arguments += f" --threshold {LAB_THRESHOLD}"
         lines.append(f"export LD_LIBRARY_PATH={shlex.quote(standin)}")

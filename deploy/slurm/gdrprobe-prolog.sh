@@ -26,24 +26,58 @@
 # and the job starts; where it does not (whole nodes, no gres) SLURM_JOB_GPUS is never set,
 # so the whole node is checked, as GDRPROBE_JOB_WITHOUT_GPUS says.
 #
+# Slurm runs prologs with no search path ("for security reasons, these programs do not have a
+# search path set", Slurm's prolog_epilog.html): the prolog sets one for the system's own
+# commands (scontrol, logger, timeout) after the caller's, and gdrprobe is named by its
+# absolute path in the settings file; a gdrprobe that is not there is a configuration error
+# (exit 127), not a job start with nothing checked unnoticed.
+#
+# Its own time limit: slurm.conf(5) expects a prolog to finish "in less time than
+# MessageTimeout" (10 s by default), and a batch job whose launch takes longer than
+# BatchStartTimeout (10 s by default) is considered missing. gdrprobe's --time-budget bounds
+# its measurement, but not a driver call that never returns: timeout(1) sends the check
+# SIGTERM at GDRPROBE_PROLOG_TIMEOUT seconds and SIGKILL GDRPROBE_PROLOG_KILL_AFTER seconds
+# later, and a check that even SIGKILL does not end (a process stuck in the kernel) is left
+# behind one second after that. Either way the node is drained: "gdrprobe: check stuck past
+# N s". The defaults (a 6 s budget, SIGTERM at 8 s, SIGKILL at 10 s) keep a job start within
+# MessageTimeout's default; the full check of every GPU belongs to HealthCheckProgram on idle
+# nodes (gdrprobe-healthcheck.sh beside this file, docs/slurm.md), whose own defaults fit
+# Slurm's 60 s limit for it.
+#
 # Settings come from /etc/default/gdrprobe-prolog (or $GDRPROBE_PROLOG_CONF), a shell file:
-#   GDRPROBE              the gdrprobe command (default: gdrprobe on PATH)
-#   GDRPROBE_CHECK_ARGS   more arguments for `gdrprobe check --node` (default: --time-budget 60)
-#   GDRPROBE_PROLOG_LOG   a file for the log lines (default: syslog through logger)
+#   GDRPROBE              the gdrprobe command, by its absolute path (default: gdrprobe on
+#                         the prolog's PATH), such as /opt/gdrprobe/.venv/bin/gdrprobe
+#   GDRPROBE_CHECK_ARGS   more arguments for `gdrprobe check --node` (default: --time-budget 6)
+#   GDRPROBE_PROLOG_TIMEOUT, GDRPROBE_PROLOG_KILL_AFTER  the outer limit above (8, 2 seconds)
+#   GDRPROBE_PROLOG_LOG   a file for the log records (default: syslog through logger)
 #   GDRPROBE_JOB_WITHOUT_GPUS  a job with no SLURM_JOB_GPUS: skip (nothing to check), check
 #                         (every GPU of the node) or auto (default: skip where slurm.conf's
 #                         GresTypes names gpu, else check)
 # slurmd gives the prolog an environment of its own, not the job's (prolog_epilog.html,
 # "Prolog and Epilog Scripts"), so anything gdrprobe needs from the environment
 # (NCCL_IB_HCA, say) is exported there too.
+#
+# Run with GDRPROBE_HEALTH_CHECK=1 (gdrprobe-healthcheck.sh does), it is the node's health
+# check instead: no job, every GPU of the node, the GDRPROBE_HEALTH_CHECK_* settings, and
+# exit 0 whatever it found (slurmd acts on a health check's drain, not on its exit code).
 
 DRAIN_CODES="1 4 6 7 8 11"
 REASON_MAX=200          # bytes of the drain reason: one line of `sinfo -R`
 LOG_RECORD_MAX=1024     # bytes of one log record, time stamp included (log below)
 READ_MAX=65536          # bytes of gdrprobe's output read back: far more than one record holds
 
+PATH=${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+
 GDRPROBE=gdrprobe
-GDRPROBE_CHECK_ARGS="--time-budget 60"
+GDRPROBE_CHECK_ARGS="--time-budget 6"
+GDRPROBE_PROLOG_TIMEOUT=8
+GDRPROBE_PROLOG_KILL_AFTER=2
+# The health check: gdrprobe's own default budget (30 s), SIGTERM at 50 s and SIGKILL at
+# 55 s, within the 60 s after which slurmd kills a HealthCheckProgram (slurm.conf(5)).
+GDRPROBE_HEALTH_CHECK_ARGS=
+GDRPROBE_HEALTH_CHECK_TIMEOUT=50
+GDRPROBE_HEALTH_CHECK_KILL_AFTER=5
 GDRPROBE_PROLOG_LOG=
 GDRPROBE_JOB_WITHOUT_GPUS=auto
 conf=${GDRPROBE_PROLOG_CONF:-/etc/default/gdrprobe-prolog}
@@ -51,6 +85,15 @@ if [ -r "$conf" ]; then
     . "$conf"
 fi
 node=${SLURMD_NODENAME:-$(hostname -s)}
+run="job ${SLURM_JOB_ID:-?}"
+if [ "${GDRPROBE_HEALTH_CHECK:-0}" = 1 ]; then
+    run="health check"
+    unset SLURM_JOB_GPUS
+    GDRPROBE_JOB_WITHOUT_GPUS=check
+    GDRPROBE_CHECK_ARGS=$GDRPROBE_HEALTH_CHECK_ARGS
+    GDRPROBE_PROLOG_TIMEOUT=$GDRPROBE_HEALTH_CHECK_TIMEOUT
+    GDRPROBE_PROLOG_KILL_AFTER=$GDRPROBE_HEALTH_CHECK_KILL_AFTER
+fi
 
 # One record per run, on one line: gdrprobe's output (which a driver's message or a broken
 # locale may fill with anything) is escaped byte by byte, never through echo, which expands
@@ -60,7 +103,7 @@ node=${SLURMD_NODENAME:-$(hostname -s)}
 # prologs running at once never interleave in the file (one write to an O_APPEND file).
 log() {
     stamp="$(date -u +%Y-%m-%dT%H:%M:%SZ) "
-    prefix="gdrprobe-prolog: node $node, job ${SLURM_JOB_ID:-?}: "
+    prefix="gdrprobe-prolog: node $node, $run: "
     line="$prefix$(printf '%s' "$*" | clean log $((LOG_RECORD_MAX - ${#prefix} - ${#stamp})))"
     if [ -n "$GDRPROBE_PROLOG_LOG" ]; then
         printf '%s%s\n' "$stamp" "$line" >>"$GDRPROBE_PROLOG_LOG"
@@ -132,29 +175,83 @@ if [ -z "${SLURM_JOB_GPUS:-}" ] && skips_jobs_without_gpus; then
     exit 0
 fi
 
-# --quiet prints nothing when every GPU is engaged and one line per GPU otherwise, on
-# stderr: keep that in a file (read back bounded, whatever gdrprobe wrote), let stdout go.
-# SLURM_JOB_GPUS goes to gdrprobe in the environment.
+# check: gdrprobe's check under the prolog's own limit (the header); sets `code` (STUCK for
+# a check that outlived it) and `said`. --quiet prints nothing when every GPU is engaged and
+# one line per GPU otherwise, on stderr: that goes to a file, read back bounded whatever
+# gdrprobe wrote; stdout goes. SLURM_JOB_GPUS goes to gdrprobe in the environment.
+STUCK=stuck
+check() {
+    limit=$GDRPROBE_PROLOG_TIMEOUT
+    kill_after=$GDRPROBE_PROLOG_KILL_AFTER
+    # shellcheck disable=SC2086  # GDRPROBE and GDRPROBE_CHECK_ARGS are word lists
+    timeout -k "$kill_after" "$limit" $GDRPROBE check --node $GDRPROBE_CHECK_ARGS --quiet \
+        2>"$said_file" >/dev/null </dev/null &
+    checking=$!
+    # The watchdog for a check SIGKILL cannot end: it interrupts the wait below (a trapped
+    # signal ends `wait`), and is itself stopped, with its sleep, once the check ends.
+    trap 'code=$STUCK' USR1
+    (trap 'kill "$sleeping" 2>/dev/null; exit 0' TERM
+     sleep $((limit + kill_after + 1)) & sleeping=$!
+     wait "$sleeping" && kill -USR1 $$) </dev/null >/dev/null 2>&1 &
+    watchdog=$!
+    code=
+    wait "$checking"
+    done_code=$?
+    kill "$watchdog" 2>/dev/null
+    # timeout(1) exits 124 for a check ended by SIGTERM, 128+9 for one SIGKILL ended.
+    case "$code:$done_code" in
+        "$STUCK":*|:124|:137) code=$STUCK ;;
+        *) code=$done_code ;;
+    esac
+    said=$(head -c "$READ_MAX" "$said_file" | tr -d '\000')
+}
+
+# drain REASON MESSAGE: the node drained with REASON (what `sinfo -R` shows), MESSAGE logged.
+drain() {
+    reason=$(printf '%s' "$1" | clean reason "$REASON_MAX")
+    if scontrol update nodename="$node" state=drain reason="$reason"; then
+        log "drain: $2"
+    else
+        log "drain (scontrol could not drain $node; the failed prolog drains it with Slurm's" \
+            "reason): $2"
+    fi
+}
+
+# The exit status: a failed prolog keeps the job off the node; a health check always 0.
+finish() {
+    [ "${GDRPROBE_HEALTH_CHECK:-0}" = 1 ] && exit 0
+    exit "$1"
+}
+
+# The command, found where the settings file says (slurmd gives the prolog no search path).
+installed() {
+    set -- $GDRPROBE
+    command -v "$1" >/dev/null 2>&1
+}
+
 said_file=$(mktemp 2>/dev/null) || said_file=/dev/null
 trap '[ "$said_file" = /dev/null ] || rm -f "$said_file"' EXIT
-# shellcheck disable=SC2086  # GDRPROBE and GDRPROBE_CHECK_ARGS are word lists
-$GDRPROBE check --node $GDRPROBE_CHECK_ARGS --quiet 2>"$said_file" >/dev/null
-code=$?
-said=$(head -c "$READ_MAX" "$said_file" | tr -d '\000')
+if installed; then
+    check
+else
+    code=127
+    said="gdrprobe not found: GDRPROBE=$GDRPROBE; set GDRPROBE in $conf to its absolute path \
+(slurmd gives a prolog no search path)"
+fi
 
 if [ "$code" = 0 ]; then
     exit 0
 fi
-if is_drain_code "$code"; then
-    reason=$(printf 'gdrprobe: exit %s: %s' "$code" "${said#gdrprobe check: }" \
-             | clean reason "$REASON_MAX")
-    if scontrol update nodename="$node" state=drain reason="$reason"; then
-        log "drain: $said"
-    else
-        log "drain (scontrol could not drain $node; the failed prolog drains it with Slurm's" \
-            "reason): $said"
-    fi
-    exit 1
+if [ "$code" = "$STUCK" ]; then
+    drain "gdrprobe: check stuck past $GDRPROBE_PROLOG_TIMEOUT s" \
+          "gdrprobe check stuck past $GDRPROBE_PROLOG_TIMEOUT s, killed by the prolog's own limit${said:+: $said}"
+    finish 1
 fi
-log "warn (exit $code), the job starts: ${said:-no message}"
+if is_drain_code "$code"; then
+    drain "gdrprobe: exit $code: ${said#gdrprobe check: }" "$said"
+    finish 1
+fi
+starts=", the job starts"
+[ "${GDRPROBE_HEALTH_CHECK:-0}" = 1 ] && starts=
+log "warn (exit $code)$starts: ${said:-no message}"
 exit 0

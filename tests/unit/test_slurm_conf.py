@@ -60,6 +60,9 @@ def test_prolog_conf_without_the_stand_in_checks_the_real_node(tmp_path):
     assert sourced(text, tmp_path, "GDRPROBE") == "/opt/with space/gdrprobe"
     assert sourced(text, tmp_path, "GDRPROBE_CHECK_ARGS") == "--time-budget 60 -s 64K --repeats 2"
     assert sourced(text, tmp_path, "GDRPROBE_PROLOG_LOG") == slurm.PROLOG_LOG
+    # The emulated guests' check outlives the defaults' 8 s: the prolog's limit follows it.
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_TIMEOUT") == "80"
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_KILL_AFTER") == "10"
     assert "LD_LIBRARY_PATH" not in text
 
 

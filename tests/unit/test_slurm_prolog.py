@@ -86,7 +86,7 @@ def test_each_exit_code_gets_the_action_errors_py_gives_it(node, row):
 
 def test_it_checks_every_gpu_of_the_node_quietly_within_its_budget(node):
     node(0)
-    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 60 --quiet\n"
+    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 6 --quiet\n"
 
 
 def test_the_settings_file_names_the_command_and_its_arguments(node):
@@ -136,7 +136,7 @@ def test_no_gdrprobe_warns_and_lets_the_job_start(node):
 def test_the_jobs_gpus_reach_the_check_in_slurmds_environment(node):
     node(0, SLURM_JOB_GPUS="0,2")
     assert read(node.dir / "gdrprobe.gpus") == "0,2\n"
-    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 60 --quiet\n"
+    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 6 --quiet\n"
 
 
 GRES_CONF = "ClusterName=lab\n  GresTypes=gpu,shard\nNodeName=node17 Gres=gpu:8\n"
@@ -155,7 +155,7 @@ def test_without_gres_slurm_never_names_gpus_so_the_whole_node_is_checked(node):
     (node.dir / "slurm.conf").write_text("ClusterName=lab\nNodeName=node17 CPUs=1\n")
     node(0)
     assert read(node.dir / "gdrprobe.gpus") == "unset\n"
-    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 60 --quiet\n"
+    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 6 --quiet\n"
 
 
 @pytest.mark.parametrize("setting, runs", [("skip", False), ("check", True)])
@@ -237,3 +237,84 @@ def test_utf8_is_cut_on_a_character_boundary(node):
     assert record.endswith("é...") and len(record.encode()) <= 1024
     reason = read(node.dir / "scontrol.args").splitlines()[-1]
     assert reason.endswith("é...") and len(reason.encode()) <= len("reason=") + 200
+
+
+# ---- no search path, its own time limit, the health check (issue 29 item 4) ---------------
+
+HEALTH_CHECK = os.path.join(REPO, "deploy", "slurm", "gdrprobe-healthcheck.sh")
+
+
+def limited(node, seconds: int = 1, kill_after: int = 1) -> None:
+    with node.conf.open("a") as conf:
+        conf.write(f"GDRPROBE_PROLOG_TIMEOUT={seconds}\nGDRPROBE_PROLOG_KILL_AFTER={kill_after}\n")
+
+
+@pytest.mark.parametrize("body", ["exec sleep 30", "trap '' TERM; sleep 30"],
+                         ids=["stops-on-sigterm", "needs-sigkill"])
+def test_a_stuck_check_is_killed_by_the_prologs_own_limit_and_drains(node, body):
+    executable(node.dir / "bin" / "gdrprobe", f"""\
+        #!/bin/sh
+        echo "waiting for the driver" >&2
+        {body}
+        """)
+    limited(node)
+    done = node(0)
+    assert done.returncode == 1, done.stderr
+    assert read(node.dir / "scontrol.args").splitlines() == [
+        "update", f"nodename={NODE}", "state=drain", "reason=gdrprobe: check stuck past 1 s"]
+    assert ("drain: gdrprobe check stuck past 1 s, killed by the prolog's own limit: waiting "
+            "for the driver") in read(node.dir / "prolog.log")
+
+
+def test_a_check_not_even_sigkill_ends_is_left_behind_and_drains(node):
+    """A process stuck in the kernel outlives SIGKILL: here timeout(1) itself never returns."""
+    executable(node.dir / "bin" / "timeout", "#!/bin/sh\nexec sleep 6\n")
+    limited(node)
+    done = node(0)
+    assert done.returncode == 1
+    assert read(node.dir / "scontrol.args").splitlines()[-1] == (
+        "reason=gdrprobe: check stuck past 1 s")
+
+
+def test_the_default_limit_keeps_a_job_start_within_slurms_message_timeout(node):
+    node(0)
+    assert read(node.dir / "gdrprobe.args") == "check --node --time-budget 6 --quiet\n"
+    prolog = open(PROLOG).read()
+    assert "GDRPROBE_PROLOG_TIMEOUT=8\nGDRPROBE_PROLOG_KILL_AFTER=2\n" in prolog  # 10 s at most
+
+
+def test_gdrprobe_not_where_the_settings_say_names_the_fix(node):
+    with node.conf.open("a") as conf:
+        conf.write("GDRPROBE=gdrprobe-not-on-any-path\n")
+    done = node(0)
+    assert done.returncode == 0
+    assert ("warn (exit 127), the job starts: gdrprobe not found: "
+            "GDRPROBE=gdrprobe-not-on-any-path; set GDRPROBE in "
+            f"{node.conf} to its absolute path (slurmd gives a prolog no search path)"
+            ) in read(node.dir / "prolog.log")
+
+
+def test_without_a_search_path_the_prolog_still_finds_its_commands(node):
+    """slurmd runs the prolog with no PATH: the system's commands are found all the same."""
+    with node.conf.open("a") as conf:
+        conf.write(f"GDRPROBE={node.dir}/bin/gdrprobe\n")
+    environment = {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "42", "FAKE_CODE": "9",
+                   "GDRPROBE_PROLOG_CONF": str(node.conf)}
+    done = subprocess.run(["/bin/sh", PROLOG], env=environment, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert f"warn (exit 9), the job starts: {MESSAGE}" in read(node.dir / "prolog.log")
+
+
+def test_the_health_check_checks_every_gpu_drains_and_exits_0(node):
+    done = subprocess.run(["sh", HEALTH_CHECK], capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{node.dir}/bin:/usr/bin:/bin", "FAKE_CODE": "4",
+                               "SLURMD_NODENAME": NODE, "SLURM_JOB_GPUS": "3",
+                               "GDRPROBE_PROLOG_CONF": str(node.conf)})
+    assert done.returncode == 0, done.stderr
+    assert read(node.dir / "gdrprobe.gpus") == "unset\n"
+    assert read(node.dir / "gdrprobe.args") == "check --node --quiet\n"
+    assert read(node.dir / "scontrol.args").splitlines()[-1].startswith(
+        "reason=gdrprobe: exit 4: GPUDirect RDMA not engaged")
+    assert f"node {NODE}, health check: drain: {MESSAGE}" in read(node.dir / "prolog.log")
