@@ -13,8 +13,16 @@
 #          Slurm's reason ("Prolog error"), not this one; the job is requeued (Slurm's
 #          prolog_epilog.html: "If the Prolog fails ... the node being set to a DRAIN state
 #          and the job being requeued")
-#   warn   any other code (not testable, an NCCL setting of the job, gdrprobe missing...):
-#          log why and exit 0, so the job starts
+#   warn   any other code (not testable, inconclusive, an NCCL setting of the job...): log
+#          why and exit 0, so the job starts
+# except where the check could not run at all: a usage error, a missing extra or a bug in
+# gdrprobe (CANNOT_CHECK_CODES below, errors.CANNOT_CHECK_CODES: 2, 3, 70), gdrprobe not
+# installed or not executable (the shell's 127, 126). Nothing is said against the node, but
+# nothing checks it either until an operator acts: always a log record and the metric
+# gdrprobe_prolog_cannot_check, and with GDRPROBE_PROLOG_STRICT=1 a drain with the reason
+# "gdrprobe cannot check: ...", so that a cluster never runs for weeks on a gate that is off.
+# Every check's outcome goes to node-exporter's textfile directory (GDRPROBE_PROLOG_METRICS_DIR,
+# Debian's /var/lib/prometheus/node-exporter by default) as gdrprobe_<prolog|health_check>.prom.
 #
 #
 # The job's GPUs: slurmd puts the GPUs it allocated the job on this node in the prolog's
@@ -50,6 +58,9 @@
 #   GDRPROBE_CHECK_ARGS   more arguments for `gdrprobe check --node` (default: --time-budget 6)
 #   GDRPROBE_PROLOG_TIMEOUT, GDRPROBE_PROLOG_KILL_AFTER  the outer limit above (8, 2 seconds)
 #   GDRPROBE_PROLOG_LOG   a file for the log records (default: syslog through logger)
+#   GDRPROBE_PROLOG_STRICT  1: a check that cannot run drains the node (default 0: warns)
+#   GDRPROBE_PROLOG_METRICS_DIR  node-exporter's --collector.textfile.directory (default
+#                         /var/lib/prometheus/node-exporter; empty: no metrics)
 #   GDRPROBE_JOB_WITHOUT_GPUS  a job with no SLURM_JOB_GPUS: skip (nothing to check), check
 #                         (every GPU of the node) or auto (default: skip where slurm.conf's
 #                         GresTypes names gpu, else check)
@@ -62,6 +73,7 @@
 # exit 0 whatever it found (slurmd acts on a health check's drain, not on its exit code).
 
 DRAIN_CODES="1 4 6 7 8 11"
+CANNOT_CHECK_CODES="2 3 70 126 127"
 REASON_MAX=200          # bytes of the drain reason: one line of `sinfo -R`
 LOG_RECORD_MAX=1024     # bytes of one log record, time stamp included (log below)
 READ_MAX=65536          # bytes of gdrprobe's output read back: far more than one record holds
@@ -79,6 +91,8 @@ GDRPROBE_HEALTH_CHECK_ARGS=
 GDRPROBE_HEALTH_CHECK_TIMEOUT=50
 GDRPROBE_HEALTH_CHECK_KILL_AFTER=5
 GDRPROBE_PROLOG_LOG=
+GDRPROBE_PROLOG_STRICT=0
+GDRPROBE_PROLOG_METRICS_DIR=/var/lib/prometheus/node-exporter
 GDRPROBE_JOB_WITHOUT_GPUS=auto
 conf=${GDRPROBE_PROLOG_CONF:-/etc/default/gdrprobe-prolog}
 if [ -r "$conf" ]; then
@@ -86,8 +100,10 @@ if [ -r "$conf" ]; then
 fi
 node=${SLURMD_NODENAME:-$(hostname -s)}
 run="job ${SLURM_JOB_ID:-?}"
+kind=prolog
 if [ "${GDRPROBE_HEALTH_CHECK:-0}" = 1 ]; then
     run="health check"
+    kind=health_check
     unset SLURM_JOB_GPUS
     GDRPROBE_JOB_WITHOUT_GPUS=check
     GDRPROBE_CHECK_ARGS=$GDRPROBE_HEALTH_CHECK_ARGS
@@ -152,11 +168,37 @@ clean() {
         END { printf "%s%s", out, (cut ? "..." : "") }'
 }
 
-is_drain_code() {
-    for drain in $DRAIN_CODES; do
-        [ "$1" = "$drain" ] && return 0
+# is_one_of CODE LIST: whether CODE is one of the codes in LIST.
+is_one_of() {
+    for listed in $2; do
+        [ "$1" = "$listed" ] && return 0
     done
     return 1
+}
+
+# metric CODE CANNOT: this check's outcome for node-exporter's textfile collector, replaced
+# atomically (written beside it under a name the collector skips, then renamed), so that a
+# scrape never reads half a file. CODE: gdrprobe's exit code, timeout(1)'s 124 for a stuck
+# check; CANNOT: 1 where the check could not run (CANNOT_CHECK_CODES, a stuck check).
+metric() {
+    dir=$GDRPROBE_PROLOG_METRICS_DIR
+    [ -n "$dir" ] && [ -d "$dir" ] || return 0
+    labels="{check=\"$kind\"}"
+    staged=$(mktemp "$dir/.gdrprobe_$kind.XXXXXX" 2>/dev/null) || return 0
+    if printf '%s\n' \
+        "# HELP gdrprobe_prolog_exit_code The exit code of the last gdrprobe check the prolog or health check ran (124: stuck past its limit)." \
+        "# TYPE gdrprobe_prolog_exit_code gauge" \
+        "gdrprobe_prolog_exit_code$labels $1" \
+        "# HELP gdrprobe_prolog_cannot_check 1 where the last check could not run (a configuration or internal error, gdrprobe missing, a stuck check)." \
+        "# TYPE gdrprobe_prolog_cannot_check gauge" \
+        "gdrprobe_prolog_cannot_check$labels $2" \
+        "# HELP gdrprobe_prolog_timestamp_seconds When the last check ended, in seconds since the epoch." \
+        "# TYPE gdrprobe_prolog_timestamp_seconds gauge" \
+        "gdrprobe_prolog_timestamp_seconds$labels $(date +%s)" >"$staged" \
+        && chmod 0644 "$staged" && mv -f "$staged" "$dir/gdrprobe_$kind.prom"; then
+        return 0
+    fi
+    rm -f "$staged"
 }
 
 # Whether a job Slurm gave no GPU on this node is left unchecked: Slurm allocates GPUs here
@@ -239,19 +281,33 @@ else
 (slurmd gives a prolog no search path)"
 fi
 
-if [ "$code" = 0 ]; then
-    exit 0
-fi
 if [ "$code" = "$STUCK" ]; then
+    metric 124 1
     drain "gdrprobe: check stuck past $GDRPROBE_PROLOG_TIMEOUT s" \
           "gdrprobe check stuck past $GDRPROBE_PROLOG_TIMEOUT s, killed by the prolog's own limit${said:+: $said}"
     finish 1
 fi
-if is_drain_code "$code"; then
+cannot=0
+is_one_of "$code" "$CANNOT_CHECK_CODES" && cannot=1
+metric "$code" "$cannot"
+if [ "$code" = 0 ]; then
+    exit 0
+fi
+if is_one_of "$code" "$DRAIN_CODES"; then
     drain "gdrprobe: exit $code: ${said#gdrprobe check: }" "$said"
+    finish 1
+fi
+if [ "$cannot" = 1 ] && [ "$GDRPROBE_PROLOG_STRICT" = 1 ]; then
+    drain "gdrprobe cannot check: exit $code: ${said#gdrprobe check: }" \
+          "gdrprobe cannot check (exit $code): ${said:-no message}"
     finish 1
 fi
 starts=", the job starts"
 [ "${GDRPROBE_HEALTH_CHECK:-0}" = 1 ] && starts=
+if [ "$cannot" = 1 ]; then
+    log "gdrprobe cannot check (exit $code)$starts (GDRPROBE_PROLOG_STRICT=1 drains):" \
+        "${said:-no message}"
+    exit 0
+fi
 log "warn (exit $code)$starts: ${said:-no message}"
 exit 0

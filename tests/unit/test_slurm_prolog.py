@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from gdrprobe.errors import DRAIN, EXIT_CODES, START, WARN
+from gdrprobe.errors import CANNOT_CHECK_CODES, DRAIN, DRAIN_CODES, EXIT_CODES, START, WARN
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROLOG = os.path.join(REPO, "deploy", "slurm", "gdrprobe-prolog.sh")
@@ -46,7 +46,9 @@ def node(tmp_path):
         exit "${{FAKE_SCONTROL_CODE:-0}}"
         """)
     conf = tmp_path / "gdrprobe-prolog"
-    conf.write_text(f"GDRPROBE_PROLOG_LOG={tmp_path}/prolog.log\n")
+    (tmp_path / "textfile").mkdir()
+    conf.write_text(f"GDRPROBE_PROLOG_LOG={tmp_path}/prolog.log\n"
+                    f"GDRPROBE_PROLOG_METRICS_DIR={tmp_path}/textfile\n")
 
     def run(code: int, **env: str) -> subprocess.CompletedProcess:
         environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": NODE,
@@ -78,6 +80,10 @@ def test_each_exit_code_gets_the_action_errors_py_gives_it(node, row):
                             f"reason=gdrprobe: exit {int(row.code)}: "
                             "GPUDirect RDMA not engaged on GPU 0000:3b:00.0 via mlx5_1"]
         assert f"node {NODE}, job 42: drain: {MESSAGE}" in log
+    elif row.code in CANNOT_CHECK_CODES:
+        assert done.returncode == 0 and scontrol == []
+        assert (f"gdrprobe cannot check (exit {int(row.code)}), the job starts "
+                f"(GDRPROBE_PROLOG_STRICT=1 drains): {MESSAGE}") in log
     else:
         assert row.action == WARN
         assert done.returncode == 0 and scontrol == []
@@ -127,7 +133,7 @@ def test_no_gdrprobe_warns_and_lets_the_job_start(node):
     done = node(0)
     assert done.returncode == 0
     log = read(node.dir / "prolog.log")
-    assert "warn (exit 127), the job starts:" in log and "not-installed/gdrprobe" in log
+    assert "cannot check (exit 127), the job starts" in log and "not-installed/gdrprobe" in log
 
 
 # ---- the job's GPUs (issue 28) -------------------------------------------------------------
@@ -288,7 +294,8 @@ def test_gdrprobe_not_where_the_settings_say_names_the_fix(node):
         conf.write("GDRPROBE=gdrprobe-not-on-any-path\n")
     done = node(0)
     assert done.returncode == 0
-    assert ("warn (exit 127), the job starts: gdrprobe not found: "
+    assert ("cannot check (exit 127), the job starts (GDRPROBE_PROLOG_STRICT=1 drains): "
+            "gdrprobe not found: "
             "GDRPROBE=gdrprobe-not-on-any-path; set GDRPROBE in "
             f"{node.conf} to its absolute path (slurmd gives a prolog no search path)"
             ) in read(node.dir / "prolog.log")
@@ -318,3 +325,72 @@ def test_the_health_check_checks_every_gpu_drains_and_exits_0(node):
     assert read(node.dir / "scontrol.args").splitlines()[-1].startswith(
         "reason=gdrprobe: exit 4: GPUDirect RDMA not engaged")
     assert f"node {NODE}, health check: drain: {MESSAGE}" in read(node.dir / "prolog.log")
+
+
+# ---- checks that cannot run reach the operator (issue 29 item 5) --------------------------
+
+
+def test_the_prologs_codes_are_errors_py():
+    text = open(PROLOG).read()
+    assert f'DRAIN_CODES="{" ".join(str(int(c)) for c in DRAIN_CODES)}"' in text
+    shell = " ".join(str(int(c)) for c in CANNOT_CHECK_CODES) + " 126 127"
+    assert f'CANNOT_CHECK_CODES="{shell}"' in text
+
+
+def metrics(node, kind: str = "prolog") -> dict[str, str]:
+    """The textfile's samples by metric name (labels checked here: check="KIND")."""
+    found = {}
+    for line in (node.dir / "textfile" / f"gdrprobe_{kind}.prom").read_text().splitlines():
+        if not line.startswith("#"):
+            name, value = line.split(" ")
+            metric, labels = name.split("{")
+            assert labels == f'check="{kind}"}}'
+            found[metric] = value
+    return found
+
+
+@pytest.mark.parametrize("code", [2, 3, 70, 126, 127])
+def test_strict_mode_drains_a_check_that_cannot_run_with_its_own_reason(node, code):
+    with node.conf.open("a") as conf:
+        conf.write("GDRPROBE_PROLOG_STRICT=1\n")
+    done = node(code)
+    assert done.returncode == 1
+    assert read(node.dir / "scontrol.args").splitlines()[-1] == (
+        f"reason=gdrprobe cannot check: exit {code}: GPUDirect RDMA not engaged on GPU "
+        "0000:3b:00.0 via mlx5_1")
+    assert metrics(node)["gdrprobe_prolog_cannot_check"] == "1"
+
+
+@pytest.mark.parametrize("code, cannot", [(70, "1"), (0, "0"), (1, "0"), (12, "0")])
+def test_every_check_leaves_its_code_in_the_textfile_metric(node, code, cannot):
+    node(code)
+    found = metrics(node)
+    assert found["gdrprobe_prolog_exit_code"] == str(code)
+    assert found["gdrprobe_prolog_cannot_check"] == cannot
+    assert int(found["gdrprobe_prolog_timestamp_seconds"]) > 1_600_000_000
+    assert [p.name for p in (node.dir / "textfile").iterdir()] == ["gdrprobe_prolog.prom"]
+
+
+def test_gdrprobe_missing_is_a_metric_even_where_nothing_drains(node):
+    with node.conf.open("a") as conf:
+        conf.write(f"GDRPROBE={node.dir}/not-installed/gdrprobe\n")
+    assert node(0).returncode == 0
+    assert metrics(node) | {"gdrprobe_prolog_timestamp_seconds": "-"} == {
+        "gdrprobe_prolog_exit_code": "127", "gdrprobe_prolog_cannot_check": "1",
+        "gdrprobe_prolog_timestamp_seconds": "-"}
+
+
+def test_a_stuck_check_is_a_metric_too(node):
+    executable(node.dir / "bin" / "gdrprobe", "#!/bin/sh\nexec sleep 30\n")
+    limited(node)
+    node(0)
+    assert metrics(node)["gdrprobe_prolog_exit_code"] == "124"
+    assert metrics(node)["gdrprobe_prolog_cannot_check"] == "1"
+
+
+def test_the_health_check_has_its_own_metric_file(node):
+    subprocess.run(["sh", HEALTH_CHECK], capture_output=True, text=True, timeout=30,
+                   env={"PATH": f"{node.dir}/bin:/usr/bin:/bin", "FAKE_CODE": "3",
+                        "SLURMD_NODENAME": NODE, "GDRPROBE_PROLOG_CONF": str(node.conf)})
+    assert metrics(node, "health_check")["gdrprobe_prolog_cannot_check"] == "1"
+    assert not (node.dir / "textfile" / "gdrprobe_prolog.prom").exists()
