@@ -271,7 +271,8 @@ installed() {
     command -v "$1" >/dev/null 2>&1
 }
 
-said_file=$(mktemp 2>/dev/null) || said_file=/dev/null
+# A node whose /tmp is read-only (a diskless image) still has /run, a tmpfs.
+said_file=$(mktemp 2>/dev/null || mktemp -p /run 2>/dev/null) || said_file=/dev/null
 trap '[ "$said_file" = /dev/null ] || rm -f "$said_file"' EXIT
 if installed; then
     check

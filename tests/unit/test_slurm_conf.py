@@ -121,3 +121,20 @@ def has_munge_user() -> bool:
         return True
     except KeyError:
         return False
+
+
+def test_the_demos_operator_cases_change_what_the_prolog_reads(tmp_path, monkeypatch):
+    conf = tmp_path / "gdrprobe-prolog"
+    conf.write_text(slurm.prolog_conf())
+    monkeypatch.setattr(slurm, "PROLOG_CONF", str(conf))
+    slurm.with_prolog_settings(slurm.stuck_settings())
+    assert sourced(conf.read_text(), tmp_path, "GDRPROBE") == slurm.STUCK_GDRPROBE
+    assert sourced(conf.read_text(), tmp_path, "GDRPROBE_PROLOG_TIMEOUT") == "3"
+    slurm.with_prolog_settings(slurm.misconfigured_settings())
+    text = conf.read_text()
+    assert sourced(text, tmp_path, "GDRPROBE") == "/opt/not-installed/gdrprobe"
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_STRICT") == "1"
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_TIMEOUT") == "80"   # the stuck case's went
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_METRICS_DIR") == slurm.TEXTFILE_DIR
+    slurm.with_prolog_settings("")
+    assert conf.read_text() == slurm.prolog_conf() + slurm.DEMO_MARK
