@@ -59,8 +59,9 @@ EXIT_CODES = (
     ExitCodeRow(ExitCode.MISSING_DEPENDENCY, "a Python dependency is missing (pyverbs, "
                 "cuda-python; mpi4py, matplotlib or prometheus_client where their output is "
                 "asked for)", WARN),
-    ExitCodeRow(ExitCode.NO_DEVICE, "no RDMA device (under a GPU arm: 9), unknown device "
-                "name, a device that cannot be opened, port not ACTIVE, no usable GID", DRAIN),
+    ExitCodeRow(ExitCode.NO_DEVICE, "no RDMA device (under a GPU arm: 9, unless an RDMA NIC "
+                "is on the PCI bus without its RDMA driver), unknown device name, a device "
+                "that cannot be opened, port not ACTIVE, no usable GID", DRAIN),
     ExitCodeRow(ExitCode.PEER, "the peer: cannot connect, wrong token, time-out, bad or "
                 "tampered message, peer went away", WARN),
     ExitCodeRow(ExitCode.RDMA, "a verbs call or a work completion failed", DRAIN),

@@ -50,8 +50,12 @@ PROLOG_CONF = "/etc/default/gdrprobe-prolog"
 MUNGE_KEY = "/etc/munge/munge.key"
 CGROUP_SLICE = "/sys/fs/cgroup/system.slice"
 PROLOG_LOG = os.path.join(LOG_DIR, "prolog.log")
-# The lab's guests run under emulation: a check of the stand-in "GPU" takes about 25 s there.
+# The lab's guests run under emulation: a check of the stand-in "GPU" takes about 25 s there,
+# so the prolog's budget and its own limit (SIGTERM, then SIGKILL) are the lab's, not the
+# defaults sized for Slurm's MessageTimeout on real nodes.
 PROLOG_TIME_BUDGET_S = 60
+PROLOG_TIMEOUT_S = 80
+PROLOG_KILL_AFTER_S = 10
 NODES_IDLE_TIMEOUT_S = 120
 JOB_TIMEOUT_S = 240
 # One rank per node, host memory (the guests have no GPU), Open MPI's own traffic off the
@@ -71,6 +75,14 @@ SINFO_REASONS = "%N %T %E"
 FAULT = ("ip link add gdr-nolink type dummy && rdma link delete rxe0 && "
          "rdma link add rxe0 type rxe netdev gdr-nolink")
 DAEMON_START_TIMEOUT_S = 30
+# The prolog's own limit in the demo's stuck check: a gdrprobe that never answers (as a
+# driver call that never returns) is killed after this, and the node drains with that reason.
+STUCK_LIMIT_S = 3
+STUCK_KILL_AFTER_S = 2
+STUCK_GDRPROBE = os.path.join(LOG_DIR, "stuck-gdrprobe")
+# A GDRPROBE that is not installed, in strict mode: a configuration error that drains.
+MISSING_GDRPROBE = "/opt/not-installed/gdrprobe"
+TEXTFILE_DIR = os.path.join(LOG_DIR, "textfile")
 # Host memory at both ends of the stand-in's A/B: the ratio is noise around 1, which the
 # emulated guests spread wider than the default 0.9 allows.
 LAB_THRESHOLD = 0.5
@@ -133,7 +145,10 @@ def prolog_conf(gdrprobe: str = GDRPROBE, standin: str | None = None,
     verdict: the gate's plumbing under slurmd, not GPU proof. Without it the guest has no
     GPU and the check answers "not testable" (exit 9: warn)."""
     arguments = f"--time-budget {PROLOG_TIME_BUDGET_S} -s 64K --repeats 2"
-    lines = [f"GDRPROBE={shlex.quote(gdrprobe)}", f"GDRPROBE_PROLOG_LOG={shlex.quote(log)}"]
+    lines = [f"GDRPROBE={shlex.quote(gdrprobe)}", f"GDRPROBE_PROLOG_LOG={shlex.quote(log)}",
+             f"GDRPROBE_PROLOG_TIMEOUT={PROLOG_TIMEOUT_S}",
+             f"GDRPROBE_PROLOG_KILL_AFTER={PROLOG_KILL_AFTER_S}",
+             f"GDRPROBE_PROLOG_METRICS_DIR={shlex.quote(TEXTFILE_DIR)}"]
     if standin:
         arguments += f" --threshold {LAB_THRESHOLD}"
         lines.append(f"export LD_LIBRARY_PATH={shlex.quote(standin)}")
@@ -181,7 +196,7 @@ def configure_node(run_dir: str, name: str) -> None:
         install(os.path.join(run_dir, conf), os.path.join(os.path.dirname(SLURM_CONF), conf),
                 0o644)
     install(os.path.join(run_dir, f"prolog-{name}"), PROLOG_CONF, 0o644)
-    for directory in (f"{SPOOL}/ctld", f"{SPOOL}/d", LOG_DIR):
+    for directory in (f"{SPOOL}/ctld", f"{SPOOL}/d", LOG_DIR, TEXTFILE_DIR):
         os.makedirs(directory, exist_ok=True)
     # Where slurmd puts its stepd scope on cgroup v2 without systemd: it makes the scope,
     # but not the slice systemd would have made above it.
@@ -281,13 +296,16 @@ def demo() -> int:
     no stand-in: not testable, a warning, the job starts; host b checks over the stand-in:
     engaged); in it the node x node matrix under srun and under mpirun, then host b's RDMA
     port loses its link (FAULT). The next job on host b meets a failing check:
-    the prolog drains the node with the gate's reason, which `sinfo -R` shows."""
+    the prolog drains the node with the gate's reason, which `sinfo -R` shows. Then on
+    host a, what reaches the operator (operator_cases): a stuck check and a configuration
+    error."""
     steps = f"{MATRIX_SRUN} && {MATRIX_MPIRUN} && srun -N1 -w gdr-b sh -c {shlex.quote(FAULT)}"
     matrix = sh(f"salloc -N2 sh -c {shlex.quote(steps)}", JOB_TIMEOUT_S)
     refused = sh(f"srun -N1 -w gdr-b --immediate={JOB_TIMEOUT_S} true", JOB_TIMEOUT_S)
     drained = sh(f"sinfo -R -o {shlex.quote(SINFO_REASONS)}", 60)
+    outcomes = operator_cases()
     sh(f"cat {PROLOG_LOG}", 10)
-    outcomes = {
+    outcomes |= {
         "the matrix ran across both guests under srun and mpirun": matrix.returncode == 0
         and matrix.stdout.count("every pair measured") == 2,
         "host a's check warned and its job started": "warn (exit 9)" in tail(PROLOG_LOG),
@@ -299,6 +317,67 @@ def demo() -> int:
     for outcome, held in outcomes.items():
         print(f"demo-slurm: {'ok  ' if held else 'FAIL'} {outcome}")
     return 0 if all(outcomes.values()) else 1
+
+
+def stuck_settings() -> str:
+    """Lines appended to a node's prolog settings: a gdrprobe that never answers, and the
+    prolog's own limit short enough for the demo."""
+    return (f"GDRPROBE={shlex.quote(STUCK_GDRPROBE)}\n"
+            f"GDRPROBE_PROLOG_TIMEOUT={STUCK_LIMIT_S}\n"
+            f"GDRPROBE_PROLOG_KILL_AFTER={STUCK_KILL_AFTER_S}\n")
+
+
+def misconfigured_settings() -> str:
+    """Lines appended to a node's prolog settings: gdrprobe not where they say, in strict
+    mode, so that the configuration error drains the node with its own reason."""
+    return f"GDRPROBE={shlex.quote(MISSING_GDRPROBE)}\nGDRPROBE_PROLOG_STRICT=1\n"
+
+
+def with_prolog_settings(extra: str) -> None:
+    """This node's prolog settings as prepared, with `extra` appended (later lines win)."""
+    with open(PROLOG_CONF) as conf:
+        base = conf.read().split(DEMO_MARK)[0]
+    with open(PROLOG_CONF, "w") as conf:
+        conf.write(base + DEMO_MARK + extra)
+
+
+DEMO_MARK = "# --- the demo's change ---\n"
+
+
+def refused_on(node: str, settings: str, reason: str) -> bool:
+    """A job on `node` under these prolog settings is refused, and the node drains with a
+    reason that starts with `reason` (then resumed for the next case)."""
+    with_prolog_settings(settings)
+    refused = sh(f"srun -N1 -w {node} --immediate={JOB_TIMEOUT_S} true", JOB_TIMEOUT_S)
+    drained = sh(f"sinfo -R -h -n {node} -o {shlex.quote(SINFO_REASONS)}", 60)
+    sh(f"scontrol update nodename={node} state=resume", 60)
+    return refused.returncode != 0 and any(
+        line.split(None, 2)[2:] and line.split(None, 2)[2].startswith(reason)
+        for line in drained.stdout.splitlines())
+
+
+def operator_cases() -> dict[str, bool]:
+    """On host a (whose prolog settings this process can change): a check stuck past the
+    prolog's own limit is killed and drains with that reason; a gdrprobe that is not
+    installed, in strict mode, drains as a configuration error and sets the metric."""
+    with open(STUCK_GDRPROBE, "w") as fake:
+        fake.write("#!/bin/sh\nexec sleep 600\n")
+    os.chmod(STUCK_GDRPROBE, 0o755)
+    try:
+        stuck = refused_on(CONTROLLER, stuck_settings(),
+                           f"gdrprobe: check stuck past {STUCK_LIMIT_S} s")
+        cannot = refused_on(CONTROLLER, misconfigured_settings(),
+                            "gdrprobe cannot check: exit 127")
+    finally:
+        with_prolog_settings("")
+    metric = tail(os.path.join(TEXTFILE_DIR, "gdrprobe_prolog.prom"))
+    print(metric)
+    return {
+        "a stuck check was killed by the prolog's limit and drained host a": stuck,
+        "a missing gdrprobe drained host a in strict mode (sinfo -R)": cannot,
+        "and set gdrprobe_prolog_cannot_check": 'gdrprobe_prolog_cannot_check{check="prolog"} 1'
+        in metric,
+    }
 
 
 def sh(command: str, timeout: float) -> subprocess.CompletedProcess:

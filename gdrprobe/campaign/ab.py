@@ -21,8 +21,11 @@ from typing import Callable
 
 from gdrprobe import defaults
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.errors import (CompletionError, CudaError, IntegrityError,
-                             NoRdmaDevice, NotTestable, RegistrationFailed, UsageError)
+from gdrprobe.doctor.facts.pci import rdma_nics_without_device
+from gdrprobe.errors import (CompletionError, CudaError, GdrprobeError, IntegrityError,
+                             NoDevice, NoRdmaDevice, NotTestable, RegistrationFailed,
+                             UsageError)
+from gdrprobe.sysroot import SysRoot
 from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, FloorCheck
 from gdrprobe.report.model import RunReport
 from gdrprobe.campaign.verdict import (DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
@@ -31,6 +34,9 @@ from gdrprobe.campaign.verdict import (DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasur
 
 HOST = MemorySpec()
 REFERENCE = "reference"   # the staged arm's role: it informs a degraded verdict
+
+RDMA_DRIVER_FIX = ("load the NIC's RDMA driver (ConnectX: modprobe mlx5_ib; make it load at "
+                   "boot), then 'rdma link show' lists the device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,9 +315,19 @@ def run_repeat(run_once: RunOnce, records: list[ArmRecord]) -> None:
             record.bounds.append(pipelined_bound(run, records[0]))
 
 
-def no_device_not_testable(error: NoRdmaDevice) -> NotTestable:
-    """The README's promise: no RDMA device under a GPU arm is "not testable here"."""
-    return NotTestable(f"not testable: {error.cause}", error.fix, evidence=error.evidence)
+def no_device_not_testable(error: NoRdmaDevice, root: SysRoot | None = None) -> GdrprobeError:
+    """The README's promise: no RDMA device under a GPU arm is "not testable here", except
+    where an RDMA NIC is on the PCI bus without its RDMA driver. That is the node NCCL makes
+    slow: with no IB device (NVIDIA/nccl src/transport/net_ib.cc, ncclIbInit: "NET/IB : No
+    device found.") it falls back to its socket transport, so the node drains (exit 4)."""
+    unbound = rdma_nics_without_device(root or SysRoot())
+    if not unbound:
+        return NotTestable(f"not testable: {error.cause}", error.fix, evidence=error.evidence)
+    return NoDevice(f"no RDMA device, but {len(unbound)} RDMA NIC(s) on the PCI bus "
+                    f"({', '.join(unbound)}): the NIC's RDMA driver is not loaded, and NCCL "
+                    "would fall back to TCP sockets", RDMA_DRIVER_FIX,
+                    evidence=f"{', '.join(unbound)} in /sys/bus/pci/devices; "
+                             "/sys/class/infiniband lists no device")
 
 
 def deciding_arms_failed(records: list[ArmRecord]) -> bool:

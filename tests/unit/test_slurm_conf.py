@@ -60,6 +60,9 @@ def test_prolog_conf_without_the_stand_in_checks_the_real_node(tmp_path):
     assert sourced(text, tmp_path, "GDRPROBE") == "/opt/with space/gdrprobe"
     assert sourced(text, tmp_path, "GDRPROBE_CHECK_ARGS") == "--time-budget 60 -s 64K --repeats 2"
     assert sourced(text, tmp_path, "GDRPROBE_PROLOG_LOG") == slurm.PROLOG_LOG
+    # The emulated guests' check outlives the defaults' 8 s: the prolog's limit follows it.
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_TIMEOUT") == "80"
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_KILL_AFTER") == "10"
     assert "LD_LIBRARY_PATH" not in text
 
 
@@ -118,3 +121,20 @@ def has_munge_user() -> bool:
         return True
     except KeyError:
         return False
+
+
+def test_the_demos_operator_cases_change_what_the_prolog_reads(tmp_path, monkeypatch):
+    conf = tmp_path / "gdrprobe-prolog"
+    conf.write_text(slurm.prolog_conf())
+    monkeypatch.setattr(slurm, "PROLOG_CONF", str(conf))
+    slurm.with_prolog_settings(slurm.stuck_settings())
+    assert sourced(conf.read_text(), tmp_path, "GDRPROBE") == slurm.STUCK_GDRPROBE
+    assert sourced(conf.read_text(), tmp_path, "GDRPROBE_PROLOG_TIMEOUT") == "3"
+    slurm.with_prolog_settings(slurm.misconfigured_settings())
+    text = conf.read_text()
+    assert sourced(text, tmp_path, "GDRPROBE") == "/opt/not-installed/gdrprobe"
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_STRICT") == "1"
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_TIMEOUT") == "80"   # the stuck case's went
+    assert sourced(text, tmp_path, "GDRPROBE_PROLOG_METRICS_DIR") == slurm.TEXTFILE_DIR
+    slurm.with_prolog_settings("")
+    assert conf.read_text() == slurm.prolog_conf() + slurm.DEMO_MARK

@@ -143,6 +143,30 @@ def iommu_group(root: SysRoot, bdf: str) -> str | None:
     return target.rstrip("/").rsplit("/", 1)[-1] if target else None
 
 
+# PCI functions that are RDMA NICs whatever driver is bound: an InfiniBand controller (class
+# 0x0207, any vendor), and Mellanox/NVIDIA networking's (vendor 0x15b3) network controllers
+# (class 0x02: ConnectX in Ethernet mode is 0x0200), the PCI ids the kernel's mlx5_core binds.
+MELLANOX_VENDOR_ID = 0x15B3
+NETWORK_CLASS = 0x02
+INFINIBAND_CLASS = 0x0207
+
+
+def is_rdma_nic(root: SysRoot, bdf: str) -> bool:
+    code = class_code(root, bdf)
+    if code is None:
+        return False
+    return code >> 8 == INFINIBAND_CLASS or (vendor_id(root, bdf) == MELLANOX_VENDOR_ID
+                                             and code >> 16 == NETWORK_CLASS)
+
+
+def rdma_nics_without_device(root: SysRoot) -> list[str]:
+    """The RDMA NICs on the PCI bus, by BDF, where /sys/class/infiniband lists no device at
+    all: the NIC is there, its RDMA driver (mlx5_ib for ConnectX) is not loaded."""
+    if rdma_devices(root):
+        return []
+    return [bdf for bdf in list_devices(root) if is_rdma_nic(root, bdf)]
+
+
 def rdma_devices(root: SysRoot) -> list[str]:
     """Names of the RDMA devices (mlx5_0, rxe0, ...) in /sys/class/infiniband."""
     return root.listdir(INFINIBAND_CLASS_DIR)
