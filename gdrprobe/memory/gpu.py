@@ -2,14 +2,15 @@
 
 - :class:`DmaBufGpuMemory`: device memory exported as a DMA-BUF and registered with
   ``DmaBufMR``; no kernel module beyond the GPU and NIC drivers.
-- :class:`PeermemGpuMemory`: the CUDA address registered with a plain ``MR``; works only
-  when nvidia-peermem lets the NIC driver resolve GPU addresses.
+- :class:`PeermemGpuMemory`: the GPU address registered with a plain ``MR``; works only
+  when a peer-memory client (nvidia-peermem) lets the NIC driver resolve GPU addresses.
 - :class:`StagedGpuMemory`: the bounce baseline; the NIC reads and writes a pinned host
   buffer and CUDA copies between it and the GPU around the timed regions.
 
 All three fill and check the payload through a pinned host staging copy (the pattern code
 works on host addresses), so a check reads back what the NIC really left in GPU memory.
-Providers borrow an open :class:`gdrprobe.memory.cuda.GpuDevice`; they free only what they allocate.
+Providers borrow an open GPU of any runtime (:class:`gdrprobe.memory.runtime.GpuDevice`, CUDA's
+is :class:`gdrprobe.memory.cuda.GpuDevice`); they free only what they allocate.
 
 Also here: the choice between the mechanisms (NCCL's NIC DMA-BUF probe is in
 :mod:`gdrprobe.memory.nic_probe`).
@@ -23,9 +24,9 @@ import time
 from gdrprobe.defaults import GPU_ALLOCATION
 from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
-from gdrprobe.memory.cuda import GpuAttributes, dmabuf_range
 from gdrprobe.memory.nic_probe import NicDmaBufSupport, dmabuf_mr
 from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
+from gdrprobe.memory.runtime import DmaBufAttribute, GpuDevice, dmabuf_range
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MECHANISMS, MEMORY_TYPES
 
 
@@ -35,7 +36,7 @@ class GpuMemory(MemoryProvider):
     kind = "gpu"
     mechanism = "abstract"
 
-    def __init__(self, gpu, length: int, memory_type: str = "device",
+    def __init__(self, gpu: GpuDevice, length: int, memory_type: str = "device",
                  allocation: str = GPU_ALLOCATION):
         if memory_type not in MEMORY_TYPES:
             raise UsageError(f"unknown GPU memory type {memory_type!r}",
@@ -228,15 +229,15 @@ PROVIDERS = {"dmabuf": DmaBufGpuMemory, "peermem": PeermemGpuMemory, "staged": S
 # ---- which mechanism ------------------------------------------------------------------
 
 
-def gpu_dmabuf_reason(gpu_attrs: GpuAttributes | None) -> str:
+def gpu_dmabuf_reason(gpu_attrs: DmaBufAttribute | None) -> str:
     if gpu_attrs is None:
         return "the GPU's DMA-BUF support is unknown"
     value = gpu_attrs.dma_buf_supported
     return (f"the GPU {'can' if value else 'cannot'} export DMA-BUF "
-            f"(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED={value})")
+            f"({gpu_attrs.dma_buf_attribute}={value})")
 
 
-def choose_mechanism(requested: str, gpu_attrs: GpuAttributes | None,
+def choose_mechanism(requested: str, gpu_attrs: DmaBufAttribute | None,
                      nic_probe: NicDmaBufSupport,
                      memory_type: str = GPUDIRECT_PROOF_MEMORY) -> tuple[str, str]:
     """(mechanism, why): auto takes DMA-BUF when both the GPU and the NIC can, else peermem.

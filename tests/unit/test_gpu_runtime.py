@@ -1,0 +1,89 @@
+"""The GPU-runtime seam (gdrprobe/memory/runtime.py): the runtime is what the PCI bus holds,
+and only the runtime's own files name it."""
+
+import ast
+import pathlib
+
+import pytest
+
+from gdrprobe.memory import cuda, cuda_driver, runtime
+from gdrprobe.sysroot import SysRoot
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gdrprobe"
+
+
+def pci_function(tmp_path, bdf: str, vendor: str, pci_class: str) -> None:
+    device = tmp_path / "sys/bus/pci/devices" / bdf
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n")
+    (device / "class").write_text(pci_class + "\n")
+
+
+class OtherRuntime(runtime.GpuRuntime):
+    name = "other"
+    vendor_id = 0x1002
+
+    def require_library(self) -> None:
+        raise AssertionError("not asked")
+
+    def open(self, selector: str):
+        raise AssertionError("not asked")
+
+
+@pytest.fixture
+def two_runtimes(monkeypatch):
+    other = OtherRuntime()
+    monkeypatch.setattr(runtime, "runtimes", lambda: [cuda.RUNTIME, other])
+    return other
+
+
+def test_an_nvidia_gpu_on_the_bus_is_driven_by_cuda(tmp_path, two_runtimes):
+    pci_function(tmp_path, "0000:00:1f.0", "0x8086", "0x060100")
+    pci_function(tmp_path, "0000:3b:00.0", "0x10de", "0x030200")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is cuda.RUNTIME
+
+
+def test_another_vendors_gpu_is_driven_by_its_runtime(tmp_path, two_runtimes):
+    pci_function(tmp_path, "0000:3b:00.0", "0x10de", "0x020000")   # an NVIDIA NIC: no GPU
+    pci_function(tmp_path, "0000:c1:00.0", "0x1002", "0x030200")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is two_runtimes
+
+
+def test_no_gpu_on_the_bus_is_the_first_runtime_whose_answer_says_what_is_missing(
+        tmp_path, two_runtimes):
+    pci_function(tmp_path, "0000:00:1f.0", "0x8086", "0x060100")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is cuda.RUNTIME
+
+
+def test_cuda_asks_for_its_library_through_the_seam(monkeypatch):
+    monkeypatch.setattr(runtime, "machine_runtime", lambda root=None: cuda.RUNTIME)
+    monkeypatch.setattr(cuda_driver, "driver_library_error", lambda: "no libcuda.so.1 here")
+    with pytest.raises(Exception, match="no CUDA driver") as raised:
+        runtime.require_gpu_library()
+    assert "no libcuda.so.1 here" in raised.value.evidence
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(
+    [PACKAGE / "memory" / "gpu.py", PACKAGE / "memory" / "buffers.py", PACKAGE / "__init__.py",
+     *PACKAGE.glob("campaign/*.py"), *PACKAGE.glob("cli*.py"), *PACKAGE.glob("cli/*.py")]),
+    ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_the_providers_campaigns_and_cli_never_name_a_runtime(path):
+    named = {module for module in imported_modules(path)
+             if module.startswith(("gdrprobe.memory.cuda", "cuda"))}
+    assert named == set()
+
+
+def test_cuda_and_its_vmm_allocator_no_longer_import_each_other():
+    assert "gdrprobe.memory.cuda" not in imported_modules(PACKAGE / "memory" / "cuda_vmm.py")
+    assert "gdrprobe.memory.cuda_vmm" in imported_modules(PACKAGE / "memory" / "cuda.py")
