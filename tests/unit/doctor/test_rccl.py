@@ -183,3 +183,35 @@ def test_amd_gpus_are_not_gpus_cuda_lost(tmp_path):
     found = {f.id: f for f in run_doctor(str(tmp_path), environ={}).findings}
     assert found["gpu.cuda"].status is not Status.FAIL
     assert found["topology.devices"].summary.startswith("2 GPU(s) and 2 RDMA NIC(s)")
+
+
+def test_the_doctor_says_rccl_decided_and_how_to_turn_gdr_on(tmp_path):
+    rocm_machines.mi300x_node(tmp_path)
+    found = {f.id: f for f in run_doctor(str(tmp_path), environ={}).findings}
+    gpu = found["nccl.gpu.0000:1b:00.0"]
+    assert gpu.status is Status.FAIL
+    assert gpu.summary.startswith("GPU0 (0000:1b:00.0): RCCL uses mlx5_0 ")
+    assert "memory_peers/amdkfd/version" in gpu.fix and "NCCL_DMABUF_ENABLE=1" in gpu.fix
+    assert "RCCL (ROCm/rccl's GDR rules, on NCCL 2.21.5's topology)" in found["nccl.library"].summary
+
+
+def test_hsa_is_asked_where_rccl_loads_it_from(tmp_path):
+    """RCCL dlopens RCCL_ROCR_PATH + libhsa-runtime64.so (rocmwrap.cc); none there is an
+    answer naming the path, and the DMA-BUF half is then inferred."""
+    from gdrprobe.doctor.facts.rocm import collect_hsa_facts
+
+    answer = collect_hsa_facts({"RCCL_ROCR_PATH": f"{tmp_path}/"})
+    assert answer["error"].startswith(f"dlopen({tmp_path}/libhsa-runtime64.so): ")
+    tree = rocm_machines.mi300x_node(tmp_path / "node")
+    rocm_machines.kernel_config(tree)
+    tree.write("/gdrprobe-capture/rocm.json", json.dumps({"kallsyms_symbol": False, "hsa": answer}))
+    half = context(tmp_path / "node", NCCL_DMABUF_ENABLE="1").memory_paths.gpu_half("0000:1b:00.0")
+    assert (half.supported, half.inferred) == (True, True)
+    assert "HSA's DMA-BUF support not asked" in half.reason
+
+
+def test_an_unreadable_kallsyms_is_said_as_such(tmp_path):
+    tree = rocm_machines.mi300x_node(tmp_path)
+    rocm_machines.rocm_facts(tree, kallsyms=None)
+    receive = next(why for why in decisions(tmp_path)[0].why if why.startswith("receive:"))
+    assert "/proc/kallsyms could not be read" in receive
