@@ -19,6 +19,10 @@ _ANY_BUS_ID = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
 NVIDIA_VENDOR_ID = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)   # VGA-compatible and 3D controller (class, subclass)
+AMD_VENDOR_ID = 0x1002
+# AMD's GPUs also show as a display controller (0x0380) and, Instinct MI300, a processing
+# accelerator (0x1200).
+AMD_GPU_CLASSES = (*GPU_CLASSES, 0x0380, 0x1200)
 
 
 def is_pci_bus_id(name: str) -> bool:

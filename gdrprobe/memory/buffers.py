@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 
 from gdrprobe.errors import GdrprobeError
-from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism
+from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism, peermem_label
 from gdrprobe.memory.nic_probe import probe_nic_dmabuf
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.memory.provider import (ACCESS_REMOTE_READ, LOCAL_ACCESS, PROBE_ACCESS,
@@ -103,5 +103,6 @@ def mechanism_for(spec: MemorySpec, attributes, nic) -> tuple[str, str]:
     if spec.mechanism == "staged":
         return "staged", "staged requested: the bounce through pinned host memory"
     if spec.mechanism == "peermem":
-        return "peermem", "peermem requested: the GPU address registered as is"
+        return "peermem", (f"{peermem_label(attributes)} requested: the GPU address "
+                           "registered as is")
     return choose_mechanism(spec.mechanism, attributes, nic, spec.memory_type)

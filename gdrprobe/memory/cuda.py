@@ -45,6 +45,8 @@ class GpuAttributes:
 
     # What a reason quotes for dma_buf_supported (gdrprobe.memory.runtime.DmaBufAttribute).
     dma_buf_attribute: ClassVar[str] = "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED"
+    # Who resolves a GPU address for the NIC on the peermem path.
+    peer_memory: ClassVar[str] = "nvidia-peermem"
 
     @property
     def flush_available(self) -> bool:

@@ -161,7 +161,8 @@ class DmaBufGpuMemory(GpuMemory):
 
 
 class PeermemGpuMemory(GpuMemory):
-    """The CUDA address registered as is; nvidia-peermem resolves it for the NIC."""
+    """The GPU address registered as is; the runtime's peer-memory client (nvidia-peermem,
+    amdkfd) resolves it for the NIC."""
 
     mechanism = "peermem"
 
@@ -173,6 +174,9 @@ class PeermemGpuMemory(GpuMemory):
         self._register_with(
             lambda pv: pv.mr.MR(pd, self.length, access, address=self.buffer.ptr),
             self._refused)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "peer_memory": self.gpu.attributes.peer_memory}
 
 
 class StagedGpuMemory(GpuMemory):
@@ -249,13 +253,19 @@ def choose_mechanism(requested: str, gpu_attrs: DmaBufAttribute | None,
     gpu_reason = gpu_dmabuf_reason(gpu_attrs)
     if requested != "auto":
         return requested, f"{requested} requested; {gpu_reason}; {nic_probe.reason}"
+    peermem = peermem_label(gpu_attrs)
     if memory_type != GPUDIRECT_PROOF_MEMORY:
         return "peermem", (f"auto: {memory_type} memory cannot be exported as DMA-BUF, so its "
-                           "address is registered as is (memory that proves nothing about "
-                           "GPUDirect)")
+                           f"address is registered as is, {peermem} (memory that proves "
+                           "nothing about GPUDirect)")
     gpu_can = gpu_attrs is not None and bool(gpu_attrs.dma_buf_supported)
     if gpu_can and nic_probe.supported:
         return "dmabuf", f"auto: {gpu_reason} and {nic_probe.reason}"
     blockers = [reason for ok, reason in ((gpu_can, gpu_reason),
                                           (nic_probe.supported, nic_probe.reason)) if not ok]
-    return "peermem", f"auto fell back to peermem: {'; '.join(blockers)}"
+    return "peermem", f"auto fell back to {peermem}: {'; '.join(blockers)}"
+
+
+def peermem_label(gpu_attrs: DmaBufAttribute | None) -> str:
+    """The peermem mechanism with who resolves the GPU's addresses: "peermem (amdkfd)"."""
+    return f"peermem ({gpu_attrs.peer_memory})" if gpu_attrs is not None else "peermem"

@@ -7,7 +7,7 @@ NIC's writes. Every failure is a :class:`gdrprobe.errors.GdrprobeError` the runt
 from its own result (CUDA: :mod:`gdrprobe.memory.cuda_results`), so a caller never reads a
 runtime's result codes. The shape follows perftest's ``struct memory_ctx`` (src/memory.h):
 one interface, one file per runtime (cuda_memory.c, rocm_memory.c there; :mod:`gdrprobe.memory.cuda`
-here).
+and :mod:`gdrprobe.memory.rocm` here).
 
 Which runtime a node uses is what its PCI bus holds (:func:`machine_runtime`): the GPU
 providers (:mod:`gdrprobe.memory.gpu`, :mod:`gdrprobe.memory.buffers`) and everything above
@@ -31,7 +31,7 @@ HOST_PAGE_BYTES = mmap.PAGESIZE
 # One module per runtime, each exposing RUNTIME (a GpuRuntime); imported only when a GPU is
 # opened, so that `import gdrprobe` loads none. The first is the default where the bus
 # shows no GPU of any runtime's vendor: its "no driver" answer is the one a person expects.
-RUNTIME_MODULES = ("gdrprobe.memory.cuda",)
+RUNTIME_MODULES = ("gdrprobe.memory.cuda", "gdrprobe.memory.rocm")
 
 
 class GpuAllocation(Protocol):
@@ -47,10 +47,11 @@ class GpuAllocation(Protocol):
 
 class DmaBufAttribute(Protocol):
     """The GPU attribute that decides DMA-BUF export, and its name in the runtime's terms
-    (what a reason quotes)."""
+    (what a reason quotes); who resolves the GPU's addresses on the peermem path."""
 
     dma_buf_supported: int | None
     dma_buf_attribute: str
+    peer_memory: str
 
 
 class GpuDevice(Protocol):

@@ -6,7 +6,8 @@ import pathlib
 
 import pytest
 
-from gdrprobe.memory import cuda, cuda_driver, runtime
+from gdrprobe.errors import GpuOutOfMemory, HipError, NotTestable
+from gdrprobe.memory import cuda, cuda_driver, rocm, runtime
 from gdrprobe.sysroot import SysRoot
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gdrprobe"
@@ -80,10 +81,51 @@ def imported_modules(path: pathlib.Path) -> set[str]:
     ids=lambda path: str(path.relative_to(PACKAGE)))
 def test_the_providers_campaigns_and_cli_never_name_a_runtime(path):
     named = {module for module in imported_modules(path)
-             if module.startswith(("gdrprobe.memory.cuda", "cuda"))}
+             if module.startswith(("gdrprobe.memory.cuda", "cuda", "gdrprobe.memory.rocm", "hip"))}
     assert named == set()
 
 
 def test_cuda_and_its_vmm_allocator_no_longer_import_each_other():
     assert "gdrprobe.memory.cuda" not in imported_modules(PACKAGE / "memory" / "cuda_vmm.py")
     assert "gdrprobe.memory.cuda_vmm" in imported_modules(PACKAGE / "memory" / "cuda.py")
+
+
+@pytest.mark.parametrize("pci_class", ["0x120000", "0x038000", "0x030000"])
+def test_an_amd_gpu_on_the_bus_is_driven_by_rocm(tmp_path, pci_class):
+    """MI300X shows as a processing accelerator (0x1200), MI200 as a display controller."""
+    pci_function(tmp_path, "0000:1b:00.0", "0x1002", pci_class)
+    pci_function(tmp_path, "0000:1c:00.0", "0x15b3", "0x020700")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is rocm.RUNTIME
+
+
+def test_an_amd_function_that_is_no_gpu_leaves_cuda_the_default(tmp_path):
+    pci_function(tmp_path, "0000:00:14.0", "0x1002", "0x0c0500")    # an AMD SMBus controller
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is cuda.RUNTIME
+
+
+def test_without_libamdhip64_rocm_is_not_testable_with_the_loaders_reason(monkeypatch):
+    monkeypatch.setattr(rocm, "library_error", lambda: "libamdhip64.so: cannot open shared object file")
+    with pytest.raises(NotTestable, match="no ROCm runtime") as raised:
+        rocm.RUNTIME.require_library()
+    assert "cannot open shared object file" in raised.value.evidence
+
+
+class HipResult(int):
+    """A hipError_t as hip-python returns it: an int with a name."""
+
+    def __new__(cls, value: int, name: str):
+        result = super().__new__(cls, value)
+        result.name = name
+        return result
+
+
+@pytest.mark.parametrize("result, error_class, exit_code", [
+    (HipResult(100, "hipErrorNoDevice"), NotTestable, 9),
+    (HipResult(2, "hipErrorOutOfMemory"), GpuOutOfMemory, 9),
+    (HipResult(999, "hipErrorUnknown"), HipError, 6)])
+def test_a_hip_result_is_the_error_it_means(result, error_class, exit_code):
+    with pytest.raises(error_class) as raised:
+        rocm.check((result, None), "hipMalloc(4096)")
+    assert type(raised.value) is error_class and int(raised.value.exit_code) == exit_code
+    assert f"hipMalloc(4096) returned {result.name}" in raised.value.cause
+    assert rocm.check((HipResult(0, "hipSuccess"), 42), "hipGetDeviceCount()") == 42
