@@ -338,17 +338,7 @@ def open_gpu(selector: str) -> GpuDevice:
     return GpuDevice(module, find_device(module, str(selector)), str(selector))
 
 
-class CudaRuntime(GpuRuntime):
-    """CUDA behind the seam: NVIDIA's GPU functions, libcuda.so.1, cuda-python."""
-
-    name = "CUDA"
-    vendor_id = NVIDIA_VENDOR_ID
-
-    def require_library(self) -> None:
-        cuda_driver.require_driver_library()
-
-    def open(self, selector: str) -> GpuDevice:
-        return open_gpu(selector)
-
-
-RUNTIME = CudaRuntime()
+# CUDA behind the seam: NVIDIA's GPU functions, libcuda.so.1, cuda-python. The library check
+# is looked up when called, so that a test can stand in for the loader.
+RUNTIME = GpuRuntime("CUDA", NVIDIA_VENDOR_ID, lambda: cuda_driver.require_driver_library(),
+                     open_gpu)

@@ -255,18 +255,5 @@ def open_gpu(selector: str) -> RocmDevice:
     return RocmDevice(module, find_ordinal(module, str(selector)), str(selector))
 
 
-class RocmRuntime(GpuRuntime):
-    """ROCm behind the seam: AMD's GPU functions, libamdhip64.so, hip-python."""
-
-    name = "ROCm"
-    vendor_id = AMD_VENDOR_ID
-    gpu_classes = AMD_GPU_CLASSES
-
-    def require_library(self) -> None:
-        require_hip_library()
-
-    def open(self, selector: str) -> RocmDevice:
-        return open_gpu(selector)
-
-
-RUNTIME = RocmRuntime()
+# ROCm behind the seam: AMD's GPU functions, libamdhip64.so, hip-python.
+RUNTIME = GpuRuntime("ROCm", AMD_VENDOR_ID, require_hip_library, open_gpu, AMD_GPU_CLASSES)

@@ -16,11 +16,11 @@ them use only this module, so campaigns and the CLI never name a runtime.
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import importlib
 import mmap
 import re
+from collections.abc import Callable
 from typing import Protocol
 
 from gdrprobe.errors import UsageError
@@ -82,21 +82,17 @@ class GpuDevice(Protocol):
     def __exit__(self, *exc) -> None: ...
 
 
-class GpuRuntime(abc.ABC):
-    """One GPU runtime: the vendor whose PCI functions it drives, its library, its GPUs."""
+@dataclasses.dataclass(frozen=True)
+class GpuRuntime:
+    """One GPU runtime: the vendor whose PCI functions it drives, how to tell that its
+    library loads (``require_library`` raises NotTestable with the loader's reason; cheap,
+    no bindings loaded) and how to open one of its GPUs by ordinal or bus id (``open``)."""
 
-    name: str = "abstract"
-    vendor_id: int = 0
+    name: str
+    vendor_id: int
+    require_library: Callable[[], None]
+    open: Callable[[str], GpuDevice]
     gpu_classes: tuple[int, ...] = GPU_CLASSES
-
-    @abc.abstractmethod
-    def require_library(self) -> None:
-        """Raises NotTestable, with the loader's reason, when the runtime's library cannot
-        be loaded; cheap, and loads no bindings."""
-
-    @abc.abstractmethod
-    def open(self, selector: str) -> GpuDevice:
-        """The GPU of an ordinal ("0") or a PCI bus id ("0000:3b:00.0")."""
 
     def drives(self, root: SysRoot, bdf: str) -> bool:
         """Whether the PCI function is one of this runtime's GPUs."""

@@ -20,22 +20,17 @@ def pci_function(tmp_path, bdf: str, vendor: str, pci_class: str) -> None:
     (device / "class").write_text(pci_class + "\n")
 
 
-class OtherRuntime(runtime.GpuRuntime):
-    name = "other"
-    vendor_id = 0x1002
+def not_asked(*args):
+    raise AssertionError("not asked")
 
-    def require_library(self) -> None:
-        raise AssertionError("not asked")
 
-    def open(self, selector: str):
-        raise AssertionError("not asked")
+OTHER = runtime.GpuRuntime("other", 0x1002, not_asked, not_asked)
 
 
 @pytest.fixture
 def two_runtimes(monkeypatch):
-    other = OtherRuntime()
-    monkeypatch.setattr(runtime, "runtimes", lambda: [cuda.RUNTIME, other])
-    return other
+    monkeypatch.setattr(runtime, "runtimes", lambda: [cuda.RUNTIME, OTHER])
+    return OTHER
 
 
 def test_an_nvidia_gpu_on_the_bus_is_driven_by_cuda(tmp_path, two_runtimes):
