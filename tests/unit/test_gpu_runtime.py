@@ -124,3 +124,16 @@ def test_a_hip_result_is_the_error_it_means(result, error_class, exit_code):
     assert type(raised.value) is error_class and int(raised.value.exit_code) == exit_code
     assert f"hipMalloc(4096) returned {result.name}" in raised.value.cause
     assert rocm.check((HipResult(0, "hipSuccess"), 42), "hipGetDeviceCount()") == 42
+
+
+def test_choosing_a_runtime_loads_no_bindings():
+    """hip-python and cuda-python load only when a GPU is opened (cuda-bindings' own .pth
+    file imports the empty ``cuda`` namespace at start-up: not the bindings)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom gdrprobe.memory import runtime\nruntime.runtimes()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'hip' or m.startswith('cuda.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=PACKAGE.parent)
+    assert done.stdout.strip() == "[]", done.stderr
