@@ -197,8 +197,9 @@ def _check_threshold(threshold: float) -> None:
 
 
 def _check_gpus(*gpus: str | None) -> None:
-    """Each GPU given as CUDA names one (an ordinal or a PCI bus id), before the probe."""
-    from gdrprobe.memory.cuda import check_gpu_selector
+    """Each GPU given as a GPU runtime names one (an ordinal or a PCI bus id), before the
+    probe."""
+    from gdrprobe.memory.runtime import check_gpu_selector
 
     for gpu in gpus:
         if gpu is not None:
@@ -289,11 +290,11 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
 def _require_gpu_arm(*in_process) -> None:
     """What the A/B needs before its host arm measures anything, so that a machine that
     cannot run the GPU arm answers "not testable" at once with the cause: an RDMA device,
-    then, for a GPU buffer in this process, the CUDA driver (found as memory.cuda finds it,
-    without importing cuda-python)."""
+    then, for a GPU buffer in this process, the node's GPU runtime library (found as the
+    runtime finds it, without importing its bindings: memory.runtime)."""
     from gdrprobe.campaign.ab import no_device_not_testable
     from gdrprobe.errors import NoRdmaDevice
-    from gdrprobe.memory.cuda import require_driver_library
+    from gdrprobe.memory.runtime import require_gpu_library
     from gdrprobe.rdma.verbs import devices
 
     try:
@@ -301,7 +302,7 @@ def _require_gpu_arm(*in_process) -> None:
     except NoRdmaDevice as error:
         raise no_device_not_testable(error) from error
     if any(spec is not None and spec.kind == "gpu" for spec in in_process):
-        require_driver_library()
+        require_gpu_library()
 
 
 # ---- serving ------------------------------------------------------------------------------

@@ -211,6 +211,10 @@ class CudaError(GdrprobeError):
     exit_code = ExitCode.RDMA
 
 
+class HipError(CudaError):
+    """A HIP runtime call failed (an AMD GPU); it stops a run as a failed CUDA call does."""
+
+
 class IntegrityError(GdrprobeError):
     exit_code = ExitCode.INTEGRITY
 

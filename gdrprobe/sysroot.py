@@ -3,7 +3,7 @@
 Every reader in gdrprobe goes through a :class:`SysRoot` so that a captured tree of
 another machine can be read exactly like the live one, and so that the capture command
 knows which paths the readers touch. Also how sysfs names a PCI function, the one spelling
-of a bus id gdrprobe keeps.
+of a bus id gdrprobe keeps, and the PCI ids that make a function a GPU.
 """
 
 from __future__ import annotations
@@ -15,6 +15,14 @@ import re
 # domain:bus:device.function in lower-case hex, as sysfs names /sys/bus/pci/devices/*.
 PCI_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _ANY_BUS_ID = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
+
+PCI_DEVICES_DIR = "/sys/bus/pci/devices"
+NVIDIA_VENDOR_ID = 0x10DE
+GPU_CLASSES = (0x0300, 0x0302)   # VGA-compatible and 3D controller (class, subclass)
+AMD_VENDOR_ID = 0x1002
+# AMD's GPUs also show as a display controller (0x0380) and, Instinct MI300, a processing
+# accelerator (0x1200).
+AMD_GPU_CLASSES = (*GPU_CLASSES, 0x0380, 0x1200)
 
 
 def is_pci_bus_id(name: str) -> bool:

@@ -3,14 +3,14 @@
 The doctor runs once against the source root with a recording :class:`SysRoot`; every
 path it touched is then copied: symbolic links stay links (sysfs topology lives in
 them), directories stay directories, and files are copied by reading them, because
-sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, CUDA,
+sysfs reports 4096 bytes for attributes that hold a few. The environment (NCCL, RCCL, HSA, CUDA,
 MLX5, UCX and KUBERNETES variables, HOME, and the variables that say where the job's libnccl
 is: LD_LIBRARY_PATH, LD_PRELOAD, VIRTUAL_ENV, CONDA_PREFIX; NCCL's configuration files and
 its topology file, with the links on the way to it, are among the files copied), the CUDA
 driver's facts, NVML's facts, NCCL's DMA-BUF probe per NIC and what finding the job's
 libnccl took besides files (--nccl, this interpreter's site-packages and executable, versions
 and ELF dynamic sections read from libraries' bytes, which may lie past the first MiB a copy
-keeps) go to CAPTURE_DIR.
+keeps) and, on an AMD node, RCCL's kallsyms answer and HSA's DMA-BUF facts go to CAPTURE_DIR.
 
 A capture is written into a new directory beside DEST and renamed into place, so it is never
 merged with what DEST held: a reused bug-report directory would otherwise replay as a machine
@@ -36,12 +36,12 @@ import shutil
 from collections.abc import Mapping
 
 from gdrprobe.doctor.facts.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NCCL_FACTS_FILE, NIC_FACTS_FILE,
-                                           NVML_FACTS_FILE, DoctorContext)
+                                           NVML_FACTS_FILE, ROCM_FACTS_FILE, DoctorContext)
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.errors import UsageError
 from gdrprobe.sysroot import SysRoot
 
-CAPTURED_ENV_PREFIXES = ("NCCL_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
+CAPTURED_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
 # HOME: where NCCL looks for ~/.nccl.conf; the rest: where the job's libnccl is found.
 CAPTURED_ENV_NAMES = ("HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX")
 MAX_FILE_BYTES = 1 << 20      # what SysRoot.read reads at most
@@ -337,4 +337,6 @@ def _capture_into(dest_dir: str, root: str, environ: Mapping[str, str] | None,
     _write_json(copier.dest_path(NVML_FACTS_FILE), ctx.nvml_facts)
     _write_json(copier.dest_path(NIC_FACTS_FILE), ctx.nic_facts)
     _write_json(copier.dest_path(NCCL_FACTS_FILE), ctx.nccl_search)
+    if ctx.rocm_facts is not None:
+        _write_json(copier.dest_path(ROCM_FACTS_FILE), ctx.rocm_facts)
     return [p for p in touched if os.path.lexists(copier.dest_path(p))]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib
 
 from gdrprobe.errors import GdrprobeError
-from gdrprobe.memory.cuda import open_gpu
-from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism
+from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism, peermem_label
 from gdrprobe.memory.nic_probe import probe_nic_dmabuf
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.memory.provider import (ACCESS_REMOTE_READ, LOCAL_ACCESS, PROBE_ACCESS,
                                       MemoryProvider)
+from gdrprobe.memory.runtime import open_gpu
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.rdma import verbs
 from gdrprobe.sysroot import SysRoot
@@ -79,7 +79,7 @@ def open_provider(spec: MemorySpec, endpoint, length: int, access: int, relaxed:
 @contextlib.contextmanager
 def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int, relaxed: int):
     nic = probe_nic_dmabuf(endpoint.pd) if spec.mechanism in ("auto", "dmabuf") else None
-    # Say what the NIC allows before the GPU is even opened: on a machine without CUDA the
+    # Say what the NIC allows before the GPU is even opened: on a machine without its GPU runtime the
     # reason still reaches the report, as the error's first piece of evidence.
     _, early_reason = mechanism_for(spec, None, nic)
     try:
@@ -103,5 +103,6 @@ def mechanism_for(spec: MemorySpec, attributes, nic) -> tuple[str, str]:
     if spec.mechanism == "staged":
         return "staged", "staged requested: the bounce through pinned host memory"
     if spec.mechanism == "peermem":
-        return "peermem", "peermem requested: the CUDA address registered as is"
+        return "peermem", (f"{peermem_label(attributes)} requested: the GPU address "
+                           "registered as is")
     return choose_mechanism(spec.mechanism, attributes, nic, spec.memory_type)

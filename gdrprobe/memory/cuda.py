@@ -1,16 +1,9 @@
-"""The probe's one door to the CUDA driver: the GPU, its memory, DMA-BUF export, flushes.
+"""CUDA behind the GPU-runtime seam (:mod:`gdrprobe.memory.runtime`): the GPU, its memory,
+DMA-BUF export and flushes, and the doctor's inventory of the GPUs.
 
-cuda-python is imported on first use (only a GPU arm needs it). Every driver call goes
-through :func:`call`, which turns an error CUresult into a :class:`GdrprobeError` naming
-the call and the error (:func:`check`), and an entry point the driver lacks into "the
-driver is too old" rather than a traceback. Whatever is allocated is freed on every path:
-allocations and the device are context managers, and their ``close`` is idempotent.
-
-Supported bindings: cuda-python 12.6.2.post1 (the first on PyPI with ``cuda.bindings``)
-up to 13.x. The 12.x line needs driver 525.60.13+, the 13.x line 580.65.06+ (cuda-bindings
-install notes), so the package depends on ``cuda-python>=12.6.2.post1,<13``: the line that
-runs on the R535-R570 drivers still in service and on newer ones. tests/cuda_standin runs
-every call here through the real bindings of each line (binding call shapes, not a GPU).
+Every driver call goes through :mod:`gdrprobe.memory.cuda_driver` (loading the driver, one
+call and its result). Whatever is allocated is freed on every path: allocations and the
+device are context managers, and their ``close`` is idempotent.
 
 The doctor's read-only facts (:func:`gpu_inventory`, collected by
 :mod:`gdrprobe.doctor.facts.context`) go through the same door.
@@ -18,177 +11,24 @@ The doctor's read-only facts (:func:`gpu_inventory`, collected by
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
-import mmap
-import re
-from gdrprobe.errors import GdrprobeError, MissingDependency, NotTestable, UsageError
+from typing import ClassVar
+
+from gdrprobe.errors import GdrprobeError, NotTestable, UsageError
 from gdrprobe.memory.causes import dmabuf_export_refused
-from gdrprobe.memory.cuda_results import (RESULT_ERRORS, UPGRADE_DRIVER_FIX, result_error,
-                                          result_name, unknown_result)
-from gdrprobe.sysroot import pci_bus_id
-
-HOST_PAGE_BYTES = mmap.PAGESIZE
-# The GPU's page: nvidia-peermem pins whole 64 KiB pages (GPU_PAGE_SIZE in the driver's
-# nv-p2p.h), and perftest rounds cuMemAlloc to it for that reason (ACCEL_PAGE_SIZE in
-# src/cuda_memory.c). Allocations are whole GPU pages; what is registered is what the run
-# needs, so a registration never reaches past the allocation.
-GPU_PAGE_BYTES = 64 << 10
-
-CUDA_PYTHON_FIX = ("pip install 'cuda-python>=12.6.2.post1,<13' into the environment gdrprobe "
-                   "runs from (the 13.x line needs driver 580.65.06 or newer)")
-NO_DRIVER_FIX = ("install the NVIDIA driver (libcuda.so.1) on a machine with a GPU, and in a "
-                 "container run with the NVIDIA container runtime (--gpus all); without a GPU "
-                 "only the host arm can run")
-DRIVER_MISMATCH_FIX = ("use a cuda-python whose major version the installed driver supports "
-                       "(cuda-bindings 12.x needs driver 525.60.13+, 13.x needs 580.65.06+), "
-                       "or upgrade the NVIDIA driver")
+from gdrprobe.memory import cuda_driver
+from gdrprobe.memory.cuda_driver import (attempt, c_string, call, check, device_attribute, driver,
+                                         driver_version, gpu_pages, initialised, version_text)
+from gdrprobe.memory.cuda_results import RESULT_ERRORS, result_name
+from gdrprobe.memory.cuda_vmm import VmmAllocation, allocation_plan
+from gdrprobe.memory.runtime import GpuRuntime, check_gpu_selector, dmabuf_range, is_bus_id
+from gdrprobe.sysroot import NVIDIA_VENDOR_ID, pci_bus_id
 
 # CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: cuFlushGPUDirectRDMAWrites is available.
 FLUSH_OPTION_HOST = 1
 # CUGPUDirectRDMAWritesOrdering: NONE=0, OWNER=100, ALL_DEVICES=200.
 WRITES_ORDERING_OWNER = 100
 PCIE_MAPPING_MIN_DRIVER = 12080
-
-
-def check(result: tuple, what: str):
-    """The value of a driver call's ``(CUresult, value)`` tuple, or the error it means
-    (:func:`gdrprobe.memory.cuda_results.result_error`)."""
-    err, *values = result
-    if int(err) == 0:
-        return values[0] if values else None
-    raise result_error(err, what)
-
-
-def attempt(module, name: str, *args) -> tuple:
-    """module.<name>(*args)'s raw result tuple. The bindings resolve every entry point when
-    they load the driver and raise RuntimeError when called for one it lacks (an old driver):
-    that is said as such. A result they do not know (a newer driver) comes back as a result
-    with its number (:func:`gdrprobe.memory.cuda_results.unknown_result`)."""
-    try:
-        return getattr(module, name)(*args)
-    except RuntimeError as error:
-        raise NotTestable(f"not testable: the CUDA driver has no {name} (it is older than "
-                          "this call needs)", UPGRADE_DRIVER_FIX,
-                          evidence=f"{name}: {error}") from error
-    except ValueError as error:
-        return unknown_or_raise(error)
-
-
-def unknown_or_raise(error: ValueError) -> tuple:
-    """The result tuple of a result the bindings do not know; any other ValueError is
-    raised again (a bug, not a driver's answer)."""
-    unknown = unknown_result(error)
-    if unknown is None:
-        raise error
-    return (unknown,)
-
-
-def call(module, name: str, *args, what: str = ""):
-    """The value of module.<name>(*args), or the error its result means (:func:`check`)."""
-    return check(attempt(module, name, *args), what or name)
-
-
-def import_driver():
-    """cuda-python's driver module under its 12.6.1+ name or its older one."""
-    try:
-        from cuda.bindings import driver as module
-    except ImportError:
-        from cuda import cuda as module
-    return module
-
-
-def c_string(raw: bytes) -> str:
-    # The driver fills a space-padded buffer and terminates the string with NUL.
-    return raw.split(b"\0")[0].decode("ascii", "replace").strip()
-
-
-def device_attribute(module, device, name: str) -> int | None:
-    """One CU_DEVICE_ATTRIBUTE_<name>, or None when this driver does not know it."""
-    attribute = getattr(module.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
-    if attribute is None:
-        return None
-    try:
-        return int(call(module, "cuDeviceGetAttribute", attribute, device,
-                        what=f"cuDeviceGetAttribute({name})"))
-    except GdrprobeError:
-        return None
-
-
-@functools.cache
-def driver():
-    """cuda-python's driver module, initialised; raises when there is nothing to talk to.
-
-    Cached only on success (lru_cache does not keep exceptions), so a later call retries.
-    """
-    require_driver_library()
-    try:
-        module = import_driver()
-    except ImportError as error:
-        raise MissingDependency(f"cuda-python is not installed ({error})",
-                                CUDA_PYTHON_FIX) from error
-    return initialised(module)
-
-
-def require_driver_library() -> None:
-    """Raises NotTestable when the dynamic loader cannot open libcuda.so.1: the first thing
-    any GPU buffer needs, cheap enough to ask before anything is measured."""
-    missing = driver_library_error()
-    if missing:
-        raise NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
-                          NO_DRIVER_FIX, evidence=f"dlopen(libcuda.so.1): {missing}")
-
-
-def driver_library_error() -> str | None:
-    """Why the dynamic loader cannot open libcuda.so.1, or None when it can: asked before
-    importing cuda-python, whose import alone took 3.6 s in the emulated lab guest, and
-    which loads the library by the same system search."""
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError as error:
-        return str(error)
-    return None
-
-
-def initialised(module):
-    """module after a successful cuInit(0), or the error that says why there is no driver."""
-    try:
-        init_result = module.cuInit(0)
-    except RuntimeError as error:
-        raise unloadable_driver(error) from error
-    except ValueError as error:
-        init_result = unknown_or_raise(error)
-    check(init_result, "cuInit(0)")
-    return module
-
-
-def unloadable_driver(error: RuntimeError) -> NotTestable:
-    """Why the bindings could not start the driver. They load libcuda.so.1 on the first
-    call and raise instead of returning a CUresult: DynamicLibNotFoundError (12.9, 13.x) or
-    "Failed to dlopen libcuda.so.1" (12.6) when there is none; "Failed to get
-    cuGetProcAddress_v2" (12.9, 13.x) or 'Function "cuGetProcAddress_v2" not found' (12.6)
-    when the driver predates CUDA 12.0, which these bindings need to resolve entry points."""
-    text = str(error)
-    evidence = f"cuInit(0): {type(error).__name__}: {text}"
-    if type(error).__name__ != "DynamicLibNotFoundError" and (
-            "cuGetProcAddress" in text or "not found" in text):
-        return NotTestable("not testable: the CUDA driver is too old for this cuda-python "
-                           "(it lacks an entry point the bindings need)", DRIVER_MISMATCH_FIX,
-                           evidence=evidence)
-    return NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
-                       NO_DRIVER_FIX, evidence=evidence)
-
-
-def driver_version(module=None) -> int:
-    """The driver's CUDA version as an int, e.g. 12080 for 12.8; module: the bindings to ask
-    (cuda-python's driver module when None)."""
-    return int(call(module or driver(), "cuDriverGetVersion", what="cuDriverGetVersion()"))
-
-
-def version_text(version: int) -> str:
-    """A CUDA version as the driver encodes it, as people write it: 12080 -> "12.8"."""
-    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 # ---- device attributes --------------------------------------------------------------
@@ -202,6 +42,11 @@ class GpuAttributes:
     dma_buf_supported: int | None                      # 124: DMA-BUF export
     gpu_direct_rdma_flush_writes_options: int | None   # 117: bitmask, HOST=1, MEMOPS=2
     gpu_direct_rdma_writes_ordering: int | None        # 118: NONE=0, OWNER=100, ALL_DEVICES=200
+
+    # What a reason quotes for dma_buf_supported (gdrprobe.memory.runtime.DmaBufAttribute).
+    dma_buf_attribute: ClassVar[str] = "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED"
+    # Who resolves a GPU address for the NIC on the peermem path.
+    peer_memory: ClassVar[str] = "nvidia-peermem"
 
     @property
     def flush_available(self) -> bool:
@@ -261,34 +106,8 @@ def gpu_inventory(module=None) -> dict:
             "gpus": [device_facts(module, ordinal) for ordinal in range(count)]}
 
 
-# ---- DMA-BUF range arithmetic (pure) ------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DmaBufRange:
-    """The host-page-aligned range to export, and where the buffer starts inside it."""
-
-    aligned_address: int
-    aligned_length: int
-    offset: int
-
-
-def dmabuf_range(address: int, length: int, page: int = HOST_PAGE_BYTES) -> DmaBufRange:
-    """cuMemGetHandleForAddressRange wants a host-page-aligned start and size."""
-    if length <= 0:
-        raise ValueError("a DMA-BUF range needs a positive length")
-    aligned_address = address & ~(page - 1)
-    offset = address - aligned_address
-    aligned_length = (offset + length + page - 1) // page * page
-    return DmaBufRange(aligned_address, aligned_length, offset)
-
 
 # ---- allocations ----------------------------------------------------------------------
-
-
-def gpu_pages(length: int) -> int:
-    """length rounded up to whole GPU pages."""
-    return -(-length // GPU_PAGE_BYTES) * GPU_PAGE_BYTES
 
 
 class CudaAllocation:
@@ -321,23 +140,6 @@ class CudaAllocation:
 
 # ---- the device -----------------------------------------------------------------------
 
-
-def is_bus_id(selector: str) -> bool:
-    return ":" in selector
-
-
-# The forms cuDeviceGetByPCIBusId reads (cuda.h, its documentation): domain:bus:device.function,
-# domain:bus:device and bus:device.function, every part hexadecimal.
-BUS_ID_FORMS = re.compile(r"[0-9a-f]+:[0-9a-f]+:[0-9a-f]+(\.[0-9a-f]+)?|[0-9a-f]+:[0-9a-f]+\.[0-9a-f]+",
-                          re.IGNORECASE)
-
-
-def check_gpu_selector(selector: str) -> None:
-    """A GPU as CUDA names one: an ordinal (cuDeviceGet) or a PCI bus id in a form
-    cuDeviceGetByPCIBusId reads. The public API refuses anything else before it probes."""
-    if not ((selector.isascii() and selector.isdigit()) or BUS_ID_FORMS.fullmatch(selector)):
-        raise UsageError(f"GPU {selector!r} is neither a CUDA ordinal nor a PCI bus id",
-                         "pass a GPU as an ordinal (0) or a full bus id (0000:3b:00.0)")
 
 
 # What cuDeviceGet / cuDeviceGetByPCIBusId return for a GPU that is not there.
@@ -458,8 +260,6 @@ class GpuDevice:
                              f"use one of: {', '.join(allocators)}")
         if memory_type != "device":
             return allocators[memory_type](length)
-        from gdrprobe.memory.cuda_vmm import VmmAllocation, allocation_plan
-
         chosen, reason = allocation_plan(self, allocation)
         buffer = VmmAllocation(self, length) if chosen == "vmm" else self.alloc_device(length)
         buffer.allocation_reason = reason
@@ -536,3 +336,9 @@ def open_gpu(selector: str) -> GpuDevice:
     """Open a GPU by CUDA ordinal or full PCI bus id; use it as a context manager."""
     module = driver()
     return GpuDevice(module, find_device(module, str(selector)), str(selector))
+
+
+# CUDA behind the seam: NVIDIA's GPU functions, libcuda.so.1, cuda-python. The library check
+# is looked up when called, so that a test can stand in for the loader.
+RUNTIME = GpuRuntime("CUDA", NVIDIA_VENDOR_ID, lambda: cuda_driver.require_driver_library(),
+                     open_gpu)

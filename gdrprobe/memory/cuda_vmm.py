@@ -23,7 +23,7 @@ Freed in reverse order on every path.
 
 from __future__ import annotations
 
-from gdrprobe.memory.cuda import device_attribute, driver_version, gpu_pages, version_text
+from gdrprobe.memory.cuda_driver import device_attribute, driver_version, gpu_pages, version_text
 
 VMM_MIN_DRIVER = 12000     # ncclIsCuMemSupported: "Need CUDA_VISIBLE_DEVICES support"
 VMM_SUPPORTED = "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
@@ -50,7 +50,8 @@ def allocation_plan(gpu, requested: str) -> tuple[str, str]:
 
 class VmmAllocation:
     """One VMM allocation of ``allocated`` bytes mapped at ``ptr``, of which the run uses
-    ``length``; the same interface as :class:`gdrprobe.memory.cuda.CudaAllocation`."""
+    ``length``; the same interface as :class:`gdrprobe.memory.cuda.CudaAllocation`
+    (:class:`gdrprobe.memory.runtime.GpuAllocation`)."""
 
     memory_type = "device"
     allocation = "vmm"

@@ -2,14 +2,15 @@
 
 - :class:`DmaBufGpuMemory`: device memory exported as a DMA-BUF and registered with
   ``DmaBufMR``; no kernel module beyond the GPU and NIC drivers.
-- :class:`PeermemGpuMemory`: the CUDA address registered with a plain ``MR``; works only
-  when nvidia-peermem lets the NIC driver resolve GPU addresses.
+- :class:`PeermemGpuMemory`: the GPU address registered with a plain ``MR``; works only
+  when a peer-memory client (nvidia-peermem) lets the NIC driver resolve GPU addresses.
 - :class:`StagedGpuMemory`: the bounce baseline; the NIC reads and writes a pinned host
   buffer and CUDA copies between it and the GPU around the timed regions.
 
 All three fill and check the payload through a pinned host staging copy (the pattern code
 works on host addresses), so a check reads back what the NIC really left in GPU memory.
-Providers borrow an open :class:`gdrprobe.memory.cuda.GpuDevice`; they free only what they allocate.
+Providers borrow an open GPU of any runtime (:class:`gdrprobe.memory.runtime.GpuDevice`, CUDA's
+is :class:`gdrprobe.memory.cuda.GpuDevice`); they free only what they allocate.
 
 Also here: the choice between the mechanisms (NCCL's NIC DMA-BUF probe is in
 :mod:`gdrprobe.memory.nic_probe`).
@@ -23,9 +24,9 @@ import time
 from gdrprobe.defaults import GPU_ALLOCATION
 from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
-from gdrprobe.memory.cuda import GpuAttributes, dmabuf_range
 from gdrprobe.memory.nic_probe import NicDmaBufSupport, dmabuf_mr
 from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
+from gdrprobe.memory.runtime import DmaBufAttribute, GpuDevice, dmabuf_range
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MECHANISMS, MEMORY_TYPES
 
 
@@ -35,7 +36,7 @@ class GpuMemory(MemoryProvider):
     kind = "gpu"
     mechanism = "abstract"
 
-    def __init__(self, gpu, length: int, memory_type: str = "device",
+    def __init__(self, gpu: GpuDevice, length: int, memory_type: str = "device",
                  allocation: str = GPU_ALLOCATION):
         if memory_type not in MEMORY_TYPES:
             raise UsageError(f"unknown GPU memory type {memory_type!r}",
@@ -160,7 +161,8 @@ class DmaBufGpuMemory(GpuMemory):
 
 
 class PeermemGpuMemory(GpuMemory):
-    """The CUDA address registered as is; nvidia-peermem resolves it for the NIC."""
+    """The GPU address registered as is; the runtime's peer-memory client (nvidia-peermem,
+    amdkfd) resolves it for the NIC."""
 
     mechanism = "peermem"
 
@@ -172,6 +174,9 @@ class PeermemGpuMemory(GpuMemory):
         self._register_with(
             lambda pv: pv.mr.MR(pd, self.length, access, address=self.buffer.ptr),
             self._refused)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "peer_memory": self.gpu.attributes.peer_memory}
 
 
 class StagedGpuMemory(GpuMemory):
@@ -228,15 +233,15 @@ PROVIDERS = {"dmabuf": DmaBufGpuMemory, "peermem": PeermemGpuMemory, "staged": S
 # ---- which mechanism ------------------------------------------------------------------
 
 
-def gpu_dmabuf_reason(gpu_attrs: GpuAttributes | None) -> str:
+def gpu_dmabuf_reason(gpu_attrs: DmaBufAttribute | None) -> str:
     if gpu_attrs is None:
         return "the GPU's DMA-BUF support is unknown"
     value = gpu_attrs.dma_buf_supported
     return (f"the GPU {'can' if value else 'cannot'} export DMA-BUF "
-            f"(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED={value})")
+            f"({gpu_attrs.dma_buf_attribute}={value})")
 
 
-def choose_mechanism(requested: str, gpu_attrs: GpuAttributes | None,
+def choose_mechanism(requested: str, gpu_attrs: DmaBufAttribute | None,
                      nic_probe: NicDmaBufSupport,
                      memory_type: str = GPUDIRECT_PROOF_MEMORY) -> tuple[str, str]:
     """(mechanism, why): auto takes DMA-BUF when both the GPU and the NIC can, else peermem.
@@ -248,13 +253,19 @@ def choose_mechanism(requested: str, gpu_attrs: GpuAttributes | None,
     gpu_reason = gpu_dmabuf_reason(gpu_attrs)
     if requested != "auto":
         return requested, f"{requested} requested; {gpu_reason}; {nic_probe.reason}"
+    peermem = peermem_label(gpu_attrs)
     if memory_type != GPUDIRECT_PROOF_MEMORY:
         return "peermem", (f"auto: {memory_type} memory cannot be exported as DMA-BUF, so its "
-                           "address is registered as is (memory that proves nothing about "
-                           "GPUDirect)")
+                           f"address is registered as is, {peermem} (memory that proves "
+                           "nothing about GPUDirect)")
     gpu_can = gpu_attrs is not None and bool(gpu_attrs.dma_buf_supported)
     if gpu_can and nic_probe.supported:
         return "dmabuf", f"auto: {gpu_reason} and {nic_probe.reason}"
     blockers = [reason for ok, reason in ((gpu_can, gpu_reason),
                                           (nic_probe.supported, nic_probe.reason)) if not ok]
-    return "peermem", f"auto fell back to peermem: {'; '.join(blockers)}"
+    return "peermem", f"auto fell back to {peermem}: {'; '.join(blockers)}"
+
+
+def peermem_label(gpu_attrs: DmaBufAttribute | None) -> str:
+    """The peermem mechanism with who resolves the GPU's addresses: "peermem (amdkfd)"."""
+    return f"peermem ({gpu_attrs.peer_memory})" if gpu_attrs is not None else "peermem"

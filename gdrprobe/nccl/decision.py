@@ -306,7 +306,7 @@ class Machine:
     def gdr(self, gpu: PcieEndpoint, net: Net, path: PairPath, read: bool, paths: Paths) -> Gdr:
         device = net.device.name
         if not self.support.nic_gdr(device, gpu.bdf):
-            return Gdr(False, f"NCCL says \"GPU Direct RDMA Disabled for HCA\" {device}: "
+            return Gdr(False, f"{self.rules.library} says \"GPU Direct RDMA Disabled for HCA\" {device}: "
                               + self.support.why_not(device, gpu.bdf))
         if self.facts.gpu(gpu.bdf).gdr_supported is False:
             return Gdr(False, "the GPU does not support GPUDirect RDMA "
@@ -358,7 +358,8 @@ class Machine:
             return f"NCCL_NET_GDR_READ={self.environ['NCCL_NET_GDR_READ']} turns send-side GDR off"
         cc = self.capability(gpu)
         pre_ampere_only = self.rules.gdr_read_pre_ampere_only
-        if setting > 0 or len(self.gpus) == 1 or pre_ampere_only and (cc is None or cc >= PRE_AMPERE):
+        if (setting > 0 or len(self.gpus) == 1 or not self.rules.gdr_read_needs_nvlink
+                or pre_ampere_only and (cc is None or cc >= PRE_AMPERE)):
             return None
         if any(self.nvlink_count(gpu, peer) for peer in self.gpus if peer != gpu):
             return None
@@ -498,7 +499,8 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
                    + machine.inter_cpu.source)
     if not machine.nvml_known:
         why.append("NVLink and C2C unknown (NVML unavailable): PXN and P2C are not considered")
-    if machine.capability(gpu) is None and machine.rules.gdr_read_pre_ampere_only:
+    if (machine.capability(gpu) is None and machine.rules.gdr_read_pre_ampere_only
+            and machine.rules.gdr_read_needs_nvlink):
         why.append("compute capability unknown (no CUDA facts): the pre-Ampere send rule is not applied")
     mechanism = machine.support.kind(nic.device.name, gpu.bdf) if write.on else None
     return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=nic.device.name, path=path_kind(path),

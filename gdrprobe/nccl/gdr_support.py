@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from gdrprobe.nccl.env import int_param
 from gdrprobe.nccl.versions import NcclRules
@@ -83,10 +84,21 @@ class MemoryPaths:
     # A fact NCCL does not read: whether nvidia-peermem registered with the peer-memory API
     # (None: cannot tell; False: loaded, /sys/kernel/mm/memory_peers there, nv_mem not in it).
     peermem_registered: bool | None = None
+    # What the reasons call peer memory, and, where the library's own rule says more than
+    # "no file", why it has none and why DMA-BUF is off (RCCL: gdrprobe.nccl.rccl).
+    peermem_label: str = "peer memory (nvidia-peermem)"
+    no_peermem_reason: str = ""
+    dmabuf_off_reason: str = ""
+    notes: tuple[str, ...] = ()           # what the library warns of, deciding nothing
+    # RCCL's facts, re-read under each environment (None: NCCL's rules).
+    rccl: Any = None
 
     def under(self, environ: Mapping[str, str]) -> MemoryPaths:
         """The same facts with NCCL_DMABUF_ENABLE read from ``environ``: the one setting
-        among them that the environment decides (a what-if asks with it unset)."""
+        among them that the environment decides (a what-if asks with it unset); RCCL's
+        facts are read again whole (:meth:`gdrprobe.nccl.rccl.RcclFacts.paths_under`)."""
+        if self.rccl is not None:
+            return self.rccl.paths_under(self, environ)
         return dataclasses.replace(self, dmabuf_enabled=dmabuf_enabled(environ),
                                    dmabuf_enable_raw=environ.get("NCCL_DMABUF_ENABLE"))
 
@@ -132,7 +144,7 @@ class MemoryPaths:
 
     def mechanism(self, nic: str, gpu: str) -> str | None:
         """:meth:`kind` in words."""
-        return {"dmabuf": "DMA-BUF", "peermem": "peer memory (nvidia-peermem)"}.get(self.kind(nic, gpu))
+        return {"dmabuf": "DMA-BUF", "peermem": self.peermem_label}.get(self.kind(nic, gpu))
 
     def registration_reason(self, nic: str, gpu: str) -> str:
         """Why NCCL registers this pair's GPU memory the way :meth:`kind` says, with the rule
@@ -154,7 +166,7 @@ class MemoryPaths:
         """Why NCCL does not register this pair through DMA-BUF."""
         if not self.rules.dmabuf:
             return [f"{self.nccl_name} predates DMA-BUF registration (NCCL 2.13.4)"]
-        parts = [f"NCCL_DMABUF_ENABLE={self.dmabuf_enable_raw} switches it off"] if not self.dmabuf_enabled else []
+        parts = [self.dmabuf_off] if not self.dmabuf_enabled else []
         halves = (self.gpu_half(gpu), self.nic_half(nic)) if self.rules.dmabuf_needs_nic else (self.gpu_half(gpu),)
         return parts + [half.reason for half in halves if not half.supported]
 
@@ -176,15 +188,21 @@ class MemoryPaths:
 
     def why_not(self, nic: str, gpu: str) -> str:
         """Why NCCL says "GPU Direct RDMA Disabled" for this NIC and GPU."""
-        parts = ["no peer-memory module (none of " + ", ".join(self.peermem_files) + " exists)"]
+        parts = [self.no_peermem_reason or
+                 "no peer-memory module (none of " + ", ".join(self.peermem_files) + " exists)"]
         if not self.rules.dmabuf:
             return "; ".join(parts + [f"{self.nccl_name} predates DMA-BUF registration (NCCL 2.13.4)"])
         if not self.dmabuf_enabled:
-            parts.append(f"DMA-BUF is switched off by NCCL_DMABUF_ENABLE={self.dmabuf_enable_raw}")
+            parts.append(f"DMA-BUF is off: {self.dmabuf_off}")
         for half in (self.gpu_half(gpu), self.nic_half(nic)):
             if not half.supported:
                 parts.append(half.reason)
         return "; ".join(parts)
+
+    @property
+    def dmabuf_off(self) -> str:
+        """Why NCCL_DMABUF_ENABLE turns DMA-BUF off."""
+        return self.dmabuf_off_reason or f"NCCL_DMABUF_ENABLE={self.dmabuf_enable_raw} switches it off"
 
     def evidence(self) -> tuple[Evidence, ...]:
         found = [Evidence(self.peermem_file or "peer-memory files", "present" if self.peermem_file
@@ -193,4 +211,5 @@ class MemoryPaths:
         found += [Evidence(f"DMA-BUF, NIC {nic}", half.reason) for nic, half in sorted(self.nic_halves.items())]
         if not self.gpu_halves:
             found.append(Evidence("DMA-BUF, GPU", self.default_gpu_half.reason))
+        found += [Evidence(f"{self.nccl_name} warns", note) for note in self.notes]
         return tuple(found)

@@ -123,6 +123,12 @@ class NcclRules:
     def since(self, version: Version) -> bool:
         return self.effective >= version
 
+    # Which library's rules these are, as its log lines name it.
+    library = "NCCL"
+    # The send-side rule of NCCL_NET_GDR_READ's default (read_refusal in nccl/decision.py);
+    # RCCL's HIP build compiles it out.
+    gdr_read_needs_nvlink = True
+
     @property
     def name(self) -> str:
         return f"NCCL {dotted(self.version)}" if self.version else "NCCL"

@@ -21,6 +21,7 @@ from gdrprobe.errors import (ExitCode, GdrprobeError, GpuOutOfMemory, GpuUnusabl
                              RegistrationFailed, UsageError)
 from gdrprobe.memory.causes import DMABUF_EXPORT_REFUSED
 from gdrprobe.memory import cuda
+from gdrprobe.memory import cuda_driver
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, StagedGpuMemory
 from tests.cuda_standin.conftest import error_of, real_driver_present
 
@@ -30,7 +31,7 @@ GPU_PAGE = 64 << 10
 
 def results():
     """Every CUresult this cuda-python knows, but success."""
-    return [r for r in cuda.import_driver().CUresult if int(r) != 0]
+    return [r for r in cuda_driver.import_driver().CUresult if int(r) != 0]
 
 
 @pytest.fixture
@@ -107,7 +108,7 @@ def test_a_dmabuf_export_is_host_page_aligned_and_a_file_descriptor(standin, gpu
 
 def test_the_pcie_mapping_flag_is_passed_where_driver_and_bindings_have_it(standin, gpu):
     with gpu.allocate("device", GPU_PAGE) as buffer:
-        if getattr(cuda.import_driver(), "CUmemRangeFlags", None) is None:
+        if getattr(cuda_driver.import_driver(), "CUmemRangeFlags", None) is None:
             with pytest.raises(NotTestable, match="lacks the flag"):
                 gpu.export_dmabuf(buffer.ptr, GPU_PAGE, pcie_mapping=True)
             return
@@ -197,8 +198,8 @@ def allocate_vmm(gpu):
 
 # Each driver call gdrprobe makes, and an action of gdrprobe's that makes it.
 ACTIONS = {
-    "cuInit": lambda gpu: (cuda.driver.cache_clear(), cuda.driver()),
-    "cuDriverGetVersion": lambda gpu: cuda.driver_version(),
+    "cuInit": lambda gpu: (cuda_driver.driver.cache_clear(), cuda_driver.driver()),
+    "cuDriverGetVersion": lambda gpu: cuda_driver.driver_version(),
     "cuDeviceGet": open_and_close,
     "cuDeviceGetName": open_and_close,
     "cuDeviceGetPCIBusId": open_and_close,
@@ -271,14 +272,14 @@ def test_a_failed_allocation_step_frees_what_came_before(standin, gpu, allocatio
     ("CUDA_ERROR_OUT_OF_MEMORY", GpuOutOfMemory, "out of memory", "free GPU memory"),
 ])
 def test_start_up_results_name_their_cause(standin, result, error_class, cause_words, fix_words):
-    code = int(getattr(cuda.import_driver().CUresult, result))
-    cuda.driver.cache_clear()
+    code = int(getattr(cuda_driver.import_driver().CUresult, result))
+    cuda_driver.driver.cache_clear()
     standin.fail("cuInit", code, 1)
     with pytest.raises(error_class) as raised:
-        cuda.driver()
+        cuda_driver.driver()
     assert cause_words in raised.value.cause and fix_words in raised.value.fix
     assert f"cuInit(0) returned {result}" in raised.value.cause
-    cuda.driver()        # the next attempt starts the driver: failures are not cached
+    cuda_driver.driver()        # the next attempt starts the driver: failures are not cached
 
 
 @pytest.mark.parametrize("result", ["CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE",
@@ -286,7 +287,7 @@ def test_start_up_results_name_their_cause(standin, result, error_class, cause_w
 def test_a_refused_dmabuf_export_is_a_refused_dmabuf_registration(standin, gpu, result):
     """The GPU says it can export (DMA_BUF_SUPPORTED=1) and the driver refuses: NCCL makes
     the same call and gives up (net.cc CUCHECK), so the DMA-BUF registration failed."""
-    standin.fail("cuMemGetHandleForAddressRange", int(getattr(cuda.import_driver().CUresult,
+    standin.fail("cuMemGetHandleForAddressRange", int(getattr(cuda_driver.import_driver().CUresult,
                                                                result)))
     with gpu.allocate("device", 4096) as buffer, pytest.raises(RegistrationFailed) as raised:
         gpu.export_dmabuf(buffer.ptr, 4096, pcie_mapping=False)
@@ -310,7 +311,7 @@ def test_a_gpu_that_cannot_export_is_not_asked_and_stays_not_testable(standin):
 
 
 def test_a_driver_without_cuGetProcAddress_v2_is_too_old_for_these_bindings():
-    outcome = error_of("from gdrprobe.memory import cuda; cuda.driver()",
+    outcome = error_of("from gdrprobe.memory import cuda_driver; cuda_driver.driver()",
                        variant="no-proc-address-v2")
     if outcome == "no error":
         pytest.skip("these bindings fall back to plain dlsym without cuGetProcAddress_v2")
@@ -335,7 +336,7 @@ def test_no_loadable_libcuda_is_no_cuda_driver():
     if real_driver_present():
         pytest.skip("a CUDA driver is installed here")
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    outcome = error_of("from gdrprobe.memory import cuda; cuda.driver()", base_env=env,
+    outcome = error_of("from gdrprobe.memory import cuda_driver; cuda_driver.driver()", base_env=env,
                        variant=None)
     assert outcome["kind"] == "NotTestable"
     assert "libcuda.so.1 could not be loaded" in outcome["cause"]

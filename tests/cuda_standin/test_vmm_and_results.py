@@ -13,6 +13,7 @@ import pytest
 from gdrprobe import _native
 from gdrprobe.errors import CudaError, ExitCode, GdrprobeError, GpuUnusable, NotTestable
 from gdrprobe.memory import cuda
+from gdrprobe.memory import cuda_driver
 from gdrprobe.memory.cuda_results import NEWER_RESULT_NAMES
 from tests.cuda_standin.build import standin_settings
 from tests.cuda_standin.conftest import error_of, run_fresh
@@ -74,15 +75,15 @@ def test_where_nccl_uses_cumemalloc_so_does_the_check(standin, attribute, versio
 def test_a_result_the_bindings_may_not_know_is_a_named_error(standin, value):
     """cuda-python 12.6.2.post1 raises ValueError for 226, 721 and 916, which 12.9 and 13.x
     name; either way the outcome is the same named error, never a traceback."""
-    cuda.driver.cache_clear()
+    cuda_driver.driver.cache_clear()
     standin.fail("cuInit", value, 1)
     with pytest.raises(GdrprobeError) as raised:
-        cuda.driver()
+        cuda_driver.driver()
     name = NEWER_RESULT_NAMES.get(value, f"CUresult {value}")
     assert name in raised.value.cause and raised.value.fix
     expected = GpuUnusable if name == "CUDA_ERROR_CONTAINED" else CudaError
     assert type(raised.value) is expected
-    cuda.driver()
+    cuda_driver.driver()
 
 
 def test_a_value_error_that_is_no_result_stays_a_value_error():
@@ -90,7 +91,7 @@ def test_a_value_error_that_is_no_result_stays_a_value_error():
         raise ValueError("not a CUresult problem")
 
     with pytest.raises(ValueError, match="not a CUresult problem"):
-        cuda.attempt(type("Bindings", (), {"call": staticmethod(broken)}), "call")
+        cuda_driver.attempt(type("Bindings", (), {"call": staticmethod(broken)}), "call")
 
 
 # ---- the stand-in configured by environment: what a started gdrprobe meets --------------
@@ -133,9 +134,9 @@ def test_a_gpu_another_process_holds_in_exclusive_mode_is_unusable(mode, opens):
 
 
 def test_the_compute_mode_attribute_follows_the_environment():
-    code = ("from gdrprobe.memory import cuda\n"
-            "module = cuda.driver()\n"
-            "outcome = cuda.device_attribute(module, cuda.find_device(module, '0'), "
+    code = ("from gdrprobe.memory import cuda, cuda_driver\n"
+            "module = cuda_driver.driver()\n"
+            "outcome = cuda_driver.device_attribute(module, cuda.find_device(module, '0'), "
             "'COMPUTE_MODE')")
     assert run_fresh(code, base_env=configured(compute_mode="exclusive-process")) == 3
 

@@ -14,12 +14,14 @@ import pytest
 from gdrprobe import _native
 from gdrprobe.errors import MissingDependency, NotTestable
 from gdrprobe.memory import cuda
+from gdrprobe.memory import runtime
+from gdrprobe.memory import cuda_driver
 from gdrprobe.memory.gpu import PeermemGpuMemory, StagedGpuMemory
 
 MiB = 1 << 20
 
 try:
-    cuda.driver()
+    cuda_driver.driver()
 except (NotTestable, MissingDependency) as error:
     pytest.skip(f"needs a GPU: {error.cause}", allow_module_level=True)
 
@@ -33,7 +35,7 @@ def gpu():
 
 
 def test_open_by_ordinal_reports_the_device(gpu, facts):
-    version = cuda.driver_version()
+    version = cuda_driver.driver_version()
     facts["CUDA driver"] = f"{version // 1000}.{version % 1000 // 10}"
     facts["GPU"] = f"{gpu.name} at {gpu.bus_id} (ordinal {gpu.ordinal})"
     assert gpu.name and gpu.bus_id.count(":") == 2
@@ -64,7 +66,7 @@ def test_each_memory_type_allocates_copies_and_frees(gpu, memory_type):
             gpu.alloc_pinned_host(4 * MiB) as host:
         assert buffer.ptr and host.ptr
         if memory_type != "pinned-host":
-            assert buffer.allocated % cuda.GPU_PAGE_BYTES == 0   # whole 64 KiB GPU pages
+            assert buffer.allocated % cuda_driver.GPU_PAGE_BYTES == 0   # whole 64 KiB GPU pages
         _native.pattern_fill(host.ptr, 4 * MiB, 7)
         gpu.copy_to_device(buffer.ptr, host.ptr, 4 * MiB)
         _native.zero_fill(host.ptr, 4 * MiB)
@@ -91,7 +93,7 @@ def test_dmabuf_export_is_a_real_dmabuf_of_an_aligned_range(gpu, facts):
             fd, offset = gpu.export_dmabuf(buffer.ptr + start, length)
             try:
                 assert fd > 0 and not stat.S_ISREG(os.fstat(fd).st_mode)
-                assert offset == (buffer.ptr + start) % cuda.HOST_PAGE_BYTES
+                assert offset == (buffer.ptr + start) % runtime.HOST_PAGE_BYTES
                 name = exported_name(fd)
                 assert name, "the exported fd is not a dma-buf (no exp_name in fdinfo)"
                 facts["DMA-BUF export"] = f"fd with exp_name {name}"

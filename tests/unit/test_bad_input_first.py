@@ -39,7 +39,7 @@ def probed(monkeypatch):
     (lambda: gdrprobe.check(threshold=90), "--threshold 90 is over 1: it is a fraction"),
     (lambda: gdrprobe.check_node(threshold=90), "--threshold 0.9 if you meant 90%"),
     (lambda: gdrprobe.check(floor=80), "--floor 0.8 if you meant 80%"),
-    (lambda: gdrprobe.check(gpu="abc"), "GPU 'abc' is neither a CUDA ordinal nor a PCI bus"),
+    (lambda: gdrprobe.check(gpu="abc"), "GPU 'abc' is neither a GPU ordinal nor a PCI bus"),
     (lambda: gdrprobe.check(repeats=0), "--repeats 0: use a whole number from 1 to 100"),
     (lambda: gdrprobe.check_node(repeats=0), "--repeats 0"),
     (lambda: gdrprobe.run(loopback=True, threshold=90), "--threshold 90 is over 1"),
@@ -70,17 +70,17 @@ def test_the_command_line_refuses_them_too_with_exit_2(probed, argv, capsys):
 
 @pytest.mark.parametrize("gpu", ["0", "7", "0000:3b:00.0", "3b:00.0", "0000:3b:00",
                                  "00000000:3B:00.0"])
-def test_every_form_cuda_reads_is_taken(gpu):
-    from gdrprobe.memory.cuda import check_gpu_selector
+def test_every_form_a_runtime_reads_is_taken(gpu):
+    from gdrprobe.memory.runtime import check_gpu_selector
 
     check_gpu_selector(gpu)
 
 
 @pytest.mark.parametrize("gpu", ["abc", "3b:00", "-1", "GPU-0", "0x3b", ""])
-def test_what_cuda_cannot_read_is_refused(gpu):
-    from gdrprobe.memory.cuda import check_gpu_selector
+def test_what_no_runtime_reads_is_refused(gpu):
+    from gdrprobe.memory.runtime import check_gpu_selector
 
-    with pytest.raises(UsageError, match="neither a CUDA ordinal nor a PCI bus id"):
+    with pytest.raises(UsageError, match="neither a GPU ordinal nor a PCI bus id"):
         check_gpu_selector(gpu)
 
 

@@ -16,7 +16,7 @@ import pytest
 from gdrprobe.errors import NoDevice
 from gdrprobe.campaign import cluster
 from gdrprobe.campaign.verdict import ArmMeasurement, classify
-from gdrprobe.memory.cuda import NO_DRIVER_FIX, unloadable_driver
+from gdrprobe.memory.cuda_driver import NO_DRIVER_FIX, unloadable_driver
 from gdrprobe.report.check import ArmReport, CheckReport, Verdict
 from gdrprobe.report.model import (BandwidthResult, ClusterPair, EndpointSummary, Integrity,
                                    RunReport, RunSettings, to_json)

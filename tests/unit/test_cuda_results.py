@@ -11,13 +11,14 @@ import pytest
 from gdrprobe.errors import (SCHEDULER_ACTION, CudaError, ExitCode, GpuOutOfMemory,
                              GpuUnusable, NotTestable)
 from gdrprobe.memory import cuda
+from gdrprobe.memory import cuda_driver
 from gdrprobe.memory.cuda_results import RESULT_ERRORS
 from tests.unit.fake_cuda import FakeDriver, FakeResult
 
 
 def test_check_returns_the_value_or_none():
-    assert cuda.check((FakeResult.CUDA_SUCCESS, 42), "cuDeviceGetCount()") == 42
-    assert cuda.check((FakeResult.CUDA_SUCCESS,), "cuInit(0)") is None
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS, 42), "cuDeviceGetCount()") == 42
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS,), "cuInit(0)") is None
 
 
 @pytest.mark.parametrize("result, error_class, words", [
@@ -27,7 +28,7 @@ def test_check_returns_the_value_or_none():
 ])
 def test_check_names_the_call_and_the_error(result, error_class, words):
     with pytest.raises(error_class) as raised:
-        cuda.check((result, None), "cuMemAlloc(4096)")
+        cuda_driver.check((result, None), "cuMemAlloc(4096)")
     assert words in raised.value.cause
     assert f"cuMemAlloc(4096) returned {result.name}" in raised.value.cause
     assert raised.value.fix
@@ -51,7 +52,7 @@ class StartUpResult(enum.IntEnum):
 def start_up_error(result, error_class, words: str):
     """What cuInit's result raises: of error_class, naming its cause and a fix."""
     with pytest.raises(error_class) as raised:
-        cuda.check((result,), "cuInit(0)")
+        cuda_driver.check((result,), "cuInit(0)")
     assert words in raised.value.cause and raised.value.fix
     return raised.value
 
@@ -80,7 +81,7 @@ def test_start_up_results_every_job_would_meet_drain(result, words):
 
 def test_an_unknown_start_up_result_is_a_cuda_error_naming_it():
     with pytest.raises(CudaError, match="cuInit.0. returned CUDA_ERROR_UNKNOWN"):
-        cuda.check((StartUpResult.CUDA_ERROR_UNKNOWN,), "cuInit(0)")
+        cuda_driver.check((StartUpResult.CUDA_ERROR_UNKNOWN,), "cuInit(0)")
 
 
 def test_insufficient_driver_is_not_a_driver_api_result():
@@ -118,7 +119,7 @@ def test_a_result_the_bindings_do_not_know_is_a_named_error(value, error_class, 
     driver = NewerDriver(value, call)
     with pytest.raises(error_class) as raised:
         if call == "cuInit":
-            cuda.initialised(driver)
+            cuda_driver.initialised(driver)
         else:
             cuda.GpuDevice(driver, 0, "0").alloc_device(4096)
     assert name in raised.value.cause and raised.value.fix

@@ -23,7 +23,7 @@ def machine(monkeypatch):
     """An RDMA device, no CUDA driver, and an engine that records instead of measuring."""
     from gdrprobe.campaign import machine as campaign_machine
     from gdrprobe.measure import loopback
-    from gdrprobe.memory import cuda
+    from gdrprobe.memory import cuda_driver
     from gdrprobe.rdma import verbs
 
     started = []
@@ -35,7 +35,7 @@ def machine(monkeypatch):
         return probe
 
     monkeypatch.setattr(verbs, "devices", lambda: {"rxe0": None})
-    monkeypatch.setattr(cuda, "driver_library_error", lambda: NO_LIBCUDA)
+    monkeypatch.setattr(cuda_driver, "driver_library_error", lambda: NO_LIBCUDA)
     monkeypatch.setattr(loopback, "runner", runner)
     monkeypatch.setattr(campaign_machine, "run_facts", lambda local, loopback: None)
     monkeypatch.setattr(campaign_machine, "nccl_view", lambda: ({}, NcclRules()))

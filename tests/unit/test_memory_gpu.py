@@ -12,6 +12,8 @@ import pytest
 
 from gdrprobe import _native
 from gdrprobe.memory import cuda
+from gdrprobe.memory import runtime
+from gdrprobe.memory import cuda_driver
 from gdrprobe.errors import (CudaError, ExitCode, GpuOutOfMemory, NotTestable,
                              RegistrationFailed, UsageError)
 from gdrprobe.memory.host import HostMemory
@@ -42,8 +44,8 @@ def test_opening_a_gpu_without_a_driver_is_not_testable(selector):
 def test_no_driver_is_retried_not_cached():
     for _ in range(2):
         with pytest.raises(NotTestable):
-            cuda.driver()
-    assert cuda.driver.cache_info().currsize == 0
+            cuda_driver.driver()
+    assert cuda_driver.driver.cache_info().currsize == 0
 
 
 # ---- driver selection ---------------------------------------------------------
@@ -83,20 +85,20 @@ def test_flush_is_available_and_needed_from_the_attributes(flush, ordering, avai
     (0x7f0000201000, 1, (0x7f0000201000, 4096, 0)),
 ])
 def test_dmabuf_range_aligns_start_down_and_size_up(address, length, expected):
-    span = cuda.dmabuf_range(address, length, page=4096)
+    span = runtime.dmabuf_range(address, length, page=4096)
     assert (span.aligned_address, span.aligned_length, span.offset) == expected
     assert span.aligned_address + span.offset == address
     assert span.aligned_address + span.aligned_length >= address + length
 
 
 def test_dmabuf_range_with_64k_pages():
-    span = cuda.dmabuf_range(0x10000 + 0x1234, 0x10000, page=0x10000)
+    span = runtime.dmabuf_range(0x10000 + 0x1234, 0x10000, page=0x10000)
     assert (span.aligned_address, span.aligned_length, span.offset) == (0x10000, 0x20000, 0x1234)
 
 
 def test_dmabuf_range_rejects_an_empty_range():
     with pytest.raises(ValueError):
-        cuda.dmabuf_range(0x1000, 0)
+        runtime.dmabuf_range(0x1000, 0)
 
 
 def test_dmabuf_export_needs_device_memory():
@@ -293,11 +295,11 @@ def test_staged_memory_exposes_the_bounce_buffer_and_stages_both_ways():
 def test_dmabuf_address_is_the_offset_and_export_is_aligned():
     driver, gpu = fake_gpu()
     with DmaBufGpuMemory(gpu, 8192) as memory:
-        assert memory.address == memory.buffer.ptr % cuda.HOST_PAGE_BYTES
+        assert memory.address == memory.buffer.ptr % runtime.HOST_PAGE_BYTES
         fd, offset = gpu.export_dmabuf(memory.buffer.ptr + 100, 4096)
         os.close(fd)
-        assert offset == (memory.buffer.ptr + 100) % cuda.HOST_PAGE_BYTES
-        assert driver.exported[1] == 2 * cuda.HOST_PAGE_BYTES
+        assert offset == (memory.buffer.ptr + 100) % runtime.HOST_PAGE_BYTES
+        assert driver.exported[1] == 2 * runtime.HOST_PAGE_BYTES
 
 
 def test_dmabuf_export_is_refused_when_the_gpu_cannot():
@@ -344,7 +346,7 @@ class DynamicLibNotFoundError(RuntimeError):
      False),
 ])
 def test_a_driver_the_bindings_cannot_start_is_too_old_or_absent(error, too_old):
-    outcome = cuda.unloadable_driver(error)
+    outcome = cuda_driver.unloadable_driver(error)
     assert outcome.exit_code == ExitCode.NOT_TESTABLE
     assert ("too old for this cuda-python" in outcome.cause) is too_old
     assert ("libcuda.so.1 could not be loaded" in outcome.cause) is not too_old
@@ -401,7 +403,7 @@ def test_a_missing_gpu_is_a_usage_error_but_other_results_are_not():
 
 @pytest.mark.parametrize("length, pages", [(1, 1), (65536, 1), (65537, 2), (5 << 20, 80)])
 def test_gpu_allocations_are_whole_64k_gpu_pages(length, pages):
-    assert cuda.gpu_pages(length) == pages * 65536
+    assert cuda_driver.gpu_pages(length) == pages * 65536
     driver, gpu = fake_gpu()
     with gpu.alloc_device(length) as buffer:
         assert (buffer.length, buffer.allocated) == (length, pages * 65536)

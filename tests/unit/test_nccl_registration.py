@@ -86,7 +86,7 @@ def test_an_explicit_mechanism_stays_as_asked(tmp_path, runs, locks, choice):  #
 def test_run_with_mem_gpu_follows_nccl(tmp_path, monkeypatch):
     from gdrprobe.campaign import machine
     from gdrprobe.measure import loopback
-    from gdrprobe.memory import cuda
+    from gdrprobe.memory import cuda_driver
     from gdrprobe.rdma import verbs
 
     node(tmp_path)
@@ -103,7 +103,7 @@ def test_run_with_mem_gpu_follows_nccl(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loopback, "runner", runner)
     monkeypatch.setattr(verbs, "devices", lambda: {"mlx5_0": None})
-    monkeypatch.setattr(cuda, "require_driver_library", lambda: None)
+    monkeypatch.setattr(cuda_driver, "require_driver_library", lambda: None)
     monkeypatch.setattr(machine, "run_facts", lambda local, loopback: facts)
     gdrprobe.run(loopback=True, mem="gpu", gpu=GPU, remote_mem="gpu")
     assert gpu_mechanisms(made) == {"peermem"}

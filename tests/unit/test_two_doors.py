@@ -26,7 +26,7 @@ def engine(monkeypatch, tmp_path):
     from gdrprobe.campaign.gate import GpuFacts, MachineFacts
     from gdrprobe.measure import loopback, server
     from gdrprobe.nccl.versions import NcclRules
-    from gdrprobe.memory import cuda
+    from gdrprobe.memory import cuda_driver
     from gdrprobe.rdma import verbs
 
     calls: list[tuple] = []
@@ -60,7 +60,7 @@ def engine(monkeypatch, tmp_path):
 
     monkeypatch.setattr(loopback, "runner", runner)
     monkeypatch.setattr(verbs, "devices", lambda: {"mlx5_0": None})
-    monkeypatch.setattr(cuda, "require_driver_library", lambda: None)
+    monkeypatch.setattr(cuda_driver, "require_driver_library", lambda: None)
     monkeypatch.setattr(server, "ProbeServer", Server)
     monkeypatch.setattr(machine, "run_facts", lambda local, loopback: MachineFacts(
         GpuFacts(None, ()), {}, findings=FINDINGS) if local.kind == "gpu" else None)

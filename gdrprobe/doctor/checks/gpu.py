@@ -202,7 +202,8 @@ def gpus_for_cuda(ctx: DoctorContext) -> tuple[str, ...]:
     where the driver's procfs list exists, in it."""
     driver_listed = {pci_bus_id(name) for name in ctx.root.listdir(NVIDIA_PROCFS_GPUS)}
     return tuple(gpu.bdf for gpu in ctx.topology.gpus
-                 if bound_driver(ctx, gpu.bdf) not in PASSTHROUGH_DRIVERS
+                 if pci.is_nvidia_gpu(ctx.root, gpu.bdf)
+                 and bound_driver(ctx, gpu.bdf) not in PASSTHROUGH_DRIVERS
                  and (not driver_listed or gpu.bdf in driver_listed))
 
 

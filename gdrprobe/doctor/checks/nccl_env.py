@@ -250,7 +250,9 @@ def socket_finding(decision: NcclGpuDecision) -> Finding:
                    evidence=(Evidence("why", decision.why[0]),), fix=UNSET_FIX)
 
 
-def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_unregistered: bool = False) -> Finding:
+def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_unregistered: bool = False,
+                     library: str = "NCCL") -> Finding:
+    """One GPU's decision, said of the library whose rules made it (NCCL, or RCCL on an AMD node)."""
     if decision.path == SOCKET_PATH:
         return socket_finding(decision)
     label = f"{decision.gpu} ({decision.gpu_bdf})"
@@ -272,12 +274,12 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_u
                        evidence=evidence, fix="See stack.peermem.")
     if decision.gdr_write and decision.gdr_read:
         return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.OK,
-                       summary=f"{label}: NCCL uses {where} with GPUDirect RDMA for sends and receives",
+                       summary=f"{label}: {library} uses {where} with GPUDirect RDMA for sends and receives",
                        evidence=evidence)
     send_reason = next(r for r in decision.why if r.startswith("send: "))[len("send: "):]
     if decision.gdr_write:
         return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.WARN,
-                       summary=f"{label}: NCCL uses {where} with GPUDirect RDMA for receives only; sends "
+                       summary=f"{label}: {library} uses {where} with GPUDirect RDMA for receives only; sends "
                                f"stage through host memory: {send_reason}",
                        evidence=evidence,
                        fix="NCCL_NET_GDR_READ=1 lets the NIC read GPU memory on sends too (measure: NCCL keeps "
@@ -285,7 +287,7 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_u
                        else UNSET_FIX)
     receive_reason = next(r for r in decision.why if r.startswith("receive: "))[len("receive: "):]
     return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
-                   summary=f"{label}: NCCL uses {where} WITHOUT GPUDirect RDMA: {receive_reason}",
+                   summary=f"{label}: {library} uses {where} WITHOUT GPUDirect RDMA: {receive_reason}",
                    evidence=evidence, fix=decision_fix(receive_reason))
 
 
@@ -300,6 +302,11 @@ def decision_fix(reason: str) -> str:
                 "NVLink peer next to a NIC (PXN). NCCL takes the fastest NIC first and only then the nearest: "
                 "where a slower NIC sits nearer, NCCL_IB_HCA can restrict NCCL to it. Raising "
                 "NCCL_NET_GDR_LEVEL forces GDR over a path NVIDIA calls degraded.")
+    if reason.startswith("RCCL says"):
+        return ("Give amdkfd a peer-memory client (a NIC stack with the peer-memory API, MLNX_OFED or DOCA "
+                "with amdgpu-dkms, makes memory_peers/amdkfd/version appear), or use DMA-BUF: "
+                "NCCL_DMABUF_ENABLE=1 with CONFIG_DMABUF_MOVE_NOTIFY=y and CONFIG_PCI_P2PDMA=y in "
+                "/boot/config-$(uname -r).")
     if "Disabled for HCA" in reason:
         return "See stack.path: the NIC cannot register GPU memory."
     return "See the GPU findings above."
@@ -308,7 +315,7 @@ def decision_fix(reason: str) -> str:
 def decision_findings(ctx: DoctorContext) -> list[Finding]:
     names = {gpu.bdf: gpu.name for gpu in ctx.topology.gpus}
     unregistered = ctx.memory_paths.peermem_registered is False
-    return [decision_finding(d, names, unregistered) for d in ctx.nccl_decisions
+    return [decision_finding(d, names, unregistered, ctx.nccl_rules.library) for d in ctx.nccl_decisions
             if d.nic is not None or d.path == SOCKET_PATH]
 
 
@@ -318,6 +325,11 @@ def decision_findings(ctx: DoctorContext) -> list[Finding]:
 def library_finding(ctx: DoctorContext) -> Finding:
     """Which libnccl the job loads, for which Python, and the rules its version follows
     (:mod:`gdrprobe.doctor.facts.nccl_library`, :mod:`gdrprobe.nccl.versions`)."""
+    if ctx.amd_node:
+        return finding(id=ids.NCCL_LIBRARY, status=Status.SKIP,
+                       summary=f"an AMD node: the decisions below follow {ctx.nccl_rules.described}; "
+                               "the job's librccl is not looked for",
+                       evidence=(Evidence("/sys/class/kfd/kfd/topology/nodes", "GPUs listed by amdkfd"),))
     library = ctx.nccl_library
     differences = tuple(Evidence("differs from 2.30.7", what) for what in library.differences)
     shadowed = tuple(Evidence("also present, not loaded", other) for other in library.shadowed)

@@ -66,13 +66,13 @@ def inventory_findings(topology: Topology) -> list[Finding]:
     findings = []
     evidence = (Evidence(pci.PCI_DEVICES_DIR,
                          "GPUs: " + (", ".join(f"{g.name}={g.bdf}" for g in topology.gpus)
-                                     or "none (vendor 0x10de, class 0x0300/0x0302)")),
+                                     or "none (vendor 0x10de, class 0x0300/0x0302, or listed by amdkfd)")),
                 Evidence(pci.INFINIBAND_CLASS_DIR,
                          "PCI NICs: " + (", ".join(f"{n.name}={n.bdf}" for n in topology.nics)
                                          or "none")))
     if topology.gpus and topology.nics:
         findings.append(Finding(ids.TOPOLOGY_DEVICES, GROUP, Status.OK,
-                                f"{len(topology.gpus)} NVIDIA GPU(s) and {len(topology.nics)} "
+                                f"{len(topology.gpus)} GPU(s) and {len(topology.nics)} "
                                 "RDMA NIC(s) on PCIe", evidence))
     else:
         missing = " and ".join(kind for kind, have in (("NVIDIA GPU", topology.gpus),

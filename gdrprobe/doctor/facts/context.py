@@ -11,6 +11,7 @@ them (:func:`gdrprobe.nccl.env.with_conf_files`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -26,11 +27,13 @@ from gdrprobe.doctor.facts.pythons import this_python
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
 from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
 from gdrprobe.doctor.facts.nvml import collect_nvml_facts
+from gdrprobe.doctor.facts.rocm import collect_rocm_facts, kfd_gpus, read_rccl_facts
 from gdrprobe.doctor.facts.topology import NcclTopologyFile, Topology, build_topology, read_nccl_topology_file
 from gdrprobe.errors import GdrprobeError
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.nccl.gdr_support import MemoryPaths
+from gdrprobe.nccl.rccl import RcclFacts, RcclRules
 from gdrprobe.nccl.topo import NcclPciTree, Port
 from gdrprobe.nccl.versions import NcclRules, parse_version
 from gdrprobe.report.model import NcclGpuDecision, NcclLibrary
@@ -42,6 +45,7 @@ CUDA_FACTS_FILE = CAPTURE_DIR + "/cuda.json"
 NVML_FACTS_FILE = CAPTURE_DIR + "/nvml.json"
 NIC_FACTS_FILE = CAPTURE_DIR + "/nics.json"
 NCCL_FACTS_FILE = CAPTURE_DIR + "/nccl.json"
+ROCM_FACTS_FILE = CAPTURE_DIR + "/rocm.json"
 
 
 class DoctorContext:
@@ -129,8 +133,31 @@ class DoctorContext:
 
     @functools.cached_property
     def nccl_rules(self) -> NcclRules:
-        """The rules of the NCCL the job will load (unknown: 2.30.7's)."""
+        """The rules of the NCCL the job will load (unknown: 2.30.7's); on an AMD node,
+        RCCL's (:mod:`gdrprobe.nccl.rccl`)."""
+        if self.amd_node:
+            return RcclRules()
         return NcclRules(parse_version(self.nccl_library.version))
+
+    @functools.cached_property
+    def amd_node(self) -> bool:
+        """amdkfd lists GPUs and the PCI bus has no NVIDIA GPU: RCCL's node, not NCCL's."""
+        return bool(kfd_gpus(self.root)) and not any(
+            pci.is_nvidia_gpu(self.root, gpu.bdf) for gpu in self.topology.gpus)
+
+    @functools.cached_property
+    def rocm_facts(self) -> dict[str, Any] | None:
+        """What only a live call tells of an AMD node (:func:`collect_rocm_facts`), or None
+        on an NVIDIA node or where none were captured."""
+        if not self.amd_node:
+            return None
+        if not self.live:
+            return self._captured_json(ROCM_FACTS_FILE)
+        return collect_rocm_facts(self.root, self.environ)
+
+    @functools.cached_property
+    def rccl_facts(self) -> RcclFacts:
+        return read_rccl_facts(self.root, self.kernel_release, self.rocm_facts)
 
     @functools.cached_property
     def topology(self) -> Topology:
@@ -181,8 +208,12 @@ class DoctorContext:
 
     @functools.cached_property
     def memory_paths(self) -> MemoryPaths:
-        """Per NIC and GPU: can NCCL register GPU memory, and through what (NCCL's R1-R4)."""
-        return read_memory_paths(self)
+        """Per NIC and GPU: can NCCL (RCCL on an AMD node) register GPU memory, and through
+        what (NCCL's R1-R4, RCCL's rules)."""
+        paths = read_memory_paths(self)
+        if not self.amd_node:
+            return paths
+        return dataclasses.replace(paths, rccl=self.rccl_facts).under(self.environ)
 
     @functools.cached_property
     def nccl_node(self) -> NodeFacts:

@@ -12,13 +12,10 @@ import re
 from collections.abc import Mapping
 
 from gdrprobe.nccl.topo import PcieLink, Port, pci_device_id
-from gdrprobe.sysroot import SysRoot, is_pci_bus_id
+from gdrprobe.sysroot import (GPU_CLASSES, NVIDIA_VENDOR_ID, PCI_DEVICES_DIR, SysRoot,
+                              is_pci_bus_id)
 
-PCI_DEVICES_DIR = "/sys/bus/pci/devices"
 INFINIBAND_CLASS_DIR = "/sys/class/infiniband"
-
-NVIDIA_VENDOR_ID = 0x10DE
-GPU_CLASSES = (0x0300, 0x0302)   # VGA-compatible and 3D controller (class, subclass)
 
 # Without CAP_SYS_ADMIN the kernel serves only the standard header of config space.
 UNPRIVILEGED_CONFIG_BYTES = 64

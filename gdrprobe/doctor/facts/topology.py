@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from gdrprobe.doctor.facts import pci
+from gdrprobe.doctor.facts.rocm import kfd_gpus
 from gdrprobe.nccl.env import int_param
 from gdrprobe.nccl.nets import mapped_function
 from gdrprobe.nccl.topo import common_prefix, nccl_path_type, pci_parents, pcie_distance
@@ -96,7 +97,9 @@ def _endpoint(root: SysRoot, kind: str, name: str, bdf: str) -> PcieDevice:
 
 
 def find_gpus(root: SysRoot, bdfs: list[str]) -> tuple[PcieDevice, ...]:
-    gpu_bdfs = [bdf for bdf in bdfs if pci.is_nvidia_gpu(root, bdf)]
+    """NVIDIA's GPU functions and the GPUs amdkfd lists (:func:`gdrprobe.doctor.facts.rocm.kfd_gpus`)."""
+    amd = set(kfd_gpus(root))
+    gpu_bdfs = [bdf for bdf in bdfs if pci.is_nvidia_gpu(root, bdf) or bdf in amd]
     return tuple(_endpoint(root, "GPU", f"GPU{i}", bdf) for i, bdf in enumerate(gpu_bdfs))
 
 
