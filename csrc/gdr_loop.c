@@ -122,7 +122,8 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
                       struct ibv_send_wr *wrs, struct ibv_sge *sges, struct slot_cursor *slot,
                       struct gdr_bw_result *res)
 {
-    unsigned int inline_flag = cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
+    /* A READ carries no data of its own: never inline. */
+    unsigned int inline_flag = !cfg->read && cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
     uint64_t limit = qp_limit(p);
 
     while (p->posted < limit && p->posted - p->completed < cfg->tx_depth) {
@@ -141,8 +142,13 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
              * QP's last, and the drain (or the pass) waits for it. */
             int signalled = number % cfg->cq_mod == 0 || number == limit;
 
-            sges[i].addr = cfg->local_addr + (uint64_t)slot->src * cfg->msg_size;
-            wrs[i].wr.rdma.remote_addr = cfg->remote_addr + (uint64_t)slot->dst * cfg->msg_size;
+            /* A WRITE sends from a local source slot to a remote slot; a READ fetches
+             * from a remote source slot into a local slot. */
+            uint64_t src = (uint64_t)slot->src * cfg->msg_size;
+            uint64_t dst = (uint64_t)slot->dst * cfg->msg_size;
+
+            sges[i].addr = cfg->local_addr + (cfg->read ? dst : src);
+            wrs[i].wr.rdma.remote_addr = cfg->remote_addr + (cfg->read ? src : dst);
             if (++slot->dst == cfg->slots)   /* the next message's slots, over all QPs */
                 slot->dst = 0;
             if (++slot->src == cfg->src_slots)
@@ -228,7 +234,7 @@ static void prepare_wrs(const struct gdr_bw_config *cfg, struct ibv_send_wr *wrs
         sges[i].lkey = cfg->lkey;
         wrs[i].sg_list = &sges[i];
         wrs[i].num_sge = 1;
-        wrs[i].opcode = IBV_WR_RDMA_WRITE;
+        wrs[i].opcode = cfg->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
         wrs[i].wr.rdma.rkey = cfg->rkey;
     }
 }
@@ -410,7 +416,8 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
 static int lat_config_valid(const struct gdr_lat_config *cfg)
 {
     return cfg->qp && cfg->cq && cfg->recv_buf && cfg->msg_size > 0 && cfg->iterations > 0 &&
-           cfg->stop && (!cfg->initiator || cfg->samples_ns) && clock_valid(&cfg->clock);
+           cfg->stop && (!cfg->initiator || cfg->samples_ns) && (!cfg->read || cfg->initiator) &&
+           clock_valid(&cfg->clock);
 }
 
 /* Spin until the last byte of the receive buffer carries tag. */
@@ -486,6 +493,65 @@ static void verify_received(const struct gdr_lat_config *cfg, struct gdr_lat_res
     res->bad_bytes += bad;
 }
 
+/* The initiator's samples, taken in ticks of the run's clock, in nanoseconds. */
+static void samples_to_ns(const struct gdr_lat_config *cfg)
+{
+    uint64_t i;
+
+    for (i = 0; i < cfg->iterations; i++)
+        cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
+}
+
+/* Count the bytes of a READ's landing that are off the pattern of seed (all msg_size of
+ * them: a READ has no tag). */
+static void verify_read(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
+{
+    size_t first = 0;
+    size_t bad = gdr_pattern_verify((const uint8_t *)(uintptr_t)cfg->recv_buf, cfg->msg_size,
+                                    cfg->seed, &first);
+
+    if (!bad)
+        return;
+    if (!res->bad_bytes)
+        res->first_bad_offset = first;
+    res->bad_messages++;
+    res->bad_bytes += bad;
+}
+
+/* READ latency as perftest's ib_read_lat measures it (run_iter_lat in perftest_resources.c:
+ * one signalled READ posted, its completion polled): the sample is the post to the
+ * completion. Before each post, outside the sample, the first and last landing bytes are set
+ * to the complement of what the READ must bring (so a READ that lands nothing shows); after
+ * it, every byte is checked. */
+static int read_lat_run(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr,
+                        uint64_t stall_ticks, struct gdr_lat_result *res)
+{
+    volatile uint8_t *landing = cfg->recv_buf;
+    uint8_t first = gdr_pattern_byte(cfg->seed, 0);
+    uint8_t last = gdr_pattern_byte(cfg->seed, cfg->msg_size - 1);
+    struct ibv_send_wr *bad = NULL;
+    uint64_t i, posted;
+    int rc;
+
+    for (i = 0; i < cfg->iterations; i++) {
+        landing[0] = (uint8_t)~first;
+        landing[cfg->msg_size - 1] = (uint8_t)~last;
+        posted = gdr_clock_ticks(&cfg->clock);
+        rc = ibv_post_send(cfg->qp, wr, &bad);
+        if (rc) {
+            res->status = GDR_ERR_POST;
+            res->err_errno = rc;
+            return -1;
+        }
+        if (wait_for_send(cfg, stall_ticks, res))
+            return -1;
+        cfg->samples_ns[i] = gdr_clock_ticks(&cfg->clock) - posted;   /* ticks until the end */
+        verify_read(cfg, res);
+        res->completed = i + 1;
+    }
+    return 0;
+}
+
 int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 {
     struct ibv_sge sge = {.addr = cfg->send_addr, .length = cfg->msg_size, .lkey = cfg->lkey};
@@ -501,11 +567,22 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     memset(&wr, 0, sizeof(wr));
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED | (cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0);
+    wr.opcode = cfg->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED |
+                    (!cfg->read && cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0);
     wr.wr.rdma.remote_addr = cfg->remote_addr;
     wr.wr.rdma.rkey = cfg->rkey;
     stall_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns);   /* once, not per wait */
+    if (cfg->read) {
+        sge.addr = (uint64_t)(uintptr_t)cfg->recv_buf;   /* the READ lands where it is checked */
+        gdr_clock_mark(&cfg->clock, &mark);
+        if (read_lat_run(cfg, &wr, stall_ticks, res))
+            return res->status;
+        check_clock(&cfg->clock, &mark, &res->clock_check);
+        samples_to_ns(cfg);
+        res->status = GDR_OK;
+        return res->status;
+    }
 
     /* A sample is the time from one post to the next, as perftest times it (tposted[],
      * read just before each post in perftest_resources.c run_iter_lat_write), less the
@@ -537,10 +614,8 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
         res->completed = i + 1;
     }
     check_clock(&cfg->clock, &mark, &res->clock_check);
-    if (cfg->initiator) {
-        for (i = 0; i < cfg->iterations; i++)
-            cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
-    }
+    if (cfg->initiator)
+        samples_to_ns(cfg);
     res->status = GDR_OK;
     return res->status;
 }

@@ -504,7 +504,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
           tx_depth: int = defaults.TX_DEPTH, cq_moderation: int = defaults.CQ_MODERATION,
           latency_iterations: int = defaults.LATENCY_ITERATIONS,
           threshold: float = defaults.THRESHOLD, timeout_s: float = defaults.TIMEOUT_S,
-          baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None):
+          baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None,
+          opcode: str = "write"):
     """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
     kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
     every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=0: none).
@@ -512,7 +513,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     rows_planned) sees each :class:`gdrprobe.report.model.BenchRow` as it is measured;
     Ctrl-C ends the sweep with the rows so far (``report.interrupted``). baseline: an
     earlier sweep's JSON file, read before anything is measured; each row that fell by more
-    than max_drop is flagged (``report.baseline``). Returns a
+    than max_drop is flagged (``report.baseline``). opcode="read": every run measures RDMA
+    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. Returns a
     :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row fell."""
     import dataclasses
 
@@ -530,7 +532,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
         sizes_bytes=_as_tuple(sizes or defaults.SWEEP_SIZES), memory_kinds=_as_tuple(memory),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
-        latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port)
+        latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port,
+        opcode=opcode)
     report = run_bench(settings, machine_facts(), __version__, gpus=_as_tuple(gpus),
                        devices=_as_tuple(devices), gid_index=gid_index, timeout_s=timeout_s,
                        on_row=on_row or (lambda row, done, total: None))

@@ -406,7 +406,8 @@ cdef class BandwidthConfig:
     config, which run_bandwidth holds until the loop returns. remote is the peer's buffer
     (address, rkey). on_pass, if given, is called between passes of `slots` messages from
     the loop's thread (pass, messages) and returns whether to go on: the receiver checks
-    each pass before its slots are written again."""
+    each pass before its slots are written again. read=True: RDMA READs from the peer's
+    source slots into this side's slots (the reader checks what landed)."""
 
     cdef c.gdr_bw_config cfg
     cdef readonly object handles, memory, on_pass
@@ -415,8 +416,8 @@ cdef class BandwidthConfig:
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
                  uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0,
-                 uint32_t slots=1, uint32_t src_slots=0, on_pass=None, bint counter=False,
-                 double ns_per_tick=1.0):
+                 uint32_t slots=1, uint32_t src_slots=0, on_pass=None, bint read=False,
+                 bint counter=False, double ns_per_tick=1.0):
         cdef Py_ssize_t i, num_qps = len(handles.qps)
         if not 1 <= num_qps <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
@@ -437,6 +438,7 @@ cdef class BandwidthConfig:
         self.cfg.tx_depth, self.cfg.cq_mod, self.cfg.post_list = tx_depth, cq_mod, post_list
         self.cfg.max_inline = max_inline
         self.cfg.slots, self.cfg.src_slots = slots, src_slots
+        self.cfg.read = read
         if on_pass is not None:
             self.cfg.pass_end = _pass_end
             self.cfg.pass_ctx = <void *>on_pass
@@ -447,14 +449,19 @@ cdef class BandwidthConfig:
 cdef class LatencyConfig:
     """The ping-pong loop's settings in the C struct the loop reads, with the objects that
     own what it points at (see BandwidthConfig): it sends from send_offset in memory and the
-    peer writes into memory's start; it writes to the start of remote's buffer."""
+    peer writes into memory's start; it writes to the start of remote's buffer. read=True
+    (the initiator only): it READs msg_size bytes from the start of remote's buffer into
+    memory's start instead, and checks them against the pattern of seed."""
 
     cdef c.gdr_lat_config cfg
     cdef readonly object handles, memory
 
     def __init__(self, handles, memory, remote, *, uint64_t send_offset, uint32_t msg_size,
                  uint64_t iterations, bint initiator, uint64_t stall_timeout_ns, uint64_t seed,
-                 uint32_t max_inline=0, bint counter=False, double ns_per_tick=1.0):
+                 uint32_t max_inline=0, bint read=False, bint counter=False,
+                 double ns_per_tick=1.0):
+        if read and not initiator:
+            raise ValueError("only the initiator of a READ latency loop runs it")
         _check_inside("the message sent", <object>send_offset + msg_size, memory)
         self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
@@ -467,12 +474,13 @@ cdef class LatencyConfig:
         self.cfg.seed = seed
         self.cfg.max_inline = max_inline
         self.cfg.initiator = initiator
+        self.cfg.read = read
         self.cfg.stall_timeout_ns = stall_timeout_ns
         self.cfg.clock = _loop_clock(counter, ns_per_tick)
 
 
 def run_bandwidth(BandwidthConfig config, StopFlag stop):
-    """RDMA WRITE bandwidth loop; a BandwidthLoopResult. This call holds config (and so
+    """RDMA WRITE (or READ) bandwidth loop; a BandwidthLoopResult. This call holds config (and so
     its owners) and stop until the loop has returned."""
     cdef c.gdr_bw_result res
     config.cfg.stop = &stop.value

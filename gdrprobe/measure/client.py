@@ -19,6 +19,7 @@ from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, b
                                     stall_timeout_s)
 from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
                                       check_latency_memory)
+from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
                                    heartbeat_s, latency_config, prepare_latency_round,
                                    received_integrity, remote_buffer)
@@ -84,8 +85,18 @@ def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
                          "with 'gdrprobe doctor'; host buffers: suspect the NIC or its driver")
 
 
+def perftest_program(options: ProbeOptions) -> str:
+    """perftest's program that measures what this run does (ib_write_bw, ib_read_lat ...)."""
+    return f"ib_{options.opcode}_{'bw' if options.mode == 'bandwidth' else 'lat'}"
+
+
 def integrity_method(options: ProbeOptions) -> str:
     """Which messages the receiver checks, as the report says it (docs/method.md)."""
+    if options.reads and options.mode == "latency":
+        return "every READ's bytes checked after its completion, outside its sample"
+    if options.reads and not options.sample_integrity:
+        return ("every message checked: the reader pauses between passes of a slot ring and "
+                "checks what its READs brought, outside the measured window")
     if options.mode == "latency":
         return "every message checked, each way, as it arrives (after the timing)"
     if options.sample_integrity:
@@ -204,8 +215,9 @@ class ProbeClient:
             channel.close()
 
     def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
-        # Only a latency run lets the server write into this side's buffer.
-        own_buffer = remote_buffer(memory) if self.options.mode == "latency" else None
+        # Only a WRITE latency run lets the server write into this side's buffer.
+        own_buffer = (remote_buffer(memory) if self.options.mode == "latency"
+                      and not self.options.reads else None)
         send(channel, Setup(self.options, endpoint.address(), own_buffer, self.remote_memory))
         server = self._await_turn(channel)
         if server.buffer.length < self.options.buffer_bytes:
@@ -220,6 +232,8 @@ class ProbeClient:
         self.port_gbps = port_rate_gbps(endpoint.port_attr)
 
         self.clock = loop_clock(self.options.clock)
+        if self.options.reads and self.options.mode == "bandwidth":
+            memory.poison()   # where the READs land: past the slots, a stray byte shows
         bandwidth, latency = [], []
         rows = bandwidth if self.options.mode == "bandwidth" else latency
         for size in self.options.sizes:
@@ -238,8 +252,11 @@ class ProbeClient:
     def _measured_round(self, channel, handles, memory, remote, size):
         """One size's round; measured again with CLOCK_MONOTONIC, which this run then
         keeps, when the cycle counter disagreed with it over the round."""
-        measure = (self._bandwidth_round if self.options.mode == "bandwidth" else
-                   self._latency_round)
+        bandwidth = self.options.mode == "bandwidth"
+        if self.options.reads:
+            measure = self._read_bandwidth_round if bandwidth else self._read_latency_round
+        else:
+            measure = self._bandwidth_round if bandwidth else self._latency_round
         while True:
             self.round += 1
             result, clock_check = measure(channel, handles, memory, remote, size)
@@ -277,6 +294,7 @@ class ProbeClient:
                            clock=self.clock.description if self.clock else "",
                            integrity=integrity_method(o),
                            flush=flush_method(o) if flushed else "",
+                           opcode=o.opcode, perftest=perftest_program(o),
                            inline_note=("" if memory.inline_capable or not o.max_inline else
                                         f"inline off: the source is a {memory.kind} buffer "
                                         "the CPU cannot read where verbs addresses it"))
@@ -308,16 +326,10 @@ class ProbeClient:
 
         return {"tick": beat, "tick_every_s": self.heartbeat_s}
 
-    def _bandwidth_round(self, channel, handles, memory, remote, size):
+    def _bandwidth_loop(self, channel, handles, memory, remote, size, what, on_pass):
+        """Run one size's bandwidth loop (WRITE or READ, by the run's opcode): each pass
+        goes to on_pass(index, messages) before the loop goes on, unless the run samples."""
         o = self.options
-        what = f"the {size}-byte bandwidth round"
-        seed = _native.pattern_seed(size, self.round)
-        slots, sources = o.slots(size), o.source_slots(size)
-        memory.fill_slots(size, sources, seed)
-        stage_out_s = memory.stage_out(0, sources * size) / sources   # per message
-        # No wait for the server: its buffer was poisoned before setup_ok or the last
-        # "verified", and the channel keeps "start" ahead of "done".
-        send(channel, Start(size, self.round))
         duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
         passes = None if o.sample_integrity else PassGate(self.stop)
         per_qp = None if o.duration_s else o.iterations + o.warmup_iterations
@@ -330,11 +342,24 @@ class ProbeClient:
             window_messages=o.window_messages(size), tx_depth=o.tx_depth,
             cq_mod=o.cq_moderation, post_list=o.post_list,
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
-            slots=slots, src_slots=sources, on_pass=passes, **self.clock.loop_args())
+            slots=o.slots(size), src_slots=o.source_slots(size), on_pass=passes,
+            read=o.reads, **self.clock.loop_args())
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
-            **self._heartbeat(channel, what), passes=passes,
-            on_pass=functools.partial(self._pass_checked, channel))
+            **self._heartbeat(channel, what), passes=passes, on_pass=on_pass)
         self._check_loop(channel, raw, what, stall_s)
+        return raw
+
+    def _bandwidth_round(self, channel, handles, memory, remote, size):
+        what = f"the {size}-byte bandwidth round"
+        seed = _native.pattern_seed(size, self.round)
+        sources = self.options.source_slots(size)
+        memory.fill_slots(size, sources, seed)
+        stage_out_s = memory.stage_out(0, sources * size) / sources   # per message
+        # No wait for the server: its buffer was poisoned before setup_ok or the last
+        # "verified", and the channel keeps "start" ahead of "done".
+        send(channel, Start(size, self.round))
+        raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
+                                   functools.partial(self._pass_checked, channel))
         send(channel, Done(raw.posted))
         verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
         raise_if_corrupt(verified.integrity, size, "the server")
@@ -348,6 +373,53 @@ class ProbeClient:
         """A pass has landed: the server checks it before the loop writes its slots again."""
         send(channel, PassDone(index, messages))
         PassChecked.from_message(channel.receive(PassChecked.KIND), index)
+
+    def _read_bandwidth_round(self, channel, handles, memory, remote, size):
+        """RDMA READ bandwidth (perftest's ib_read_bw): this side's NIC reads the server's
+        source slots into its own slots and this side checks what landed, pass by pass as
+        WRITE's receiver does (the server checks its sources were left as they were)."""
+        o = self.options
+        what = f"the {size}-byte READ bandwidth round"
+        seed = _native.pattern_seed(size, self.round)
+        check = RoundCheck(memory, size, o.slots(size), o.source_slots(size), seed)
+        send(channel, Start(size, self.round))
+        channel.receive(READY)   # the server's sources are in place
+        raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
+                                   lambda index, messages: check.next_pass(messages))
+        if o.sample_integrity:
+            check.last(raw.posted)
+        send(channel, Done(raw.posted))
+        # A staged server copied each source out once (its "stage_in_s" field here).
+        source = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
+        raise_if_corrupt(source.integrity, size, "the server (the sources the READs read)")
+        integrity = check.integrity(raw.posted)
+        raise_if_corrupt(integrity, size, "this side (what the READs brought)")
+        result = bandwidth_result(size, raw, integrity,
+                                  stage_s_per_message=source.stage_in_s + check.stage_in_s)
+        return result, raw.clock_check
+
+    def _read_latency_round(self, channel, handles, memory, remote, size):
+        """RDMA READ latency (perftest's ib_read_lat): one READ of the server's message
+        posted and its completion polled, iterations times; each READ's bytes checked
+        after its sample."""
+        o = self.options
+        what = f"the {size}-byte READ latency round"
+        seed = _native.pattern_seed(size, self.round)
+        send(channel, Start(size, self.round))
+        channel.receive(READY)
+        stall_s = stall_timeout_s(size, self.port_gbps)
+        config = latency_config(handles, memory, remote, size, o.iterations, 0, True, stall_s,
+                                self.clock, seed, read=True)
+        raw = LoopThread(_native.run_latency, config, self.stop).wait(
+            **self._heartbeat(channel, what))
+        self._check_loop(channel, raw, what, stall_s)
+        send(channel, Done())
+        source = Verified.from_message(channel.receive(Verified.KIND), bandwidth=False)
+        raise_if_corrupt(source.integrity, size, "the server (the message the READs read)")
+        integrity = received_integrity(raw, size, tagged=False)
+        raise_if_corrupt(integrity, size, "this side (what the READs brought)")
+        return (latency_result(size, o.iterations, raw.round_trip, integrity, one_way=False),
+                raw.clock_check)
 
     def _latency_round(self, channel, handles, memory, remote, size):
         o = self.options

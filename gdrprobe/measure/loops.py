@@ -261,19 +261,26 @@ def one_way_us(round_trip_ns: float) -> float:
     return round_trip_ns / 2 / 1000
 
 
-def latency_result(size: int, iterations: int, round_trip,
-                   integrity: Integrity) -> LatencyResult:
-    """The report row of a latency loop's round trips (a RoundTripSummary)."""
+def latency_result(size: int, iterations: int, round_trip, integrity: Integrity,
+                   one_way: bool = True) -> LatencyResult:
+    """The report row of a latency loop's round trips (a RoundTripSummary): half of each
+    (a WRITE ping-pong), or all of it (one_way=False: a READ is one operation whose
+    completion comes back with its data), as perftest reports them (src/perftest_parameters.c
+    print_report_lat: rtt_factor 1 for READ and atomics, 2 otherwise)."""
+    def us(ns: float) -> float:
+        return one_way_us(ns) if one_way else ns / 1000
+
     return LatencyResult(
         size_bytes=size,
         iterations=iterations,
-        latency_us_min=one_way_us(round_trip.min_ns),
-        latency_us_median=one_way_us(round_trip.median_ns),
-        latency_us_mean=one_way_us(round_trip.mean_ns),
-        latency_us_stdev=one_way_us(round_trip.stdev_ns),
-        latency_us_p99=one_way_us(round_trip.p99_ns),
-        latency_us_p999=one_way_us(round_trip.p999_ns),
-        latency_us_max=one_way_us(round_trip.max_ns),
+        latency_us_min=us(round_trip.min_ns),
+        latency_us_median=us(round_trip.median_ns),
+        latency_us_mean=us(round_trip.mean_ns),
+        latency_us_stdev=us(round_trip.stdev_ns),
+        latency_us_p99=us(round_trip.p99_ns),
+        latency_us_p999=us(round_trip.p999_ns),
+        latency_us_max=us(round_trip.max_ns),
         integrity=integrity,
         elapsed_s=round_trip.mean_ns * round_trip.samples / 1e9,
     )
+

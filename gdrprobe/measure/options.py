@@ -32,6 +32,7 @@ MAX_TIMEOUT_S = 3600.0
 INTEGRITY_CAP_BYTES = defaults.INTEGRITY_CAP_BYTES
 MAX_SLOTS = defaults.MAX_SLOTS
 MAX_FLUSH_RULE_CHARS = 1000
+OPCODES = defaults.OPCODES
 
 
 def dependent_settings(options: ProbeOptions) -> dict:
@@ -79,6 +80,7 @@ class ProbeOptions:
     # on a loopback QP before checking it (measure/flush.py); the rule that asks for it, as
     # the report says it ("": no flush).
     flush: str = ""
+    opcode: str = defaults.OPCODE    # OPCODES: what the client's NIC does to the server's buffer
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
@@ -124,6 +126,10 @@ class ProbeOptions:
             problems.append("MTU must be 256, 512, 1024, 2048 or 4096")
         if self.mode == "latency" and (self.qps != 1 or self.duration_s):
             problems.append("latency runs one QP and a fixed number of iterations")
+        if self.opcode not in OPCODES:
+            problems.append(f"opcode {self.opcode!r} is not one of {', '.join(OPCODES)}")
+        if self.opcode == "read" and self.flush:
+            problems.append("NCCL's flush follows a WRITE into GPU memory: a READ run has none")
         if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
             problems.append(f"inline size must be 0 to {MAX_INLINE} bytes")
         if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:   # NaN fails this too
@@ -190,6 +196,7 @@ class ProbeOptions:
                                   high=INTEGRITY_CAP_BYTES),
             sample_integrity=field(message, "sample_integrity", bool),
             flush=field(message, "flush", str, default=""),
+            opcode=field(message, "opcode", str),
         )
 
     def window_messages(self, size: int) -> int:
@@ -199,24 +206,46 @@ class ProbeOptions:
 
     def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:
         """The endpoint for one side: the server's QPs take writes, and in a latency run
-        (a ping-pong of writes) the client's do too."""
+        (a ping-pong of writes) the client's do too; in a READ run only the server's QPs
+        are read, and nothing is written remotely."""
+        if self.reads:
+            return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
+                                       max_inline=0, mtu=self.mtu, remote_write=False,
+                                       remote_read=server)
         latency = self.mode == "latency"
         return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
                                    max_inline=self.max_inline, mtu=self.mtu,
                                    remote_write=server or latency)
 
     @property
+    def reads(self) -> bool:
+        """Whether the client READs the server's buffer instead of writing it."""
+        return self.opcode == "read"
+
+    @property
     def max_inline(self) -> int:
+        if self.reads:
+            return 0   # a READ request carries no data to inline
         if self.inline_size is not None:
             return self.inline_size
         return LATENCY_MAX_INLINE if self.mode == "latency" else 0
 
 
-def check_latency_memory(options: ProbeOptions, *specs: MemorySpec | None) -> None:
-    """The latency loop polls its receive buffer with the CPU, which cannot poll GPU memory."""
-    if options.mode == "latency" and any(spec and spec.kind != "host" for spec in specs):
+def check_latency_memory(options: ProbeOptions, client: MemorySpec | None,
+                         server: MemorySpec | None) -> None:
+    """The latency loop's CPU touches the buffer the bytes arrive in, which it cannot do in
+    GPU memory: the WRITE ping-pong polls the last byte of each side's buffer; a READ
+    latency loop polls its completion queue but checks each READ's bytes in the client's
+    buffer, while the server's (what the READ fetches) may be GPU memory."""
+    if options.mode != "latency":
+        return
+    polled = (client,) if options.reads else (client, server)
+    if any(spec and spec.kind != "host" for spec in polled):
+        if options.reads:
+            raise UsageError("READ latency lands in host memory on this side: the CPU checks "
+                             "each READ's bytes there, which it cannot do in GPU memory",
+                             "drop --mem for --latency --opcode read (--remote-mem gpu puts "
+                             "the bytes the NIC reads in GPU memory)")
         raise UsageError("latency runs use host memory on both sides: the CPU polls the "
                          "receive buffer, which it cannot do in GPU memory",
                          "drop --mem/--remote-mem for --latency, or measure bandwidth")
-
-

@@ -30,7 +30,7 @@ from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
                                    heartbeat_s, latency_config, prepare_latency_round,
-                                   received_integrity, remote_buffer)
+                                   received_integrity, remote_buffer, source_integrity)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel
@@ -249,7 +249,7 @@ class ProbeServer:
                                    self._memory_choice)
         options = setup.settings
         spec = self.memory if setup.server_memory is None else setup.server_memory
-        check_latency_memory(options, spec, None)
+        check_latency_memory(options, None, spec)
 
         def waiting(position: int, holder: str, held_s: float) -> None:
             if self._closing:
@@ -266,8 +266,9 @@ class ProbeServer:
                 flushing = wants_flush(options.flush, spec)
                 with Endpoint(options.endpoint_options(self.endpoint_options, server=True),
                               local_ip) as endpoint:
-                    with open_buffer(spec, endpoint, options.buffer_bytes, True,
-                                     options.relaxed_ordering, read_back=flushing) as memory:
+                    with open_buffer(spec, endpoint, options.buffer_bytes, not options.reads,
+                                     options.relaxed_ordering,
+                                     read_back=flushing or options.reads) as memory:
                         self._serve_rounds(channel, options, endpoint, memory, setup, flushing)
             except GdrprobeError as error:
                 # A GPU buffer that would not register, or a broken path into it: the
@@ -315,7 +316,7 @@ class ProbeServer:
     def _serve_rounds(self, channel, options, endpoint, memory, setup: Setup, flushing: bool):
         endpoint.connect(setup.endpoint)
         handles = endpoint.handles()
-        if options.mode == "bandwidth":
+        if options.mode == "bandwidth" and not options.reads:
             memory.poison()   # for the first round (see _bandwidth_round)
         with self._flusher(endpoint, memory, flushing) as flusher:
             send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
@@ -337,7 +338,9 @@ class ProbeServer:
                 return
             start = Start.from_message(message, max(options.sizes))
             seed = _native.pattern_seed(start.size, start.round)
-            if options.mode == "bandwidth":
+            if options.reads:
+                self._read_round(channel, options, memory, start.size, seed)
+            elif options.mode == "bandwidth":
                 self._bandwidth_round(channel, options, memory, start.size, seed, flusher)
             else:
                 self._latency_round(channel, options, endpoint, handles, memory,
@@ -377,6 +380,30 @@ class ProbeServer:
         landed = PassDone.from_message(message, check.passes, check.slots)
         check.next_pass(landed.messages)
         send(channel, PassChecked(landed.index))
+
+    def _read_round(self, channel, options, memory, size, seed):
+        """A round the client READs: this side's NIC answers, reading this buffer. The
+        round's source messages are put where the client reads them (a bandwidth round's
+        source slots, or a latency round's one message at the start), the client is told
+        it may read, and after its "done" the sources are checked to be as they were: a
+        READ must not change what it reads."""
+        bandwidth = options.mode == "bandwidth"
+        sources = options.source_slots(size) if bandwidth else 1
+        if bandwidth:
+            memory.fill_slots(size, sources, seed)
+        else:
+            memory.fill_pattern(0, size, seed)
+        stage_out_s = memory.stage_out(0, sources * size) / sources   # per message read
+        channel.send(READY)
+        self._wait_for_done(channel, bandwidth)
+        if bandwidth:
+            bad_messages, bad, first = memory.verify_messages(size, sources, sources, seed, 0,
+                                                              sources)
+        else:
+            bad, first = memory.verify_pattern(0, size, seed)
+            bad_messages = int(bad > 0)
+        send(channel, Verified(source_integrity(size, sources, bad_messages, bad, first),
+                               stage_out_s if bandwidth else None))
 
     def _latency_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
         if remote is None:

@@ -70,11 +70,12 @@ def prepare_latency_round(memory: MemoryProvider, size: int, seed: int) -> None:
     memory.fill_pattern(send_half(memory), size, seed)
 
 
-def received_integrity(raw, size: int) -> Integrity:
+def received_integrity(raw, size: int, tagged: bool = True) -> Integrity:
     """What the peer's latency messages carried into this side, each checked by the loop as
     it arrived (a LatencyLoopResult): the round's pattern in all but the last byte, which
-    is the loop's tag."""
-    return Integrity(checked=True, bytes_checked=raw.completed * (size - 1),
+    is the loop's tag (tagged), or in every byte (a READ's, which has no tag)."""
+    checked = size - 1 if tagged else size
+    return Integrity(checked=True, bytes_checked=raw.completed * checked,
                      bad_bytes=raw.bad_bytes,
                      first_bad_offset=raw.first_bad_offset if raw.bad_bytes else None,
                      stray_bytes=0, first_stray_offset=None,
@@ -82,11 +83,22 @@ def received_integrity(raw, size: int) -> Integrity:
                      bad_messages=raw.bad_messages)
 
 
+def source_integrity(size: int, sources: int, bad_messages: int, bad_bytes: int,
+                     first_bad: int) -> Integrity:
+    """What the server of a READ round found in the source messages the client read: they
+    must hold what was put there (a READ changes nothing on the side that answers it)."""
+    return Integrity(checked=True, bytes_checked=sources * size, bad_bytes=bad_bytes,
+                     first_bad_offset=offset_or_none(first_bad), stray_bytes=0,
+                     first_stray_offset=None, messages_checked=sources, messages_total=sources,
+                     bad_messages=bad_messages)
+
+
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
                    max_inline: int, initiator: bool, stall_s: float, clock: LoopClock,
-                   seed: int):
-    """The ping-pong loop's settings for one side (see send_half)."""
+                   seed: int, read: bool = False):
+    """The ping-pong loop's settings for one side (see send_half); read: the READ
+    latency loop instead, which lands each READ at the start of memory."""
     return _native.LatencyConfig(
         handles, memory, remote, send_offset=send_half(memory), msg_size=size,
         iterations=iterations, max_inline=max_inline, initiator=initiator,
-        stall_timeout_ns=int(stall_s * 1e9), seed=seed, **clock.loop_args())
+        stall_timeout_ns=int(stall_s * 1e9), seed=seed, read=read, **clock.loop_args())

@@ -30,7 +30,7 @@ from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, PeerError
 from gdrprobe.protocol.channel import Channel, error_message
 from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, int_list, peer_number, peer_text
-from gdrprobe.rdma.endpoint import EndpointAddress
+from gdrprobe.rdma.endpoint import MAX_READ_CREDITS, EndpointAddress
 from gdrprobe.rdma.verbs import MTUS
 from gdrprobe.report.model import EndpointSummary, Finding, Integrity, Status, to_dict
 
@@ -90,7 +90,8 @@ def gid_from_message(message: dict) -> str:
 def address_message(address: EndpointAddress) -> dict:
     """What the peer needs to connect its QPs to ours (the GID index stays local)."""
     return {"gid": address.gid, "lid": address.lid, "mtu": address.mtu,
-            "qp_numbers": list(address.qp_numbers), "psns": list(address.psns)}
+            "qp_numbers": list(address.qp_numbers), "psns": list(address.psns),
+            "read_credits": address.read_credits}
 
 
 def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> EndpointAddress:
@@ -104,7 +105,9 @@ def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> Endpo
                         SAME_VERSION_FIX)
     return EndpointAddress(gid=gid_from_message(message), gid_index=-1,
                            lid=field(message, "lid", int, low=0, high=0xFFFF), mtu=mtu,
-                           qp_numbers=tuple(qp_numbers), psns=tuple(psns))
+                           qp_numbers=tuple(qp_numbers), psns=tuple(psns),
+                           read_credits=field(message, "read_credits", int, low=1,
+                                              high=MAX_READ_CREDITS))
 
 
 def summary_message(summary: EndpointSummary) -> dict:

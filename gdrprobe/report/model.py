@@ -307,6 +307,8 @@ class RunSettings:
     integrity: str = ""            # which messages the receiver checked, and when
     flush: str = ""                # NCCL's flush before each check, and the rule that asked
                                    # for it ("" where none ran)
+    opcode: str = "write"          # the RDMA operation measured: write or read
+    perftest: str = ""             # perftest's program for the same test (ib_read_bw ...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,6 +425,7 @@ class BenchSettings:
     latency_iterations: int        # 0: no latency rows
     threshold: float
     ib_port: int
+    opcode: str = "write"          # the RDMA operation every run measures: write or read
 
 
 @dataclasses.dataclass(frozen=True)

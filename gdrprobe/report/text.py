@@ -56,9 +56,12 @@ def render_run(report: RunReport, gbits: bool = False) -> str:
 def render_run_settings(report: RunReport) -> str:
     """What a run used: the settings, each side's endpoint and memory."""
     s = report.settings
-    title = "RDMA_Write BW Test" if s.mode == "bandwidth" else "RDMA_Write Latency Test"
+    # perftest's titles (RDMA_Write BW Test, RDMA_Read Latency Test ...), its program named
+    verb = "RDMA_Read" if s.opcode == "read" else "RDMA_Write"
+    title = f"{verb} {'BW' if s.mode == 'bandwidth' else 'Latency'} Test"
+    same = f", as perftest's {s.perftest}" if s.perftest else ""
     return "\n".join([
-        RULE, f" {title} (gdrprobe, in-process)",
+        RULE, f" {title} (gdrprobe, in-process{same})",
         f" QPs {s.qps}  TX depth {s.tx_depth}  CQ moderation {s.cq_moderation}"
         f"  post list {s.post_list}  MTU {s.mtu_bytes}  inline {s.inline_bytes} B"
         f"  handles via {report.handle_route}",
