@@ -1,5 +1,6 @@
 #include "gdr_loop.h"
 
+#include <arpa/inet.h>
 #include <string.h>
 
 #include "gdr_pattern.h"
@@ -417,7 +418,7 @@ static int lat_config_valid(const struct gdr_lat_config *cfg)
 {
     return cfg->qp && cfg->cq && cfg->recv_buf && cfg->msg_size > 0 && cfg->iterations > 0 &&
            cfg->stop && (!cfg->initiator || cfg->samples_ns) && (!cfg->read || cfg->initiator) &&
-           clock_valid(&cfg->clock);
+           !(cfg->read && cfg->imm) && (!cfg->imm || cfg->slots >= 1) && clock_valid(&cfg->clock);
 }
 
 /* Spin until the last byte of the receive buffer carries tag. */
@@ -552,6 +553,136 @@ static int read_lat_run(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr
     return 0;
 }
 
+/* ---- RDMA WRITE with immediate: the ping-pong on completions ---------------------------- */
+
+#define IMM_RECV_WR_ID 0x696d6d72ull   /* "immr": a receive; sends carry 0 */
+
+struct imm_progress {
+    uint64_t sends, recvs;   /* completions seen in this pass */
+};
+
+static int post_recv(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
+{
+    struct ibv_recv_wr wr, *bad = NULL;
+    int rc;
+
+    memset(&wr, 0, sizeof(wr));   /* no scatter entry: a WRITE with immediate carries its
+                                    * bytes to the address it names, the receive only the
+                                    * immediate */
+    wr.wr_id = IMM_RECV_WR_ID;
+    rc = ibv_post_recv(cfg->qp, &wr, &bad);
+    if (rc) {
+        res->status = GDR_ERR_POST;
+        res->err_errno = rc;
+        return -1;
+    }
+    return 0;
+}
+
+/* One completion: a send, or a receive whose immediate must be the next message's number
+ * (else the message is counted bad) and which is replaced by a new receive at once. */
+static int imm_completion(const struct gdr_lat_config *cfg, const struct ibv_wc *wc,
+                          struct imm_progress *p, struct gdr_lat_result *res)
+{
+    if (wc->status != IBV_WC_SUCCESS) {
+        res->status = GDR_ERR_WC;
+        res->wc_status = wc->status;
+        res->wc_vendor_err = wc->vendor_err;
+        res->wc_qp_num = wc->qp_num;
+        return -1;
+    }
+    if (wc->wr_id != IMM_RECV_WR_ID) {
+        p->sends++;
+        return 0;
+    }
+    p->recvs++;
+    if (!(wc->wc_flags & IBV_WC_WITH_IMM) || ntohl(wc->imm_data) != (uint32_t)(cfg->first + p->recvs)) {
+        /* The immediate is the message's tag: a wrong one is a wrong message, its 4 bytes
+         * wrong bytes (past the payload: the offset of a bad byte in it, if any, stays). */
+        res->bad_messages++;
+        if (!res->bad_bytes)
+            res->first_bad_offset = cfg->msg_size;
+        res->bad_bytes += sizeof(uint32_t);
+    }
+    return post_recv(cfg, res);
+}
+
+/* Poll until this pass has seen `sends` send and `recvs` receive completions. */
+static int imm_wait(const struct gdr_lat_config *cfg, uint64_t stall_ticks, uint64_t sends,
+                    uint64_t recvs, struct imm_progress *p, struct gdr_lat_result *res)
+{
+    struct ibv_wc wc[2];
+    struct watchdog watch;
+    int n, i;
+
+    watchdog_init(&watch, stall_ticks);
+    while (p->sends < sends || p->recvs < recvs) {
+        n = ibv_poll_cq(cfg->cq, 2, wc);
+        if (n < 0) {
+            res->status = GDR_ERR_POLL;
+            return -1;
+        }
+        if (n == 0) {
+            if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
+                return -1;
+            continue;
+        }
+        for (i = 0; i < n; i++) {
+            if (imm_completion(cfg, &wc[i], p, res))
+                return -1;
+        }
+        watch.progressed = 1;
+    }
+    return 0;
+}
+
+/* The pass's message i: to its slot of the peer's buffer, its number as the immediate. */
+static int imm_post(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr, uint64_t i,
+                    struct gdr_lat_result *res)
+{
+    struct ibv_send_wr *bad = NULL;
+    uint64_t number = cfg->first + i + 1;
+    int rc;
+
+    wr->wr.rdma.remote_addr = cfg->remote_addr + ((number - 1) % cfg->slots) * cfg->msg_size;
+    wr->imm_data = htonl((uint32_t)number);
+    rc = ibv_post_send(cfg->qp, wr, &bad);
+    if (rc) {
+        res->status = GDR_ERR_POST;
+        res->err_errno = rc;
+        return -1;
+    }
+    return 0;
+}
+
+/* The ping-pong of WRITEs with immediate (perftest's ib_write_lat --write_with_imm): the
+ * initiator's sample is from its post to the echo's receive completion; the responder
+ * answers each receive, once its previous echo has completed (one send in flight). The
+ * buffers are never touched by the CPU: the caller checks the slots after the pass. */
+static int imm_lat_run(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr,
+                       uint64_t stall_ticks, struct gdr_lat_result *res)
+{
+    struct imm_progress p = {0, 0};
+    uint64_t i, posted;
+
+    if (cfg->post_recv && post_recv(cfg, res))
+        return -1;
+    for (i = 0; i < cfg->iterations; i++) {
+        if (cfg->initiator) {
+            posted = gdr_clock_ticks(&cfg->clock);
+            if (imm_post(cfg, wr, i, res) || imm_wait(cfg, stall_ticks, 0, i + 1, &p, res))
+                return -1;
+            cfg->samples_ns[i] = gdr_clock_ticks(&cfg->clock) - posted;
+            if (imm_wait(cfg, stall_ticks, i + 1, i + 1, &p, res))
+                return -1;
+        } else if (imm_wait(cfg, stall_ticks, i, i + 1, &p, res) || imm_post(cfg, wr, i, res)) {
+            return -1;
+        }
+        res->completed = i + 1;
+    }
+    return imm_wait(cfg, stall_ticks, cfg->iterations, cfg->iterations, &p, res);
+}
+
 int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
 {
     struct ibv_sge sge = {.addr = cfg->send_addr, .length = cfg->msg_size, .lkey = cfg->lkey};
@@ -573,10 +704,14 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     wr.wr.rdma.remote_addr = cfg->remote_addr;
     wr.wr.rdma.rkey = cfg->rkey;
     stall_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns);   /* once, not per wait */
-    if (cfg->read) {
-        sge.addr = (uint64_t)(uintptr_t)cfg->recv_buf;   /* the READ lands where it is checked */
+    if (cfg->imm)
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (cfg->read || cfg->imm) {
+        if (cfg->read)
+            sge.addr = (uint64_t)(uintptr_t)cfg->recv_buf;   /* the READ lands where it is checked */
         gdr_clock_mark(&cfg->clock, &mark);
-        if (read_lat_run(cfg, &wr, stall_ticks, res))
+        if (cfg->read ? read_lat_run(cfg, &wr, stall_ticks, res)
+                      : imm_lat_run(cfg, &wr, stall_ticks, res))
             return res->status;
         check_clock(&cfg->clock, &mark, &res->clock_check);
         samples_to_ns(cfg);

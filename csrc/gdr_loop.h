@@ -102,6 +102,16 @@ struct gdr_lat_config {
     uint64_t iterations;
     uint32_t max_inline;          /* messages up to this size go inline */
     int initiator;                /* the initiator writes first and times round trips */
+    int imm;                      /* RDMA WRITE with immediate (perftest's --write_with_imm):
+                                   * each side waits for the peer's message on its receive
+                                   * completion, never by reading the buffer (GPU memory);
+                                   * the message numbered k (from 1) carries k as its
+                                   * immediate and lands in slot (k - 1) mod slots of the
+                                   * peer's buffer; the bytes are checked after the pass */
+    uint32_t slots;               /* imm: the receive slots of the peer's buffer */
+    uint64_t first;               /* imm: the messages before this pass, in the round */
+    int post_recv;                /* imm: post a receive first (afterwards one stays posted:
+                                   * each receive completion is followed by a new one) */
     int read;                     /* RDMA READ latency (initiator only): each iteration
                                    * READs msg_size bytes of the pattern of seed from
                                    * remote_addr into recv_buf; the sample is post to

@@ -138,6 +138,10 @@ cdef extern from "gdr_loop.h" nogil:
         uint64_t iterations
         uint32_t max_inline
         int initiator
+        int imm
+        uint32_t slots
+        uint64_t first
+        int post_recv
         int read
         uint64_t *samples_ns
         uint64_t stall_timeout_ns

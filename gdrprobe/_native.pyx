@@ -376,6 +376,8 @@ cdef class LatencyLoopResult:
     cdef readonly uint64_t first_bad_offset          # valid when bad_bytes > 0
     cdef readonly ClockCheck clock_check
     cdef readonly RoundTripSummary round_trip        # None: the responder, or a failed run
+    cdef readonly bytes samples                      # the round trips in ns, unsorted
+                                                     # (uint64), where asked for
 
 
 cdef int _check_inside(str what, end, memory) except -1:
@@ -451,17 +453,27 @@ cdef class LatencyConfig:
     own what it points at (see BandwidthConfig): it sends from send_offset in memory and the
     peer writes into memory's start; it writes to the start of remote's buffer. read=True
     (the initiator only): it READs msg_size bytes from the start of remote's buffer into
-    memory's start instead, and checks them against the pattern of seed."""
+    memory's start instead, and checks them against the pattern of seed. imm=True: WRITEs with
+    immediate, each side waiting on its receive completions and never reading the buffers
+    (which may be GPU memory): message first + i + 1 of the round goes to slot
+    (first + i) mod slots of remote's buffer, and post_recv posts the first receive (one
+    stays posted from then on)."""
 
     cdef c.gdr_lat_config cfg
     cdef readonly object handles, memory
 
     def __init__(self, handles, memory, remote, *, uint64_t send_offset, uint32_t msg_size,
                  uint64_t iterations, bint initiator, uint64_t stall_timeout_ns, uint64_t seed,
-                 uint32_t max_inline=0, bint read=False, bint counter=False,
+                 uint32_t max_inline=0, bint read=False, bint imm=False, uint32_t slots=1,
+                 uint64_t first=0, bint post_recv=False, bint counter=False,
                  double ns_per_tick=1.0):
         if read and not initiator:
             raise ValueError("only the initiator of a READ latency loop runs it")
+        if read and imm:
+            raise ValueError("a latency loop READs or WRITEs with immediate, not both")
+        if imm and not 1 <= <object>slots * msg_size <= remote.length:
+            raise ValueError(f"{slots} receive slots of {msg_size} B do not fit the peer's "
+                             f"{remote.length}-byte buffer")
         _check_inside("the message sent", <object>send_offset + msg_size, memory)
         self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
@@ -475,6 +487,8 @@ cdef class LatencyConfig:
         self.cfg.max_inline = max_inline
         self.cfg.initiator = initiator
         self.cfg.read = read
+        self.cfg.imm, self.cfg.slots, self.cfg.first = imm, slots, first
+        self.cfg.post_recv = post_recv
         self.cfg.stall_timeout_ns = stall_timeout_ns
         self.cfg.clock = _loop_clock(counter, ns_per_tick)
 
@@ -495,13 +509,15 @@ def run_bandwidth(BandwidthConfig config, StopFlag stop):
                                _clock_check(&res.clock_check))
 
 
-def run_latency(LatencyConfig config, StopFlag stop):
+def run_latency(LatencyConfig config, StopFlag stop, bint keep_samples=False):
     """Ping-pong loop; a LatencyLoopResult, with a summary of the round trips (initiator
-    only). This call holds config (and so its owners) and stop until the loop has returned."""
+    only) and, with keep_samples, the round trips themselves. This call holds config (and
+    so its owners) and stop until the loop has returned."""
     cdef c.gdr_lat_result res
     cdef uint64_t *samples = NULL
     cdef uint64_t iterations = config.cfg.iterations
     cdef RoundTripSummary round_trip = None
+    cdef bytes kept = None
     if config.cfg.initiator:
         samples = <uint64_t *>malloc(iterations * sizeof(uint64_t))
         if samples == NULL:
@@ -512,6 +528,8 @@ def run_latency(LatencyConfig config, StopFlag stop):
         with nogil:
             c.gdr_lat_run(&config.cfg, &res)
         if samples != NULL and res.status == c.GDR_OK:
+            if keep_samples:
+                kept = (<char *>samples)[:iterations * sizeof(uint64_t)]
             round_trip = _round_trip_summary(samples, iterations)
     finally:
         config.cfg.samples_ns = NULL
@@ -519,7 +537,8 @@ def run_latency(LatencyConfig config, StopFlag stop):
         free(samples)
     return LatencyLoopResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
                              res.wc_qp_num, res.completed, res.bad_messages, res.bad_bytes,
-                             res.first_bad_offset, _clock_check(&res.clock_check), round_trip)
+                             res.first_bad_offset, _clock_check(&res.clock_check), round_trip,
+                             kept)
 
 
 # ---- NCCL's flush: one RDMA READ of received bytes on a loopback QP (csrc/gdr_flush.h) ----

@@ -64,8 +64,10 @@ GPU_ALLOCATION = "vmm"
 CLOCKS = ("auto", "counter", "monotonic")                        # measure/clock.py
 CLOCK = "auto"
 # The RDMA operation a run measures (measure/options.py): the client's NIC writes the
-# server's buffer, or reads it (the server's NIC then reads its own memory).
-OPCODES = ("write", "read")
+# server's buffer, writes it with an immediate (latency: each side waits on its receive
+# completions, so either buffer may be GPU memory), or reads it (the server's NIC then
+# reads its own memory).
+OPCODES = ("write", "write_imm", "read")
 OPCODE = "write"
 
 # ---- the A/B and its verdict ------------------------------------------------------------

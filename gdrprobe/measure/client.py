@@ -5,6 +5,7 @@ clear error, and every verbs object and buffer is released."""
 
 from __future__ import annotations
 
+import array
 import functools
 import math
 import random
@@ -20,8 +21,9 @@ from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, b
 from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
                                       check_latency_memory)
 from gdrprobe.measure.round_check import RoundCheck
-from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
-                                   heartbeat_s, latency_config, prepare_latency_round,
+from gdrprobe.measure.side import (ImmCheck, Receives, check_tcp_port, check_timeout,
+                                   endpoint_summary, heartbeat_s, imm_passes, latency_config,
+                                   prepare_imm_round, prepare_latency_round,
                                    received_integrity, remote_buffer)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.provider import MemoryProvider
@@ -87,11 +89,16 @@ def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
 
 def perftest_program(options: ProbeOptions) -> str:
     """perftest's program that measures what this run does (ib_write_bw, ib_read_lat ...)."""
-    return f"ib_{options.opcode}_{'bw' if options.mode == 'bandwidth' else 'lat'}"
+    verb = "write" if options.imm else options.opcode
+    program = f"ib_{verb}_{'bw' if options.mode == 'bandwidth' else 'lat'}"
+    return program + (" --write_with_imm" if options.imm else "")
 
 
 def integrity_method(options: ProbeOptions) -> str:
     """Which messages the receiver checks, as the report says it (docs/method.md)."""
+    if options.imm:
+        return ("every message checked, each way: each side's receive slots read back after "
+                "each pass, outside every sample, and each immediate matched to its message")
     if options.reads and options.mode == "latency":
         return "every READ's bytes checked after its completion, outside its sample"
     if options.reads and not options.sample_integrity:
@@ -149,6 +156,7 @@ class ProbeClient:
         self.clock: LoopClock | None = None   # chosen when the loops are about to run
         self.gpu_mechanism = ""   # the GPU side's mechanism, once both buffers are open
         self.remote_findings = ()   # the server's doctor findings about its GPU buffer
+        self.receives = Receives()  # the QP's receive, posted once (WRITE with immediate)
 
     def connect(self) -> Channel:
         """Connect, retrying a refused connection for connect_wait_s (a server that is
@@ -253,7 +261,9 @@ class ProbeClient:
         """One size's round; measured again with CLOCK_MONOTONIC, which this run then
         keeps, when the cycle counter disagreed with it over the round."""
         bandwidth = self.options.mode == "bandwidth"
-        if self.options.reads:
+        if self.options.imm:
+            measure = self._imm_latency_round
+        elif self.options.reads:
             measure = self._read_bandwidth_round if bandwidth else self._read_latency_round
         else:
             measure = self._bandwidth_round if bandwidth else self._latency_round
@@ -420,6 +430,41 @@ class ProbeClient:
         raise_if_corrupt(integrity, size, "this side (what the READs brought)")
         return (latency_result(size, o.iterations, raw.round_trip, integrity, one_way=False),
                 raw.clock_check)
+
+    def _imm_latency_round(self, channel, handles, memory, remote, size):
+        """The ping-pong of WRITEs with immediate (perftest's ib_write_lat
+        --write_with_imm): each side waits on its receive completions, so either buffer may
+        be GPU memory. The round runs in passes of its receive slots; after each, outside
+        every sample, this side checks its slots (through the memory provider) and the
+        server its own before the next pass writes them again."""
+        o = self.options
+        what = f"the {size}-byte latency round (WRITE with immediate)"
+        seed = _native.pattern_seed(size, self.round)
+        slots = o.slots(size)
+        prepare_imm_round(memory, size, seed, slots)
+        echo = ImmCheck(memory, size, seed)
+        send(channel, Start(size, self.round))
+        channel.receive(READY)
+        stall_s = stall_timeout_s(latency_in_flight(size), self.port_gbps)
+        samples = array.array("Q")
+        for index, (first, count) in enumerate(imm_passes(o.iterations, slots)):
+            config = latency_config(handles, memory, remote, size, count,
+                                    self._inline_bytes(memory), True, stall_s, self.clock, seed,
+                                    imm={"slots": slots, "first": first,
+                                         "post_recv": self.receives.first_post()})
+            raw = LoopThread(functools.partial(_native.run_latency, keep_samples=True), config,
+                             self.stop).wait(**self._heartbeat(channel, what))
+            self._check_loop(channel, raw, what, stall_s)
+            samples.frombytes(raw.samples)
+            echo.check_pass(raw, count)
+            self._pass_checked(channel, index, count)
+        send(channel, Done())
+        integrity = Verified.from_message(channel.receive(Verified.KIND),
+                                          bandwidth=False).integrity
+        raise_if_corrupt(integrity, size, "the server")
+        raise_if_corrupt(echo.integrity(), size, "this side (the server's echo)")
+        round_trip = _native.summarize_round_trips(samples)
+        return latency_result(size, o.iterations, round_trip, integrity), raw.clock_check
 
     def _latency_round(self, channel, handles, memory, remote, size):
         o = self.options

@@ -128,6 +128,8 @@ class ProbeOptions:
             problems.append("latency runs one QP and a fixed number of iterations")
         if self.opcode not in OPCODES:
             problems.append(f"opcode {self.opcode!r} is not one of {', '.join(OPCODES)}")
+        if self.opcode == "write_imm" and self.mode != "latency":
+            problems.append("write_imm measures latency (--latency): a bandwidth run WRITEs")
         if self.opcode == "read" and self.flush:
             problems.append("NCCL's flush follows a WRITE into GPU memory: a READ run has none")
         if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
@@ -148,7 +150,10 @@ class ProbeOptions:
         """How many messages of this size each land in a slot of their own: as many as a
         bandwidth round posts, within the caps; a latency round has one message each way."""
         if self.mode == "latency":
-            return 1
+            # A WRITE with immediate lands in a ring of slots, each written once a pass and
+            # checked after it (measure/side.py ImmCheck); the tagged ping-pong in one.
+            return defaults.integrity_slots(size, self.iterations, self.integrity_bytes) \
+                if self.imm else 1
         messages = None if self.duration_s else (self.iterations + self.warmup_iterations) * self.qps
         return defaults.integrity_slots(size, messages, self.integrity_bytes)
 
@@ -161,8 +166,10 @@ class ProbeOptions:
     @property
     def buffer_bytes(self) -> int:
         """For the size that needs most: its slots and a message past them (where stray
-        writes show up), each page-rounded. Latency: the receive half and the send half."""
-        return max(defaults.buffer_bytes(size, self.slots(size)) for size in self.sizes)
+        writes show up), each page-rounded. Latency: the receive half and the send half
+        (with immediate, the receive half holds the slots: twice the room)."""
+        halves = 2 if self.imm else 1
+        return max(halves * defaults.buffer_bytes(size, self.slots(size)) for size in self.sizes)
 
     def to_message(self) -> dict:
         return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
@@ -218,6 +225,12 @@ class ProbeOptions:
                                    remote_write=server or latency)
 
     @property
+    def imm(self) -> bool:
+        """Whether the latency ping-pong WRITEs with immediate (perftest's
+        --write_with_imm): each side waits on its receive completions."""
+        return self.opcode == "write_imm"
+
+    @property
     def reads(self) -> bool:
         """Whether the client READs the server's buffer instead of writing it."""
         return self.opcode == "read"
@@ -234,10 +247,11 @@ class ProbeOptions:
 def check_latency_memory(options: ProbeOptions, client: MemorySpec | None,
                          server: MemorySpec | None) -> None:
     """The latency loop's CPU touches the buffer the bytes arrive in, which it cannot do in
-    GPU memory: the WRITE ping-pong polls the last byte of each side's buffer; a READ
+    GPU memory: the WRITE ping-pong polls the last byte of each side's buffer (with
+    immediate it polls completions: any memory); a READ
     latency loop polls its completion queue but checks each READ's bytes in the client's
     buffer, while the server's (what the READ fetches) may be GPU memory."""
-    if options.mode != "latency":
+    if options.mode != "latency" or options.imm:
         return
     polled = (client,) if options.reads else (client, server)
     if any(spec and spec.kind != "host" for spec in polled):
@@ -248,4 +262,5 @@ def check_latency_memory(options: ProbeOptions, client: MemorySpec | None,
                              "the bytes the NIC reads in GPU memory)")
         raise UsageError("latency runs use host memory on both sides: the CPU polls the "
                          "receive buffer, which it cannot do in GPU memory",
-                         "drop --mem/--remote-mem for --latency, or measure bandwidth")
+                         "use --opcode write_imm (perftest's --write_with_imm: each side waits "
+                         "on its receive completions), or drop --mem/--remote-mem")

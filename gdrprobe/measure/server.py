@@ -29,8 +29,9 @@ from gdrprobe.measure.nic_queue import NicQueue
 from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
-                                   heartbeat_s, latency_config, prepare_latency_round,
-                                   received_integrity, remote_buffer, source_integrity)
+                                   heartbeat_s, imm_passes, latency_config, prepare_imm_round,
+                                   prepare_latency_round, received_integrity, remote_buffer,
+                                   source_integrity, ImmCheck, Receives)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel
@@ -322,7 +323,7 @@ class ProbeServer:
             send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
                                   endpoint_summary(endpoint, memory), self.timeout_s,
                                   self.findings if memory.kind == "gpu" else ()))
-            self._rounds(channel, options, endpoint, handles, memory, setup, flusher)
+            self._rounds(channel, options, endpoint, handles, memory, setup, flusher, Receives())
 
     def _flusher(self, endpoint, memory, flushing: bool):
         """NCCL's flush QP for this receive buffer where the run asks for the flush and the
@@ -331,7 +332,8 @@ class ProbeServer:
             return contextlib.nullcontext()
         return Flusher(endpoint, memory, self.stop, port_rate_gbps(endpoint.port_attr))
 
-    def _rounds(self, channel, options, endpoint, handles, memory, setup: Setup, flusher):
+    def _rounds(self, channel, options, endpoint, handles, memory, setup: Setup, flusher,
+                receives: Receives):
         while True:
             message = channel.receive(Start.KIND, BYE)
             if message["type"] == BYE:
@@ -340,6 +342,9 @@ class ProbeServer:
             seed = _native.pattern_seed(start.size, start.round)
             if options.reads:
                 self._read_round(channel, options, memory, start.size, seed)
+            elif options.imm:
+                self._imm_latency_round(channel, options, endpoint, handles, memory,
+                                        setup.buffer, start.size, seed, receives)
             elif options.mode == "bandwidth":
                 self._bandwidth_round(channel, options, memory, start.size, seed, flusher)
             else:
@@ -404,6 +409,50 @@ class ProbeServer:
             bad_messages = int(bad > 0)
         send(channel, Verified(source_integrity(size, sources, bad_messages, bad, first),
                                stage_out_s if bandwidth else None))
+
+    def _imm_latency_round(self, channel, options, endpoint, handles, memory, remote, size,
+                           seed, receives: Receives):
+        """The responder of a WRITE-with-immediate ping-pong, pass by pass: each pass's
+        loop answers the client's messages on its receive completions; at the client's
+        "pass" this side checks its slots (ImmCheck) and starts the next pass's loop before
+        it answers "checked"."""
+        if remote is None:
+            raise PeerError("a latency run needs the client's buffer", SAME_VERSION_FIX)
+        slots = options.slots(size)
+        prepare_imm_round(memory, size, seed, slots)
+        check = ImmCheck(memory, size, seed)
+        what = f"the {size}-byte latency round (WRITE with immediate)"
+        stall_s = stall_timeout_s(latency_in_flight(size), port_rate_gbps(endpoint.port_attr))
+        passes = imm_passes(options.iterations, slots)
+        inline = options.max_inline if memory.inline_capable else 0
+
+        def responder(index: int) -> LoopThread:
+            first, count = passes[index]
+            config = latency_config(handles, memory, remote, size, count, inline, False,
+                                    stall_s, loop_clock(options.clock), seed,
+                                    imm={"slots": slots, "first": first,
+                                         "post_recv": receives.first_post()})
+            loop = LoopThread(_native.run_latency, config, self.stop)
+            loop.start()
+            return loop
+
+        loop = responder(0)
+        try:
+            channel.send(READY)
+            while (message := channel.receive(PROGRESS, PassDone.KIND, Done.KIND))["type"] \
+                    != Done.KIND:
+                if message["type"] == PROGRESS:
+                    continue
+                landed = PassDone.from_message(message, check.messages // slots, slots)
+                raw = loop.finish(grace_s=stall_s)
+                check_status(raw, what, stall_s)
+                check.check_pass(raw, passes[landed.index][1])
+                if landed.index + 1 < len(passes):
+                    loop = responder(landed.index + 1)
+                send(channel, PassChecked(landed.index))
+        finally:
+            loop.finish()
+        send(channel, Verified(check.integrity()))
 
     def _latency_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
         if remote is None:

@@ -93,12 +93,76 @@ def source_integrity(size: int, sources: int, bad_messages: int, bad_bytes: int,
                      bad_messages=bad_messages)
 
 
+class Receives:
+    """Whether a run's QP has its receive posted yet: the WRITE-with-immediate loop posts
+    the first one and leaves one posted after every receive completion."""
+
+    def __init__(self):
+        self.posted = False
+
+    def first_post(self) -> bool:
+        """Whether the next loop must post the first receive (only the first loop does)."""
+        first, self.posted = not self.posted, True
+        return first
+
+
+def prepare_imm_round(memory: MemoryProvider, size: int, seed: int, slots: int) -> None:
+    """Both sides before a WRITE-with-immediate latency round: the receive slots poisoned
+    (each is written once a pass: one that was not stays poison) and the round's pattern in
+    the message this side sends."""
+    memory.poison(slots * size)
+    memory.fill_pattern(send_half(memory), size, seed)
+
+
+class ImmCheck:
+    """What one side of a WRITE-with-immediate latency round found in its receive slots,
+    pass by pass: after each pass, with nothing in flight, every slot the pass wrote must hold
+    the round's pattern (read back through the memory provider: GPU memory too), and is
+    poisoned again for the next; a message whose immediate was not its number is wrong too."""
+
+    def __init__(self, memory: MemoryProvider, size: int, seed: int):
+        self.memory, self.size, self.seed = memory, size, seed
+        self.messages = self.bad_messages = self.bad_bytes = 0
+        self.first_bad: int | None = None
+
+    def check_pass(self, raw, count: int) -> None:
+        """The pass that just ended: its loop's result and its `count` messages' slots."""
+        self._found(raw.bad_messages, raw.bad_bytes,
+                    raw.first_bad_offset if raw.bad_bytes else -1)
+        self.memory.flush_remote_writes()
+        for slot in range(count):
+            bad, first = self.memory.verify_pattern(slot * self.size, self.size, self.seed)
+            self._found(int(bad > 0), bad, first + slot * self.size if bad else -1)
+        self.memory.poison(count * self.size)
+        self.messages += count
+
+    def _found(self, messages: int, bad: int, first: int) -> None:
+        if bad and self.first_bad is None:
+            self.first_bad = first
+        self.bad_messages += messages
+        self.bad_bytes += bad
+
+    def integrity(self) -> Integrity:
+        return Integrity(checked=True, bytes_checked=self.messages * self.size,
+                         bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,
+                         stray_bytes=0, first_stray_offset=None,
+                         messages_checked=max(1, self.messages),
+                         messages_total=max(1, self.messages), bad_messages=self.bad_messages)
+
+
+def imm_passes(iterations: int, slots: int) -> list[tuple[int, int]]:
+    """A WRITE-with-immediate round's passes: (messages before it, its messages)."""
+    return [(first, min(slots, iterations - first)) for first in range(0, iterations, slots)]
+
+
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
                    max_inline: int, initiator: bool, stall_s: float, clock: LoopClock,
-                   seed: int, read: bool = False):
+                   seed: int, read: bool = False, imm: dict | None = None):
     """The ping-pong loop's settings for one side (see send_half); read: the READ
-    latency loop instead, which lands each READ at the start of memory."""
+    latency loop instead, which lands each READ at the start of memory; imm: the WRITE with
+    immediate loop's pass (slots, first, post_recv: _native.LatencyConfig)."""
     return _native.LatencyConfig(
         handles, memory, remote, send_offset=send_half(memory), msg_size=size,
         iterations=iterations, max_inline=max_inline, initiator=initiator,
-        stall_timeout_ns=int(stall_s * 1e9), seed=seed, read=read, **clock.loop_args())
+        stall_timeout_ns=int(stall_s * 1e9), seed=seed, read=read, imm=imm is not None,
+        **(imm or {}), **clock.loop_args())

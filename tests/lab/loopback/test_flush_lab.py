@@ -129,3 +129,46 @@ def test_check_flushes_its_gpu_receive_buffer(modules, tmp_path):  # noqa: F811
     report = json.loads(done.stdout)
     assert report["arms"][1]["outcome"] == "measured", (report["arms"], done.stderr)
     assert "as NCCL does: " in report["gpu_settings"]["flush"], report["gpu_settings"]
+
+
+GPU_ROUNDS = r"""
+import json, sys
+from gdrprobe.measure.loopback import run_loopback
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.rdma.endpoint import EndpointOptions
+
+gpu = MemorySpec(kind="gpu", mechanism="dmabuf")
+mode, opcode = sys.argv[1], sys.argv[2]
+options = ProbeOptions(mode=mode, opcode=opcode, sizes=(4096, 1 << 20), iterations=10)
+report = run_loopback(options, EndpointOptions(device="rxe0"), gpu, gpu)
+rows = report.bandwidth or report.latency
+print(json.dumps({"mechanisms": [report.local.memory["mechanism"],
+                                 report.remote.memory["mechanism"]],
+                  "perftest": report.settings.perftest,
+                  "rows": [{"size": row.size_bytes, "checked": row.integrity.messages_checked,
+                            "total": row.integrity.messages_total, "ok": row.integrity.ok,
+                            "bytes": row.integrity.bytes_checked} for row in rows]}))
+"""
+
+
+@pytest.mark.parametrize("mode, opcode, program", [
+    ("latency", "write_imm", "ib_write_lat --write_with_imm"),
+    ("bandwidth", "read", "ib_read_bw"),
+])
+def test_gpu_memory_at_both_ends_latency_with_immediate_and_read(modules, mode, opcode,  # noqa: F811
+                                                                  program):
+    """Issue 31 in the DMA-BUF lab, GPU (dma-buf) memory at both ends: the ping-pong of
+    WRITEs with immediate (no CPU polls GPU memory; each side's slots read back after each
+    pass: 1 MiB has 4, so passes of 4, 4 and 2) and READ bandwidth, every message checked."""
+    baseline = rdma_resources()
+    done = subprocess.run([sys.executable, "-c", GPU_ROUNDS, mode, opcode],
+                          capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env=dmabuf_environment(modules))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["mechanisms"] == ["dmabuf", "dmabuf"] and report["perftest"] == program
+    for row in report["rows"]:
+        assert row["ok"] and row["checked"] == row["total"] == 10, row
+        assert row["bytes"] == 10 * row["size"], row
+    assert rdma_resources() == baseline
