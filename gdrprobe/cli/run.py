@@ -112,8 +112,9 @@ def probe_settings(args) -> dict:
 
 def run(args) -> int:
     from gdrprobe.report.check import CheckReport
-    from gdrprobe.report.model import to_json
+    from gdrprobe.report.model import LatencyABReport, to_json
     from gdrprobe.report.check_text import render_check
+    from gdrprobe.report.text import render_latency_ab
 
     terminate_as_interrupt()
     arguments = dict(host=args.host, loopback=args.loopback, port=args.port,
@@ -124,6 +125,9 @@ def run(args) -> int:
                      notice=notice, **endpoint_arguments(args), **memory_arguments(args),
                      **probe_settings(args))
     report = run_rows_as_measured(arguments, args.json, args.report_gbits)
+    if isinstance(report, LatencyABReport):
+        print(to_json(report) if args.json else render_latency_ab(report))
+        return report.exit_code
     if isinstance(report, CheckReport):
         print(to_json(report) if args.json else render_check(report))
         return report.verdict.exit_code

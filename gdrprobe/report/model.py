@@ -325,6 +325,29 @@ class RunReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class LatencyRatio:
+    """One size of a latency A/B: each arm's median over its repeats' medians (one-way, us)."""
+
+    size_bytes: int
+    host_median_us: float
+    gpu_median_us: float
+    gpu_over_host: float           # the GPU arm's median over the host arm's
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyABReport:
+    """`run --latency` with GPU memory: the host arm and the GPU arm, alternately, each
+    repeat a whole run with the same opcode (WRITE with immediate) and settings."""
+
+    kind = "latency-ab"
+    settings: RunSettings          # the GPU arm's
+    host: tuple[RunReport, ...]    # each repeat's run, host memory at both ends
+    gpu: tuple[RunReport, ...]     # each repeat's run with the GPU memory asked for
+    ratios: tuple[LatencyRatio, ...]
+    exit_code: int = 0             # information: latency is not judged here
+
+
+@dataclasses.dataclass(frozen=True)
 class PartialRunReport:
     """A run that failed after some sizes: the rows measured before the failure, and it."""
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import (BandwidthResult, ClusterPair, ClusterReport,
-                                   DeviceReport, DoctorReport, Finding, LatencyResult,
-                                   RunReport, Status)
+                                   DeviceReport, DoctorReport, Finding, LatencyABReport,
+                                   LatencyResult, RunReport, Status)
 from gdrprobe.report.nccl_log import ChannelUse, NcclLogReport, NicUse
 
 
@@ -51,6 +51,18 @@ def render_run(report: RunReport, gbits: bool = False) -> str:
     rows = report.bandwidth or report.latency
     table = [result_columns(rows[0], gbits)] + [result_row(r, gbits) for r in rows] if rows else []
     return "\n".join([render_run_settings(report), *table, RULE])
+
+
+def render_latency_ab(report: LatencyABReport) -> str:
+    """The latency A/B: the GPU arm's settings, then per size each arm's median and the
+    GPU arm's over the host arm's."""
+    repeats = len(report.gpu)
+    lines = [render_run_settings(report.gpu[-1]),
+             f" latency A/B, {repeats} repeat(s) per arm: one-way median [usec]",
+             f" {'#bytes':<10} {'host':<10} {'GPU':<10} GPU/host"]
+    lines += [f" {r.size_bytes:<10} {r.host_median_us:<10.2f} {r.gpu_median_us:<10.2f} "
+              f"{r.gpu_over_host:.2f}" for r in report.ratios]
+    return "\n".join(lines + [RULE])
 
 
 def render_run_settings(report: RunReport) -> str:
