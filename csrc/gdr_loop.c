@@ -416,7 +416,10 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
 
 static int lat_config_valid(const struct gdr_lat_config *cfg)
 {
-    return cfg->qp && cfg->cq && cfg->recv_buf && cfg->msg_size > 0 && cfg->iterations > 0 &&
+    /* With immediate the loop never reads its buffer, whose address may be a DMA-BUF
+     * region's IOVA (0 for a fresh one). */
+    return cfg->qp && cfg->cq && (cfg->recv_buf || cfg->imm) && cfg->msg_size > 0 &&
+           cfg->iterations > 0 &&
            cfg->stop && (!cfg->initiator || cfg->samples_ns) && (!cfg->read || cfg->initiator) &&
            !(cfg->read && cfg->imm) && (!cfg->imm || cfg->slots >= 1) && clock_valid(&cfg->clock);
 }

@@ -252,13 +252,17 @@ def test_a_read_source_wrong_for_one_pass_is_caught_by_the_reader(monkeypatch):
     assert bad_messages(caught.value) == (4, 20)
 
 
-def test_latency_with_immediate_against_serve_checks_every_message_each_way(server):
-    """perftest's ib_write_lat --write_with_imm against 'gdrprobe serve': 1 MiB has 4 slots,
-    so 10 round trips run in passes of 4, 4 and 2, each side's slots checked after each."""
-    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "--latency", "--opcode",
-                           "write_imm", "-s", "1M", "-n", "10")
-    row = report["latency"][0]
-    assert report["settings"]["perftest"] == "ib_write_lat --write_with_imm"
-    assert row["integrity"]["messages_checked"] == 10 and row["integrity"]["bad_bytes"] == 0
-    assert row["integrity"]["bytes_checked"] == 10 * 1048576
-    assert 0 < row["latency_us_min"] <= row["latency_us_median"]
+def test_latency_with_immediate_checks_every_message_each_way():
+    """perftest's ib_write_lat --write_with_imm, both ends in this process: 1 MiB has 4
+    slots, so 10 round trips run in passes of 4, 4 and 2, each side's slots checked after
+    each; a second size runs on the receive left posted by the first."""
+    from gdrprobe.measure.loopback import run_loopback
+
+    options = ProbeOptions(mode="latency", opcode="write_imm", sizes=(64, 1048576),
+                           iterations=10, timeout_s=30)
+    report = run_loopback(options, EndpointOptions())
+    assert report.settings.perftest == "ib_write_lat --write_with_imm"
+    for row in report.latency:
+        assert row.integrity.ok and row.integrity.messages_checked == 10, row
+        assert row.integrity.bytes_checked == 10 * row.size_bytes
+        assert 0 < row.latency_us_min <= row.latency_us_median
