@@ -497,11 +497,14 @@ static void verify_received(const struct gdr_lat_config *cfg, struct gdr_lat_res
     res->bad_bytes += bad;
 }
 
-/* The initiator's samples, taken in ticks of the run's clock, in nanoseconds. */
+/* The initiator's samples, taken in ticks of the run's clock, in nanoseconds (the
+ * responder takes none). */
 static void samples_to_ns(const struct gdr_lat_config *cfg)
 {
     uint64_t i;
 
+    if (!cfg->initiator)
+        return;
     for (i = 0; i < cfg->iterations; i++)
         cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
 }
@@ -752,8 +755,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
         res->completed = i + 1;
     }
     check_clock(&cfg->clock, &mark, &res->clock_check);
-    if (cfg->initiator)
-        samples_to_ns(cfg);
+    samples_to_ns(cfg);
     res->status = GDR_OK;
     return res->status;
 }

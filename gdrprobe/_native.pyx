@@ -376,8 +376,7 @@ cdef class LatencyLoopResult:
     cdef readonly uint64_t first_bad_offset          # valid when bad_bytes > 0
     cdef readonly ClockCheck clock_check
     cdef readonly RoundTripSummary round_trip        # None: the responder, or a failed run
-    cdef readonly bytes samples                      # the round trips in ns, unsorted
-                                                     # (uint64), where asked for
+    cdef readonly bytes samples                      # round trips, ns (uint64), if asked
 
 
 cdef int _check_inside(str what, end, memory) except -1:
@@ -408,8 +407,8 @@ cdef class BandwidthConfig:
     config, which run_bandwidth holds until the loop returns. remote is the peer's buffer
     (address, rkey). on_pass, if given, is called between passes of `slots` messages from
     the loop's thread (pass, messages) and returns whether to go on: the receiver checks
-    each pass before its slots are written again. read=True: RDMA READs from the peer's
-    source slots into this side's slots (the reader checks what landed)."""
+    each pass before its slots are written again. read: READs from the peer's source slots
+    into this side's slots instead."""
 
     cdef c.gdr_bw_config cfg
     cdef readonly object handles, memory, on_pass
@@ -451,13 +450,10 @@ cdef class BandwidthConfig:
 cdef class LatencyConfig:
     """The ping-pong loop's settings in the C struct the loop reads, with the objects that
     own what it points at (see BandwidthConfig): it sends from send_offset in memory and the
-    peer writes into memory's start; it writes to the start of remote's buffer. read=True
-    (the initiator only): it READs msg_size bytes from the start of remote's buffer into
-    memory's start instead, and checks them against the pattern of seed. imm=True: WRITEs with
-    immediate, each side waiting on its receive completions and never reading the buffers
-    (which may be GPU memory): message first + i + 1 of the round goes to slot
-    (first + i) mod slots of remote's buffer, and post_recv posts the first receive (one
-    stays posted from then on)."""
+    peer writes into memory's start; it writes to the start of remote's buffer. read: the
+    initiator READs remote's start into memory's start instead (csrc/gdr_loop.h); imm: WRITEs
+    with immediate into `slots` slots of remote's buffer, the pass after `first` messages,
+    post_recv posting the run's first receive (gdr_lat_config)."""
 
     cdef c.gdr_lat_config cfg
     cdef readonly object handles, memory
@@ -467,13 +463,10 @@ cdef class LatencyConfig:
                  uint32_t max_inline=0, bint read=False, bint imm=False, uint32_t slots=1,
                  uint64_t first=0, bint post_recv=False, bint counter=False,
                  double ns_per_tick=1.0):
-        if read and not initiator:
-            raise ValueError("only the initiator of a READ latency loop runs it")
-        if read and imm:
-            raise ValueError("a latency loop READs or WRITEs with immediate, not both")
+        if read and (imm or not initiator):
+            raise ValueError("only an initiator READs, and not both READs and WRITEs with imm")
         if imm and not 1 <= <object>slots * msg_size <= remote.length:
-            raise ValueError(f"{slots} receive slots of {msg_size} B do not fit the peer's "
-                             f"{remote.length}-byte buffer")
+            raise ValueError(f"{slots} slots of {msg_size} B do not fit the peer's buffer")
         _check_inside("the message sent", <object>send_offset + msg_size, memory)
         self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
@@ -485,10 +478,8 @@ cdef class LatencyConfig:
         self.cfg.msg_size, self.cfg.iterations = msg_size, iterations
         self.cfg.seed = seed
         self.cfg.max_inline = max_inline
-        self.cfg.initiator = initiator
-        self.cfg.read = read
+        self.cfg.initiator, self.cfg.read, self.cfg.post_recv = initiator, read, post_recv
         self.cfg.imm, self.cfg.slots, self.cfg.first = imm, slots, first
-        self.cfg.post_recv = post_recv
         self.cfg.stall_timeout_ns = stall_timeout_ns
         self.cfg.clock = _loop_clock(counter, ns_per_tick)
 
@@ -510,9 +501,8 @@ def run_bandwidth(BandwidthConfig config, StopFlag stop):
 
 
 def run_latency(LatencyConfig config, StopFlag stop, bint keep_samples=False):
-    """Ping-pong loop; a LatencyLoopResult, with a summary of the round trips (initiator
-    only) and, with keep_samples, the round trips themselves. This call holds config (and
-    so its owners) and stop until the loop has returned."""
+    """Ping-pong loop; a LatencyLoopResult, with the round trips' summary (initiator only),
+    and them too with keep_samples. Holds config and stop until the loop has returned."""
     cdef c.gdr_lat_result res
     cdef uint64_t *samples = NULL
     cdef uint64_t iterations = config.cfg.iterations

@@ -41,7 +41,7 @@ def test_a_read_run_crosses_the_wire_with_its_opcode():
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"opcode": "send"}, "opcode 'send' is not one of write, read"),
+    ({"opcode": "send"}, "opcode 'send' is not one of write, write_imm, read"),
     ({"opcode": "read", "flush": "asked"}, "a READ run has none"),
 ])
 def test_a_bad_opcode_is_refused_before_anything_runs(settings, words):
