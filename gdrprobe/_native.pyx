@@ -407,8 +407,8 @@ cdef class BandwidthConfig:
     config, which run_bandwidth holds until the loop returns. remote is the peer's buffer
     (address, rkey). on_pass, if given, is called between passes of `slots` messages from
     the loop's thread (pass, messages) and returns whether to go on: the receiver checks
-    each pass before its slots are written again. read: READs from the peer's source slots
-    into this side's slots instead."""
+    each pass before its slots are written again; the source slots start at src_offset.
+    read: READs from the peer's source slots into this side's slots instead."""
 
     cdef c.gdr_bw_config cfg
     cdef readonly object handles, memory, on_pass
@@ -418,19 +418,19 @@ cdef class BandwidthConfig:
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
                  uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0,
                  uint32_t slots=1, uint32_t src_slots=0, on_pass=None, bint read=False,
-                 bint counter=False, double ns_per_tick=1.0):
+                 uint64_t src_offset=0, bint counter=False, double ns_per_tick=1.0):
         cdef Py_ssize_t i, num_qps = len(handles.qps)
         if not 1 <= num_qps <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
         src_slots = src_slots or slots
-        _check_inside("the source slots", <object>src_slots * msg_size, memory)
+        _check_inside("the source slots", <object>src_offset + src_slots * msg_size, memory)
         self.handles, self.memory, self.on_pass = handles, memory, on_pass
         memset(&self.cfg, 0, sizeof(self.cfg))
         for i in range(num_qps):
             self.cfg.qps[i] = <c.ibv_qp *><uintptr_t>handles.qps[i]
         self.cfg.num_qps = <uint32_t>num_qps
         self.cfg.cq = <c.ibv_cq *><uintptr_t>handles.cq
-        self.cfg.local_addr, self.cfg.lkey = memory.address, memory.lkey
+        self.cfg.local_addr, self.cfg.lkey = memory.address + src_offset, memory.lkey
         self.cfg.remote_addr, self.cfg.rkey = remote.address, remote.rkey
         self.cfg.msg_size = msg_size
         self.cfg.iterations, self.cfg.warmup_iterations = iterations, warmup_iterations

@@ -24,6 +24,10 @@ def register(subparsers) -> None:
     parser.add_argument("--latency", action="store_true",
                         help="ping-pong latency instead of bandwidth")
     add_opcode_flag(parser)
+    parser.add_argument("-b", "--bidir", action="store_true",
+                        help="both directions at once, as perftest's -b: each side WRITEs "
+                             "into the other's buffer in one window, every message checked "
+                             "both ways; each direction and the sum reported")
     parser.add_argument("-s", "--size", type=size, metavar="SIZE",
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.SIZE}; {defaults.A_B_SIZE} for a GPU A/B)")
@@ -89,6 +93,7 @@ def probe_settings(args) -> dict:
     return {
         "mode": "latency" if args.latency else "bandwidth",
         "opcode": args.opcode,
+        "bidir": args.bidir or None,
         "size": args.size,
         "sizes": defaults.SWEEP_SIZES if args.all else None,
         "iterations": args.iters,

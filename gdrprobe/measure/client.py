@@ -16,15 +16,16 @@ from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
 from gdrprobe.measure.clock import LoopClock, loop_clock, monotonic
 from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, bandwidth_result,
-                                    check_status, latency_in_flight, latency_result,
-                                    stall_timeout_s)
+                                    bidir_result, check_status, latency_in_flight,
+                                    latency_result, stall_timeout_s)
 from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
                                       check_latency_memory)
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (ImmCheck, Receives, check_tcp_port, check_timeout,
-                                   endpoint_summary, heartbeat_s, imm_passes, latency_config,
-                                   prepare_imm_round, prepare_latency_round,
-                                   received_integrity, remote_buffer)
+                                   endpoint_summary, exchange_passes, heartbeat_s, imm_passes,
+                                   latency_config, prepare_imm_round, prepare_latency_round,
+                                   receive_skipping_progress, received_integrity,
+                                   remote_buffer)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.memory.spec import MemorySpec
@@ -33,8 +34,8 @@ from gdrprobe.protocol.fields import SAME_VERSION_FIX
 from gdrprobe.protocol.handshake import (TRANSIENT_REFUSALS, Refused, ServerSecret,
                                          authenticate_as_client)
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked, PassDone,
-                                        Queued, Setup, SetupOk, Start, Verified, findings_in,
-                                        send)
+                                        Queued, Sent, Setup, SetupOk, Start, Verified,
+                                        findings_in, send)
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
 from gdrprobe.rdma.verbs import port_rate_gbps
 from gdrprobe.report.model import Integrity, RunReport, RunSettings
@@ -157,6 +158,7 @@ class ProbeClient:
         self.gpu_mechanism = ""   # the GPU side's mechanism, once both buffers are open
         self.remote_findings = ()   # the server's doctor findings about its GPU buffer
         self.receives = Receives()  # the QP's receive, posted once (WRITE with immediate)
+        self.reverse: list = []     # a bidirectional run's rows of the server's WRITEs
 
     def connect(self) -> Channel:
         """Connect, retrying a refused connection for connect_wait_s (a server that is
@@ -223,9 +225,10 @@ class ProbeClient:
             channel.close()
 
     def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
-        # Only a WRITE latency run lets the server write into this side's buffer.
-        own_buffer = (remote_buffer(memory) if self.options.mode == "latency"
-                      and not self.options.reads else None)
+        # Only a WRITE latency run and a bidirectional one let the server write into this
+        # side's buffer.
+        written = self.options.mode == "latency" and not self.options.reads
+        own_buffer = remote_buffer(memory) if written or self.options.bidir else None
         send(channel, Setup(self.options, endpoint.address(), own_buffer, self.remote_memory))
         server = self._await_turn(channel)
         if server.buffer.length < self.options.buffer_bytes:
@@ -240,8 +243,8 @@ class ProbeClient:
         self.port_gbps = port_rate_gbps(endpoint.port_attr)
 
         self.clock = loop_clock(self.options.clock)
-        if self.options.reads and self.options.mode == "bandwidth":
-            memory.poison()   # where the READs land: past the slots, a stray byte shows
+        if (self.options.reads or self.options.bidir) and self.options.mode == "bandwidth":
+            memory.poison()   # where the READs or the server's WRITEs land
         bandwidth, latency = [], []
         rows = bandwidth if self.options.mode == "bandwidth" else latency
         for size in self.options.sizes:
@@ -255,13 +258,16 @@ class ProbeClient:
             settings=self._settings(endpoint, memory, flushed), handle_route=handles.route,
             local=endpoint_summary(endpoint, memory), remote=server.summary,
             bandwidth=tuple(bandwidth), latency=tuple(latency),
-            remote_findings=self.remote_findings)
+            remote_findings=self.remote_findings, reverse=tuple(self.reverse),
+            bidirectional=tuple(bidir_result(*pair) for pair in zip(bandwidth, self.reverse)))
 
     def _measured_round(self, channel, handles, memory, remote, size):
         """One size's round; measured again with CLOCK_MONOTONIC, which this run then
         keeps, when the cycle counter disagreed with it over the round."""
         bandwidth = self.options.mode == "bandwidth"
-        if self.options.imm:
+        if self.options.bidir:
+            measure = self._bidir_round
+        elif self.options.imm:
             measure = self._imm_latency_round
         elif self.options.reads:
             measure = self._read_bandwidth_round if bandwidth else self._read_latency_round
@@ -331,7 +337,13 @@ class ProbeClient:
         the loop at once if the server has hung up (a dead server's QP may not say so for
         a while, and a latency loop would wait for its echo until the stall time-out)."""
         def beat():
-            raise_if_server_ended(channel, what)
+            # In a bidirectional round the server speaks while this loop runs (its passes):
+            # only its hanging up ends the loop early.
+            if not self.options.bidir:
+                raise_if_server_ended(channel, what)
+            elif channel.peer_gone():
+                raise PeerError(f"{what} failed: the server went away during the run",
+                                "look at the server's host: was it stopped or killed?")
             channel.send(PROGRESS)
 
         return {"tick": beat, "tick_every_s": self.heartbeat_s}
@@ -353,7 +365,7 @@ class ProbeClient:
             cq_mod=o.cq_moderation, post_list=o.post_list,
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
             slots=o.slots(size), src_slots=o.source_slots(size), on_pass=passes,
-            read=o.reads, **self.clock.loop_args())
+            read=o.reads, src_offset=o.source_offset(size), **self.clock.loop_args())
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
             **self._heartbeat(channel, what), passes=passes, on_pass=on_pass)
         self._check_loop(channel, raw, what, stall_s)
@@ -377,6 +389,35 @@ class ProbeClient:
         result = bandwidth_result(size, raw, verified.integrity,
                                   stage_s_per_message=stage_out_s + verified.stage_in_s)
         return result, raw.clock_check
+
+    def _bidir_round(self, channel, handles, memory, remote, size):
+        """Both directions at once (perftest's -b): this side WRITEs its sources (past its
+        receive slots) into the server's slots while the server WRITEs its own into this
+        side's; each side's loop pauses after each pass until both have checked what the
+        other wrote (exchange_passes). Each side times its own loop; the server's comes
+        back in "sent", the reverse row."""
+        o = self.options
+        what = f"the {size}-byte bidirectional round"
+        seed = _native.pattern_seed(size, self.round)
+        sources, offset = o.source_slots(size), o.source_offset(size)
+        memory.fill_slots(size, sources, seed, offset)
+        stage_out_s = memory.stage_out(offset, sources * size) / sources   # per message
+        check = RoundCheck(memory, size, o.slots(size), sources, seed, stray_end=offset)
+        send(channel, Start(size, self.round))
+        receive_skipping_progress(channel, READY)   # the server's loop is about to write
+        raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
+                                   functools.partial(exchange_passes, channel, check))
+        send(channel, Done(raw.posted))
+        sent = Sent.from_message(receive_skipping_progress(channel, Sent.KIND))
+        verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
+        raise_if_corrupt(verified.integrity, size, "the server")
+        integrity = check.integrity(sent.posted)
+        raise_if_corrupt(integrity, size, "this side (the server's WRITEs)")
+        self.reverse.append(bandwidth_result(size, sent, integrity,
+                                             sent.stage_out_s + check.stage_in_s))
+        return (bandwidth_result(size, raw, verified.integrity,
+                                 stage_s_per_message=stage_out_s + verified.stage_in_s),
+                raw.clock_check)
 
     @staticmethod
     def _pass_checked(channel: Channel, index: int, messages: int) -> None:

@@ -12,7 +12,7 @@ import time
 
 from gdrprobe import _native
 from gdrprobe.errors import CompletionError, GdrprobeError, Interrupted, PeerError, RdmaError
-from gdrprobe.report.model import BandwidthResult, Integrity, LatencyResult
+from gdrprobe.report.model import BandwidthResult, BidirResult, Integrity, LatencyResult
 
 # The watchdog of a loop: how long it may see no completion before it calls the link
 # stalled. A signalled completion can wait for everything in flight to cross the wire (with
@@ -254,6 +254,13 @@ def bandwidth_result(size: int, loop, integrity: Integrity,
         integrity_pause_s=loop.paused_ns / 1e9,
         integrity_passes=loop.passes,
     )
+
+
+def bidir_result(forward: BandwidthResult, reverse: BandwidthResult) -> BidirResult:
+    """One size of a bidirectional run: each direction's average and their sum."""
+    return BidirResult(forward.size_bytes, forward.bandwidth_avg_gbps,
+                       reverse.bandwidth_avg_gbps,
+                       forward.bandwidth_avg_gbps + reverse.bandwidth_avg_gbps)
 
 
 def one_way_us(round_trip_ns: float) -> float:

@@ -81,6 +81,9 @@ class ProbeOptions:
     # the report says it ("": no flush).
     flush: str = ""
     opcode: str = defaults.OPCODE    # OPCODES: what the client's NIC does to the server's buffer
+    # Both sides WRITE at once, each into the other's slots (perftest's -b): every message
+    # checked both ways, pass by pass in step (measure/side.py exchange_passes).
+    bidir: bool = False
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
@@ -130,6 +133,11 @@ class ProbeOptions:
             problems.append(f"opcode {self.opcode!r} is not one of {', '.join(OPCODES)}")
         if self.opcode == "write_imm" and self.mode != "latency":
             problems.append("write_imm measures latency (--latency): a bandwidth run WRITEs")
+        if self.bidir and (self.mode != "bandwidth" or self.opcode != "write" or self.flush
+                           or self.duration_s or self.sample_integrity):
+            problems.append("--bidir runs WRITE bandwidth for a number of iterations, every "
+                            "message checked (no -D, --latency, --opcode, --flush or "
+                            "--sample-integrity)")
         if self.opcode == "read" and self.flush:
             problems.append("NCCL's flush follows a WRITE into GPU memory: a READ run has none")
         if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
@@ -168,8 +176,13 @@ class ProbeOptions:
         """For the size that needs most: its slots and a message past them (where stray
         writes show up), each page-rounded. Latency: the receive half and the send half
         (with immediate, the receive half holds the slots: twice the room)."""
-        halves = 2 if self.imm else 1
+        halves = 2 if self.imm or self.bidir else 1
         return max(halves * defaults.buffer_bytes(size, self.slots(size)) for size in self.sizes)
+
+    def source_offset(self, size: int) -> int:
+        """Where a side's source slots start: at 0, but in a bidirectional round, where each
+        side also receives, past its receive slots (the upper half of buffer_bytes)."""
+        return defaults.buffer_bytes(size, self.slots(size)) if self.bidir else 0
 
     def to_message(self) -> dict:
         return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
@@ -204,6 +217,7 @@ class ProbeOptions:
             sample_integrity=field(message, "sample_integrity", bool),
             flush=field(message, "flush", str, default=""),
             opcode=field(message, "opcode", str),
+            bidir=field(message, "bidir", bool),
         )
 
     def window_messages(self, size: int) -> int:
@@ -219,10 +233,10 @@ class ProbeOptions:
             return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
                                        max_inline=0, mtu=self.mtu, remote_write=False,
                                        remote_read=server)
-        latency = self.mode == "latency"
+        written = server or self.mode == "latency" or self.bidir
         return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
                                    max_inline=self.max_inline, mtu=self.mtu,
-                                   remote_write=server or latency)
+                                   remote_write=written)
 
     @property
     def imm(self) -> bool:

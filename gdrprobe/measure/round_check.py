@@ -21,10 +21,12 @@ class RoundCheck:
     """What the receiver has found so far in one size's round."""
 
     def __init__(self, memory: MemoryProvider, size: int, slots: int, source_slots: int,
-                 seed: int, flusher=None):
+                 seed: int, flusher=None, stray_end: int | None = None):
         self.memory, self.size, self.slots = memory, size, slots
         self.source_slots, self.seed = source_slots, seed
         self.flusher = flusher     # a measure.flush.Flusher, or None: no flush
+        self.stray_end = stray_end  # where stray bytes stop being looked for (None: the end;
+                                    # a bidirectional round's own sources start there)
         self.passes = 0            # passes checked
         self.messages = 0          # messages checked
         self.bad_messages = self.bad_bytes = 0
@@ -81,7 +83,7 @@ class RoundCheck:
         """The round's integrity, with the stray bytes past the slots used. The buffer is
         poisoned again up to there for the next round (past it, it was just found poison)."""
         used_bytes = self._slots_used * self.size
-        stray, first_stray = self.memory.verify_poison(used_bytes)
+        stray, first_stray = self.memory.verify_poison(used_bytes, self.stray_end)
         self.memory.poison(used_bytes)
         return Integrity(checked=True, bytes_checked=self.messages * self.size,
                          bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,

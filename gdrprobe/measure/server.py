@@ -24,14 +24,16 @@ from gdrprobe import _native, defaults
 from gdrprobe.errors import GdrprobeError, PeerError, UsageError
 from gdrprobe.measure.clock import loop_clock
 from gdrprobe.measure.flush import Flusher, wants_flush
-from gdrprobe.measure.loops import LoopThread, check_status, latency_in_flight, stall_timeout_s
+from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, check_status,
+                                    latency_in_flight, stall_timeout_s)
 from gdrprobe.measure.nic_queue import NicQueue
 from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
                                    heartbeat_s, imm_passes, latency_config, prepare_imm_round,
                                    prepare_latency_round, received_integrity, remote_buffer,
-                                   source_integrity, ImmCheck, Receives)
+                                   source_integrity, ImmCheck, Receives, exchange_passes,
+                                   receive_skipping_progress)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel
@@ -39,7 +41,7 @@ from gdrprobe.protocol.door import Door
 from gdrprobe.protocol.fields import SAME_VERSION_FIX, peer_text
 from gdrprobe.protocol.handshake import ServerSecret
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked, PassDone,
-                                        Queued, Setup, SetupOk, Start, Verified,
+                                        Queued, Sent, Setup, SetupOk, Start, Verified,
                                         error_with_findings, send)
 from gdrprobe.protocol.serverlog import LineLog
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
@@ -318,7 +320,7 @@ class ProbeServer:
         endpoint.connect(setup.endpoint)
         handles = endpoint.handles()
         if options.mode == "bandwidth" and not options.reads:
-            memory.poison()   # for the first round (see _bandwidth_round)
+            memory.poison()   # for the first round (see _bandwidth_round; bidir: its slots)
         with self._flusher(endpoint, memory, flushing) as flusher:
             send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
                                   endpoint_summary(endpoint, memory), self.timeout_s,
@@ -340,7 +342,10 @@ class ProbeServer:
                 return
             start = Start.from_message(message, max(options.sizes))
             seed = _native.pattern_seed(start.size, start.round)
-            if options.reads:
+            if options.bidir:
+                self._bidir_round(channel, options, endpoint, handles, memory, setup.buffer,
+                                  start.size, seed)
+            elif options.reads:
                 self._read_round(channel, options, memory, start.size, seed)
             elif options.imm:
                 self._imm_latency_round(channel, options, endpoint, handles, memory,
@@ -385,6 +390,47 @@ class ProbeServer:
         landed = PassDone.from_message(message, check.passes, check.slots)
         check.next_pass(landed.messages)
         send(channel, PassChecked(landed.index))
+
+    def _bidir_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
+        """This side of a bidirectional round: its own loop WRITEs its sources (past its
+        receive slots) into the client's slots while the client writes into this side's,
+        both loops pausing after each pass until both sides have checked (exchange_passes);
+        then "sent" (this loop's result) and "verified" (what landed here)."""
+        if remote is None:
+            raise PeerError("a bidirectional run needs the client's buffer", SAME_VERSION_FIX)
+        what = f"the {size}-byte bidirectional round (the server's WRITEs)"
+        sources, offset = options.source_slots(size), options.source_offset(size)
+        memory.fill_slots(size, sources, seed, offset)
+        stage_out_s = memory.stage_out(offset, sources * size) / sources
+        check = RoundCheck(memory, size, options.slots(size), sources, seed, stray_end=offset)
+        per_qp = options.iterations + options.warmup_iterations
+        stall_s = stall_timeout_s(bandwidth_in_flight(size, options.qps, options.tx_depth,
+                                                      per_qp), port_rate_gbps(endpoint.port_attr))
+        passes = PassGate(self.stop)
+        config = _native.BandwidthConfig(
+            handles, memory, remote, msg_size=size, iterations=options.iterations,
+            warmup_iterations=options.warmup_iterations, tx_depth=options.tx_depth,
+            cq_mod=options.cq_moderation, post_list=options.post_list,
+            max_inline=options.max_inline if memory.inline_capable else 0,
+            stall_timeout_ns=int(stall_s * 1e9), slots=options.slots(size), src_slots=sources,
+            on_pass=passes, src_offset=offset, **loop_clock(options.clock).loop_args())
+        loop = LoopThread(_native.run_bandwidth, config, self.stop)
+        loop.start()
+        try:
+            channel.send(READY)
+            raw = loop.wait(tick=lambda: channel.send(PROGRESS),
+                            tick_every_s=heartbeat_s(options.timeout_s), passes=passes,
+                            on_pass=functools.partial(exchange_passes, channel, check))
+        finally:
+            loop.finish()
+        check_status(raw, what, stall_s)
+        posted = Done.from_message(receive_skipping_progress(channel, Done.KIND), True).messages
+        if check.messages != posted:
+            raise PeerError(f"the client posted {posted} messages of {size} B and had "
+                            f"{check.messages} checked", SAME_VERSION_FIX)
+        send(channel, Sent(raw.messages, raw.posted, raw.elapsed_ns, raw.peak_bytes_per_s,
+                           raw.passes, raw.paused_ns, stage_out_s))
+        send(channel, Verified(check.integrity(posted), check.stage_in_s))
 
     def _read_round(self, channel, options, memory, size, seed):
         """A round the client READs: this side's NIC answers, reading this buffer. The

@@ -12,7 +12,7 @@ from gdrprobe.errors import UsageError
 from gdrprobe.measure.clock import LoopClock
 from gdrprobe.measure.options import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from gdrprobe.memory.provider import MemoryProvider
-from gdrprobe.protocol.messages import RemoteBuffer
+from gdrprobe.protocol.messages import PROGRESS, PassChecked, PassDone, RemoteBuffer, send
 from gdrprobe.rdma.endpoint import Endpoint
 from gdrprobe.report.model import EndpointSummary, Integrity
 
@@ -153,6 +153,28 @@ class ImmCheck:
 def imm_passes(iterations: int, slots: int) -> list[tuple[int, int]]:
     """A WRITE-with-immediate round's passes: (messages before it, its messages)."""
     return [(first, min(slots, iterations - first)) for first in range(0, iterations, slots)]
+
+
+def receive_skipping_progress(channel, kind: str) -> dict:
+    """The next message of this kind, past the peer's heartbeats (a bidirectional round:
+    both sides' loops run, and both beat)."""
+    while (message := channel.receive(PROGRESS, kind))["type"] == PROGRESS:
+        pass
+    return message
+
+
+def exchange_passes(channel, check, index: int, messages: int) -> None:
+    """A bidirectional round's pass, on either side, with this side's loop paused: say
+    this side's pass `index` of `messages` has landed at the peer, wait for the peer's
+    (its messages have landed here), check them (check: this side's RoundCheck), say so
+    and wait until the peer has checked ours. Both sides do the same, in step, so no slot
+    is written again before its check."""
+    send(channel, PassDone(index, messages))
+    landed = PassDone.from_message(receive_skipping_progress(channel, PassDone.KIND), index,
+                                   check.slots)
+    check.next_pass(landed.messages)
+    send(channel, PassChecked(index))
+    PassChecked.from_message(receive_skipping_progress(channel, PassChecked.KIND), index)
 
 
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,

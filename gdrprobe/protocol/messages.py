@@ -3,8 +3,8 @@
 A run's conversation, client to server unless marked (<-)::
 
     setup, queued* <-, setup_ok <-,
-    then each round: start, ready <- (latency only), progress*, (pass, checked <-)*, done,
-    verified <-,
+    then each round: start, ready <- (latency, READ, bidirectional), progress*,
+    (pass, checked <-)*, done, sent <- (bidirectional), verified <-,
     and at the end: bye
 
 A message with fields is a frozen dataclass: ``KIND`` is its type on the wire,
@@ -387,6 +387,34 @@ class PassChecked:
             raise PeerError(f"the server said it checked pass {index}, not "
                             f"{expected_index}", SAME_VERSION_FIX)
         return cls(index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """<- What the server's own loop did in a bidirectional round (its WRITEs into the
+    client's slots): as a BandwidthLoopResult says it, and the seconds a staged buffer spent
+    copying each message out."""
+
+    KIND: ClassVar[str] = "sent"
+    messages: int
+    posted: int
+    elapsed_ns: int
+    peak_bytes_per_s: float
+    passes: int
+    paused_ns: int
+    stage_out_s: float
+
+    def to_message(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_message(cls, message: dict) -> Sent:
+        def count(name: str) -> int:
+            return field(message, name, int, low=0, high=MAX_MESSAGES)
+        return cls(count("messages"), count("posted"), count("elapsed_ns"),
+                   float(field(message, "peak_bytes_per_s", (int, float), low=0)),
+                   count("passes"), count("paused_ns"),
+                   float(field(message, "stage_out_s", (int, float), low=0, high=MAX_STAGE_S)))
 
 
 @dataclasses.dataclass(frozen=True)

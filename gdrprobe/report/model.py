@@ -312,6 +312,16 @@ class RunSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class BidirResult:
+    """One size of a bidirectional run (perftest's -b): each direction's average, Gb/s."""
+
+    size_bytes: int
+    client_to_server_gbps: float
+    server_to_client_gbps: float
+    sum_gbps: float
+
+
+@dataclasses.dataclass(frozen=True)
 class RunReport:
     kind = "run"
     settings: RunSettings
@@ -322,6 +332,10 @@ class RunReport:
     latency: tuple[LatencyResult, ...]
     # The server's doctor findings about its own GPU buffer's path (empty for host memory).
     remote_findings: tuple[Finding, ...] = ()
+    # --bidir: the server's WRITEs into this side, timed by the server, and per size both
+    # directions with their sum
+    reverse: tuple[BandwidthResult, ...] = ()
+    bidirectional: tuple[BidirResult, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

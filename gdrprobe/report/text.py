@@ -81,6 +81,9 @@ def render_run_settings(report: RunReport) -> str:
         *([f" clock: {s.clock}"] if s.clock else []),
         *([f" integrity: {s.integrity}"] if s.integrity else []),
         *([f" flush: {s.flush}"] if s.flush else []),
+        *[f" bidirectional {r.size_bytes} B: client to server {r.client_to_server_gbps:.2f}"
+          f" Gb/s, server to client {r.server_to_client_gbps:.2f} Gb/s, sum "
+          f"{r.sum_gbps:.2f} Gb/s" for r in report.bidirectional],
         *render_endpoints(report), RULE])
 
 

@@ -266,3 +266,18 @@ def test_latency_with_immediate_checks_every_message_each_way():
         assert row.integrity.ok and row.integrity.messages_checked == 10, row
         assert row.integrity.bytes_checked == 10 * row.size_bytes
         assert 0 < row.latency_us_min <= row.latency_us_median
+
+
+def test_bidirectional_against_serve_checks_every_message_both_ways(server):
+    """perftest's -b against 'gdrprobe serve': both sides WRITE at once, 1 MiB in 4 slots,
+    20 messages each way in 5 passes checked in step; each direction and the sum."""
+    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-b", "-s", "1M", "-n", "20")
+    (forward,), (reverse,) = report["bandwidth"], report["reverse"]
+    for row in (forward, reverse):
+        assert (row["integrity"]["messages_checked"], row["integrity"]["messages_total"]) == (
+            20, 20), row
+        assert row["integrity"]["bad_bytes"] == row["integrity"]["stray_bytes"] == 0
+        assert row["integrity_passes"] == 5 and row["bandwidth_avg_gbps"] > 0
+    (both,) = report["bidirectional"]
+    assert both["sum_gbps"] == pytest.approx(forward["bandwidth_avg_gbps"]
+                                             + reverse["bandwidth_avg_gbps"])
