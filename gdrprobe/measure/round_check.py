@@ -11,6 +11,8 @@ the byte that message put there."""
 
 from __future__ import annotations
 
+import statistics
+
 from gdrprobe import _native
 from gdrprobe.measure.side import offset_or_none
 from gdrprobe.memory.provider import MemoryProvider
@@ -35,6 +37,7 @@ class RoundCheck:
         self._slots_used = 0
         self.flush_reads = self.flush_bad = 0
         self.first_flush_bad: int | None = None
+        self.flush_ns: list[int] = []   # each flush READ's time, post to completion
 
     def next_pass(self, messages: int) -> None:
         """Check the next pass: `messages` messages from slot 0, the round's
@@ -69,7 +72,8 @@ class RoundCheck:
         expected = _native.pattern_byte(_native.slot_seed(self.seed, last % self.source_slots), 0)
         read = self.flusher.read_back(offset, expected)
         self.flush_reads += 1
-        if read != expected:
+        self.flush_ns.append(read.elapsed_ns)
+        if read.byte != expected:
             self.flush_bad += 1
             if self.first_flush_bad is None:
                 self.first_flush_bad = offset
@@ -90,4 +94,6 @@ class RoundCheck:
                          stray_bytes=stray, first_stray_offset=offset_or_none(first_stray),
                          messages_checked=self.messages, messages_total=posted,
                          bad_messages=self.bad_messages, flush_reads=self.flush_reads,
-                         flush_bad=self.flush_bad, first_flush_bad_offset=self.first_flush_bad)
+                         flush_bad=self.flush_bad, first_flush_bad_offset=self.first_flush_bad,
+                         flush_us_median=(statistics.median(self.flush_ns) / 1000
+                                          if self.flush_ns else None))

@@ -134,7 +134,8 @@ def summary_from_message(message: dict) -> EndpointSummary:
 def integrity_message(integrity: Integrity) -> dict:
     """What a receiver found; no offset is sent as -1. NCCL's flush is told where it ran."""
     flush = {"flush_reads": integrity.flush_reads, "flush_bad": integrity.flush_bad,
-             "first_flush_bad_offset": _offset_message(integrity.first_flush_bad_offset)}
+             "first_flush_bad_offset": _offset_message(integrity.first_flush_bad_offset),
+             "flush_us_median": integrity.flush_us_median}
     return {"bytes_checked": integrity.bytes_checked, "bad_bytes": integrity.bad_bytes,
             "first_bad_offset": _offset_message(integrity.first_bad_offset),
             "stray_bytes": integrity.stray_bytes,
@@ -167,6 +168,9 @@ def integrity_from_message(message: dict) -> Integrity:
         flush_reads=flush_reads,
         flush_bad=field(message, "flush_bad", int, low=0, high=flush_reads, default=0),
         first_flush_bad_offset=None if first_flush_bad < 0 else first_flush_bad,
+        flush_us_median=(None if message.get("flush_us_median") is None else
+                         float(field(message, "flush_us_median", (int, float), low=0,
+                                     high=MAX_STAGE_S * 1e6))),
     )
 
 

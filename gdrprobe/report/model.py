@@ -225,6 +225,7 @@ class Integrity:
     flush_reads: int = 0
     flush_bad: int = 0
     first_flush_bad_offset: int | None = None
+    flush_us_median: float | None = None   # the flush READs' median time, post to completion
 
     @property
     def coverage(self) -> str:

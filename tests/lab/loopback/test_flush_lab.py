@@ -37,9 +37,9 @@ with Endpoint(EndpointOptions(device="rxe0", num_qps=1, tx_depth=1), None) as en
             reads = []
             for offset in (0, 1, 4095, 8191):
                 expected = _native.pattern_byte(7, offset)
-                reads.append([flusher.read_back(offset, expected), expected])
+                reads.append([flusher.read_back(offset, expected).byte, expected])
             _native.poison_fill(memory.address + 100, 1)   # the buffer changes: so does the READ
-            reads.append([flusher.read_back(100, _native.pattern_byte(7, 100)), 0xA5])
+            reads.append([flusher.read_back(100, _native.pattern_byte(7, 100)).byte, 0xA5])
 print(json.dumps(reads))
 """
 
@@ -59,6 +59,7 @@ print(json.dumps({"flush": report.settings.flush,
                                  report.remote.memory["mechanism"]],
                   "rounds": [{"size": row.size_bytes, "passes": row.integrity_passes,
                               "reads": row.integrity.flush_reads,
+                              "flush_us": row.integrity.flush_us_median,
                               "bad": row.integrity.flush_bad, "ok": row.integrity.ok}
                              for row in report.bandwidth]}))
 """
@@ -93,6 +94,7 @@ def test_every_check_of_every_round_flushes_and_reads_back_the_last_written_byte
         # One READ per check, each the byte the last message wrote (bad 0): every pass of
         # 4 slots of 1 MiB, the one pass of 40 4 KiB messages.
         assert row["reads"] == row["passes"] >= 1 and row["bad"] == 0 and row["ok"], row
+        assert row["flush_us"] > 0, row      # NCCL's per-receive cost, timed
     assert max(row["passes"] for row in report["rounds"]) == 10
     assert rdma_resources() == baseline
 
