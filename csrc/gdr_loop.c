@@ -482,12 +482,14 @@ static int send_tag(const struct gdr_lat_config *cfg, uint64_t stall_ticks,
 }
 
 /* Check the message that has just arrived: all but its last byte (the tag) carry the
- * round's pattern. Every message is checked: a path that corrupts some is caught. */
-static void verify_received(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
+ * round's pattern. Every message is checked: a path that corrupts some is caught. A READ's
+ * landing is checked the same way over all its length (a READ has no tag). */
+static void verify_received(const struct gdr_lat_config *cfg, size_t length,
+                            struct gdr_lat_result *res)
 {
     size_t first = 0;
-    size_t bad = gdr_pattern_verify((const uint8_t *)(uintptr_t)cfg->recv_buf,
-                                    cfg->msg_size - 1, cfg->seed, &first);
+    size_t bad = gdr_pattern_verify((const uint8_t *)(uintptr_t)cfg->recv_buf, length,
+                                    cfg->seed, &first);
 
     if (!bad)
         return;
@@ -507,22 +509,6 @@ static void samples_to_ns(const struct gdr_lat_config *cfg)
         return;
     for (i = 0; i < cfg->iterations; i++)
         cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
-}
-
-/* Count the bytes of a READ's landing that are off the pattern of seed (all msg_size of
- * them: a READ has no tag). */
-static void verify_read(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
-{
-    size_t first = 0;
-    size_t bad = gdr_pattern_verify((const uint8_t *)(uintptr_t)cfg->recv_buf, cfg->msg_size,
-                                    cfg->seed, &first);
-
-    if (!bad)
-        return;
-    if (!res->bad_bytes)
-        res->first_bad_offset = first;
-    res->bad_messages++;
-    res->bad_bytes += bad;
 }
 
 /* READ latency as perftest's ib_read_lat measures it (run_iter_lat in perftest_resources.c:
@@ -553,7 +539,7 @@ static int read_lat_run(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr
         if (wait_for_send(cfg, stall_ticks, res))
             return -1;
         cfg->samples_ns[i] = gdr_clock_ticks(&cfg->clock) - posted;   /* ticks until the end */
-        verify_read(cfg, res);
+        verify_received(cfg, cfg->msg_size, res);
         res->completed = i + 1;
     }
     return 0;
@@ -744,13 +730,13 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
                 return res->status;
             now = gdr_clock_ticks(&cfg->clock);
             cfg->samples_ns[i] = now - last_post;   /* ticks until the run ends */
-            verify_received(cfg, res);
+            verify_received(cfg, cfg->msg_size - 1, res);
             last_post = gdr_clock_ticks(&cfg->clock);
         } else {
             if (wait_for_tag(cfg, stall_ticks, tag, res) ||
                 send_tag(cfg, stall_ticks, &wr, tag, res))
                 return res->status;
-            verify_received(cfg, res);
+            verify_received(cfg, cfg->msg_size - 1, res);
         }
         res->completed = i + 1;
     }
