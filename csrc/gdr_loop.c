@@ -1,5 +1,6 @@
 #include "gdr_loop.h"
 
+#include <arpa/inet.h>
 #include <string.h>
 
 #include "gdr_pattern.h"
@@ -122,7 +123,8 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
                       struct ibv_send_wr *wrs, struct ibv_sge *sges, struct slot_cursor *slot,
                       struct gdr_bw_result *res)
 {
-    unsigned int inline_flag = cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
+    /* A READ carries no data of its own: never inline. */
+    unsigned int inline_flag = !cfg->read && cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0;
     uint64_t limit = qp_limit(p);
 
     while (p->posted < limit && p->posted - p->completed < cfg->tx_depth) {
@@ -141,8 +143,13 @@ static int post_burst(const struct gdr_bw_config *cfg, uint32_t qp_index, struct
              * QP's last, and the drain (or the pass) waits for it. */
             int signalled = number % cfg->cq_mod == 0 || number == limit;
 
-            sges[i].addr = cfg->local_addr + (uint64_t)slot->src * cfg->msg_size;
-            wrs[i].wr.rdma.remote_addr = cfg->remote_addr + (uint64_t)slot->dst * cfg->msg_size;
+            /* A WRITE sends from a local source slot to a remote slot; a READ fetches
+             * from a remote source slot into a local slot. */
+            uint64_t src = (uint64_t)slot->src * cfg->msg_size;
+            uint64_t dst = (uint64_t)slot->dst * cfg->msg_size;
+
+            sges[i].addr = cfg->local_addr + (cfg->read ? dst : src);
+            wrs[i].wr.rdma.remote_addr = cfg->remote_addr + (cfg->read ? src : dst);
             if (++slot->dst == cfg->slots)   /* the next message's slots, over all QPs */
                 slot->dst = 0;
             if (++slot->src == cfg->src_slots)
@@ -228,7 +235,7 @@ static void prepare_wrs(const struct gdr_bw_config *cfg, struct ibv_send_wr *wrs
         sges[i].lkey = cfg->lkey;
         wrs[i].sg_list = &sges[i];
         wrs[i].num_sge = 1;
-        wrs[i].opcode = IBV_WR_RDMA_WRITE;
+        wrs[i].opcode = cfg->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
         wrs[i].wr.rdma.rkey = cfg->rkey;
     }
 }
@@ -409,8 +416,12 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
 
 static int lat_config_valid(const struct gdr_lat_config *cfg)
 {
-    return cfg->qp && cfg->cq && cfg->recv_buf && cfg->msg_size > 0 && cfg->iterations > 0 &&
-           cfg->stop && (!cfg->initiator || cfg->samples_ns) && clock_valid(&cfg->clock);
+    /* With immediate the loop never reads its buffer, whose address may be a DMA-BUF
+     * region's IOVA (0 for a fresh one). */
+    return cfg->qp && cfg->cq && (cfg->recv_buf || cfg->imm) && cfg->msg_size > 0 &&
+           cfg->iterations > 0 &&
+           cfg->stop && (!cfg->initiator || cfg->samples_ns) && (!cfg->read || cfg->initiator) &&
+           !(cfg->read && cfg->imm) && (!cfg->imm || cfg->slots >= 1) && clock_valid(&cfg->clock);
 }
 
 /* Spin until the last byte of the receive buffer carries tag. */
@@ -471,12 +482,14 @@ static int send_tag(const struct gdr_lat_config *cfg, uint64_t stall_ticks,
 }
 
 /* Check the message that has just arrived: all but its last byte (the tag) carry the
- * round's pattern. Every message is checked: a path that corrupts some is caught. */
-static void verify_received(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
+ * round's pattern. Every message is checked: a path that corrupts some is caught. A READ's
+ * landing is checked the same way over all its length (a READ has no tag). */
+static void verify_received(const struct gdr_lat_config *cfg, size_t length,
+                            struct gdr_lat_result *res)
 {
     size_t first = 0;
-    size_t bad = gdr_pattern_verify((const uint8_t *)(uintptr_t)cfg->recv_buf,
-                                    cfg->msg_size - 1, cfg->seed, &first);
+    size_t bad = gdr_pattern_verify((const uint8_t *)(uintptr_t)cfg->recv_buf, length,
+                                    cfg->seed, &first);
 
     if (!bad)
         return;
@@ -484,6 +497,182 @@ static void verify_received(const struct gdr_lat_config *cfg, struct gdr_lat_res
         res->first_bad_offset = first;
     res->bad_messages++;
     res->bad_bytes += bad;
+}
+
+/* The initiator's samples, taken in ticks of the run's clock, in nanoseconds (the
+ * responder takes none). */
+static void samples_to_ns(const struct gdr_lat_config *cfg)
+{
+    uint64_t i;
+
+    if (!cfg->initiator)
+        return;
+    for (i = 0; i < cfg->iterations; i++)
+        cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
+}
+
+/* READ latency as perftest's ib_read_lat measures it (run_iter_lat in perftest_resources.c:
+ * one signalled READ posted, its completion polled): the sample is the post to the
+ * completion. Before each post, outside the sample, the first and last landing bytes are set
+ * to the complement of what the READ must bring (so a READ that lands nothing shows); after
+ * it, every byte is checked. */
+static int read_lat_run(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr,
+                        uint64_t stall_ticks, struct gdr_lat_result *res)
+{
+    volatile uint8_t *landing = cfg->recv_buf;
+    uint8_t first = gdr_pattern_byte(cfg->seed, 0);
+    uint8_t last = gdr_pattern_byte(cfg->seed, cfg->msg_size - 1);
+    struct ibv_send_wr *bad = NULL;
+    uint64_t i, posted;
+    int rc;
+
+    for (i = 0; i < cfg->iterations; i++) {
+        landing[0] = (uint8_t)~first;
+        landing[cfg->msg_size - 1] = (uint8_t)~last;
+        posted = gdr_clock_ticks(&cfg->clock);
+        rc = ibv_post_send(cfg->qp, wr, &bad);
+        if (rc) {
+            res->status = GDR_ERR_POST;
+            res->err_errno = rc;
+            return -1;
+        }
+        if (wait_for_send(cfg, stall_ticks, res))
+            return -1;
+        cfg->samples_ns[i] = gdr_clock_ticks(&cfg->clock) - posted;   /* ticks until the end */
+        verify_received(cfg, cfg->msg_size, res);
+        res->completed = i + 1;
+    }
+    return 0;
+}
+
+/* ---- RDMA WRITE with immediate: the ping-pong on completions ---------------------------- */
+
+#define IMM_RECV_WR_ID 0x696d6d72ull   /* "immr": a receive; sends carry 0 */
+
+struct imm_progress {
+    uint64_t sends, recvs;   /* completions seen in this pass */
+};
+
+static int post_recv(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
+{
+    struct ibv_recv_wr wr, *bad = NULL;
+    int rc;
+
+    memset(&wr, 0, sizeof(wr));   /* no scatter entry: a WRITE with immediate carries its
+                                    * bytes to the address it names, the receive only the
+                                    * immediate */
+    wr.wr_id = IMM_RECV_WR_ID;
+    rc = ibv_post_recv(cfg->qp, &wr, &bad);
+    if (rc) {
+        res->status = GDR_ERR_POST;
+        res->err_errno = rc;
+        return -1;
+    }
+    return 0;
+}
+
+/* One completion: a send, or a receive whose immediate must be the next message's number
+ * (else the message is counted bad) and which is replaced by a new receive at once. */
+static int imm_completion(const struct gdr_lat_config *cfg, const struct ibv_wc *wc,
+                          struct imm_progress *p, struct gdr_lat_result *res)
+{
+    if (wc->status != IBV_WC_SUCCESS) {
+        res->status = GDR_ERR_WC;
+        res->wc_status = wc->status;
+        res->wc_vendor_err = wc->vendor_err;
+        res->wc_qp_num = wc->qp_num;
+        return -1;
+    }
+    if (wc->wr_id != IMM_RECV_WR_ID) {
+        p->sends++;
+        return 0;
+    }
+    p->recvs++;
+    if (!(wc->wc_flags & IBV_WC_WITH_IMM) || ntohl(wc->imm_data) != (uint32_t)(cfg->first + p->recvs)) {
+        /* The immediate is the message's tag: a wrong one is a wrong message, its 4 bytes
+         * wrong bytes (past the payload: the offset of a bad byte in it, if any, stays). */
+        res->bad_messages++;
+        if (!res->bad_bytes)
+            res->first_bad_offset = cfg->msg_size;
+        res->bad_bytes += sizeof(uint32_t);
+    }
+    return post_recv(cfg, res);
+}
+
+/* Poll until this pass has seen `sends` send and `recvs` receive completions. */
+static int imm_wait(const struct gdr_lat_config *cfg, uint64_t stall_ticks, uint64_t sends,
+                    uint64_t recvs, struct imm_progress *p, struct gdr_lat_result *res)
+{
+    struct ibv_wc wc[2];
+    struct watchdog watch;
+    int n, i;
+
+    watchdog_init(&watch, stall_ticks);
+    while (p->sends < sends || p->recvs < recvs) {
+        n = ibv_poll_cq(cfg->cq, 2, wc);
+        if (n < 0) {
+            res->status = GDR_ERR_POLL;
+            return -1;
+        }
+        if (n == 0) {
+            if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
+                return -1;
+            continue;
+        }
+        for (i = 0; i < n; i++) {
+            if (imm_completion(cfg, &wc[i], p, res))
+                return -1;
+        }
+        watch.progressed = 1;
+    }
+    return 0;
+}
+
+/* The pass's message i: to its slot of the peer's buffer, its number as the immediate. */
+static int imm_post(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr, uint64_t i,
+                    struct gdr_lat_result *res)
+{
+    struct ibv_send_wr *bad = NULL;
+    uint64_t number = cfg->first + i + 1;
+    int rc;
+
+    wr->wr.rdma.remote_addr = cfg->remote_addr + ((number - 1) % cfg->slots) * cfg->msg_size;
+    wr->imm_data = htonl((uint32_t)number);
+    rc = ibv_post_send(cfg->qp, wr, &bad);
+    if (rc) {
+        res->status = GDR_ERR_POST;
+        res->err_errno = rc;
+        return -1;
+    }
+    return 0;
+}
+
+/* The ping-pong of WRITEs with immediate (perftest's ib_write_lat --write_with_imm): the
+ * initiator's sample is from its post to the echo's receive completion; the responder
+ * answers each receive, once its previous echo has completed (one send in flight). The
+ * buffers are never touched by the CPU: the caller checks the slots after the pass. */
+static int imm_lat_run(const struct gdr_lat_config *cfg, struct ibv_send_wr *wr,
+                       uint64_t stall_ticks, struct gdr_lat_result *res)
+{
+    struct imm_progress p = {0, 0};
+    uint64_t i, posted;
+
+    if (cfg->post_recv && post_recv(cfg, res))
+        return -1;
+    for (i = 0; i < cfg->iterations; i++) {
+        if (cfg->initiator) {
+            posted = gdr_clock_ticks(&cfg->clock);
+            if (imm_post(cfg, wr, i, res) || imm_wait(cfg, stall_ticks, 0, i + 1, &p, res))
+                return -1;
+            cfg->samples_ns[i] = gdr_clock_ticks(&cfg->clock) - posted;
+            if (imm_wait(cfg, stall_ticks, i + 1, i + 1, &p, res))
+                return -1;
+        } else if (imm_wait(cfg, stall_ticks, i, i + 1, &p, res) || imm_post(cfg, wr, i, res)) {
+            return -1;
+        }
+        res->completed = i + 1;
+    }
+    return imm_wait(cfg, stall_ticks, cfg->iterations, cfg->iterations, &p, res);
 }
 
 int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
@@ -501,11 +690,26 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     memset(&wr, 0, sizeof(wr));
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED | (cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0);
+    wr.opcode = cfg->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED |
+                    (!cfg->read && cfg->msg_size <= cfg->max_inline ? IBV_SEND_INLINE : 0);
     wr.wr.rdma.remote_addr = cfg->remote_addr;
     wr.wr.rdma.rkey = cfg->rkey;
     stall_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns);   /* once, not per wait */
+    if (cfg->imm)
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (cfg->read || cfg->imm) {
+        if (cfg->read)
+            sge.addr = (uint64_t)(uintptr_t)cfg->recv_buf;   /* the READ lands where it is checked */
+        gdr_clock_mark(&cfg->clock, &mark);
+        if (cfg->read ? read_lat_run(cfg, &wr, stall_ticks, res)
+                      : imm_lat_run(cfg, &wr, stall_ticks, res))
+            return res->status;
+        check_clock(&cfg->clock, &mark, &res->clock_check);
+        samples_to_ns(cfg);
+        res->status = GDR_OK;
+        return res->status;
+    }
 
     /* A sample is the time from one post to the next, as perftest times it (tposted[],
      * read just before each post in perftest_resources.c run_iter_lat_write), less the
@@ -526,21 +730,18 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
                 return res->status;
             now = gdr_clock_ticks(&cfg->clock);
             cfg->samples_ns[i] = now - last_post;   /* ticks until the run ends */
-            verify_received(cfg, res);
+            verify_received(cfg, cfg->msg_size - 1, res);
             last_post = gdr_clock_ticks(&cfg->clock);
         } else {
             if (wait_for_tag(cfg, stall_ticks, tag, res) ||
                 send_tag(cfg, stall_ticks, &wr, tag, res))
                 return res->status;
-            verify_received(cfg, res);
+            verify_received(cfg, cfg->msg_size - 1, res);
         }
         res->completed = i + 1;
     }
     check_clock(&cfg->clock, &mark, &res->clock_check);
-    if (cfg->initiator) {
-        for (i = 0; i < cfg->iterations; i++)
-            cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
-    }
+    samples_to_ns(cfg);
     res->status = GDR_OK;
     return res->status;
 }

@@ -55,6 +55,10 @@ struct gdr_bw_config {
     uint32_t src_slots;           /* >= slots: ... and is sent from source slot k mod
                                    * src_slots: with one more source slot than slots, the
                                    * message a slot holds differs from the one before it */
+    int read;                     /* 0: RDMA WRITE from the local source slots into the
+                                   * peer's slots; 1: RDMA READ from the peer's source slots
+                                   * into the local slots (the same numbering: message k
+                                   * lands in slot k mod slots from source k mod src_slots) */
     gdr_pass_fn pass_end;         /* non-NULL: the round runs in passes of `slots` messages,
                                    * pass_end called after each, outside the window */
     void *pass_ctx;
@@ -98,6 +102,20 @@ struct gdr_lat_config {
     uint64_t iterations;
     uint32_t max_inline;          /* messages up to this size go inline */
     int initiator;                /* the initiator writes first and times round trips */
+    int imm;                      /* RDMA WRITE with immediate (perftest's --write_with_imm):
+                                   * each side waits for the peer's message on its receive
+                                   * completion, never by reading the buffer (GPU memory);
+                                   * the message numbered k (from 1) carries k as its
+                                   * immediate and lands in slot (k - 1) mod slots of the
+                                   * peer's buffer; the bytes are checked after the pass */
+    uint32_t slots;               /* imm: the receive slots of the peer's buffer */
+    uint64_t first;               /* imm: the messages before this pass, in the round */
+    int post_recv;                /* imm: post a receive first (afterwards one stays posted:
+                                   * each receive completion is followed by a new one) */
+    int read;                     /* RDMA READ latency (initiator only): each iteration
+                                   * READs msg_size bytes of the pattern of seed from
+                                   * remote_addr into recv_buf; the sample is post to
+                                   * completion, the check of the bytes after it */
     uint64_t *samples_ns;         /* initiator: one round-trip time per iteration */
     uint64_t stall_timeout_ns;
     struct gdr_clock clock;
@@ -118,6 +136,8 @@ struct gdr_lat_result {
 };
 
 int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res);
+/* gdr_lat_run: a ping-pong of RDMA WRITEs, or with cfg->read a READ loop (initiator
+ * only). */
 int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res);
 
 #endif

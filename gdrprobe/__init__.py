@@ -243,8 +243,11 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     its arms in its own report). flush=True: the receiver of a GPU buffer flushes it as
     NCCL does (an RDMA READ of the last message's first byte on a loopback QP) before each
     check, and the report says so (check() follows NCCL's rules for that by itself).
+    mode="latency" with a GPU buffer and opcode="write_imm" is the latency A/B instead
+    (:class:`gdrprobe.report.model.LatencyABReport`: each size's GPU/host median ratio).
     Raises :class:`GdrprobeError`."""
     from gdrprobe.campaign.ab import ab_test
+    from gdrprobe.campaign.latency_ab import latency_ab
     from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
     from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.measure.loopback import runner
@@ -263,9 +266,13 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     remote = _memory(remote_mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc) \
         if remote_mem else None
     a_b = local.kind == "gpu" or (remote is not None and remote.kind == "gpu")
-    if a_b and settings.get("mode") == "latency":
-        raise UsageError("the GPU A/B measures bandwidth; latency runs use host memory",
-                         "drop --latency, or drop --mem/--remote-mem")
+    latency_a_b = a_b and settings.get("mode") == "latency"
+    if latency_a_b and settings.get("opcode") != "write_imm":
+        raise UsageError("latency with GPU memory needs RDMA WRITE with immediate: the "
+                         "plain ping-pong has the CPU poll the receive buffer, which it "
+                         "cannot do in GPU memory",
+                         "add --opcode write_imm (perftest's --write_with_imm), or drop "
+                         "--mem/--remote-mem")
     if a_b:
         _require_gpu_arm(local, remote if loopback else None)
     if flush:
@@ -276,13 +283,17 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     remote = follow_nccl(remote, facts) if loopback and remote is not None else remote
     view = (facts.nccl_environ, facts.nccl_rules) if facts else nccl_view()
     # Both ends pin their buffers here in loopback, the client's alone against a server.
-    options = fit_to_memlock(_options(a_b, size, settings, view), 2 if loopback else 1,
+    # The bandwidth A/B's default size is a large message's; latency keeps a run's default.
+    options = fit_to_memlock(_options(a_b and not latency_a_b, size, settings, view),
+                             2 if loopback else 1,
                              locked_memory(), notice)
     probe = runner(options, _endpoint(device, ib_port, gid_index),
                    None if loopback else host, _port(port), token, connect_wait_s,
                    on_result=None if a_b else on_result, notice=notice)
     if not a_b:
         return probe(local, remote)
+    if latency_a_b:
+        return latency_ab(probe, local, remote, repeats)
     return ab_test(probe, local, remote, staged=staged, repeats=repeats,
                    threshold=threshold, doctor_findings=facts.findings if facts else ())
 
@@ -514,7 +525,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
           tx_depth: int = defaults.TX_DEPTH, cq_moderation: int = defaults.CQ_MODERATION,
           latency_iterations: int = defaults.LATENCY_ITERATIONS,
           threshold: float = defaults.THRESHOLD, timeout_s: float = defaults.TIMEOUT_S,
-          baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None):
+          baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None,
+          opcode: str = "write"):
     """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
     kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
     every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=0: none).
@@ -522,7 +534,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     rows_planned) sees each :class:`gdrprobe.report.model.BenchRow` as it is measured;
     Ctrl-C ends the sweep with the rows so far (``report.interrupted``). baseline: an
     earlier sweep's JSON file, read before anything is measured; each row that fell by more
-    than max_drop is flagged (``report.baseline``). Returns a
+    than max_drop is flagged (``report.baseline``). opcode="read": every run measures RDMA
+    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. Returns a
     :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row fell."""
     import dataclasses
 
@@ -540,7 +553,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
         sizes_bytes=_as_tuple(sizes or defaults.SWEEP_SIZES), memory_kinds=_as_tuple(memory),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
-        latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port)
+        latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port,
+        opcode=opcode)
     report = run_bench(settings, machine_facts(), __version__, gpus=_as_tuple(gpus),
                        devices=_as_tuple(devices), gid_index=gid_index, timeout_s=timeout_s,
                        on_row=on_row or (lambda row, done, total: None))

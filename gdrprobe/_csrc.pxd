@@ -100,6 +100,7 @@ cdef extern from "gdr_loop.h" nogil:
         uint32_t max_inline
         uint32_t slots
         uint32_t src_slots
+        int read
         gdr_pass_fn pass_end
         void *pass_ctx
         uint64_t stall_timeout_ns
@@ -137,6 +138,11 @@ cdef extern from "gdr_loop.h" nogil:
         uint64_t iterations
         uint32_t max_inline
         int initiator
+        int imm
+        uint32_t slots
+        uint64_t first
+        int post_recv
+        int read
         uint64_t *samples_ns
         uint64_t stall_timeout_ns
         gdr_clock clock

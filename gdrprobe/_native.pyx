@@ -376,6 +376,7 @@ cdef class LatencyLoopResult:
     cdef readonly uint64_t first_bad_offset          # valid when bad_bytes > 0
     cdef readonly ClockCheck clock_check
     cdef readonly RoundTripSummary round_trip        # None: the responder, or a failed run
+    cdef readonly bytes samples                      # round trips, ns (uint64), if asked
 
 
 cdef int _check_inside(str what, end, memory) except -1:
@@ -406,7 +407,8 @@ cdef class BandwidthConfig:
     config, which run_bandwidth holds until the loop returns. remote is the peer's buffer
     (address, rkey). on_pass, if given, is called between passes of `slots` messages from
     the loop's thread (pass, messages) and returns whether to go on: the receiver checks
-    each pass before its slots are written again."""
+    each pass before its slots are written again; the source slots start at src_offset.
+    read: READs from the peer's source slots into this side's slots instead."""
 
     cdef c.gdr_bw_config cfg
     cdef readonly object handles, memory, on_pass
@@ -415,20 +417,20 @@ cdef class BandwidthConfig:
                  uint32_t tx_depth, uint32_t cq_mod, uint64_t stall_timeout_ns,
                  uint64_t warmup_iterations=0, uint64_t duration_ns=0, uint64_t warmup_ns=0,
                  uint64_t window_messages=0, uint32_t post_list=1, uint32_t max_inline=0,
-                 uint32_t slots=1, uint32_t src_slots=0, on_pass=None, bint counter=False,
-                 double ns_per_tick=1.0):
+                 uint32_t slots=1, uint32_t src_slots=0, on_pass=None, bint read=False,
+                 uint64_t src_offset=0, bint counter=False, double ns_per_tick=1.0):
         cdef Py_ssize_t i, num_qps = len(handles.qps)
         if not 1 <= num_qps <= c.GDR_MAX_QPS:
             raise ValueError(f"between 1 and {c.GDR_MAX_QPS} QPs are supported")
         src_slots = src_slots or slots
-        _check_inside("the source slots", <object>src_slots * msg_size, memory)
+        _check_inside("the source slots", <object>src_offset + src_slots * msg_size, memory)
         self.handles, self.memory, self.on_pass = handles, memory, on_pass
         memset(&self.cfg, 0, sizeof(self.cfg))
         for i in range(num_qps):
             self.cfg.qps[i] = <c.ibv_qp *><uintptr_t>handles.qps[i]
         self.cfg.num_qps = <uint32_t>num_qps
         self.cfg.cq = <c.ibv_cq *><uintptr_t>handles.cq
-        self.cfg.local_addr, self.cfg.lkey = memory.address, memory.lkey
+        self.cfg.local_addr, self.cfg.lkey = memory.address + src_offset, memory.lkey
         self.cfg.remote_addr, self.cfg.rkey = remote.address, remote.rkey
         self.cfg.msg_size = msg_size
         self.cfg.iterations, self.cfg.warmup_iterations = iterations, warmup_iterations
@@ -437,6 +439,7 @@ cdef class BandwidthConfig:
         self.cfg.tx_depth, self.cfg.cq_mod, self.cfg.post_list = tx_depth, cq_mod, post_list
         self.cfg.max_inline = max_inline
         self.cfg.slots, self.cfg.src_slots = slots, src_slots
+        self.cfg.read = read
         if on_pass is not None:
             self.cfg.pass_end = _pass_end
             self.cfg.pass_ctx = <void *>on_pass
@@ -447,14 +450,23 @@ cdef class BandwidthConfig:
 cdef class LatencyConfig:
     """The ping-pong loop's settings in the C struct the loop reads, with the objects that
     own what it points at (see BandwidthConfig): it sends from send_offset in memory and the
-    peer writes into memory's start; it writes to the start of remote's buffer."""
+    peer writes into memory's start; it writes to the start of remote's buffer. read: the
+    initiator READs remote's start into memory's start instead (csrc/gdr_loop.h); imm: WRITEs
+    with immediate into `slots` slots of remote's buffer, the pass after `first` messages,
+    post_recv posting the run's first receive (gdr_lat_config)."""
 
     cdef c.gdr_lat_config cfg
     cdef readonly object handles, memory
 
     def __init__(self, handles, memory, remote, *, uint64_t send_offset, uint32_t msg_size,
                  uint64_t iterations, bint initiator, uint64_t stall_timeout_ns, uint64_t seed,
-                 uint32_t max_inline=0, bint counter=False, double ns_per_tick=1.0):
+                 uint32_t max_inline=0, bint read=False, bint imm=False, uint32_t slots=1,
+                 uint64_t first=0, bint post_recv=False, bint counter=False,
+                 double ns_per_tick=1.0):
+        if read and (imm or not initiator):
+            raise ValueError("only an initiator READs, and not both READs and WRITEs with imm")
+        if imm and not 1 <= <object>slots * msg_size <= remote.length:
+            raise ValueError(f"{slots} slots of {msg_size} B do not fit the peer's buffer")
         _check_inside("the message sent", <object>send_offset + msg_size, memory)
         self.handles, self.memory = handles, memory
         memset(&self.cfg, 0, sizeof(self.cfg))
@@ -466,13 +478,14 @@ cdef class LatencyConfig:
         self.cfg.msg_size, self.cfg.iterations = msg_size, iterations
         self.cfg.seed = seed
         self.cfg.max_inline = max_inline
-        self.cfg.initiator = initiator
+        self.cfg.initiator, self.cfg.read, self.cfg.post_recv = initiator, read, post_recv
+        self.cfg.imm, self.cfg.slots, self.cfg.first = imm, slots, first
         self.cfg.stall_timeout_ns = stall_timeout_ns
         self.cfg.clock = _loop_clock(counter, ns_per_tick)
 
 
 def run_bandwidth(BandwidthConfig config, StopFlag stop):
-    """RDMA WRITE bandwidth loop; a BandwidthLoopResult. This call holds config (and so
+    """RDMA WRITE (or READ) bandwidth loop; a BandwidthLoopResult. This call holds config (and so
     its owners) and stop until the loop has returned."""
     cdef c.gdr_bw_result res
     config.cfg.stop = &stop.value
@@ -487,13 +500,14 @@ def run_bandwidth(BandwidthConfig config, StopFlag stop):
                                _clock_check(&res.clock_check))
 
 
-def run_latency(LatencyConfig config, StopFlag stop):
-    """Ping-pong loop; a LatencyLoopResult, with a summary of the round trips (initiator
-    only). This call holds config (and so its owners) and stop until the loop has returned."""
+def run_latency(LatencyConfig config, StopFlag stop, bint keep_samples=False):
+    """Ping-pong loop; a LatencyLoopResult, with the round trips' summary (initiator only),
+    and them too with keep_samples. Holds config and stop until the loop has returned."""
     cdef c.gdr_lat_result res
     cdef uint64_t *samples = NULL
     cdef uint64_t iterations = config.cfg.iterations
     cdef RoundTripSummary round_trip = None
+    cdef bytes kept = None
     if config.cfg.initiator:
         samples = <uint64_t *>malloc(iterations * sizeof(uint64_t))
         if samples == NULL:
@@ -504,6 +518,8 @@ def run_latency(LatencyConfig config, StopFlag stop):
         with nogil:
             c.gdr_lat_run(&config.cfg, &res)
         if samples != NULL and res.status == c.GDR_OK:
+            if keep_samples:
+                kept = (<char *>samples)[:iterations * sizeof(uint64_t)]
             round_trip = _round_trip_summary(samples, iterations)
     finally:
         config.cfg.samples_ns = NULL
@@ -511,7 +527,8 @@ def run_latency(LatencyConfig config, StopFlag stop):
         free(samples)
     return LatencyLoopResult(res.status, res.err_errno, res.wc_status, res.wc_vendor_err,
                              res.wc_qp_num, res.completed, res.bad_messages, res.bad_bytes,
-                             res.first_bad_offset, _clock_check(&res.clock_check), round_trip)
+                             res.first_bad_offset, _clock_check(&res.clock_check), round_trip,
+                             kept)
 
 
 # ---- NCCL's flush: one RDMA READ of received bytes on a loopback QP (csrc/gdr_flush.h) ----

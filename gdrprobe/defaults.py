@@ -63,6 +63,12 @@ GPU_ALLOCATIONS = ("vmm", "malloc")
 GPU_ALLOCATION = "vmm"
 CLOCKS = ("auto", "counter", "monotonic")                        # measure/clock.py
 CLOCK = "auto"
+# The RDMA operation a run measures (measure/options.py): the client's NIC writes the
+# server's buffer, writes it with an immediate (latency: each side waits on its receive
+# completions, so either buffer may be GPU memory), or reads it (the server's NIC then
+# reads its own memory).
+OPCODES = ("write", "write_imm", "read")
+OPCODE = "write"
 
 # ---- the A/B and its verdict ------------------------------------------------------------
 A_B_SIZE = 1 << 20                 # the verdict compares bandwidth at large messages

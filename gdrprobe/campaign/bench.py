@@ -89,8 +89,10 @@ class BenchPlan:
                 self.options, mode="latency", sizes=latency_sizes(self.options.sizes),
                 iterations=self.latency_iterations, warmup_iterations=0, duration_s=None, qps=1,
                 tx_depth=1, cq_moderation=1, post_list=1)
+        # NCCL flushes what its NIC wrote into GPU memory: a READ run writes nothing there.
+        flushed = run.gpu and not self.options.reads
         return dataclasses.replace(self.options, qps=run.qps,
-                                   flush=self.flushes.get(run.gpu, "") if run.gpu else "")
+                                   flush=self.flushes.get(run.gpu, "") if flushed else "")
 
     def row_count(self) -> int:
         """How many rows the sweep will produce: the length of its progress bar."""
@@ -431,7 +433,7 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
     options = ProbeOptions(sizes=settings.sizes_bytes, iterations=settings.iterations,
                            duration_s=settings.duration_s, warmup_s=settings.warmup_s,
                            tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
-                           timeout_s=timeout_s,
+                           timeout_s=timeout_s, opcode=settings.opcode,
                            relaxed_ordering=facts.nccl_rules.relaxed_ordering(facts.nccl_environ))
     flushes = {pair.gpu: receive_flush(facts.nccl.get(pair.gpu)) for pair in pairs if pair.gpu}
     plan = BenchPlan(pairs, settings.memory_kinds, settings.qps, options,

@@ -12,7 +12,7 @@ import sys
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import (add_qps_flag, add_timeout_flag, add_verdict_flags, notice,
+from gdrprobe.cli.common import (add_opcode_flag, add_qps_flag, add_timeout_flag, add_verdict_flags, notice,
                                  size_list, terminate_as_interrupt)
 
 
@@ -56,6 +56,7 @@ def register(subparsers) -> None:
                         help=f"outstanding writes per QP (default {defaults.TX_DEPTH})")
     parser.add_argument("-Q", "--cq-mod", type=int, default=defaults.CQ_MODERATION,
                         help=f"one signalled write in N (default {defaults.CQ_MODERATION})")
+    add_opcode_flag(parser)
     parser.add_argument("--latency-iters", type=int, default=defaults.LATENCY_ITERATIONS,
                         help="latency round trips per size, host memory (0: no latency rows; "
                              f"default {defaults.LATENCY_ITERATIONS})")
@@ -152,7 +153,7 @@ def run(args) -> int:
             warmup_s=args.warmup, tx_depth=args.tx_depth, cq_moderation=args.cq_mod,
             latency_iterations=args.latency_iters, threshold=args.threshold,
             timeout_s=args.timeout, baseline=args.baseline, max_drop=args.max_drop,
-            on_row=on_row)
+            on_row=on_row, opcode=args.opcode)
     finally:
         progress.close()
     print(to_json(report) if args.json else outputs.render_bench_summary(report), flush=True)

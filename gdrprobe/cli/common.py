@@ -64,6 +64,14 @@ def add_qps_flag(parser, *, several: bool, default_text: str) -> None:
         help=f"{what} %(range)s ({default_text})"), "qps")
 
 
+def add_opcode_flag(parser) -> None:
+    """--opcode: the RDMA operation measured, as perftest's ib_write_* and ib_read_* differ."""
+    parser.add_argument("--opcode", choices=defaults.OPCODES, default=defaults.OPCODE,
+                        help="write (default): RDMA WRITE into the peer's buffer, as "
+                             "perftest's ib_write_bw/ib_write_lat; read: RDMA READ from it, "
+                             "as ib_read_bw/ib_read_lat (the peer's NIC reads its memory)")
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """An argparse type: whole numbers, comma-separated."""
     try:

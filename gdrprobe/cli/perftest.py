@@ -20,10 +20,12 @@ PERFTEST_SPELLINGS = {
           "states it constant, else CLOCK_MONOTONIC (run --clock)",
     "--CPU-freq": "not needed: gdrprobe times with the CPU's cycle counter only where the "
                   "kernel states it constant, else CLOCK_MONOTONIC (run --clock)",
-    "-b": "gdrprobe has no bidirectional run; check already measures the NIC reading and "
-          "writing GPU memory (GPU memory at both ends), and names a failing direction",
-    "--bidirectional": "gdrprobe has no bidirectional run; check already measures the NIC "
-                       "reading and writing GPU memory, and names a failing direction",
+    "-b": "both directions at once is 'gdrprobe run -b' (--bidir); check already measures "
+          "the NIC reading and writing GPU memory (GPU memory at both ends), and names a "
+          "failing direction",
+    "--bidirectional": "both directions at once is 'gdrprobe run -b' (--bidir); check "
+                       "already measures the NIC reading and writing GPU memory, and names "
+                       "a failing direction",
     "-a": "every size is 'gdrprobe run -a' or 'gdrprobe bench' (2 B to 8 MiB by default, "
           "--sizes LIST); check measures one size, -s SIZE (default 1 MiB)",
     "--all": "every size is 'gdrprobe run -a' or 'gdrprobe bench' (2 B to 8 MiB by default, "

@@ -1,19 +1,21 @@
-"""gdrprobe run: measure RDMA WRITE bandwidth or latency against a server (or loopback);
+"""gdrprobe run: measure RDMA WRITE (or READ) bandwidth or latency against a server (or loopback);
 with a GPU buffer at either end, the host/GPU A/B and its verdict."""
 
 from __future__ import annotations
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, add_qps_flag,
-                                 add_verdict_flags, endpoint_arguments, memory_arguments, notice,
-                                 printed_document, size, terminate_as_interrupt, token_from)
+from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, add_opcode_flag,
+                                 add_qps_flag, add_verdict_flags, endpoint_arguments,
+                                 memory_arguments, notice, printed_document, size,
+                                 terminate_as_interrupt, token_from)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run", help="run a probe against 'gdrprobe serve' (or --loopback)",
-        description="Measure RDMA WRITE bandwidth (default) or latency to a server.",
+        description="Measure RDMA WRITE (or, with --opcode read, READ) bandwidth "
+                    "(default) or latency to a server.",
         epilog="example: gdrprobe run --loopback --mem gpu (the host/GPU A/B in one process)")
     parser.add_argument("host", nargs="?", help="the server's address (omit with --loopback)")
     parser.add_argument("--loopback", action="store_true",
@@ -21,6 +23,11 @@ def register(subparsers) -> None:
     add_endpoint_flags(parser)
     parser.add_argument("--latency", action="store_true",
                         help="ping-pong latency instead of bandwidth")
+    add_opcode_flag(parser)
+    parser.add_argument("-b", "--bidir", action="store_true",
+                        help="both directions at once, as perftest's -b: each side WRITEs "
+                             "into the other's buffer in one window, every message checked "
+                             "both ways; each direction and the sum reported")
     parser.add_argument("-s", "--size", type=size, metavar="SIZE",
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.SIZE}; {defaults.A_B_SIZE} for a GPU A/B)")
@@ -85,6 +92,8 @@ def probe_settings(args) -> dict:
     """The run's settings as the public API names them; None: the API's default."""
     return {
         "mode": "latency" if args.latency else "bandwidth",
+        "opcode": args.opcode,
+        "bidir": args.bidir or None,
         "size": args.size,
         "sizes": defaults.SWEEP_SIZES if args.all else None,
         "iterations": args.iters,
@@ -108,8 +117,9 @@ def probe_settings(args) -> dict:
 
 def run(args) -> int:
     from gdrprobe.report.check import CheckReport
-    from gdrprobe.report.model import to_json
+    from gdrprobe.report.model import LatencyABReport, to_json
     from gdrprobe.report.check_text import render_check
+    from gdrprobe.report.text import render_latency_ab
 
     terminate_as_interrupt()
     arguments = dict(host=args.host, loopback=args.loopback, port=args.port,
@@ -120,6 +130,9 @@ def run(args) -> int:
                      notice=notice, **endpoint_arguments(args), **memory_arguments(args),
                      **probe_settings(args))
     report = run_rows_as_measured(arguments, args.json, args.report_gbits)
+    if isinstance(report, LatencyABReport):
+        print(to_json(report) if args.json else render_latency_ab(report))
+        return report.exit_code
     if isinstance(report, CheckReport):
         print(to_json(report) if args.json else render_check(report))
         return report.verdict.exit_code

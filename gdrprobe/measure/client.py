@@ -5,6 +5,7 @@ clear error, and every verbs object and buffer is released."""
 
 from __future__ import annotations
 
+import array
 import functools
 import math
 import random
@@ -15,13 +16,16 @@ from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, IntegrityError, PeerError, RdmaError, UsageError
 from gdrprobe.measure.clock import LoopClock, loop_clock, monotonic
 from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, bandwidth_result,
-                                    check_status, latency_in_flight, latency_result,
-                                    stall_timeout_s)
+                                    bidir_result, check_status, latency_in_flight,
+                                    latency_result, stall_timeout_s)
 from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
                                       check_latency_memory)
-from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
-                                   heartbeat_s, latency_config, prepare_latency_round,
-                                   received_integrity, remote_buffer)
+from gdrprobe.measure.round_check import RoundCheck
+from gdrprobe.measure.side import (ImmCheck, Receives, check_tcp_port, check_timeout,
+                                   endpoint_summary, exchange_passes, heartbeat_s, imm_passes,
+                                   latency_config, prepare_imm_round, prepare_latency_round,
+                                   receive_skipping_progress, received_integrity,
+                                   remote_buffer)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.memory.spec import MemorySpec
@@ -30,8 +34,8 @@ from gdrprobe.protocol.fields import SAME_VERSION_FIX
 from gdrprobe.protocol.handshake import (TRANSIENT_REFUSALS, Refused, ServerSecret,
                                          authenticate_as_client)
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked, PassDone,
-                                        Queued, Setup, SetupOk, Start, Verified, findings_in,
-                                        send)
+                                        Queued, Sent, Setup, SetupOk, Start, Verified,
+                                        findings_in, send)
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
 from gdrprobe.rdma.verbs import port_rate_gbps
 from gdrprobe.report.model import Integrity, RunReport, RunSettings
@@ -84,8 +88,23 @@ def raise_if_corrupt(integrity: Integrity, size: int, where: str) -> None:
                          "with 'gdrprobe doctor'; host buffers: suspect the NIC or its driver")
 
 
+def perftest_program(options: ProbeOptions) -> str:
+    """perftest's program that measures what this run does (ib_write_bw, ib_read_lat ...)."""
+    verb = "write" if options.imm else options.opcode
+    program = f"ib_{verb}_{'bw' if options.mode == 'bandwidth' else 'lat'}"
+    return program + (" --write_with_imm" if options.imm else "")
+
+
 def integrity_method(options: ProbeOptions) -> str:
     """Which messages the receiver checks, as the report says it (docs/method.md)."""
+    if options.imm:
+        return ("every message checked, each way: each side's receive slots read back after "
+                "each pass, outside every sample, and each immediate matched to its message")
+    if options.reads and options.mode == "latency":
+        return "every READ's bytes checked after its completion, outside its sample"
+    if options.reads and not options.sample_integrity:
+        return ("every message checked: the reader pauses between passes of a slot ring and "
+                "checks what its READs brought, outside the measured window")
     if options.mode == "latency":
         return "every message checked, each way, as it arrives (after the timing)"
     if options.sample_integrity:
@@ -138,6 +157,8 @@ class ProbeClient:
         self.clock: LoopClock | None = None   # chosen when the loops are about to run
         self.gpu_mechanism = ""   # the GPU side's mechanism, once both buffers are open
         self.remote_findings = ()   # the server's doctor findings about its GPU buffer
+        self.receives = Receives()  # the QP's receive, posted once (WRITE with immediate)
+        self.reverse: list = []     # a bidirectional run's rows of the server's WRITEs
 
     def connect(self) -> Channel:
         """Connect, retrying a refused connection for connect_wait_s (a server that is
@@ -204,8 +225,10 @@ class ProbeClient:
             channel.close()
 
     def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
-        # Only a latency run lets the server write into this side's buffer.
-        own_buffer = remote_buffer(memory) if self.options.mode == "latency" else None
+        # Only a WRITE latency run and a bidirectional one let the server write into this
+        # side's buffer.
+        written = self.options.mode == "latency" and not self.options.reads
+        own_buffer = remote_buffer(memory) if written or self.options.bidir else None
         send(channel, Setup(self.options, endpoint.address(), own_buffer, self.remote_memory))
         server = self._await_turn(channel)
         if server.buffer.length < self.options.buffer_bytes:
@@ -220,6 +243,8 @@ class ProbeClient:
         self.port_gbps = port_rate_gbps(endpoint.port_attr)
 
         self.clock = loop_clock(self.options.clock)
+        if (self.options.reads or self.options.bidir) and self.options.mode == "bandwidth":
+            memory.poison()   # where the READs or the server's WRITEs land
         bandwidth, latency = [], []
         rows = bandwidth if self.options.mode == "bandwidth" else latency
         for size in self.options.sizes:
@@ -233,13 +258,21 @@ class ProbeClient:
             settings=self._settings(endpoint, memory, flushed), handle_route=handles.route,
             local=endpoint_summary(endpoint, memory), remote=server.summary,
             bandwidth=tuple(bandwidth), latency=tuple(latency),
-            remote_findings=self.remote_findings)
+            remote_findings=self.remote_findings, reverse=tuple(self.reverse),
+            bidirectional=tuple(bidir_result(*pair) for pair in zip(bandwidth, self.reverse)))
 
     def _measured_round(self, channel, handles, memory, remote, size):
         """One size's round; measured again with CLOCK_MONOTONIC, which this run then
         keeps, when the cycle counter disagreed with it over the round."""
-        measure = (self._bandwidth_round if self.options.mode == "bandwidth" else
-                   self._latency_round)
+        bandwidth = self.options.mode == "bandwidth"
+        if self.options.bidir:
+            measure = self._bidir_round
+        elif self.options.imm:
+            measure = self._imm_latency_round
+        elif self.options.reads:
+            measure = self._read_bandwidth_round if bandwidth else self._read_latency_round
+        else:
+            measure = self._bandwidth_round if bandwidth else self._latency_round
         while True:
             self.round += 1
             result, clock_check = measure(channel, handles, memory, remote, size)
@@ -277,6 +310,7 @@ class ProbeClient:
                            clock=self.clock.description if self.clock else "",
                            integrity=integrity_method(o),
                            flush=flush_method(o) if flushed else "",
+                           opcode=o.opcode, perftest=perftest_program(o),
                            inline_note=("" if memory.inline_capable or not o.max_inline else
                                         f"inline off: the source is a {memory.kind} buffer "
                                         "the CPU cannot read where verbs addresses it"))
@@ -303,21 +337,21 @@ class ProbeClient:
         the loop at once if the server has hung up (a dead server's QP may not say so for
         a while, and a latency loop would wait for its echo until the stall time-out)."""
         def beat():
-            raise_if_server_ended(channel, what)
+            # In a bidirectional round the server speaks while this loop runs (its passes):
+            # only its hanging up ends the loop early.
+            if not self.options.bidir:
+                raise_if_server_ended(channel, what)
+            elif channel.peer_gone():
+                raise PeerError(f"{what} failed: the server went away during the run",
+                                "look at the server's host: was it stopped or killed?")
             channel.send(PROGRESS)
 
         return {"tick": beat, "tick_every_s": self.heartbeat_s}
 
-    def _bandwidth_round(self, channel, handles, memory, remote, size):
+    def _bandwidth_loop(self, channel, handles, memory, remote, size, what, on_pass):
+        """Run one size's bandwidth loop (WRITE or READ, by the run's opcode): each pass
+        goes to on_pass(index, messages) before the loop goes on, unless the run samples."""
         o = self.options
-        what = f"the {size}-byte bandwidth round"
-        seed = _native.pattern_seed(size, self.round)
-        slots, sources = o.slots(size), o.source_slots(size)
-        memory.fill_slots(size, sources, seed)
-        stage_out_s = memory.stage_out(0, sources * size) / sources   # per message
-        # No wait for the server: its buffer was poisoned before setup_ok or the last
-        # "verified", and the channel keeps "start" ahead of "done".
-        send(channel, Start(size, self.round))
         duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
         passes = None if o.sample_integrity else PassGate(self.stop)
         per_qp = None if o.duration_s else o.iterations + o.warmup_iterations
@@ -330,11 +364,24 @@ class ProbeClient:
             window_messages=o.window_messages(size), tx_depth=o.tx_depth,
             cq_mod=o.cq_moderation, post_list=o.post_list,
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
-            slots=slots, src_slots=sources, on_pass=passes, **self.clock.loop_args())
+            slots=o.slots(size), src_slots=o.source_slots(size), on_pass=passes,
+            read=o.reads, src_offset=o.source_offset(size), **self.clock.loop_args())
         raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
-            **self._heartbeat(channel, what), passes=passes,
-            on_pass=functools.partial(self._pass_checked, channel))
+            **self._heartbeat(channel, what), passes=passes, on_pass=on_pass)
         self._check_loop(channel, raw, what, stall_s)
+        return raw
+
+    def _bandwidth_round(self, channel, handles, memory, remote, size):
+        what = f"the {size}-byte bandwidth round"
+        seed = _native.pattern_seed(size, self.round)
+        sources = self.options.source_slots(size)
+        memory.fill_slots(size, sources, seed)
+        stage_out_s = memory.stage_out(0, sources * size) / sources   # per message
+        # No wait for the server: its buffer was poisoned before setup_ok or the last
+        # "verified", and the channel keeps "start" ahead of "done".
+        send(channel, Start(size, self.round))
+        raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
+                                   functools.partial(self._pass_checked, channel))
         send(channel, Done(raw.posted))
         verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
         raise_if_corrupt(verified.integrity, size, "the server")
@@ -343,11 +390,122 @@ class ProbeClient:
                                   stage_s_per_message=stage_out_s + verified.stage_in_s)
         return result, raw.clock_check
 
+    def _bidir_round(self, channel, handles, memory, remote, size):
+        """Both directions at once (perftest's -b): this side WRITEs its sources (past its
+        receive slots) into the server's slots while the server WRITEs its own into this
+        side's; each side's loop pauses after each pass until both have checked what the
+        other wrote (exchange_passes). Each side times its own loop; the server's comes
+        back in "sent", the reverse row."""
+        o = self.options
+        what = f"the {size}-byte bidirectional round"
+        seed = _native.pattern_seed(size, self.round)
+        sources, offset = o.source_slots(size), o.source_offset(size)
+        memory.fill_slots(size, sources, seed, offset)
+        stage_out_s = memory.stage_out(offset, sources * size) / sources   # per message
+        check = RoundCheck(memory, size, o.slots(size), sources, seed, stray_end=offset)
+        send(channel, Start(size, self.round))
+        receive_skipping_progress(channel, READY)   # the server's loop is about to write
+        raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
+                                   functools.partial(exchange_passes, channel, check))
+        send(channel, Done(raw.posted))
+        sent = Sent.from_message(receive_skipping_progress(channel, Sent.KIND))
+        verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
+        raise_if_corrupt(verified.integrity, size, "the server")
+        integrity = check.integrity(sent.posted)
+        raise_if_corrupt(integrity, size, "this side (the server's WRITEs)")
+        self.reverse.append(bandwidth_result(size, sent, integrity,
+                                             sent.stage_out_s + check.stage_in_s))
+        return (bandwidth_result(size, raw, verified.integrity,
+                                 stage_s_per_message=stage_out_s + verified.stage_in_s),
+                raw.clock_check)
+
     @staticmethod
     def _pass_checked(channel: Channel, index: int, messages: int) -> None:
         """A pass has landed: the server checks it before the loop writes its slots again."""
         send(channel, PassDone(index, messages))
         PassChecked.from_message(channel.receive(PassChecked.KIND), index)
+
+    def _read_bandwidth_round(self, channel, handles, memory, remote, size):
+        """RDMA READ bandwidth (perftest's ib_read_bw): this side's NIC reads the server's
+        source slots into its own slots and this side checks what landed, pass by pass as
+        WRITE's receiver does (the server checks its sources were left as they were)."""
+        o = self.options
+        what = f"the {size}-byte READ bandwidth round"
+        seed = _native.pattern_seed(size, self.round)
+        check = RoundCheck(memory, size, o.slots(size), o.source_slots(size), seed)
+        send(channel, Start(size, self.round))
+        channel.receive(READY)   # the server's sources are in place
+        raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
+                                   lambda index, messages: check.next_pass(messages))
+        if o.sample_integrity:
+            check.last(raw.posted)
+        send(channel, Done(raw.posted))
+        # A staged server copied each source out once (its "stage_in_s" field here).
+        source = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
+        raise_if_corrupt(source.integrity, size, "the server (the sources the READs read)")
+        integrity = check.integrity(raw.posted)
+        raise_if_corrupt(integrity, size, "this side (what the READs brought)")
+        result = bandwidth_result(size, raw, integrity,
+                                  stage_s_per_message=source.stage_in_s + check.stage_in_s)
+        return result, raw.clock_check
+
+    def _read_latency_round(self, channel, handles, memory, remote, size):
+        """RDMA READ latency (perftest's ib_read_lat): one READ of the server's message
+        posted and its completion polled, iterations times; each READ's bytes checked
+        after its sample."""
+        o = self.options
+        what = f"the {size}-byte READ latency round"
+        seed = _native.pattern_seed(size, self.round)
+        send(channel, Start(size, self.round))
+        channel.receive(READY)
+        stall_s = stall_timeout_s(size, self.port_gbps)
+        config = latency_config(handles, memory, remote, size, o.iterations, 0, True, stall_s,
+                                self.clock, seed, read=True)
+        raw = LoopThread(_native.run_latency, config, self.stop).wait(
+            **self._heartbeat(channel, what))
+        self._check_loop(channel, raw, what, stall_s)
+        send(channel, Done())
+        source = Verified.from_message(channel.receive(Verified.KIND), bandwidth=False)
+        raise_if_corrupt(source.integrity, size, "the server (the message the READs read)")
+        integrity = received_integrity(raw, size, tagged=False)
+        raise_if_corrupt(integrity, size, "this side (what the READs brought)")
+        return (latency_result(size, o.iterations, raw.round_trip, integrity, one_way=False),
+                raw.clock_check)
+
+    def _imm_latency_round(self, channel, handles, memory, remote, size):
+        """The ping-pong of WRITEs with immediate (perftest's ib_write_lat
+        --write_with_imm): each side waits on its receive completions, so either buffer may
+        be GPU memory. The round runs in passes of its receive slots; after each, outside
+        every sample, this side checks its slots (through the memory provider) and the
+        server its own before the next pass writes them again."""
+        o = self.options
+        what = f"the {size}-byte latency round (WRITE with immediate)"
+        seed = _native.pattern_seed(size, self.round)
+        slots = o.slots(size)
+        prepare_imm_round(memory, size, seed, slots)
+        echo = ImmCheck(memory, size, seed)
+        send(channel, Start(size, self.round))
+        channel.receive(READY)
+        stall_s = stall_timeout_s(latency_in_flight(size), self.port_gbps)
+        samples = array.array("Q")
+        for index, (first, count) in enumerate(imm_passes(o.iterations, slots)):
+            config = latency_config(handles, memory, remote, size, count,
+                                    self._inline_bytes(memory), True, stall_s, self.clock, seed,
+                                    imm={"slots": slots, "first": first,
+                                         "post_recv": self.receives.first_post()})
+            raw = LoopThread(functools.partial(_native.run_latency, keep_samples=True), config,
+                             self.stop).wait(**self._heartbeat(channel, what))
+            self._check_loop(channel, raw, what, stall_s)
+            samples.frombytes(raw.samples)
+            echo.check_pass(raw, count)
+            self._pass_checked(channel, index, count)
+        send(channel, Done())
+        integrity = Verified.from_message(channel.receive(Verified.KIND),
+                                          bandwidth=False).integrity
+        raise_if_corrupt(integrity, size, "the server")
+        raise_if_corrupt(echo.integrity(), size, "this side (the server's echo)")
+        round_trip = _native.summarize_round_trips(samples)
+        return latency_result(size, o.iterations, round_trip, integrity), raw.clock_check
 
     def _latency_round(self, channel, handles, memory, remote, size):
         o = self.options

@@ -15,6 +15,7 @@ measured window, as the check itself.
 from __future__ import annotations
 
 import contextlib
+import typing
 
 from gdrprobe import _native
 from gdrprobe.measure.loops import check_status, stall_timeout_s
@@ -25,6 +26,13 @@ from gdrprobe.rdma.endpoint import Endpoint
 
 FLUSH_BYTES = 1           # what NCCL reads (connect.cc: gpuFlush.sge.length = 1)
 LANDING_BYTES = 4096      # one page of host memory for it to land in (NCCL: an int)
+
+
+class FlushRead(typing.NamedTuple):
+    """What one flush READ brought back, and its time from post to completion."""
+
+    byte: int
+    elapsed_ns: int
 
 
 def wants_flush(rule: str, spec: MemorySpec) -> bool:
@@ -56,14 +64,15 @@ class Flusher:
             self._resources.close()
             raise
 
-    def read_back(self, offset: int, expected: int) -> int:
+    def read_back(self, offset: int, expected: int) -> FlushRead:
         """Flush: READ the byte at offset of the receive buffer, after setting the landing
         byte to something else than expected (so a READ that lands nothing shows); the
-        byte it brought back."""
+        byte it brought back and how long the READ took, post to completion (what every
+        GPUDirect receive of NCCL waits for)."""
         result = _native.run_flush(self.config, offset, expected ^ 0xFF, self.stop)
         check_status(result, f"NCCL's flush (an RDMA READ of {FLUSH_BYTES} byte at offset "
                              f"{offset} of the receive buffer)", self.stall_s)
-        return result.landed[0]
+        return FlushRead(result.landed[0], result.elapsed_ns)
 
     def close(self) -> None:
         self.config = None

@@ -12,7 +12,7 @@ import time
 
 from gdrprobe import _native
 from gdrprobe.errors import CompletionError, GdrprobeError, Interrupted, PeerError, RdmaError
-from gdrprobe.report.model import BandwidthResult, Integrity, LatencyResult
+from gdrprobe.report.model import BandwidthResult, BidirResult, Integrity, LatencyResult
 
 # The watchdog of a loop: how long it may see no completion before it calls the link
 # stalled. A signalled completion can wait for everything in flight to cross the wire (with
@@ -257,24 +257,38 @@ def bandwidth_result(size: int, loop, integrity: Integrity,
     )
 
 
+def bidir_result(forward: BandwidthResult, reverse: BandwidthResult) -> BidirResult:
+    """One size of a bidirectional run: each direction's average and their sum."""
+    return BidirResult(forward.size_bytes, forward.bandwidth_avg_gbps,
+                       reverse.bandwidth_avg_gbps,
+                       forward.bandwidth_avg_gbps + reverse.bandwidth_avg_gbps)
+
+
 def one_way_us(round_trip_ns: float) -> float:
     """Half a round trip, in microseconds, as perftest reports latency."""
     return round_trip_ns / 2 / 1000
 
 
-def latency_result(size: int, iterations: int, round_trip,
-                   integrity: Integrity) -> LatencyResult:
-    """The report row of a latency loop's round trips (a RoundTripSummary)."""
+def latency_result(size: int, iterations: int, round_trip, integrity: Integrity,
+                   one_way: bool = True) -> LatencyResult:
+    """The report row of a latency loop's round trips (a RoundTripSummary): half of each
+    (a WRITE ping-pong), or all of it (one_way=False: a READ is one operation whose
+    completion comes back with its data), as perftest reports them (src/perftest_parameters.c
+    print_report_lat: rtt_factor 1 for READ and atomics, 2 otherwise)."""
+    def us(ns: float) -> float:
+        return one_way_us(ns) if one_way else ns / 1000
+
     return LatencyResult(
         size_bytes=size,
         iterations=iterations,
-        latency_us_min=one_way_us(round_trip.min_ns),
-        latency_us_median=one_way_us(round_trip.median_ns),
-        latency_us_mean=one_way_us(round_trip.mean_ns),
-        latency_us_stdev=one_way_us(round_trip.stdev_ns),
-        latency_us_p99=one_way_us(round_trip.p99_ns),
-        latency_us_p999=one_way_us(round_trip.p999_ns),
-        latency_us_max=one_way_us(round_trip.max_ns),
+        latency_us_min=us(round_trip.min_ns),
+        latency_us_median=us(round_trip.median_ns),
+        latency_us_mean=us(round_trip.mean_ns),
+        latency_us_stdev=us(round_trip.stdev_ns),
+        latency_us_p99=us(round_trip.p99_ns),
+        latency_us_p999=us(round_trip.p999_ns),
+        latency_us_max=us(round_trip.max_ns),
         integrity=integrity,
         elapsed_s=round_trip.mean_ns * round_trip.samples / 1e9,
     )
+

@@ -32,6 +32,7 @@ MAX_TIMEOUT_S = 3600.0
 INTEGRITY_CAP_BYTES = defaults.INTEGRITY_CAP_BYTES
 MAX_SLOTS = defaults.MAX_SLOTS
 MAX_FLUSH_RULE_CHARS = 1000
+OPCODES = defaults.OPCODES
 
 
 def dependent_settings(options: ProbeOptions) -> dict:
@@ -79,6 +80,10 @@ class ProbeOptions:
     # on a loopback QP before checking it (measure/flush.py); the rule that asks for it, as
     # the report says it ("": no flush).
     flush: str = ""
+    opcode: str = defaults.OPCODE    # OPCODES: what the client's NIC does to the server's buffer
+    # Both sides WRITE at once, each into the other's slots (perftest's -b): every message
+    # checked both ways, pass by pass in step (measure/side.py exchange_passes).
+    bidir: bool = False
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
@@ -124,6 +129,17 @@ class ProbeOptions:
             problems.append("MTU must be 256, 512, 1024, 2048 or 4096")
         if self.mode == "latency" and (self.qps != 1 or self.duration_s):
             problems.append("latency runs one QP and a fixed number of iterations")
+        if self.opcode not in OPCODES:
+            problems.append(f"opcode {self.opcode!r} is not one of {', '.join(OPCODES)}")
+        if self.opcode == "write_imm" and self.mode != "latency":
+            problems.append("write_imm measures latency (--latency): a bandwidth run WRITEs")
+        if self.bidir and (self.mode != "bandwidth" or self.opcode != "write" or self.flush
+                           or self.duration_s or self.sample_integrity):
+            problems.append("--bidir runs WRITE bandwidth for a number of iterations, every "
+                            "message checked (no -D, --latency, --opcode, --flush or "
+                            "--sample-integrity)")
+        if self.opcode == "read" and self.flush:
+            problems.append("NCCL's flush follows a WRITE into GPU memory: a READ run has none")
         if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
             problems.append(f"inline size must be 0 to {MAX_INLINE} bytes")
         if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:   # NaN fails this too
@@ -142,7 +158,10 @@ class ProbeOptions:
         """How many messages of this size each land in a slot of their own: as many as a
         bandwidth round posts, within the caps; a latency round has one message each way."""
         if self.mode == "latency":
-            return 1
+            # A WRITE with immediate lands in a ring of slots, each written once a pass and
+            # checked after it (measure/side.py ImmCheck); the tagged ping-pong in one.
+            return defaults.integrity_slots(size, self.iterations, self.integrity_bytes) \
+                if self.imm else 1
         messages = None if self.duration_s else (self.iterations + self.warmup_iterations) * self.qps
         return defaults.integrity_slots(size, messages, self.integrity_bytes)
 
@@ -155,8 +174,15 @@ class ProbeOptions:
     @property
     def buffer_bytes(self) -> int:
         """For the size that needs most: its slots and a message past them (where stray
-        writes show up), each page-rounded. Latency: the receive half and the send half."""
-        return max(defaults.buffer_bytes(size, self.slots(size)) for size in self.sizes)
+        writes show up), each page-rounded. Latency: the receive half and the send half
+        (with immediate, the receive half holds the slots: twice the room)."""
+        halves = 2 if self.imm or self.bidir else 1
+        return max(halves * defaults.buffer_bytes(size, self.slots(size)) for size in self.sizes)
+
+    def source_offset(self, size: int) -> int:
+        """Where a side's source slots start: at 0, but in a bidirectional round, where each
+        side also receives, past its receive slots (the upper half of buffer_bytes)."""
+        return defaults.buffer_bytes(size, self.slots(size)) if self.bidir else 0
 
     def to_message(self) -> dict:
         return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
@@ -190,6 +216,8 @@ class ProbeOptions:
                                   high=INTEGRITY_CAP_BYTES),
             sample_integrity=field(message, "sample_integrity", bool),
             flush=field(message, "flush", str, default=""),
+            opcode=field(message, "opcode", str),
+            bidir=field(message, "bidir", bool),
         )
 
     def window_messages(self, size: int) -> int:
@@ -199,24 +227,54 @@ class ProbeOptions:
 
     def endpoint_options(self, base: EndpointOptions, server: bool) -> EndpointOptions:
         """The endpoint for one side: the server's QPs take writes, and in a latency run
-        (a ping-pong of writes) the client's do too."""
-        latency = self.mode == "latency"
+        (a ping-pong of writes) the client's do too; in a READ run only the server's QPs
+        are read, and nothing is written remotely."""
+        if self.reads:
+            return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
+                                       max_inline=0, mtu=self.mtu, remote_write=False,
+                                       remote_read=server)
+        written = server or self.mode == "latency" or self.bidir
         return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
                                    max_inline=self.max_inline, mtu=self.mtu,
-                                   remote_write=server or latency)
+                                   remote_write=written)
+
+    @property
+    def imm(self) -> bool:
+        """Whether the latency ping-pong WRITEs with immediate (perftest's
+        --write_with_imm): each side waits on its receive completions."""
+        return self.opcode == "write_imm"
+
+    @property
+    def reads(self) -> bool:
+        """Whether the client READs the server's buffer instead of writing it."""
+        return self.opcode == "read"
 
     @property
     def max_inline(self) -> int:
+        if self.reads:
+            return 0   # a READ request carries no data to inline
         if self.inline_size is not None:
             return self.inline_size
         return LATENCY_MAX_INLINE if self.mode == "latency" else 0
 
 
-def check_latency_memory(options: ProbeOptions, *specs: MemorySpec | None) -> None:
-    """The latency loop polls its receive buffer with the CPU, which cannot poll GPU memory."""
-    if options.mode == "latency" and any(spec and spec.kind != "host" for spec in specs):
+def check_latency_memory(options: ProbeOptions, client: MemorySpec | None,
+                         server: MemorySpec | None) -> None:
+    """The latency loop's CPU touches the buffer the bytes arrive in, which it cannot do in
+    GPU memory: the WRITE ping-pong polls the last byte of each side's buffer (with
+    immediate it polls completions: any memory); a READ
+    latency loop polls its completion queue but checks each READ's bytes in the client's
+    buffer, while the server's (what the READ fetches) may be GPU memory."""
+    if options.mode != "latency" or options.imm:
+        return
+    polled = (client,) if options.reads else (client, server)
+    if any(spec and spec.kind != "host" for spec in polled):
+        if options.reads:
+            raise UsageError("READ latency lands in host memory on this side: the CPU checks "
+                             "each READ's bytes there, which it cannot do in GPU memory",
+                             "drop --mem for --latency --opcode read (--remote-mem gpu puts "
+                             "the bytes the NIC reads in GPU memory)")
         raise UsageError("latency runs use host memory on both sides: the CPU polls the "
                          "receive buffer, which it cannot do in GPU memory",
-                         "drop --mem/--remote-mem for --latency, or measure bandwidth")
-
-
+                         "use --opcode write_imm (perftest's --write_with_imm: each side waits "
+                         "on its receive completions), or drop --mem/--remote-mem")

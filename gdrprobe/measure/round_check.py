@@ -11,6 +11,8 @@ the byte that message put there."""
 
 from __future__ import annotations
 
+import statistics
+
 from gdrprobe import _native
 from gdrprobe.measure.side import offset_or_none
 from gdrprobe.memory.provider import MemoryProvider
@@ -21,10 +23,12 @@ class RoundCheck:
     """What the receiver has found so far in one size's round."""
 
     def __init__(self, memory: MemoryProvider, size: int, slots: int, source_slots: int,
-                 seed: int, flusher=None):
+                 seed: int, flusher=None, stray_end: int | None = None):
         self.memory, self.size, self.slots = memory, size, slots
         self.source_slots, self.seed = source_slots, seed
         self.flusher = flusher     # a measure.flush.Flusher, or None: no flush
+        self.stray_end = stray_end  # where stray bytes stop being looked for (None: the end;
+                                    # a bidirectional round's own sources start there)
         self.passes = 0            # passes checked
         self.messages = 0          # messages checked
         self.bad_messages = self.bad_bytes = 0
@@ -33,6 +37,7 @@ class RoundCheck:
         self._slots_used = 0
         self.flush_reads = self.flush_bad = 0
         self.first_flush_bad: int | None = None
+        self.flush_ns: list[int] = []   # each flush READ's time, post to completion
 
     def next_pass(self, messages: int) -> None:
         """Check the next pass: `messages` messages from slot 0, the round's
@@ -67,7 +72,8 @@ class RoundCheck:
         expected = _native.pattern_byte(_native.slot_seed(self.seed, last % self.source_slots), 0)
         read = self.flusher.read_back(offset, expected)
         self.flush_reads += 1
-        if read != expected:
+        self.flush_ns.append(read.elapsed_ns)
+        if read.byte != expected:
             self.flush_bad += 1
             if self.first_flush_bad is None:
                 self.first_flush_bad = offset
@@ -81,11 +87,13 @@ class RoundCheck:
         """The round's integrity, with the stray bytes past the slots used. The buffer is
         poisoned again up to there for the next round (past it, it was just found poison)."""
         used_bytes = self._slots_used * self.size
-        stray, first_stray = self.memory.verify_poison(used_bytes)
+        stray, first_stray = self.memory.verify_poison(used_bytes, self.stray_end)
         self.memory.poison(used_bytes)
         return Integrity(checked=True, bytes_checked=self.messages * self.size,
                          bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,
                          stray_bytes=stray, first_stray_offset=offset_or_none(first_stray),
                          messages_checked=self.messages, messages_total=posted,
                          bad_messages=self.bad_messages, flush_reads=self.flush_reads,
-                         flush_bad=self.flush_bad, first_flush_bad_offset=self.first_flush_bad)
+                         flush_bad=self.flush_bad, first_flush_bad_offset=self.first_flush_bad,
+                         flush_us_median=(statistics.median(self.flush_ns) / 1000
+                                          if self.flush_ns else None))

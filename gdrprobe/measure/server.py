@@ -24,13 +24,16 @@ from gdrprobe import _native, defaults
 from gdrprobe.errors import GdrprobeError, PeerError, UsageError
 from gdrprobe.measure.clock import loop_clock
 from gdrprobe.measure.flush import Flusher, wants_flush
-from gdrprobe.measure.loops import LoopThread, check_status, latency_in_flight, stall_timeout_s
+from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, check_status,
+                                    latency_in_flight, stall_timeout_s)
 from gdrprobe.measure.nic_queue import NicQueue
 from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summary,
-                                   heartbeat_s, latency_config, prepare_latency_round,
-                                   received_integrity, remote_buffer)
+                                   heartbeat_s, imm_passes, latency_config, prepare_imm_round,
+                                   prepare_latency_round, received_integrity, remote_buffer,
+                                   source_integrity, ImmCheck, Receives, exchange_passes,
+                                   receive_skipping_progress)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel
@@ -38,7 +41,7 @@ from gdrprobe.protocol.door import Door
 from gdrprobe.protocol.fields import SAME_VERSION_FIX, peer_text
 from gdrprobe.protocol.handshake import ServerSecret
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked, PassDone,
-                                        Queued, Setup, SetupOk, Start, Verified,
+                                        Queued, Sent, Setup, SetupOk, Start, Verified,
                                         error_with_findings, send)
 from gdrprobe.protocol.serverlog import LineLog
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
@@ -249,7 +252,7 @@ class ProbeServer:
                                    self._memory_choice)
         options = setup.settings
         spec = self.memory if setup.server_memory is None else setup.server_memory
-        check_latency_memory(options, spec, None)
+        check_latency_memory(options, None, spec)
 
         def waiting(position: int, holder: str, held_s: float) -> None:
             if self._closing:
@@ -266,8 +269,9 @@ class ProbeServer:
                 flushing = wants_flush(options.flush, spec)
                 with Endpoint(options.endpoint_options(self.endpoint_options, server=True),
                               local_ip) as endpoint:
-                    with open_buffer(spec, endpoint, options.buffer_bytes, True,
-                                     options.relaxed_ordering, read_back=flushing) as memory:
+                    with open_buffer(spec, endpoint, options.buffer_bytes, not options.reads,
+                                     options.relaxed_ordering,
+                                     read_back=flushing or options.reads) as memory:
                         self._serve_rounds(channel, options, endpoint, memory, setup, flushing)
             except GdrprobeError as error:
                 # A GPU buffer that would not register, or a broken path into it: the
@@ -315,13 +319,13 @@ class ProbeServer:
     def _serve_rounds(self, channel, options, endpoint, memory, setup: Setup, flushing: bool):
         endpoint.connect(setup.endpoint)
         handles = endpoint.handles()
-        if options.mode == "bandwidth":
-            memory.poison()   # for the first round (see _bandwidth_round)
+        if options.mode == "bandwidth" and not options.reads:
+            memory.poison()   # for the first round (see _bandwidth_round; bidir: its slots)
         with self._flusher(endpoint, memory, flushing) as flusher:
             send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
                                   endpoint_summary(endpoint, memory), self.timeout_s,
                                   self.findings if memory.kind == "gpu" else ()))
-            self._rounds(channel, options, endpoint, handles, memory, setup, flusher)
+            self._rounds(channel, options, endpoint, handles, memory, setup, flusher, Receives())
 
     def _flusher(self, endpoint, memory, flushing: bool):
         """NCCL's flush QP for this receive buffer where the run asks for the flush and the
@@ -330,14 +334,23 @@ class ProbeServer:
             return contextlib.nullcontext()
         return Flusher(endpoint, memory, self.stop, port_rate_gbps(endpoint.port_attr))
 
-    def _rounds(self, channel, options, endpoint, handles, memory, setup: Setup, flusher):
+    def _rounds(self, channel, options, endpoint, handles, memory, setup: Setup, flusher,
+                receives: Receives):
         while True:
             message = channel.receive(Start.KIND, BYE)
             if message["type"] == BYE:
                 return
             start = Start.from_message(message, max(options.sizes))
             seed = _native.pattern_seed(start.size, start.round)
-            if options.mode == "bandwidth":
+            if options.bidir:
+                self._bidir_round(channel, options, endpoint, handles, memory, setup.buffer,
+                                  start.size, seed)
+            elif options.reads:
+                self._read_round(channel, options, memory, start.size, seed)
+            elif options.imm:
+                self._imm_latency_round(channel, options, endpoint, handles, memory,
+                                        setup.buffer, start.size, seed, receives)
+            elif options.mode == "bandwidth":
                 self._bandwidth_round(channel, options, memory, start.size, seed, flusher)
             else:
                 self._latency_round(channel, options, endpoint, handles, memory,
@@ -377,6 +390,115 @@ class ProbeServer:
         landed = PassDone.from_message(message, check.passes, check.slots)
         check.next_pass(landed.messages)
         send(channel, PassChecked(landed.index))
+
+    def _bidir_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
+        """This side of a bidirectional round: its own loop WRITEs its sources (past its
+        receive slots) into the client's slots while the client writes into this side's,
+        both loops pausing after each pass until both sides have checked (exchange_passes);
+        then "sent" (this loop's result) and "verified" (what landed here)."""
+        if remote is None:
+            raise PeerError("a bidirectional run needs the client's buffer", SAME_VERSION_FIX)
+        what = f"the {size}-byte bidirectional round (the server's WRITEs)"
+        sources, offset = options.source_slots(size), options.source_offset(size)
+        memory.fill_slots(size, sources, seed, offset)
+        stage_out_s = memory.stage_out(offset, sources * size) / sources
+        check = RoundCheck(memory, size, options.slots(size), sources, seed, stray_end=offset)
+        per_qp = options.iterations + options.warmup_iterations
+        stall_s = stall_timeout_s(bandwidth_in_flight(size, options.qps, options.tx_depth,
+                                                      per_qp), port_rate_gbps(endpoint.port_attr))
+        passes = PassGate(self.stop)
+        config = _native.BandwidthConfig(
+            handles, memory, remote, msg_size=size, iterations=options.iterations,
+            warmup_iterations=options.warmup_iterations, tx_depth=options.tx_depth,
+            cq_mod=options.cq_moderation, post_list=options.post_list,
+            max_inline=options.max_inline if memory.inline_capable else 0,
+            stall_timeout_ns=int(stall_s * 1e9), slots=options.slots(size), src_slots=sources,
+            on_pass=passes, src_offset=offset, **loop_clock(options.clock).loop_args())
+        loop = LoopThread(_native.run_bandwidth, config, self.stop)
+        loop.start()
+        try:
+            channel.send(READY)
+            raw = loop.wait(tick=lambda: channel.send(PROGRESS),
+                            tick_every_s=heartbeat_s(options.timeout_s), passes=passes,
+                            on_pass=functools.partial(exchange_passes, channel, check))
+        finally:
+            loop.finish()
+        check_status(raw, what, stall_s)
+        posted = Done.from_message(receive_skipping_progress(channel, Done.KIND), True).messages
+        if check.messages != posted:
+            raise PeerError(f"the client posted {posted} messages of {size} B and had "
+                            f"{check.messages} checked", SAME_VERSION_FIX)
+        send(channel, Sent(raw.messages, raw.posted, raw.elapsed_ns, raw.peak_bytes_per_s,
+                           raw.passes, raw.paused_ns, stage_out_s))
+        send(channel, Verified(check.integrity(posted), check.stage_in_s))
+
+    def _read_round(self, channel, options, memory, size, seed):
+        """A round the client READs: this side's NIC answers, reading this buffer. The
+        round's source messages are put where the client reads them (a bandwidth round's
+        source slots, or a latency round's one message at the start), the client is told
+        it may read, and after its "done" the sources are checked to be as they were: a
+        READ must not change what it reads."""
+        bandwidth = options.mode == "bandwidth"
+        sources = options.source_slots(size) if bandwidth else 1
+        if bandwidth:
+            memory.fill_slots(size, sources, seed)
+        else:
+            memory.fill_pattern(0, size, seed)
+        stage_out_s = memory.stage_out(0, sources * size) / sources   # per message read
+        channel.send(READY)
+        self._wait_for_done(channel, bandwidth)
+        if bandwidth:
+            bad_messages, bad, first = memory.verify_messages(size, sources, sources, seed, 0,
+                                                              sources)
+        else:
+            bad, first = memory.verify_pattern(0, size, seed)
+            bad_messages = int(bad > 0)
+        send(channel, Verified(source_integrity(size, sources, bad_messages, bad, first),
+                               stage_out_s if bandwidth else None))
+
+    def _imm_latency_round(self, channel, options, endpoint, handles, memory, remote, size,
+                           seed, receives: Receives):
+        """The responder of a WRITE-with-immediate ping-pong, pass by pass: each pass's
+        loop answers the client's messages on its receive completions; at the client's
+        "pass" this side checks its slots (ImmCheck) and starts the next pass's loop before
+        it answers "checked"."""
+        if remote is None:
+            raise PeerError("a latency run needs the client's buffer", SAME_VERSION_FIX)
+        slots = options.slots(size)
+        prepare_imm_round(memory, size, seed, slots)
+        check = ImmCheck(memory, size, seed)
+        what = f"the {size}-byte latency round (WRITE with immediate)"
+        stall_s = stall_timeout_s(latency_in_flight(size), port_rate_gbps(endpoint.port_attr))
+        passes = imm_passes(options.iterations, slots)
+        inline = options.max_inline if memory.inline_capable else 0
+
+        def responder(index: int) -> LoopThread:
+            first, count = passes[index]
+            config = latency_config(handles, memory, remote, size, count, inline, False,
+                                    stall_s, loop_clock(options.clock), seed,
+                                    imm={"slots": slots, "first": first,
+                                         "post_recv": receives.first_post()})
+            loop = LoopThread(_native.run_latency, config, self.stop)
+            loop.start()
+            return loop
+
+        loop = responder(0)
+        try:
+            channel.send(READY)
+            while (message := channel.receive(PROGRESS, PassDone.KIND, Done.KIND))["type"] \
+                    != Done.KIND:
+                if message["type"] == PROGRESS:
+                    continue
+                landed = PassDone.from_message(message, check.messages // slots, slots)
+                raw = loop.finish(grace_s=stall_s)
+                check_status(raw, what, stall_s)
+                check.check_pass(raw, passes[landed.index][1])
+                if landed.index + 1 < len(passes):
+                    loop = responder(landed.index + 1)
+                send(channel, PassChecked(landed.index))
+        finally:
+            loop.finish()
+        send(channel, Verified(check.integrity()))
 
     def _latency_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
         if remote is None:

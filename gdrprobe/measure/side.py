@@ -12,7 +12,7 @@ from gdrprobe.errors import UsageError
 from gdrprobe.measure.clock import LoopClock
 from gdrprobe.measure.options import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from gdrprobe.memory.provider import MemoryProvider
-from gdrprobe.protocol.messages import RemoteBuffer
+from gdrprobe.protocol.messages import PROGRESS, PassChecked, PassDone, RemoteBuffer, send
 from gdrprobe.rdma.endpoint import Endpoint
 from gdrprobe.report.model import EndpointSummary, Integrity
 
@@ -70,11 +70,12 @@ def prepare_latency_round(memory: MemoryProvider, size: int, seed: int) -> None:
     memory.fill_pattern(send_half(memory), size, seed)
 
 
-def received_integrity(raw, size: int) -> Integrity:
+def received_integrity(raw, size: int, tagged: bool = True) -> Integrity:
     """What the peer's latency messages carried into this side, each checked by the loop as
     it arrived (a LatencyLoopResult): the round's pattern in all but the last byte, which
-    is the loop's tag."""
-    return Integrity(checked=True, bytes_checked=raw.completed * (size - 1),
+    is the loop's tag (tagged), or in every byte (a READ's, which has no tag)."""
+    checked = size - 1 if tagged else size
+    return Integrity(checked=True, bytes_checked=raw.completed * checked,
                      bad_bytes=raw.bad_bytes,
                      first_bad_offset=raw.first_bad_offset if raw.bad_bytes else None,
                      stray_bytes=0, first_stray_offset=None,
@@ -82,11 +83,108 @@ def received_integrity(raw, size: int) -> Integrity:
                      bad_messages=raw.bad_messages)
 
 
+def source_integrity(size: int, sources: int, bad_messages: int, bad_bytes: int,
+                     first_bad: int) -> Integrity:
+    """What the server of a READ round found in the source messages the client read: they
+    must hold what was put there (a READ changes nothing on the side that answers it)."""
+    return Integrity(checked=True, bytes_checked=sources * size, bad_bytes=bad_bytes,
+                     first_bad_offset=offset_or_none(first_bad), stray_bytes=0,
+                     first_stray_offset=None, messages_checked=sources, messages_total=sources,
+                     bad_messages=bad_messages)
+
+
+class Receives:
+    """Whether a run's QP has its receive posted yet: the WRITE-with-immediate loop posts
+    the first one and leaves one posted after every receive completion."""
+
+    def __init__(self):
+        self.posted = False
+
+    def first_post(self) -> bool:
+        """Whether the next loop must post the first receive (only the first loop does)."""
+        first, self.posted = not self.posted, True
+        return first
+
+
+def prepare_imm_round(memory: MemoryProvider, size: int, seed: int, slots: int) -> None:
+    """Both sides before a WRITE-with-immediate latency round: the receive slots poisoned
+    (each is written once a pass: one that was not stays poison) and the round's pattern in
+    the message this side sends."""
+    memory.poison(slots * size)
+    memory.fill_pattern(send_half(memory), size, seed)
+
+
+class ImmCheck:
+    """What one side of a WRITE-with-immediate latency round found in its receive slots,
+    pass by pass: after each pass, with nothing in flight, every slot the pass wrote must hold
+    the round's pattern (read back through the memory provider: GPU memory too), and is
+    poisoned again for the next; a message whose immediate was not its number is wrong too."""
+
+    def __init__(self, memory: MemoryProvider, size: int, seed: int):
+        self.memory, self.size, self.seed = memory, size, seed
+        self.messages = self.bad_messages = self.bad_bytes = 0
+        self.first_bad: int | None = None
+
+    def check_pass(self, raw, count: int) -> None:
+        """The pass that just ended: its loop's result and its `count` messages' slots."""
+        self._found(raw.bad_messages, raw.bad_bytes,
+                    raw.first_bad_offset if raw.bad_bytes else -1)
+        self.memory.flush_remote_writes()
+        for slot in range(count):
+            bad, first = self.memory.verify_pattern(slot * self.size, self.size, self.seed)
+            self._found(int(bad > 0), bad, first + slot * self.size if bad else -1)
+        self.memory.poison(count * self.size)
+        self.messages += count
+
+    def _found(self, messages: int, bad: int, first: int) -> None:
+        if bad and self.first_bad is None:
+            self.first_bad = first
+        self.bad_messages += messages
+        self.bad_bytes += bad
+
+    def integrity(self) -> Integrity:
+        return Integrity(checked=True, bytes_checked=self.messages * self.size,
+                         bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,
+                         stray_bytes=0, first_stray_offset=None,
+                         messages_checked=max(1, self.messages),
+                         messages_total=max(1, self.messages), bad_messages=self.bad_messages)
+
+
+def imm_passes(iterations: int, slots: int) -> list[tuple[int, int]]:
+    """A WRITE-with-immediate round's passes: (messages before it, its messages)."""
+    return [(first, min(slots, iterations - first)) for first in range(0, iterations, slots)]
+
+
+def receive_skipping_progress(channel, kind: str) -> dict:
+    """The next message of this kind, past the peer's heartbeats (a bidirectional round:
+    both sides' loops run, and both beat)."""
+    while (message := channel.receive(PROGRESS, kind))["type"] == PROGRESS:
+        pass
+    return message
+
+
+def exchange_passes(channel, check, index: int, messages: int) -> None:
+    """A bidirectional round's pass, on either side, with this side's loop paused: say
+    this side's pass `index` of `messages` has landed at the peer, wait for the peer's
+    (its messages have landed here), check them (check: this side's RoundCheck), say so
+    and wait until the peer has checked ours. Both sides do the same, in step, so no slot
+    is written again before its check."""
+    send(channel, PassDone(index, messages))
+    landed = PassDone.from_message(receive_skipping_progress(channel, PassDone.KIND), index,
+                                   check.slots)
+    check.next_pass(landed.messages)
+    send(channel, PassChecked(index))
+    PassChecked.from_message(receive_skipping_progress(channel, PassChecked.KIND), index)
+
+
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
                    max_inline: int, initiator: bool, stall_s: float, clock: LoopClock,
-                   seed: int):
-    """The ping-pong loop's settings for one side (see send_half)."""
+                   seed: int, read: bool = False, imm: dict | None = None):
+    """The ping-pong loop's settings for one side (see send_half); read: the READ
+    latency loop instead, which lands each READ at the start of memory; imm: the WRITE with
+    immediate loop's pass (slots, first, post_recv: _native.LatencyConfig)."""
     return _native.LatencyConfig(
         handles, memory, remote, send_offset=send_half(memory), msg_size=size,
         iterations=iterations, max_inline=max_inline, initiator=initiator,
-        stall_timeout_ns=int(stall_s * 1e9), seed=seed, **clock.loop_args())
+        stall_timeout_ns=int(stall_s * 1e9), seed=seed, read=read, imm=imm is not None,
+        **(imm or {}), **clock.loop_args())

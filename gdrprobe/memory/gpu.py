@@ -207,11 +207,12 @@ class StagedGpuMemory(GpuMemory):
             lambda error: host_registration_error(
                 error, f"{self.length} bytes of pinned host memory"))
 
-    def verify_poison(self, start: int) -> tuple[int, int]:
+    def verify_poison(self, start: int, end: int | None = None) -> tuple[int, int]:
         # Stray writes land in the staging buffer, the only memory the NIC can reach.
-        if start >= self.length:
+        end = self.length if end is None else end
+        if start >= end:
             return 0, -1
-        return self._poison_in_view(start)
+        return self._poison_in_view(start, end)
 
     def flush_remote_writes(self) -> None:
         """Nothing to flush: the writes landed in host memory; stage_in moves them."""

@@ -63,11 +63,11 @@ class MemoryProvider(abc.ABC):
         self.pull(offset, length)
         return _native.pattern_verify(self.cpu_view + offset, length, seed)
 
-    def fill_slots(self, size: int, slots: int, seed: int) -> None:
-        """A bandwidth round's source messages from offset 0: slot k holds size bytes of
-        the pattern of the slot's own seed (gdr_slot_seed of seed and k)."""
-        _native.slots_fill(self.cpu_view, size, slots, seed)
-        self.push(0, size * slots)
+    def fill_slots(self, size: int, slots: int, seed: int, offset: int = 0) -> None:
+        """A bandwidth round's source messages from offset: slot k holds size bytes of the
+        pattern of the slot's own seed (gdr_slot_seed of seed and k)."""
+        _native.slots_fill(self.cpu_view + offset, size, slots, seed)
+        self.push(offset, size * slots)
 
     def verify_messages(self, size: int, slots: int, source_slots: int, seed: int,
                         first: int, count: int) -> tuple[int, int, int]:
@@ -85,15 +85,16 @@ class MemoryProvider(abc.ABC):
         _native.poison_fill(self.cpu_view, end)
         self.push(0, end)
 
-    def verify_poison(self, start: int) -> tuple[int, int]:
-        """(non-poison bytes, first such offset or -1) from start to the end."""
-        if start >= self.length:
+    def verify_poison(self, start: int, end: int | None = None) -> tuple[int, int]:
+        """(non-poison bytes, first such offset or -1) from start to end (None: the end)."""
+        end = self.length if end is None else end
+        if start >= end:
             return 0, -1
-        self.pull(start, self.length - start)
-        return self._poison_in_view(start)
+        self.pull(start, end - start)
+        return self._poison_in_view(start, end)
 
-    def _poison_in_view(self, start: int) -> tuple[int, int]:
-        bad, first = _native.poison_verify(self.cpu_view + start, self.length - start)
+    def _poison_in_view(self, start: int, end: int) -> tuple[int, int]:
+        bad, first = _native.poison_verify(self.cpu_view + start, end - start)
         return bad, (first + start if bad else -1)
 
     def zero(self) -> None:

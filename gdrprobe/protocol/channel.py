@@ -34,7 +34,9 @@ from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, peer_text
 #    the run samples (sample_integrity)
 # 6: the puzzle rises with the server's load, up to 22 bits (admission.py); the refusal code
 #    "overloaded" (a proof dropped unchecked)
-PROTOCOL_VERSION = 6
+# 7: a run's opcode (RDMA WRITE or READ: measure/options.py) and each side's READ credits
+#    (its max_dest_rd_atomic, in the endpoint address)
+PROTOCOL_VERSION = 7
 MAGIC = b"GDRP"
 HEADER = struct.Struct(">4sHI")
 SEQUENCE = struct.Struct(">Q")

@@ -3,8 +3,8 @@
 A run's conversation, client to server unless marked (<-)::
 
     setup, queued* <-, setup_ok <-,
-    then each round: start, ready <- (latency only), progress*, (pass, checked <-)*, done,
-    verified <-,
+    then each round: start, ready <- (latency, READ, bidirectional), progress*,
+    (pass, checked <-)*, done, sent <- (bidirectional), verified <-,
     and at the end: bye
 
 A message with fields is a frozen dataclass: ``KIND`` is its type on the wire,
@@ -30,7 +30,7 @@ from gdrprobe import _native
 from gdrprobe.errors import GdrprobeError, PeerError
 from gdrprobe.protocol.channel import Channel, error_message
 from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, int_list, peer_number, peer_text
-from gdrprobe.rdma.endpoint import EndpointAddress
+from gdrprobe.rdma.endpoint import MAX_READ_CREDITS, EndpointAddress
 from gdrprobe.rdma.verbs import MTUS
 from gdrprobe.report.model import EndpointSummary, Finding, Integrity, Status, to_dict
 
@@ -90,7 +90,8 @@ def gid_from_message(message: dict) -> str:
 def address_message(address: EndpointAddress) -> dict:
     """What the peer needs to connect its QPs to ours (the GID index stays local)."""
     return {"gid": address.gid, "lid": address.lid, "mtu": address.mtu,
-            "qp_numbers": list(address.qp_numbers), "psns": list(address.psns)}
+            "qp_numbers": list(address.qp_numbers), "psns": list(address.psns),
+            "read_credits": address.read_credits}
 
 
 def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> EndpointAddress:
@@ -104,7 +105,9 @@ def address_from_message(message: dict, max_qps: int = _native.MAX_QPS) -> Endpo
                         SAME_VERSION_FIX)
     return EndpointAddress(gid=gid_from_message(message), gid_index=-1,
                            lid=field(message, "lid", int, low=0, high=0xFFFF), mtu=mtu,
-                           qp_numbers=tuple(qp_numbers), psns=tuple(psns))
+                           qp_numbers=tuple(qp_numbers), psns=tuple(psns),
+                           read_credits=field(message, "read_credits", int, low=1,
+                                              high=MAX_READ_CREDITS))
 
 
 def summary_message(summary: EndpointSummary) -> dict:
@@ -131,7 +134,8 @@ def summary_from_message(message: dict) -> EndpointSummary:
 def integrity_message(integrity: Integrity) -> dict:
     """What a receiver found; no offset is sent as -1. NCCL's flush is told where it ran."""
     flush = {"flush_reads": integrity.flush_reads, "flush_bad": integrity.flush_bad,
-             "first_flush_bad_offset": _offset_message(integrity.first_flush_bad_offset)}
+             "first_flush_bad_offset": _offset_message(integrity.first_flush_bad_offset),
+             "flush_us_median": integrity.flush_us_median}
     return {"bytes_checked": integrity.bytes_checked, "bad_bytes": integrity.bad_bytes,
             "first_bad_offset": _offset_message(integrity.first_bad_offset),
             "stray_bytes": integrity.stray_bytes,
@@ -164,6 +168,9 @@ def integrity_from_message(message: dict) -> Integrity:
         flush_reads=flush_reads,
         flush_bad=field(message, "flush_bad", int, low=0, high=flush_reads, default=0),
         first_flush_bad_offset=None if first_flush_bad < 0 else first_flush_bad,
+        flush_us_median=(None if message.get("flush_us_median") is None else
+                         float(field(message, "flush_us_median", (int, float), low=0,
+                                     high=MAX_STAGE_S * 1e6))),
     )
 
 
@@ -384,6 +391,34 @@ class PassChecked:
             raise PeerError(f"the server said it checked pass {index}, not "
                             f"{expected_index}", SAME_VERSION_FIX)
         return cls(index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """<- What the server's own loop did in a bidirectional round (its WRITEs into the
+    client's slots): as a BandwidthLoopResult says it, and the seconds a staged buffer spent
+    copying each message out."""
+
+    KIND: ClassVar[str] = "sent"
+    messages: int
+    posted: int
+    elapsed_ns: int
+    peak_bytes_per_s: float
+    passes: int
+    paused_ns: int
+    stage_out_s: float
+
+    def to_message(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_message(cls, message: dict) -> Sent:
+        def count(name: str) -> int:
+            return field(message, name, int, low=0, high=MAX_MESSAGES)
+        return cls(count("messages"), count("posted"), count("elapsed_ns"),
+                   float(field(message, "peak_bytes_per_s", (int, float), low=0)),
+                   count("passes"), count("paused_ns"),
+                   float(field(message, "stage_out_s", (int, float), low=0, high=MAX_STAGE_S)))
 
 
 @dataclasses.dataclass(frozen=True)

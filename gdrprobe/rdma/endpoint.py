@@ -34,6 +34,7 @@ class EndpointOptions:
     max_inline: int = 0
     mtu: int | None = None   # bytes; None: the port's active MTU
     remote_write: bool = True   # may the peer write through these QPs
+    remote_read: bool = False   # may the peer READ through these QPs (an RDMA READ run)
     # What NCCL's GID choice asks for, where no GID index is given (NCCL's defaults).
     gid_preference: verbs.GidPreference = verbs.NCCL_DEFAULTS
 
@@ -48,6 +49,9 @@ class EndpointAddress:
     mtu: int
     qp_numbers: tuple[int, ...]
     psns: tuple[int, ...]
+    # The RDMA READs this side's QPs answer at once (the max_dest_rd_atomic it sets):
+    # the peer issues no more than that many (its max_rd_atomic).
+    read_credits: int = 1
 
 
 def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
@@ -84,6 +88,21 @@ def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
     return index, gid, (f"{where}the GID NCCL picks (ncclIbGetGidIndex, address family "
                         f"AF_INET{'' if preference.family == 4 else '6'}, RoCE v"
                         f"{preference.roce_version}): index {index}, {kind}")
+
+
+MAX_READ_CREDITS = 255   # ibv_qp_attr's max_rd_atomic and max_dest_rd_atomic are uint8_t
+
+
+def read_credits(device_attr) -> tuple[int, int]:
+    """(READs a QP may have outstanding as requester, READs it answers at once as
+    responder): the device's max_qp_init_rd_atom and max_qp_rd_atom, as perftest sets
+    max_rd_atomic and max_dest_rd_atomic for its READ tests (linux-rdma/perftest
+    src/perftest_parameters.c ctx_set_out_reads: the device's limit unless asked for less;
+    src/perftest_resources.c ctx_modify_qp_to_rtr and _to_rts put it on the QP). At least 1:
+    a device that reports 0 still answers one READ at a time."""
+    def credits(value: int) -> int:
+        return max(1, min(MAX_READ_CREDITS, value))
+    return credits(device_attr.max_qp_init_rd_atom), credits(device_attr.max_qp_rd_atom)
 
 
 def check_queue_limits(device: str, device_attr, options: EndpointOptions) -> None:
@@ -178,6 +197,7 @@ class Endpoint:
                 options.gid_index, self.device, options.gid_preference))
         self.notes += (f"GID {self.gid_index}: {gid_reason}",)
         check_queue_limits(self.device, device_attr, options)
+        self.reads_out, self.reads_in = read_credits(device_attr)
         self.pd = self._keep(self._verbs(pv, "allocating a protection domain",
                                          lambda: pv.pd.PD(self.ctx)))
         entries = options.tx_depth * options.num_qps + 1
@@ -228,6 +248,8 @@ class Endpoint:
 
     def _access_flags(self, pv) -> int:
         remote = pv.enums.IBV_ACCESS_REMOTE_WRITE if self.options.remote_write else 0
+        if self.options.remote_read:
+            remote |= pv.enums.IBV_ACCESS_REMOTE_READ
         return pv.enums.IBV_ACCESS_LOCAL_WRITE | remote
 
     def loopback_qp(self) -> LoopbackQp:
@@ -253,7 +275,7 @@ class Endpoint:
     def address(self) -> EndpointAddress:
         return EndpointAddress(gid=self.gid, gid_index=self.gid_index, lid=self.port_attr.lid,
                                mtu=self.mtu, qp_numbers=tuple(qp.qp_num for qp in self.qps),
-                               psns=self.psns)
+                               psns=self.psns, read_credits=self.reads_in)
 
     def connect(self, remote: EndpointAddress) -> None:
         """Move every QP through RTR to RTS towards the peer's matching QP."""
@@ -267,16 +289,20 @@ class Endpoint:
         for qp, local_psn, remote_qpn, remote_psn in zip(self.qps, self.psns,
                                                          remote.qp_numbers, remote.psns):
             self._to_rts(pv, qp, local_psn, remote_qpn, remote_psn, remote.gid, remote.lid,
-                         path_mtu, self._access_flags(pv))
+                         path_mtu, self._access_flags(pv),
+                         (min(self.reads_out, remote.read_credits), self.reads_in))
 
     def _to_rts(self, pv, qp, local_psn: int, remote_qpn: int, remote_psn: int,
-                remote_gid: str, remote_lid: int, path_mtu: int, access: int) -> None:
-        """One QP through RTR to RTS towards the remote QP (its own number: a loopback)."""
+                remote_gid: str, remote_lid: int, path_mtu: int, access: int,
+                reads: tuple[int, int] = (1, 1)) -> None:
+        """One QP through RTR to RTS towards the remote QP (its own number: a loopback);
+        reads: its (max_rd_atomic, max_dest_rd_atomic), never more READs out than the peer
+        answers at once."""
         attr = pv.qp.QPAttr(port_num=self.options.port)
         attr.qp_access_flags = access
         attr.path_mtu = path_mtu
         attr.dest_qp_num, attr.rq_psn, attr.sq_psn = remote_qpn, remote_psn, local_psn
-        attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
+        attr.max_rd_atomic, attr.max_dest_rd_atomic = reads
         attr.min_rnr_timer = QP_MIN_RNR_TIMER
         attr.timeout, attr.retry_cnt, attr.rnr_retry = QP_TIMEOUT, QP_RETRY_COUNT, QP_RNR_RETRY
         route = pv.addr.GlobalRoute(dgid=pv.addr.GID(remote_gid), sgid_index=self.gid_index,

@@ -225,6 +225,7 @@ class Integrity:
     flush_reads: int = 0
     flush_bad: int = 0
     first_flush_bad_offset: int | None = None
+    flush_us_median: float | None = None   # the flush READs' median time, post to completion
 
     @property
     def coverage(self) -> str:
@@ -309,6 +310,18 @@ class RunSettings:
     integrity: str = ""            # which messages the receiver checked, and when
     flush: str = ""                # NCCL's flush before each check, and the rule that asked
                                    # for it ("" where none ran)
+    opcode: str = "write"          # the RDMA operation measured: write or read
+    perftest: str = ""             # perftest's program for the same test (ib_read_bw ...)
+
+
+@dataclasses.dataclass(frozen=True)
+class BidirResult:
+    """One size of a bidirectional run (perftest's -b): each direction's average, Gb/s."""
+
+    size_bytes: int
+    client_to_server_gbps: float
+    server_to_client_gbps: float
+    sum_gbps: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,6 +335,33 @@ class RunReport:
     latency: tuple[LatencyResult, ...]
     # The server's doctor findings about its own GPU buffer's path (empty for host memory).
     remote_findings: tuple[Finding, ...] = ()
+    # --bidir: the server's WRITEs into this side, timed by the server, and per size both
+    # directions with their sum
+    reverse: tuple[BandwidthResult, ...] = ()
+    bidirectional: tuple[BidirResult, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyRatio:
+    """One size of a latency A/B: each arm's median over its repeats' medians (one-way, us)."""
+
+    size_bytes: int
+    host_median_us: float
+    gpu_median_us: float
+    gpu_over_host: float           # the GPU arm's median over the host arm's
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyABReport:
+    """`run --latency` with GPU memory: the host arm and the GPU arm, alternately, each
+    repeat a whole run with the same opcode (WRITE with immediate) and settings."""
+
+    kind = "latency-ab"
+    settings: RunSettings          # the GPU arm's
+    host: tuple[RunReport, ...]    # each repeat's run, host memory at both ends
+    gpu: tuple[RunReport, ...]     # each repeat's run with the GPU memory asked for
+    ratios: tuple[LatencyRatio, ...]
+    exit_code: int = 0             # information: latency is not judged here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,6 +465,7 @@ class BenchSettings:
     latency_iterations: int        # 0: no latency rows
     threshold: float
     ib_port: int
+    opcode: str = "write"          # the RDMA operation every run measures: write or read
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import (BandwidthResult, ClusterPair, ClusterReport,
-                                   DeviceReport, DoctorReport, Finding, LatencyResult,
-                                   RunReport, Status)
+                                   DeviceReport, DoctorReport, Finding, LatencyABReport,
+                                   LatencyResult, RunReport, Status)
 from gdrprobe.report.nccl_log import ChannelUse, NcclLogReport, NicUse
 
 
@@ -53,12 +53,27 @@ def render_run(report: RunReport, gbits: bool = False) -> str:
     return "\n".join([render_run_settings(report), *table, RULE])
 
 
+def render_latency_ab(report: LatencyABReport) -> str:
+    """The latency A/B: the GPU arm's settings, then per size each arm's median and the
+    GPU arm's over the host arm's."""
+    repeats = len(report.gpu)
+    lines = [render_run_settings(report.gpu[-1]),
+             f" latency A/B, {repeats} repeat(s) per arm: one-way median [usec]",
+             f" {'#bytes':<10} {'host':<10} {'GPU':<10} GPU/host"]
+    lines += [f" {r.size_bytes:<10} {r.host_median_us:<10.2f} {r.gpu_median_us:<10.2f} "
+              f"{r.gpu_over_host:.2f}" for r in report.ratios]
+    return "\n".join(lines + [RULE])
+
+
 def render_run_settings(report: RunReport) -> str:
     """What a run used: the settings, each side's endpoint and memory."""
     s = report.settings
-    title = "RDMA_Write BW Test" if s.mode == "bandwidth" else "RDMA_Write Latency Test"
+    # perftest's titles (RDMA_Write BW Test, RDMA_Read Latency Test ...), its program named
+    verb = "RDMA_Read" if s.opcode == "read" else "RDMA_Write"
+    title = f"{verb} {'BW' if s.mode == 'bandwidth' else 'Latency'} Test"
+    same = f", as perftest's {s.perftest}" if s.perftest else ""
     return "\n".join([
-        RULE, f" {title} (gdrprobe, in-process)",
+        RULE, f" {title} (gdrprobe, in-process{same})",
         f" QPs {s.qps}  TX depth {s.tx_depth}  CQ moderation {s.cq_moderation}"
         f"  post list {s.post_list}  MTU {s.mtu_bytes}  inline {s.inline_bytes} B"
         f"  handles via {report.handle_route}",
@@ -66,6 +81,9 @@ def render_run_settings(report: RunReport) -> str:
         *([f" clock: {s.clock}"] if s.clock else []),
         *([f" integrity: {s.integrity}"] if s.integrity else []),
         *([f" flush: {s.flush}"] if s.flush else []),
+        *[f" bidirectional {r.size_bytes} B: client to server {r.client_to_server_gbps:.2f}"
+          f" Gb/s, server to client {r.server_to_client_gbps:.2f} Gb/s, sum "
+          f"{r.sum_gbps:.2f} Gb/s" for r in report.bidirectional],
         *render_endpoints(report), RULE])
 
 

@@ -16,7 +16,7 @@ from gdrprobe.campaign import bench
 from gdrprobe.campaign.machine import machine_facts
 from gdrprobe.errors import IntegrityError, PeerError, UsageError
 from gdrprobe.measure.client import flush_method, raise_if_corrupt
-from gdrprobe.measure.flush import FLUSH_BYTES, wants_flush
+from gdrprobe.measure.flush import FLUSH_BYTES, FlushRead, wants_flush
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.memory.spec import MemorySpec
@@ -48,7 +48,7 @@ class CheckedMemory:
         self.calls.append("verify")
         return 0, 0, -1
 
-    def verify_poison(self, start):
+    def verify_poison(self, start, end=None):
         return 0, -1
 
     def poison(self, end=None):
@@ -64,7 +64,7 @@ class Flusher:
     def read_back(self, offset, expected):
         self.memory.calls.append("READ")
         self.reads.append((offset, expected))
-        return self.landed(offset, expected)
+        return FlushRead(self.landed(offset, expected), 1000 * (len(self.reads) + 1))
 
 
 def source_bytes() -> bytes:
@@ -86,6 +86,8 @@ def test_each_check_first_reads_back_the_last_messages_first_byte():
     assert memory.calls[:3] == ["READ", "cuFlushGPUDirectRDMAWrites", "verify"]
     integrity = check.integrity(SLOTS + 2)
     assert (integrity.flush_reads, integrity.flush_bad, integrity.ok) == (2, 0, True)
+    # NCCL's per-receive cost: the READs' median time (2 and 3 us here), post to completion
+    assert integrity.flush_us_median == 2.5
 
 
 def test_a_read_back_that_is_not_the_last_written_byte_is_corruption():
@@ -116,6 +118,7 @@ def test_without_a_flusher_nothing_is_read_back():
     check = RoundCheck(memory, SIZE, SLOTS, SOURCES, SEED)
     check.next_pass(SLOTS)
     assert "READ" not in memory.calls and check.integrity(SLOTS).flush_reads == 0
+    assert check.integrity(SLOTS).flush_us_median is None
 
 
 def test_the_flush_crosses_the_wire_and_a_run_without_it_sends_what_it_always_sent():

@@ -32,7 +32,8 @@ def bandwidth(**fields):
 def latency(**fields):
     values = {"status": _native.STATUS_OK, "errno": 0, "wc_status": 0, "wc_vendor_err": 0,
               "wc_qp_num": 0, "completed": 10, "bad_messages": 0, "bad_bytes": 0,
-              "first_bad_offset": 0, "clock_check": NO_CLOCK_CHECK, "round_trip": None}
+              "first_bad_offset": 0, "clock_check": NO_CLOCK_CHECK, "round_trip": None,
+              "samples": None}
     return _native.LatencyLoopResult(**values | fields)
 
 
@@ -42,7 +43,8 @@ def test_results_have_named_fields_and_cannot_be_changed():
         "elapsed_ns", "peak_bytes_per_s", "passes", "paused_ns", "clock_check"]
     assert [f.name for f in dataclasses.fields(_native.LatencyLoopResult)] == [
         "status", "errno", "wc_status", "wc_vendor_err", "wc_qp_num", "completed",
-        "bad_messages", "bad_bytes", "first_bad_offset", "clock_check", "round_trip"]
+        "bad_messages", "bad_bytes", "first_bad_offset", "clock_check", "round_trip",
+        "samples"]
     result = bandwidth(errno=5)
     assert result.errno == 5
     for target, name in ((result, "elapsed_ns"), (result.clock_check, "span_ns"),

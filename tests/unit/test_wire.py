@@ -17,17 +17,19 @@ from gdrprobe.rdma.endpoint import EndpointAddress
 from gdrprobe.report.model import EndpointSummary, Finding, Integrity, Status
 
 GOOD = {"gid": "0000:0000:0000:0000:0000:ffff:0a4d:0002", "lid": 0, "mtu": 4096,
-        "qp_numbers": [17, 18], "psns": [1, 2]}
+        "qp_numbers": [17, 18], "psns": [1, 2], "read_credits": 16}
 
 
 def test_a_good_address():
     address = address_from_message(GOOD)
     assert address.qp_numbers == (17, 18) and address.mtu == 4096
+    assert address.read_credits == 16
 
 
 @pytest.mark.parametrize("change", [
     {"mtu": 1000}, {"mtu": "4096"}, {"gid": "not-a-gid"}, {"gid": 7}, {"lid": 1 << 20},
     {"qp_numbers": [1 << 24]}, {"psns": [-1]}, {"qp_numbers": list(range(1, 100))},
+    {"read_credits": 0}, {"read_credits": 256},
 ])
 def test_a_bad_address_is_a_peer_error(change):
     with pytest.raises(PeerError):
@@ -102,18 +104,18 @@ SETTINGS = Block({"mode": "bandwidth", "qps": 1})
 MESSAGES = [
     (Setup(SETTINGS, ADDRESS, None, None), {"read_settings": Block, "read_memory": Block},
      '{"type":"setup","settings":{"mode":"bandwidth","qps":1},"endpoint":{"gid":"' + GID +
-     '","lid":0,"mtu":4096,"qp_numbers":[17],"psns":[5]},"buffer":null,"server_memory":null}'),
+     '","lid":0,"mtu":4096,"qp_numbers":[17],"psns":[5],"read_credits":1},"buffer":null,"server_memory":null}'),
     (Setup(SETTINGS, ADDRESS, BUFFER, Block({"kind": "host"})),
      {"read_settings": Block, "read_memory": Block},
      '{"type":"setup","settings":{"mode":"bandwidth","qps":1},"endpoint":{"gid":"' + GID +
-     '","lid":0,"mtu":4096,"qp_numbers":[17],"psns":[5]},"buffer":{"address":4096,'
+     '","lid":0,"mtu":4096,"qp_numbers":[17],"psns":[5],"read_credits":1},"buffer":{"address":4096,'
      '"rkey":7,"length":8192},"server_memory":{"kind":"host"}}'),
     (Queued(2, "10.0.0.1", 1.5), {},
      '{"type":"queued","position":2,"running":"10.0.0.1","running_s":1.5}'),
     (SetupOk(ADDRESS, BUFFER, SUMMARY, 30.0, (ACS,)),
      {"max_qps": 1, "timeout_bounds": (5.0, 3600.0)},
      '{"type":"setup_ok","endpoint":{"gid":"' + GID + '","lid":0,"mtu":4096,'
-     '"qp_numbers":[17],"psns":[5]},"buffer":{"address":4096,"rkey":7,"length":8192},'
+     '"qp_numbers":[17],"psns":[5],"read_credits":1},"buffer":{"address":4096,"rkey":7,"length":8192},'
      '"summary":{"host":"b","device":"rxe0","port":1,"gid_index":1,"gid":"' + GID + '",'
      '"mtu_bytes":1024,"qp_numbers":[17],"memory":{"kind":"host"}},"timeout_s":30.0,'
      '"findings":[{"id":"acs.bridge","group":"acs","status":"fail",'

@@ -37,9 +37,9 @@ with Endpoint(EndpointOptions(device="rxe0", num_qps=1, tx_depth=1), None) as en
             reads = []
             for offset in (0, 1, 4095, 8191):
                 expected = _native.pattern_byte(7, offset)
-                reads.append([flusher.read_back(offset, expected), expected])
+                reads.append([flusher.read_back(offset, expected).byte, expected])
             _native.poison_fill(memory.address + 100, 1)   # the buffer changes: so does the READ
-            reads.append([flusher.read_back(100, _native.pattern_byte(7, 100)), 0xA5])
+            reads.append([flusher.read_back(100, _native.pattern_byte(7, 100)).byte, 0xA5])
 print(json.dumps(reads))
 """
 
@@ -59,6 +59,7 @@ print(json.dumps({"flush": report.settings.flush,
                                  report.remote.memory["mechanism"]],
                   "rounds": [{"size": row.size_bytes, "passes": row.integrity_passes,
                               "reads": row.integrity.flush_reads,
+                              "flush_us": row.integrity.flush_us_median,
                               "bad": row.integrity.flush_bad, "ok": row.integrity.ok}
                              for row in report.bandwidth]}))
 """
@@ -93,6 +94,7 @@ def test_every_check_of_every_round_flushes_and_reads_back_the_last_written_byte
         # One READ per check, each the byte the last message wrote (bad 0): every pass of
         # 4 slots of 1 MiB, the one pass of 40 4 KiB messages.
         assert row["reads"] == row["passes"] >= 1 and row["bad"] == 0 and row["ok"], row
+        assert row["flush_us"] > 0, row      # NCCL's per-receive cost, timed
     assert max(row["passes"] for row in report["rounds"]) == 10
     assert rdma_resources() == baseline
 
@@ -129,3 +131,46 @@ def test_check_flushes_its_gpu_receive_buffer(modules, tmp_path):  # noqa: F811
     report = json.loads(done.stdout)
     assert report["arms"][1]["outcome"] == "measured", (report["arms"], done.stderr)
     assert "as NCCL does: " in report["gpu_settings"]["flush"], report["gpu_settings"]
+
+
+GPU_ROUNDS = r"""
+import json, sys
+from gdrprobe.measure.loopback import run_loopback
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.rdma.endpoint import EndpointOptions
+
+gpu = MemorySpec(kind="gpu", mechanism="dmabuf")
+mode, opcode = sys.argv[1], sys.argv[2]
+options = ProbeOptions(mode=mode, opcode=opcode, sizes=(4096, 1 << 20), iterations=10)
+report = run_loopback(options, EndpointOptions(device="rxe0"), gpu, gpu)
+rows = report.bandwidth or report.latency
+print(json.dumps({"mechanisms": [report.local.memory["mechanism"],
+                                 report.remote.memory["mechanism"]],
+                  "perftest": report.settings.perftest,
+                  "rows": [{"size": row.size_bytes, "checked": row.integrity.messages_checked,
+                            "total": row.integrity.messages_total, "ok": row.integrity.ok,
+                            "bytes": row.integrity.bytes_checked} for row in rows]}))
+"""
+
+
+@pytest.mark.parametrize("mode, opcode, program", [
+    ("latency", "write_imm", "ib_write_lat --write_with_imm"),
+    ("bandwidth", "read", "ib_read_bw"),
+])
+def test_gpu_memory_at_both_ends_latency_with_immediate_and_read(modules, mode, opcode,  # noqa: F811
+                                                                  program):
+    """Issue 31 in the DMA-BUF lab, GPU (dma-buf) memory at both ends: the ping-pong of
+    WRITEs with immediate (no CPU polls GPU memory; each side's slots read back after each
+    pass: 1 MiB has 4, so passes of 4, 4 and 2) and READ bandwidth, every message checked."""
+    baseline = rdma_resources()
+    done = subprocess.run([sys.executable, "-c", GPU_ROUNDS, mode, opcode],
+                          capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env=dmabuf_environment(modules))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["mechanisms"] == ["dmabuf", "dmabuf"] and report["perftest"] == program
+    for row in report["rows"]:
+        assert row["ok"] and row["checked"] == row["total"] == 10, row
+        assert row["bytes"] == 10 * row["size"], row
+    assert rdma_resources() == baseline

@@ -195,3 +195,89 @@ def test_corruption_that_comes_and_goes_is_caught_in_a_latency_run(server, monke
     assert checked == 4000 and wrong >= 1
     if restored.is_set() and time.monotonic() - started > 2.0:
         assert wrong < checked   # put right mid-run: the later messages passed
+
+
+# ---- RDMA READ (issue 31): the reader checks what its READs brought, pass by pass ---------
+
+
+def test_read_bandwidth_and_latency_against_serve_check_every_message(server):
+    """ib_read_bw and ib_read_lat's measurements against 'gdrprobe serve' (the wire carries
+    the opcode and the READ credits): every message the READs brought checked by the
+    reader, the server's sources found unchanged."""
+    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "--opcode", "read",
+                           "-s", "1048576", "-n", "20")
+    row = report["bandwidth"][0]
+    assert (report["settings"]["opcode"], report["settings"]["perftest"]) == ("read",
+                                                                              "ib_read_bw")
+    assert (row["integrity"]["messages_checked"], row["integrity"]["messages_total"]) == (20, 20)
+    assert row["integrity"]["bad_messages"] == 0 and row["integrity_passes"] == 5
+    assert row["bandwidth_avg_gbps"] > 0
+    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "--opcode", "read",
+                           "--latency", "-s", "4096", "-n", "200")
+    row = report["latency"][0]
+    assert report["settings"]["perftest"] == "ib_read_lat"
+    assert row["integrity"]["messages_checked"] == 200
+    assert row["integrity"]["bytes_checked"] == 200 * 4096 and row["integrity"]["bad_bytes"] == 0
+    assert 0 < row["latency_us_min"] <= row["latency_us_median"] <= row["latency_us_p99"]
+
+
+def test_a_read_source_wrong_for_one_pass_is_caught_by_the_reader(monkeypatch):
+    """The server's source slots go wrong after the reader checked pass 0 and are put right
+    after it checked pass 1: the 4 messages of pass 1 are caught (1 MiB: 4 slots), and the
+    server's own look at its sources at the end finds them right."""
+    from gdrprobe.measure.loopback import run_loopback
+    from gdrprobe.measure.round_check import RoundCheck
+
+    fill, check_pass = HostMemory.fill_slots, RoundCheck.next_pass
+    source = {}
+
+    def recording_fill(memory, size, slots, seed):   # only the server fills in a READ run
+        fill(memory, size, slots, seed)
+        source.update(memory=memory, size=size, slots=slots, seed=seed)
+
+    def checked_then_fault(check, messages):
+        check_pass(check, messages)
+        memory, size, slots = source["memory"], source["size"], source["slots"]
+        if check.passes == 1:
+            for slot in range(slots):
+                ctypes.c_uint8.from_address(memory.cpu_view + slot * size + 7).value ^= 0x5A
+        elif check.passes == 2:
+            fill(memory, size, slots, source["seed"])
+
+    monkeypatch.setattr(HostMemory, "fill_slots", recording_fill)
+    monkeypatch.setattr(RoundCheck, "next_pass", checked_then_fault)
+    options = ProbeOptions(sizes=(1048576,), iterations=20, opcode="read", timeout_s=30)
+    with pytest.raises(IntegrityError, match="this side") as caught:
+        run_loopback(options, EndpointOptions())
+    assert bad_messages(caught.value) == (4, 20)
+
+
+def test_latency_with_immediate_checks_every_message_each_way():
+    """perftest's ib_write_lat --write_with_imm, both ends in this process: 1 MiB has 4
+    slots, so 10 round trips run in passes of 4, 4 and 2, each side's slots checked after
+    each; a second size runs on the receive left posted by the first."""
+    from gdrprobe.measure.loopback import run_loopback
+
+    options = ProbeOptions(mode="latency", opcode="write_imm", sizes=(64, 1048576),
+                           iterations=10, timeout_s=30)
+    report = run_loopback(options, EndpointOptions())
+    assert report.settings.perftest == "ib_write_lat --write_with_imm"
+    for row in report.latency:
+        assert row.integrity.ok and row.integrity.messages_checked == 10, row
+        assert row.integrity.bytes_checked == 10 * row.size_bytes
+        assert 0 < row.latency_us_min <= row.latency_us_median
+
+
+def test_bidirectional_against_serve_checks_every_message_both_ways(server):
+    """perftest's -b against 'gdrprobe serve': both sides WRITE at once, 1 MiB in 4 slots,
+    20 messages each way in 5 passes checked in step; each direction and the sum."""
+    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-b", "-s", "1M", "-n", "20")
+    (forward,), (reverse,) = report["bandwidth"], report["reverse"]
+    for row in (forward, reverse):
+        assert (row["integrity"]["messages_checked"], row["integrity"]["messages_total"]) == (
+            20, 20), row
+        assert row["integrity"]["bad_bytes"] == row["integrity"]["stray_bytes"] == 0
+        assert row["integrity_passes"] == 5 and row["bandwidth_avg_gbps"] > 0
+    (both,) = report["bidirectional"]
+    assert both["sum_gbps"] == pytest.approx(forward["bandwidth_avg_gbps"]
+                                             + reverse["bandwidth_avg_gbps"])
