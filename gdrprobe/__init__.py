@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 
 from gdrprobe import defaults
+from gdrprobe.campaign.arguments import (check_gpus, check_host, check_threshold_given, check_verdict,
+                                         percent_habit)
 from gdrprobe.errors import ExitCode, GdrprobeError, NotTestable, UsageError
 
 __version__ = "0.1.0"
@@ -168,54 +170,6 @@ def _port(port: int | None) -> int:
     return defaults.PORT if port is None else port
 
 
-# ---- arguments refused before anything is probed --------------------------------------------
-
-
-def _percent_habit(flag: str, value: float) -> None:
-    """A fraction given as a percent (90 for 0.9), refused with the fraction it meant: a
-    --threshold 90 taken as given would drain every node."""
-    if 1 < value <= 100:
-        raise UsageError(f"{flag} {value:g} is over 1: it is a fraction, not a percent",
-                         f"give a fraction of at most 1: {flag} {value / 100:g} if you "
-                         f"meant {value:g}%")
-
-
-def _check_verdict(threshold: float, repeats: int) -> None:
-    """The A/B's threshold and repeats, refused as the A/B (campaign.ab.ab_test) refuses
-    them, but before the machine is read or anything is measured."""
-    _check_threshold(threshold)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 100:
-        raise UsageError(f"--repeats {repeats}: use a whole number from 1 to 100",
-                         f"e.g. --repeats {defaults.REPEATS} (the default)")
-
-
-def _check_threshold(threshold: float) -> None:
-    from gdrprobe.campaign.verdict import check_threshold
-
-    _percent_habit("--threshold", threshold)
-    check_threshold(threshold)
-
-
-def _check_gpus(*gpus: str | None) -> None:
-    """Each GPU given as a GPU runtime names one (an ordinal or a PCI bus id), before the
-    probe."""
-    from gdrprobe.memory.runtime import check_gpu_selector
-
-    for gpu in gpus:
-        if gpu is not None:
-            check_gpu_selector(str(gpu))
-
-
-def _check_host(host: str | None) -> None:
-    """HOST:PORT in one (an ssh or URL habit) is refused with the port flag it meant: the
-    port is its own argument, and the name would not resolve."""
-    name, colon, port = (host or "").rpartition(":")
-    if colon and port.isdigit() and name and ":" not in name:
-        raise UsageError(f"{host!r} is a host and a port in one",
-                         f"give the port on its own: '{name} -p {port}' (the API: "
-                         f"host={name!r}, port={port})")
-
-
 # ---- one run, and the A/B -----------------------------------------------------------------
 
 
@@ -255,9 +209,9 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     if bool(host) == bool(loopback):
         raise UsageError("give either a server host or loopback", "e.g. 'gdrprobe run "
                          "10.0.0.2 --token TOKEN' or 'gdrprobe run --loopback'")
-    _check_host(host)
-    _check_verdict(threshold, repeats)
-    _check_gpus(gpu)
+    check_host(host)
+    check_verdict(threshold, repeats)
+    check_gpus(gpu)
     _check_token(None if loopback else token, required=not loopback)
     if not 0 <= connect_wait_s <= 3600:
         raise UsageError("--connect-wait must be 0 to 3600 s",
@@ -333,7 +287,7 @@ def server(token: str, *, bind: str = defaults.BIND, port: int | None = None,
     from gdrprobe.measure.server import ProbeServer
 
     _check_token(token, required=True)
-    _check_gpus(gpu)
+    check_gpus(gpu)
     return ProbeServer(token, _endpoint(device, ib_port, gid_index), bind=bind,
                        port=_port(port), timeout_s=timeout_s, max_buffer=max_buffer,
                        memory=_memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages,
@@ -375,11 +329,11 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
         raise UsageError("check() compares bandwidth; latency runs use host memory",
                          "drop mode='latency' (latency: run() with host memory)")
     _endpoint(None, ib_port, None)
-    _check_verdict(threshold, repeats)
-    _percent_habit("--floor", floor)
+    check_verdict(threshold, repeats)
+    percent_habit("--floor", floor)
     check_floor(floor)
     if host is not None:
-        _check_host(host)
+        check_host(host)
         _check_token(token, required=True)
     facts = machine_facts(job=job)    # job: the job's GPUs, NCCL's communicator on this node
     require_cuda_gpus(facts)      # GPUs lost to CUDA: every job here meets it (exit 11)
@@ -434,7 +388,7 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.campaign.prelaunch import check_pair
 
-    _check_gpus(gpu)
+    check_gpus(gpu)
     budget, facts, gate = _gate(
         time_budget_s, settings, host=host, token=token, port=port, ib_port=ib_port,
         gid_index=gid_index, mem=mem, remote_mem=remote_mem, gpu_mem_type=gpu_mem_type,
@@ -544,9 +498,9 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     from gdrprobe.report.bench import read_baseline
     from gdrprobe.report.model import BenchSettings
 
-    _check_threshold(threshold)
-    _percent_habit("--max-drop", max_drop)
-    _check_gpus(*_as_tuple(gpus))
+    check_threshold_given(threshold)
+    percent_habit("--max-drop", max_drop)
+    check_gpus(*_as_tuple(gpus))
     before = read_baseline(baseline) if baseline else None
     check_max_drop(max_drop)
     settings = BenchSettings(
@@ -584,12 +538,12 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
     from gdrprobe.campaign import cluster as _cluster
     from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
 
-    _percent_habit("--slow-fraction", slow_fraction)
+    percent_habit("--slow-fraction", slow_fraction)
     if not 0 < slow_fraction <= 1:
         raise UsageError(f"--slow-fraction {slow_fraction}: use a fraction over 0 and at "
                          "most 1", f"e.g. {defaults.SLOW_FRACTION}")
-    _check_verdict(threshold, repeats)
-    _check_gpus(gpu)
+    check_verdict(threshold, repeats)
+    check_gpus(gpu)
     endpoint = _endpoint(device, ib_port, gid_index)
     local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
     facts = run_facts(local, loopback=False)

@@ -28,7 +28,7 @@ from gdrprobe.errors import (CompletionError, CudaError, GdrprobeError, Integrit
 from gdrprobe.sysroot import SysRoot
 from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, FloorCheck
 from gdrprobe.report.model import RunReport
-from gdrprobe.campaign.verdict import (DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
+from gdrprobe.campaign.verdict import (check_repeats, DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
                                       arm_ratio, check_threshold, classify,
                                       line_rate_fraction, settled)
 
@@ -358,9 +358,7 @@ def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = No
     stops once the answer is conclusive; an answer still inconclusive after `repeats`
     samples on up to settle_repeats unless disturbed() (see :func:`run_ab`). floor: the
     port's line rate and the fraction of it the deciding arm must reach."""
-    if not 1 <= repeats <= 100:
-        raise UsageError(f"{repeats} repeats: use 1 to 100",
-                         f"e.g. --repeats {defaults.REPEATS} (the default)")
+    check_repeats(repeats)
     check_threshold(threshold)
     remote = remote or HOST
     if local.kind == "host" and remote.kind == "host":

@@ -421,6 +421,13 @@ def check_threshold(threshold: float) -> None:
                          f"e.g. {defaults.THRESHOLD:g}")
 
 
+def check_repeats(repeats: int) -> None:
+    """The A/B's repeats a person gave, refused with its fix before anything is measured."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 100:
+        raise UsageError(f"--repeats {repeats}: use a whole number from 1 to 100",
+                         f"e.g. --repeats {defaults.REPEATS} (the default)")
+
+
 def classify(host: ArmMeasurement, gpu_arms: Sequence[ArmMeasurement],
              threshold: float = defaults.THRESHOLD, doctor_findings: Sequence = (),
              floor: FloorCheck | None = None) -> Verdict:

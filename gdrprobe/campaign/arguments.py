@@ -1,0 +1,51 @@
+"""The arguments a person gives, refused with their fix before the machine is read or
+anything is probed (both doors: the public API calls these first)."""
+
+from __future__ import annotations
+
+from gdrprobe.errors import UsageError
+
+
+def percent_habit(flag: str, value: float) -> None:
+    """A fraction given as a percent (90 for 0.9), refused with the fraction it meant: a
+    --threshold 90 taken as given would drain every node."""
+    if 1 < value <= 100:
+        raise UsageError(f"{flag} {value:g} is over 1: it is a fraction, not a percent",
+                         f"give a fraction of at most 1: {flag} {value / 100:g} if you "
+                         f"meant {value:g}%")
+
+
+def check_verdict(threshold: float, repeats: int) -> None:
+    """The A/B's threshold and repeats, refused as the A/B (campaign.ab.ab_test) refuses
+    them, but before the machine is read or anything is measured."""
+    from gdrprobe.campaign.verdict import check_repeats
+
+    check_threshold_given(threshold)
+    check_repeats(repeats)
+
+
+def check_threshold_given(threshold: float) -> None:
+    from gdrprobe.campaign.verdict import check_threshold
+
+    percent_habit("--threshold", threshold)
+    check_threshold(threshold)
+
+
+def check_gpus(*gpus: str | None) -> None:
+    """Each GPU given as a GPU runtime names one (an ordinal or a PCI bus id), before the
+    probe."""
+    from gdrprobe.memory.runtime import check_gpu_selector
+
+    for gpu in gpus:
+        if gpu is not None:
+            check_gpu_selector(str(gpu))
+
+
+def check_host(host: str | None) -> None:
+    """HOST:PORT in one (an ssh or URL habit) is refused with the port flag it meant: the
+    port is its own argument, and the name would not resolve."""
+    name, colon, port = (host or "").rpartition(":")
+    if colon and port.isdigit() and name and ":" not in name:
+        raise UsageError(f"{host!r} is a host and a port in one",
+                         f"give the port on its own: '{name} -p {port}' (the API: "
+                         f"host={name!r}, port={port})")
