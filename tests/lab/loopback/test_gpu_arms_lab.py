@@ -35,10 +35,12 @@ def test_server_side_gpu_request_is_not_testable_and_the_server_keeps_serving(se
     assert rdma_resources() == baseline
 
 
-def test_latency_with_gpu_memory_is_refused():
+def test_plain_write_latency_with_gpu_memory_is_refused():
+    """The plain ping-pong has the CPU poll the receive buffer, which GPU memory cannot
+    serve: refused, naming WRITE with immediate (issue 31), which can."""
     done = gdrprobe("run", "--loopback", "--latency", "--mem", "gpu")
     assert done.returncode == 2
-    assert "host memory" in done.stderr or "bandwidth" in done.stderr
+    assert "--opcode write_imm" in done.stderr and "fix:" in done.stderr
 
 
 def test_python_api_check_and_require_as_a_prelaunch_gate(baseline):

@@ -5,7 +5,7 @@ import pytest
 from gdrprobe import _native
 from gdrprobe.rdma import handles, verbs
 from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
-from gdrprobe.errors import RdmaError
+from gdrprobe.errors import ExitCode, GdrprobeError, NotTestable
 
 
 @pytest.fixture
@@ -57,24 +57,27 @@ def test_property_route_is_taken_where_pyverbs_has_the_properties(endpoints):
         assert _native.qp_fields(found.qps[0])["qp_num"] == qp.qp_num
         # A property that reports another QP's pointer is caught by the validation.
         qp.pointer_source = second.qps[0]
-        with pytest.raises(RdmaError, match="does not match"):
+        with pytest.raises(NotTestable, match="does not match"):
             handles.raw_handles([qp], cq)
 
 
 def test_a_wrong_object_is_refused(endpoints):
     first, second = endpoints
     pv = verbs.pyverbs()
-    with pytest.raises(RdmaError, match="expected a pyverbs QP"):
+    # Handing the wrong object is gdrprobe's own bug (exit 70), never a node's fault.
+    with pytest.raises(GdrprobeError, match="expected a pyverbs QP") as raised:
         handles.layout_pointer(first.cq, pv.qp.QP)
-    with pytest.raises(RdmaError, match="expected a pyverbs CQ"):
+    assert raised.value.exit_code == ExitCode.INTERNAL
+    with pytest.raises(GdrprobeError, match="expected a pyverbs CQ"):
         handles.raw_handles(first.qps, first.qps[0])
     # A QP whose pointer belongs to another QP: its number does not match.
     other = handles.layout_pointer(second.qps[0], pv.qp.QP)
-    with pytest.raises(RdmaError, match="does not match"):
+    # A located object that does not check out: a layout gdrprobe does not know (exit 9).
+    with pytest.raises(NotTestable, match="does not match"):
         handles.check_qp(other, first.qps[0], handles.layout_pointer(second.cq, pv.cq.CQ))
     # A QP checked against a CQ it does not use.
     mine = handles.layout_pointer(first.qps[0], pv.qp.QP)
-    with pytest.raises(RdmaError, match="does not use"):
+    with pytest.raises(NotTestable, match="does not use"):
         handles.check_qp(mine, first.qps[0], handles.layout_pointer(second.cq, pv.cq.CQ))
 
 
@@ -84,5 +87,6 @@ def test_a_closed_object_is_refused(endpoints):
     qp = first.qps.pop()
     first.objects.remove(qp)
     qp.close()
-    with pytest.raises(RdmaError, match="closed"):
+    with pytest.raises(GdrprobeError, match="closed") as raised:
         handles.layout_pointer(qp, pv.qp.QP)
+    assert raised.value.exit_code == ExitCode.INTERNAL

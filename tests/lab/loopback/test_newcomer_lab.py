@@ -38,7 +38,8 @@ def test_a_run_that_cannot_fit_the_limit_says_what_it_needs():
 def test_a_gpu_a_b_without_a_cuda_driver_answers_before_measuring(baseline):
     done = gdrprobe("run", "--loopback", "--mem", "gpu", "--staged", "--json")
     assert done.returncode == 9
-    assert done.stdout == ""                                      # no arm was measured
+    document = json.loads(done.stdout)           # no arm was measured: the error document
+    assert (document["kind"], document["exit_code"]) == ("error", 9)
     assert "not testable: no CUDA driver (libcuda.so.1 could not be loaded)" in done.stderr
     assert "dlopen(libcuda.so.1)" in done.stderr and "fix:" in done.stderr
     assert rdma_resources() == baseline
