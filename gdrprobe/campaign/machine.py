@@ -13,7 +13,7 @@ can name.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
 from gdrprobe.campaign.job_gpus import JobGpus, gpu_uuids, match
@@ -29,11 +29,11 @@ from gdrprobe.report.model import Status
 
 
 def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
-                  job_gpus: Collection[str] | None = None, job: JobGpus | None = None) -> MachineFacts:
+                  job: JobGpus | None = None) -> MachineFacts:
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once
-    (root and environ: a captured machine). job_gpus: the bus ids of the job's GPUs on this
-    node, NCCL's communicator (None: every GPU), which NCCL's rules count; job: the job's
-    GPUs as named (--gpu, SLURM_JOB_GPUS, ...), matched here to give job_gpus."""
+    (root and environ: a captured machine). job: the job's GPUs as named (--gpu,
+    SLURM_JOB_GPUS, ...; None: every GPU), matched here to this node's: NCCL's communicator,
+    which NCCL's rules count."""
     from gdrprobe.doctor.facts.context import DoctorContext
     from gdrprobe.doctor.runner import run_checks
     from gdrprobe.sysroot import SysRoot
@@ -42,8 +42,8 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
     findings = run_checks(ctx)
     bus_ids = [gpu.bdf for gpu in ctx.topology.gpus]
     gpus = GpuFacts.from_doctor(ctx.cuda_facts, bus_ids, gpu_uuids(ctx.root, bus_ids))
-    if job is not None and job_gpus is None:
-        job_gpus = match(job, gpus).bus_ids or None    # none here: the node's, as NCCL has none
+    # None: every GPU of the node (no job named, or none of its GPUs is here)
+    job_gpus = (match(job, gpus).bus_ids or None) if job is not None else None
     decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
     uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.cuda_facts or {}),
                      findings=findings, rules=ctx.nccl_rules, flush_of=receive_flush_of(ctx))

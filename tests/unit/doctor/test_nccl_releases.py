@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from gdrprobe.campaign import prelaunch
+from gdrprobe.campaign.job_gpus import job_gpus
 from gdrprobe.campaign.machine import machine_facts, nccl_use_of
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.runner import run_doctor
@@ -161,7 +162,7 @@ def test_the_channels_nic_counts_the_jobs_gpus(tmp_path):
     1 % 1 = 0, mlx5_0; with GPU 1b in the job too: 1 % 2 = 1, mlx5_1."""
     nm.shared_switch(tmp_path)
     assert decisions(tmp_path)["0000:1e:00.0"].nic == "mlx5_1"
-    facts = machine_facts(str(tmp_path), {}, job_gpus={"0000:1e:00.0"})
+    facts = machine_facts(str(tmp_path), {}, job=job_gpus({}, "0000:1e:00.0"))
     assert facts.nics["0000:1e:00.0"].nic == "mlx5_0"
     assert set(facts.nccl) == {"0000:1e:00.0"}
 
