@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import io
+import os
 import re
-from collections.abc import Iterator
+import select
+import stat
+from collections.abc import Callable, Iterator
 
 from gdrprobe.errors import UsageError
 from gdrprobe.nccl import log_formats as formats
@@ -210,7 +214,7 @@ CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")   # not tab, line 
 CHANNEL_RECORD = re.compile(rb"NCCL INFO (?:Channel|Ring|Coll)")
 
 
-def lines_of(handle, head: bytes, scan: Scan) -> Iterator[tuple[int, bytes, bool]]:
+def lines_of(read: Callable[[], bytes], head: bytes, scan: Scan) -> Iterator[tuple[int, bytes, bool]]:
     """The file's lines, starting with the head already read (so a pipe, <(zcat log.gz),
     reads too): each line's number, its bytes and whether it ended with a line end. A line
     longer than MAX_LINE_BYTES comes in pieces of at most that size, all with its number,
@@ -236,7 +240,7 @@ def lines_of(handle, head: bytes, scan: Scan) -> Iterator[tuple[int, bytes, bool
             whole = len(tail) - len(tail) % MAX_LINE_BYTES
             yield from pieces(number, tail[:whole], ended=False)
             tail = tail[whole:]
-        block = handle.read(BLOCK_BYTES)
+        block = read()
     if tail or long_line:
         scan.cut_lines += bool(tail.strip()) and not long_line
         if tail:
@@ -264,14 +268,41 @@ def check_text(head: bytes, path: str) -> None:
         raise UsageError(f"NCCL log {path} is not text (binary data)", fix=READ_FIX)
 
 
-def scan_file(handle, path: str, keep_lines: bool) -> Scan:
-    """Every line read, each once the next has been seen: a line that can only be the end
-    of the record before it is read as part of that record."""
-    head = handle.read(BLOCK_BYTES)
+# CPython runs a signal's handler between bytecodes, so a SIGTERM or Ctrl-C that lands just
+# before a blocking read() waits for that read to return: on a pipe whose writer stalls
+# (<(zcat ...), a FIFO) that is never. A pipe is read only once poll() says it has data,
+# waiting at most this long at a time, so the handler runs within that time.
+SIGNAL_LOOK_MS = 500
+
+
+def block_reader(handle) -> Callable[[], bytes]:
+    """read() of an unbuffered file: the next BLOCK_BYTES, fewer only at the end."""
+    if stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        return functools.partial(handle.read, BLOCK_BYTES)
+    waiter = select.poll()
+    waiter.register(handle, select.POLLIN)
+
+    def read_pipe() -> bytes:
+        block = bytearray()
+        while len(block) < BLOCK_BYTES:
+            if not waiter.poll(SIGNAL_LOOK_MS):
+                continue
+            piece = handle.read(BLOCK_BYTES - len(block))
+            if not piece:
+                break
+            block += piece
+        return bytes(block)
+    return read_pipe
+
+
+def scan_file(read: Callable[[], bytes], path: str, keep_lines: bool) -> Scan:
+    """Every line read() gives, each once the next has been seen: a line that can only be
+    the end of the record before it is read as part of that record."""
+    head = read()
     check_text(head, path)
     scan = Scan(keep_lines=keep_lines)
     held = None
-    for line in lines_of(handle, head, scan):
+    for line in lines_of(read, head, scan):
         if held is not None:
             if join_split_record(scan, held, line):
                 held = None
@@ -568,7 +599,9 @@ READERS = {
 
 def parse_nccl_log(text: str, source: str = "", lines: bool = True) -> NcclLogReport:
     """What the log text proves (the channel lines kept unless lines=False)."""
-    scan = scan_file(io.BytesIO(text.encode()), source or "(text)", keep_lines=lines)
+    stream = io.BytesIO(text.encode())
+    scan = scan_file(functools.partial(stream.read, BLOCK_BYTES), source or "(text)",
+                     keep_lines=lines)
     return build_report(scan, source, lines)
 
 
@@ -576,8 +609,8 @@ def read_nccl_log(path: str, lines: bool = False) -> NcclLogReport:
     """What the log at path proves, read as a stream; lines=True keeps every channel line
     (up to MAX_LISTED_CHANNELS)."""
     try:
-        with open(path, "rb") as handle:
-            scan = scan_file(handle, path, keep_lines=lines)
+        with open(path, "rb", buffering=0) as handle:
+            scan = scan_file(block_reader(handle), path, keep_lines=lines)
     except OSError as error:
         raise UsageError(f"cannot read NCCL log {path}: {error.strerror}", fix=READ_FIX) from None
     return build_report(scan, path, lines)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import pathlib
+import threading
+import time
 
 import pytest
 
@@ -363,6 +366,28 @@ def test_what_is_not_an_nccl_log_is_a_usage_error(tmp_path, content, cause):
     assert cause in str(raised.value) and raised.value.fix
     assert raised.value.exit_code == ExitCode.USAGE
 
+
+
+def test_a_pipe_written_in_pieces_reads_as_the_file_does(tmp_path):
+    """<(zcat log.gz) and a FIFO arrive in pieces, with pauses: read whole, as the file is
+    (the pipe is read only when poll() says it has data, so a signal is never stuck)."""
+    name = "messy-paste-nccl-2.21.5.log"
+    data = (FIXTURES / name).read_bytes()
+    fifo = tmp_path / "piped.log"
+    os.mkfifo(fifo)
+
+    def write_in_pieces():
+        with open(fifo, "wb", buffering=0) as writer:
+            for start in range(0, len(data), 97):     # a record split across pieces
+                writer.write(data[start:start + 97])
+                time.sleep(0.002)
+
+    writer = threading.Thread(target=write_in_pieces, daemon=True)
+    writer.start()
+    piped = read_nccl_log(str(fifo), lines=True)
+    writer.join(timeout=60)
+    assert to_json(piped).replace(str(fifo), "") == \
+        to_json(fixture(name)).replace(str(FIXTURES / name), "")
 
 # ---- the earlier cases, kept -------------------------------------------------------------
 
