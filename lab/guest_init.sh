@@ -10,6 +10,11 @@ if [ "$mode" = wire ]; then address=$1; shift; fi
 
 fail() { echo "lab guest: $*" >&2; exit 97; }
 
+# The guest starts in the checkout it was booted from (vng --cwd): its gdrprobe is the one
+# imported, by `python -m` and by the venv's console script alike, whichever checkout the
+# shared venv's editable install names.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
 ip link set lo up
 modprobe rdma_rxe || fail "modprobe rdma_rxe failed"
 if [ "$mode" = loopback ]; then

@@ -82,6 +82,10 @@ STUCK_KILL_AFTER_S = 2
 STUCK_GDRPROBE = os.path.join(LOG_DIR, "stuck-gdrprobe")
 # A GDRPROBE that is not installed, in strict mode: a configuration error that drains.
 MISSING_GDRPROBE = "/opt/not-installed/gdrprobe"
+# A GDRPROBE that leaves a mark and fails as a broken node would: had the prolog checked a
+# job with no GPU, it would have measured GPUs that are not the job's and drained the node.
+MARKING_GDRPROBE = os.path.join(LOG_DIR, "marking-gdrprobe")
+MARK = os.path.join(LOG_DIR, "gdrprobe-ran")
 TEXTFILE_DIR = os.path.join(LOG_DIR, "textfile")
 # Host memory at both ends of the stand-in's A/B: the ratio is noise around 1, which the
 # emulated guests spread wider than the default 0.9 allows.
@@ -116,6 +120,10 @@ def slurm_conf(prolog: str = PROLOG, nodes: dict[str, str] = NODES,
         "SelectTypeParameters=CR_CPU",
         "MpiDefault=pmix",
         "MailProg=/bin/true",   # no mail in the lab (slurmctld checks the default exists)
+        # GPUs are allocated as GRES here, as on a shared GPU cluster: a job Slurm gave no GPU
+        # has none to check (the prolog's GDRPROBE_JOB_WITHOUT_GPUS=auto). The guests declare
+        # no gpu GRES (they have no GPU): their prolog settings check the whole node.
+        "GresTypes=gpu",
         f"Prolog={prolog}",
         "PrologFlags=Alloc",
         # A node drained by the prolog stays drained; one that was only down comes back.
@@ -148,7 +156,8 @@ def prolog_conf(gdrprobe: str = GDRPROBE, standin: str | None = None,
     lines = [f"GDRPROBE={shlex.quote(gdrprobe)}", f"GDRPROBE_PROLOG_LOG={shlex.quote(log)}",
              f"GDRPROBE_PROLOG_TIMEOUT={PROLOG_TIMEOUT_S}",
              f"GDRPROBE_PROLOG_KILL_AFTER={PROLOG_KILL_AFTER_S}",
-             f"GDRPROBE_PROLOG_METRICS_DIR={shlex.quote(TEXTFILE_DIR)}"]
+             f"GDRPROBE_PROLOG_METRICS_DIR={shlex.quote(TEXTFILE_DIR)}",
+             "GDRPROBE_JOB_WITHOUT_GPUS=check"]
     if standin:
         arguments += f" --threshold {LAB_THRESHOLD}"
         lines.append(f"export LD_LIBRARY_PATH={shlex.quote(standin)}")
@@ -344,6 +353,23 @@ def with_prolog_settings(extra: str) -> None:
 DEMO_MARK = "# --- the demo's change ---\n"
 
 
+def without_gpus_settings() -> str:
+    """Lines appended to a node's prolog settings: the default for jobs without GPUs (auto:
+    skipped, since slurm.conf's GresTypes names gpu) and a gdrprobe that marks each run."""
+    return f"GDRPROBE={shlex.quote(MARKING_GDRPROBE)}\nGDRPROBE_JOB_WITHOUT_GPUS=auto\n"
+
+
+def left_alone(node: str) -> bool:
+    """A job given no GPU on `node` starts without a check: gdrprobe never ran, the node
+    stays up, and the prolog's log says why."""
+    with_prolog_settings(without_gpus_settings())
+    started = sh(f"srun -N1 -w {node} --immediate={JOB_TIMEOUT_S} true", JOB_TIMEOUT_S)
+    drained = sh(f"sinfo -R -h -n {node} -o {shlex.quote(SINFO_REASONS)}", 60)
+    return (started.returncode == 0 and not os.path.exists(MARK) and not drained.stdout.strip()
+            and "has no GPU on this node (SLURM_JOB_GPUS unset): nothing to check"
+            in tail(PROLOG_LOG, 5))
+
+
 def refused_on(node: str, settings: str, reason: str) -> bool:
     """A job on `node` under these prolog settings is refused, and the node drains with a
     reason that starts with `reason` (then resumed for the next case)."""
@@ -356,14 +382,21 @@ def refused_on(node: str, settings: str, reason: str) -> bool:
         for line in drained.stdout.splitlines())
 
 
+def write_script(path: str, body: str) -> None:
+    with open(path, "w") as script:
+        script.write("#!/bin/sh\n" + body + "\n")
+    os.chmod(path, 0o755)
+
+
 def operator_cases() -> dict[str, bool]:
-    """On host a (whose prolog settings this process can change): a check stuck past the
-    prolog's own limit is killed and drains with that reason; a gdrprobe that is not
-    installed, in strict mode, drains as a configuration error and sets the metric."""
-    with open(STUCK_GDRPROBE, "w") as fake:
-        fake.write("#!/bin/sh\nexec sleep 600\n")
-    os.chmod(STUCK_GDRPROBE, 0o755)
+    """On host a (whose prolog settings this process can change): a job given no GPU is
+    left alone; a check stuck past the prolog's own limit is killed and drains with that
+    reason; a gdrprobe that is not installed, in strict mode, drains as a configuration
+    error and sets the metric."""
+    write_script(STUCK_GDRPROBE, "exec sleep 600")
+    write_script(MARKING_GDRPROBE, f"touch {shlex.quote(MARK)}; exit 1")
     try:
+        alone = left_alone(CONTROLLER)
         stuck = refused_on(CONTROLLER, stuck_settings(),
                            f"gdrprobe: check stuck past {STUCK_LIMIT_S} s")
         cannot = refused_on(CONTROLLER, misconfigured_settings(),
@@ -373,6 +406,7 @@ def operator_cases() -> dict[str, bool]:
     metric = tail(os.path.join(TEXTFILE_DIR, "gdrprobe_prolog.prom"))
     print(metric)
     return {
+        "a job given no GPU started on host a without a check of the node's GPUs": alone,
         "a stuck check was killed by the prolog's limit and drained host a": stuck,
         "a missing gdrprobe drained host a in strict mode (sinfo -R)": cannot,
         "and set gdrprobe_prolog_cannot_check": 'gdrprobe_prolog_cannot_check{check="prolog"} 1'

@@ -274,8 +274,22 @@ installed() {
 # A node whose /tmp is read-only (a diskless image) still has /run, a tmpfs.
 said_file=$(mktemp 2>/dev/null || mktemp -p /run 2>/dev/null) || said_file=/dev/null
 trap '[ "$said_file" = /dev/null ] || rm -f "$said_file"' EXIT
+# gdrprobe prints no traceback: its own errors are a message and an exit code, its bugs 70.
+# A traceback is Python dying before gdrprobe's main (a broken install: the package missing
+# from the interpreter the command names), whose exit 1 is not a verdict: it cannot check.
+NOT_STARTED=70
+not_started() {
+    case "$said" in
+        "Traceback (most recent call last):"*)
+            code=$NOT_STARTED
+            said="gdrprobe did not start (a Python traceback; reinstall gdrprobe for $GDRPROBE):\
+ $(printf '%s\n' "$said" | tail -n 1)" ;;
+    esac
+}
+
 if installed; then
     check
+    not_started
 else
     code=127
     said="gdrprobe not found: GDRPROBE=$GDRPROBE; set GDRPROBE in $conf to its absolute path \

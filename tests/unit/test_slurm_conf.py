@@ -138,3 +138,13 @@ def test_the_demos_operator_cases_change_what_the_prolog_reads(tmp_path, monkeyp
     assert sourced(text, tmp_path, "GDRPROBE_PROLOG_METRICS_DIR") == slurm.TEXTFILE_DIR
     slurm.with_prolog_settings("")
     assert conf.read_text() == slurm.prolog_conf() + slurm.DEMO_MARK
+
+
+def test_the_lab_allocates_gpus_as_gres_and_its_gpu_less_nodes_are_checked_whole(tmp_path):
+    """GresTypes=gpu makes the prolog's default skip a job Slurm gave no GPU (the demo shows
+    it); the guests declare no GPU, so their own settings check the whole node."""
+    assert settings(slurm.slurm_conf())["GresTypes"] == ["gpu"]
+    assert sourced(slurm.prolog_conf(), tmp_path, "GDRPROBE_JOB_WITHOUT_GPUS") == "check"
+    extra = slurm.prolog_conf() + slurm.without_gpus_settings()
+    assert sourced(extra, tmp_path, "GDRPROBE_JOB_WITHOUT_GPUS") == "auto"
+    assert sourced(extra, tmp_path, "GDRPROBE") == slurm.MARKING_GDRPROBE

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from gdrprobe.errors import CANNOT_CHECK_CODES, DRAIN, DRAIN_CODES, EXIT_CODES, START, WARN
+from gdrprobe.errors import (CANNOT_CHECK_CODES, DRAIN, DRAIN_CODES, EXIT_CODES, START, WARN,
+                             ExitCode)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROLOG = os.path.join(REPO, "deploy", "slurm", "gdrprobe-prolog.sh")
@@ -301,6 +303,29 @@ def test_gdrprobe_not_where_the_settings_say_names_the_fix(node):
             ) in read(node.dir / "prolog.log")
 
 
+
+def test_a_python_that_dies_before_gdrprobe_starts_never_drains(node):
+    """A venv whose gdrprobe package is gone: the console script's import fails, Python
+    prints a traceback and exits 1, which is not gdrprobe's "not engaged" but a broken
+    install: it cannot check (70), a warning, and in strict mode a drain saying so."""
+    broken = executable(node.dir / "broken-gdrprobe", f"""\
+        #!{sys.executable}
+        from gdrprobe_not_installed.cli import main
+        """)
+    with node.conf.open("a") as conf:
+        conf.write(f"GDRPROBE={broken}\n")
+    done = node(0)
+    assert done.returncode == 0 and read(node.dir / "scontrol.args") == ""
+    assert ("cannot check (exit 70), the job starts (GDRPROBE_PROLOG_STRICT=1 drains): "
+            "gdrprobe did not start (a Python traceback; reinstall gdrprobe for "
+            f"{broken}): ModuleNotFoundError: No module named 'gdrprobe_not_installed'"
+            ) in read(node.dir / "prolog.log")
+    with node.conf.open("a") as conf:
+        conf.write("GDRPROBE_PROLOG_STRICT=1\n")
+    assert node(0).returncode == 1
+    assert read(node.dir / "scontrol.args").splitlines()[-1].startswith(
+        "reason=gdrprobe cannot check: exit 70: gdrprobe did not start")
+
 def test_without_a_search_path_the_prolog_still_finds_its_commands(node):
     """slurmd runs the prolog with no PATH: the system's commands are found all the same."""
     with node.conf.open("a") as conf:
@@ -335,6 +360,7 @@ def test_the_prologs_codes_are_errors_py():
     assert f'DRAIN_CODES="{" ".join(str(int(c)) for c in DRAIN_CODES)}"' in text
     shell = " ".join(str(int(c)) for c in CANNOT_CHECK_CODES) + " 126 127"
     assert f'CANNOT_CHECK_CODES="{shell}"' in text
+    assert f"NOT_STARTED={int(ExitCode.INTERNAL)}" in text
 
 
 def metrics(node, kind: str = "prolog") -> dict[str, str]:
