@@ -115,6 +115,25 @@ class NicTally:
         self.gdrdma = self.host_memory = self.unknown = 0
 
 
+class RcclTally:
+    """What RCCL said at init on one host about its two ways to register GPU memory
+    (log_formats.RCCL_FORMATS): peer memory, what found it ("" where it said it found none);
+    DMA-BUF, why off, or on."""
+
+    __slots__ = ("peer_memory", "dmabuf_off", "dmabuf_on")
+
+    def __init__(self) -> None:
+        self.peer_memory: str | None = None
+        self.dmabuf_off: str | None = None
+        self.dmabuf_on = False
+
+    @property
+    def neither(self) -> bool:
+        """Whether RCCL said both ways are off: then no NIC of this host may carry GDR
+        (topo.cc gdrSupport = NCCL_PTR_CUDA || (dmaBufSupport && NCCL_PTR_DMABUF))."""
+        return self.peer_memory == "" and self.dmabuf_off is not None
+
+
 @dataclasses.dataclass
 class Scan:
     """What the lines say, gathered in one pass; bounded by the limits above, not by the
@@ -139,6 +158,8 @@ class Scan:
     ofi_gdr_off: dict = dataclasses.field(default_factory=dict)     # host -> reason
     ofi_dmabuf: dict = dataclasses.field(default_factory=dict)      # host -> bool
     ring_gdr: dict = dataclasses.field(default_factory=dict)        # GDR 0/1 -> count
+    rccl: dict = dataclasses.field(default_factory=dict)            # host -> RcclTally
+    rccl_version: bool = False                                      # an "RCCL version" line
     formats: dict = dataclasses.field(default_factory=dict)         # (name, versions) -> count
     fast: dict = dataclasses.field(default_factory=dict)            # fast lines' groups -> count
     unrecognised: int = 0
@@ -208,7 +229,7 @@ def past_bound() -> dict[str, str]:
 # ---- reading the file ----------------------------------------------------------------------
 
 
-NCCL_MARK = re.compile(rb"NCCL (?:INFO|WARN|TRACE) |NCCL version \d")
+NCCL_MARK = re.compile(rb"NCCL (?:INFO|WARN|TRACE) |NCCL version \d|RCCL version : \d")
 CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")   # not tab, line ends, form feed, ESC
 # A line whose last record may be a channel line a terminal wrapped (see formats.continued).
 CHANNEL_RECORD = re.compile(rb"NCCL INFO (?:Channel|Ring|Coll)")
@@ -548,6 +569,38 @@ def read_version(scan: Scan, number: int, host: str, match, cut: bool) -> None:
         scan.count_past("versions")
 
 
+def read_rccl_version(scan: Scan, number: int, host: str, match, cut: bool) -> None:
+    scan.rccl_version = True
+    read_version(scan, number, host, match, cut)
+
+
+def rccl_tally(scan: Scan, host: str) -> RcclTally:
+    """Keyed by host as remembered: at most MAX_HOSTS and OTHERS."""
+    return scan.rccl.setdefault(host, RcclTally())
+
+
+def read_rccl_peer_memory(scan: Scan, number: int, host: str, match, cut: bool) -> None:
+    """"GDRDMA not enabled" follows a "Found" line where Hyper-V's rule turned peer memory off
+    after all, and RCCL_FORCE_ENABLE_GDRDMA=1 skips every check: those two decide."""
+    tally = rccl_tally(scan, host)
+    if match.group("forced"):
+        tally.peer_memory = f"{match.group('forced')}=1"
+    elif match.group("missing"):
+        if not (tally.peer_memory or "").startswith("RCCL"):
+            tally.peer_memory = ""
+    elif tally.peer_memory is None:
+        found = match.group("found")
+        tally.peer_memory = found if found.startswith("/") else f"{found} in /proc/kallsyms"
+
+
+def read_rccl_dmabuf(scan: Scan, number: int, host: str, match, cut: bool) -> None:
+    tally = rccl_tally(scan, host)
+    if match.group("on"):
+        tally.dmabuf_on = True
+    else:
+        tally.dmabuf_off = tally.dmabuf_off or match.group("off")
+
+
 def read_env(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     if match.group("name") in GDR_ENV:
         values = scan.env.setdefault(match.group("name"), {})
@@ -590,7 +643,8 @@ READERS = {
     "virtual-nic": read_virtual_nic, "nic-gdr": read_nic_gdr, "nic-path": read_nic_path,
     "pair-gdr": read_pair, "version": read_version, "env": read_env, "no-device": read_no_device,
     "network": read_network, "gpu-dmabuf": read_gpu_dmabuf, "ofi-gdr-off": read_ofi,
-    "ofi-dmabuf": read_ofi, "ring-summary": read_ring_summary,
+    "ofi-dmabuf": read_ofi, "ring-summary": read_ring_summary, "rccl-version": read_rccl_version,
+    "rccl-peer-memory": read_rccl_peer_memory, "rccl-dmabuf": read_rccl_dmabuf,
 }
 
 

@@ -127,7 +127,8 @@ def integrity_word(integrity) -> str:
 
 def render_nccl_log(report: NcclLogReport) -> str:
     several_hosts = len(report.hosts) > 1
-    lines = [f"NCCL log {report.source}: NCCL {report.nccl_version or 'version not in log'}"
+    lines = [f"{report.library} log {report.source}: {report.library} "
+             f"{report.nccl_version or 'version not in log'}"
              f"{'; network ' + ', '.join(report.net_plugins) if report.net_plugins else ''}",
              f"verdict: {report.verdict}", f"mechanism: {report.mechanism}",
              f"network channel lines: {report.network_channels} ({report.gdrdma_channels} GDRDMA, "
