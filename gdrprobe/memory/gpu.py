@@ -175,6 +175,11 @@ class PeermemGpuMemory(GpuMemory):
             lambda pv: pv.mr.MR(pd, self.length, access, address=self.buffer.ptr),
             self._refused)
 
+    def _refused(self, error: Exception) -> Exception:
+        failed = super()._refused(error)
+        failed.peer_memory = self.gpu.attributes.peer_memory    # the verdict names it
+        return failed
+
     def describe(self) -> dict:
         return {**super().describe(), "peer_memory": self.gpu.attributes.peer_memory}
 
