@@ -176,8 +176,9 @@ class PeermemGpuMemory(GpuMemory):
             self._refused)
 
     def _refused(self, error: Exception) -> Exception:
-        failed = super()._refused(error)
-        failed.peer_memory = self.gpu.attributes.peer_memory    # the verdict names it
+        client = self.gpu.attributes.peer_memory
+        failed = gpu_registration_failed(error, self.mechanism, f"{self.length} bytes of GPU memory", client)
+        failed.peer_memory = client    # the verdict names it
         return failed
 
     def describe(self) -> dict:

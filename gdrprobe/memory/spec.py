@@ -82,6 +82,13 @@ class MemorySpec:
                    reason=peer_text(field(message, "reason", str, default=""), REASON_CHARS))
 
 
+def peer_memory_of(reported: str | None) -> str:
+    """The peer-memory client a reported mechanism names ("amdkfd" of "peermem (amdkfd)"),
+    "" where it names none."""
+    named = (reported or "").partition(" (")[2]
+    return named[:-1] if reported and reported.startswith("peermem (") and named.endswith(")") else ""
+
+
 def reported_mechanism(mechanism: str, peer_memory: str | None) -> str:
     """The mechanism as a verdict names it: "peermem (amdkfd)" where ROCm's amdkfd resolves
     the GPU's addresses for the NIC, "peermem" where nvidia-peermem does, else as it is."""

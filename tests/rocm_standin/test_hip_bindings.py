@@ -149,3 +149,16 @@ with rocm.open_gpu("0") as gpu, PeermemGpuMemory(gpu, 8192) as memory:
            "same_pages": exported == ctypes.string_at(memory.buffer.ptr + 4096, 4096)}
 """)
     assert found == {"name": "/memfd:gdrprobe-standin-hip (deleted)", "offset": 4096, "same_pages": True}
+
+
+def test_a_peermem_refusal_on_rocm_names_amdkfd_not_nvidia_peermem(standin):
+    found = run(standin, """
+import errno
+with rocm.open_gpu("0") as gpu, PeermemGpuMemory(gpu, 4096) as memory:
+    refusal = OSError(errno.EFAULT, "Bad address")
+    refusal.error_code = errno.EFAULT
+    failed = memory._refused(refusal)
+    out = {"cause": failed.cause, "fix": failed.fix, "client": failed.peer_memory}
+""")
+    assert found["client"] == "amdkfd"
+    assert "amdkfd's PeerDirect" in found["cause"] and "nvidia-peermem" not in found["cause"] + found["fix"]

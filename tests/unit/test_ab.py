@@ -527,3 +527,6 @@ def test_a_refused_amdkfd_registration_names_amdkfd_in_the_verdict():
     run_once, _ = fake_probe(gpu_error=error)
     report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=1)
     assert (report.verdict.classification, report.verdict.mechanism) == ("not engaged", "peermem (amdkfd)")
+    (cause,) = report.verdict.likely_causes
+    assert "amdkfd's PeerDirect is not registered" in cause and "nvidia-peermem" not in cause
+    assert "memory_peers/amdkfd/version appears" in report.verdict.fix
