@@ -5,7 +5,9 @@
   python -m lab pair --a CMD --b CMD           two guests on a virtual wire
   python -m lab demo                           the main job on the two-host lab
   python -m lab demo-slurm                     a Slurm cluster on the two-host lab
-  python -m lab demo-dmabuf                    the DMA-BUF arm through the kernel's import path
+  python -m lab demo-dmabuf                    the DMA-BUF arm through the kernel's import path,
+                                               over the stand-in CUDA and HIP runtimes
+  python -m lab demo-rocm                      its ROCm half alone (hip-python; not GPU proof)
   python -m lab test                           the lab test suites
 """
 
@@ -16,7 +18,7 @@ import sys
 
 from lab import vm
 from lab.kernel import LabError, ensure_kernel
-from lab.suites import demo, demo_dmabuf, demo_slurm, run_suites
+from lab.suites import demo, demo_dmabuf, demo_rocm, demo_slurm, run_suites
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
                                       "a drained node (docs/slurm.md)")
     sub.add_parser("demo-dmabuf", help="the A/B with --mem dmabuf through the kernel's dma-buf "
                                        "import path with host pages behind it "
-                                       "(docs/dmabuf-lab.md)")
+                                       "(docs/dmabuf-lab.md), over the stand-in CUDA and HIP "
+                                       "runtimes")
+    sub.add_parser("demo-rocm", help="demo-dmabuf's ROCm half alone: the A/B over the stand-in "
+                                     "HIP runtime under hip-python (not GPU proof)")
     tests = sub.add_parser("test", help="run the lab test suites in guests")
     tests.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k NAME)")
     args = parser.parse_args(argv)
@@ -61,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             return demo_slurm()
         if args.action == "demo-dmabuf":
             return demo_dmabuf()
+        if args.action == "demo-rocm":
+            return demo_rocm()
         return run_suites(args.pytest_args)
     except LabError as error:
         print(f"lab: {error}", file=sys.stderr)

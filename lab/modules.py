@@ -12,8 +12,10 @@ are unpacked (never installed) under .lab-cache/modules/<release>/tree, and each
 in .lab-cache/modules/<release>/<digest of its inputs>, so a second run builds nothing.
 
   python -m lab.modules             build (or reuse) and print the folder holding the three files
-  python -m lab.modules guest-demo  in a lab guest after 'lab/dmabuf/guest.sh load FOLDER': the
-                                    A/B with --mem dmabuf, its JSON and the kernel's dma-buf table
+  python -m lab.modules guest-demo [cuda] [rocm]
+                                    in a lab guest after 'lab/dmabuf/guest.sh load FOLDER': the
+                                    A/B with --mem dmabuf over each stand-in GPU runtime (default
+                                    cuda), its JSON and the kernel's dma-buf table
 """
 
 from __future__ import annotations
@@ -301,12 +303,33 @@ BUFINFO_POLL_S = 0.05
 DEMO_REPEATS = 5
 
 
-def dmabuf_environment(built: Built) -> dict:
-    """os.environ for a process over the stand-in libcuda.so.1 (which exports through
-    gdr_dmabuf where it is loaded), with the user-space half of rxe's dma-buf registration
-    preloaded (Debian 12's rxe provider lacks it: lab/dmabuf/verbs)."""
-    from tests.cuda_standin.build import environment   # the stand-in, built at first use
-    return {**environment(), "PYTHONPATH": REPO, "LD_PRELOAD": built.verbs_library}
+# The ROCm demo's interpreter: hip-python (AMD's bindings, gdrprobe[rocm]) in its own venv,
+# made by ./dev (the binding suite's, HIP_VENV there).
+HIP_PYTHON = os.path.join(REPO, ".venv-hip-python", "bin", "python")
+RUNTIMES = ("cuda", "rocm")
+
+
+def dmabuf_environment(built: Built, runtime: str = "cuda") -> dict:
+    """os.environ for a process over a stand-in GPU runtime (libcuda.so.1, or the HIP runtime
+    and HSA, named by GDRPROBE_GPU_RUNTIME since the guest's bus shows no GPU), each of which
+    exports through gdr_dmabuf where it is loaded, with the user-space half of rxe's dma-buf
+    registration preloaded (Debian 12's rxe provider lacks it: lab/dmabuf/verbs)."""
+    if runtime == "rocm":
+        from tests.rocm_standin.build import environment   # the stand-in, built at first use
+        base = {**environment(), "GDRPROBE_GPU_RUNTIME": "rocm"}
+    else:
+        from tests.cuda_standin.build import environment
+        base = environment()
+    return {**base, "PYTHONPATH": REPO, "LD_PRELOAD": built.verbs_library}
+
+
+def runtime_python(runtime: str) -> str:
+    """The interpreter of a runtime's demo; the ROCm one needs hip-python's venv."""
+    if runtime != "rocm":
+        return sys.executable
+    if not os.access(HIP_PYTHON, os.X_OK):
+        raise LabError(f"no {HIP_PYTHON}: ./dev demo-rocm makes it (hip-python, gdrprobe[rocm])")
+    return HIP_PYTHON
 
 
 def read_bufinfo() -> str:
@@ -315,15 +338,16 @@ def read_bufinfo() -> str:
 
 
 def run_dmabuf_ab(built: Built, *args: str, repeats: int = 1, timeout: float = 600,
-                  standin: dict | None = None):
-    """gdrprobe run --loopback --mem dmabuf --json over the stand-in (configured by standin:
-    tests.cuda_standin.build.standin_settings): (the finished process, the first bufinfo
-    that showed a buffer attached to rxe while it ran, or "")."""
-    argv = [sys.executable, "-m", "gdrprobe", "run", "--loopback", "-n", "100", "-s", "65536",
+                  standin: dict | None = None, runtime: str = "cuda"):
+    """gdrprobe run --loopback --mem dmabuf --json over a stand-in runtime (configured by
+    standin: tests.cuda_standin.build.standin_settings, or the HIP stand-in's GDRPROBE_H*
+    knobs): (the finished process, the first bufinfo that showed a buffer attached to rxe
+    while it ran, or "")."""
+    argv = [runtime_python(runtime), "-m", "gdrprobe", "run", "--loopback", "-n", "100", "-s", "65536",
             "--mem", "dmabuf", "--repeats", str(repeats), "--json", *args]
     seen: list[str] = []
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=REPO, env=dmabuf_environment(built) | (standin or {})) \
+                          cwd=REPO, env=dmabuf_environment(built, runtime) | (standin or {})) \
             as process:
         watcher = threading.Thread(target=watch_bufinfo, args=(process, seen), daemon=True)
         watcher.start()
@@ -357,16 +381,26 @@ def answered_by_dmabuf(report: dict) -> bool:
             and verdict.get("exit_code") in (ExitCode.OK, ExitCode.INCONCLUSIVE))
 
 
-def guest_demo() -> int:
-    """The A/B with --mem dmabuf: its JSON, then the kernel's dma-buf table taken during the
-    run; 0 only when the DMA-BUF arm measured a non-drain answer (answered_by_dmabuf) with a
-    dma-buf attached to rxe."""
+def guest_demo(runtimes: list[str]) -> int:
+    """The A/B with --mem dmabuf over each stand-in runtime in turn: its JSON, then the
+    kernel's dma-buf table taken during the run; 0 only when each DMA-BUF arm measured a
+    non-drain answer (answered_by_dmabuf) with a dma-buf attached to rxe."""
     built = built_modules(os.uname().release)
     if built is None:
         print("lab.modules: no build for this kernel: run 'python -m lab.modules' on the host",
               file=sys.stderr)
         return 3
-    done, table = run_dmabuf_ab(built, repeats=DEMO_REPEATS)
+    return max(demo_one(built, runtime) for runtime in runtimes)
+
+
+def demo_one(built: Built, runtime: str) -> int:
+    print(f"==== the A/B over the stand-in {'HIP runtime (ROCm)' if runtime == 'rocm' else 'libcuda.so.1'}: "
+          "the kernel's dma-buf path is real, the GPU is not: not GPU proof ====")
+    try:
+        done, table = run_dmabuf_ab(built, repeats=DEMO_REPEATS, runtime=runtime)
+    except LabError as error:
+        print(f"lab.modules: {error}", file=sys.stderr)
+        return 3
     print(done.stdout.rstrip())
     print(f"---- {BUFINFO} during the run ----")
     print(table.rstrip() or "(no dma-buf was attached to rxe during the run)")
@@ -376,13 +410,22 @@ def guest_demo() -> int:
         report = json.loads(done.stdout)
     except ValueError:
         return 1
+    verdict = report.get("verdict") or {}
+    print(f"{runtime} stand-in verdict: {verdict.get('classification')} via {verdict.get('mechanism')} "
+          f"(exit {verdict.get('exit_code')}); a stand-in runtime over host pages, not GPU proof")
     return 0 if answered_by_dmabuf(report) and table else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    action = (argv if argv is not None else sys.argv[1:])[:1]
-    if action == ["guest-demo"]:
-        return guest_demo()
+    args = argv if argv is not None else sys.argv[1:]
+    if args[:1] == ["guest-demo"]:
+        runtimes = args[1:] or ["cuda"]
+        unknown = sorted(set(runtimes) - set(RUNTIMES))
+        if unknown:
+            print(f"lab.modules: guest-demo takes {' and '.join(RUNTIMES)}, not {', '.join(unknown)}",
+                  file=sys.stderr)
+            return 2
+        return guest_demo(runtimes)
     try:
         print(ensure_modules().folder)
     except LabError as error:

@@ -61,17 +61,25 @@ def demo_slurm() -> int:
     return code
 
 
-def demo_dmabuf() -> int:
+def demo_dmabuf(runtimes: tuple[str, ...] = ("cuda", "rocm"), name: str = "demo-dmabuf") -> int:
     """The A/B with --mem dmabuf through the kernel's dma-buf import path with host pages
-    behind it (docs/dmabuf-lab.md): the modules built or reused here, loaded in one guest,
-    the JSON and the kernel's dma-buf table taken during the run."""
+    behind it (docs/dmabuf-lab.md), over each stand-in GPU runtime in the one guest boot
+    (the stand-in libcuda.so.1, then the stand-in HIP runtime under hip-python): the modules
+    built or reused here, loaded in one guest, the JSON and the kernel's dma-buf table taken
+    during each run."""
     built = modules.ensure_modules()
     result = vm.run_loopback(f"bash {modules.GUEST_SCRIPT} load {built.folder} && "
-                             f"{PYTHON} -m lab.modules guest-demo", DEMO_DMABUF_TIMEOUT_S)
+                             f"{PYTHON} -m lab.modules guest-demo {' '.join(runtimes)}",
+                             DEMO_DMABUF_TIMEOUT_S * len(runtimes))
     vm.print_result(result)
     code = result.returncode
-    print(f"demo-dmabuf: {int(code == 0)} passed, {int(code != 0)} failed")
+    print(f"{name}: {int(code == 0)} passed, {int(code != 0)} failed")
     return code
+
+
+def demo_rocm() -> int:
+    """The ROCm half of demo-dmabuf alone: the A/B to a verdict over the stand-in HIP runtime."""
+    return demo_dmabuf(("rocm",), "demo-rocm")
 
 
 def prepare_dmabuf_modules() -> None:

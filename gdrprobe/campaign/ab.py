@@ -20,7 +20,7 @@ import dataclasses
 from typing import Callable
 
 from gdrprobe import defaults
-from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.memory.spec import MemorySpec, reported_mechanism
 from gdrprobe.doctor.facts.pci import rdma_nics_without_device
 from gdrprobe.errors import (CompletionError, CudaError, GdrprobeError, IntegrityError,
                              NoDevice, NoRdmaDevice, NotTestable, RegistrationFailed,
@@ -108,7 +108,10 @@ class ArmRecord:
         known = self.error is not None and not is_data_path_error(self.error)
         reason = (self.gpu_memory().get("mechanism_reason")
                   or (self.error.evidence if known else ""))
-        common = dict(arm=self.arm, mechanism=None if self.arm == "host" else self.arm,
+        # Who resolved the GPU's addresses for peermem: from the buffer, else its refusal.
+        peer_memory = self.gpu_memory().get("peer_memory") or getattr(self.error, "peer_memory", "")
+        common = dict(arm=self.arm,
+                      mechanism=None if self.arm == "host" else reported_mechanism(self.arm, peer_memory),
                       memory_kind="host" if self.plan.name == "host" else spec.memory_type,
                       message_bytes=size, mechanism_reason=reason,
                       direction=self.plan.direction, role=self.role or DECIDES,

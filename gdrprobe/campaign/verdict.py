@@ -63,6 +63,7 @@ from collections.abc import Iterable, Sequence
 from gdrprobe import defaults
 from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import errno_name, registration_cause
+from gdrprobe.memory.spec import peer_memory_of
 from gdrprobe.report import finding_ids
 from gdrprobe.report.check import (BOTH, DEGRADED, DIRECTION_WORDS, ENGAGED, NOT_ENGAGED,
                                    NOT_TESTABLE, NOT_USED, READ, WRITE, ArmRatio, FloorCheck,
@@ -363,7 +364,7 @@ def _not_engaged(failed: Sequence[ArmMeasurement], threshold, evidence, findings
                  arms) -> Verdict:
     causes, fixes = [], []
     for arm in failed:
-        known = registration_cause(arm.registration_errno)
+        known = registration_cause(arm.registration_errno, peer_memory_of(arm.mechanism))
         causes.append(f"{arm.arm}: registration failed with "
                       f"{errno_name(arm.registration_errno)}: {known.cause}")
         if known.fix not in fixes:

@@ -29,9 +29,9 @@ def _capture(args) -> int:
 
 def add_nccl_flag(parser) -> None:
     parser.add_argument("--nccl", metavar="PATH",
-                        help="the libnccl the job loads, or the job's Python (its interpreter, virtual "
-                             "environment or site-packages); default: found as the loader finds it "
-                             "(LD_LIBRARY_PATH, the NCCL wheel of VIRTUAL_ENV/CONDA_PREFIX, ld.so.cache)")
+                        help="the libnccl the job loads (librccl on an AMD node), or the job's Python (its "
+                             "interpreter, virtual environment or site-packages); default: found as the loader "
+                             "finds it (LD_LIBRARY_PATH, the NCCL wheel of VIRTUAL_ENV/CONDA_PREFIX, ld.so.cache)")
 
 
 def register(subparsers) -> None:

@@ -76,6 +76,24 @@ REGISTRATION_CAUSES: dict[int, RegistrationCause] = {
 }
 
 
+# Where the peer-memory client is not nvidia-peermem, what its refusal means instead.
+# amdkfd's PeerDirect reaches the NIC only through a peer-memory API in the RDMA stack
+# (MLNX_OFED/DOCA-OFED's, or a kernel exporting ib_register_peer_memory_client): RCCL looks
+# for it as memory_peers/amdkfd/version or that symbol (ROCm/rccl 0cbce2a7
+# src/transport/net_ib.cc ncclIbGdrSupport).
+PEER_MEMORY_CAUSES: dict[str, dict[int, RegistrationCause]] = {
+    "amdkfd": {
+        errno.EFAULT: RegistrationCause(
+            "no peer-memory client took the GPU address: amdkfd's PeerDirect is not registered "
+            "with the RDMA stack (no memory_peers/amdkfd/version, no ib_register_peer_memory_client "
+            "in /proc/kallsyms), or the stack offers DMA-BUF only",
+            "install the NIC's driver stack with peer-memory support (MLNX_OFED/DOCA-OFED) so that "
+            "memory_peers/amdkfd/version appears, or use --mem dmabuf (RCCL then needs "
+            f"NCCL_DMABUF_ENABLE=1); 'gdrprobe doctor' shows RCCL's decision; {SCATTER_TO_CQE_HINT}"),
+    },
+}
+
+
 def errno_name(code: int | None) -> str:
     """EOPNOTSUPP for 95 (Python says ENOTSUP, an alias), as verbs tools print it; the
     refused DMA-BUF export by the call that refused it."""
@@ -86,9 +104,10 @@ def errno_name(code: int | None) -> str:
     return errno.errorcode.get(code, f"errno {code}")
 
 
-def registration_cause(error_code: int) -> RegistrationCause:
-    """Cause and fix of a failed GPU memory registration, by errno."""
-    known = REGISTRATION_CAUSES.get(error_code)
+def registration_cause(error_code: int, peer_memory: str = "") -> RegistrationCause:
+    """Cause and fix of a failed GPU memory registration, by errno and, for peermem, by
+    the peer-memory client that refused it (nvidia-peermem where not said)."""
+    known = PEER_MEMORY_CAUSES.get(peer_memory, {}).get(error_code) or REGISTRATION_CAUSES.get(error_code)
     if known is not None:
         return known
     return RegistrationCause(f"GPU memory registration failed with errno {error_code} "
@@ -127,9 +146,9 @@ def dmabuf_export_refused(call: str, result: str, pcie_mapping: bool) -> Registr
                               f"{call}: {result}", DMABUF_EXPORT_REFUSED, "dmabuf")
 
 
-def gpu_registration_failed(error, mechanism: str, what: str) -> RegistrationFailed:
+def gpu_registration_failed(error, mechanism: str, what: str, peer_memory: str = "") -> RegistrationFailed:
     """A refused registration of GPU memory, with the cause and fix its errno means."""
     code = getattr(error, "error_code", -1)
-    known = registration_cause(code)
+    known = registration_cause(code, peer_memory)
     return RegistrationFailed(f"registering {what} through {mechanism} failed: {known.cause}",
                               known.fix, first_line(error), code, mechanism)

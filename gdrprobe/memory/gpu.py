@@ -175,6 +175,12 @@ class PeermemGpuMemory(GpuMemory):
             lambda pv: pv.mr.MR(pd, self.length, access, address=self.buffer.ptr),
             self._refused)
 
+    def _refused(self, error: Exception) -> Exception:
+        client = self.gpu.attributes.peer_memory
+        failed = gpu_registration_failed(error, self.mechanism, f"{self.length} bytes of GPU memory", client)
+        failed.peer_memory = client    # the verdict names it
+        return failed
+
     def describe(self) -> dict:
         return {**super().describe(), "peer_memory": self.gpu.attributes.peer_memory}
 

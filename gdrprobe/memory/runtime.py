@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import mmap
+import os
 import re
 from collections.abc import Callable
 from typing import Protocol
@@ -32,6 +33,9 @@ HOST_PAGE_BYTES = mmap.PAGESIZE
 # opened, so that `import gdrprobe` loads none. The first is the default where the bus
 # shows no GPU of any runtime's vendor: its "no driver" answer is the one a person expects.
 RUNTIME_MODULES = ("gdrprobe.memory.cuda", "gdrprobe.memory.rocm")
+# Names the runtime where the PCI bus cannot show the GPUs (a container without the GPU's
+# sysfs, the lab's stand-in HIP runtime): cuda or rocm, as the module is named.
+RUNTIME_VARIABLE = "GDRPROBE_GPU_RUNTIME"
 
 
 class GpuAllocation(Protocol):
@@ -112,9 +116,27 @@ def runtimes() -> list[GpuRuntime]:
     return [importlib.import_module(name).RUNTIME for name in RUNTIME_MODULES]
 
 
+def named_runtime_module() -> str | None:
+    """The module of the runtime GDRPROBE_GPU_RUNTIME names, or None where it is unset;
+    another value is refused before anything is probed."""
+    named = os.environ.get(RUNTIME_VARIABLE, "").strip().lower()
+    if not named:
+        return None
+    modules = {module.rsplit(".", 1)[1]: module for module in RUNTIME_MODULES}
+    if named not in modules:
+        raise UsageError(f"{RUNTIME_VARIABLE}={os.environ[RUNTIME_VARIABLE]!r} names no GPU runtime",
+                         f"set it to one of {', '.join(modules)}, or unset it to take the runtime "
+                         "of the GPUs on the PCI bus")
+    return modules[named]
+
+
 def machine_runtime(root: SysRoot | None = None) -> GpuRuntime:
-    """The runtime of the GPUs on this node's PCI bus; the default (the first) where there
-    are none, so that its own "no driver" answer says what is missing."""
+    """The runtime GDRPROBE_GPU_RUNTIME names, else the runtime of the GPUs on this node's
+    PCI bus; the default (the first) where there are none, so that its own "no driver"
+    answer says what is missing."""
+    named = named_runtime_module()
+    if named is not None:
+        return importlib.import_module(named).RUNTIME
     root = root or SysRoot()
     functions = [name for name in root.listdir(PCI_DEVICES_DIR) if is_pci_bus_id(name)]
     known = runtimes()

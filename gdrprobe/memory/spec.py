@@ -13,6 +13,9 @@ from gdrprobe.errors import UsageError
 from gdrprobe.protocol.fields import field, peer_text
 
 MECHANISMS = ("auto", "dmabuf", "peermem")
+# "peermem" alone names NVIDIA's peer-memory client, as gdrprobe's reports, metrics and the
+# scripts reading them always have; another runtime's client is named with it.
+PLAIN_PEER_MEMORY = "nvidia-peermem"
 # Managed and pinned-host memory sit in (or migrate to) host pages the NIC reaches without
 # GPUDirect, so a fast result with them proves nothing.
 GPUDIRECT_PROOF_MEMORY = "device"
@@ -77,3 +80,18 @@ class MemorySpec:
                    huge_pages=field(message, "huge_pages", bool),
                    allocation=field(message, "allocation", str, default=GPU_ALLOCATION),
                    reason=peer_text(field(message, "reason", str, default=""), REASON_CHARS))
+
+
+def peer_memory_of(reported: str | None) -> str:
+    """The peer-memory client a reported mechanism names ("amdkfd" of "peermem (amdkfd)"),
+    "" where it names none."""
+    named = (reported or "").partition(" (")[2]
+    return named[:-1] if reported and reported.startswith("peermem (") and named.endswith(")") else ""
+
+
+def reported_mechanism(mechanism: str, peer_memory: str | None) -> str:
+    """The mechanism as a verdict names it: "peermem (amdkfd)" where ROCm's amdkfd resolves
+    the GPU's addresses for the NIC, "peermem" where nvidia-peermem does, else as it is."""
+    if mechanism == "peermem" and peer_memory and peer_memory != PLAIN_PEER_MEMORY:
+        return f"peermem ({peer_memory})"
+    return mechanism

@@ -29,25 +29,18 @@ import bisect
 import dataclasses
 import functools
 import io
-import os
 import re
-import select
-import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from gdrprobe.errors import UsageError
 from gdrprobe.nccl import log_formats as formats
+from gdrprobe.nccl.log_input import (BLOCK_BYTES, MAX_LINE_BYTES, NCCL_MARK, READ_FIX, block_reader,
+                                     check_text, lines_of)
 from gdrprobe.nccl.log_summary import GDR_ENV, build_report
 from gdrprobe.report.nccl_log import OTHER_NIC, OTHERS, NcclLogReport
 
-BLOCK_BYTES = 1 << 20        # read this much at a time
-# A longer line is read in pieces of this size and counted once as cut. NCCL writes one
-# record per write (debug.cc ncclDebugLog: a 1 KiB prefix buffer, then one vfprintf); a
-# line holds several only where processes' writes interleaved.
-MAX_LINE_BYTES = 64 << 10
 EXAMPLES = 3                 # unrecognised lines quoted in the report
 EXAMPLE_CHARS = 200
-READ_FIX = "pass the file the job wrote with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names it)"
 
 # What one log may make the reader remember, whatever it holds. Real logs stay far below:
 # NCCL names a host by its name up to the first dot (debug.cc getHostNameForLog) and has at
@@ -115,6 +108,25 @@ class NicTally:
         self.gdrdma = self.host_memory = self.unknown = 0
 
 
+class RcclTally:
+    """What RCCL said at init on one host about its two ways to register GPU memory
+    (log_formats.RCCL_FORMATS): peer memory, what found it ("" where it said it found none);
+    DMA-BUF, why off, or on."""
+
+    __slots__ = ("peer_memory", "dmabuf_off", "dmabuf_on")
+
+    def __init__(self) -> None:
+        self.peer_memory: str | None = None
+        self.dmabuf_off: str | None = None
+        self.dmabuf_on = False
+
+    @property
+    def neither(self) -> bool:
+        """Whether RCCL said both ways are off: then no NIC of this host may carry GDR
+        (topo.cc gdrSupport = NCCL_PTR_CUDA || (dmaBufSupport && NCCL_PTR_DMABUF))."""
+        return self.peer_memory == "" and self.dmabuf_off is not None
+
+
 @dataclasses.dataclass
 class Scan:
     """What the lines say, gathered in one pass; bounded by the limits above, not by the
@@ -139,6 +151,8 @@ class Scan:
     ofi_gdr_off: dict = dataclasses.field(default_factory=dict)     # host -> reason
     ofi_dmabuf: dict = dataclasses.field(default_factory=dict)      # host -> bool
     ring_gdr: dict = dataclasses.field(default_factory=dict)        # GDR 0/1 -> count
+    rccl: dict = dataclasses.field(default_factory=dict)            # host -> RcclTally
+    rccl_version: bool = False                                      # an "RCCL version" line
     formats: dict = dataclasses.field(default_factory=dict)         # (name, versions) -> count
     fast: dict = dataclasses.field(default_factory=dict)            # fast lines' groups -> count
     unrecognised: int = 0
@@ -208,91 +222,8 @@ def past_bound() -> dict[str, str]:
 # ---- reading the file ----------------------------------------------------------------------
 
 
-NCCL_MARK = re.compile(rb"NCCL (?:INFO|WARN|TRACE) |NCCL version \d")
-CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")   # not tab, line ends, form feed, ESC
 # A line whose last record may be a channel line a terminal wrapped (see formats.continued).
 CHANNEL_RECORD = re.compile(rb"NCCL INFO (?:Channel|Ring|Coll)")
-
-
-def lines_of(read: Callable[[], bytes], head: bytes, scan: Scan) -> Iterator[tuple[int, bytes, bool]]:
-    """The file's lines, starting with the head already read (so a pipe, <(zcat log.gz),
-    reads too): each line's number, its bytes and whether it ended with a line end. A line
-    longer than MAX_LINE_BYTES comes in pieces of at most that size, all with its number,
-    all but the last as not ended; it is counted once in scan.cut_lines, and so is a last
-    line with no line end. Memory: a block and a piece at most."""
-    number, tail, block, long_line = 1, b"", head, False
-    while block:
-        if not scan.saw_nccl:
-            scan.saw_nccl = NCCL_MARK.search(tail[-32:] + block) is not None
-        lines = (tail + block).split(b"\n")
-        tail = lines.pop()
-        for line in lines:
-            if long_line or len(line) > MAX_LINE_BYTES:
-                scan.cut_lines += not long_line
-                yield from pieces(number, line, ended=True)
-                long_line = False
-            else:
-                yield number, line, True
-            number += 1
-        if len(tail) > MAX_LINE_BYTES:       # a long line still going: its pieces so far
-            scan.cut_lines += not long_line
-            long_line = True
-            whole = len(tail) - len(tail) % MAX_LINE_BYTES
-            yield from pieces(number, tail[:whole], ended=False)
-            tail = tail[whole:]
-        block = read()
-    if tail or long_line:
-        scan.cut_lines += bool(tail.strip()) and not long_line
-        if tail:
-            yield number, tail, False
-        number += 1
-    scan.lines = number - 1
-
-
-def pieces(number: int, line: bytes, ended: bool) -> Iterator[tuple[int, bytes, bool]]:
-    for start in range(0, max(len(line), 1), MAX_LINE_BYTES):
-        piece = line[start:start + MAX_LINE_BYTES]
-        yield number, piece, ended and start + MAX_LINE_BYTES >= len(line)
-
-
-def check_text(head: bytes, path: str) -> None:
-    """Refuse what is not a text log, naming what it is."""
-    if not head:
-        raise UsageError(f"NCCL log {path} is empty", fix=READ_FIX)
-    if head[:2] == b"\x1f\x8b":
-        raise UsageError(f"NCCL log {path} is gzip-compressed",
-                         fix=f"read it through a pipe: gdrprobe nccl-log <(zcat {path})")
-    text = head.decode("utf-8", "replace")
-    odd = text.count("\ufffd") + len(CONTROL_BYTES.findall(head))
-    if b"\0" in head or odd > len(text) // 10:
-        raise UsageError(f"NCCL log {path} is not text (binary data)", fix=READ_FIX)
-
-
-# CPython runs a signal's handler between bytecodes, so a SIGTERM or Ctrl-C that lands just
-# before a blocking read() waits for that read to return: on a pipe whose writer stalls
-# (<(zcat ...), a FIFO) that is never. A pipe is read only once poll() says it has data,
-# waiting at most this long at a time, so the handler runs within that time.
-SIGNAL_LOOK_MS = 500
-
-
-def block_reader(handle) -> Callable[[], bytes]:
-    """read() of an unbuffered file: the next BLOCK_BYTES, fewer only at the end."""
-    if stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-        return functools.partial(handle.read, BLOCK_BYTES)
-    waiter = select.poll()
-    waiter.register(handle, select.POLLIN)
-
-    def read_pipe() -> bytes:
-        block = bytearray()
-        while len(block) < BLOCK_BYTES:
-            if not waiter.poll(SIGNAL_LOOK_MS):
-                continue
-            piece = handle.read(BLOCK_BYTES - len(block))
-            if not piece:
-                break
-            block += piece
-        return bytes(block)
-    return read_pipe
 
 
 def scan_file(read: Callable[[], bytes], path: str, keep_lines: bool) -> Scan:
@@ -548,6 +479,38 @@ def read_version(scan: Scan, number: int, host: str, match, cut: bool) -> None:
         scan.count_past("versions")
 
 
+def read_rccl_version(scan: Scan, number: int, host: str, match, cut: bool) -> None:
+    scan.rccl_version = True
+    read_version(scan, number, host, match, cut)
+
+
+def rccl_tally(scan: Scan, host: str) -> RcclTally:
+    """Keyed by host as remembered: at most MAX_HOSTS and OTHERS."""
+    return scan.rccl.setdefault(host, RcclTally())
+
+
+def read_rccl_peer_memory(scan: Scan, number: int, host: str, match, cut: bool) -> None:
+    """"GDRDMA not enabled" follows a "Found" line where Hyper-V's rule turned peer memory off
+    after all, and RCCL_FORCE_ENABLE_GDRDMA=1 skips every check: those two decide."""
+    tally = rccl_tally(scan, host)
+    if match.group("forced"):
+        tally.peer_memory = f"{match.group('forced')}=1"
+    elif match.group("missing"):
+        if not (tally.peer_memory or "").startswith("RCCL"):
+            tally.peer_memory = ""
+    elif tally.peer_memory is None:
+        found = match.group("found")
+        tally.peer_memory = found if found.startswith("/") else f"{found} in /proc/kallsyms"
+
+
+def read_rccl_dmabuf(scan: Scan, number: int, host: str, match, cut: bool) -> None:
+    tally = rccl_tally(scan, host)
+    if match.group("on"):
+        tally.dmabuf_on = True
+    else:
+        tally.dmabuf_off = tally.dmabuf_off or match.group("off")
+
+
 def read_env(scan: Scan, number: int, host: str, match, cut: bool) -> None:
     if match.group("name") in GDR_ENV:
         values = scan.env.setdefault(match.group("name"), {})
@@ -590,7 +553,8 @@ READERS = {
     "virtual-nic": read_virtual_nic, "nic-gdr": read_nic_gdr, "nic-path": read_nic_path,
     "pair-gdr": read_pair, "version": read_version, "env": read_env, "no-device": read_no_device,
     "network": read_network, "gpu-dmabuf": read_gpu_dmabuf, "ofi-gdr-off": read_ofi,
-    "ofi-dmabuf": read_ofi, "ring-summary": read_ring_summary,
+    "ofi-dmabuf": read_ofi, "ring-summary": read_ring_summary, "rccl-version": read_rccl_version,
+    "rccl-peer-memory": read_rccl_peer_memory, "rccl-dmabuf": read_rccl_dmabuf,
 }
 
 

@@ -36,12 +36,15 @@ RECORD_MARK = re.compile(r"NCCL (?:INFO|WARN|TRACE) ")
 NOT_A_WORD_GAP = re.compile(r" (?=\s|\Z)|[^\S ]")     # searched in the reversed text
 # host:pid:tid ending a word, from the start of the host's run of characters only.
 HOST_TRIPLE = re.compile(r"(?<![\w.-])([\w.-]+):\d+:\d+ ")
-# NCCL_DEBUG=VERSION prints the version line without the prefix (debug.cc, NCCL_LOG_VERSION).
-MESSAGE_START = re.compile(r"NCCL version \d")
+# NCCL_DEBUG=VERSION prints the version line without the prefix (debug.cc, NCCL_LOG_VERSION);
+# RCCL prints its own to stdout whatever NCCL_DEBUG_FILE says (ROCm/rccl 0cbce2a7 src/init.cc
+# showVersion: printf of "RCCL version : %d.%d.%d-<git hash>").
+MESSAGE_START = re.compile(r"NCCL version \d|RCCL version : \d")
 
 # Which lines a reader looks at at all: everything below starts with or contains one of these.
 KEYWORDS = re.compile(rb" via |GPU Direct RDMA|Using|DMA-BUF|NCCL version|virtual device|"
-                      rb"set by environment|GDR|No device found")
+                      rb"set by environment|GDR|No device found|"
+                      rb"RCCL version|memory_peers|peer_memory|mabuf|DMA_BUF")
 # The lines a large job's log is mostly made of, with NCCL's own prefix at the line's start,
 # each read from its bytes in one match: a channel in NCCL 2.12-2.30's format (net.cc, as
 # CHANNEL_FORMATS[0]; groups net, nic, /GDRDMA), one inside the node (p2p.cc, shm.cc: group
@@ -250,11 +253,41 @@ OFI_FORMATS = (
         r"NET/OFI Support for DMA-BUF registrations: (?P<supported>true|false)"),
 )
 
-FORMATS = CHANNEL_FORMATS + (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS + OTHER_FORMATS + OFI_FORMATS
+# RCCL, AMD's fork (ROCm/rccl at 0cbce2a7, the 6.3 line on NCCL 2.21.5), prints NCCL's lines
+# above with a HIP build's values (bus ids in hex, " comm %p nRanks %02d" after a channel's
+# suffix) and, at init, its own: its version, and why GPU memory can or cannot be registered
+# with the NIC through peer memory (amdkfd's PeerDirect) or DMA-BUF.
+RCCL_PEER_FOUND = r"/sys/(?:kernel/(?:mm/)?)?memory_peers/amdkfd/version"
+RCCL_FORMATS = (
+    fmt("rccl-version", "RCCL", "src/init.cc showVersion (VERSION_STRING of a HIP build)",
+        r"RCCL version : (?P<major>\d{1,9})\.(?P<minor>\d{1,9})\.(?P<patch>\d{1,9})"),
+    # The three memory_peers files in its order, the inbox kernel's peer-memory symbol, the
+    # debugging override; "GDRDMA not enabled" when none was found (or Hyper-V's
+    # numa_balancing rule turned it off): the NIC then offers no NCCL_PTR_CUDA.
+    fmt("rccl-peer-memory", "RCCL", "src/transport/net_ib.cc ncclIbGdrSupport",
+        r"(?:Found (?P<found>" + RCCL_PEER_FOUND + r"|ib_register_peer_memory_client)"
+        r"|(?P<forced>RCCL_FORCE_ENABLE_GDRDMA) = 1, so explicitly setting moduleLoaded = 1"
+        r"|(?P<missing>GDRDMA not enabled)\. Could not find memory_peers directory or peer_memory symbol)"),
+    # DMA-BUF off: the variable unset or 0 (its default), HSA without the DMA-BUF attribute,
+    # the kernel's configuration without both options, libhsa-runtime64 without the export
+    # (a WARN); on: "DMA_BUF Support Enabled". Off also keeps the NIC's NCCL_PTR_DMABUF off
+    # (net_ib.cc ncclIbDmaBufSupport calls the same rocmLibraryInit).
+    fmt("rccl-dmabuf", "RCCL", "src/misc/rocmwrap.cc initOnceFunc",
+        r"(?P<off>Dmabuf feature disabled without NCCL_DMABUF_ENABLE=1"
+        r"|Current version of ROCm does not support dmabuf feature"
+        r"|DMA_BUF_SUPPORT Failed due to OS kernel support"
+        r"|Failed to load ROCr missing symbol hsa_amd_portable_export_dmabuf)"
+        r"|(?P<on>DMA_BUF Support Enabled)"),
+)
+
+FORMATS = (CHANNEL_FORMATS + (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS + OTHER_FORMATS
+           + OFI_FORMATS + RCCL_FORMATS)
 # The formats whose messages start "NET/" (the per-pair lines of 2.4-2.6 among them) and
 # those that start "GPU " (the per-pair lines from 2.7).
 NET_FORMATS = (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS[:2] + OFI_FORMATS
 GPU_FORMATS = PAIR_FORMATS[2:]
+# The rest: NCCL's other lines, then RCCL's own.
+REST_FORMATS = OTHER_FORMATS + RCCL_FORMATS
 
 
 # ---- reading one message -------------------------------------------------------------------
@@ -293,7 +326,7 @@ def formats_for(message: str) -> tuple[LineFormat, ...]:
         return NET_FORMATS
     if head == "GPU ":
         return GPU_FORMATS
-    return OTHER_FORMATS
+    return REST_FORMATS
 
 
 def match_message(message: str) -> tuple[LineFormat, re.Match] | None:

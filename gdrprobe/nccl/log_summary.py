@@ -9,6 +9,7 @@ changed across versions).
 from __future__ import annotations
 
 from gdrprobe.nccl import log_formats as formats
+from gdrprobe.nccl.rccl import PEERMEM_LABEL
 from gdrprobe.report.nccl_log import (OTHER_NIC, OTHERS, ChannelUse, DmabufGpu, LogLine,
                                       NcclLogReport, NicUse, PairDecision)
 
@@ -20,6 +21,20 @@ FIRST_DMABUF_NCCL = (2, 13, 0)   # init.cc dmaBufSupported: NCCL registers throu
 TRACE_ONLY_PAIRS = (2, 30, 0)    # paths.cc ncclTopoCheckGdr: the per-pair line is TRACE from 2.30
 MAX_PAIR_SENTENCES = 8
 PEER_MEMORY = {"IB": "peer memory (nvidia-peermem)", "OFI": "peer memory (not DMA-BUF)"}
+# What RCCL's own lines say (log_formats.RCCL_FORMATS), in words.
+RCCL_NO_PEER_MEMORY = ("RCCL found no peer memory (GDRDMA not enabled: no memory_peers/amdkfd "
+                       "file, no ib_register_peer_memory_client in /proc/kallsyms, or Hyper-V's "
+                       "numa_balancing rule)")
+RCCL_DMABUF_OFF = {
+    "Dmabuf feature disabled without NCCL_DMABUF_ENABLE=1": "RCCL's DMA-BUF is off unless "
+        "NCCL_DMABUF_ENABLE=1 (its default is 0)",
+    "Current version of ROCm does not support dmabuf feature": "RCCL's DMA-BUF is off: HSA "
+        "reports no DMA-BUF support (this ROCm or its driver)",
+    "DMA_BUF_SUPPORT Failed due to OS kernel support": "RCCL's DMA-BUF is off: /boot/config-<kernel> "
+        "lacks CONFIG_DMABUF_MOVE_NOTIFY=y or CONFIG_PCI_P2PDMA=y",
+    "Failed to load ROCr missing symbol hsa_amd_portable_export_dmabuf": "RCCL's DMA-BUF is off: "
+        "libhsa-runtime64 has no hsa_amd_portable_export_dmabuf",
+}
 WHY_DISABLED = {
     "no module": "no peer-memory module loaded (nv_peer_mem or nvidia-peermem)",
     "no module or not supported by GPU": "no peer-memory module, or the GPU does not support it",
@@ -34,6 +49,8 @@ def nic_mechanism(scan, host: str, space: str, tally) -> str | None:
     """How this NIC's GDRDMA connections registered GPU memory, where a line proves it."""
     if not tally.gdrdma:
         return None
+    if host in scan.rccl and space == "IB":
+        return rccl_mechanism(scan.rccl[host])
     peer_memory = PEER_MEMORY.get(space, PEER_MEMORY["OFI"])
     if "0" in scan.env.get("NCCL_DMABUF_ENABLE", {}):
         return peer_memory + ": NCCL_DMABUF_ENABLE=0 keeps NCCL off DMA-BUF (init.cc dmaBufSupported)"
@@ -50,6 +67,27 @@ def nic_mechanism(scan, host: str, space: str, tally) -> str | None:
     return None
 
 
+def rccl_mechanism(said) -> str | None:
+    """How RCCL registered GPU memory where a connection used GDRDMA: with DMA-BUF off it can
+    only have been peer memory; with peer memory missing, only DMA-BUF (net.cc useDmaBuf =
+    useGdr && dmaBufSupport && the NIC's NCCL_PTR_DMABUF)."""
+    if said.dmabuf_off:
+        return f"{PEERMEM_LABEL}: {RCCL_DMABUF_OFF[said.dmabuf_off]}"
+    if said.peer_memory == "" and said.dmabuf_on:
+        return "DMA-BUF: " + RCCL_NO_PEER_MEMORY + ", and its DMA-BUF was on"
+    return None
+
+
+def rccl_reasons(scan, host: str, reasons: tuple[str, ...]) -> tuple[str, ...]:
+    """Why a NIC RCCL logged Disabled had neither way, in RCCL's own words where it said them."""
+    said = scan.rccl.get(host)
+    if said is None or formats.NEITHER_PATH not in reasons:
+        return reasons
+    own = ((RCCL_NO_PEER_MEMORY,) if said.peer_memory == "" else ()) + (
+        (RCCL_DMABUF_OFF[said.dmabuf_off],) if said.dmabuf_off else ())
+    return tuple(reason for reason in reasons if reason != formats.NEITHER_PATH) + own if own else reasons
+
+
 def capability(tally) -> bool | None:
     if tally.enabled and not tally.disabled:
         return True
@@ -61,7 +99,7 @@ def capability(tally) -> bool | None:
 def nic_uses(scan) -> tuple[NicUse, ...]:
     uses = []
     for (host, space, index), tally in sorted(scan.nics.items()):
-        reasons = tuple(tally.reasons)
+        reasons = rccl_reasons(scan, host, tuple(tally.reasons))
         capable = capability(tally)
         if space == "OFI" and host in scan.ofi_gdr_off and not tally.enabled:
             # The OFI plugin turns GDR off for all of its NICs (nccl_ofi_ofiutils.c).
@@ -105,7 +143,7 @@ def gdr_off_everywhere(scan, nics: tuple[NicUse, ...]) -> bool:
               (nic.gdr_capable is not None or nic.gdr_disabled_because)]
     if judged:
         return all(capable is False for capable in judged)
-    if scan.ofi_gdr_off:
+    if scan.ofi_gdr_off or (scan.rccl and all(said.neither for said in scan.rccl.values())):
         return True
     pairs_on = scan.past.get("pairs on") or any(key[3] for key in scan.pairs)
     return bool(scan.pairs or scan.past.get("pairs off")) and not pairs_on
@@ -201,6 +239,22 @@ def conclusions(scan, nics, totals, pairs, env) -> list[str]:
     if len(scan.versions) > 1:
         said.append("the log holds several NCCL versions: " + ", ".join(
             ".".join(map(str, version)) for version in scan.versions))
+    return said + rccl_sentences(scan)
+
+
+def rccl_sentences(scan) -> list[str]:
+    said = []
+    for host, facts in scan.rccl.items():
+        where = f"{host}: " if host else ""
+        if facts.peer_memory == "":
+            said.append(where + RCCL_NO_PEER_MEMORY)
+        elif facts.peer_memory:
+            said.append(f"{where}RCCL found {PEERMEM_LABEL}: {facts.peer_memory}")
+        if facts.dmabuf_off:
+            said.append(where + RCCL_DMABUF_OFF[facts.dmabuf_off])
+        elif facts.dmabuf_on:
+            said.append(f"{where}RCCL's DMA-BUF was on (DMA_BUF Support Enabled: NCCL_DMABUF_ENABLE=1, "
+                        "HSA's DMA-BUF support, the kernel's two options)")
     return said
 
 
@@ -227,9 +281,11 @@ def limits(scan, nics: tuple[NicUse, ...], outcome: str, totals: tuple[int, int,
     used = [nic for nic in nics if nic.gdrdma_channels]
     if used and any(nic.gdr_mechanism is None for nic in used):
         unsaid.append("the channel lines do not say whether GPU memory was registered through "
-                      "DMA-BUF or nvidia-peermem; a plugin's 'GPU Direct RDMA (DMABUF) enabled for "
-                      "HCA' line with 'DMA-BUF is available on GPU device', or NCCL_DMABUF_ENABLE=0, "
-                      "would")
+                      + ("DMA-BUF or amdkfd's peer memory; RCCL's 'Dmabuf feature disabled' or "
+                         "'GDRDMA not enabled' line would" if scan.rccl or scan.rccl_version else
+                         "DMA-BUF or nvidia-peermem; a plugin's 'GPU Direct RDMA (DMABUF) enabled for "
+                         "HCA' line with 'DMA-BUF is available on GPU device', or NCCL_DMABUF_ENABLE=0, "
+                         "would"))
     if scan.dmabuf_gpus and not used:
         unsaid.append("'DMA-BUF is available' describes the GPU only and prints even when GDR is "
                       "off for every NIC")
@@ -274,7 +330,8 @@ def build_report(scan, source: str, lines: bool) -> NcclLogReport:
     version = next(iter(scan.versions), None)
     networks = sorted({*scan.networks, *(plugin for nic in nics for plugin in nic.net_plugins)})
     return NcclLogReport(
-        source=source, nccl_version=".".join(map(str, version)) if version else None,
+        source=source, library="RCCL" if scan.rccl or scan.rccl_version else "NCCL",
+        nccl_version=".".join(map(str, version)) if version else None,
         verdict=outcome, mechanism=mechanism(nics, outcome), net_plugins=tuple(networks),
         hosts=scan.host_names(), nics=nics, network_channels=sum(totals),
         gdrdma_channels=totals[0], host_memory_channels=totals[1], unknown_channels=totals[2],

@@ -113,6 +113,7 @@ class NcclLibrary:
     python: str | None = None     # the Python the answer is for (None: --nccl names the library)
     python_named: bool = True     # False: no --nccl, the answer is the default's; see candidates
     candidates: tuple[NcclCandidate, ...] = ()  # without --nccl: what each Python found would load
+    library: str = "NCCL"         # or RCCL, looked for on an AMD node (librccl.so.1)
 
 
 @dataclasses.dataclass(frozen=True)

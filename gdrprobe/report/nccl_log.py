@@ -88,7 +88,8 @@ class LogLine:
 class NcclLogReport:
     kind = "nccl-log"
     source: str
-    nccl_version: str | None
+    library: str          # NCCL, or RCCL where the log holds RCCL's own lines
+    nccl_version: str | None          # RCCL's too: it numbers its releases as the NCCL it forks
     verdict: str          # gdr-all, gdr-some, gdr-none, socket, gdr-unavailable, no-net-channels, unknown
     mechanism: str                    # DMA-BUF versus peer memory, as far as the log proves it
     net_plugins: tuple[str, ...]      # NCCL's network names in the log ("Using network", channels)

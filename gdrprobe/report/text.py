@@ -127,7 +127,8 @@ def integrity_word(integrity) -> str:
 
 def render_nccl_log(report: NcclLogReport) -> str:
     several_hosts = len(report.hosts) > 1
-    lines = [f"NCCL log {report.source}: NCCL {report.nccl_version or 'version not in log'}"
+    lines = [f"{report.library} log {report.source}: {report.library} "
+             f"{report.nccl_version or 'version not in log'}"
              f"{'; network ' + ', '.join(report.net_plugins) if report.net_plugins else ''}",
              f"verdict: {report.verdict}", f"mechanism: {report.mechanism}",
              f"network channel lines: {report.network_channels} ({report.gdrdma_channels} GDRDMA, "
@@ -241,10 +242,13 @@ def render_nccl_library(report: DoctorReport) -> list[str]:
     library = report.nccl_library
     if library is None:
         return []
+    name = library.library
     if library.path is None:
-        return [f"NCCL: no libnccl found ({library.source}); NCCL 2.30.7's rules assumed"]
-    version = library.version or "version unknown, 2.30.7's rules assumed"
-    return [f"NCCL: {version}, {library.path} ({library.source})"]
+        return [f"{name}: no {name.lower()} library found ({library.source}); "
+                + ("RCCL's modelled rules assumed" if name == "RCCL" else "NCCL 2.30.7's rules assumed")]
+    version = library.version or ("version unknown, the modelled RCCL's rules assumed" if name == "RCCL"
+                                  else "version unknown, 2.30.7's rules assumed")
+    return [f"{name}: {version}, {library.path} ({library.source})"]
 
 
 def render_nccl_decisions(report: DoctorReport) -> list[str]:

@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from gdrprobe.errors import ExitCode
+from tests.rocm_standin.build import build
 
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -38,6 +39,7 @@ from gdrprobe.errors import GdrprobeError
 from gdrprobe.memory import rocm
 from gdrprobe.memory.gpu import DmaBufGpuMemory, PeermemGpuMemory, choose_mechanism
 from gdrprobe.memory.nic_probe import NicDmaBufSupport
+from gdrprobe.memory.spec import reported_mechanism
 out = {}
 try:
 """
@@ -49,15 +51,10 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> pathlib.Path:
+def standin() -> pathlib.Path:
     """The stand-in under both names: hip-python opens libamdhip64.so, RCCL and gdrprobe
-    libhsa-runtime64.so."""
-    directory = tmp_path_factory.mktemp("rocm-standin")
-    hip = directory / "libamdhip64.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(hip),
-                    str(HERE / "standin.c")], check=True, timeout=CHILD_TIMEOUT_S)
-    shutil.copy(hip, directory / "libhsa-runtime64.so")
-    return directory
+    libhsa-runtime64.so (build.py)."""
+    return build()
 
 
 def run(standin: pathlib.Path, body: str, **knobs: str) -> dict:
@@ -89,11 +86,12 @@ with rocm.open_gpu("0") as gpu, PeermemGpuMemory(gpu, 1 << 20) as memory:
     memory.fill_pattern(0, 1 << 20, 7)
     out = {"check": memory.verify_pattern(0, 1 << 20, 7), "wrong_seed": memory.verify_pattern(0, 64, 8)[0],
            "address_is_hip": memory.address == memory.buffer.ptr, "bus": memory.describe()["pci_bus_id"],
-           "peer_memory": memory.describe()["peer_memory"]}
+           "peer_memory": memory.describe()["peer_memory"],
+           "named": reported_mechanism("peermem", memory.describe()["peer_memory"])}
 """)
     assert found["check"] == [0, -1] and found["wrong_seed"] > 0
     assert found["address_is_hip"] and found["bus"] == "0000:1b:00.0"
-    assert found["peer_memory"] == "amdkfd"
+    assert (found["peer_memory"], found["named"]) == ("amdkfd", "peermem (amdkfd)")
 
 
 def test_dmabuf_is_exported_through_hsa_with_the_buffers_offset(standin):
@@ -135,3 +133,32 @@ with rocm.open_gpu("0") as gpu:
 """, GDRPROBE_HSA_DMABUF="0")
     assert found == ["peermem", "auto fell back to peermem (amdkfd): the GPU cannot export DMA-BUF "
                                 "(HSA_AMD_SYSTEM_INFO_DMABUF_SUPPORTED=0)"]
+
+
+def test_hsa_exports_the_pages_hipmalloc_allocated(standin):
+    """HIP and HSA are one object (build.py links the names), so the export finds the
+    allocation: here its memfd (the same pages), where the lab's exporter is loaded a
+    dma-buf of them (./dev demo-rocm)."""
+    found = run(standin, """
+import ctypes, os
+with rocm.open_gpu("0") as gpu, PeermemGpuMemory(gpu, 8192) as memory:
+    memory.fill_pattern(0, 8192, 3)
+    fd, offset = gpu.export_dmabuf(memory.buffer.ptr + 4096, 4096)
+    exported = os.pread(fd, 4096, offset)
+    out = {"name": os.readlink(f"/proc/self/fd/{fd}"), "offset": offset,
+           "same_pages": exported == ctypes.string_at(memory.buffer.ptr + 4096, 4096)}
+""")
+    assert found == {"name": "/memfd:gdrprobe-standin-hip (deleted)", "offset": 4096, "same_pages": True}
+
+
+def test_a_peermem_refusal_on_rocm_names_amdkfd_not_nvidia_peermem(standin):
+    found = run(standin, """
+import errno
+with rocm.open_gpu("0") as gpu, PeermemGpuMemory(gpu, 4096) as memory:
+    refusal = OSError(errno.EFAULT, "Bad address")
+    refusal.error_code = errno.EFAULT
+    failed = memory._refused(refusal)
+    out = {"cause": failed.cause, "fix": failed.fix, "client": failed.peer_memory}
+""")
+    assert found["client"] == "amdkfd"
+    assert "amdkfd's PeerDirect" in found["cause"] and "nvidia-peermem" not in found["cause"] + found["fix"]

@@ -504,3 +504,29 @@ def test_the_report_keeps_the_gpu_arms_settings_and_every_arms_line_rate_share()
     assert report.gpu_settings is not None and report.floor is floor
     assert [arm.line_rate_fraction for arm in report.arms] == [0.5, pytest.approx(0.485)]
     assert report.verdict.classification == "degraded" and report.verdict.below_floor
+
+
+# ---- issue 33: ROCm's peer memory named in the verdict ------------------------------------
+
+
+def test_rocm_peer_memory_is_named_peermem_amdkfd_and_cudas_stays_peermem():
+    for client, named in (("amdkfd", "peermem (amdkfd)"), ("nvidia-peermem", "peermem")):
+        def run_once(local, remote, client=client):
+            if local.kind == "host":
+                return recorded_run(100.0, {"kind": "host"})
+            return recorded_run(97.0, {"kind": "gpu", "mechanism": "peermem", "peer_memory": client})
+        report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=2)
+        assert (report.verdict.classification, report.verdict.mechanism) == ("engaged", named)
+        assert report.arms[1].arm == "peermem"          # the arm keeps its name
+
+
+def test_a_refused_amdkfd_registration_names_amdkfd_in_the_verdict():
+    error = RegistrationFailed("registering GPU memory through peermem failed", "load amdkfd's peer memory",
+                               error_code=14, mechanism="peermem")
+    error.peer_memory = "amdkfd"
+    run_once, _ = fake_probe(gpu_error=error)
+    report = run_ab(run_once, plan_arms(GPU, HOST, False), repeats=1)
+    assert (report.verdict.classification, report.verdict.mechanism) == ("not engaged", "peermem (amdkfd)")
+    (cause,) = report.verdict.likely_causes
+    assert "amdkfd's PeerDirect is not registered" in cause and "nvidia-peermem" not in cause
+    assert "memory_peers/amdkfd/version appears" in report.verdict.fix

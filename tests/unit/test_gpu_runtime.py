@@ -137,3 +137,25 @@ def test_choosing_a_runtime_loads_no_bindings():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=PACKAGE.parent)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+# ---- GDRPROBE_GPU_RUNTIME: where the bus cannot show the GPUs (issue 33: the lab's stand-in) --
+
+
+def test_the_variable_names_the_runtime_whatever_the_bus_shows(tmp_path, monkeypatch):
+    pci_function(tmp_path, "0000:3b:00.0", "0x10de", "0x030200")
+    monkeypatch.setenv(runtime.RUNTIME_VARIABLE, "ROCm")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is rocm.RUNTIME
+    monkeypatch.setenv(runtime.RUNTIME_VARIABLE, "cuda")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path / "empty"))) is cuda.RUNTIME
+
+
+def test_a_variable_naming_no_runtime_is_refused_before_anything_is_probed(monkeypatch):
+    import gdrprobe
+    from gdrprobe.errors import UsageError
+
+    monkeypatch.setenv(runtime.RUNTIME_VARIABLE, "opencl")
+    monkeypatch.setattr(runtime, "runtimes", not_asked)
+    with pytest.raises(UsageError, match="GDRPROBE_GPU_RUNTIME='opencl' names no GPU runtime") as raised:
+        gdrprobe.check("0", token="t" * 16)
+    assert raised.value.fix.startswith("set it to one of cuda, rocm")

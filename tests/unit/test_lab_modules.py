@@ -93,3 +93,28 @@ def test_a_new_build_removes_the_builds_of_older_inputs_and_keeps_the_tree(tmp_p
 ])
 def test_the_demo_passes_on_a_dmabuf_answer_that_never_drains(verdict, passes):
     assert modules.answered_by_dmabuf({"verdict": verdict}) is passes
+
+
+# ---- the ROCm half of the dma-buf demo (issue 33) -----------------------------------------
+
+
+def test_the_rocm_demo_runs_over_the_hip_standin_with_rocm_named(monkeypatch, tmp_path):
+    built = modules.Built(str(tmp_path))
+    env = modules.dmabuf_environment(built, "rocm")
+    standin = env["LD_LIBRARY_PATH"].split(":")[0]
+    assert os.path.exists(os.path.join(standin, "libamdhip64.so"))
+    assert os.path.exists(os.path.join(standin, "libhsa-runtime64.so"))
+    assert (env["GDRPROBE_GPU_RUNTIME"], env["LD_PRELOAD"]) == ("rocm", built.verbs_library)
+    assert "GDRPROBE_GPU_RUNTIME" not in modules.dmabuf_environment(built)
+
+
+def test_the_rocm_demo_needs_hip_pythons_venv_and_says_what_makes_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(modules, "HIP_PYTHON", str(tmp_path / "none" / "python"))
+    with pytest.raises(LabError, match="./dev demo-rocm makes it"):
+        modules.runtime_python("rocm")
+    assert modules.runtime_python("cuda") == modules.sys.executable
+
+
+def test_the_guest_demo_takes_only_the_runtimes_it_knows(capsys):
+    assert modules.main(["guest-demo", "cuda", "opencl"]) == 2
+    assert "not opencl" in capsys.readouterr().err

@@ -540,3 +540,15 @@ def test_a_run_posts_nothing_inline_from_a_gpu_buffer_and_says_so():
         settings = client._settings(endpoint, on_gpu)
         assert settings.inline_bytes == 0 and "inline off" in settings.inline_note
         assert client._settings(endpoint, on_host).inline_note == ""
+
+
+def test_a_refused_peermem_registration_says_whose_peer_memory_refused_it():
+    """The A/B names it in the verdict: "peermem (amdkfd)" on ROCm (issue 33)."""
+    driver, gpu = fake_gpu()
+    with PeermemGpuMemory(gpu, 4096) as memory:
+        refusal = OSError(14, "Bad address")
+        refusal.error_code = 14
+        failed = memory._refused(refusal)
+        assert isinstance(failed, RegistrationFailed)
+        assert (failed.mechanism, failed.peer_memory) == ("peermem", gpu.attributes.peer_memory)
+        assert memory.describe()["peer_memory"] == "nvidia-peermem"

@@ -23,6 +23,7 @@ from gdrprobe.errors import ExitCode, UsageError
 from gdrprobe.nccl import log_formats
 from gdrprobe.nccl.log import parse_nccl_log, read_nccl_log
 from gdrprobe.report.model import to_json
+from gdrprobe.report.text import render_nccl_log
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "nccl_logs"
 
@@ -65,6 +66,10 @@ EXPECTED = [
     ("single-node-nccl-2.21.5.log", "2.21.5", "no-net-channels", ExitCode.OK),
     ("messy-paste-nccl-2.21.5.log", "2.21.5", "gdr-some", ExitCode.OK),
     ("unrecognised-format.log", "2.31.0", "unknown", ExitCode.NOT_TESTABLE),
+    ("rccl-2.21.5-peermem-amdkfd.log", "2.21.5", "gdr-all", ExitCode.OK),
+    ("rccl-2.21.5-gdrdma-not-enabled.log", "2.21.5", "gdr-none", ExitCode.VERDICT_NOT_OK),
+    ("rccl-2.21.5-dmabuf.log", "2.21.5", "gdr-all", ExitCode.OK),
+    ("rccl-2.21.5-kernel-config.log", "2.21.5", "gdr-unavailable", ExitCode.VERDICT_NOT_OK),
 ]
 
 
@@ -477,3 +482,83 @@ def test_command_missing_file_is_a_usage_error(tmp_path):
         run_cli(["nccl-log", str(tmp_path / "absent.log")])
     assert "cannot read NCCL log" in str(raised.value)
     assert raised.value.exit_code == ExitCode.USAGE
+
+
+# ---- RCCL's own lines (issue 33; ROCm/rccl 0cbce2a7: net_ib.cc ncclIbGdrSupport, rocmwrap.cc) --
+
+
+def test_rccl_log_is_named_rccl_with_its_version_from_its_own_line():
+    report = fixture("rccl-2.21.5-peermem-amdkfd.log")
+    assert (report.library, report.nccl_version) == ("RCCL", "2.21.5")
+    assert fixture("nccl-2.21.5-merged.log").library == "NCCL"
+    assert render_nccl_log(report).startswith("RCCL log ")
+
+
+def test_rccl_peer_memory_found_in_each_place_and_dmabuf_off_without_the_variable():
+    report = fixture("rccl-2.21.5-peermem-amdkfd.log")
+    assert report.mechanism == ("peer memory (amdkfd): RCCL's DMA-BUF is off unless "
+                                "NCCL_DMABUF_ENABLE=1 (its default is 0)")
+    assert {nic.gdr_mechanism for nic in report.nics} == {report.mechanism}
+    assert "mi300a: RCCL found peer memory (amdkfd): /sys/kernel/mm/memory_peers/amdkfd/version" in report.conclusions
+    assert ("mi300b: RCCL found peer memory (amdkfd): ib_register_peer_memory_client in /proc/kallsyms"
+            in report.conclusions)
+    # RCCL's channel lines carry " comm %p nRanks %02d" after the suffix: read, not unrecognised.
+    assert (report.gdrdma_channels, report.unrecognised_lines, report.local_channels) == (4, 0, 1)
+
+
+def test_rccl_without_peer_memory_or_dmabuf_says_why_each_nic_is_disabled():
+    report = fixture("rccl-2.21.5-gdrdma-not-enabled.log")
+    (nic,) = report.nics
+    assert nic.gdr_capable is False
+    assert [reason.split(" (")[0] for reason in nic.gdr_disabled_because] == [
+        "RCCL found no peer memory", "RCCL's DMA-BUF is off unless NCCL_DMABUF_ENABLE=1"]
+    assert log_formats.NEITHER_PATH not in nic.gdr_disabled_because
+
+
+def test_rccl_gdrdma_without_peer_memory_proves_dmabuf():
+    report = fixture("rccl-2.21.5-dmabuf.log")
+    assert report.mechanism.startswith("DMA-BUF: RCCL found no peer memory")
+    assert "NCCL_DMABUF_ENABLE=1" in report.env
+
+
+def test_rccl_both_ways_off_is_gdr_unavailable_without_a_nic_line():
+    report = fixture("rccl-2.21.5-kernel-config.log")
+    assert report.verdict == "gdr-unavailable"
+    assert any("lacks CONFIG_DMABUF_MOVE_NOTIFY=y or CONFIG_PCI_P2PDMA=y" in text for text in report.conclusions)
+
+
+RCCL_PREFIX = "{host}:1:1 [0] NCCL INFO "
+
+
+def rccl_text(*records: tuple[str, str]) -> str:
+    return "".join(RCCL_PREFIX.format(host=host) + message + "\n" for host, message in records)
+
+
+def test_rccl_hyper_v_turns_found_peer_memory_off_and_the_override_turns_it_on():
+    found = "Found /sys/kernel/memory_peers/amdkfd/version"
+    missing = "GDRDMA not enabled. Could not find memory_peers directory or peer_memory symbol"
+    forced = "RCCL_FORCE_ENABLE_GDRDMA = 1, so explicitly setting moduleLoaded = 1"
+    off = "Dmabuf feature disabled without NCCL_DMABUF_ENABLE=1"
+    hyper_v = parse_nccl_log(rccl_text(("h1", found), ("h1", missing), ("h1", off)))
+    assert hyper_v.verdict == "gdr-unavailable"
+    assert hyper_v.conclusions[0].startswith("h1: RCCL found no peer memory")
+    forced_on = parse_nccl_log(rccl_text(("h1", forced), ("h1", missing), ("h1", off)))
+    assert forced_on.verdict == "no-net-channels"
+    assert forced_on.conclusions[0] == "h1: RCCL found peer memory (amdkfd): RCCL_FORCE_ENABLE_GDRDMA=1"
+
+
+def test_rccl_gdr_off_on_one_host_only_is_not_off_everywhere():
+    missing = "GDRDMA not enabled. Could not find memory_peers directory or peer_memory symbol"
+    off = "Current version of ROCm does not support dmabuf feature."
+    report = parse_nccl_log(rccl_text(("h1", missing), ("h1", off),
+                                      ("h2", "Found /sys/memory_peers/amdkfd/version"), ("h2", off)))
+    assert report.verdict == "no-net-channels"
+    assert "h1: RCCL's DMA-BUF is off: HSA reports no DMA-BUF support (this ROCm or its driver)" in report.conclusions
+
+
+def test_rccl_missing_export_symbol_is_read_from_its_warning():
+    line = ("h1:1:1 [0] rocmwrap.cc:115 NCCL WARN Failed to load ROCr missing symbol "
+            "hsa_amd_portable_export_dmabuf\n")
+    report = parse_nccl_log(line)
+    assert report.conclusions == ("h1: RCCL's DMA-BUF is off: libhsa-runtime64 has no "
+                                  "hsa_amd_portable_export_dmabuf",)

@@ -323,45 +323,47 @@ def decision_findings(ctx: DoctorContext) -> list[Finding]:
 
 
 def library_finding(ctx: DoctorContext) -> Finding:
-    """Which libnccl the job loads, for which Python, and the rules its version follows
-    (:mod:`gdrprobe.doctor.facts.nccl_library`, :mod:`gdrprobe.nccl.versions`)."""
-    if ctx.amd_node:
-        return finding(id=ids.NCCL_LIBRARY, status=Status.SKIP,
-                       summary=f"an AMD node: the decisions below follow {ctx.nccl_rules.described}; "
-                               "the job's librccl is not looked for",
-                       evidence=(Evidence("/sys/class/kfd/kfd/topology/nodes", "GPUs listed by amdkfd"),))
-    library = ctx.nccl_library
+    """Which libnccl the job loads (librccl on an AMD node), for which Python, and the rules
+    its version follows (:mod:`gdrprobe.doctor.facts.nccl_library`, :mod:`gdrprobe.nccl.versions`)."""
+    library, rules = ctx.nccl_library, ctx.nccl_rules
+    name, file = library.library, "librccl" if library.library == "RCCL" else "libnccl"
+    follows = rules.described if ctx.amd_node else "NCCL 2.30.7"
+    amd = (Evidence("/sys/class/kfd/kfd/topology/nodes", "GPUs listed by amdkfd: RCCL's node"),) if ctx.amd_node else ()
     differences = tuple(Evidence("differs from 2.30.7", what) for what in library.differences)
     shadowed = tuple(Evidence("also present, not loaded", other) for other in library.shadowed)
     pythons = python_evidence(library)
     if library.path is None:
         return finding(id=ids.NCCL_LIBRARY, status=Status.SKIP,
-                       summary=f"no libnccl found ({library.source}): the decisions below follow NCCL 2.30.7",
-                       evidence=(Evidence("where the loader looks", library.source),) + pythons,
-                       fix="Name the job's libnccl or its Python with --nccl PATH.")
-    where = (Evidence(library.path, library.source),) + pythons
-    what = f"NCCL {library.version}" if library.version else "a libnccl whose version could not be read"
+                       summary=f"no {file} found ({library.source}): the decisions below follow {follows}",
+                       evidence=amd + (Evidence("where the loader looks", library.source),) + pythons,
+                       fix=f"Name the job's {file} or its Python with --nccl PATH.")
+    where = amd + (Evidence(library.path, library.source),) + pythons
+    what = f"{name} {library.version}" if library.version else f"a {file} whose version could not be read"
     if pythons_disagree(library):
         return finding(id=ids.NCCL_LIBRARY, status=Status.WARN,
-                       summary=f"which Python? The job's NCCL depends on the Python that runs it, and the Pythons "
+                       summary=f"which Python? The job's {name} depends on the Python that runs it, and the Pythons "
                                f"on this machine load different ones; with {library.python} the job loads {what} "
                                f"from {library.path} ({library.source}), which the decisions below follow",
                        evidence=where + shadowed + differences,
-                       fix="Name the job's Python or its libnccl with --nccl PATH (an interpreter such as "
+                       fix=f"Name the job's Python or its {file} with --nccl PATH (an interpreter such as "
                            "/opt/venv/bin/python3, a virtual environment, or the library).")
     if library.version is None:
         return finding(id=ids.NCCL_LIBRARY, status=Status.WARN,
                        summary=f"the job will load {library.path} ({library.source}), whose version could not be "
-                               "read: the decisions below follow NCCL 2.30.7",
+                               f"read: the decisions below follow {follows}",
                        evidence=where + ((Evidence("version", library.version_from),) if library.version_from else ())
                        + shadowed,
-                       fix="Check that it is a libnccl; --nccl PATH names the one the job loads.")
+                       fix=f"Check that it is a {file}; --nccl PATH names the one the job loads.")
+    if ctx.amd_node:
+        said = f"the decisions below follow {rules.described}"
+    else:
+        said = ("the decisions below follow its rules where they differ from 2.30.7"
+                if differences else "its rules are 2.30.7's where the doctor applies them")
     return finding(id=ids.NCCL_LIBRARY, status=Status.INFO,
-                   summary=f"the job will load NCCL {library.version} from {library.path} ({library.source}); "
-                           + ("the decisions below follow its rules where they differ from 2.30.7"
-                              if differences else "its rules are 2.30.7's where the doctor applies them"),
+                   summary=f"the job will load {name} {library.version} from {library.path} ({library.source}); "
+                           + said,
                    evidence=where + (Evidence("version read from", library.version_from),) + shadowed + differences
-                   + (Evidence("cuMem", ctx.nccl_rules.cumem_default),))
+                   + (() if ctx.amd_node else (Evidence("cuMem", rules.cumem_default),)))
 
 
 def python_evidence(library: NcclLibrary) -> tuple[Evidence, ...]:
@@ -369,8 +371,9 @@ def python_evidence(library: NcclLibrary) -> tuple[Evidence, ...]:
     if library.python_named:
         return (Evidence("the job's Python", library.python),) if library.python else ()
     default = Evidence("the job's Python", f"not named (--nccl): the default is {library.python}")
+    name = library.library
     return (default,) + tuple(
-        Evidence(f"NCCL of {c.python}", f"{c.path} (NCCL {c.version or 'version unknown'}; {c.source})"
+        Evidence(f"{name} of {c.python}", f"{c.path} ({name} {c.version or 'version unknown'}; {c.source})"
                  if c.path else "none found") for c in library.candidates)
 
 

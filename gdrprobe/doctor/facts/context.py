@@ -22,7 +22,7 @@ from gdrprobe.doctor.facts import pci
 from gdrprobe.doctor.facts.container import Container, detect_container
 from gdrprobe.doctor.facts.memory_path import (KERNEL_RELEASE_FILE, driver_version_line,
                                                read_memory_paths)
-from gdrprobe.doctor.facts.nccl_library import find_nccl_library
+from gdrprobe.doctor.facts.nccl_library import NCCL, RCCL, find_nccl_library
 from gdrprobe.doctor.facts.pythons import this_python
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
 from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
@@ -33,9 +33,9 @@ from gdrprobe.errors import GdrprobeError
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.nccl.gdr_support import MemoryPaths
-from gdrprobe.nccl.rccl import RcclFacts, RcclRules
+from gdrprobe.nccl.rccl import RcclFacts
 from gdrprobe.nccl.topo import NcclPciTree, Port
-from gdrprobe.nccl.versions import NcclRules, parse_version
+from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.model import NcclGpuDecision, NcclLibrary
 from gdrprobe.sysroot import SysRoot
 
@@ -126,7 +126,7 @@ class DoctorContext:
     def nccl_library(self) -> NcclLibrary:
         """The libnccl the job will load, where it came from, and its version."""
         search = self.nccl_search
-        library, read = find_nccl_library(self.root, self.process_environ, search)
+        library, read = find_nccl_library(self.root, self.process_environ, search, RCCL if self.amd_node else NCCL)
         for kind, facts in read.items():
             search[kind].update(facts)
         return library
@@ -134,10 +134,9 @@ class DoctorContext:
     @functools.cached_property
     def nccl_rules(self) -> NcclRules:
         """The rules of the NCCL the job will load (unknown: 2.30.7's); on an AMD node,
-        RCCL's (:mod:`gdrprobe.nccl.rccl`)."""
-        if self.amd_node:
-            return RcclRules()
-        return NcclRules(parse_version(self.nccl_library.version))
+        RCCL's (:mod:`gdrprobe.nccl.rccl`) on the topology of the NCCL its version names
+        (unknown: the modelled RCCL's)."""
+        return (RCCL if self.amd_node else NCCL).rules(self.nccl_library.version)
 
     @functools.cached_property
     def amd_node(self) -> bool:
