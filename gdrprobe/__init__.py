@@ -425,7 +425,7 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
                repeats: int = defaults.REPEATS,
                threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
-               size: int | None = None, **settings):
+               size: int | None = None, all_rails: bool = False, **settings):
     """:func:`check` for every GPU of the job with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
     parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
@@ -434,7 +434,10 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
     NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set; else every GPU of the
     node (:mod:`gdrprobe.campaign.job_gpus`). Returns a
     :class:`gdrprobe.report.model.NodeCheckReport`: one entry per GPU, and ``exit_code``
-    the worst of theirs (a drain before a warn)."""
+    the worst of theirs (a drain before a warn). all_rails (on an idle node): the NICs one
+    at a time, then every rail at once (:mod:`gdrprobe.campaign.rails`); ``report.rails``
+    holds each rail solo, together and their ratio, the aggregate and the verdict
+    ("contention": exit 13, a warning; rails that did not run together: 12)."""
     from gdrprobe.campaign.job_gpus import job_gpus
     from gdrprobe.campaign.node import check_node as _check_node
 
@@ -443,7 +446,7 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
         time_budget_s, settings, ib_port=ib_port, gid_index=gid_index, mem=mem,
         gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
         threshold=threshold, floor=floor, size=size, job=job)
-    return _check_node(facts, gate, budget, os.environ, job=job)
+    return _check_node(facts, gate, budget, os.environ, job=job, every_rail=all_rails)
 
 
 def require(**kwargs):

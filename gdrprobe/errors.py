@@ -26,6 +26,7 @@ class ExitCode(enum.IntEnum):
     NCCL_SETTING = 10        # an NCCL setting keeps NCCL off GPUDirect RDMA; the node is fine
     GPU_UNUSABLE = 11        # every CUDA process fails on this GPU (fabric manager down, ...)
     INCONCLUSIVE = 12        # no answer now: the measurement straddles, or another job is busy
+    CONTENTION = 13          # check --all-rails: each rail is fine alone, together they fall
     INTERNAL = 70            # a bug in gdrprobe: sysexits.h's EX_SOFTWARE, "internal software error"
     INTERRUPTED = 130        # Ctrl-C: SIGINT, 128 + 2 as a shell reports it
     BROKEN_PIPE = 141        # the output's reader went away: SIGPIPE, 128 + 13
@@ -86,6 +87,13 @@ EXIT_CODES = (
                 "per-repeat ratios still straddle the threshold at the end of the time budget, "
                 "another job's traffic on the NIC during the window, or a GPU or NIC held by a "
                 "process that is not the job's); it says nothing against the node", WARN),
+    ExitCodeRow(ExitCode.CONTENTION, "`check --all-rails`: every rail is engaged alone, but "
+                "run together some keep less than the rail ratio (`defaults.RAIL_RATIO`) of their "
+                "solo bandwidth; the report names "
+                "the PCIe element, root complex or socket they share. A fact of the platform's "
+                "design that every node of the same build repeats and no drain repairs (a link "
+                "trained below its width is the doctor's `topology.rails` warning), so it warns "
+                "and the alert GdrprobeRailContention makes it seen", WARN),
     ExitCodeRow(ExitCode.INTERNAL, "an internal error: a bug in gdrprobe (the message says "
                 "where, and how to report it); it says nothing about the node", WARN),
     ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C: SIGINT); everything was "

@@ -84,7 +84,8 @@ class SharedElement:
         return f"{where}, {self.link.describe()}{demand}"
 
     def as_json(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "rails": list(self.rails),
+        return {"kind": self.kind, "name": self.name, "description": self.describe(),
+                "rails": list(self.rails),
                 "link_speed": self.link.speed if self.link else None,
                 "link_width": self.link.width if self.link else None,
                 "link_gbps": round(self.link.gbps, 1) if self.link and self.link.gbps else None,
