@@ -7,7 +7,7 @@ budget; with ``--node`` every GPU of the job (``--gpu LIST``, SLURM_STEP_GPUS,
 SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) in one
 process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
 NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
-inconclusive) or an error's;
+inconclusive; with ``--all-rails`` 13 contention) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
@@ -51,7 +51,8 @@ def register(subparsers) -> None:
                     "both ends, NCCL's own decision, an absolute floor of line rate, inside "
                     "a hard time budget. Exit 0 engaged, 1 degraded, not engaged or refused "
                     "by NCCL on this node (drain), 9 not testable, 10 an NCCL setting keeps "
-                    "NCCL off GPUDirect, 12 inconclusive (warn); see the README for every "
+                    "NCCL off GPUDirect, 12 inconclusive, 13 rails contend (warn); see the "
+                    "README for every "
                     "code.",
         epilog="example: gdrprobe check --gpu 0000:3b:00.0 -d mlx5_0 --time-budget 20; in a "
                "Slurm prolog, every GPU of the node: gdrprobe check --node --quiet. "
