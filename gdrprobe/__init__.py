@@ -483,7 +483,7 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
           latency_iterations: int = defaults.LATENCY_ITERATIONS,
           threshold: float = defaults.THRESHOLD, timeout_s: float = defaults.TIMEOUT_S,
           baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None,
-          opcode: str = "write"):
+          opcode: str = "write", all_rails: bool = False):
     """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
     kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
     every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=0: none).
@@ -492,8 +492,11 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     Ctrl-C ends the sweep with the rows so far (``report.interrupted``). baseline: an
     earlier sweep's JSON file, read before anything is measured; each row that fell by more
     than max_drop is flagged (``report.baseline``). opcode="read": every run measures RDMA
-    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. Returns a
-    :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row fell."""
+    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. all_rails (an idle
+    node): after the sweep, every rail's GPU kind and host memory at once at the largest
+    size and QP count, each against its own sweep row (``report.rails``; docs/check.md).
+    Returns a :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row
+    fell, else with all_rails the rails' (13 contention, 12 inconclusive)."""
     import dataclasses
 
     from gdrprobe.campaign.bench import check_max_drop, compare_rows, run_bench
@@ -511,7 +514,7 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
         latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port,
-        opcode=opcode)
+        opcode=opcode, all_rails=all_rails)
     report = run_bench(settings, machine_facts(), __version__, gpus=_as_tuple(gpus),
                        devices=_as_tuple(devices), gid_index=gid_index, timeout_s=timeout_s,
                        on_row=on_row or (lambda row, done, total: None))

@@ -39,7 +39,7 @@ from gdrprobe.campaign.gate import NO_GPU_FOUND, Budget, MachineFacts, node_pair
 from gdrprobe.campaign.job_gpus import JobGpus, JobGpuSet, match
 from gdrprobe.campaign.memlock import LockedMemory, fit_node_to_memlock, locked_memory
 from gdrprobe.campaign.prelaunch import GateSettings, check_pair, rail_loop
-from gdrprobe.campaign.rails import RailLoop, check_rails
+from gdrprobe.campaign.rails import RailLoop, check_rails, rails_of
 from gdrprobe.errors import ExitCode, GdrprobeError, worst_exit_code
 from gdrprobe.measure.options import MIN_TIMEOUT_S
 from gdrprobe.report.check import (INCONCLUSIVE, NodeCheckReport, NodeGpuCheck, RailsReport,
@@ -126,7 +126,7 @@ def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: GateS
             "check a larger --time-budget"))
     # Each run's out-of-band steps wait no longer than its pass may last.
     timeout_s = gate.options.timeout_s if budget.seconds is None else min(gate.options.timeout_s, seconds)
-    return check_rails(checks, facts, make_loop(facts, gate, seconds, environ), timeout_s,
+    return check_rails(rails_of(checks), facts, make_loop(facts, gate, seconds, environ), timeout_s,
                        gate.ib_port)
 
 

@@ -17,6 +17,7 @@ Contention is a fact of the platform's design: exit 13, a warning (gdrprobe.erro
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import statistics
 import threading
 from collections.abc import Callable, Sequence
@@ -44,6 +45,16 @@ def barrier_timeout_s(rails: int, timeout_s: float) -> float:
     return min(timeout_s / 2, SETUP_S_PER_RAIL * rails)
 
 
+@dataclasses.dataclass(frozen=True)
+class Solo:
+    """A rail as measured alone: the pair its runs used, its GPU arm's and host arm's
+    bandwidth (the node check's A/B medians, or bench's rows at the largest size)."""
+
+    pair: RankPair
+    gbps: float
+    host_gbps: float | None
+
+
 def solo_gbps(check: NodeGpuCheck, arm_name: str | None = None) -> float | None:
     """The median of the deciding GPU arm alone (arm_name "host": the host arm's); None
     where that arm measured nothing."""
@@ -55,12 +66,13 @@ def solo_gbps(check: NodeGpuCheck, arm_name: str | None = None) -> float | None:
     return statistics.median(arms[0].bandwidths_gbps) if arms else None
 
 
-def rails_of(checks: Sequence[NodeGpuCheck]) -> list[NodeGpuCheck]:
-    """One engaged GPU per NIC, in the node's GPU order."""
-    first: dict[str, NodeGpuCheck] = {}
+def rails_of(checks: Sequence[NodeGpuCheck]) -> list[Solo]:
+    """One engaged GPU per NIC, in the node's GPU order, as its A/B measured it alone."""
+    first: dict[str, Solo] = {}
     for check in checks:
         if check.nic and check.exit_code == 0 and solo_gbps(check) and check.nic not in first:
-            first[check.nic] = check
+            first[check.nic] = Solo(check.report.placement, solo_gbps(check),
+                                    solo_gbps(check, "host"))
     return list(first.values())
 
 
@@ -87,13 +99,13 @@ def failure(outcome: LoopWindow | Exception) -> str:
     return "" if isinstance(outcome, LoopWindow) else f"{type(outcome).__name__}: {outcome}"
 
 
-def rail_result(check: NodeGpuCheck, gpu: LoopWindow | Exception, host: LoopWindow | Exception,
+def rail_result(alone: Solo, gpu: LoopWindow | Exception, host: LoopWindow | Exception,
                 line_rate: float | None, threshold: float) -> RailResult:
-    solo, host_solo = solo_gbps(check), solo_gbps(check, "host")
+    solo, host_solo = alone.gbps, alone.host_gbps
     concurrent = gpu.gbps if isinstance(gpu, LoopWindow) else None
     host_concurrent = host.gbps if isinstance(host, LoopWindow) else None
     ratio = ratio_of(concurrent, solo)
-    return RailResult(check.gpu, check.nic, solo, concurrent, ratio, host_solo, host_concurrent,
+    return RailResult(alone.pair.gpu, alone.pair.nic, solo, concurrent, ratio, host_solo, host_concurrent,
                       ratio_of(host_concurrent, host_solo), line_rate,
                       contending=ratio is not None and ratio < threshold,
                       error=failure(gpu) or failure(host))
@@ -133,19 +145,18 @@ def shared_by(facts: MachineFacts, results: Sequence[RailResult], port: int) -> 
     return element.as_json() if element else None
 
 
-def check_rails(checks: Sequence[NodeGpuCheck], facts: MachineFacts, loop: RailLoop,
+def check_rails(rails: Sequence[Solo], facts: MachineFacts, loop: RailLoop,
                 timeout_s: float, port: int = 1,
                 threshold: float = defaults.RAIL_RATIO) -> RailsReport:
-    """Every rail at once after each alone (``checks``: the node check's solo answers)."""
-    rails = rails_of(checks)
+    """Every rail at once after each alone (``rails``: one per NIC, as measured alone)."""
     if len(rails) < 2:
         return RailsReport.of(ONE_RAIL, (), ratio_threshold=threshold,
                               detail=f"{len(rails)} rail engaged alone: nothing to run together")
-    pairs = [check.report.placement for check in rails]     # the pairs as measured alone
+    pairs = [alone.pair for alone in rails]
     gpu_pass = together(pairs, loop, False, timeout_s)
     host_pass = together(pairs, loop, True, timeout_s)
-    results = tuple(rail_result(check, gpu, host, line_rate(facts, check.nic, port), threshold)
-                    for check, gpu, host in zip(rails, gpu_pass, host_pass))
+    results = tuple(rail_result(alone, gpu, host, line_rate(facts, alone.pair.nic, port), threshold)
+                    for alone, gpu, host in zip(rails, gpu_pass, host_pass))
     failed = [f"{result.gpu} ({result.nic}): {result.error}" for result in results if result.error]
     overlaps = [Overlap.of(outcomes) for outcomes in (gpu_pass, host_pass)
                 if all(isinstance(outcome, LoopWindow) for outcome in outcomes)]
