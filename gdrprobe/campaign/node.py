@@ -124,10 +124,11 @@ def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: GateS
             f"the time budget left {max(seconds, 0.0) * 2:.1f} s after each rail alone, too "
             f"little to run them together ({2 * MIN_TIMEOUT_S:g} s at least): give the node "
             "check a larger --time-budget"))
-    # Each run's out-of-band steps wait no longer than its pass may last.
-    timeout_s = gate.options.timeout_s if budget.seconds is None else min(gate.options.timeout_s, seconds)
-    return check_rails(rails_of(checks), facts, make_loop(facts, gate, seconds, environ), timeout_s,
-                       gate.ib_port)
+    if budget.seconds is not None:     # each run's out-of-band steps wait no longer than its pass
+        gate = dataclasses.replace(gate, options=dataclasses.replace(
+            gate.options, timeout_s=min(gate.options.timeout_s, seconds)))
+    return check_rails(rails_of(checks), facts, make_loop(facts, gate, seconds, environ),
+                       gate.options.timeout_s, gate.ib_port)
 
 
 def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,

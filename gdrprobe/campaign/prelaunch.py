@@ -251,7 +251,6 @@ def rail_loop(facts: MachineFacts, gate: GateSettings, seconds: float,
     def loop(pair: RankPair, host: bool, ready: Callable[[], object]) -> LoopWindow:
         plan = plan_pair(pair, facts, gate)
         options = sized_for_budget(plan.options, seconds, 1, gate.keep_cq_moderation)
-        options = dataclasses.replace(options, timeout_s=min(options.timeout_s, seconds))
         windows: list[LoopWindow] = []
 
         def seen(result) -> None:

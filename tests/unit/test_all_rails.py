@@ -197,3 +197,28 @@ def test_the_barrier_waits_longer_with_more_rails_in_flight_never_past_half_the_
 def test_all_rails_without_node_is_refused_before_anything_runs(capsys):
     assert main(["check", "--all-rails"]) == 2
     assert "add --node" in capsys.readouterr().err
+
+
+def test_the_cli_asks_for_all_rails_and_a_quiet_prolog_says_why_it_warns(monkeypatch, capsys):
+    import gdrprobe
+
+    asked = {}
+    contended = check_all(Together({"mlx5_0": 190.0, "mlx5_1": 185.0}))
+    monkeypatch.setattr(gdrprobe, "check_node", lambda **kwargs: asked.update(kwargs) or contended)
+    assert main(["check", "--node", "--all-rails", "--quiet"]) == 13
+    assert asked["all_rails"] is True
+    assert "all rails: contention, aggregate 375.0 of 760.0 Gb/s alone (exit 13: warn)" in (
+        capsys.readouterr().err)
+
+
+def test_the_runs_together_wait_no_longer_than_their_pass():
+    together = Together()
+    gates = []
+
+    def make(facts, gate, seconds, environ):
+        gates.append(gate)
+        return together.loop
+
+    node.check_node(FACTS, GATE, Budget(30.0), {}, check=Solo(), memory=UNLIMITED,
+                    every_rail=True, make_loop=make)
+    assert gates[0].options.timeout_s <= 15.0 < GATE.options.timeout_s
