@@ -47,7 +47,8 @@ START, DRAIN, WARN = "start the job", "drain", "warn"
 # missing, down or unopenable, verbs or completions failing, corrupt payloads, memlock too
 # low, a GPU that no CUDA process can use); warn for what is wrong with the check itself or
 # says nothing about the node (usage, a missing Python dependency, a peer, no GPU to test,
-# an NCCL setting of the job, a bug in gdrprobe, Ctrl-C).
+# an NCCL setting of the job, a bug in gdrprobe, Ctrl-C), and for rails that contend only
+# together (the platform's design: every node of the build repeats it, no drain repairs it).
 EXIT_CODES = (
     ExitCodeRow(ExitCode.OK, "engaged; for other commands: success", START),
     ExitCodeRow(ExitCode.VERDICT_NOT_OK,
