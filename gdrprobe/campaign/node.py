@@ -37,7 +37,7 @@ from collections.abc import Mapping
 
 from gdrprobe.campaign.gate import NO_GPU_FOUND, Budget, MachineFacts, node_pairs
 from gdrprobe.campaign.job_gpus import JobGpus, JobGpuSet, match
-from gdrprobe.campaign.memlock import LockedMemory, fit_node_to_memlock, locked_memory
+from gdrprobe.campaign.memlock import LockedMemory, NodeFit, fit_node_to_memlock, locked_memory
 from gdrprobe.campaign.prelaunch import GateSettings, check_pair, rail_loop
 from gdrprobe.campaign.rails import RailLoop, check_rails, rails_of
 from gdrprobe.errors import ExitCode, GdrprobeError, worst_exit_code
@@ -116,8 +116,16 @@ def unchecked(job: JobGpuSet, visible: tuple[str, ...] | None) -> list[NodeGpuCh
 
 
 def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: GateSettings,
-              budget: Budget, environ: Mapping[str, str], make_loop: MakeRailLoop) -> RailsReport:
-    """Every rail at once on what the budget has left (two passes: GPU arms, host arms)."""
+              budget: Budget, environ: Mapping[str, str], make_loop: MakeRailLoop,
+              fit: NodeFit) -> RailsReport:
+    """Every rail at once on what the budget has left (two passes: GPU arms, host arms),
+    where the locked-memory limit holds every rail's runs at once (``fit``)."""
+    rails = rails_of(checks)
+    if len(rails) > fit.at_once:
+        return RailsReport.of(INCONCLUSIVE, (), detail=(
+            f"the locked-memory limit holds {fit.at_once} NICs' runs at once, not the "
+            f"{len(rails)} rails ({fit.note}): raise it (ulimit -l, LimitMEMLOCK) to run "
+            "every rail together"))
     seconds = UNBUDGETED_PASS_S if budget.seconds is None else budget.remaining() / 2
     if budget.seconds is not None and seconds < MIN_TIMEOUT_S:
         return RailsReport.of(INCONCLUSIVE, (), detail=(
@@ -127,7 +135,7 @@ def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: GateS
     if budget.seconds is not None:     # each run's out-of-band steps wait no longer than its pass
         gate = dataclasses.replace(gate, options=dataclasses.replace(
             gate.options, timeout_s=min(gate.options.timeout_s, seconds)))
-    return check_rails(rails_of(checks), facts, make_loop(facts, gate, seconds, environ),
+    return check_rails(rails, facts, make_loop(facts, gate, seconds, environ),
                        gate.options.timeout_s, gate.ib_port)
 
 
@@ -172,7 +180,8 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
             cancelled.set()    # the GPUs not started yet stay so; the running ones finish
             raise
     checks = tuple(results[index] for index in sorted(results)) + tuple(missing)
-    rails = all_rails(checks, facts, gate, budget, environ, make_loop) if every_rail else None
+    rails = (all_rails(checks, facts, gate, budget, environ, make_loop, fit) if every_rail
+             else None)
     nothing = int(ExitCode.NOT_TESTABLE) if not checks else int(ExitCode.OK)
     codes = [check.exit_code for check in checks] + ([rails.exit_code] if rails else [])
     return NodeCheckReport(gpus=checks, time_budget_s=budget.seconds,

@@ -176,6 +176,15 @@ def test_a_budget_spent_by_the_solos_is_inconclusive():
     assert report.rails.verdict == "inconclusive" and "larger --time-budget" in report.rails.detail
 
 
+def test_a_locked_memory_limit_that_holds_fewer_nics_than_rails_is_inconclusive():
+    together = Together()
+    tight = LockedMemory(soft=8 << 20, hard=8 << 20)     # one NIC's loopback runs at a time
+    report = node.check_node(FACTS, GATE, Budget(None), {}, check=Solo(), memory=tight,
+                             every_rail=True, make_loop=together.make)
+    assert report.rails.verdict == "inconclusive" and "locked-memory limit holds 1" in report.rails.detail
+    assert together.seconds == []                    # nothing ran together
+
+
 def test_one_nic_has_nothing_to_run_together():
     facts = MachineFacts(FACTS.gpus, {bus: NicChoice("mlx5_0", "") for bus in BUS}, ports=PORTS)
     report = check_all(Together(), facts)
