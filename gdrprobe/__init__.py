@@ -425,7 +425,7 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
                repeats: int = defaults.REPEATS,
                threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
-               size: int | None = None, **settings):
+               size: int | None = None, all_rails: bool = False, **settings):
     """:func:`check` for every GPU of the job with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
     parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
@@ -434,7 +434,10 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
     NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set; else every GPU of the
     node (:mod:`gdrprobe.campaign.job_gpus`). Returns a
     :class:`gdrprobe.report.model.NodeCheckReport`: one entry per GPU, and ``exit_code``
-    the worst of theirs (a drain before a warn)."""
+    the worst of theirs (a drain before a warn). all_rails (on an idle node): the NICs one
+    at a time, then every rail at once (:mod:`gdrprobe.campaign.rails`); ``report.rails``
+    holds each rail solo, together and their ratio, the aggregate and the verdict
+    ("contention": exit 13, a warning; rails that did not run together: 12)."""
     from gdrprobe.campaign.job_gpus import job_gpus
     from gdrprobe.campaign.node import check_node as _check_node
 
@@ -443,7 +446,7 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
         time_budget_s, settings, ib_port=ib_port, gid_index=gid_index, mem=mem,
         gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
         threshold=threshold, floor=floor, size=size, job=job)
-    return _check_node(facts, gate, budget, os.environ, job=job)
+    return _check_node(facts, gate, budget, os.environ, job=job, every_rail=all_rails)
 
 
 def require(**kwargs):
@@ -480,7 +483,7 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
           latency_iterations: int = defaults.LATENCY_ITERATIONS,
           threshold: float = defaults.THRESHOLD, timeout_s: float = defaults.TIMEOUT_S,
           baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None,
-          opcode: str = "write"):
+          opcode: str = "write", all_rails: bool = False):
     """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
     kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
     every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=0: none).
@@ -489,8 +492,11 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     Ctrl-C ends the sweep with the rows so far (``report.interrupted``). baseline: an
     earlier sweep's JSON file, read before anything is measured; each row that fell by more
     than max_drop is flagged (``report.baseline``). opcode="read": every run measures RDMA
-    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. Returns a
-    :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row fell."""
+    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. all_rails (an idle
+    node): after the sweep, every rail's GPU kind and host memory at once at the largest
+    size and QP count, each against its own sweep row (``report.rails``; docs/check.md).
+    Returns a :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row
+    fell, else with all_rails the rails' (13 contention, 12 inconclusive)."""
     import dataclasses
 
     from gdrprobe.campaign.bench import check_max_drop, compare_rows, run_bench
@@ -508,7 +514,7 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
         latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port,
-        opcode=opcode)
+        opcode=opcode, all_rails=all_rails)
     report = run_bench(settings, machine_facts(), __version__, gpus=_as_tuple(gpus),
                        devices=_as_tuple(devices), gid_index=gid_index, timeout_s=timeout_s,
                        on_row=on_row or (lambda row, done, total: None))

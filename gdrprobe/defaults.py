@@ -79,6 +79,11 @@ REPEATS = 3                        # A/B repeats at most; sampling stops once it
 # though a quarter of the repeats were disturbed to the wrong side.
 SETTLE_REPEATS = 16
 THRESHOLD = 0.9                    # the GPU/host ratio that counts as engaged
+# check --all-rails: a rail contends when together it keeps less than this of its solo
+# bandwidth; the measured windows must overlap by at least RAILS_MIN_OVERLAP of the shortest
+# one, or the rails did not really run together and the answer is inconclusive.
+RAIL_RATIO = 0.9
+RAILS_MIN_OVERLAP = 0.8
 GPU_MEMORY = "gpu"                 # the GPU arm's mechanism: chosen automatically
 
 # ---- the campaigns built on the A/B -----------------------------------------------------

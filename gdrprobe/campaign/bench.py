@@ -390,16 +390,21 @@ def run_bench(settings: BenchSettings, facts: MachineFacts, version: str, *,
     listed = {device.name: device for device in list_devices().devices}
     plan = bench_plan(settings, facts, gpus, select_nics(listed, devices), timeout_s)
     line_rates = {name: port_rate(listed[name], settings.ib_port) for name in plan.nics()}
-    sweep = run_sweep(plan, loopback_executor(settings.ib_port, gid_index),
-                      ratios_as_measured(on_row, line_rates))
+    execute = loopback_executor(settings.ib_port, gid_index)
+    sweep = run_sweep(plan, execute, ratios_as_measured(on_row, line_rates))
     rows = with_ratios(sweep.rows, line_rates)
+    rails = None
+    if settings.all_rails and not sweep.interrupted:
+        from gdrprobe.campaign.bench_rails import bench_rails
+
+        rails = bench_rails(plan, rows, facts, execute, settings.ib_port)
     return BenchReport(
         environment=bench_environment(facts.cuda_facts, facts.nvidia_driver, version),
         devices=tuple(listed[name] for name in plan.nics()), settings=settings,
         pairs=pair_verdicts(plan.pairs, rows, sweep.errors, settings.memory_kinds, line_rates,
                             settings.threshold, facts.findings),
         rows=tuple(rows), interrupted=sweep.interrupted, wall_s=time.monotonic() - started,
-        measured_s=sweep.measured_s)
+        measured_s=sweep.measured_s, rails=rails)
 
 
 def select_nics(listed: Mapping[str, object], devices: Sequence[str]) -> list[str]:
@@ -455,9 +460,9 @@ def loopback_executor(ib_port: int, gid_index: int | None) -> Execute:
     from gdrprobe.memory.spec import MemorySpec
     from gdrprobe.rdma.endpoint import EndpointOptions
 
-    def execute(run: RunPlan, options: ProbeOptions, on_result) -> None:
+    def execute(run: RunPlan, options: ProbeOptions, on_result, on_ready=None) -> None:
         memory = MemorySpec.from_choice(run.memory, gpu=run.gpu or "0")
         endpoint = EndpointOptions(device=run.nic, port=ib_port, gid_index=gid_index)
-        runner(options, endpoint, on_result=on_result)(memory, memory)
+        runner(options, endpoint, on_result=on_result, on_ready=on_ready)(memory, memory)
 
     return execute

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from collections.abc import Mapping
 
 from gdrprobe import defaults
@@ -28,6 +28,10 @@ from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.check import NcclUse, RankPair
 from gdrprobe.report.model import RunReport
+
+if TYPE_CHECKING:     # the doctor's facts, read by machine_facts; named here for the types
+    from gdrprobe.doctor.facts.rails import Link
+    from gdrprobe.doctor.facts.topology import Topology
 
 # In the order a nested launch sets them: torchrun under srun sets both, and the training
 # script follows torchrun's. Each launcher's own node-local rank: MPI_LOCALRANKID from the
@@ -105,6 +109,10 @@ class MachineFacts:
     # NCCL's answer for every GPU where its environment alone keeps it off GPUDirect
     # (machine.nccl_use_of: also for a GPU the doctor could not place or identify)
     nccl_everywhere: NcclUse | None = None
+    # Where the GPUs and NICs sit, and the negotiated link of each port between any GPU and
+    # NIC (bus id -> Link): what names the element rails share (check --all-rails)
+    topology: Topology | None = None
+    pcie_links: Mapping[str, Link] = dataclasses.field(default_factory=dict)
 
 
 # ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------

@@ -51,7 +51,16 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
     return MachineFacts(gpus, nccl_nics(decisions), ctx.cuda_facts,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
                         port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules,
-                        environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules))
+                        environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules),
+                        ctx.topology, every_link(ctx))
+
+
+def every_link(ctx):
+    """The negotiated link of each port between any GPU and any NIC of the node."""
+    from gdrprobe.doctor.facts.rails import Rail, read_links
+
+    topology = ctx.topology
+    return read_links(ctx.root, [Rail(gpu, nic) for gpu in topology.gpus for nic in topology.nics])
 
 
 def nccl_use_of(facts: MachineFacts, gpu: str) -> NcclUse | None:

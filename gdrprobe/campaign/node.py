@@ -21,6 +21,10 @@ The NICs share one process's locked-memory limit: the checks are fitted to it
 (:func:`gdrprobe.campaign.memlock.fit_node_to_memlock`), with fewer integrity slots each,
 and where that is not enough with fewer NICs at a time (lanes of whole NICs, the others
 later in the same lane), so gdrprobe's own footprint never makes a registration fail.
+
+With ``all_rails`` (``check --node --all-rails``) the NICs are checked one at a time, so
+each rail's A/B is its solo answer, and then every rail runs at once
+(:mod:`gdrprobe.campaign.rails`) on what the budget has left, one A/B's share kept for it.
 """
 
 from __future__ import annotations
@@ -33,12 +37,19 @@ from collections.abc import Mapping
 
 from gdrprobe.campaign.gate import NO_GPU_FOUND, Budget, MachineFacts, node_pairs
 from gdrprobe.campaign.job_gpus import JobGpus, JobGpuSet, match
-from gdrprobe.campaign.memlock import LockedMemory, fit_node_to_memlock, locked_memory
-from gdrprobe.campaign.prelaunch import GateSettings, check_pair
+from gdrprobe.campaign.memlock import LockedMemory, NodeFit, fit_node_to_memlock, locked_memory
+from gdrprobe.campaign.prelaunch import GateSettings, check_pair, rail_loop
+from gdrprobe.campaign.rails import RailLoop, check_rails, rails_of
 from gdrprobe.errors import ExitCode, GdrprobeError, worst_exit_code
-from gdrprobe.report.check import NodeCheckReport, NodeGpuCheck, RankPair
+from gdrprobe.measure.options import MIN_TIMEOUT_S
+from gdrprobe.report.check import (INCONCLUSIVE, NodeCheckReport, NodeGpuCheck, RailsReport,
+                                   RankPair)
 
 CheckPair = Callable[[RankPair, MachineFacts, GateSettings, Budget, Mapping[str, str]], object]
+# (facts, gate, seconds for one run, environ) -> the loop of one rail (prelaunch.rail_loop)
+MakeRailLoop = Callable[[MachineFacts, GateSettings, float, Mapping[str, str]], RailLoop]
+# Without a budget, each pass of every rail at once is sized as for a budget of this much.
+UNBUDGETED_PASS_S = 2.0
 
 
 def by_nic(pairs: list[RankPair]) -> list[list[RankPair]]:
@@ -104,12 +115,37 @@ def unchecked(job: JobGpuSet, visible: tuple[str, ...] | None) -> list[NodeGpuCh
     return missing
 
 
+def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: GateSettings,
+              budget: Budget, environ: Mapping[str, str], make_loop: MakeRailLoop,
+              fit: NodeFit) -> RailsReport:
+    """Every rail at once on what the budget has left (two passes: GPU arms, host arms),
+    where the locked-memory limit holds every rail's runs at once (``fit``)."""
+    rails = rails_of(checks)
+    if len(rails) > fit.at_once:
+        return RailsReport.of(INCONCLUSIVE, (), detail=(
+            f"the locked-memory limit holds {fit.at_once} NICs' runs at once, not the "
+            f"{len(rails)} rails ({fit.note}): raise it (ulimit -l, LimitMEMLOCK) to run "
+            "every rail together"))
+    seconds = UNBUDGETED_PASS_S if budget.seconds is None else budget.remaining() / 2
+    if budget.seconds is not None and seconds < MIN_TIMEOUT_S:
+        return RailsReport.of(INCONCLUSIVE, (), detail=(
+            f"the time budget left {max(seconds, 0.0) * 2:.1f} s after each rail alone, too "
+            f"little to run them together ({2 * MIN_TIMEOUT_S:g} s at least): give the node "
+            "check a larger --time-budget"))
+    if budget.seconds is not None:     # each run's out-of-band steps wait no longer than its pass
+        gate = dataclasses.replace(gate, options=dataclasses.replace(
+            gate.options, timeout_s=min(gate.options.timeout_s, seconds)))
+    return check_rails(rails, facts, make_loop(facts, gate, seconds, environ),
+                       gate.options.timeout_s, gate.ib_port)
+
+
 def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
                environ: Mapping[str, str], check: CheckPair = check_pair,
-               memory: LockedMemory | None = None, job: JobGpus | None = None) -> NodeCheckReport:
+               memory: LockedMemory | None = None, job: JobGpus | None = None,
+               every_rail: bool = False, make_loop: MakeRailLoop = rail_loop) -> NodeCheckReport:
     """The job's GPUs (job: as named; None: every GPU of the node), one A/B per NIC at a
     time, NICs in parallel as far as the locked-memory limit (memory: this process's unless
-    given) holds them."""
+    given) holds them; with every_rail, one NIC at a time, then every rail at once."""
     gpus = match(job, facts.gpus)
     visible = facts.gpus.cuda_bus_ids
     missing = unchecked(gpus, visible)
@@ -128,11 +164,12 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
         for turn, pair in enumerate(group):
             if cancelled.is_set():
                 return
+            # all rails at once keeps one GPU's share for itself
             seconds = (None if budget.seconds is None
-                       else budget.remaining() / (len(group) - turn))
+                       else budget.remaining() / (len(group) - turn + every_rail))
             results[pairs.index(pair)] = check_one(pair, facts, gate, seconds, environ, check)
 
-    groups = in_lanes(by_nic(pairs), fit.at_once)
+    groups = in_lanes(by_nic(pairs), 1 if every_rail else fit.at_once)
     with concurrent.futures.ThreadPoolExecutor(max(1, len(groups)),
                                                thread_name_prefix="gdrprobe-nic") as pool:
         futures = [pool.submit(run_group, group) for group in groups]
@@ -143,9 +180,11 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
             cancelled.set()    # the GPUs not started yet stay so; the running ones finish
             raise
     checks = tuple(results[index] for index in sorted(results)) + tuple(missing)
+    rails = (all_rails(checks, facts, gate, budget, environ, make_loop, fit) if every_rail
+             else None)
     nothing = int(ExitCode.NOT_TESTABLE) if not checks else int(ExitCode.OK)
+    codes = [check.exit_code for check in checks] + ([rails.exit_code] if rails else [])
     return NodeCheckReport(gpus=checks, time_budget_s=budget.seconds,
                            elapsed_s=round(budget.elapsed(), 3),
-                           exit_code=worst_exit_code((check.exit_code for check in checks),
-                                                     nothing),
-                           memlock=fit.note, job_gpus=gpus.described)
+                           exit_code=worst_exit_code(codes, nothing),
+                           memlock=fit.note, job_gpus=gpus.described, rails=rails)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Callable
 from collections.abc import Mapping
 
@@ -51,7 +52,7 @@ from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl.env import int_param
 from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.rdma.verbs import GidPreference
-from gdrprobe.report.check import CheckReport, FloorCheck, NcclUse, RankPair
+from gdrprobe.report.check import CheckReport, FloorCheck, LoopWindow, NcclUse, RankPair
 from gdrprobe.sysroot import PCI_BUS_ID
 
 # What a check keeps of its budget for the runs when it waits for a NIC another check
@@ -206,11 +207,23 @@ def held_elsewhere(error: GpuUnusable, checked: str, sender: str | None,
         evidence=error.evidence)
 
 
-def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: Budget,
-               environ: Mapping[str, str]) -> CheckReport:
-    """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
-    from gdrprobe.measure import loopback
+@dataclasses.dataclass(frozen=True)
+class PairPlan:
+    """What one GPU's runs use: its NIC and port, the memory at each end, the options."""
 
+    nic: str
+    nic_reason: str
+    sender: str | None
+    sender_why: str
+    local: MemorySpec
+    remote: MemorySpec
+    endpoint: EndpointOptions
+    options: ProbeOptions
+    use: NcclUse | None
+
+
+def plan_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings) -> PairPlan:
+    """The NIC, memory and options of a GPU's runs, as NCCL will move its bytes."""
     use = nccl_use_of(facts, pair.gpu)
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.cuda_bus_ids)
@@ -224,6 +237,44 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     endpoint = EndpointOptions(device=nic, port=gate.ib_port, gid_index=gid_index,
                                gid_preference=nccl_gid_preference(facts.nccl_environ))
     options = dataclasses.replace(gate.options, flush=receive_flush(use))
+    return PairPlan(nic, nic_reason, sender, sender_why, local, remote, endpoint, options, use)
+
+
+def rail_loop(facts: MachineFacts, gate: GateSettings, seconds: float,
+              environ: Mapping[str, str]) -> Callable[..., LoopWindow]:
+    """loop(pair, host, ready) -> LoopWindow: one run of a rail's GPU arm (host: the host
+    arm) sized to ``seconds``, holding its NIC's lock, that calls ready() once set up and
+    records its last size's measured window on the monotonic clock: it ends when the
+    result comes back (the integrity pause and the loop's own time before it)."""
+    from gdrprobe.measure import loopback
+
+    def loop(pair: RankPair, host: bool, ready: Callable[[], object]) -> LoopWindow:
+        plan = plan_pair(pair, facts, gate)
+        options = sized_for_budget(plan.options, seconds, 1, gate.keep_cq_moderation)
+        windows: list[LoopWindow] = []
+
+        def seen(result) -> None:
+            end = time.monotonic()
+            windows.append(LoopWindow(result.bandwidth_avg_gbps,
+                                      end - result.elapsed_s - result.integrity_pause_s, end))
+
+        with nic_lock(plan.nic, 0.0, environ):
+            loopback.runner(options, plan.endpoint, gate.host, gate.port, gate.token,
+                            on_result=seen, on_ready=ready)(
+                *((HOST, HOST) if host else (plan.local, plan.remote)))
+        return windows[-1]
+
+    return loop
+
+
+def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: Budget,
+               environ: Mapping[str, str]) -> CheckReport:
+    """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
+    from gdrprobe.measure import loopback
+
+    plan = plan_pair(pair, facts, gate)
+    nic, use, local, remote, endpoint = plan.nic, plan.use, plan.local, plan.remote, plan.endpoint
+    options = plan.options
     if budget.seconds is not None:
         options = sized_for_budget(options, budget.seconds,
                                    planned_runs(gate, remote.kind == local.kind == "gpu"),
@@ -244,13 +295,14 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
                              min_repeats=min(2, gate.repeats), floor=floor,
                              disturbed=lambda: bool(watch.foreign))
         except GpuUnusable as error:
-            elsewhere = held_elsewhere(error, pair.gpu, sender, gate)
+            elsewhere = held_elsewhere(error, pair.gpu, plan.sender, gate)
             if elsewhere is None:
                 raise
             raise elsewhere from error
     placement = dataclasses.replace(
-        pair, nic=nic, nic_reason=nic_reason, time_budget_s=budget.seconds,
-        elapsed_s=round(budget.elapsed(), 3), send_gpu=sender, send_gpu_reason=sender_why,
+        pair, nic=nic, nic_reason=plan.nic_reason, time_budget_s=budget.seconds,
+        elapsed_s=round(budget.elapsed(), 3), send_gpu=plan.sender,
+        send_gpu_reason=plan.sender_why,
         lock=held.describe(why), port_traffic=watch.describe())
     verdict = with_nccl(disturbed(report.verdict, watch.foreign), use)
     return dataclasses.replace(report, verdict=verdict, placement=placement)

@@ -62,6 +62,11 @@ def register(subparsers) -> None:
                              f"default {defaults.LATENCY_ITERATIONS})")
     add_verdict_flags(parser, None)
     add_timeout_flag(parser)
+    parser.add_argument("--all-rails", action="store_true",
+                        help="on an idle node, after the sweep: every rail (a NIC and its "
+                             "GPU) at once at the largest size and QP count, behind one "
+                             "barrier, against its own sweep row; exit 13 where rails "
+                             "contend (docs/check.md, 'All rails at once')")
     parser.add_argument("--json", action="store_true", help="print the JSON document")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="write the JSON document (its directory must exist)")
@@ -153,7 +158,7 @@ def run(args) -> int:
             warmup_s=args.warmup, tx_depth=args.tx_depth, cq_moderation=args.cq_mod,
             latency_iterations=args.latency_iters, threshold=args.threshold,
             timeout_s=args.timeout, baseline=args.baseline, max_drop=args.max_drop,
-            on_row=on_row, opcode=args.opcode)
+            on_row=on_row, opcode=args.opcode, all_rails=args.all_rails)
     finally:
         progress.close()
     print(to_json(report) if args.json else outputs.render_bench_summary(report), flush=True)

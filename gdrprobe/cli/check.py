@@ -7,7 +7,7 @@ budget; with ``--node`` every GPU of the job (``--gpu LIST``, SLURM_STEP_GPUS,
 SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) in one
 process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
 NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
-inconclusive) or an error's;
+inconclusive; with ``--all-rails`` 13 contention) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
@@ -51,7 +51,8 @@ def register(subparsers) -> None:
                     "both ends, NCCL's own decision, an absolute floor of line rate, inside "
                     "a hard time budget. Exit 0 engaged, 1 degraded, not engaged or refused "
                     "by NCCL on this node (drain), 9 not testable, 10 an NCCL setting keeps "
-                    "NCCL off GPUDirect, 12 inconclusive (warn); see the README for every "
+                    "NCCL off GPUDirect, 12 inconclusive, 13 rails contend (warn); see the "
+                    "README for every "
                     "code.",
         epilog="example: gdrprobe check --gpu 0000:3b:00.0 -d mlx5_0 --time-budget 20; in a "
                "Slurm prolog, every GPU of the node: gdrprobe check --node --quiet. "
@@ -66,6 +67,12 @@ def register(subparsers) -> None:
                         help="every GPU of the job with the NIC NCCL will use for it, in "
                              "one process: GPUs sharing a NIC one after the other, NICs in "
                              "parallel; one line per GPU; the exit code is the worst")
+    parser.add_argument("--all-rails", action="store_true",
+                        help="with --node, on an idle node: each NIC's A/B alone, one NIC at a "
+                             "time, then every rail's GPU arm and host arm at once, started "
+                             "behind one barrier; per rail solo, together and their ratio, the "
+                             "node's aggregate, and 'contention' (exit 13, warn) naming the "
+                             "PCIe element the rails share where they fall only together")
     add_device_flags(parser, "the one NCCL will use for the GPU",
                      "NCCL_IB_GID_INDEX on a RoCE port, else the RoCE v2 GID of 127.0.0.1's "
                      "route where the port has one, else the GID NCCL's walk picks under "
@@ -127,12 +134,14 @@ def run(args) -> int:
                   gpu_alloc=args.gpu_alloc,
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
                   time_budget_s=args.time_budget, size=args.size, qps=qps)
+    if args.all_rails and not args.node:
+        raise UsageError("--all-rails runs every rail of the node at once", "add --node")
     if args.node:
         if args.device is not None:
             raise UsageError("--node checks each GPU with its NCCL NIC",
                              "drop -d, or drop --node")
-        return show_node(with_metrics(args, lambda: gdrprobe.check_node(gpus=args.gpu,
-                                                                        **common)),
+        return show_node(with_metrics(args, lambda: gdrprobe.check_node(
+            gpus=args.gpu, all_rails=args.all_rails, **common)),
                          args.json, quiet)
     return show(with_metrics(args, lambda: gdrprobe.check(device=args.device, gpu=args.gpu,
                                                           **common)), args.json, quiet)
@@ -172,7 +181,7 @@ def show(report, json_output: bool, quiet: bool) -> int:
 
 
 def show_node(report, json_output: bool, quiet: bool) -> int:
-    from gdrprobe.report.check_text import node_line, render_node_check
+    from gdrprobe.report.check_text import node_line, rails_line, render_node_check
     from gdrprobe.report.model import to_json
 
     if json_output:
@@ -183,6 +192,8 @@ def show_node(report, json_output: bool, quiet: bool) -> int:
         for check in report.gpus:
             if check.exit_code != ExitCode.OK:
                 print(f"gdrprobe check: {node_line(check)}", file=sys.stderr)
+        if report.rails is not None and report.rails.exit_code != ExitCode.OK:
+            print(f"gdrprobe check: all rails: {rails_line(report.rails)}", file=sys.stderr)
         if not report.gpus:
             print(f"gdrprobe check: nothing to check: {report.job_gpus} (exit "
                   f"{report.exit_code}: {SCHEDULER_ACTION[report.exit_code]})", file=sys.stderr)

@@ -136,7 +136,7 @@ class ProbeClient:
     def __init__(self, host: str, port: int, token: str | ServerSecret, options: ProbeOptions,
                  endpoint_options: EndpointOptions, memory: MemorySpec = MemorySpec(),
                  remote_memory: MemorySpec | None = None, connect_wait_s: float = 0.0,
-                 on_result=None, notice=None):
+                 on_result=None, notice=None, on_ready=None):
         check_host(host)
         check_tcp_port(port, "server port")
         check_timeout(options.timeout_s, "time-out")
@@ -150,6 +150,9 @@ class ProbeClient:
         self.memory = memory
         self.remote_memory = remote_memory
         self.on_result = on_result      # called with each size's result as it is measured
+        # called once both ends are set up, just before the first loop: runs on several NICs
+        # that must measure at the same time wait there for each other (campaign.rails)
+        self.on_ready = on_ready
         self.notice = notice or (lambda text: None)   # what a person may want to know
         check_latency_memory(options, memory, remote_memory)
         self.stop = _native.StopFlag()
@@ -247,6 +250,8 @@ class ProbeClient:
             memory.poison()   # where the READs or the server's WRITEs land
         bandwidth, latency = [], []
         rows = bandwidth if self.options.mode == "bandwidth" else latency
+        if self.on_ready is not None:
+            self.on_ready()
         for size in self.options.sizes:
             result = self._measured_round(channel, handles, memory, server.buffer, size)
             rows.append(result)

@@ -30,7 +30,8 @@ def loopback_secret() -> ServerSecret:
 
 def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
                  memory: MemorySpec = MemorySpec(),
-                 remote_memory: MemorySpec | None = None, on_result=None) -> RunReport:
+                 remote_memory: MemorySpec | None = None, on_result=None,
+                 on_ready=None) -> RunReport:
     """A server thread and a client on 127.0.0.1 and the same device: one process, the
     same code path as two hosts."""
     secret = loopback_secret()
@@ -41,7 +42,7 @@ def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
                          timeout_s=options.timeout_s, log=lambda text: None, preflight=False)
     try:
         client = ProbeClient(LOOPBACK_HOST, server.port, secret, options, endpoint_options,
-                             memory, remote_memory, on_result=on_result)
+                             memory, remote_memory, on_result=on_result, on_ready=on_ready)
     except BaseException:
         server.close()
         raise
@@ -68,14 +69,15 @@ def run_loopback(options: ProbeOptions, endpoint_options: EndpointOptions,
 
 def runner(options: ProbeOptions, endpoint_options: EndpointOptions, host: str | None = None,
            port: int = defaults.PORT, token: str | None = None, connect_wait_s: float = 0.0,
-           on_result=None, notice=None):
+           on_result=None, notice=None, on_ready=None):
     """run_once(local_memory, remote_memory) -> RunReport: against host, or in loopback
     when host is None. The A/B calls it once per arm and repeat; a sweep passes on_result
     to see each size's result as it is measured; notice(text) hears what a person may want
-    to know while it runs (a place in the server's queue)."""
+    to know while it runs (a place in the server's queue); on_ready() is called once both
+    ends are set up, just before the first loop (the rails' barrier)."""
     if host is None:
         return lambda local, remote: run_loopback(options, endpoint_options, local, remote,
-                                                  on_result)
+                                                  on_result, on_ready)
     return lambda local, remote: ProbeClient(host, port, token, options, endpoint_options,
                                              local, remote, connect_wait_s, on_result,
-                                             notice).run()
+                                             notice, on_ready).run()

@@ -16,6 +16,7 @@ from collections import defaultdict
 
 from gdrprobe.errors import MissingDependency, UsageError
 from gdrprobe.report.check import ENGAGED
+from gdrprobe.report.check_text import render_rails
 from gdrprobe.report.model import BenchReport, BenchRow, to_json
 from gdrprobe.report.text import RULE, answer_and_causes, rate
 
@@ -84,8 +85,10 @@ def render_bench_summary(report: BenchReport) -> str:
     lines = [RULE, f" gdrprobe bench on {report.environment.hostname}: {len(report.rows)} rows"
              f" in {report.wall_s:.1f} s ({report.measured_s:.1f} s measuring)"
              + ("; INTERRUPTED, the rows measured until then" if report.interrupted else "")]
-    lines += render_pairs(report) + render_baseline(report) + [RULE]
-    return "\n".join(lines)
+    lines += render_pairs(report) + render_baseline(report)
+    if report.rails is not None:
+        lines += [RULE] + render_rails(report.rails)
+    return "\n".join(lines + [RULE])
 
 
 def render_pairs(report: BenchReport) -> list[str]:

@@ -231,3 +231,92 @@ class NodeCheckReport:
     exit_code: int                 # the worst of the GPUs' (a drain code before a warn code)
     memlock: str = ""              # how the locked-memory limit fitted the checks ("": as asked)
     job_gpus: str = ""             # which GPUs are the job's, and who named them
+    # check --all-rails: the rails measured together, after each alone (None: not asked)
+    rails: RailsReport | None = None
+
+
+# ---- all rails at once (check --all-rails) ------------------------------------------------
+
+TOGETHER = "together"              # every rail keeps its solo bandwidth with all running
+CONTENTION = "contention"          # rails fine alone fall only together
+INCONCLUSIVE = "inconclusive"      # the rails did not measure together, or a rail failed
+ONE_RAIL = "one rail"              # nothing to run together
+
+RAILS_EXIT_CODES = {TOGETHER: ExitCode.OK, ONE_RAIL: ExitCode.OK,
+                    CONTENTION: ExitCode.CONTENTION, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopWindow:
+    """One loop's measured window on the monotonic clock, and what it measured."""
+
+    gbps: float
+    start_s: float
+    end_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlap:
+    """How far the rails' windows ran at the same time."""
+
+    skew_s: float                  # the latest start after the earliest
+    shortest_s: float              # the shortest window
+    overlap_s: float               # the time every window was open (0: none)
+    fraction: float                # overlap_s over shortest_s
+
+    @classmethod
+    def of(cls, windows) -> Overlap:
+        starts, ends = [w.start_s for w in windows], [w.end_s for w in windows]
+        shortest = min(w.end_s - w.start_s for w in windows)
+        overlap = max(0.0, min(ends) - max(starts))
+        return cls(round(max(starts) - min(starts), 6), round(shortest, 6), round(overlap, 6),
+                   round(overlap / shortest, 3) if shortest > 0 else 0.0)
+
+
+def ratio_of(together: float | None, alone: float | None) -> float | None:
+    return None if together is None or not alone else round(together / alone, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class RailResult:
+    """One rail (a GPU and its NIC): alone (the A/B's medians) against all rails at once."""
+
+    gpu: str
+    nic: str
+    solo_gbps: float               # the deciding GPU arm's median, alone
+    concurrent_gbps: float | None  # the GPU arm with every rail running; None: it failed
+    ratio: float | None            # concurrent over solo
+    host_solo_gbps: float | None = None
+    host_concurrent_gbps: float | None = None
+    host_ratio: float | None = None
+    line_rate_gbps: float | None = None
+    contending: bool = False       # fine alone, below the ratio threshold together
+    error: str = ""                # why the rail's concurrent run failed
+
+
+@dataclasses.dataclass(frozen=True)
+class RailsReport:
+    """Every rail at once: per rail solo, concurrent and their ratio; the node's aggregate
+    against the sum of solos and of line rates; the windows' overlap; the verdict and, for
+    contention, the element the contending rails share (``shared``: its JSON)."""
+
+    verdict: str                   # TOGETHER | CONTENTION | INCONCLUSIVE | ONE_RAIL
+    exit_code: int
+    rails: tuple[RailResult, ...]
+    ratio_threshold: float
+    aggregate_gbps: float          # the GPU arms' concurrent bandwidths summed
+    solo_sum_gbps: float
+    line_rate_sum_gbps: float | None   # None where a NIC states no rate
+    overlap: Overlap | None = None
+    host_overlap: Overlap | None = None
+    shared: dict | None = None
+    detail: str = ""
+
+    @classmethod
+    def of(cls, verdict: str, rails: tuple[RailResult, ...], **rest) -> RailsReport:
+        rates = [rail.line_rate_gbps for rail in rails]
+        return cls(verdict, int(RAILS_EXIT_CODES[verdict]), rails,
+                   rest.pop("ratio_threshold", defaults.RAIL_RATIO),
+                   round(sum(rail.concurrent_gbps or 0.0 for rail in rails), 3),
+                   round(sum(rail.solo_gbps for rail in rails), 3),
+                   None if not rates or None in rates else round(sum(rates), 3), **rest)

@@ -15,14 +15,18 @@ import socket
 import statistics
 
 from gdrprobe.errors import ExitCode
-from gdrprobe.report.bench import (check_output_file, engaged_gauge, in_base_units,
-                                   require_prometheus, row_gauges, write_registry)
-from gdrprobe.report.check import ENGAGED, CheckReport, NodeCheckReport
+from gdrprobe.report.bench import (BYTES_PER_SECOND_PER_GBPS, check_output_file, engaged_gauge,
+                                   in_base_units, require_prometheus, row_gauges, write_registry)
+from gdrprobe.report.check import ENGAGED, CheckReport, NodeCheckReport, RailsReport
 
 NODE_LABELS = ("node",)
 GPU_LABELS = ("gpu", "nic", "node")
 EXIT_CODE_METRIC = "gdrprobe_check_exit_code"
 TIMESTAMP_METRIC = "gdrprobe_check_timestamp_seconds"
+RAIL_RATIO_METRIC = "gdrprobe_rail_concurrent_ratio"
+RAILS_EXIT_CODE_METRIC = "gdrprobe_rails_exit_code"
+AGGREGATE_METRIC = "gdrprobe_rails_aggregate_bytes_per_second"
+SOLO_SUM_METRIC = "gdrprobe_rails_solo_sum_bytes_per_second"
 # The node label where the host's name is not the node's: in a pod, whose host name is the
 # pod's, the DaemonSet sets it from spec.nodeName (the downward API).
 NODE_ENV = "GDRPROBE_NODE_NAME"
@@ -44,7 +48,34 @@ def write_check_prometheus(report: CheckReport | NodeCheckReport, path: str,
     """The check's metrics into path (a ``.prom`` file in node_exporter's
     ``--collector.textfile.directory``), replaced atomically. node: the node label
     (default: $GDRPROBE_NODE_NAME, else this host's name)."""
-    write_registry(check_registry(_entries(report), node or node_name()), path)
+    registry = check_registry(_entries(report), node or node_name())
+    if isinstance(report, NodeCheckReport) and report.rails is not None:
+        add_rails(registry, report.rails, node or node_name())
+    write_registry(registry, path)
+
+
+def add_rails(registry, rails: RailsReport, node: str) -> None:
+    """All rails at once: the rails' exit code per node; per rail its GPU arm together over
+    alone; per node the aggregate and the sum of the rails alone (bytes per second) where
+    the rails ran together."""
+    from prometheus_client import Gauge
+
+    Gauge(RAILS_EXIT_CODE_METRIC, "the exit code of all rails at once (0: together or one "
+          "rail, 12: inconclusive, 13: contention)", list(NODE_LABELS),
+          registry=registry).labels(node).set(rails.exit_code)
+    if rails.exit_code == ExitCode.INCONCLUSIVE or not rails.rails:
+        return       # an answer not known says nothing of the rails together
+    ratio = Gauge(RAIL_RATIO_METRIC, "a rail's GPU-arm bandwidth with every rail running over "
+                  "its bandwidth alone", list(GPU_LABELS), registry=registry)
+    for rail in rails.rails:
+        if rail.ratio is not None:
+            ratio.labels(rail.gpu, rail.nic, node).set(rail.ratio)
+    for name, what, value in ((AGGREGATE_METRIC, "the rails' GPU arms together, summed",
+                               rails.aggregate_gbps),
+                              (SOLO_SUM_METRIC, "the rails' GPU arms alone, summed",
+                               rails.solo_sum_gbps)):
+        Gauge(name, what, list(NODE_LABELS), registry=registry).labels(node).set(
+            value * BYTES_PER_SECOND_PER_GBPS)
 
 
 def write_check_error(exit_code: int, path: str, gpu: str = "", nic: str = "",

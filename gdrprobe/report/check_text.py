@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
 from gdrprobe.report.check import (DIRECTION_WORDS, NOT_TESTABLE, ArmReport, CheckReport,
-                                   FloorCheck, NodeCheckReport, NodeGpuCheck, RankPair,
+                                   FloorCheck, NodeCheckReport, NodeGpuCheck, RailsReport, RankPair,
                                    Verdict, main_cause)
 from gdrprobe.report.model import RunSettings
 from gdrprobe.report.text import RULE
@@ -142,10 +142,49 @@ def node_line(check: NodeGpuCheck) -> str:
             + (f": {cause}" if cause else ""))
 
 
+def gbps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def ratio_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def rails_line(rails: RailsReport) -> str:
+    """All rails at once in one line: the verdict, the aggregate, the action, and why."""
+    action = f"exit {rails.exit_code}: {SCHEDULER_ACTION.get(rails.exit_code, 'warn')}"
+    aggregate = (f", aggregate {rails.aggregate_gbps:.1f} of {rails.solo_sum_gbps:.1f} Gb/s alone"
+                 if rails.rails else "")
+    return f"{rails.verdict}{aggregate} ({action})" + (f": {rails.detail}" if rails.detail else "")
+
+
+def render_rails(rails: RailsReport) -> list[str]:
+    """Each rail alone against together, the node's aggregate, the windows' overlap."""
+    lines = ["all rails at once:",
+             f" {'GPU':<14} {'NIC':<10} {'alone':>8} {'together':>9} {'ratio':>6} "
+             f"{'host ratio':>10}  Gb/s"]
+    for rail in rails.rails:
+        lines.append(f" {rail.gpu:<14} {rail.nic:<10} {gbps(rail.solo_gbps):>8} "
+                     f"{gbps(rail.concurrent_gbps):>9} {ratio_text(rail.ratio):>6} "
+                     f"{ratio_text(rail.host_ratio):>10}" + ("  contends" if rail.contending else "")
+                     + (f"  {rail.error}" if rail.error else ""))
+    if rails.rails:
+        rates = (f", line rates {rails.line_rate_sum_gbps:.1f}"
+                 if rails.line_rate_sum_gbps is not None else "")
+        lines.append(f" aggregate {rails.aggregate_gbps:.1f} Gb/s; alone summed "
+                     f"{rails.solo_sum_gbps:.1f}{rates}")
+    for name, overlap in (("GPU arms", rails.overlap), ("host arms", rails.host_overlap)):
+        if overlap is not None:
+            lines.append(f" {name}: start skew {overlap.skew_s * 1000:.1f} ms, shortest window "
+                         f"{overlap.shortest_s * 1000:.1f} ms, overlap {overlap.fraction:.0%}")
+    return lines + [f" rails: {rails_line(rails)}"]
+
+
 def render_node_check(report: NodeCheckReport) -> str:
     budget = f" of a {report.time_budget_s:g} s budget" if report.time_budget_s else ""
     job = [f"the job's GPUs: {report.job_gpus}"] if report.job_gpus else []
     return "\n".join(job + [node_line(check) for check in report.gpus]
+                     + (render_rails(report.rails) if report.rails else [])
                      + ([f"memlock: {report.memlock}"] if report.memlock else [])
                      + [f"node: {len(report.gpus)} GPU(s) in {report.elapsed_s:.1f} s{budget}; "
                         f"exit {report.exit_code}: {SCHEDULER_ACTION[report.exit_code]}"])

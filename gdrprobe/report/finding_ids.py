@@ -30,6 +30,7 @@ TOPOLOGY_NVML = "topology.nvml"
 TOPOLOGY_NCCL_LEVEL = "topology.nccl_level"
 TOPOLOGY_DISTANCE = "topology.distance"
 TOPOLOGY_NCCL_FILE = "topology.nccl_file"
+TOPOLOGY_RAILS = "topology.rails"
 
 # ---- stack: the kernel path to GPU memory ---------------------------------------------
 STACK_DRIVER = "stack.driver"

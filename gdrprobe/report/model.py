@@ -17,7 +17,7 @@ from gdrprobe.errors import ExitCode
 from gdrprobe.report import finding_ids
 
 if TYPE_CHECKING:   # the bench's pairs hold the A/B's verdict; report.check imports this module
-    from gdrprobe.report.check import Verdict
+    from gdrprobe.report.check import RailsReport, Verdict
 
 SCHEMA_VERSION = 1
 
@@ -467,6 +467,7 @@ class BenchSettings:
     threshold: float
     ib_port: int
     opcode: str = "write"          # the RDMA operation every run measures: write or read
+    all_rails: bool = False        # after the sweep, every rail at once (campaign.rails)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -500,14 +501,17 @@ class BenchReport:
     wall_s: float
     measured_s: float              # the sum of the measurement windows
     baseline: BaselineComparison | None = None
+    rails: RailsReport | None = None   # --all-rails: every rail at once after the sweep
 
     @property
     def exit_code(self) -> int:
-        """130 when Ctrl-C ended the sweep, 1 when a row fell against the baseline."""
+        """130 when Ctrl-C ended the sweep, 1 when a row fell against the baseline, else
+        with --all-rails the rails' (13 contention, 12 inconclusive)."""
         if self.interrupted:
             return int(ExitCode.INTERRUPTED)
-        return int(ExitCode.VERDICT_NOT_OK if self.baseline and self.baseline.changes
-                   else ExitCode.OK)
+        if self.baseline and self.baseline.changes:
+            return int(ExitCode.VERDICT_NOT_OK)
+        return self.rails.exit_code if self.rails else int(ExitCode.OK)
 
 
 # ---- what an NCCL log proves: gdrprobe/report/nccl_log.py (NcclLogReport and its parts) ----

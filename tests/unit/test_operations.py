@@ -125,6 +125,37 @@ def test_an_inconclusive_answer_writes_its_exit_code_and_arms_but_no_engaged_ser
     assert [name for name in found if name.startswith("gdrprobe_gpu_host_ratio{")]
 
 
+def rails_report(verdict: str, ratios: tuple[float, float]):
+    from gdrprobe.report.check import RailResult, RailsReport
+
+    rails = tuple(RailResult(f"0000:{bus}:00.0", f"mlx5_{i}", 380.0, 380.0 * ratio, ratio,
+                             contending=ratio < defaults.RAIL_RATIO)
+                  for i, (bus, ratio) in enumerate(zip(("3b", "5e"), ratios)))
+    return NodeCheckReport(tuple(NodeGpuCheck(rail.gpu, rail.nic, 0, report=engaged_report())
+                                 for rail in rails), 60.0, 40.0, 13,
+                           rails=RailsReport.of(verdict, rails))
+
+
+def test_all_rails_write_each_rail_s_concurrent_ratio_and_the_node_s_aggregate(tmp_path):
+    path = tmp_path / "node.prom"
+    write_check_prometheus(rails_report("contention", (0.5, 0.25)), str(path), node="n1")
+    found = samples(path.read_text())
+    assert found['gdrprobe_rails_exit_code{node="n1"}'] == "13.0"
+    assert found['gdrprobe_rail_concurrent_ratio{gpu="0000:3b:00.0",nic="mlx5_0",node="n1"}'] == "0.5"
+    assert float(found['gdrprobe_rails_aggregate_bytes_per_second{node="n1"}']) == \
+        pytest.approx(285.0 * 1e9 / 8)
+    assert float(found['gdrprobe_rails_solo_sum_bytes_per_second{node="n1"}']) == \
+        pytest.approx(760.0 * 1e9 / 8)
+
+
+def test_inconclusive_rails_write_their_exit_code_and_no_ratio(tmp_path):
+    path = tmp_path / "node.prom"
+    write_check_prometheus(rails_report("inconclusive", (0.5, 0.25)), str(path), node="n1")
+    found = samples(path.read_text())
+    assert found['gdrprobe_rails_exit_code{node="n1"}'] == "12.0"
+    assert not [name for name in found if name.startswith(("gdrprobe_rail_", "gdrprobe_rails_agg"))]
+
+
 def test_check_prometheus_writes_the_file_and_an_error_writes_its_exit_code(
         api, tmp_path, monkeypatch, capsys):  # noqa: F811
     path = tmp_path / "check.prom"
@@ -614,4 +645,6 @@ def test_the_docs_table_of_what_each_exit_does_is_the_one_table_s():
     assert codes("a drain code") == {int(c) for c in DRAIN_CODES}
     assert codes("the check cannot run") == {int(c) for c in CANNOT_CHECK_CODES}
     warnings = {int(row.code) for row in EXIT_CODES if row.action == WARN}
-    assert codes("a warning that says nothing") == warnings - {int(c) for c in CANNOT_CHECK_CODES}
+    assert codes("a warning that says nothing") | codes("rails fine alone") == (
+        warnings - {int(c) for c in CANNOT_CHECK_CODES})
+    assert codes("rails fine alone") == {int(ExitCode.CONTENTION)}

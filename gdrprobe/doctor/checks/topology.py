@@ -6,6 +6,7 @@ NCCL's topology file, and the GPU/NIC matrix in ``nvidia-smi topo -m`` vocabular
 from __future__ import annotations
 
 from gdrprobe.doctor.facts import nvml, pci
+from gdrprobe.doctor.facts.rails import Rail, SharedElement, read_links, shared_element
 from gdrprobe.doctor.facts.topology import (ABSENT, CPUINFO, DMI_FILES, LOADED, MALFORMED, NO_FILE,
                                             NcclTopologyFile, PcieDevice, Topology)
 from gdrprobe.nccl.env import GdrLevel
@@ -30,8 +31,9 @@ LEGEND = (
 # ---- nvidia-smi topo -m style matrix -----------------------------------------
 
 
-def render_matrix(topology: Topology) -> str:
-    """The GPU/NIC matrix laid out like ``nvidia-smi topo -m`` (PCIe distances only)."""
+def render_matrix(topology: Topology, shared: SharedElement | None = None) -> str:
+    """The GPU/NIC matrix laid out like ``nvidia-smi topo -m`` (PCIe distances only), and
+    under it the element the node's rails share (``shared``), where there is one."""
     devices = topology.gpus + topology.nics
     labels = [g.name for g in topology.gpus] + [f"NIC{i}" for i in range(len(topology.nics))]
     width = max([len(label) for label in labels] + [4]) + 2
@@ -49,6 +51,8 @@ def render_matrix(topology: Topology) -> str:
     if topology.nics:
         lines += ["", "NIC Legend:", ""]
         lines += [f"  NIC{i}: {nic.name}" for i, nic in enumerate(topology.nics)]
+    if shared is not None:
+        lines += ["", f"Rails together ({', '.join(shared.rails)}) share: {shared.describe()}"]
     return "\n".join(lines)
 
 
@@ -281,6 +285,47 @@ def topology_file_finding(topology_file: NcclTopologyFile, topology: Topology, r
                    (Evidence("environment and NCCL's configuration files", "NCCL_TOPO_FILE unset"),))
 
 
+# ---- the rails together -------------------------------------------------------------------
+
+
+def node_rails(topology: Topology, decisions) -> list[Rail]:
+    """Each GPU with the NIC NCCL uses for it (GPUs without one are no rail)."""
+    nics = {nic.name: nic for nic in topology.nics}
+    return [Rail(gpu, nics[decision.nic]) for gpu, decision in zip(topology.gpus, decisions)
+            if decision.nic in nics]
+
+
+def line_rate_gbps(ports) -> float | None:
+    """A NIC's line rate: its ports' rates summed; None where no port states one."""
+    rates = [port.rate_gbps for port in ports if port.rate_gbps]
+    return float(sum(rates)) if rates else None
+
+
+def rails_element(ctx) -> SharedElement | None:
+    """The element every rail of the node shares (:mod:`gdrprobe.doctor.facts.rails`)."""
+    rails = node_rails(ctx.topology, ctx.nccl_decisions)
+    rates = {rail.nic.name: line_rate_gbps(ctx.ports.get(rail.nic.name, ())) for rail in rails}
+    return shared_element(rails, read_links(ctx.root, rails), rates)
+
+
+def rails_finding(element: SharedElement) -> Finding:
+    """Where rails that run at once (an all-reduce over every NIC) meet, and whether the
+    link there carries them all."""
+    evidence = (Evidence("rails (GPU-NIC NCCL uses)", ", ".join(element.rails)),)
+    if element.link is not None:
+        evidence += (Evidence(f"{pci.device_dir(element.name)}/current_link_width, current_link_speed",
+                              element.link.describe()),)
+    summary = f"the {len(element.rails)} rails share the {element.describe()}"
+    if element.oversubscribed:
+        return Finding(ids.TOPOLOGY_RAILS, GROUP, Status.WARN,
+                       summary + ": narrower than the rails' NICs together, so rails that run at once "
+                       "(every NCCL collective over all NICs) contend there", evidence,
+                       "Measure it on an idle node with `gdrprobe check --node --all-rails`; have the link "
+                       "retrained to its full width and speed (reseat the card or riser), or move a NIC to "
+                       "a slot with an uplink of its own.")
+    return Finding(ids.TOPOLOGY_RAILS, GROUP, Status.INFO, summary, evidence)
+
+
 def check(ctx) -> list[Finding]:
     topology = ctx.topology
     findings = inventory_findings(topology)
@@ -288,9 +333,10 @@ def check(ctx) -> list[Finding]:
     if not (topology.gpus and topology.nics):
         return findings
     findings.append(topology_file_finding(ctx.nccl_topology_file, topology, ctx.nccl_rules))
+    shared = rails_element(ctx)
     findings.append(Finding(ids.TOPOLOGY_MATRIX, GROUP, Status.INFO,
                             "GPU/NIC matrix in nvidia-smi topo -m vocabulary",
-                            (Evidence("sysfs PCI tree", render_matrix(topology)),)))
+                            (Evidence("sysfs PCI tree", render_matrix(topology, shared)),)))
     crosscheck = nvml_crosscheck_finding(topology, ctx.nvml_facts)
     findings += [crosscheck] if crosscheck else []
     level = ctx.nccl_rules.gdr_level(ctx.environ)
@@ -306,4 +352,4 @@ def check(ctx) -> list[Finding]:
             by_file = {gpu.bdf, nic.bdf} & set(ctx.nccl_topology_file.placements)
             findings.append(distance_finding(gpu, nic, decision, nccl_class, possible,
                                              ctx.nccl_topology_file.named if by_file else ""))
-    return findings
+    return findings + ([rails_finding(shared)] if shared else [])

@@ -214,3 +214,14 @@ def rdma_ports(root: SysRoot, ibdev: str) -> tuple[Port, ...]:
                       rate_file_gbps(root.read(f"{base}/{name}/rate")),
                       root.read(f"{base}/{name}/link_layer"))
                  for name in root.listdir(base) if name.isdigit())
+
+
+def current_link_speed(root: SysRoot, bdf: str) -> str | None:
+    """The speed the link negotiated (e.g. "16.0 GT/s PCIe"): a port's, the link below it;
+    an endpoint's or a switch upstream port's, the link above it."""
+    return root.read(f"{device_dir(bdf)}/current_link_speed")
+
+
+def current_link_width(root: SysRoot, bdf: str) -> str | None:
+    """The lanes the link negotiated (e.g. "8" on a x16 slot trained down)."""
+    return root.read(f"{device_dir(bdf)}/current_link_width")

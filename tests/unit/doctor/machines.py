@@ -151,6 +151,11 @@ class SysfsTree:
         self.symlink(f"/sys/class/infiniband/{ibdev}", ib_dir)
 
     # -- settings applied to devices already built ------------------------------
+    def link(self, bdf: str, speed: str, width: int) -> None:
+        """The link a port or device negotiated, as sysfs states it."""
+        self.write(f"{self.devices[bdf]}/current_link_speed", f"{speed}\n")
+        self.write(f"{self.devices[bdf]}/current_link_width", f"{width}\n")
+
     def set_acs(self, bdf: str, acs_control: int = ACS_REDIRECTING) -> None:
         config = bytearray(self.path(f"{self.devices[bdf]}/config").read_bytes())
         config[ACS_OFFSET:ACS_OFFSET + 4] = (0x000D | 1 << 16).to_bytes(4, "little")
@@ -242,4 +247,36 @@ def translating_iommu_node(root: Path, pairs: int = 2) -> SysfsTree:
     tree = pix_node(root, pairs)
     tree.cmdline("BOOT_IMAGE=/boot/vmlinuz-6.8.0 root=UUID=0000 ro intel_iommu=on")
     tree.iommu_groups("DMA")
+    return tree
+
+
+def narrow_uplink_node(root: Path) -> SysfsTree:
+    """Two ConnectX-7 (400 Gb/s) under one PCIe switch whose uplink trained at x8 Gen4
+    (126 Gb/s), their GPUs each on a root port of their own on the same socket."""
+    tree = SysfsTree(root)
+    host = tree.host_bridge(0x00, numa=0, cpus="0-31")
+    root_port = tree.bridge(host, "0000:00:01.0", vendor=INTEL)
+    nic_ports = tree.switch(root_port, "0000:01:00.0", ["0000:02:00.0", "0000:02:01.0"])
+    tree.nic(nic_ports[0], "0000:03:00.0", "mlx5_0")
+    tree.nic(nic_ports[1], "0000:04:00.0", "mlx5_1")
+    tree.gpu(tree.bridge(host, "0000:00:02.0", vendor=INTEL), "0000:05:00.0")
+    tree.gpu(tree.bridge(host, "0000:00:03.0", vendor=INTEL), "0000:06:00.0")
+    for port in ("0000:00:01.0", "0000:01:00.0"):
+        tree.link(port, "16.0 GT/s PCIe", 8)
+    for port in ("0000:02:00.0", "0000:02:01.0", "0000:00:02.0", "0000:00:03.0"):
+        tree.link(port, "32.0 GT/s PCIe", 16)
+    return tree
+
+
+def two_root_ports_node(root: Path) -> SysfsTree:
+    """One root complex of one socket, two root ports, each with a switch holding a GPU and
+    its NIC: the rails share nothing smaller than the root complex."""
+    tree = SysfsTree(root)
+    host = tree.host_bridge(0x00, numa=0, cpus="0-31")
+    for index, bus in enumerate((0x10, 0x20)):
+        root_port = tree.bridge(host, f"0000:00:0{index + 1}.0", vendor=INTEL)
+        gpu_port, nic_port = tree.switch(root_port, f"0000:{bus:02x}:00.0",
+                                         [f"0000:{bus + 1:02x}:00.0", f"0000:{bus + 1:02x}:01.0"])
+        tree.gpu(gpu_port, f"0000:{bus + 2:02x}:00.0")
+        tree.nic(nic_port, f"0000:{bus + 3:02x}:00.0", f"mlx5_{index}")
     return tree
