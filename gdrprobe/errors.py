@@ -26,6 +26,7 @@ class ExitCode(enum.IntEnum):
     NCCL_SETTING = 10        # an NCCL setting keeps NCCL off GPUDirect RDMA; the node is fine
     GPU_UNUSABLE = 11        # every CUDA process fails on this GPU (fabric manager down, ...)
     INCONCLUSIVE = 12        # no answer now: the measurement straddles, or another job is busy
+    PERFORMANCE_WARNING = 13  # engaged, but small-message latency or GPU-memory reads fall short
     INTERNAL = 70            # a bug in gdrprobe: sysexits.h's EX_SOFTWARE, "internal software error"
     INTERRUPTED = 130        # Ctrl-C: SIGINT, 128 + 2 as a shell reports it
     BROKEN_PIPE = 141        # the output's reader went away: SIGPIPE, 128 + 13
@@ -86,6 +87,12 @@ EXIT_CODES = (
                 "per-repeat ratios still straddle the threshold at the end of the time budget, "
                 "another job's traffic on the NIC during the window, or a GPU or NIC held by a "
                 "process that is not the job's); it says nothing against the node", WARN),
+    ExitCodeRow(ExitCode.PERFORMANCE_WARNING, "engaged, but an answer `check --latency` or "
+                "`check --read` asked for falls short: latency degraded (the GPU memory's "
+                "small-message latency over the host memory's by more than --latency-factor) "
+                "or GDR read degraded (RDMA READ of GPU memory below the threshold while "
+                "WRITE passes; NCCL's mitigation: NCCL_NET_GDR_READ=0); reported, never a "
+                "drain, until hardware calibrates these bounds", WARN),
     ExitCodeRow(ExitCode.INTERNAL, "an internal error: a bug in gdrprobe (the message says "
                 "where, and how to report it); it says nothing about the node", WARN),
     ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C: SIGINT); everything was "
