@@ -170,7 +170,8 @@ def node_line(check: NodeGpuCheck) -> str:
         parts.append(f"{deciding.line_rate_fraction:.2f} of line rate")
     if v.direction:
         parts.append(f"failing direction {v.direction}")
-    cause = main_cause(v) if v.exit_code and (v.likely_causes or v.inconclusive) else ""
+    cause = (main_cause(v) if v.exit_code and (v.likely_causes or v.inconclusive or v.warnings)
+             else "")
     return (f"{node_gpu_label(check)} via {check.nic or '-'}: {', '.join(parts)} ({action})"
             + (f": {cause}" if cause else ""))
 

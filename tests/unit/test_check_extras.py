@@ -233,3 +233,15 @@ def test_require_starts_the_job_on_a_warning(monkeypatch, tmp_path, machine):
     warned = check(tmp_path, latency=True)
     monkeypatch.setattr(gdrprobe, "check", lambda **kwargs: warned)
     assert gdrprobe.require(latency=True) is warned
+
+
+def test_a_node_check_line_and_the_quiet_line_say_the_warning(tmp_path, machine):
+    from gdrprobe.cli.check import one_line
+    from gdrprobe.report.check import NodeGpuCheck
+    from gdrprobe.report.check_text import node_line
+
+    machine.gpu_latency_us = 5.0
+    report = check(tmp_path, latency=True)
+    line = node_line(NodeGpuCheck(GPU_BUS, "mlx5_0", report.verdict.exit_code, report))
+    assert "(exit 13: warn): latency degraded" in line
+    assert "(exit 13: warn): latency degraded" in one_line(report)
