@@ -7,7 +7,7 @@ budget; with ``--node`` every GPU of the job (``--gpu LIST``, SLURM_STEP_GPUS,
 SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) in one
 process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
 NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
-inconclusive) or an error's;
+inconclusive, 13 engaged with a warning from --latency or --read) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
