@@ -311,7 +311,7 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 
 def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_type,
           gpu_alloc, staged, repeats, threshold, floor, size, host=None, token=None,
-          port=None, remote_mem=None, job=None, latency=False, read=False,
+          port=None, remote_mem=None, job=None, latency=False, read=False, bidir=False,
           latency_factor=None):
     """What check() and check_node() share: the budget, started first (it limits the whole
     call); what can be refused before the doctor runs; the machine read once (one doctor,
@@ -321,7 +321,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     NCCL's relaxed-ordering setting from the environment as NCCL sees it; the send buffer
     as mem says, the receive buffer the same (loopback: GPU memory at both ends) unless
     remote_mem says otherwise; the GPU memory allocated as NCCL will allocate it
-    (NCCL_CUMEM_ENABLE) unless gpu_alloc says; the extra answers asked for (latency, read;
+    (NCCL_CUMEM_ENABLE) unless gpu_alloc says; the extra answers asked for (latency, read, bidir;
     latency_factor None: the default). Returns (budget, facts, gate)."""
     from gdrprobe.campaign.gate import Budget
     from gdrprobe.campaign.machine import machine_facts, require_cuda_gpus
@@ -359,7 +359,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
         gpu_memory=send, receive_memory=receive,
         ib_port=ib_port, gid_index=gid_index, repeats=repeats, threshold=threshold,
         floor=floor, staged=staged, keep_cq_moderation="cq_moderation" in settings,
-        host=host, port=_port(port), token=token, latency=latency, read=read,
+        host=host, port=_port(port), token=token, latency=latency, read=read, bidir=bidir,
         **_latency_bound(latency_factor))
 
 
@@ -379,8 +379,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
           repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
           floor: float = defaults.FLOOR,
           time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S, size: int | None = None,
-          latency: bool = False, read: bool = False, latency_factor: float | None = None,
-          **settings):
+          latency: bool = False, read: bool = False, bidir: bool = False,
+          latency_factor: float | None = None, **settings):
     """The A/B and its verdict as NCCL will move this GPU's bytes: GPU memory at both ends
     on the local NIC in loopback (the NIC reads one GPU buffer and writes another; where
     that falls short, one arm per direction names the one that fails), or against host.
@@ -400,7 +400,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     check of the same NIC included. Where the A/B is engaged, latency=True adds the latency
     A/B (``report.latency``: "latency degraded" where the GPU memory's median is over the
     host memory's by more than latency_factor, default LATENCY_FACTOR) and read=True the A/B
-    with RDMA READ (``report.read``: "GDR read degraded", NCCL_NET_GDR_READ=0 named); either
+    with RDMA READ (``report.read``: "GDR read degraded", NCCL_NET_GDR_READ=0 named), bidir=True
+    the A/B with both ends WRITEing at once (``report.bidir``, the same answer); each
     shortfall is a warning in ``verdict.warnings`` (exit 13), never a drain. NCCL's flush,
     where it ran, is ``report.flush``. Returns a :class:`gdrprobe.report.model.CheckReport`."""
     import dataclasses
@@ -414,7 +415,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
         time_budget_s, settings, host=host, token=token, port=port, ib_port=ib_port,
         gid_index=gid_index, mem=mem, remote_mem=remote_mem, gpu_mem_type=gpu_mem_type,
         gpu_alloc=gpu_alloc, staged=staged, repeats=repeats, threshold=threshold,
-        floor=floor, size=size, latency=latency, read=read, latency_factor=latency_factor)
+        floor=floor, size=size, latency=latency, read=read, bidir=bidir,
+        latency_factor=latency_factor)
     pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
     # Both ends pin their host buffers here in loopback (check_node fits its NICs itself).
     gate = dataclasses.replace(gate, options=fit_to_memlock(
@@ -447,11 +449,12 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
                threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
                size: int | None = None, latency: bool = False, read: bool = False,
-               latency_factor: float | None = None, **settings):
+               bidir: bool = False, latency_factor: float | None = None, **settings):
     """:func:`check` for every GPU of the job with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
     parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
-    fitted them), all inside time_budget_s; latency, read and latency_factor as in check().
+    fitted them), all inside time_budget_s; latency, read, bidir and latency_factor as in
+    check().
     The job's GPUs: gpus (comma-separated CUDA
     ordinals, bus ids or UUIDs), else SLURM_STEP_GPUS, SLURM_JOB_GPUS,
     NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set; else every GPU of the
@@ -466,7 +469,7 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
         time_budget_s, settings, ib_port=ib_port, gid_index=gid_index, mem=mem,
         gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
         threshold=threshold, floor=floor, size=size, job=job, latency=latency, read=read,
-        latency_factor=latency_factor)
+        bidir=bidir, latency_factor=latency_factor)
     return _check_node(facts, gate, budget, os.environ, job=job)
 
 

@@ -87,12 +87,13 @@ EXIT_CODES = (
                 "per-repeat ratios still straddle the threshold at the end of the time budget, "
                 "another job's traffic on the NIC during the window, or a GPU or NIC held by a "
                 "process that is not the job's); it says nothing against the node", WARN),
-    ExitCodeRow(ExitCode.PERFORMANCE_WARNING, "engaged, but an answer `check --latency` or "
-                "`check --read` asked for falls short: latency degraded (the GPU memory's "
-                "small-message latency over the host memory's by more than --latency-factor) "
-                "or GDR read degraded (RDMA READ of GPU memory below the threshold while "
-                "WRITE passes; NCCL's mitigation: NCCL_NET_GDR_READ=0); reported, never a "
-                "drain, until hardware calibrates these bounds", WARN),
+    ExitCodeRow(ExitCode.PERFORMANCE_WARNING, "engaged, but an answer `check --latency`, "
+                "`--read` or `--bidir` asked for falls short: latency degraded (the GPU "
+                "memory's small-message latency over the host memory's by more than "
+                "--latency-factor) or GDR read degraded (RDMA READ, or both ends WRITEing at "
+                "once, below the threshold while one-way WRITE passes; NCCL's mitigation: "
+                "NCCL_NET_GDR_READ=0); reported, never a drain, until hardware calibrates "
+                "these bounds", WARN),
     ExitCodeRow(ExitCode.INTERNAL, "an internal error: a bug in gdrprobe (the message says "
                 "where, and how to report it); it says nothing about the node", WARN),
     ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C: SIGINT); everything was "

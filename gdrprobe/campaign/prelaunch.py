@@ -23,9 +23,10 @@ move this GPU's bytes, inside the check's time budget.
 - **Other traffic on the port** during the runs, by the port's own counters against what
   the runs put on the wire (:mod:`gdrprobe.campaign.port_traffic`), makes a measured answer
   inconclusive (exit 12) instead of degraded (:func:`verdict.disturbed`).
-- **The extra answers** asked for (``check --latency``, ``--read``), on an engaged answer
-  only, on the same NIC under the same lock: the latency A/B (WRITE with immediate, host
-  memory at both ends against the check's GPU memory) and the A/B with RDMA READ
+- **The extra answers** asked for (``check --latency``, ``--read``, ``--bidir``), on an
+  engaged answer only, on the same NIC under the same lock: the latency A/B (WRITE with
+  immediate, host memory at both ends against the check's GPU memory), the A/B with RDMA
+  READ and the A/B with both ends WRITEing at once
   (:mod:`gdrprobe.campaign.secondary` decides; a shortfall warns, exit 13).
 - **A GPU another process holds** (``CUDA_ERROR_DEVICE_UNAVAILABLE``: exclusive-process
   compute mode with another process on it, or prohibited) is a fault the job meets, exit 11,
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Callable
 from collections.abc import Mapping
 
@@ -59,6 +61,8 @@ from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.rdma.verbs import GidPreference
 from gdrprobe.report.check import CheckReport, FloorCheck, NcclUse, RankPair
 from gdrprobe.sysroot import PCI_BUS_ID
+
+MIN_BIDIR_WINDOW_S = 0.1   # a window for the bidirectional runs where the check set none
 
 # What a check keeps of its budget for the runs when it waits for a NIC another check
 # holds: the first run may start only with the shortest out-of-band time-out left, the
@@ -93,6 +97,7 @@ class GateSettings:
     latency_factor: float = defaults.LATENCY_FACTOR
     latency_factor_source: str = secondary.DEFAULT_FACTOR_SOURCE
     read: bool = False
+    bidir: bool = False      # the A/B with both ends WRITEing at once (perftest's -b)
 
 
 def check_floor(floor: float) -> None:
@@ -182,7 +187,7 @@ def planned_runs(gate: GateSettings, two_ended: bool) -> int:
     """The most runs the A/B can make: the host arm and each deciding arm per repeat, and
     with GPU memory at both ends the two one-direction arms' repeats; the extra answers'
     two arms per repeat each."""
-    extras = 2 * gate.repeats * (gate.latency + gate.read)
+    extras = 2 * gate.repeats * (gate.latency + gate.read + gate.bidir)
     return gate.repeats * (2 + gate.staged) + (3 * gate.repeats if two_ended else 0) + extras
 
 
@@ -202,6 +207,16 @@ def read_options(options: ProbeOptions) -> ProbeOptions:
     return dataclasses.replace(options, opcode="read", flush="")
 
 
+def bidir_options(options: ProbeOptions, host_gbps: float) -> ProbeOptions:
+    """The bidirectional A/B's runs: the check's, both sides WRITEing at once for a number
+    of iterations (a bidirectional run checks every message, so it has no duration): as
+    many as the WRITE A/B's host arm moved per QP in one of its windows, at least 10."""
+    size, window_s = max(options.sizes), options.duration_s or MIN_BIDIR_WINDOW_S
+    iterations = int(host_gbps * 1e9 / 8 * window_s / size / options.qps)
+    return dataclasses.replace(options, bidir=True, flush="", duration_s=None,
+                               window_bytes=None, iterations=max(10, iterations))
+
+
 def latency_answer(gate: GateSettings, runner, local: MemorySpec, remote: MemorySpec):
     """check --latency: the latency A/B and its answer; not run where the budget or the
     GPU arm cannot hold it (a corrupt payload stays the run's error)."""
@@ -214,22 +229,24 @@ def latency_answer(gate: GateSettings, runner, local: MemorySpec, remote: Memory
 
 
 def read_answer(gate: GateSettings, runner, local: MemorySpec, remote: MemorySpec,
-                floor: FloorCheck, findings):
-    """check --read: the A/B with RDMA READ, as the WRITE A/B ran, and its answer."""
+                floor: FloorCheck, findings, what: str):
+    """check --read, --bidir: the A/B again with RDMA READ, or both ends WRITEing at once,
+    as the WRITE A/B ran, and its answer."""
     try:
         report = ab_test(runner, local, remote, repeats=gate.repeats,
                          threshold=gate.threshold, doctor_findings=findings,
                          min_repeats=min(2, gate.repeats), floor=floor)
     except StopSampling as stop:
-        return secondary.read_not_run(f"the READ runs stopped: {stop}")
-    return secondary.read_check(report)
+        return secondary.read_not_run(f"the {what} runs stopped: {stop}")
+    return secondary.read_check(report, what)
 
 
-def extra_answers(gate: GateSettings, verdict, runner_for, local: MemorySpec,
+def extra_answers(gate: GateSettings, write: CheckReport, runner_for, local: MemorySpec,
                   remote: MemorySpec, floor: FloorCheck, findings) -> dict:
     """The extra answers asked for, as CheckReport fields: measured where the WRITE A/B is
-    a conclusive "engaged", else each says why not."""
-    blocked = secondary.blocked_by(verdict)
+    a conclusive "engaged" (write: its report, verdict as disturbed() left it), else each
+    says why not."""
+    blocked = secondary.blocked_by(write.verdict)
     answers = {}
     if gate.latency:
         answers["latency"] = (
@@ -239,7 +256,13 @@ def extra_answers(gate: GateSettings, verdict, runner_for, local: MemorySpec,
     if gate.read:
         answers["read"] = (secondary.read_not_run(blocked) if blocked else
                            read_answer(gate, runner_for(read_options), local, remote, floor,
-                                       findings))
+                                       findings, secondary.READ_WHAT))
+    if gate.bidir:
+        host_gbps = statistics.median(write.arms[0].bandwidths_gbps or (0.0,))
+        answers["bidir"] = (secondary.read_not_run(blocked) if blocked else
+                            read_answer(gate, runner_for(lambda options: bidir_options(
+                                options, host_gbps)), local, remote, floor, findings,
+                                secondary.BIDIR_WHAT))
     return answers
 
 
@@ -316,10 +339,11 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
                              min_repeats=min(2, gate.repeats), floor=floor,
                              disturbed=lambda: bool(watch.foreign))
             verdict = disturbed(report.verdict, watch.foreign)
+            write = dataclasses.replace(report, verdict=verdict)
             # Not watched for other traffic: the port's counters judge bandwidth runs of
             # WRITEs, and the extra answers only warn.
             extras = extra_answers(
-                gate, verdict, lambda shape: budgeted(
+                gate, write, lambda shape: budgeted(
                     lambda capped: loopback.runner(capped, endpoint, gate.host, gate.port,
                                                    gate.token),
                     shape(options), budget),
@@ -334,5 +358,5 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
         elapsed_s=round(budget.elapsed(), 3), send_gpu=sender, send_gpu_reason=sender_why,
         lock=held.describe(why), port_traffic=watch.describe())
     verdict = secondary.with_warnings(with_nccl(verdict, use), extras.get("latency"),
-                                      extras.get("read"))
+                                      extras.get("read"), extras.get("bidir"))
     return dataclasses.replace(report, verdict=verdict, placement=placement, **extras)

@@ -5,10 +5,11 @@ flush. Pure logic, no I/O: :mod:`gdrprobe.campaign.prelaunch` measures, these de
   immediate, host memory at both ends against the check's GPU memory) puts the GPU arm's
   median over the host arm's by more than a factor at some size (default
   :data:`gdrprobe.defaults.LATENCY_FACTOR`, where its evidence is cited).
-- **GDR read degraded** (``check --read``): the A/B again with RDMA READ, whose responder
-  NIC issues PCIe reads of GPU memory under its ``max_rd_atomic`` credits, falls short
-  (degraded or broken) while the WRITE A/B passed: PCIe peer-to-peer reads are slow or
-  refused on the platform. NCCL's own mitigation is named: NCCL_NET_GDR_READ=0.
+- **GDR read degraded** (``check --read``, ``--bidir``): the A/B again with RDMA READ, whose
+  responder NIC issues PCIe reads of GPU memory under its ``max_rd_atomic`` credits, or with
+  both ends WRITEing at once (each NIC reading one GPU buffer while writing another), falls
+  short (degraded or broken) while the one-way WRITE A/B passed: PCIe peer-to-peer reads are
+  slow or refused on the platform. NCCL's own mitigation is named: NCCL_NET_GDR_READ=0.
 - **the flush**: every flush READ of the deciding arm brought back the byte its message
   wrote last (a wrong byte already ends the arm as a broken data path, exit 1).
 
@@ -31,6 +32,8 @@ from gdrprobe.report.check import (DEGRADED, ENGAGED, GDR_READ_DEGRADED, LATENCY
 from gdrprobe.report.model import LatencyABReport, RunReport
 
 INCONCLUSIVE = "inconclusive"
+READ_WHAT = "RDMA READ"                                   # check --read's A/B
+BIDIR_WHAT = "bidirectional WRITE"                        # check --bidir's A/B
 DEFAULT_FACTOR_SOURCE = ("the default: a doubling is the symptom users report "
                          "(gdrprobe.defaults.LATENCY_FACTOR); uncalibrated, so a warning")
 # NCCL reads NCCL_NET_GDR_READ in ncclTopoCheckGdr (NCCL_PARAM NetGdrRead, default -2:
@@ -75,28 +78,29 @@ def latency_not_run(factor: float, source: str, why: str) -> LatencyCheck:
     return LatencyCheck(NOT_RUN, factor, source, detail=why)
 
 
-def read_check(read: CheckReport) -> ReadCheck:
-    """The READ A/B's answer, asked after the WRITE A/B passed: GDR read degraded where it
-    conclusively falls short or its data path broke; its median alone where inconclusive."""
+def read_check(read: CheckReport, what: str = READ_WHAT) -> ReadCheck:
+    """The READ (or bidirectional) A/B's answer, asked after the one-way WRITE A/B passed:
+    GDR read degraded where it conclusively falls short or its data path broke; its median
+    alone where inconclusive."""
     verdict = read.verdict
     if verdict.classification == NOT_TESTABLE:
         return ReadCheck(NOT_RUN, verdict, read.arms,
                          detail=(verdict.likely_causes or ("not testable",))[0])
     if verdict.inconclusive:
         return ReadCheck(INCONCLUSIVE, verdict, read.arms,
-                         detail="the READ A/B's ratios straddle the threshold")
+                         detail=f"the {what} A/B's ratios straddle the threshold")
     if verdict.classification in (DEGRADED, NOT_ENGAGED):
         return ReadCheck(GDR_READ_DEGRADED, verdict, read.arms, mitigation=READ_MITIGATION,
-                         detail=_read_shortfall(verdict))
+                         detail=_read_shortfall(verdict, what))
     return ReadCheck(WITHIN, verdict, read.arms)
 
 
-def _read_shortfall(verdict: Verdict) -> str:
+def _read_shortfall(verdict: Verdict, what: str) -> str:
     if verdict.ratio is None:
-        return (f"RDMA READ of GPU memory {verdict.classification} while WRITE passes: "
+        return (f"{what} of GPU memory {verdict.classification} while one-way WRITE passes: "
                 + (verdict.likely_causes or ("",))[0]).rstrip(": ")
-    return (f"RDMA READ of GPU memory reaches {verdict.ratio:.2f} of host memory's, under "
-            f"the threshold {verdict.threshold:g}, while WRITE passes")
+    return (f"{what} of GPU memory reaches {verdict.ratio:.2f} of host memory's, under "
+            f"the threshold {verdict.threshold:g}, while one-way WRITE passes")
 
 
 def read_not_run(why: str) -> ReadCheck:
@@ -104,7 +108,7 @@ def read_not_run(why: str) -> ReadCheck:
 
 
 def with_warnings(verdict: Verdict, latency: LatencyCheck | None,
-                  read: ReadCheck | None) -> Verdict:
+                  *reads: ReadCheck | None) -> Verdict:
     """The verdict with the extra answers that fell short as warnings (exit 13 on an engaged
     answer: verdict_exit_code)."""
     lines = []
@@ -115,8 +119,8 @@ def with_warnings(verdict: Verdict, latency: LatencyCheck | None,
                      f"memory's by more than {latency.factor:g}x at {sizes} (worst "
                      f"{worst.gpu_over_host:.2f}x at {worst.size_bytes} B: "
                      f"{worst.gpu_median_us:.2f} against {worst.host_median_us:.2f} us)")
-    if read is not None and read.outcome == GDR_READ_DEGRADED:
-        lines.append(f"{GDR_READ_DEGRADED}: {read.detail}; mitigation: {read.mitigation}")
+    lines += [f"{GDR_READ_DEGRADED}: {read.detail}; mitigation: {read.mitigation}"
+              for read in reads if read is not None and read.outcome == GDR_READ_DEGRADED]
     if not lines:
         return verdict
     return dataclasses.replace(verdict, warnings=tuple(lines))

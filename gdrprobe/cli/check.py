@@ -7,7 +7,7 @@ budget; with ``--node`` every GPU of the job (``--gpu LIST``, SLURM_STEP_GPUS,
 SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) in one
 process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
 NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
-inconclusive, 13 engaged with a warning from --latency or --read) or an error's;
+inconclusive, 13 engaged with a warning from --latency, --read or --bidir) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
@@ -109,6 +109,10 @@ def register(subparsers) -> None:
                              "degraded' where READ of GPU memory falls short while WRITE "
                              "passes, with NCCL's mitigation NCCL_NET_GDR_READ=0; a warning "
                              "(exit 13), never a drain")
+    parser.add_argument("--bidir", action="store_true",
+                        help="where engaged, also the A/B with both ends WRITEing at once "
+                             "(perftest's -b): 'GDR read degraded' where it falls short while "
+                             "the one-way WRITE passes; a warning (exit 13), never a drain")
     parser.add_argument("--prometheus", metavar="FILE",
                         help="also write node-exporter text-file metrics to FILE, atomically: "
                              "bench's metrics, the exit code and time stamp, per GPU "
@@ -141,7 +145,8 @@ def run(args) -> int:
                   gpu_alloc=args.gpu_alloc,
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
                   time_budget_s=args.time_budget, size=args.size, qps=qps,
-                  latency=args.latency, read=args.read, latency_factor=args.latency_factor)
+                  latency=args.latency, read=args.read, bidir=args.bidir,
+                  latency_factor=args.latency_factor)
     if args.node:
         if args.device is not None:
             raise UsageError("--node checks each GPU with its NCCL NIC",

@@ -20,9 +20,9 @@ PERFTEST_SPELLINGS = {
           "states it constant, else CLOCK_MONOTONIC (run --clock)",
     "--CPU-freq": "not needed: gdrprobe times with the CPU's cycle counter only where the "
                   "kernel states it constant, else CLOCK_MONOTONIC (run --clock)",
-    "-b": "both directions at once is -b (--bidir) on run, bench and cluster; check already "
-          "measures the NIC reading and writing GPU memory (GPU memory at both ends), and "
-          "names a failing direction",
+    "-b": "both directions at once is -b (--bidir) on run, bench and cluster, and check "
+          "--bidir; check already measures the NIC reading and writing GPU memory (GPU "
+          "memory at both ends), and names a failing direction",
     "--bidirectional": "both directions at once is -b (--bidir) on run, bench and cluster; "
                        "check already measures the NIC reading and writing GPU memory, and "
                        "names a failing direction",

@@ -204,7 +204,8 @@ class LatencyCheck:
 @dataclasses.dataclass(frozen=True)
 class ReadCheck:
     """check --read: the A/B with RDMA READ instead of WRITE (the responder's NIC reads
-    GPU memory under max_rd_atomic credits) and its answer against the WRITE A/B's."""
+    GPU memory under max_rd_atomic credits), or check --bidir: with both ends WRITEing at
+    once; its answer against the one-way WRITE A/B's."""
 
     outcome: str                   # GDR read degraded | within bounds | inconclusive | not run
     verdict: Verdict | None = None     # the READ A/B's own verdict
@@ -240,6 +241,7 @@ class CheckReport:
     flush: FlushCheck | None = None            # NCCL's flush in the deciding arm, where it ran
     latency: LatencyCheck | None = None        # check --latency
     read: ReadCheck | None = None              # check --read
+    bidir: ReadCheck | None = None             # check --bidir: both ends WRITEing at once
 
 
 # ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------

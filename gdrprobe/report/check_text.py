@@ -53,8 +53,8 @@ def render_check(report: CheckReport) -> str:
 
 
 def render_extras(report: CheckReport) -> list[str]:
-    """NCCL's flush, the latency A/B and the READ A/B where they ran or were asked for, and
-    the warnings they gave."""
+    """NCCL's flush, the latency A/B, the READ and bidirectional A/Bs where they ran or were
+    asked for, and the warnings they gave."""
     lines = []
     if report.flush is not None:
         median = (f"; median {report.flush.median_us:.2f} us post to completion"
@@ -62,11 +62,12 @@ def render_extras(report: CheckReport) -> list[str]:
         lines.append(f" NCCL's flush: {report.flush.outcome}{median}")
     if report.latency is not None:
         lines += render_latency(report.latency)
-    if report.read is not None:
-        read = report.read
+    for title, read in (("RDMA READ", report.read), ("bidirectional WRITE", report.bidir)):
+        if read is None:
+            continue
         ratio = (f": GPU/host {read.verdict.ratio:.2f}"
                  if read.verdict is not None and read.verdict.ratio is not None else "")
-        lines.append(f" RDMA READ A/B: {read.outcome}{ratio}"
+        lines.append(f" {title} A/B: {read.outcome}{ratio}"
                      + (f" ({read.detail})" if read.detail else ""))
     lines += [f" warning: {line}" for line in report.verdict.warnings]
     return lines

@@ -47,17 +47,20 @@ class Machine:
     gpu_write: float = 380.0
     gpu_read: float = 380.0
     gpu_latency_us: float = 2.1
+    gpu_bidir: float = 380.0
     made: list = dataclasses.field(default_factory=list)
+    options: list = dataclasses.field(default_factory=list)
 
     def runner(self, options, endpoint, host=None, port=None, token=None, **ignored):
         def probe(local, remote):
-            self.made.append((options.mode, options.opcode))
+            self.made.append((options.mode, "bidir" if options.bidir else options.opcode))
+            self.options.append(options)
             gpu = "gpu" in (local.kind, remote.kind)
             memory = {"kind": "gpu", "mechanism": "dmabuf"} if gpu else {"kind": "host"}
             if options.mode == "latency":
                 return latency_run(self.gpu_latency_us if gpu else 2.0, memory)
-            gbps = (self.gpu_read if options.opcode == "read" else self.gpu_write) if gpu \
-                else 390.0
+            gbps = (self.gpu_bidir if options.bidir else self.gpu_read
+                    if options.opcode == "read" else self.gpu_write) if gpu else 390.0
             return recorded_run(gbps, memory)
         return probe
 
@@ -221,11 +224,12 @@ def test_the_cli_asks_the_api_for_them(monkeypatch, capsys):
         return run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2)
 
     monkeypatch.setattr(gdrprobe, "check", recorded_check)
-    assert main(["check", "--latency", "--read", "--latency-factor", "3", "--quiet"]) == 0
-    assert (asked[-1]["latency"], asked[-1]["read"], asked[-1]["latency_factor"]) == \
-        (True, True, 3.0)
+    assert main(["check", "--latency", "--read", "--bidir", "--latency-factor", "3",
+                 "--quiet"]) == 0
+    assert (asked[-1]["latency"], asked[-1]["read"], asked[-1]["bidir"],
+            asked[-1]["latency_factor"]) == (True, True, True, 3.0)
     assert main(["check", "--quiet"]) == 0
-    assert (asked[-1]["latency"], asked[-1]["read"]) == (False, False)
+    assert (asked[-1]["latency"], asked[-1]["read"], asked[-1]["bidir"]) == (False,) * 3
 
 
 def test_require_starts_the_job_on_a_warning(monkeypatch, tmp_path, machine):
@@ -245,3 +249,31 @@ def test_a_node_check_line_and_the_quiet_line_say_the_warning(tmp_path, machine)
     line = node_line(NodeGpuCheck(GPU_BUS, "mlx5_0", report.verdict.exit_code, report))
     assert "(exit 13: warn): latency degraded" in line
     assert "(exit 13: warn): latency degraded" in one_line(report)
+
+
+def test_both_ends_writing_at_once_below_the_threshold_is_gdr_read_degraded(tmp_path, machine):
+    machine.gpu_bidir = 150.0
+    report = check(tmp_path, bidir=True)
+    assert ("bandwidth", "bidir") in machine.made
+    both_ways = [o for o in machine.options if o.bidir]
+    # a bidirectional run counts iterations (no window) and checks every message instead of
+    # NCCL's flush; as many as the host arm moved per QP in one window of the WRITE A/B
+    assert all(o.duration_s is None and not o.flush and o.iterations >= 10 for o in both_ways)
+    assert report.bidir.outcome == "GDR read degraded" and report.read is None
+    assert "bidirectional WRITE of GPU memory reaches 0.38" in report.bidir.detail
+    assert report.verdict.exit_code == ExitCode.PERFORMANCE_WARNING
+    assert "NCCL_NET_GDR_READ=0" in report.verdict.warnings[0]
+    assert "bidirectional WRITE A/B: GDR read degraded" in render_check(report)
+
+
+def test_both_ends_writing_at_once_that_keep_up_are_within_bounds(tmp_path, machine):
+    report = check(tmp_path, bidir=True)
+    assert report.bidir.outcome == "within bounds"
+    assert report.verdict.exit_code == ExitCode.OK
+
+
+def test_the_bidir_runs_last_as_long_as_a_write_window():
+    options = ProbeOptions(sizes=(1 << 20,), qps=2, duration_s=0.5)
+    sized = prelaunch.bidir_options(options, host_gbps=80.0)
+    assert sized.iterations == int(80e9 / 8 * 0.5 / (1 << 20) / 2)
+    assert prelaunch.bidir_options(options, host_gbps=0.0).iterations == 10
