@@ -192,7 +192,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     :class:`gdrprobe.report.model.RunReport`. settings are
     :class:`gdrprobe.measure.options.ProbeOptions` fields (mode, sizes, iterations,
     duration_s, qps, tx_depth, cq_moderation, post_list, mtu, timeout_s, clock, ...);
-    on_result(result) sees each size's result as it is measured, notice(text) what a
+    on_result(result) sees each size's result as it is measured (with bidir,
+    on_result(result, reverse): the server's WRITEs of the same window too), notice(text) what a
     person may want to know while it runs (on_result: a single run only; the A/B reports
     its arms in its own report). flush=True: the receiver of a GPU buffer flushes it as
     NCCL does (an RDMA READ of the last message's first byte on a loopback QP) before each
@@ -310,7 +311,8 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 
 def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_type,
           gpu_alloc, staged, repeats, threshold, floor, size, host=None, token=None,
-          port=None, remote_mem=None, job=None):
+          port=None, remote_mem=None, job=None, latency=False, read=False, bidir=False,
+          latency_factor=None):
     """What check() and check_node() share: the budget, started first (it limits the whole
     call); what can be refused before the doctor runs; the machine read once (one doctor,
     one CUDA start-up), and GpuUnusable (exit 11) where CUDA lost GPUs sysfs lists; and
@@ -319,12 +321,16 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     NCCL's relaxed-ordering setting from the environment as NCCL sees it; the send buffer
     as mem says, the receive buffer the same (loopback: GPU memory at both ends) unless
     remote_mem says otherwise; the GPU memory allocated as NCCL will allocate it
-    (NCCL_CUMEM_ENABLE) unless gpu_alloc says. Returns (budget, facts, gate)."""
+    (NCCL_CUMEM_ENABLE) unless gpu_alloc says; the extra answers asked for (latency, read, bidir;
+    latency_factor None: the default). Returns (budget, facts, gate)."""
     from gdrprobe.campaign.gate import Budget
     from gdrprobe.campaign.machine import machine_facts, require_cuda_gpus
     from gdrprobe.campaign.prelaunch import GateSettings, check_floor
+    from gdrprobe.campaign.secondary import check_latency_factor
 
     budget = Budget(time_budget_s)
+    if latency_factor is not None:
+        check_latency_factor(latency_factor, latency)
     if settings.get("mode", "bandwidth") != "bandwidth":
         raise UsageError("check() compares bandwidth; latency runs use host memory",
                          "drop mode='latency' (latency: run() with host memory)")
@@ -353,7 +359,16 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
         gpu_memory=send, receive_memory=receive,
         ib_port=ib_port, gid_index=gid_index, repeats=repeats, threshold=threshold,
         floor=floor, staged=staged, keep_cq_moderation="cq_moderation" in settings,
-        host=host, port=_port(port), token=token)
+        host=host, port=_port(port), token=token, latency=latency, read=read, bidir=bidir,
+        **_latency_bound(latency_factor))
+
+
+def _latency_bound(factor: float | None) -> dict:
+    """The latency bound's GateSettings fields: as given, or the default's."""
+    if factor is None:
+        return {}
+    return {"latency_factor": factor,
+            "latency_factor_source": f"as given (latency_factor={factor:g})"}
 
 
 def check(host: str | None = None, *, token: str | None = None, port: int | None = None,
@@ -364,7 +379,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
           repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
           floor: float = defaults.FLOOR,
           time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S, size: int | None = None,
-          **settings):
+          latency: bool = False, read: bool = False, bidir: bool = False,
+          latency_factor: float | None = None, **settings):
     """The A/B and its verdict as NCCL will move this GPU's bytes: GPU memory at both ends
     on the local NIC in loopback (the NIC reads one GPU buffer and writes another; where
     that falls short, one arm per direction names the one that fails), or against host.
@@ -381,7 +397,13 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     QPs default to CHECK_QPS. Sampling stops as soon as the verdict is clear (2
     repeats at least, `repeats` at most). time_budget_s (default CHECK_TIME_BUDGET_S; None:
     no limit) is a hard limit on the whole check, doctor, set-up and waiting for another
-    check of the same NIC included. Returns a :class:`gdrprobe.report.model.CheckReport`."""
+    check of the same NIC included. Where the A/B is engaged, latency=True adds the latency
+    A/B (``report.latency``: "latency degraded" where the GPU memory's median is over the
+    host memory's by more than latency_factor, default LATENCY_FACTOR) and read=True the A/B
+    with RDMA READ (``report.read``: "GDR read degraded", NCCL_NET_GDR_READ=0 named), bidir=True
+    the A/B with both ends WRITEing at once (``report.bidir``, the same answer); each
+    shortfall is a warning in ``verdict.warnings`` (exit 13), never a drain. NCCL's flush,
+    where it ran, is ``report.flush``. Returns a :class:`gdrprobe.report.model.CheckReport`."""
     import dataclasses
 
     from gdrprobe.campaign.gate import rank_pair
@@ -393,7 +415,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
         time_budget_s, settings, host=host, token=token, port=port, ib_port=ib_port,
         gid_index=gid_index, mem=mem, remote_mem=remote_mem, gpu_mem_type=gpu_mem_type,
         gpu_alloc=gpu_alloc, staged=staged, repeats=repeats, threshold=threshold,
-        floor=floor, size=size)
+        floor=floor, size=size, latency=latency, read=read, bidir=bidir,
+        latency_factor=latency_factor)
     pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
     # Both ends pin their host buffers here in loopback (check_node fits its NICs itself).
     gate = dataclasses.replace(gate, options=fit_to_memlock(
@@ -425,11 +448,15 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
                repeats: int = defaults.REPEATS,
                threshold: float = defaults.THRESHOLD, floor: float = defaults.FLOOR,
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
-               size: int | None = None, all_rails: bool = False, **settings):
+               size: int | None = None, all_rails: bool = False, latency: bool = False,
+               read: bool = False, bidir: bool = False, latency_factor: float | None = None,
+               **settings):
     """:func:`check` for every GPU of the job with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
     parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
-    fitted them), all inside time_budget_s. The job's GPUs: gpus (comma-separated CUDA
+    fitted them), all inside time_budget_s; latency, read, bidir and latency_factor as in
+    check().
+    The job's GPUs: gpus (comma-separated CUDA
     ordinals, bus ids or UUIDs), else SLURM_STEP_GPUS, SLURM_JOB_GPUS,
     NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set; else every GPU of the
     node (:mod:`gdrprobe.campaign.job_gpus`). Returns a
@@ -445,13 +472,15 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
     budget, facts, gate = _gate(
         time_budget_s, settings, ib_port=ib_port, gid_index=gid_index, mem=mem,
         gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
-        threshold=threshold, floor=floor, size=size, job=job)
+        threshold=threshold, floor=floor, size=size, job=job, latency=latency, read=read,
+        bidir=bidir, latency_factor=latency_factor)
     return _check_node(facts, gate, budget, os.environ, job=job, every_rail=all_rails)
 
 
 def require(**kwargs):
     """:func:`check`, raising unless GPUDirect RDMA is engaged: a prelaunch gate for a
-    training job. Returns the report when engaged (exit 0); raises VerdictNotOk (exit 1:
+    training job. Returns the report when engaged (exit 0, or 13: engaged with a warning
+    from latency=True or read=True, never a reason to stop the job); raises VerdictNotOk (exit 1:
     degraded, not engaged, or NCCL's rules refuse it on this node), NcclSetting (10: an NCCL
     setting keeps NCCL off it), NotTestable (9) or Inconclusive (12: the measurement could
     not tell, however its median leaned)."""
@@ -460,7 +489,7 @@ def require(**kwargs):
 
     report = check(**kwargs)
     verdict = report.verdict
-    if verdict.exit_code == ExitCode.OK:
+    if verdict.exit_code in (ExitCode.OK, ExitCode.PERFORMANCE_WARNING):
         return report
     error = {int(ExitCode.NOT_TESTABLE): NotTestable,
              int(ExitCode.NCCL_SETTING): NcclSetting,
@@ -483,7 +512,7 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
           latency_iterations: int = defaults.LATENCY_ITERATIONS,
           threshold: float = defaults.THRESHOLD, timeout_s: float = defaults.TIMEOUT_S,
           baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None,
-          opcode: str = "write", all_rails: bool = False):
+          opcode: str = "write", bidir: bool = False, all_rails: bool = False):
     """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
     kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
     every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=0: none).
@@ -492,7 +521,9 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     Ctrl-C ends the sweep with the rows so far (``report.interrupted``). baseline: an
     earlier sweep's JSON file, read before anything is measured; each row that fell by more
     than max_drop is flagged (``report.baseline``). opcode="read": every run measures RDMA
-    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. all_rails (an idle
+    READ (perftest's ib_read_bw and ib_read_lat) instead of WRITE. bidir=True: both sides
+    WRITE at once in every bandwidth run (perftest's -b; a number of iterations, so no
+    duration_s): each row's ``reverse_gbps`` and ``bidir_sum_gbps``. all_rails (an idle
     node): after the sweep, every rail's GPU kind and host memory at once at the largest
     size and QP count, each against its own sweep row (``report.rails``; docs/check.md).
     Returns a :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row
@@ -514,7 +545,7 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
         latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port,
-        opcode=opcode, all_rails=all_rails)
+        opcode=opcode, bidir=bidir, all_rails=all_rails)
     report = run_bench(settings, machine_facts(), __version__, gpus=_as_tuple(gpus),
                        devices=_as_tuple(devices), gid_index=gid_index, timeout_s=timeout_s,
                        on_row=on_row or (lambda row, done, total: None))
@@ -537,10 +568,12 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
             threshold: float = defaults.THRESHOLD,
             slow_fraction: float = defaults.SLOW_FRACTION,
             timeout_s: float = defaults.TIMEOUT_S, oob_address: str | None = None,
-            gpu_alloc: str = defaults.GPU_ALLOCATION):
+            gpu_alloc: str = defaults.GPU_ALLOCATION, bidir: bool = False):
     """Every pair of nodes of the MPI job this process is a rank of (one rank per node):
     call it on every rank. Rank 0 gets the :class:`gdrprobe.report.model.ClusterReport`
-    (its ``exit_code`` is the worst pair's; a slow pair alone: 1), the other ranks None."""
+    (its ``exit_code`` is the worst pair's; a slow pair alone: 1), the other ranks None.
+    bidir=True: both ranks of a pair WRITE at once in one window (perftest's -b); each
+    pair's ``bidirectional`` has per arm each direction and the sum."""
     from gdrprobe.campaign import cluster as _cluster
     from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
 
@@ -554,7 +587,8 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
     local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
     facts = run_facts(local, loopback=False)
     view = (facts.nccl_environ, facts.nccl_rules) if facts else nccl_view()
-    options = _options(True, size, {"iterations": iterations, "timeout_s": timeout_s}, view)
+    options = _options(True, size, {"iterations": iterations, "timeout_s": timeout_s,
+                                    "bidir": bidir}, view)
     return _cluster.run_cluster(
         _cluster.world(), pattern, _cluster.pair_server(endpoint, timeout_s),
         lambda: _cluster.advertised_address(endpoint, oob_address),

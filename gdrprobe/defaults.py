@@ -97,6 +97,16 @@ CHECK_QPS = 2                      # check: QPs per run (why: campaign/gate.py)
 # so the floor sits a margin below, and still above what a 400 Gb/s NIC reaches on a PCIe
 # Gen4 x16 link (16 GT/s x 16 x 128/130 = 252 Gb/s: 0.63) or half its lanes.
 FLOOR = 0.8
+# check --latency: "latency degraded" where the GPU memory's median one-way latency (WRITE
+# with immediate, GPU memory at both ends) is over the host memory's by more than this
+# factor at a size. Uncalibrated, so a warning (exit 13), never a drain: the symptom users
+# report on a path gone wrong is a doubling ("CUDA write latency value double than RDMA
+# write latency in small payload", linux-rdma/perftest issue 276; NVIDIA's GPUDirect RDMA
+# manual names "a very high latency" the symptom of a missing GDR path), while a healthy
+# peer-to-peer hop adds a fraction of a host round trip.
+LATENCY_FACTOR = 2.0
+CHECK_LATENCY_SIZES = (8, 4096)    # check --latency: an NCCL LL line's payload, and a page
+CHECK_LATENCY_ITERATIONS = LATENCY_ITERATIONS
 LOCK_DIRS = ("/run/gdrprobe", "/tmp/gdrprobe")   # check: per-NIC lock files, first usable
 SLOW_FRACTION = 0.8                # cluster: a pair below this share of the median is slow
 BENCH_MEMORY = ("host", "dmabuf", "peermem", "staged")   # bench's memory kinds

@@ -26,7 +26,7 @@ class ExitCode(enum.IntEnum):
     NCCL_SETTING = 10        # an NCCL setting keeps NCCL off GPUDirect RDMA; the node is fine
     GPU_UNUSABLE = 11        # every CUDA process fails on this GPU (fabric manager down, ...)
     INCONCLUSIVE = 12        # no answer now: the measurement straddles, or another job is busy
-    CONTENTION = 13          # check --all-rails: each rail is fine alone, together they fall
+    PERFORMANCE_WARNING = 13  # engaged, but rails contend, latency or GPU-memory reads fall short
     INTERNAL = 70            # a bug in gdrprobe: sysexits.h's EX_SOFTWARE, "internal software error"
     INTERRUPTED = 130        # Ctrl-C: SIGINT, 128 + 2 as a shell reports it
     BROKEN_PIPE = 141        # the output's reader went away: SIGPIPE, 128 + 13
@@ -47,8 +47,9 @@ START, DRAIN, WARN = "start the job", "drain", "warn"
 # missing, down or unopenable, verbs or completions failing, corrupt payloads, memlock too
 # low, a GPU that no CUDA process can use); warn for what is wrong with the check itself or
 # says nothing about the node (usage, a missing Python dependency, a peer, no GPU to test,
-# an NCCL setting of the job, a bug in gdrprobe, Ctrl-C), and for rails that contend only
-# together (the platform's design: every node of the build repeats it, no drain repairs it).
+# an NCCL setting of the job, a bug in gdrprobe, Ctrl-C), and for performance answers past
+# one-way WRITE (the platform's design: every node of the build repeats it, no drain repairs
+# it, and no hardware has calibrated the bounds yet).
 EXIT_CODES = (
     ExitCodeRow(ExitCode.OK, "engaged; for other commands: success", START),
     ExitCodeRow(ExitCode.VERDICT_NOT_OK,
@@ -88,13 +89,17 @@ EXIT_CODES = (
                 "per-repeat ratios still straddle the threshold at the end of the time budget, "
                 "another job's traffic on the NIC during the window, or a GPU or NIC held by a "
                 "process that is not the job's); it says nothing against the node", WARN),
-    ExitCodeRow(ExitCode.CONTENTION, "`check --all-rails`: every rail is engaged alone, but "
-                "run together some keep less than the rail ratio (`defaults.RAIL_RATIO`) of their "
-                "solo bandwidth; the report names "
-                "the PCIe element, root complex or socket they share. A fact of the platform's "
-                "design that every node of the same build repeats and no drain repairs (a link "
-                "trained below its width is the doctor's `topology.rails` warning), so it warns "
-                "and the alert GdrprobeRailContention makes it seen", WARN),
+    ExitCodeRow(ExitCode.PERFORMANCE_WARNING, "engaged, but a performance answer the check "
+                "was asked for falls short: rails that contend (`check --all-rails`: every rail "
+                "engaged alone, but together some keep less than `defaults.RAIL_RATIO` of their "
+                "solo bandwidth; the report names the PCIe element, root complex or socket they "
+                "share), latency degraded (`--latency`: the GPU memory's small-message latency "
+                "over the host memory's by more than --latency-factor) or GDR read degraded "
+                "(`--read`, `--bidir`: RDMA READ, or both ends WRITEing at once, below the "
+                "threshold while one-way WRITE passes; NCCL's mitigation: NCCL_NET_GDR_READ=0). "
+                "Facts of the platform's design that every node of the build repeats and no drain "
+                "repairs, with bounds no hardware has calibrated yet: reported and alerted "
+                "(GdrprobeRailContention), never a drain", WARN),
     ExitCodeRow(ExitCode.INTERNAL, "an internal error: a bug in gdrprobe (the message says "
                 "where, and how to report it); it says nothing about the node", WARN),
     ExitCodeRow(ExitCode.INTERRUPTED, "interrupted (Ctrl-C: SIGINT); everything was "

@@ -28,6 +28,7 @@ from gdrprobe.errors import (CompletionError, CudaError, GdrprobeError, Integrit
 from gdrprobe.sysroot import SysRoot
 from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, FloorCheck
 from gdrprobe.report.model import RunReport
+from gdrprobe.campaign.secondary import flush_check
 from gdrprobe.campaign.verdict import (check_repeats, DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
                                       arm_ratio, check_threshold, classify,
                                       line_rate_fraction, settled)
@@ -144,7 +145,9 @@ class ArmRecord:
                     SERIALISED if self.bounds else ""),
             fix=getattr(self.error, "fix", "") if self.error else "",
             pipelined_bound_gbps=tuple(self.bounds), direction=self.plan.direction,
-            role=self.plan.role, line_rate_fraction=line_rate_fraction(self.bandwidths, floor))
+            role=self.plan.role, line_rate_fraction=line_rate_fraction(self.bandwidths, floor),
+            bidirectional=tuple(run.bidirectional[-1] for run in self.runs
+                                if run.bidirectional))
 
 
 # How the staged arm's two figures are obtained.
@@ -229,7 +232,8 @@ def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
     deciding = next((r for r in main if r.runs), None)
     return CheckReport(verdict=verdict, arms=tuple(r.report(size, floor) for r in shown),
                        settings=host.runs[-1].settings, repeats=len(host.runs), floor=floor,
-                       gpu_settings=deciding.runs[-1].settings if deciding else None)
+                       gpu_settings=deciding.runs[-1].settings if deciding else None,
+                       flush=flush_check(main[0].runs, main[0].error) if main else None)
 
 
 @dataclasses.dataclass(frozen=True)

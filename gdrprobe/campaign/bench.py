@@ -28,6 +28,7 @@ from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationF
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
 from gdrprobe.campaign.gate import MachineFacts, NicChoice
 from gdrprobe.campaign.nccl_use import receive_flush
+from gdrprobe.measure.loops import bidir_result
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.campaign.verdict import ArmMeasurement, check_threshold, classify
 from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
@@ -88,9 +89,10 @@ class BenchPlan:
             return dataclasses.replace(
                 self.options, mode="latency", sizes=latency_sizes(self.options.sizes),
                 iterations=self.latency_iterations, warmup_iterations=0, duration_s=None, qps=1,
-                tx_depth=1, cq_moderation=1, post_list=1)
-        # NCCL flushes what its NIC wrote into GPU memory: a READ run writes nothing there.
-        flushed = run.gpu and not self.options.reads
+                tx_depth=1, cq_moderation=1, post_list=1, bidir=False)
+        # NCCL flushes what its NIC wrote into GPU memory: a READ run writes nothing there;
+        # a bidirectional one checks every message both ways instead (measure/options.py).
+        flushed = run.gpu and not self.options.reads and not self.options.bidir
         return dataclasses.replace(self.options, qps=run.qps,
                                    flush=self.flushes.get(run.gpu, "") if flushed else "")
 
@@ -125,7 +127,9 @@ def bench_pairs(gpus: Sequence[str], nics: Sequence[str], decisions: Mapping[str
 # ---- rows ----------------------------------------------------------------------------
 
 
-def measured_row(run: RunPlan, result) -> BenchRow:
+def measured_row(run: RunPlan, result, reverse=None) -> BenchRow:
+    """A size's row; reverse: in a bidirectional run, the other side's WRITEs of the same
+    window (the sum is both directions')."""
     common = dict(mode=run.mode, gpu=run.gpu, nic=run.nic, memory=run.memory, qps=run.qps,
                   size_bytes=result.size_bytes, outcome=MEASURED, iterations=result.iterations,
                   elapsed_s=result.elapsed_s)
@@ -137,9 +141,13 @@ def measured_row(run: RunPlan, result) -> BenchRow:
                         latency_us_p99=result.latency_us_p99,
                         latency_us_p999=result.latency_us_p999,
                         latency_us_max=result.latency_us_max)
+    both = {}
+    if reverse is not None:
+        pair = bidir_result(result, reverse)
+        both = dict(reverse_gbps=pair.server_to_client_gbps, bidir_sum_gbps=pair.sum_gbps)
     return BenchRow(**common, bandwidth_avg_gbps=result.bandwidth_avg_gbps,
                     bandwidth_peak_gbps=result.bandwidth_peak_gbps,
-                    message_rate_mpps=result.message_rate_mpps)
+                    message_rate_mpps=result.message_rate_mpps, **both)
 
 
 def outcome_of(error: GdrprobeError) -> str:
@@ -278,8 +286,8 @@ def run_sweep(plan: BenchPlan, execute: Execute,
                     keep(row)
                 continue
             try:
-                execute(run, options,
-                        lambda measured, run=run: keep(measured_row(run, measured)))
+                execute(run, options, lambda measured, reverse=None, run=run:
+                        keep(measured_row(run, measured, reverse)))
             except Interrupted:
                 raise            # a stopped loop: the sweep ends as at Ctrl-C
             except GdrprobeError as error:
@@ -438,7 +446,7 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
     options = ProbeOptions(sizes=settings.sizes_bytes, iterations=settings.iterations,
                            duration_s=settings.duration_s, warmup_s=settings.warmup_s,
                            tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
-                           timeout_s=timeout_s, opcode=settings.opcode,
+                           timeout_s=timeout_s, opcode=settings.opcode, bidir=settings.bidir,
                            relaxed_ordering=facts.nccl_rules.relaxed_ordering(facts.nccl_environ))
     flushes = {pair.gpu: receive_flush(facts.nccl.get(pair.gpu)) for pair in pairs if pair.gpu}
     plan = BenchPlan(pairs, settings.memory_kinds, settings.qps, options,

@@ -26,7 +26,7 @@ from gdrprobe.protocol.token import new_token
 from gdrprobe.rdma import verbs
 from gdrprobe.rdma.devices import list_devices
 from gdrprobe.rdma.endpoint import EndpointOptions
-from gdrprobe.report.model import ClusterPair, ClusterReport, RunReport
+from gdrprobe.report.model import BidirResult, ClusterPair, ClusterReport, RunReport
 
 PATTERNS = ("all", "ring")
 MPI4PY_FIX = ("install mpi4py for the system's MPI (Debian/Ubuntu: apt-get install "
@@ -150,17 +150,29 @@ def pair_row(client: int, server: int, client_node: str, server_node: str,
         return ClusterPair(**common, error=outcome.cause, fix=outcome.fix,
                            exit_code=int(outcome.exit_code))
     if isinstance(outcome, RunReport):
-        return ClusterPair(**common, host_gbps=outcome.bandwidth[-1].bandwidth_avg_gbps)
+        return ClusterPair(**common, host_gbps=outcome.bandwidth[-1].bandwidth_avg_gbps,
+                           bidirectional=both_ways({"host": outcome.bidirectional[-1:]}))
     host = next(arm for arm in outcome.arms if arm.arm == "host")
     gpu = [arm for arm in outcome.arms if arm.arm != "host"]
     verdict = outcome.verdict
     return ClusterPair(
-        **common,
+        **common, bidirectional=both_ways({"host": host.bidirectional,
+                                           "gpu": gpu[0].bidirectional if gpu else ()}),
         host_gbps=statistics.median(host.bandwidths_gbps) if host.bandwidths_gbps else None,
         gpu_gbps=(statistics.median(gpu[0].bandwidths_gbps)
                   if gpu and gpu[0].bandwidths_gbps else None),
         ratio=verdict.ratio, verdict=verdict.classification,
         likely_causes=verdict.likely_causes, fix=verdict.fix, exit_code=verdict.exit_code)
+
+
+def both_ways(arms: dict[str, tuple[BidirResult, ...]]) -> dict[str, BidirResult]:
+    """Per arm that ran both ways (--bidir), the medians of its repeats: each direction and
+    the sum."""
+    return {arm: BidirResult(rows[-1].size_bytes,
+                             statistics.median(r.client_to_server_gbps for r in rows),
+                             statistics.median(r.server_to_client_gbps for r in rows),
+                             statistics.median(r.sum_gbps for r in rows))
+            for arm, rows in arms.items() if rows}
 
 
 def pair_probe(options: ProbeOptions, endpoint: EndpointOptions, local: MemorySpec,

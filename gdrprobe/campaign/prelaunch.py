@@ -23,6 +23,11 @@ move this GPU's bytes, inside the check's time budget.
 - **Other traffic on the port** during the runs, by the port's own counters against what
   the runs put on the wire (:mod:`gdrprobe.campaign.port_traffic`), makes a measured answer
   inconclusive (exit 12) instead of degraded (:func:`verdict.disturbed`).
+- **The extra answers** asked for (``check --latency``, ``--read``, ``--bidir``), on an
+  engaged answer only, on the same NIC under the same lock: the latency A/B (WRITE with
+  immediate, host memory at both ends against the check's GPU memory), the A/B with RDMA
+  READ and the A/B with both ends WRITEing at once
+  (:mod:`gdrprobe.campaign.secondary` decides; a shortfall warns, exit 13).
 - **A GPU another process holds** (``CUDA_ERROR_DEVICE_UNAVAILABLE``: exclusive-process
   compute mode with another process on it, or prohibited) is a fault the job meets, exit 11,
   when it is the checked GPU, or in a node check (the job has not started) one of the job's;
@@ -34,13 +39,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from typing import Callable
 from collections.abc import Mapping
 
 from gdrprobe import defaults
-from gdrprobe.campaign.ab import HOST, ab_test, no_device_not_testable
+from gdrprobe.campaign.ab import ARM_ERRORS, HOST, StopSampling, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
+from gdrprobe.campaign.latency_ab import latency_ab
+from gdrprobe.campaign import secondary
 from gdrprobe.campaign.machine import holds_gpu_buffer, nccl_use_of
 from gdrprobe.campaign.nccl_use import as_nccl_registers, receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
@@ -54,6 +62,8 @@ from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.rdma.verbs import GidPreference
 from gdrprobe.report.check import CheckReport, FloorCheck, LoopWindow, NcclUse, RankPair
 from gdrprobe.sysroot import PCI_BUS_ID
+
+MIN_BIDIR_WINDOW_S = 0.1   # a window for the bidirectional runs where the check set none
 
 # What a check keeps of its budget for the runs when it waits for a NIC another check
 # holds: the first run may start only with the shortest out-of-band time-out left, the
@@ -82,6 +92,13 @@ class GateSettings:
     # job's, which no process of the job holds yet; None in a rank's check (the job runs,
     # and its other ranks may hold theirs): the checked GPU alone.
     job_gpus: tuple[str, ...] | None = None
+    # The extra answers on an engaged node (campaign/secondary.py): the latency A/B with its
+    # bound on the GPU/host median ratio, and the A/B with RDMA READ.
+    latency: bool = False
+    latency_factor: float = defaults.LATENCY_FACTOR
+    latency_factor_source: str = secondary.DEFAULT_FACTOR_SOURCE
+    read: bool = False
+    bidir: bool = False      # the A/B with both ends WRITEing at once (perftest's -b)
 
 
 def check_floor(floor: float) -> None:
@@ -169,8 +186,85 @@ def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
 
 def planned_runs(gate: GateSettings, two_ended: bool) -> int:
     """The most runs the A/B can make: the host arm and each deciding arm per repeat, and
-    with GPU memory at both ends the two one-direction arms' repeats."""
-    return gate.repeats * (2 + gate.staged) + (3 * gate.repeats if two_ended else 0)
+    with GPU memory at both ends the two one-direction arms' repeats; the extra answers'
+    two arms per repeat each."""
+    extras = 2 * gate.repeats * (gate.latency + gate.read + gate.bidir)
+    return gate.repeats * (2 + gate.staged) + (3 * gate.repeats if two_ended else 0) + extras
+
+
+def latency_options(options: ProbeOptions) -> ProbeOptions:
+    """The latency A/B's runs: a ping-pong of WRITEs with immediate at small sizes, one QP,
+    a fixed count (perftest's ib_write_lat --write_with_imm), no flush (a READ of its own)."""
+    return dataclasses.replace(options, mode="latency", opcode="write_imm",
+                               sizes=defaults.CHECK_LATENCY_SIZES,
+                               iterations=defaults.CHECK_LATENCY_ITERATIONS, duration_s=None,
+                               window_bytes=None, qps=1, tx_depth=1, cq_moderation=1,
+                               post_list=1, flush="")
+
+
+def read_options(options: ProbeOptions) -> ProbeOptions:
+    """The READ A/B's runs: the check's, the client's NIC reading the server's buffer (a
+    READ run has no flush: that follows a WRITE)."""
+    return dataclasses.replace(options, opcode="read", flush="")
+
+
+def bidir_options(options: ProbeOptions, host_gbps: float) -> ProbeOptions:
+    """The bidirectional A/B's runs: the check's, both sides WRITEing at once for a number
+    of iterations (a bidirectional run checks every message, so it has no duration): as
+    many as the WRITE A/B's host arm moved per QP in one of its windows, at least 10."""
+    size, window_s = max(options.sizes), options.duration_s or MIN_BIDIR_WINDOW_S
+    iterations = int(host_gbps * 1e9 / 8 * window_s / size / options.qps)
+    return dataclasses.replace(options, bidir=True, flush="", duration_s=None,
+                               window_bytes=None, iterations=max(10, iterations))
+
+
+def latency_answer(gate: GateSettings, runner, local: MemorySpec, remote: MemorySpec):
+    """check --latency: the latency A/B and its answer; not run where the budget or the
+    GPU arm cannot hold it (a corrupt payload stays the run's error)."""
+    try:
+        report = latency_ab(runner, local, remote, gate.repeats)
+    except (StopSampling, *ARM_ERRORS) as error:
+        return secondary.latency_not_run(gate.latency_factor, gate.latency_factor_source,
+                                         f"the latency runs stopped: {error}")
+    return secondary.latency_check(report, gate.latency_factor, gate.latency_factor_source)
+
+
+def read_answer(gate: GateSettings, runner, local: MemorySpec, remote: MemorySpec,
+                floor: FloorCheck, findings, what: str):
+    """check --read, --bidir: the A/B again with RDMA READ, or both ends WRITEing at once,
+    as the WRITE A/B ran, and its answer."""
+    try:
+        report = ab_test(runner, local, remote, repeats=gate.repeats,
+                         threshold=gate.threshold, doctor_findings=findings,
+                         min_repeats=min(2, gate.repeats), floor=floor)
+    except StopSampling as stop:
+        return secondary.read_not_run(f"the {what} runs stopped: {stop}")
+    return secondary.read_check(report, what)
+
+
+def extra_answers(gate: GateSettings, write: CheckReport, runner_for, local: MemorySpec,
+                  remote: MemorySpec, floor: FloorCheck, findings) -> dict:
+    """The extra answers asked for, as CheckReport fields: measured where the WRITE A/B is
+    a conclusive "engaged" (write: its report, verdict as disturbed() left it), else each
+    says why not."""
+    blocked = secondary.blocked_by(write.verdict)
+    answers = {}
+    if gate.latency:
+        answers["latency"] = (
+            secondary.latency_not_run(gate.latency_factor, gate.latency_factor_source,
+                                      blocked) if blocked else
+            latency_answer(gate, runner_for(latency_options), local, remote))
+    if gate.read:
+        answers["read"] = (secondary.read_not_run(blocked) if blocked else
+                           read_answer(gate, runner_for(read_options), local, remote, floor,
+                                       findings, secondary.READ_WHAT))
+    if gate.bidir:
+        host_gbps = statistics.median(write.arms[0].bandwidths_gbps or (0.0,))
+        answers["bidir"] = (secondary.read_not_run(blocked) if blocked else
+                            read_answer(gate, runner_for(lambda options: bidir_options(
+                                options, host_gbps)), local, remote, floor, findings,
+                                secondary.BIDIR_WHAT))
+    return answers
 
 
 # The CUresult of a GPU another process holds (exclusive-process) or no process may use
@@ -288,12 +382,23 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
                                                                       gate.token),
                                        options, budget))
         here = holds_gpu_buffer(local, loopback=gate.host is None)
+        findings = facts.findings if here else ()
         try:
             report = ab_test(run_once, local, remote, staged=gate.staged,
                              repeats=gate.repeats, threshold=gate.threshold,
-                             doctor_findings=facts.findings if here else (),
+                             doctor_findings=findings,
                              min_repeats=min(2, gate.repeats), floor=floor,
                              disturbed=lambda: bool(watch.foreign))
+            verdict = disturbed(report.verdict, watch.foreign)
+            write = dataclasses.replace(report, verdict=verdict)
+            # Not watched for other traffic: the port's counters judge bandwidth runs of
+            # WRITEs, and the extra answers only warn.
+            extras = extra_answers(
+                gate, write, lambda shape: budgeted(
+                    lambda capped: loopback.runner(capped, endpoint, gate.host, gate.port,
+                                                   gate.token),
+                    shape(options), budget),
+                local, remote, floor, findings)
         except GpuUnusable as error:
             elsewhere = held_elsewhere(error, pair.gpu, plan.sender, gate)
             if elsewhere is None:
@@ -304,5 +409,6 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
         elapsed_s=round(budget.elapsed(), 3), send_gpu=plan.sender,
         send_gpu_reason=plan.sender_why,
         lock=held.describe(why), port_traffic=watch.describe())
-    verdict = with_nccl(disturbed(report.verdict, watch.foreign), use)
-    return dataclasses.replace(report, verdict=verdict, placement=placement)
+    verdict = secondary.with_warnings(with_nccl(verdict, use), extras.get("latency"),
+                                      extras.get("read"), extras.get("bidir"))
+    return dataclasses.replace(report, verdict=verdict, placement=placement, **extras)

@@ -12,7 +12,8 @@ import sys
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import (add_opcode_flag, add_qps_flag, add_timeout_flag, add_verdict_flags, notice,
+from gdrprobe.cli.common import (add_bidir_flag, add_opcode_flag, add_qps_flag,
+                                 add_timeout_flag, add_verdict_flags, notice,
                                  size_list, terminate_as_interrupt)
 
 
@@ -57,6 +58,8 @@ def register(subparsers) -> None:
     parser.add_argument("-Q", "--cq-mod", type=int, default=defaults.CQ_MODERATION,
                         help=f"one signalled write in N (default {defaults.CQ_MODERATION})")
     add_opcode_flag(parser)
+    add_bidir_flag(parser, "every bandwidth row gets the other direction and the sum "
+                           "(a number of iterations: no -D)")
     parser.add_argument("--latency-iters", type=int, default=defaults.LATENCY_ITERATIONS,
                         help="latency round trips per size, host memory (0: no latency rows; "
                              f"default {defaults.LATENCY_ITERATIONS})")
@@ -158,7 +161,7 @@ def run(args) -> int:
             warmup_s=args.warmup, tx_depth=args.tx_depth, cq_moderation=args.cq_mod,
             latency_iterations=args.latency_iters, threshold=args.threshold,
             timeout_s=args.timeout, baseline=args.baseline, max_drop=args.max_drop,
-            on_row=on_row, opcode=args.opcode, all_rails=args.all_rails)
+            on_row=on_row, opcode=args.opcode, bidir=args.bidir, all_rails=args.all_rails)
     finally:
         progress.close()
     print(to_json(report) if args.json else outputs.render_bench_summary(report), flush=True)

@@ -7,7 +7,8 @@ budget; with ``--node`` every GPU of the job (``--gpu LIST``, SLURM_STEP_GPUS,
 SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) in one
 process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
 NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
-inconclusive; with ``--all-rails`` 13 contention) or an error's;
+inconclusive, 13 engaged with a performance warning: rails that contend under --all-rails,
+or --latency, --read or --bidir falling short) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
@@ -51,9 +52,9 @@ def register(subparsers) -> None:
                     "both ends, NCCL's own decision, an absolute floor of line rate, inside "
                     "a hard time budget. Exit 0 engaged, 1 degraded, not engaged or refused "
                     "by NCCL on this node (drain), 9 not testable, 10 an NCCL setting keeps "
-                    "NCCL off GPUDirect, 12 inconclusive, 13 rails contend (warn); see the "
-                    "README for every "
-                    "code.",
+                    "NCCL off GPUDirect, 12 inconclusive, 13 engaged with a performance "
+                    "warning from --all-rails, --latency, --read or --bidir (warn); see the "
+                    "README for every code.",
         epilog="example: gdrprobe check --gpu 0000:3b:00.0 -d mlx5_0 --time-budget 20; in a "
                "Slurm prolog, every GPU of the node: gdrprobe check --node --quiet. "
                + exit_codes_epilog())
@@ -102,6 +103,24 @@ def register(subparsers) -> None:
     add_verdict_flags(parser, "A/B repeats planned; sampling stops once the answer is clear, "
                               f"and goes on past them while it is inconclusive, up to "
                               f"{defaults.SETTLE_REPEATS} within the budget")
+    parser.add_argument("--latency", action="store_true",
+                        help="where engaged, also the latency A/B (WRITE with immediate, "
+                             "host memory at both ends against the GPU memory): 'latency "
+                             "degraded' where the GPU median is over the host median by more "
+                             "than --latency-factor at a size; a warning (exit 13), never a "
+                             "drain")
+    parser.add_argument("--latency-factor", type=float, metavar="RATIO",
+                        help="the GPU/host median latency ratio --latency accepts (default "
+                             f"{defaults.LATENCY_FACTOR:g}: uncalibrated; docs/check.md)")
+    parser.add_argument("--read", action="store_true",
+                        help="where engaged, also the A/B with RDMA READ: 'GDR read "
+                             "degraded' where READ of GPU memory falls short while WRITE "
+                             "passes, with NCCL's mitigation NCCL_NET_GDR_READ=0; a warning "
+                             "(exit 13), never a drain")
+    parser.add_argument("--bidir", action="store_true",
+                        help="where engaged, also the A/B with both ends WRITEing at once "
+                             "(perftest's -b): 'GDR read degraded' where it falls short while "
+                             "the one-way WRITE passes; a warning (exit 13), never a drain")
     parser.add_argument("--prometheus", metavar="FILE",
                         help="also write node-exporter text-file metrics to FILE, atomically: "
                              "bench's metrics, the exit code and time stamp, per GPU "
@@ -133,7 +152,9 @@ def run(args) -> int:
     common = dict(ib_port=args.ib_port, gid_index=args.gid_index, mem=args.mem,
                   gpu_alloc=args.gpu_alloc,
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
-                  time_budget_s=args.time_budget, size=args.size, qps=qps)
+                  time_budget_s=args.time_budget, size=args.size, qps=qps,
+                  latency=args.latency, read=args.read, bidir=args.bidir,
+                  latency_factor=args.latency_factor)
     if args.all_rails and not args.node:
         raise UsageError("--all-rails runs every rail of the node at once", "add --node")
     if args.node:

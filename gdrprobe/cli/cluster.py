@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import (add_device_flags, add_memory_flags, add_timeout_flag,
+from gdrprobe.cli.common import (add_bidir_flag, add_device_flags, add_memory_flags,
+                                 add_timeout_flag,
                                  add_verdict_flags, endpoint_arguments, memory_arguments,
                                  size, terminate_as_interrupt)
 
@@ -34,6 +35,7 @@ def register(subparsers) -> None:
     parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
                         help=f"iterations per run (default {defaults.ITERATIONS})")
     add_verdict_flags(parser, "A/B repeats per pair with a GPU buffer")
+    add_bidir_flag(parser, "per pair and arm each direction and the sum")
     parser.add_argument("--slow-fraction", type=float, default=defaults.SLOW_FRACTION,
                         help="a pair below this fraction of the median pair's host bandwidth "
                              f"is named slow (default {defaults.SLOW_FRACTION:g})")
@@ -54,7 +56,8 @@ def run(args) -> int:
     report = gdrprobe.cluster(
         pattern=args.pattern, size=args.size, iterations=args.iters, repeats=args.repeats,
         threshold=args.threshold, slow_fraction=args.slow_fraction, timeout_s=args.timeout,
-        oob_address=args.oob_address, **endpoint_arguments(args), **memory_arguments(args))
+        oob_address=args.oob_address, bidir=args.bidir, **endpoint_arguments(args),
+        **memory_arguments(args))
     if report is None:
         return 0
     document = to_json(report)

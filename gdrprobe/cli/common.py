@@ -72,6 +72,14 @@ def add_opcode_flag(parser) -> None:
                              "as ib_read_bw/ib_read_lat (the peer's NIC reads its memory)")
 
 
+def add_bidir_flag(parser, what: str) -> None:
+    """-b/--bidir, perftest's spelling: both sides post at once in one timed window."""
+    parser.add_argument("-b", "--bidir", action="store_true",
+                        help="both directions at once, as perftest's -b: each side WRITEs "
+                             "into the other's buffer in one window, every message checked "
+                             f"both ways; {what}")
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """An argparse type: whole numbers, comma-separated."""
     try:

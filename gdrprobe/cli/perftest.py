@@ -4,8 +4,8 @@ table behind the hint a perftest habit gets instead of argparse's bare usage err
 The spellings are those of perftest's ``ib_write_bw`` (linux-rdma/perftest,
 src/perftest_parameters.c: ``--report_gbits``, ``--use_cuda=<id>``, ``--use_cuda_dmabuf``,
 ``-F``/``--CPU-freq``, ``-b``/``--bidirectional``, ``-a``/``--all``). A flag a command
-shares with perftest (``-a`` on ``run``) means what it means there and never reaches this
-table: only an argument the command refused does.
+shares with perftest (``-a`` on ``run``; ``-b`` on ``run``, ``bench`` and ``cluster``) means
+what it means there and never reaches this table: only an argument the command refused does.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ PERFTEST_SPELLINGS = {
           "states it constant, else CLOCK_MONOTONIC (run --clock)",
     "--CPU-freq": "not needed: gdrprobe times with the CPU's cycle counter only where the "
                   "kernel states it constant, else CLOCK_MONOTONIC (run --clock)",
-    "-b": "both directions at once is 'gdrprobe run -b' (--bidir); check already measures "
-          "the NIC reading and writing GPU memory (GPU memory at both ends), and names a "
-          "failing direction",
-    "--bidirectional": "both directions at once is 'gdrprobe run -b' (--bidir); check "
-                       "already measures the NIC reading and writing GPU memory, and names "
-                       "a failing direction",
+    "-b": "both directions at once is -b (--bidir) on run, bench and cluster, and check "
+          "--bidir; check already measures the NIC reading and writing GPU memory (GPU "
+          "memory at both ends), and names a failing direction",
+    "--bidirectional": "both directions at once is -b (--bidir) on run, bench and cluster; "
+                       "check already measures the NIC reading and writing GPU memory, and "
+                       "names a failing direction",
     "-a": "every size is 'gdrprobe run -a' or 'gdrprobe bench' (2 B to 8 MiB by default, "
           "--sizes LIST); check measures one size, -s SIZE (default 1 MiB)",
     "--all": "every size is 'gdrprobe run -a' or 'gdrprobe bench' (2 B to 8 MiB by default, "

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import gdrprobe
 from gdrprobe import defaults
-from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, add_opcode_flag,
+from gdrprobe.cli.common import (add_bidir_flag, add_endpoint_flags, add_memory_flags,
+                                 add_opcode_flag,
                                  add_qps_flag, add_verdict_flags, endpoint_arguments,
                                  memory_arguments, notice, printed_document, size,
                                  terminate_as_interrupt, token_from)
@@ -24,10 +25,7 @@ def register(subparsers) -> None:
     parser.add_argument("--latency", action="store_true",
                         help="ping-pong latency instead of bandwidth")
     add_opcode_flag(parser)
-    parser.add_argument("-b", "--bidir", action="store_true",
-                        help="both directions at once, as perftest's -b: each side WRITEs "
-                             "into the other's buffer in one window, every message checked "
-                             "both ways; each direction and the sum reported")
+    add_bidir_flag(parser, "each direction and the sum reported")
     parser.add_argument("-s", "--size", type=size, metavar="SIZE",
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.SIZE}; {defaults.A_B_SIZE} for a GPU A/B)")
@@ -151,7 +149,7 @@ def run_rows_as_measured(arguments: dict, as_json: bool, gbits: bool):
 
     rows = []
 
-    def on_result(result) -> None:
+    def on_result(result, reverse=None) -> None:   # -b: the server's row is in the report
         if not as_json:
             if not rows:
                 print(result_columns(result, gbits))

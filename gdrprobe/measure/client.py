@@ -255,8 +255,8 @@ class ProbeClient:
         for size in self.options.sizes:
             result = self._measured_round(channel, handles, memory, server.buffer, size)
             rows.append(result)
-            if self.on_result is not None:
-                self.on_result(result)
+            if self.on_result is not None:   # a bidirectional run's with the server's row
+                self.on_result(*((result, self.reverse[-1]) if self.options.bidir else (result,)))
         channel.send(BYE)
         flushed = any(row.integrity.flush_reads for row in bandwidth)
         return RunReport(

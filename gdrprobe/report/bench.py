@@ -56,7 +56,8 @@ class BenchTable:
                          f" {row.size_bytes:>9} {_number(row.bandwidth_avg_gbps):>10}"
                          f" {_number(row.message_rate_mpps):>9}"
                          f" {_fraction(row.gpu_host_ratio):>8}"
-                         f" {_percent(row.line_rate_fraction):>9}  {outcome}")
+                         f" {_percent(row.line_rate_fraction):>9}  {outcome}"
+                         + _both_ways(row))
         else:
             lines.append(f" {row.nic:<9} {row.size_bytes:>9} {_number(row.latency_us_min):>9}"
                          f" {_number(row.latency_us_median):>10}"
@@ -71,6 +72,14 @@ class BenchTable:
         cause = (row.detail if row.detail.startswith(row.outcome)
                  else f"{row.outcome}: {row.detail}")
         return cause + (f"\n{'':>16}fix: {row.fix}" if row.fix else "")
+
+
+def _both_ways(row: BenchRow) -> str:
+    """A bidirectional row's other direction and the sum, Gb/s ("" for one way)."""
+    if row.bidir_sum_gbps is None:
+        return ""
+    return (f"  (-b: reverse {_number(row.reverse_gbps)}, sum "
+            f"{_number(row.bidir_sum_gbps)} Gb/s)")
 
 
 def render_bench(report: BenchReport) -> str:

@@ -8,7 +8,7 @@ import dataclasses
 
 from gdrprobe import defaults
 from gdrprobe.errors import ExitCode
-from gdrprobe.report.model import RunSettings
+from gdrprobe.report.model import BidirResult, LatencyRatio, RunSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +32,8 @@ class ArmReport:
     direction: str = ""
     role: str = ""                 # decides | reference (staged) | diagnoses (one direction)
     line_rate_fraction: float | None = None   # median bandwidth over the port's line rate
+    # A bidirectional run (-b): per repeat, each direction and the sum at size_bytes.
+    bidirectional: tuple[BidirResult, ...] = ()
 
 
 # ---- the A/B's verdict -----------------------------------------------------------
@@ -124,6 +126,9 @@ class Verdict:
     direction: str | None = None         # the failing direction: read | write | both | unknown
     below_floor: bool = False            # the deciding arm fell below the line-rate floor
     nccl: NcclUse | None = None          # NCCL's own decision for the GPU, where known
+    # What check --latency or --read found short on an engaged node: "latency degraded",
+    # "GDR read degraded" lines (exit 13, a warning, never a drain).
+    warnings: tuple[str, ...] = ()
     exit_code: int = dataclasses.field(init=False)
 
     def __post_init__(self):
@@ -136,9 +141,11 @@ def verdict_exit_code(verdict: Verdict) -> ExitCode:
     stand behind never drains and never says "start" on its own; "not used by NCCL" drains
     where NCCL's rules refuse GPUDirect on this node's hardware or stack, and only warns
     where an NCCL setting (the job's environment, an NCCL configuration file) does: the
-    node is fine."""
+    node is fine. An engaged answer with warnings (check --latency, --read) is 13."""
     if verdict.inconclusive and verdict.classification in (ENGAGED, DEGRADED):
         return ExitCode.INCONCLUSIVE
+    if verdict.classification == ENGAGED and verdict.warnings:
+        return ExitCode.PERFORMANCE_WARNING
     if verdict.classification != NOT_USED:
         return EXIT_CODES[verdict.classification]
     if verdict.nccl is not None and verdict.nccl.node_fault:
@@ -148,9 +155,12 @@ def verdict_exit_code(verdict: Verdict) -> ExitCode:
 
 def main_cause(verdict: Verdict) -> str:
     """The one line that says why the answer is what it is: for an inconclusive one, what
-    made it so; else the first likely cause, else the first evidence line."""
+    made it so; for an engaged one with warnings, the first warning; else the first likely
+    cause, else the first evidence line."""
     if verdict.exit_code == ExitCode.INCONCLUSIVE:
         lines = [line for line in verdict.evidence if line.startswith("inconclusive:")]
+    elif verdict.exit_code == ExitCode.PERFORMANCE_WARNING:
+        lines = list(verdict.warnings)
     else:
         lines = list(verdict.likely_causes or verdict.evidence)
     return lines[0] if lines else ""
@@ -169,6 +179,53 @@ class FloorCheck:
     note: str
 
 
+# The outcomes of check's extra answers (campaign/secondary.py decides them).
+LATENCY_DEGRADED = "latency degraded"
+GDR_READ_DEGRADED = "GDR read degraded"
+WITHIN = "within bounds"
+NOT_RUN = "not run"
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyCheck:
+    """check --latency: the latency A/B (WRITE with immediate, host memory at both ends
+    against the GPU memory the check measured) and whether the GPU arm's median is over the
+    host arm's by more than the factor at some size."""
+
+    outcome: str                   # latency degraded | within bounds | not run
+    factor: float                  # the bound on the GPU/host median ratio
+    factor_source: str             # where the factor comes from (a default or as given)
+    ratios: tuple[LatencyRatio, ...] = ()
+    degraded_sizes: tuple[int, ...] = ()
+    repeats: int = 0
+    detail: str = ""               # why it did not run, where it did not
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadCheck:
+    """check --read: the A/B with RDMA READ instead of WRITE (the responder's NIC reads
+    GPU memory under max_rd_atomic credits), or check --bidir: with both ends WRITEing at
+    once; its answer against the one-way WRITE A/B's."""
+
+    outcome: str                   # GDR read degraded | within bounds | inconclusive | not run
+    verdict: Verdict | None = None     # the READ A/B's own verdict
+    arms: tuple[ArmReport, ...] = ()
+    mitigation: str = ""           # NCCL's own, where reads fall short
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class FlushCheck:
+    """NCCL's flush in the deciding GPU arm's runs: each an RDMA READ of the last message's
+    first byte on a loopback QP, which must bring back the byte that message wrote."""
+
+    rule: str                      # why the check flushed (NCCL's rule, with its source)
+    reads: int                     # flush READs made, every run of the arm
+    bad: int                       # of those, how many brought back another byte
+    median_us: float | None        # the median of the runs' median flush times
+    outcome: str                   # what the READs showed, in words
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckReport:
     """The A/B and its verdict."""
@@ -181,6 +238,10 @@ class CheckReport:
     placement: RankPair | None = None   # the GPU and NIC gdrprobe.check() chose, and why
     floor: FloorCheck | None = None
     gpu_settings: RunSettings | None = None   # the deciding GPU arm's (inline is off there)
+    flush: FlushCheck | None = None            # NCCL's flush in the deciding arm, where it ran
+    latency: LatencyCheck | None = None        # check --latency
+    read: ReadCheck | None = None              # check --read
+    bidir: ReadCheck | None = None             # check --bidir: both ends WRITEing at once
 
 
 # ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------
@@ -243,7 +304,7 @@ INCONCLUSIVE = "inconclusive"      # the rails did not measure together, or a ra
 ONE_RAIL = "one rail"              # nothing to run together
 
 RAILS_EXIT_CODES = {TOGETHER: ExitCode.OK, ONE_RAIL: ExitCode.OK,
-                    CONTENTION: ExitCode.CONTENTION, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+                    CONTENTION: ExitCode.PERFORMANCE_WARNING, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 
 
 @dataclasses.dataclass(frozen=True)

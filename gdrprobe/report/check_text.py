@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
 from gdrprobe.report.check import (DIRECTION_WORDS, NOT_TESTABLE, ArmReport, CheckReport,
-                                   FloorCheck, NodeCheckReport, NodeGpuCheck, RailsReport, RankPair,
-                                   Verdict, main_cause)
+                                   FloorCheck, LatencyCheck, NodeCheckReport, NodeGpuCheck,
+                                   RailsReport, RankPair, Verdict, main_cause)
 from gdrprobe.report.model import RunSettings
 from gdrprobe.report.text import RULE
 
@@ -37,6 +37,7 @@ def render_check(report: CheckReport) -> str:
     if report.settings is not None:       # None: not one run could start
         lines += [RULE, render_settings(report.settings, report.gpu_settings), RULE]
         lines += render_arms(report.arms)
+    lines += render_extras(report)
     lines.append(RULE)
     shown = {text for arm in report.arms for text in (arm.mechanism_reason, arm.detail) if text}
     evidence = [line for line in v.evidence if line.partition(": ")[2] not in shown
@@ -51,11 +52,44 @@ def render_check(report: CheckReport) -> str:
     return "\n".join(lines)
 
 
+def render_extras(report: CheckReport) -> list[str]:
+    """NCCL's flush, the latency A/B, the READ and bidirectional A/Bs where they ran or were
+    asked for, and the warnings they gave."""
+    lines = []
+    if report.flush is not None:
+        median = (f"; median {report.flush.median_us:.2f} us post to completion"
+                  if report.flush.median_us is not None else "")
+        lines.append(f" NCCL's flush: {report.flush.outcome}{median}")
+    if report.latency is not None:
+        lines += render_latency(report.latency)
+    for title, read in (("RDMA READ", report.read), ("bidirectional WRITE", report.bidir)):
+        if read is None:
+            continue
+        ratio = (f": GPU/host {read.verdict.ratio:.2f}"
+                 if read.verdict is not None and read.verdict.ratio is not None else "")
+        lines.append(f" {title} A/B: {read.outcome}{ratio}"
+                     + (f" ({read.detail})" if read.detail else ""))
+    lines += [f" warning: {line}" for line in report.verdict.warnings]
+    return lines
+
+
+def render_latency(latency: LatencyCheck) -> list[str]:
+    lines = [f" latency A/B (WRITE with immediate, GPU against host memory): "
+             f"{latency.outcome}" + (f" ({latency.detail})" if latency.detail else "")
+             + (f"; bound {latency.factor:g}x, {latency.factor_source}"
+                if latency.ratios else "")]
+    lines += [f"   {r.size_bytes:>8} B: host {r.host_median_us:.2f} us, GPU "
+              f"{r.gpu_median_us:.2f} us, GPU/host {r.gpu_over_host:.2f}"
+              for r in latency.ratios]
+    return lines
+
+
 def headline(v: Verdict) -> str:
     return (f" GPUDirect RDMA: {v.classification.upper()}"
             + (f" via {v.mechanism}" if v.mechanism else "")
             + (" (inconclusive)" if v.inconclusive else "")
-            + (" (below the line-rate floor)" if v.below_floor else ""))
+            + (" (below the line-rate floor)" if v.below_floor else "")
+            + (", with a warning" if v.exit_code == ExitCode.PERFORMANCE_WARNING else ""))
 
 
 def render_floor(floor: FloorCheck) -> list[str]:
@@ -137,7 +171,8 @@ def node_line(check: NodeGpuCheck) -> str:
         parts.append(f"{deciding.line_rate_fraction:.2f} of line rate")
     if v.direction:
         parts.append(f"failing direction {v.direction}")
-    cause = main_cause(v) if v.exit_code and (v.likely_causes or v.inconclusive) else ""
+    cause = (main_cause(v) if v.exit_code and (v.likely_causes or v.inconclusive or v.warnings)
+             else "")
     return (f"{node_gpu_label(check)} via {check.nic or '-'}: {', '.join(parts)} ({action})"
             + (f": {cause}" if cause else ""))
 

@@ -425,6 +425,10 @@ class BenchRow:
     latency_us_max: float | None = None
     detail: str = ""                # the error, when the run did not measure
     fix: str = ""
+    # --bidir: both sides WRITE at once; bandwidth_avg_gbps is this side's WRITEs into the
+    # other, reverse_gbps the other side's into this one, in the same window, and the sum.
+    reverse_gbps: float | None = None
+    bidir_sum_gbps: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,6 +471,7 @@ class BenchSettings:
     threshold: float
     ib_port: int
     opcode: str = "write"          # the RDMA operation every run measures: write or read
+    bidir: bool = False            # both sides WRITE at once in every bandwidth run (perftest -b)
     all_rails: bool = False        # after the sweep, every rail at once (campaign.rails)
 
 
@@ -536,6 +541,8 @@ class ClusterPair:
     error: str = ""                    # why the pair could not be measured
     fix: str = ""                      # the verdict's fix, or the error's
     exit_code: int = 0                 # the pair's own: the verdict's, or the error's
+    # --bidir: per arm (host, gpu) each direction and the sum, the medians of its repeats
+    bidirectional: dict[str, BidirResult] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

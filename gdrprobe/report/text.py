@@ -302,6 +302,12 @@ def render_cluster(report: ClusterReport) -> str:
             ratio = f" (GPU/host {p.ratio:.2f})" if p.ratio is not None else ""
             lines += _cluster_pair(p, *answer_and_causes(f"{p.verdict}{ratio}", p.verdict,
                                                          p.likely_causes))
+    both = [p for p in report.pairs if p.bidirectional]
+    if both:
+        lines.append(" both directions at once (-b), Gb/s:")
+        lines += [f" ranks {p.client_rank}<->{p.server_rank} {arm}: {r.client_to_server_gbps:.3f}"
+                  f" client to server, {r.server_to_client_gbps:.3f} back, sum {r.sum_gbps:.3f}"
+                  for p in both for arm, r in p.bidirectional.items()]
     failed = [p for p in report.pairs if p.error]
     if failed:
         lines.append(" failed pairs:")

@@ -114,7 +114,7 @@ def test_rails_that_keep_their_solo_bandwidth_together_pass():
 def test_rails_that_fall_only_together_contend_and_warn_without_draining():
     report = check_all(Together({"mlx5_0": 190.0, "mlx5_1": 185.0}))
     result = report.rails
-    assert result.verdict == "contention" and result.exit_code == ExitCode.CONTENTION == 13
+    assert result.verdict == "contention" and result.exit_code == ExitCode.PERFORMANCE_WARNING == 13
     assert [r.contending for r in result.rails] == [True, True]
     assert [check.exit_code for check in report.gpus] == [0, 0]     # each engaged alone
     assert report.exit_code == 13 and 13 not in DRAIN_CODES

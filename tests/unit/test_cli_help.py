@@ -135,7 +135,8 @@ def test_the_help_prints_where_the_native_extension_was_never_built():
     (["run", "--loopback", "--use_cuda=0"], "--mem gpu --gpu N"),
     (["check", "--use_cuda_dmabuf"], "--mem dmabuf"),
     (["check", "-F"], "--clock"),
-    (["bench", "-b"], "names a failing direction"),
+    (["check", "-b"], "names a failing direction"),
+    (["check", "-b"], "on run, bench and cluster"),
     (["check", "-a"], "gdrprobe bench"),
     (["bench", "-a"], "--sizes LIST"),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else "")
@@ -161,10 +162,12 @@ def test_the_perftest_table_names_no_flag_a_command_takes_as_perftest_does():
 
     commands = subcommands()
     assert build_parser().parse_args(["run", "--loopback", "-a"]).all is True
+    assert build_parser().parse_args(["bench", "-b"]).bidir is True
+    shared = {"-b": {"run", "bench", "cluster"}}     # perftest's -b, meant as perftest does
     for spelling in PERFTEST_SPELLINGS:
         takers = [name for name, parser in commands.items()
                   if spelling in parser._option_string_actions]
-        assert set(takers) <= {"run"}, (spelling, takers)
+        assert set(takers) <= shared.get(spelling, {"run"}), (spelling, takers)
 
 
 def test_an_unknown_flag_is_refused_with_the_command_s_usage(capsys):

@@ -647,4 +647,4 @@ def test_the_docs_table_of_what_each_exit_does_is_the_one_table_s():
     warnings = {int(row.code) for row in EXIT_CODES if row.action == WARN}
     assert codes("a warning that says nothing") | codes("rails fine alone") == (
         warnings - {int(c) for c in CANNOT_CHECK_CODES})
-    assert codes("rails fine alone") == {int(ExitCode.CONTENTION)}
+    assert codes("rails fine alone") == {int(ExitCode.PERFORMANCE_WARNING)}

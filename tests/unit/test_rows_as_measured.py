@@ -55,3 +55,16 @@ def test_a_failure_before_any_row_prints_nothing(capsys, monkeypatch):
     with pytest.raises(PeerError):
         run_rows_as_measured(sweep(0, [], capsys, monkeypatch), True, False)
     assert capsys.readouterr().out == ""
+
+
+def test_a_bidirectional_run_hands_its_rows_with_the_servers(capsys, monkeypatch):
+    """issue 31: a -b run's on_result gets this side's row and the server's of the same
+    window (bench keeps both); run prints this side's as it comes."""
+    report = run_report(1.5)
+
+    def run(on_result, **arguments):
+        on_result(report.bandwidth[0], report.bandwidth[0])
+        return report
+    monkeypatch.setattr(gdrprobe, "run", run)
+    assert run_rows_as_measured({"loopback": True, "bidir": True}, False, True).kind == "run"
+    assert "4096" in capsys.readouterr().out

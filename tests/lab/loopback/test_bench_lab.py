@@ -161,3 +161,16 @@ def test_the_budget_holds_against_a_stalled_server(baseline):
         stalled.process.send_signal(signal.SIGCONT)
         stalled.stop()
     assert rdma_resources() == baseline
+
+
+def test_bench_bidir_rows_carry_both_directions_and_the_sum(baseline):
+    """issue 31: bench -b in loopback on rxe, host memory: both sides WRITE at once, every
+    message checked both ways; each row has the other direction and the sum."""
+    done = run_cli("bench", "--sizes", "64K", "--mem", "host", "-n", "200",
+                   "--latency-iters", "0", "-b", "--json", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["outcome"] == "measured" and row["reverse_gbps"] > 0
+    assert row["bidir_sum_gbps"] == pytest.approx(row["bandwidth_avg_gbps"]
+                                                  + row["reverse_gbps"])
+    assert rdma_resources() == baseline

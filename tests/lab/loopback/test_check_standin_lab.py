@@ -71,3 +71,31 @@ def test_a_gdr_level_no_path_reaches_holds_without_the_topology(tmp_path):
         assert verdict["exit_code"] == done.returncode and done.returncode in (1, 12)
     else:
         assert (verdict["classification"], verdict["exit_code"], done.returncode) == ("not used by NCCL", 10, 10)
+
+
+def test_check_latency_and_read_answer_on_an_engaged_node_and_never_drain(tmp_path):
+    """issue 31: --latency, --read and --bidir over real verbs (the stand-in's "GPU" memory is host
+    memory on rxe: the plumbing, not GPUDirect): each answers, or says the WRITE A/B's
+    answer comes first; a shortfall is exit 13, never a drain code."""
+    from gdrprobe.errors import DRAIN_CODES, ExitCode
+
+    code, report, _ = check_over_standin(tmp_path, "--repeats", "2", "--latency", "--read",
+                                         "--bidir", "--json")
+    verdict, latency, read = report["verdict"], report["latency"], report["read"]
+    both_ways = report["bidir"]
+    assert code == verdict["exit_code"]
+    if verdict["classification"] != "engaged" or verdict["inconclusive"]:
+        assert latency["outcome"] == read["outcome"] == both_ways["outcome"] == "not run"
+        assert "comes first" in read["detail"]
+        return
+    assert latency["outcome"] in ("within bounds", "latency degraded"), latency
+    assert [r["size_bytes"] for r in latency["ratios"]] == [8, 4096]
+    assert all(r["host_median_us"] > 0 and r["gpu_median_us"] > 0 for r in latency["ratios"])
+    assert read["outcome"] in ("within bounds", "GDR read degraded", "inconclusive"), read
+    assert read["verdict"]["arms"][0]["direction"] == "both"
+    assert both_ways["outcome"] in ("within bounds", "GDR read degraded", "inconclusive")
+    assert both_ways["arms"][1]["bidirectional"], both_ways["arms"][1]   # each direction
+    warned = (latency["outcome"] == "latency degraded"
+              or "GDR read degraded" in (read["outcome"], both_ways["outcome"]))
+    assert code == (ExitCode.PERFORMANCE_WARNING if warned else ExitCode.OK)
+    assert code not in DRAIN_CODES

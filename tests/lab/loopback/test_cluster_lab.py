@@ -55,3 +55,15 @@ def test_the_gpu_arm_without_a_gpu_is_not_testable_for_every_pair_in_a_ring():
     at = next(i for i, line in enumerate(lines) if line.startswith("   0->1: "))
     assert lines[at].startswith("   0->1: not testable: no CUDA driver"), done.stdout
     assert lines[at + 1].startswith("       fix: "), done.stdout
+
+
+def test_a_bidirectional_pair_reports_each_direction_and_the_sum():
+    """issue 31: cluster -b: both ranks of the pair WRITE at once in one window."""
+    done = mpirun_cluster(2, "--mem", "host", "-s", "65536", "-n", "200", "--json", "-b",
+                          "--slow-fraction", "0.01")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (pair,) = json.loads(done.stdout)["pairs"]
+    both = pair["bidirectional"]["host"]
+    assert both["client_to_server_gbps"] > 0 and both["server_to_client_gbps"] > 0
+    assert both["sum_gbps"] == pytest.approx(both["client_to_server_gbps"]
+                                             + both["server_to_client_gbps"])

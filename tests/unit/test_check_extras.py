@@ -1,0 +1,279 @@
+"""check's extra answers (issue 31): "latency degraded" from the latency A/B (a warning,
+exit 13, never a drain), "GDR read degraded" from the A/B with RDMA READ while WRITE passes
+(NCCL_NET_GDR_READ=0 named), NCCL's flush in the report; reachable from the CLI, the API and
+the JSON. The runs are recorded ones, shaped by the options each runner is made with."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import gdrprobe
+from gdrprobe.campaign import prelaunch, secondary
+from gdrprobe.campaign.ab import plan_arms, run_ab
+from gdrprobe.campaign.gate import Budget, rank_pair
+from gdrprobe.campaign.machine import machine_facts
+from gdrprobe.cli import main
+from gdrprobe.errors import DRAIN_CODES, SCHEDULER_ACTION, WARN, ExitCode, UsageError
+from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.report.check_text import render_check
+from gdrprobe.report.model import Integrity, LatencyResult, to_json
+from tests.unit.doctor import nccl_machines as nm
+from tests.unit.test_ab import SETTINGS, fake_probe, recorded_run
+
+GPU = MemorySpec.from_choice("gpu")
+GPU_BUS = "0000:1b:00.0"
+
+
+def gpu_buffer(gpu: str) -> MemorySpec:
+    return MemorySpec.from_choice("gpu", gpu=gpu)
+
+
+def latency_run(median_us: float, memory: dict):
+    ok = Integrity(True, 8, 0, None, 0, None)
+    rows = tuple(LatencyResult(size, 1000, median_us, median_us, median_us, 0.0, median_us,
+                               median_us, median_us, ok, 0.01) for size in (8, 4096))
+    report = recorded_run(1.0, memory)
+    return dataclasses.replace(report, bandwidth=(), latency=rows)
+
+
+@dataclasses.dataclass
+class Machine:
+    """What each kind of run measures: WRITE and READ bandwidth (Gb/s), latency (us)."""
+
+    gpu_write: float = 380.0
+    gpu_read: float = 380.0
+    gpu_latency_us: float = 2.1
+    gpu_bidir: float = 380.0
+    made: list = dataclasses.field(default_factory=list)
+    options: list = dataclasses.field(default_factory=list)
+
+    def runner(self, options, endpoint, host=None, port=None, token=None, **ignored):
+        def probe(local, remote):
+            self.made.append((options.mode, "bidir" if options.bidir else options.opcode))
+            self.options.append(options)
+            gpu = "gpu" in (local.kind, remote.kind)
+            memory = {"kind": "gpu", "mechanism": "dmabuf"} if gpu else {"kind": "host"}
+            if options.mode == "latency":
+                return latency_run(self.gpu_latency_us if gpu else 2.0, memory)
+            gbps = (self.gpu_bidir if options.bidir else self.gpu_read
+                    if options.opcode == "read" else self.gpu_write) if gpu else 390.0
+            return recorded_run(gbps, memory)
+        return probe
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    from gdrprobe.measure import loopback
+
+    measured = Machine()
+    monkeypatch.setattr(loopback, "runner", measured.runner)
+    return measured
+
+
+def check(tmp_path, **asked):
+    nm.hgx_8gpu_4nic(tmp_path)
+    facts = machine_facts(str(tmp_path), {})
+    gate = prelaunch.GateSettings(options=ProbeOptions(sizes=(1 << 20,), qps=2),
+                                  gpu_memory=gpu_buffer, receive_memory=gpu_buffer, **asked)
+    pair = rank_pair({}, facts.gpus, facts.nics, gpu=GPU_BUS)
+    return prelaunch.check_pair(pair, facts, gate, Budget(30.0),
+                                {"GDRPROBE_LOCK_DIR": str(tmp_path / "locks")})
+
+
+def test_gpu_latency_over_the_factor_is_latency_degraded_a_warning_never_a_drain(
+        tmp_path, machine):
+    machine.gpu_latency_us = 5.0            # 2.5x the host arm's 2.0 us
+    report = check(tmp_path, latency=True)
+    assert ("latency", "write_imm") in machine.made
+    assert report.latency.outcome == "latency degraded"
+    assert report.latency.degraded_sizes == (8, 4096)
+    assert report.latency.factor == 2.0 and "default" in report.latency.factor_source
+    assert report.verdict.classification == "engaged"
+    assert report.verdict.exit_code == ExitCode.PERFORMANCE_WARNING
+    assert SCHEDULER_ACTION[report.verdict.exit_code] == WARN
+    assert report.verdict.exit_code not in DRAIN_CODES
+    assert "latency degraded" in report.verdict.warnings[0]
+    assert "warning: latency degraded" in render_check(report)
+
+
+def test_gpu_latency_near_the_hosts_is_within_bounds_and_starts_the_job(tmp_path, machine):
+    report = check(tmp_path, latency=True)
+    assert report.latency.outcome == "within bounds"
+    assert report.latency.ratios[0].gpu_over_host == pytest.approx(1.05)
+    assert report.verdict.exit_code == ExitCode.OK and not report.verdict.warnings
+
+
+def test_a_given_factor_bounds_the_ratio(tmp_path, machine):
+    machine.gpu_latency_us = 5.0
+    report = check(tmp_path, latency=True, latency_factor=3.0,
+                   latency_factor_source="as given")
+    assert report.latency.outcome == "within bounds"
+    assert report.verdict.exit_code == ExitCode.OK
+
+
+def test_read_below_the_threshold_while_write_passes_is_gdr_read_degraded(tmp_path, machine):
+    machine.gpu_read = 150.0
+    report = check(tmp_path, read=True)
+    assert ("bandwidth", "read") in machine.made
+    assert report.read.outcome == "GDR read degraded"
+    assert "NCCL_NET_GDR_READ=0" in report.read.mitigation
+    assert report.read.verdict.classification == "degraded"
+    assert report.verdict.classification == "engaged"       # WRITE passes
+    assert report.verdict.exit_code == ExitCode.PERFORMANCE_WARNING
+    assert "NCCL_NET_GDR_READ=0" in report.verdict.warnings[0]
+
+
+def test_read_that_keeps_up_is_within_bounds(tmp_path, machine):
+    report = check(tmp_path, read=True)
+    assert report.read.outcome == "within bounds"
+    assert report.verdict.exit_code == ExitCode.OK
+
+
+def test_the_extra_answers_wait_for_an_engaged_write_answer(tmp_path, machine):
+    machine.gpu_write, machine.gpu_read, machine.gpu_latency_us = 100.0, 100.0, 9.0
+    report = check(tmp_path, latency=True, read=True)
+    assert {kind for kind in machine.made} == {("bandwidth", "write")}
+    assert report.latency.outcome == report.read.outcome == "not run"
+    assert "comes first" in report.read.detail
+    assert report.verdict.exit_code == ExitCode.VERDICT_NOT_OK
+
+
+def test_unasked_extra_answers_are_not_measured(tmp_path, machine):
+    report = check(tmp_path)
+    assert report.latency is None and report.read is None
+    assert {kind for kind in machine.made} == {("bandwidth", "write")}
+
+
+def flushed_run(gbps: float, memory: dict, reads: int, bad: int = 0, median_us=3.5):
+    report = recorded_run(gbps, memory)
+    row = report.bandwidth[0]
+    integrity = dataclasses.replace(row.integrity, flush_reads=reads, flush_bad=bad,
+                                    flush_us_median=median_us)
+    settings = dataclasses.replace(SETTINGS, flush="NCCL flushes here (p2p.cc)")
+    return dataclasses.replace(report, settings=settings,
+                               bandwidth=(dataclasses.replace(row, integrity=integrity),))
+
+
+def test_the_flush_s_correctness_is_in_the_check_report():
+    def run_once(local, remote):
+        if local.kind == "host":
+            return recorded_run(100.0, {"kind": "host"})
+        return flushed_run(97.0, {"kind": "gpu", "mechanism": "dmabuf"}, reads=12)
+
+    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2)
+    assert report.flush.reads == 24 and report.flush.bad == 0
+    assert report.flush.median_us == 3.5
+    assert "brought back the byte its message wrote last" in report.flush.outcome
+    assert "NCCL's flush: each of 24 flush READs" in render_check(report)
+    assert json.loads(to_json(report))["flush"]["reads"] == 24
+
+
+def test_no_flush_no_flush_report():
+    run_once, _ = fake_probe(gpu_gbps=97.0)
+    assert run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2).flush is None
+
+
+def test_a_flush_read_that_brought_back_another_byte_is_said():
+    from gdrprobe.errors import IntegrityError
+
+    from gdrprobe.measure.client import raise_if_corrupt
+
+    bad = Integrity(True, 8, 0, None, 0, None, flush_reads=4, flush_bad=1,
+                    first_flush_bad_offset=0)
+    with pytest.raises(IntegrityError) as raised:
+        raise_if_corrupt(bad, 8, "the server")
+    found = secondary.flush_check([], raised.value)
+    assert found.outcome.startswith("failed")
+    assert "flush READ brought back another byte than the last message wrote" in found.outcome
+    # corruption that is not the flush's says nothing about it
+    assert secondary.flush_check([], IntegrityError("payload corrupted: 3 bytes wrong")) is None
+
+
+def test_the_json_carries_the_extra_answers(tmp_path, machine):
+    machine.gpu_latency_us = 5.0
+    document = json.loads(to_json(check(tmp_path, latency=True, read=True)))
+    assert document["latency"]["outcome"] == "latency degraded"
+    assert document["read"]["outcome"] == "within bounds"
+    assert document["verdict"]["exit_code"] == 13
+    assert document["verdict"]["warnings"]
+
+
+@pytest.mark.parametrize("asked, message", [
+    (dict(latency_factor=3.0), "which --latency asks for"),
+    (dict(latency=True, latency_factor=1.0), "over 1 and at most 100"),
+])
+def test_a_latency_factor_is_refused_before_anything_is_probed(monkeypatch, asked, message):
+    from gdrprobe.campaign import machine
+
+    monkeypatch.setattr(machine, "machine_facts",
+                        lambda **kwargs: pytest.fail("the doctor ran"))
+    with pytest.raises(UsageError, match=message):
+        gdrprobe.check(**asked)
+
+
+def test_the_cli_asks_the_api_for_them(monkeypatch, capsys):
+    asked = []
+
+    def recorded_check(**kwargs):
+        asked.append(kwargs)
+        run_once, _ = fake_probe(gpu_gbps=97.0)
+        return run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2)
+
+    monkeypatch.setattr(gdrprobe, "check", recorded_check)
+    assert main(["check", "--latency", "--read", "--bidir", "--latency-factor", "3",
+                 "--quiet"]) == 0
+    assert (asked[-1]["latency"], asked[-1]["read"], asked[-1]["bidir"],
+            asked[-1]["latency_factor"]) == (True, True, True, 3.0)
+    assert main(["check", "--quiet"]) == 0
+    assert (asked[-1]["latency"], asked[-1]["read"], asked[-1]["bidir"]) == (False,) * 3
+
+
+def test_require_starts_the_job_on_a_warning(monkeypatch, tmp_path, machine):
+    machine.gpu_latency_us = 5.0
+    warned = check(tmp_path, latency=True)
+    monkeypatch.setattr(gdrprobe, "check", lambda **kwargs: warned)
+    assert gdrprobe.require(latency=True) is warned
+
+
+def test_a_node_check_line_and_the_quiet_line_say_the_warning(tmp_path, machine):
+    from gdrprobe.cli.check import one_line
+    from gdrprobe.report.check import NodeGpuCheck
+    from gdrprobe.report.check_text import node_line
+
+    machine.gpu_latency_us = 5.0
+    report = check(tmp_path, latency=True)
+    line = node_line(NodeGpuCheck(GPU_BUS, "mlx5_0", report.verdict.exit_code, report))
+    assert "(exit 13: warn): latency degraded" in line
+    assert "(exit 13: warn): latency degraded" in one_line(report)
+
+
+def test_both_ends_writing_at_once_below_the_threshold_is_gdr_read_degraded(tmp_path, machine):
+    machine.gpu_bidir = 150.0
+    report = check(tmp_path, bidir=True)
+    assert ("bandwidth", "bidir") in machine.made
+    both_ways = [o for o in machine.options if o.bidir]
+    # a bidirectional run counts iterations (no window) and checks every message instead of
+    # NCCL's flush; as many as the host arm moved per QP in one window of the WRITE A/B
+    assert all(o.duration_s is None and not o.flush and o.iterations >= 10 for o in both_ways)
+    assert report.bidir.outcome == "GDR read degraded" and report.read is None
+    assert "bidirectional WRITE of GPU memory reaches 0.38" in report.bidir.detail
+    assert report.verdict.exit_code == ExitCode.PERFORMANCE_WARNING
+    assert "NCCL_NET_GDR_READ=0" in report.verdict.warnings[0]
+    assert "bidirectional WRITE A/B: GDR read degraded" in render_check(report)
+
+
+def test_both_ends_writing_at_once_that_keep_up_are_within_bounds(tmp_path, machine):
+    report = check(tmp_path, bidir=True)
+    assert report.bidir.outcome == "within bounds"
+    assert report.verdict.exit_code == ExitCode.OK
+
+
+def test_the_bidir_runs_last_as_long_as_a_write_window():
+    options = ProbeOptions(sizes=(1 << 20,), qps=2, duration_s=0.5)
+    sized = prelaunch.bidir_options(options, host_gbps=80.0)
+    assert sized.iterations == int(80e9 / 8 * 0.5 / (1 << 20) / 2)
+    assert prelaunch.bidir_options(options, host_gbps=0.0).iterations == 10
