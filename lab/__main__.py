@@ -6,6 +6,7 @@
   python -m lab demo                           the main job on the two-host lab
   python -m lab demo-slurm                     a Slurm cluster on the two-host lab
   python -m lab demo-dmabuf                    the DMA-BUF arm through the kernel's import path
+  python -m lab demo-acs-iommu                 the doctor's ACS and IOMMU checks on a live q35 guest
   python -m lab test                           the lab test suites
 """
 
@@ -16,7 +17,7 @@ import sys
 
 from lab import vm
 from lab.kernel import LabError, ensure_kernel
-from lab.suites import demo, demo_dmabuf, demo_slurm, run_suites
+from lab.suites import demo, demo_acs_iommu, demo_dmabuf, demo_slurm, run_suites
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo-dmabuf", help="the A/B with --mem dmabuf through the kernel's dma-buf "
                                        "import path with host pages behind it "
                                        "(docs/dmabuf-lab.md)")
+    sub.add_parser("demo-acs-iommu", help="the doctor's ACS and IOMMU checks read live from a q35 "
+                                          "guest with an emulated IOMMU (docs/doctor.md)")
     tests = sub.add_parser("test", help="run the lab test suites in guests")
     tests.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k NAME)")
     args = parser.parse_args(argv)
@@ -61,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             return demo_slurm()
         if args.action == "demo-dmabuf":
             return demo_dmabuf()
+        if args.action == "demo-acs-iommu":
+            return demo_acs_iommu()
         return run_suites(args.pytest_args)
     except LabError as error:
         print(f"lab: {error}", file=sys.stderr)
