@@ -7,8 +7,8 @@ import re
 import shlex
 import shutil
 
-from lab import modules, slurm, vm
-from lab.kernel import REPO, LabError
+from lab import acs_iommu, modules, slurm, vm
+from lab.kernel import REPO, LabError, ensure_kernel
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 LOOPBACK_TESTS = "tests/lab/loopback"
@@ -22,6 +22,8 @@ LOOPBACK_SUITE_TIMEOUT_S = 3600
 PAIR_SUITE_TIMEOUT_S = 1800
 DEMO_SLURM_TIMEOUT_S = 600
 DEMO_DMABUF_TIMEOUT_S = 600
+DEMO_ACS_IOMMU_TIMEOUT_S = 600
+ACS_IOMMU_TESTS = "tests/lab/acs_iommu"
 
 
 def demo() -> int:
@@ -80,6 +82,24 @@ def demo_dmabuf(runtimes: tuple[str, ...] = ("cuda", "rocm"), name: str = "demo-
 def demo_rocm() -> int:
     """The ROCm half of demo-dmabuf alone: the A/B to a verdict over the stand-in HIP runtime."""
     return demo_dmabuf(("rocm",), "demo-rocm")
+
+
+def demo_acs_iommu() -> int:
+    """The doctor's ACS and IOMMU checks on a live kernel (lab/acs_iommu.py): one q35 guest
+    with an emulated IOMMU and two root ports, the findings printed as JSON, then the lab
+    test that asserts them."""
+    mark = f"env {acs_iommu.GUEST_MARK}=1"
+    command = (f"{mark} {PYTHON} -m lab.acs_iommu findings && "
+               f"{mark} {pytest_command(ACS_IOMMU_TESTS, [])}")
+    guest = vm.Guest("gdr-acs", command, qemu_opts=acs_iommu.QEMU_OPTS,
+                     kernel_args=acs_iommu.KERNEL_ARGS)
+    with guest.start(ensure_kernel()):
+        result = guest.wait(DEMO_ACS_IOMMU_TIMEOUT_S)
+    vm.print_result(result)
+    code = result.returncode
+    print(f"demo-acs-iommu: {int(code == 0)} passed, {int(code != 0)} failed "
+          f"({result.seconds:.0f} s, one boot)")
+    return code
 
 
 def prepare_dmabuf_modules() -> None:

@@ -44,13 +44,15 @@ class Guest:
     """One QEMU guest running one command; a context manager that always reaps it."""
 
     def __init__(self, name: str, command: str, *, wire: str | None = None,
-                 qemu_opts: str = "", cpus: int = 2, memory: str = "1G"):
+                 qemu_opts: str = "", cpus: int = 2, memory: str = "1G",
+                 kernel_args: tuple[str, ...] = ()):
         self.name = name
         self.command = command
         self.wire = wire
         self.qemu_opts = qemu_opts
         self.cpus = cpus
         self.memory = memory
+        self.kernel_args = kernel_args
         self.process: subprocess.Popen | None = None
         self.started = 0.0
 
@@ -60,6 +62,8 @@ class Guest:
         argv = [os.path.join(VENV_BIN, "vng"), "-r", kernel, "--disable-kvm",
                 "--name", self.name, "--cpus", str(self.cpus), "--memory", self.memory,
                 "--cwd", REPO, "--exec", inner]
+        for kernel_arg in self.kernel_args:
+            argv += ["--append", kernel_arg]
         if self.qemu_opts:
             argv.append(f"--qemu-opts={self.qemu_opts}")
         return argv

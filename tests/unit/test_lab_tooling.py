@@ -26,6 +26,19 @@ def test_wired_guest_gets_its_address_and_socket_backend():
     assert "connect=127.0.0.1:4321" in vm.wire_opts(4321, "connect", 1)
 
 
+def test_acs_iommu_guest_boots_with_the_iommu_on_and_both_root_ports():
+    from lab import acs_iommu
+
+    guest = vm.Guest("acs", "true", qemu_opts=acs_iommu.QEMU_OPTS, kernel_args=acs_iommu.KERNEL_ARGS)
+    argv = guest.argv("/k/vmlinuz")
+    assert argv[argv.index("--append") + 1] == "intel_iommu=on"
+    assert argv[-1].startswith("--qemu-opts=")       # vng takes everything after it as QEMU's
+    opts = argv[-1]
+    assert "-device intel-iommu" in opts and opts.count("pcie-root-port") == 2
+    assert "addr=0x10" in opts and "addr=0x11" in opts and opts.count("disable-acs=on") == 1
+    assert acs_iommu.ACS_PORT.endswith(":10.0") and acs_iommu.NO_ACS_PORT.endswith(":11.0")
+
+
 def test_outcomes_are_counted_from_pytest_summaries():
     from lab.suites import count_outcomes
 

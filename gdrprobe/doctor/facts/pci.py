@@ -140,6 +140,19 @@ def iommu_group(root: SysRoot, bdf: str) -> str | None:
     return target.rstrip("/").rsplit("/", 1)[-1] if target else None
 
 
+def iommu_unit_link(bdf: str) -> str:
+    return f"{device_dir(bdf)}/iommu"
+
+
+def iommu_unit(root: SysRoot, bdf: str) -> str | None:
+    """The name of the IOMMU that translates the device's DMA (the kernel links each device it
+    manages to its IOMMU: drivers/iommu/iommu-sysfs.c, iommu_device_link): dmar0 (Intel
+    VT-d), ivhd0 (AMD-Vi), smmu3.0x... (Arm SMMUv3, drivers/iommu/arm/arm-smmu-v3); None
+    when there is no link."""
+    target = root.readlink(iommu_unit_link(bdf))
+    return target.rstrip("/").rsplit("/", 1)[-1] if target else None
+
+
 # PCI functions that are RDMA NICs whatever driver is bound: an InfiniBand controller (class
 # 0x0207, any vendor), and Mellanox/NVIDIA networking's (vendor 0x15b3) network controllers
 # (class 0x02: ConnectX in Ethernet mode is 0x0200), the PCI ids the kernel's mlx5_core binds.

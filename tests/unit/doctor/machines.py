@@ -170,10 +170,12 @@ class SysfsTree:
             config = self.path(f"{directory}/config")
             config.write_bytes(config.read_bytes()[:64])
 
-    def iommu_groups(self, domain_type: str | None, bdfs: list[str] | None = None) -> None:
+    def iommu_groups(self, domain_type: str | None, bdfs: list[str] | None = None,
+                     unit: str | None = None) -> None:
         """Put each device (all by default) in its own IOMMU group of the given default domain type.
 
-        ``domain_type=None`` leaves out the type file, as kernels before 5.11 do.
+        ``domain_type=None`` leaves out the type file, as kernels before 5.11 do. ``unit``: the
+        IOMMU each device links to (dmar0, smmu3.0x0000000011000000), as the kernel links them.
         """
         for bdf in bdfs if bdfs is not None else sorted(self.devices):
             group = f"/sys/kernel/iommu_groups/{self._next_iommu_group}"
@@ -182,6 +184,9 @@ class SysfsTree:
             if domain_type is not None:
                 self.write(f"{group}/type", domain_type + "\n")
             self.symlink(f"{self.devices[bdf]}/iommu_group", group)
+            if unit is not None:
+                self.path(f"/sys/class/iommu/{unit}").mkdir(parents=True, exist_ok=True)
+                self.symlink(f"{self.devices[bdf]}/iommu", f"/sys/class/iommu/{unit}")
 
 
 # ---- machines --------------------------------------------------------------------

@@ -68,3 +68,49 @@ def test_no_devices_skips(tmp_path):
     machines.SysfsTree(tmp_path)
     cmdline, domain = run(tmp_path)
     assert domain.status is Status.SKIP
+
+
+GRACE_SMMU = "smmu3.0x0000000011000000"
+
+
+def test_grace_smmuv3_dma_domain_is_supported_not_a_fault(tmp_path):
+    """Grace: the SMMUv3 translates by default and GPUDirect RDMA goes through dma-buf mapped by
+    it (NVIDIA's Grace Blackwell CX8 GPUDirect RDMA guide): a DMA domain there is no fault."""
+    tree = machines.pix_node(tmp_path, pairs=1)
+    tree.cmdline("BOOT_IMAGE=/boot/vmlinuz-6.14.0-nvidia-64k ro")
+    tree.iommu_groups("DMA", unit=GRACE_SMMU)
+    findings = run(tmp_path)
+    cmdline = findings[0]
+    assert cmdline.status is Status.INFO and "SMMUv3" in cmdline.summary
+    domains = [f for f in findings if f.id == "iommu.domain"]
+    assert [f.status for f in domains] == [Status.INFO, Status.INFO]
+    assert "behind an Arm SMMUv3" in domains[0].summary
+    assert ("/sys/bus/pci/devices/0000:1b:00.0/iommu", GRACE_SMMU) in [
+        (e.source, e.value) for e in domains[0].evidence]
+
+
+def test_grace_passthrough_cmdline_stays_ok(tmp_path):
+    tree = machines.pix_node(tmp_path, pairs=1)
+    tree.cmdline("ro iommu.passthrough=1")
+    tree.iommu_groups("identity", unit=GRACE_SMMU)
+    cmdline, domain = run(tmp_path)
+    assert (cmdline.status, domain.status) == (Status.OK, Status.OK)
+
+
+def test_vt_d_dma_domain_still_fails_and_names_its_iommu(tmp_path):
+    tree = machines.pix_node(tmp_path, pairs=1)
+    tree.cmdline("ro intel_iommu=on")
+    tree.iommu_groups("DMA", unit="dmar0")
+    findings = run(tmp_path)
+    assert findings[0].status is Status.WARN
+    domains = [f for f in findings if f.id == "iommu.domain"]
+    assert [f.status for f in domains] == [Status.FAIL, Status.FAIL]
+    assert domains[0].evidence[-1].value == "dmar0"
+
+
+def test_blocked_domain_fails(tmp_path):
+    tree = machines.pix_node(tmp_path, pairs=1)
+    tree.iommu_groups("blocked")
+    domains = [f for f in run(tmp_path) if f.id == "iommu.domain"]
+    assert [f.status for f in domains] == [Status.FAIL, Status.FAIL]
+    assert "refuses every DMA" in domains[0].summary
