@@ -143,3 +143,83 @@ def probe_data_direct(names: list[str], libmlx5: str = LIBMLX5) -> dict[str, Any
     except Unavailable as error:
         return {"error": str(error)}
     return {"devices": library.probe(names)}
+
+
+def data_direct_path(device: str, libmlx5: str = LIBMLX5) -> str | None:
+    """The device's data-direct sysfs path (/sys prefixed) where libmlx5 gives one; None:
+    no libmlx5, no MLX5_1.25, not mlx5, or not data-direct."""
+    found = probe_data_direct([device], libmlx5).get("devices", {}).get(device, {})
+    return "/sys" + found["path"] if found.get("path") else None
+
+
+# ---- registration through the data-direct rung ------------------------------------------
+
+
+class IbvMr(ctypes.Structure):
+    """The head of struct ibv_mr (rdma-core libibverbs/verbs.h), as far as the keys."""
+
+    _fields_ = [("context", _vp), ("pd", _vp), ("addr", _vp), ("length", _size),
+                ("handle", ctypes.c_uint32), ("lkey", ctypes.c_uint32), ("rkey", ctypes.c_uint32)]
+
+
+ROUTE_PYVERBS = "pyverbs' Mlx5DmaBufMR"
+ROUTE_LIBMLX5 = "libmlx5's mlx5dv_reg_dmabuf_mr through ctypes (this pyverbs has no Mlx5DmaBufMR: rdma-core < 55)"
+
+
+class DataDirectRegion:
+    """A memory region libmlx5 registered for us: its keys, and close() deregisters it."""
+
+    def __init__(self, library: Mlx5dv, pointer: int, pd):
+        self._library, self._pointer, self.pd = library, pointer, pd
+        head = IbvMr.from_address(pointer)
+        self.lkey, self.rkey = head.lkey, head.rkey
+
+    def close(self) -> None:
+        pointer, self._pointer = self._pointer, None
+        if pointer:
+            plain(self._library.verbs, "ibv_dereg_mr", _int, (_vp,))(pointer)
+
+
+def register_data_direct(pd, length: int, access: int, fd: int, offset: int):
+    """mlx5dv_reg_dmabuf_mr(pd, offset, length, iova=offset, fd, access,
+    MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT), as NCCL registers on a ``<dev>_dma`` device:
+    pyverbs' Mlx5DmaBufMR where it has one (rdma-core 55 on), else libmlx5 directly on the
+    PD pyverbs owns. A refusal is pyverbs' PyverbsRDMAError with the errno and the route."""
+    from gdrprobe.rdma import verbs
+
+    pv = verbs.pyverbs()
+    try:
+        from pyverbs.providers.mlx5.mlx5dv_dmabuf import Mlx5DmaBufMR
+    except ImportError:
+        Mlx5DmaBufMR = None
+    if Mlx5DmaBufMR is not None:
+        try:
+            return Mlx5DmaBufMR(pd, offset, length, iova=offset, fd=fd, access=access,
+                                mlx5_access=MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT), ROUTE_PYVERBS
+        except pv.PyverbsRDMAError as error:
+            error.route = ROUTE_PYVERBS
+            raise
+    return _register_through_libmlx5(pv, pd, length, access, fd, offset), ROUTE_LIBMLX5
+
+
+def _register_through_libmlx5(pv, pd, length: int, access: int, fd: int, offset: int) -> DataDirectRegion:
+    from gdrprobe.rdma.handles import pd_pointer
+
+    def refused(text: str, code: int):
+        error = pv.PyverbsRDMAError(text, code)
+        error.route = ROUTE_LIBMLX5
+        return error
+
+    try:
+        library = Mlx5dv()
+    except Unavailable as error:
+        raise refused(str(error), errno.EOPNOTSUPP) from error
+    if library.mlx5_reg_dmabuf_mr is None:
+        raise refused(f"{LIBMLX5} has no mlx5dv_reg_dmabuf_mr@{MLX5_1_25}", errno.EOPNOTSUPP)
+    ctypes.set_errno(0)
+    pointer = library.mlx5_reg_dmabuf_mr(pd_pointer(pd), offset, length, offset, fd, access,
+                                         MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT)
+    if not pointer:
+        code = ctypes.get_errno() or errno.EINVAL
+        raise refused(f"Failed to register a data-direct dma-buf MR. length: {length}, access flags: {access}", code)
+    return DataDirectRegion(library, pointer, pd)
