@@ -31,6 +31,6 @@ def build() -> pathlib.Path:
     partial = directory / f"{LIBRARY}.{os.getpid()}"
     subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
                     f"-Wl,--version-script={VERSION_SCRIPT}", "-Wl,-soname," + LIBRARY,
-                    "-o", str(partial), str(SOURCE), "-libverbs"], check=True, timeout=120)
+                    "-o", str(partial), str(SOURCE), "-ldl"], check=True, timeout=120)
     partial.rename(library)
     return library
