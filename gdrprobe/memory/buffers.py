@@ -9,6 +9,7 @@ import contextlib
 from gdrprobe.errors import GdrprobeError
 from gdrprobe.memory.gpu import PROVIDERS, choose_mechanism, peermem_label
 from gdrprobe.memory.nic_probe import probe_nic_dmabuf
+from gdrprobe.rdma.mlx5dv import data_direct_path
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.memory.provider import (ACCESS_REMOTE_READ, LOCAL_ACCESS, PROBE_ACCESS,
                                       MemoryProvider)
@@ -89,7 +90,9 @@ def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int, relaxe
         raise
     with gpu:
         mechanism, reason = mechanism_for(spec, gpu.attributes, nic)
-        extra = {"pcie_mapping": spec.pcie_mapping} if mechanism == "dmabuf" else {}
+        # A data-direct NIC registers through its data-direct rung first (memory.rungs).
+        extra = {"pcie_mapping": spec.pcie_mapping,
+                 "data_direct": data_direct_path(endpoint.device)} if mechanism == "dmabuf" else {}
         with PROVIDERS[mechanism](gpu, length, spec.memory_type, spec.allocation,
                                   **extra) as memory:
             memory.choice_reason = reason

@@ -24,7 +24,9 @@ import time
 from gdrprobe.defaults import GPU_ALLOCATION
 from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
+from gdrprobe.memory import rungs
 from gdrprobe.memory.nic_probe import NicDmaBufSupport, dmabuf_mr
+from gdrprobe.rdma.mlx5dv import register_data_direct
 from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
 from gdrprobe.memory.runtime import DmaBufAttribute, GpuDevice, dmabuf_range
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MECHANISMS, MEMORY_TYPES
@@ -121,13 +123,15 @@ class DmaBufGpuMemory(GpuMemory):
     mechanism = "dmabuf"
 
     def __init__(self, gpu, length: int, memory_type: str = "device",
-                 allocation: str = GPU_ALLOCATION, pcie_mapping: bool = False):
+                 allocation: str = GPU_ALLOCATION, pcie_mapping: bool = False, data_direct: str | None = None):
         if memory_type != "device":
             raise UsageError(f"DMA-BUF export needs device memory, not {memory_type}",
                              "use the device memory type, or the peermem mechanism")
         super().__init__(gpu, length, memory_type, allocation)
         self.pcie_mapping = pcie_mapping
         self.route = ""     # how the DMA-BUF was registered (see nic_probe.dmabuf_mr)
+        self.data_direct = data_direct  # the NIC's data-direct path (gdrprobe.nccl.data_direct); None: none
+        self.rung = self.rung_reason = ""   # the rung that registered, and why (memory.rungs)
         # pyverbs' DmaBufMR sets the iova to the offset, so that is the buffer's address.
         self._offset = dmabuf_range(self.buffer.ptr, length).offset
 
@@ -137,9 +141,24 @@ class DmaBufGpuMemory(GpuMemory):
 
     def register(self, pd, access: int = PROBE_ACCESS) -> None:
         fd, offset = self.gpu.export_dmabuf(self.buffer.ptr, self.length, self.pcie_mapping)
-        def create(pv):
-            mr, self.route = dmabuf_mr(pv, pd, self.length, access, fd, offset)
+
+        def attempt(pv, rung):
+            if rung.name == rungs.DATA_DIRECT:
+                mr, self.route = register_data_direct(pd, self.length, access, fd, offset)
+            else:
+                mr, self.route = dmabuf_mr(pv, pd, self.length, access, fd, offset)
             return mr
+
+        def create(pv):
+            # NCCL's order: data-direct where the NIC has it, then plain DMA-BUF.
+            try:
+                climbed = rungs.climb(rungs.ladder(self.data_direct, True, False),
+                                      lambda rung: attempt(pv, rung), pv.PyverbsRDMAError)
+            except rungs.NoRungHeld as failed:
+                failed.last.refused_rungs = str(failed)
+                raise failed.last from failed
+            self.rung, self.rung_reason = climbed.rung.name, climbed.reason
+            return climbed.region
 
         try:
             self._register_with(create, self._refused)
@@ -152,12 +171,16 @@ class DmaBufGpuMemory(GpuMemory):
         route = getattr(error, "route", "")
         if route:   # say that libibverbs, not pyverbs, was asked
             failed.evidence = f"{failed.evidence}; through {route}"
+        if getattr(error, "refused_rungs", ""):   # every rung refused: say each
+            failed.evidence = f"{failed.evidence}; rungs refused: {error.refused_rungs}"
         return failed
 
     def describe(self) -> dict:
         return {**super().describe(), "pcie_mapping": self.pcie_mapping,
                 "dmabuf_offset": self._offset,
-                **({"registration_route": self.route} if self.route else {})}
+                **({"registration_route": self.route} if self.route else {}),
+                **({"registration_rung": self.rung, "registration_rung_reason": self.rung_reason}
+                   if self.rung else {})}
 
 
 class PeermemGpuMemory(GpuMemory):

@@ -57,10 +57,11 @@ import dataclasses
 import functools
 from collections.abc import Collection, Mapping
 
+from gdrprobe.nccl import data_direct
 from gdrprobe.nccl.cparse import atoi
 from gdrprobe.nccl.env import int_param, netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import MemoryPaths
-from gdrprobe.nccl.nets import Net, NetBuilder, physical_nets
+from gdrprobe.nccl.nets import Net, NetBuilder, data_direct_net, physical_nets
 from gdrprobe.nccl.topo import (InterCpu, NcclPciTree, PcieEndpoint, PcieLink, Port,
                                 inter_cpu_bandwidth, link_bandwidth_gbs, nvlink_gbs_per_link, same_cpu)
 from gdrprobe.nccl.versions import GDR_C2C_SINCE, NcclRules, dotted
@@ -113,6 +114,9 @@ class NodeFacts:
     switch_ids: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # bus id -> where NCCL's topology file puts the device, or why it does not (said in the why)
     placement: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # RDMA device -> its data-direct device (named <dev>_dma, at the path libmlx5 gives),
+    # where NCCL's sequence finds one (gdrprobe.nccl.data_direct)
+    data_direct: Mapping[str, PcieEndpoint] = dataclasses.field(default_factory=dict)
 
     def gpu(self, bdf: str) -> GpuFacts:
         return self.gpu_facts.get(bdf, GpuFacts())
@@ -164,12 +168,14 @@ class Machine:
         # The communicator's GPUs (the job's) are NCCL's GPUs; the node's stay for NVML's
         # index and for telling an NVSwitch (a far end that is no GPU of the node) apart.
         self.gpus = tuple(gpu for gpu in facts.gpus if job_gpus is None or gpu.bdf in job_gpus)
-        self.tree = NcclPciTree(facts.gpus + facts.nics, dict(facts.switch_ids), self.rules.bcm_flatten)
+        data_direct_devices = tuple(facts.data_direct.values())
+        self.tree = NcclPciTree(facts.gpus + facts.nics + data_direct_devices, dict(facts.switch_ids),
+                                self.rules.bcm_flatten)
         hca = environ.get("NCCL_IB_HCA")
         self.hca = parse_hca_filter(hca) if hca is not None else None
-        physical = [net for nic in facts.nics for net in physical_nets(nic, facts.ports.get(nic.name, ()), self.hca)]
+        physical = [net for nic in facts.nics for net in self.nic_nets(nic)]
         # ncclTopoGetPath compares places in NCCL's XML, before any switch is flattened.
-        unflattened = NcclPciTree(facts.nics, {}, None)
+        unflattened = NcclPciTree(facts.nics + data_direct_devices, {}, None)
         self.nets = tuple(NetBuilder(environ, unflattened, self.rules.nic_fusion).fuse(physical))
         self.policy = netdevs_policy(environ)
         # NCCL_DMABUF_ENABLE is read from this environment, like every other variable.
@@ -179,6 +185,19 @@ class Machine:
         # Memoised per machine (a class-level cache would keep every Machine alive).
         self.link_gbs = functools.cache(self._link_gbs)
         self.direct = functools.cache(self._direct)
+
+    def nic_nets(self, nic: PcieEndpoint) -> list[Net]:
+        """The network devices NCCL opens for one RDMA device, port by port: the port, its
+        data-direct face, or both, as NCCL_IB_DATA_DIRECT and the release say
+        (:func:`gdrprobe.nccl.data_direct.exposed`)."""
+        ports = physical_nets(nic, self.facts.ports.get(nic.name, ()), self.hca)
+        device = self.facts.data_direct.get(nic.name)
+        if device is None:
+            return ports
+        faces = data_direct.exposed(self.rules, self.environ)
+        return [net for port in ports
+                for net in ([port] if data_direct.ORDINARY in faces else [])
+                + ([data_direct_net(port, device)] if data_direct.DATA_DIRECT in faces else [])]
 
     # -- facts ----------------------------------------------------------------------
     @functools.cached_property
@@ -304,7 +323,7 @@ class Machine:
 
     # -- step 5: the GDR gate -----------------------------------------------------------
     def gdr(self, gpu: PcieEndpoint, net: Net, path: PairPath, read: bool, paths: Paths) -> Gdr:
-        device = net.device.name
+        device = net.ibdev
         if not self.support.nic_gdr(device, gpu.bdf):
             return Gdr(False, f"{self.rules.library} says \"GPU Direct RDMA Disabled for HCA\" {device}: "
                               + self.support.why_not(device, gpu.bdf))
@@ -456,7 +475,7 @@ def channel(machine: Machine, gpu: PcieEndpoint, number: int) -> NcclChannel:
     paths = machine.paths
     net = machine.channel_nic(gpu, paths, number)
     path = paths.to_net[gpu][net]
-    return NcclChannel(channel=number, nic=net.device.name, net=net.label, path_type=path.type,
+    return NcclChannel(channel=number, nic=net.ibdev, net=net.label, path_type=path.type,
                        via_gpu=path.via.bdf if path.via else None,
                        gdr_write=machine.gdr(gpu, net, path, False, paths).on,
                        gdr_read=machine.gdr(gpu, net, path, True, paths).on)
@@ -491,6 +510,8 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
                    f"{paths.to_net[path.via][nic].type} from there to {nic.label}")
     why += [f"receive: {write.reason}", f"send: {read.reason}"] + detour_notes(machine, gpu, nic)
     why += [machine.facts.placement[d.bdf] for d in (gpu, nic.device) if d.bdf in machine.facts.placement]
+    if nic.data_direct_of:
+        why.append(data_direct.placement_note(nic.label, nic.ibdev, nic.device.bdf, machine.rules, machine.environ))
     if write.mode == "pci":
         why.append("GDR mode PCI: the GPU reaches its CPU over C2C but this NIC over PCIe, so NCCL forces "
                    "a PCIe mapping of GPU memory (paths.cc ncclTopoCheckGdr)")
@@ -502,17 +523,29 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
     if (machine.capability(gpu) is None and machine.rules.gdr_read_pre_ampere_only
             and machine.rules.gdr_read_needs_nvlink):
         why.append("compute capability unknown (no CUDA facts): the pre-Ampere send rule is not applied")
-    mechanism = machine.support.kind(nic.device.name, gpu.bdf) if write.on else None
-    return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=nic.device.name, path=path_kind(path),
+    mechanism = machine.support.kind(nic.ibdev, gpu.bdf) if write.on else None
+    return NcclGpuDecision(gpu=gpu.name, gpu_bdf=gpu.bdf, nic=nic.ibdev, path=path_kind(path),
                            via_gpu=path.via.bdf if path.via else None, path_type=path.type,
                            bandwidth_gbs=round(path.bw, 2), gdr_write=write.on, gdr_read=read.on,
                            why=tuple(why), candidates=candidates, net=nic.label, gdr_mode=write.mode,
                            mechanism=mechanism,
-                           mechanism_reason=machine.support.registration_reason(nic.device.name, gpu.bdf)
-                           if mechanism else "",
+                           mechanism_reason=registration_reason(machine, nic, gpu) if mechanism else "",
                            channels=tuple(channel(machine, gpu, c) for c in range(machine.nets_per_gpu(gpu, paths))),
                            detour_from=path.detour[0] if path.detour else None,
-                           nccl_version=version_of(machine.rules))
+                           nccl_version=version_of(machine.rules),
+                           data_direct=nic.device.bdf if nic.data_direct_of else None)
+
+
+def registration_reason(machine: Machine, net: Net, gpu: PcieEndpoint) -> str:
+    """Why NCCL registers the pair's GPU memory as it does; a data-direct device registers
+    DMA-BUF through mlx5dv_reg_dmabuf_mr with MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT
+    (``net_ib/reg.cc`` ncclIbRegMrDmaBufInternal2, 2.27.3 on) and nothing else: NCCL does not
+    fall back to ibv_reg_dmabuf_mr on it."""
+    reason = machine.support.registration_reason(net.ibdev, gpu.bdf)
+    if net.data_direct_of and machine.support.kind(net.ibdev, gpu.bdf) == "dmabuf":
+        return (f"{net.label} is data-direct: {machine.rules.described} registers its DMA-BUF with "
+                "mlx5dv_reg_dmabuf_mr(MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT) (net_ib/reg.cc), no fallback; " + reason)
+    return reason
 
 
 def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None,

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from gdrprobe.nccl.decision import NodeFacts
 from gdrprobe.nccl.env import int_param, int_value
 from gdrprobe.nccl.topo import PATH_RANK
-from gdrprobe.nccl.versions import MODELLED, Version
+from gdrprobe.nccl.versions import DATA_DIRECT_SINCE, MODELLED, Version
 from gdrprobe.report.model import NcclGpuDecision
 
 NEED_FLUSH_SINCE: Version = (2, 15, 1)          # paths.cc ncclTopoNeedFlush
@@ -52,7 +52,7 @@ FORCE_FLUSH_OFF_SINCE: Version = (2, 19, 1)     # NCCL_NET_FORCE_FLUSH's default
 FLUSH_ON_DMABUF_SINCE: Version = (2, 18, 3)     # connect.cc flushEnabled: DMA-BUF counts
 FORCE_FLUSH_PROPERTY_SINCE: Version = (2, 24, 3)   # ncclNetProperties_t.forceFlush read
 C2C_FLUSH_SINCE: Version = (2, 26, 2)           # C2C CPU with a PCIe NIC
-DATA_DIRECT_FLUSH_SINCE: Version = (2, 27, 3)   # init.cc forceFlush on data-direct devices
+DATA_DIRECT_FLUSH_SINCE: Version = DATA_DIRECT_SINCE   # init.cc forceFlush on data-direct devices
 
 HOPPER = 90              # "Flush is required on Ampere and earlier" (paths.cc)
 NEAREST_PCIE_PATH = "PXB"   # the C2C rule: gpu->paths[NET].type <= PATH_PXB

@@ -38,6 +38,12 @@ class Net:
     label: str                     # the device's name, ":port" where it has several; a+b when fused
     link_layer: str | None = None
     members: tuple[str, ...] = ()  # the labels of the devices fused into it; empty: not fused
+    data_direct_of: str | None = None  # <dev>_dma: the RDMA device whose data-direct face it is
+
+    @property
+    def ibdev(self) -> str:
+        """The RDMA device verbs opens for it (a data-direct face is its device's)."""
+        return self.data_direct_of or self.device.name
 
 
 def physical_nets(nic: PcieEndpoint, listed: tuple[Port, ...], hca: HcaFilter | None) -> list[Net]:
@@ -51,6 +57,13 @@ def physical_nets(nic: PcieEndpoint, listed: tuple[Port, ...], hca: HcaFilter | 
     if listed or (hca is not None and not hca.selects(nic.name)):
         return []
     return [Net(nic, None, NET_FALLBACK_GBPS / 8.0, nic.name)]
+
+
+def data_direct_net(net: Net, device: PcieEndpoint) -> Net:
+    """The port's data-direct face (:mod:`gdrprobe.nccl.data_direct`): named ``<dev>_dma``
+    and placed at the data-direct device, at the port's speed (``init.cc`` ncclIbInitDevices)."""
+    return dataclasses.replace(net, device=device, label=device.name + net.label[len(net.ibdev):],
+                               data_direct_of=net.ibdev)
 
 
 def mapped_function(bdf: str, merge_vfs: bool) -> str:
@@ -125,4 +138,4 @@ def virtual_nic(members: list[Net]) -> Net:
     first = members[0]
     return Net(first.device, None, sum(net.gbs for net in members),
                "+".join(net.device.name for net in members), first.link_layer,
-               tuple(net.label for net in members))
+               tuple(net.label for net in members), first.data_direct_of)

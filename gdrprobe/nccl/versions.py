@@ -43,6 +43,8 @@ tag whose source has the newer rule (the file and function are in each property'
   before, no registration asks for relaxed ordering.
 - NCCL_NET: matched case-insensitively from 2.13.4 (``src/net.cc``, later
   ``src/plugin/net.cc`` ncclNetInit: strcasecmp), exactly before (strcmp).
+- mlx5 data-direct devices (``<dev>_dma``, NCCL_IB_DATA_DIRECT): from 2.27.3, exposed beside
+  the device; from 2.28.3 instead of it by default (:mod:`gdrprobe.nccl.data_direct`).
 - NCCL_NETDEVS_POLICY and the channel spread it sets: from 2.28.3 (``topo.cc``
   ncclTopoGetLocalNetType); an older NCCL spreads channels over NICs differently, which
   the decision does not model.
@@ -86,6 +88,8 @@ BCM_GEN5_SINCE: Version = (2, 20, 3)
 CUMEM_SINCE: Version = (2, 18, 1)
 CUMEM_AUTO_SINCE: Version = (2, 19, 1)
 NETDEVS_POLICY_SINCE: Version = (2, 28, 3)
+DATA_DIRECT_SINCE: Version = (2, 27, 3)
+DATA_DIRECT_ONLY_SINCE: Version = (2, 28, 3)
 
 # src/graph/topo.h in 2.27.3 only: PATH_PXN 6 before PATH_P2C 7 (every other release with
 # P2C numbers P2C 6, PXN 7: gdrprobe.nccl.topo.PATH_RANK).
@@ -320,6 +324,9 @@ class NcclRules:
             (NIC_FUSION_SINCE, "no NIC fusion: each port is its own network device", None),
             (BCM_FLATTEN_SINCE, "no Broadcom switch is flattened", None),
             (BCM_GEN5_SINCE, "Broadcom Gen5 switches are not flattened", BCM_FLATTEN_SINCE),
+            (DATA_DIRECT_SINCE, "no mlx5 data-direct devices (<dev>_dma): NCCL_IB_DATA_DIRECT is ignored", None),
+            (DATA_DIRECT_ONLY_SINCE, "a data-direct NIC is opened twice by default, as itself and as <dev>_dma",
+             DATA_DIRECT_SINCE),
             (NETDEVS_POLICY_SINCE, "channels spread over NICs by an older rule the doctor does not model", None),
         )
         return tuple(f"{what} (changed in {dotted(since)})" for since, what, needs in checks

@@ -58,6 +58,7 @@ ACS_BRIDGE = "acs.bridge"
 # ---- nccl: NCCL's variables and its decision per GPU -----------------------------------
 NCCL_ENV = "nccl.env"
 NCCL_LIBRARY = "nccl.library"
+NCCL_DATA_DIRECT = "nccl.data_direct"
 
 # ---- nic: devices, ports, verbs nodes -----------------------------------------------------
 NIC_SYSFS = "nic.sysfs"
@@ -107,6 +108,11 @@ def nccl_variable(name: str) -> str:
 def nccl_gpu(bdf: str) -> str:
     """NCCL's decision for one GPU."""
     return f"nccl.gpu.{bdf}"
+
+
+def nccl_data_direct_domain(bdf: str) -> str:
+    """A GPU whose NCCL network device is a data-direct one in another PCI domain."""
+    return f"nccl.gpu.{bdf}.data_direct_domain"
 
 
 def nic_port(device: str, port: str, what: str) -> str:

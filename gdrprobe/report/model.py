@@ -88,6 +88,7 @@ class NcclGpuDecision:
                                     # routed the path through the CPU (path_type is then PHB or P2C)
     mechanism_reason: str = ""    # the rule and the NCCL release that chose the mechanism; the other as information
     nccl_version: str | None = None  # the job's NCCL whose rules decided; None: unknown, 2.30.7's rules
+    data_direct: str | None = None  # net is <dev>_dma: the bus id of the data-direct device NCCL places it at
 
 
 @dataclasses.dataclass(frozen=True)

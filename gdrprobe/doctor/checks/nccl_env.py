@@ -6,6 +6,17 @@ the path, GDR for receives and sends, why). The variable checks follow NCCL 2.30
 read with strtoll base 0 (so ``0x1`` is 1 and ``08`` is 0) and NCCL_NET_GDR_LEVEL is
 matched case-sensitively, an unknown spelling silently ignored, so both are parsed here
 exactly as NCCL parses them (:mod:`gdrprobe.nccl.env`).
+
+``nccl.data_direct``: libmlx5 gives a NIC a data-direct device (the rules:
+:mod:`gdrprobe.nccl.data_direct`) and NCCL does not use it: the release predates it,
+NCCL_IB_DATA_DIRECT turns it off, or NCCL picks another device for every GPU; or a lookup
+error stops NCCL's IB transport (2.28.3 on). OK where every data-direct device carries a
+GPU's traffic.
+
+``nccl.gpu.<bdf>.data_direct_domain``: a GPU's data-direct device is in another PCI domain
+than the GPU. The data-direct device writes GPU memory over PCIe within the GPU's own
+domain; across domains the traffic leaves that path, and Meta reports data-direct
+registration succeeding only on domain-matched NICs (meta-pytorch/torchcomms PR 3104).
 """
 
 from __future__ import annotations
@@ -15,9 +26,11 @@ import functools
 from typing import Callable
 
 from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.nccl import data_direct
 from gdrprobe.nccl.decision import SOCKET_PATH, decide, level_refusal
 from gdrprobe.nccl.env import (GdrLevel, int_value, netdevs_policy, parse_hca_filter, pxn_disabled,
                                relaxed_ordering_wanted)
+from gdrprobe.nccl.flush import data_direct_net
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
 from gdrprobe.nccl.topo import nccl_ports
 from gdrprobe.report import finding_ids as ids
@@ -398,6 +411,85 @@ def netdevs_policy_findings(ctx: DoctorContext) -> list[Finding]:
                     fix="Use AUTO, ALL or MAX:n with n > 0, or unset it.")]
 
 
+# ---- mlx5 data-direct devices ----------------------------------------------
+
+
+def nets_used(decision: NcclGpuDecision) -> set[tuple[str | None, str | None]]:
+    """(RDMA device, network device) of every channel of the GPU (channel 0 where none listed)."""
+    return {(ch.nic, ch.net) for ch in decision.channels} or {(decision.nic, decision.net)}
+
+
+def data_direct_users(decisions) -> dict[str, list[str]]:
+    """RDMA device -> the GPUs whose channels use its data-direct device."""
+    users: dict[str, list[str]] = {}
+    for decision in decisions:
+        for nic, net in nets_used(decision):
+            if nic and data_direct_net(net):
+                users.setdefault(nic, []).append(decision.gpu)
+    return users
+
+
+def unused_reason(ctx, nic: str) -> str:
+    faces = data_direct.exposed(ctx.nccl_rules, ctx.environ)
+    if data_direct.DATA_DIRECT not in faces:
+        return data_direct.why_exposed(ctx.nccl_rules, ctx.environ)
+    return (f"NCCL opens {nic}{data_direct.SUFFIX} but picks another network device for every GPU "
+            "(NCCL_IB_HCA, or one with more bandwidth or a nearer path: see nccl.gpu.<bdf>)")
+
+
+def broken_init_finding(ctx, broken: list[str]) -> Finding:
+    probes = ctx.data_direct_probes
+    return finding(
+        id=ids.NCCL_DATA_DIRECT, status=Status.FAIL,
+        summary=f"{ctx.nccl_rules.described} fails to start its InfiniBand/RoCE transport: "
+                f"mlx5dv_get_data_direct_sysfs_path fails on {', '.join(broken)} with an error other than ENODEV",
+        evidence=tuple(Evidence(nic, probes[nic].reason) for nic in broken),
+        fix=f"Set {data_direct.VARIABLE}=0 (NCCL then does not ask), or update the kernel's mlx5_ib and "
+            "rdma-core together; NCCL before 2.28.3 treats the error as no data-direct (NVIDIA/nccl issue 1866).")
+
+
+def usage_finding(ctx, found: list[str]) -> Finding:
+    placed = ctx.nccl_node.data_direct
+    users = data_direct_users(ctx.nccl_decisions)
+    probes = ctx.data_direct_probes
+    evidence = [Evidence(nic, probes[nic].reason + (f"; used by {', '.join(users[nic])}" if nic in users
+                                                    else "; " + unused_reason(ctx, nic) if nic in placed
+                                                    else "; the path is no PCI function in sysfs: not placed"))
+                for nic in found]
+    unused = [nic for nic in found if nic not in users]
+    if not unused:
+        return finding(id=ids.NCCL_DATA_DIRECT, status=Status.OK,
+                       summary="NCCL uses the data-direct device of " + ", ".join(found), evidence=tuple(evidence))
+    return finding(
+        id=ids.NCCL_DATA_DIRECT, status=Status.WARN,
+        summary=f"data-direct available but not used: {', '.join(unused)} "
+                f"{'has' if len(unused) == 1 else 'have'} a data-direct device NCCL does not send through",
+        evidence=tuple(evidence),
+        fix=f"Use NCCL 2.28.3 or newer with {data_direct.VARIABLE} unset (or 1): NCCL then opens <dev>_dma alone, "
+            "at the data-direct path; on GB300-class nodes it carries NIC-to-GPU writes at PCIe speed.")
+
+
+def domain_findings(decisions) -> list[Finding]:
+    return [finding(id=ids.nccl_data_direct_domain(d.gpu_bdf), status=Status.WARN,
+                    summary=f"{d.gpu} uses {d.net}, a data-direct device in PCI domain {d.data_direct[:4]}, "
+                            f"not the GPU's ({d.gpu_bdf[:4]})",
+                    evidence=(Evidence("GPU", d.gpu_bdf), Evidence(d.net, d.data_direct)),
+                    fix="Give each GPU the NIC whose data-direct device shares its PCI domain (NCCL_IB_HCA, "
+                        "the job's GPUs); data-direct registration is reported to succeed only there.")
+            for d in decisions if d.data_direct and d.data_direct[:4] != d.gpu_bdf[:4]]
+
+
+def data_direct_findings(ctx) -> list[Finding]:
+    probes = ctx.data_direct_probes
+    broken = [nic for nic, probe in probes.items() if data_direct.breaks_init(ctx.nccl_rules, ctx.environ, probe)]
+    if broken:
+        return [broken_init_finding(ctx, broken)]
+    found = [nic for nic, probe in probes.items() if probe.path]
+    if not found:
+        return []
+    return [usage_finding(ctx, found)] + domain_findings(ctx.nccl_decisions)
+
+
 # ---- the check --------------------------------------------------------------
 
 
@@ -406,7 +498,7 @@ def check(ctx: DoctorContext) -> list[Finding]:
                 + gdr_level_findings(ctx) + ib_hca_findings(ctx) + netdevs_policy_findings(ctx))
     if not findings:
         findings.append(environment_ok_finding(ctx))
-    return [library_finding(ctx)] + findings + decision_findings(ctx)
+    return [library_finding(ctx)] + findings + decision_findings(ctx) + data_direct_findings(ctx)
 
 
 def environment_ok_finding(ctx: DoctorContext) -> Finding:

@@ -343,10 +343,11 @@ def check(ctx) -> list[Finding]:
     findings.append(level_finding(level, ctx.environ_source("NCCL_NET_GDR_LEVEL")))
     nics = {nic.name: nic for nic in topology.nics}
     node = ctx.nccl_node
-    placed = {device.bdf: device for device in node.gpus + node.nics}
+    placed = {device.bdf: device for device in node.gpus + node.nics + tuple(node.data_direct.values())}
     for gpu, decision in zip(topology.gpus, ctx.nccl_decisions):
         if decision.nic is not None:
-            nic = nics[decision.nic]
+            # A data-direct device (<dev>_dma) is where NCCL places the traffic, not the RDMA device.
+            nic = node.data_direct[decision.nic] if decision.data_direct else nics[decision.nic]
             possible = ctx.memory_paths.nic_gdr(decision.nic, gpu.bdf)
             nccl_class = ctx.nccl_tree.path_type(placed[gpu.bdf], placed[nic.bdf])
             by_file = {gpu.bdf, nic.bdf} & set(ctx.nccl_topology_file.placements)

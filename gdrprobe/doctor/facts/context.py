@@ -30,6 +30,7 @@ from gdrprobe.doctor.facts.nvml import collect_nvml_facts
 from gdrprobe.doctor.facts.rocm import collect_rocm_facts, kfd_gpus, read_rccl_facts
 from gdrprobe.doctor.facts.topology import NcclTopologyFile, Topology, build_topology, read_nccl_topology_file
 from gdrprobe.errors import GdrprobeError
+from gdrprobe.nccl.data_direct import DataDirectProbe, read_probe
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.nccl.gdr_support import MemoryPaths
@@ -109,6 +110,15 @@ class DoctorContext:
         if not self.live:
             return self._captured_json(NIC_FACTS_FILE)
         return collect_nic_facts([nic.name for nic in self.topology.nics])
+
+    @functools.cached_property
+    def data_direct_probes(self) -> dict[str, DataDirectProbe]:
+        """Per PCI NIC: NCCL's data-direct sequence through libmlx5, live or captured with the
+        NIC facts (:mod:`gdrprobe.nccl.data_direct`)."""
+        facts = (self.nic_facts or {}).get("data_direct") or {}
+        devices = facts.get("devices") or {}
+        return {nic.name: read_probe(devices.get(nic.name), facts.get("error"))
+                for nic in self.topology.nics}
 
     @functools.cached_property
     def nccl_search(self) -> dict[str, Any]:
@@ -223,7 +233,8 @@ class DoctorContext:
     def nccl_tree(self) -> NcclPciTree:
         """The PCI switches as the job's NCCL sees them (Broadcom ones flattened)."""
         node = self.nccl_node
-        return NcclPciTree(node.gpus + node.nics, dict(node.switch_ids), self.nccl_rules.bcm_flatten)
+        return NcclPciTree(node.gpus + node.nics + tuple(node.data_direct.values()), dict(node.switch_ids),
+                           self.nccl_rules.bcm_flatten)
 
     @functools.cached_property
     def nccl_decisions(self) -> tuple[NcclGpuDecision, ...]:

@@ -8,11 +8,13 @@ NCCL can register GPU memory with each NIC."""
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Mapping
 from typing import Any
 
 from gdrprobe.doctor.facts import nvml, pci
-from gdrprobe.doctor.facts.topology import CPUINFO, LOADED, NcclTopologyFile, PcieDevice
+from gdrprobe.doctor.facts.topology import CPUINFO, LOADED, NcclTopologyFile, PcieDevice, pcie_endpoint
+from gdrprobe.nccl.data_direct import SUFFIX
 from gdrprobe.nccl.decision import GpuFacts, NodeFacts, mlo_partition
 from gdrprobe.nccl.topo import nccl_parents
 from gdrprobe.nccl.topo_file import Placement
@@ -81,6 +83,18 @@ def placement_notes(topology_file: NcclTopologyFile, devices: tuple[PcieDevice, 
             for device in devices if device.kind == "GPU"}
 
 
+def data_direct_devices(ctx, nics: tuple[PcieDevice, ...]) -> dict[str, PcieDevice]:
+    """Each NIC's data-direct device, named ``<dev>_dma``, where libmlx5 gives a path to a PCI
+    function sysfs has (NCCL places it there, on NCCL's PCI tree: xml.cc reads its sysfs)."""
+    found = {}
+    for nic in nics:
+        probe = ctx.data_direct_probes.get(nic.name)
+        bdf = posixpath.basename(probe.path.rstrip("/")) if probe and probe.path else None
+        if bdf and ctx.root.exists(pci.device_dir(bdf)):
+            found[nic.name] = pcie_endpoint(ctx.root, "NIC", nic.name + SUFFIX, bdf)
+    return found
+
+
 def collect_node_facts(ctx) -> NodeFacts:
     topology = ctx.topology
     cuda = cuda_gpus(ctx.cuda_facts)
@@ -88,7 +102,8 @@ def collect_node_facts(ctx) -> NodeFacts:
     gpus = tuple(placed(gpu, placements.get(gpu.bdf)) for gpu in topology.gpus)
     # NCCL chooses among the NICs it can open (ctx.unopenable_nics says why one is not).
     nics = tuple(placed(nic, placements.get(nic.bdf)) for nic in topology.nics if nic.name not in ctx.unopenable_nics)
-    devices = gpus + nics
+    data_direct = data_direct_devices(ctx, nics)
+    devices = gpus + nics + tuple(data_direct.values())
     return NodeFacts(
         gpus=gpus, nics=nics,
         ports={nic.name: ctx.ports.get(nic.name, ()) for nic in nics},
@@ -100,4 +115,5 @@ def collect_node_facts(ctx) -> NodeFacts:
         cpuinfo=ctx.root.read(CPUINFO) or "",
         gdr_support=ctx.memory_paths,
         switch_ids=switch_ids(ctx.root, devices, placements),
-        placement=placement_notes(ctx.nccl_topology_file, devices))
+        placement=placement_notes(ctx.nccl_topology_file, devices),
+        data_direct=data_direct)

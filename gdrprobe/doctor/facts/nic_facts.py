@@ -8,6 +8,10 @@ the capture stores the errno each NIC gave, for a replay to read back.
 Result: ``{"dmabuf_probe": {"mlx5_0": {"errno": 9}, ...}}`` (``errno`` null: the dummy
 registration succeeded) or, per NIC, ``{"error": reason}`` when the probe could not run;
 ``{"error": reason}`` alone when pyverbs is missing.
+
+Beside it, ``"data_direct"``: NCCL's data-direct sequence on each NIC through libmlx5
+(:func:`gdrprobe.rdma.mlx5dv.probe_data_direct`; ``{"devices": {...}}`` or ``{"error": why}``),
+read by :mod:`gdrprobe.nccl.data_direct`; a capture without it replays as no data-direct.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ def probe_device(pv, device: str) -> dict[str, Any]:
 
 def collect_nic_facts(devices: list[str]) -> dict[str, Any]:
     from gdrprobe.rdma import verbs
+    from gdrprobe.rdma.mlx5dv import probe_data_direct
 
+    data_direct = probe_data_direct(devices)
     try:
         pv = verbs.pyverbs()
     except GdrprobeError as error:
-        return {"error": error.cause}
-    return {"dmabuf_probe": {device: probe_device(pv, device) for device in devices}}
+        return {"error": error.cause, "data_direct": data_direct}
+    return {"dmabuf_probe": {device: probe_device(pv, device) for device in devices}, "data_direct": data_direct}

@@ -88,7 +88,7 @@ class Topology:
 # ---- building --------------------------------------------------------------
 
 
-def _endpoint(root: SysRoot, kind: str, name: str, bdf: str) -> PcieDevice:
+def pcie_endpoint(root: SysRoot, kind: str, name: str, bdf: str) -> PcieDevice:
     path = pci.resolved_path(root, bdf)
     return PcieDevice(kind=kind, name=name, bdf=bdf, numa_node=pci.numa_node(root, bdf),
                       sysfs_path=path, host_bridge=pci.host_bridge(path),
@@ -100,7 +100,7 @@ def find_gpus(root: SysRoot, bdfs: list[str]) -> tuple[PcieDevice, ...]:
     """NVIDIA's GPU functions and the GPUs amdkfd lists (:func:`gdrprobe.doctor.facts.rocm.kfd_gpus`)."""
     amd = set(kfd_gpus(root))
     gpu_bdfs = [bdf for bdf in bdfs if pci.is_nvidia_gpu(root, bdf) or bdf in amd]
-    return tuple(_endpoint(root, "GPU", f"GPU{i}", bdf) for i, bdf in enumerate(gpu_bdfs))
+    return tuple(pcie_endpoint(root, "GPU", f"GPU{i}", bdf) for i, bdf in enumerate(gpu_bdfs))
 
 
 def find_nics(root: SysRoot) -> tuple[tuple[PcieDevice, ...], tuple[str, ...]]:
@@ -111,7 +111,7 @@ def find_nics(root: SysRoot) -> tuple[tuple[PcieDevice, ...], tuple[str, ...]]:
         if bdf is None:
             software.append(ibdev)
         else:
-            nics.append(_endpoint(root, "NIC", ibdev, bdf))
+            nics.append(pcie_endpoint(root, "NIC", ibdev, bdf))
     nics.sort(key=lambda nic: (nic.bdf, nic.name))
     return tuple(nics), tuple(software)
 

@@ -118,7 +118,8 @@ def test_report_json_and_text_carry_the_decision_per_gpu(tmp_path):
         "channels": [{"channel": k, "nic": f"mlx5_{k}", "net": f"mlx5_{k}", "path_type": "PXN",
                       "via_gpu": via, "gdr_write": True, "gdr_read": True}
                      for k, via in enumerate(("0000:1b:00.0", "0000:3d:00.0", "0000:9d:00.0", "0000:bd:00.0"))],
-        "detour_from": None, "mechanism_reason": report.nccl[1].mechanism_reason, "nccl_version": None}
+        "detour_from": None, "mechanism_reason": report.nccl[1].mechanism_reason, "nccl_version": None,
+        "data_direct": None}
     text = render_doctor(report)
     assert "== what NCCL will do, per GPU ==" in text
     row = next(line for line in text.splitlines() if line.startswith("GPU1 "))

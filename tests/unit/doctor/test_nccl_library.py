@@ -192,7 +192,7 @@ def test_doctor_nccl_flag_json_and_capture_replay(tmp_path, capsys):
     ((2, 8, 4), ("no DMA-BUF", "peer memory counts only", "no PXN", "no GPUDirect RDMA to NICs behind",
                  "NCCL_NET_GDR_LEVEL defaults to PXB", "NCCL_NET_GDR_READ's default keeps sends off",
                  "MLO partitions", "no PCIe relaxed ordering", "NCCL_NET is matched case-sensitively",
-                 "no NIC fusion", "no Broadcom switch", "channels spread"))])
+                 "no NIC fusion", "no Broadcom switch", "no mlx5 data-direct devices", "channels spread"))])
 def test_differences_from_2_30_7_name_each_rule_once(version, expected):
     found = NcclRules(version).differences()
     assert len(found) == len(expected) and all(f.startswith(e) for f, e in zip(found, expected))

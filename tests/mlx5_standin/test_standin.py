@@ -1,0 +1,68 @@
+"""gdrprobe's libmlx5 calls (gdrprobe.rdma.mlx5dv) against the stand-in libmlx5.so.1: the
+versioned lookups NCCL makes (MLX5_1.25), the data-direct path and its errors, and the
+registration refused by knob. No RDMA device is needed for these; the forwarded
+registration (a real PD) is the lab's. Run: ``python -m pytest tests/mlx5_standin``."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import shutil
+
+import pytest
+
+from gdrprobe.rdma import mlx5dv
+
+pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
+PATH = "/devices/pci0008:00/0008:00:01.0/0008:01:00.0/0008:02:01.0/0008:04:00.0"
+
+
+@pytest.fixture(scope="module")
+def library():
+    from tests.mlx5_standin.build import build
+    try:
+        return mlx5dv.Mlx5dv(str(build()))
+    except mlx5dv.Unavailable as error:     # no libibverbs on this machine
+        pytest.skip(str(error))
+
+
+def lookup(library) -> tuple[int, str]:
+    buffer = ctypes.create_string_buffer(mlx5dv.PATH_MAX)
+    code = library.get_data_direct_sysfs_path(None, buffer, mlx5dv.PATH_MAX)
+    return code, buffer.value.decode()
+
+
+def test_the_versioned_symbols_are_found_as_nccl_finds_them(library):
+    assert library.get_data_direct_sysfs_path is not None and library.mlx5_reg_dmabuf_mr is not None
+    assert library.is_supported is not None
+
+
+def test_the_path_comes_back_without_sys_and_enodev_without_one(library, monkeypatch):
+    monkeypatch.setenv("GDRPROBE_MLX5_STANDIN_PATH", PATH)
+    assert lookup(library) == (0, PATH)
+    monkeypatch.delenv("GDRPROBE_MLX5_STANDIN_PATH")
+    assert lookup(library)[0] == errno.ENODEV
+    monkeypatch.setenv("GDRPROBE_MLX5_STANDIN_PATH_ERRNO", str(errno.EOPNOTSUPP))
+    assert lookup(library)[0] == errno.EOPNOTSUPP
+
+
+def test_a_refused_registration_reads_back_its_errno(library, monkeypatch):
+    monkeypatch.setenv("GDRPROBE_MLX5_STANDIN_DD_ERRNO", str(errno.EPERM))
+    data_direct = (None, 0, 0, 0, -1, 0, mlx5dv.MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT)
+    assert library.refusal(library.mlx5_reg_dmabuf_mr, *data_direct) == errno.EPERM
+    monkeypatch.setenv("GDRPROBE_MLX5_STANDIN_REG_ERRNO", str(errno.EOPNOTSUPP))
+    assert library.refusal(library.mlx5_reg_dmabuf_mr, None, 0, 0, 0, -1, 0, 0) == errno.EOPNOTSUPP
+
+
+def test_a_library_without_mlx5_1_25_is_no_data_direct():
+    """The distribution's libmlx5 before rdma-core 52 (this machine's, where it is older),
+    by its path: in this process the stand-in already answers to the soname."""
+    system_library = ctypes.util.find_library("mlx5")
+    try:
+        system = mlx5dv.Mlx5dv(f"/usr/lib/x86_64-linux-gnu/{system_library}" if system_library else "absent")
+    except mlx5dv.Unavailable as error:
+        pytest.skip(str(error))
+    if system.get_data_direct_sysfs_path is not None:
+        pytest.skip("this machine's libmlx5 has MLX5_1.25")
+    assert system.refusal(system.mlx5_reg_dmabuf_mr) == errno.EOPNOTSUPP
