@@ -7,12 +7,10 @@ the real cuda.bindings load the stand-in instead of a driver. Binding call shape
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
-import shutil
-import subprocess
-import tempfile
+
+from tests.standin_build import build_once
 
 HERE = pathlib.Path(__file__).parent
 SOURCES = [HERE / "standin.c", HERE / "standin_vmm.c"]
@@ -28,24 +26,9 @@ VARIANTS = {"": [], "no-proc-address-v2": ["-DSTANDIN_NO_PROC_ADDRESS_V2"]}
 def build(variant: str = "") -> pathlib.Path:
     """The directory holding the compiled stand-in; compiled once per source and flags."""
     flags = VARIANTS[variant]
-    text = b"".join(path.read_bytes() for path in (*SOURCES, HEADER, EXPORTER_HEADER))
-    digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
-    directory = pathlib.Path(tempfile.gettempdir()) / f"gdrprobe-cuda-standin-{digest}"
-    library = directory / LIBRARY
-    if library.exists():
-        return directory
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) to build the stand-in libcuda.so.1")
-    directory.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename, so a concurrent run never loads half a file.
-    partial = directory / f"{LIBRARY}.{os.getpid()}"
-    subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared",
-                    "-fPIC", f"-I{EXPORTER_HEADER.parent}", *flags, "-o", str(partial),
-                    *map(str, SOURCES), "-lpthread"],
-                   check=True, timeout=120)
-    partial.rename(library)
-    return directory
+    return build_once("cuda", LIBRARY, (*SOURCES, HEADER, EXPORTER_HEADER),
+                      [f"-I{EXPORTER_HEADER.parent}", *flags, *map(str, SOURCES), "-lpthread"],
+                      key=" ".join(flags))
 
 
 def standin_settings(**settings: str) -> dict[str, str]:

@@ -5,12 +5,9 @@ LD_LIBRARY_PATH. Call shapes and NCCL's order, not a ConnectX."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import pathlib
-import shutil
-import subprocess
-import tempfile
+
+from tests.standin_build import build_once
 
 HERE = pathlib.Path(__file__).parent
 SOURCE, VERSION_SCRIPT = HERE / "standin.c", HERE / "libmlx5.map"
@@ -19,18 +16,6 @@ LIBRARY = "libmlx5.so.1"
 
 def build() -> pathlib.Path:
     """The compiled stand-in's path; compiled once per source."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + VERSION_SCRIPT.read_bytes()).hexdigest()[:16]
-    directory = pathlib.Path(tempfile.gettempdir()) / f"gdrprobe-mlx5-standin-{digest}"
-    library = directory / LIBRARY
-    if library.exists():
-        return library
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) to build the stand-in libmlx5.so.1")
-    directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / f"{LIBRARY}.{os.getpid()}"
-    subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                    f"-Wl,--version-script={VERSION_SCRIPT}", "-Wl,-soname," + LIBRARY,
-                    "-o", str(partial), str(SOURCE), "-ldl"], check=True, timeout=120)
-    partial.rename(library)
-    return library
+    return build_once("mlx5", LIBRARY, (SOURCE, VERSION_SCRIPT),
+                      [f"-Wl,--version-script={VERSION_SCRIPT}", "-Wl,-soname," + LIBRARY,
+                       str(SOURCE), "-ldl"]) / LIBRARY
