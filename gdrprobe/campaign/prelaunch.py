@@ -377,10 +377,10 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     wait_s = max(0.0, budget.remaining() - LOCK_RESERVE_S)
     watch = PortWatch(nic, gate.ib_port, gate.threshold, loopback=gate.host is None)
     with nic_lock(nic, wait_s if math.isfinite(wait_s) else 3600.0, environ) as (held, why):
-        run_once = watch.wrap(budgeted(lambda capped: loopback.runner(capped, endpoint,
-                                                                      gate.host, gate.port,
-                                                                      gate.token),
-                                       options, budget))
+        def runner(capped):
+            return loopback.runner(capped, endpoint, gate.host, gate.port, gate.token)
+
+        run_once = watch.wrap(budgeted(runner, options, budget))
         here = holds_gpu_buffer(local, loopback=gate.host is None)
         findings = facts.findings if here else ()
         try:
@@ -393,12 +393,9 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
             write = dataclasses.replace(report, verdict=verdict)
             # Not watched for other traffic: the port's counters judge bandwidth runs of
             # WRITEs, and the extra answers only warn.
-            extras = extra_answers(
-                gate, write, lambda shape: budgeted(
-                    lambda capped: loopback.runner(capped, endpoint, gate.host, gate.port,
-                                                   gate.token),
-                    shape(options), budget),
-                local, remote, floor, findings)
+            extras = extra_answers(gate, write,
+                                   lambda shape: budgeted(runner, shape(options), budget),
+                                   local, remote, floor, findings)
         except GpuUnusable as error:
             elsewhere = held_elsewhere(error, pair.gpu, plan.sender, gate)
             if elsewhere is None:
