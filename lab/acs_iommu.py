@@ -44,8 +44,8 @@ def standin_context(virtualization: topology.Virtualization | None = None):
     places: the live root, a topology built from the live sysfs, and NCCL's decision pairing
     them. ``virtualization``: the guest's own (None) or the bare-metal stand-in."""
     root = SysRoot("/")
-    gpu = topology._endpoint(root, "GPU", "GPU0", GPU_STANDIN)
-    nic = topology._endpoint(root, "NIC", "nic0", NIC_STANDIN)
+    gpu = topology.pcie_endpoint(root, "GPU", "GPU0", GPU_STANDIN)
+    nic = topology.pcie_endpoint(root, "NIC", "nic0", NIC_STANDIN)
     found = virtualization or topology.detect_virtualization(root, pci.list_devices(root), (gpu, nic))
     tree = topology.Topology(gpus=(gpu,), nics=(nic,), software_nics=(), virtualization=found)
     decision = types.SimpleNamespace(gpu_bdf=GPU_STANDIN, via_gpu=None, nic="nic0")
