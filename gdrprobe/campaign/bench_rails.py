@@ -50,9 +50,7 @@ def bench_loop(plan: BenchPlan, execute: Execute, kinds: dict[str, str]) -> Rail
         windows: list[LoopWindow] = []
 
         def seen(result) -> None:
-            end = time.monotonic()
-            windows.append(LoopWindow(result.bandwidth_avg_gbps,
-                                      end - result.elapsed_s - result.integrity_pause_s, end))
+            windows.append(LoopWindow.ended_now(result, time.monotonic()))
 
         execute(run, options, seen, on_ready=ready)
         return windows[-1]

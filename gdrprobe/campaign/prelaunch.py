@@ -348,9 +348,7 @@ def rail_loop(facts: MachineFacts, gate: GateSettings, seconds: float,
         windows: list[LoopWindow] = []
 
         def seen(result) -> None:
-            end = time.monotonic()
-            windows.append(LoopWindow(result.bandwidth_avg_gbps,
-                                      end - result.elapsed_s - result.integrity_pause_s, end))
+            windows.append(LoopWindow.ended_now(result, time.monotonic()))
 
         with nic_lock(plan.nic, 0.0, environ):
             loopback.runner(options, plan.endpoint, gate.host, gate.port, gate.token,

@@ -70,9 +70,9 @@ def rails_of(checks: Sequence[NodeGpuCheck]) -> list[Solo]:
     """One engaged GPU per NIC, in the node's GPU order, as its A/B measured it alone."""
     first: dict[str, Solo] = {}
     for check in checks:
-        if check.nic and check.exit_code == 0 and solo_gbps(check) and check.nic not in first:
-            first[check.nic] = Solo(check.report.placement, solo_gbps(check),
-                                    solo_gbps(check, "host"))
+        if check.nic and check.exit_code == 0 and check.nic not in first and (
+                gbps := solo_gbps(check)):
+            first[check.nic] = Solo(check.report.placement, gbps, solo_gbps(check, "host"))
     return list(first.values())
 
 

@@ -26,12 +26,11 @@ from collections.abc import Sequence
 
 from gdrprobe import defaults
 from gdrprobe.errors import UsageError
-from gdrprobe.report.check import (DEGRADED, ENGAGED, GDR_READ_DEGRADED, LATENCY_DEGRADED,
-                                   NOT_ENGAGED, NOT_RUN, NOT_TESTABLE, WITHIN, CheckReport,
-                                   FlushCheck, LatencyCheck, ReadCheck, Verdict)
+from gdrprobe.report.check import (DEGRADED, ENGAGED, GDR_READ_DEGRADED, INCONCLUSIVE,
+                                   LATENCY_DEGRADED, NOT_ENGAGED, NOT_RUN, NOT_TESTABLE, WITHIN,
+                                   CheckReport, FlushCheck, LatencyCheck, ReadCheck, Verdict)
 from gdrprobe.report.model import LatencyABReport, RunReport
 
-INCONCLUSIVE = "inconclusive"
 READ_WHAT = "RDMA READ"                                   # check --read's A/B
 BIDIR_WHAT = "bidirectional WRITE"                        # check --bidir's A/B
 DEFAULT_FACTOR_SOURCE = ("the default: a doubling is the symptom users report "
@@ -130,8 +129,8 @@ def flush_check(runs: Sequence[RunReport], error: Exception | None = None) -> Fl
     """NCCL's flush across the deciding arm's runs (None where it did not flush); an error
     that ended the arm in a flush READ says what that READ brought back."""
     rows = [row for run in runs if run.settings.flush for row in run.bandwidth]
-    failed = str(getattr(error, "cause", "")) if "flush" in str(getattr(error, "cause", "")) \
-        else ""
+    cause = str(getattr(error, "cause", ""))
+    failed = cause if "flush" in cause else ""
     if not rows and not failed:
         return None
     reads = sum(row.integrity.flush_reads for row in rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 from typing import Any
 
 LIBMLX5 = "libmlx5.so.1"
@@ -32,6 +33,7 @@ class Unavailable(Exception):
     """libmlx5 or libibverbs cannot be loaded: the machine has no data-direct to offer."""
 
 
+@functools.cache
 def _libc_dlvsym():
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     dlvsym = libc.dlvsym

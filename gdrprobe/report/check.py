@@ -315,6 +315,13 @@ class LoopWindow:
     start_s: float
     end_s: float
 
+    @classmethod
+    def ended_now(cls, result, end_s: float) -> LoopWindow:
+        """The window of a loop whose result came back at end_s: its own elapsed time and
+        the integrity pause before that."""
+        return cls(result.bandwidth_avg_gbps,
+                   end_s - result.elapsed_s - result.integrity_pause_s, end_s)
+
 
 @dataclasses.dataclass(frozen=True)
 class Overlap:

@@ -123,16 +123,17 @@ def summed(rails: Sequence[Rail], nic_gbps: Mapping[str, float | None]) -> float
 def narrowest_shared_port(rails: Sequence[Rail], links: Mapping[str, Link]) -> str | None:
     """The port every rail crosses with the slowest stated link (unstated counts as the
     slowest: it is named, not judged); ties go to the deepest port."""
-    shared = set(crossed_ports(rails[0])).intersection(*(crossed_ports(rail) for rail in rails[1:]))
+    first = crossed_ports(rails[0])
+    shared = set(first).intersection(*(crossed_ports(rail) for rail in rails[1:]))
     if not shared:
         return None
-    depth = {port: index for index, port in enumerate(crossed_ports(rails[0]))}
+    depth = {port: index for index, port in enumerate(first)}
     return min(shared, key=lambda port: (links.get(port, Link()).gbps or 0.0, -depth[port]))
 
 
 def common_turn(rails: Sequence[Rail]) -> str | None:
     """The switch port every rail turns around at, when they all turn at the same one."""
-    turns = {rail.nic.bridges[turn(rail) - 1] if turn(rail) else None for rail in rails}
+    turns = {rail.nic.bridges[at - 1] if (at := turn(rail)) else None for rail in rails}
     return turns.pop() if len(turns) == 1 else None
 
 
