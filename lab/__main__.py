@@ -8,7 +8,8 @@
   python -m lab demo-dmabuf                    the DMA-BUF arm through the kernel's import path,
                                                over the stand-in CUDA and HIP runtimes
   python -m lab demo-rocm                      its ROCm half alone (hip-python; not GPU proof)
-  python -m lab demo-acs-iommu                 the doctor's ACS and IOMMU checks on a live q35 guest
+  python -m lab demo-platform                  data-direct's outcomes through the dma-buf path,
+                                               then ACS and IOMMU read live, in one q35 guest
   python -m lab test                           the lab test suites
 """
 
@@ -19,7 +20,7 @@ import sys
 
 from lab import vm
 from lab.kernel import LabError, ensure_kernel
-from lab.suites import demo, demo_acs_iommu, demo_dmabuf, demo_rocm, demo_slurm, run_suites
+from lab.suites import demo, demo_dmabuf, demo_platform, demo_rocm, demo_slurm, run_suites
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "runtimes")
     sub.add_parser("demo-rocm", help="demo-dmabuf's ROCm half alone: the A/B over the stand-in "
                                      "HIP runtime under hip-python (not GPU proof)")
-    sub.add_parser("demo-acs-iommu", help="the doctor's ACS and IOMMU checks read live from a q35 "
-                                          "guest with an emulated IOMMU (docs/doctor.md)")
+    sub.add_parser("demo-platform", help="NCCL's outcomes on a data-direct NIC through the dma-buf "
+                                         "path, then the doctor's ACS and IOMMU checks read live, in "
+                                         "one q35 guest (docs/dmabuf-lab.md, docs/doctor.md)")
     tests = sub.add_parser("test", help="run the lab test suites in guests")
     tests.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k NAME)")
     args = parser.parse_args(argv)
@@ -71,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             return demo_dmabuf()
         if args.action == "demo-rocm":
             return demo_rocm()
-        if args.action == "demo-acs-iommu":
-            return demo_acs_iommu()
+        if args.action == "demo-platform":
+            return demo_platform()
         return run_suites(args.pytest_args)
     except LabError as error:
         print(f"lab: {error}", file=sys.stderr)

@@ -22,7 +22,7 @@ LOOPBACK_SUITE_TIMEOUT_S = 3600
 PAIR_SUITE_TIMEOUT_S = 1800
 DEMO_SLURM_TIMEOUT_S = 600
 DEMO_DMABUF_TIMEOUT_S = 600
-DEMO_ACS_IOMMU_TIMEOUT_S = 600
+DEMO_PLATFORM_TIMEOUT_S = 900
 ACS_IOMMU_TESTS = "tests/lab/acs_iommu"
 
 
@@ -84,20 +84,24 @@ def demo_rocm() -> int:
     return demo_dmabuf(("rocm",), "demo-rocm")
 
 
-def demo_acs_iommu() -> int:
-    """The doctor's ACS and IOMMU checks on a live kernel (lab/acs_iommu.py): one q35 guest
-    with an emulated IOMMU and two root ports, the findings printed as JSON, then the lab
-    test that asserts them."""
+def demo_platform() -> int:
+    """The platform between GPU and NIC (issue 34) in one q35 guest boot: NCCL's outcomes on a
+    data-direct NIC through the kernel's dma-buf import path (lab/data_direct.py: the A/B's
+    JSON, then each outcome's answer), then the doctor's ACS and IOMMU checks read live
+    (lab/acs_iommu.py: the findings as JSON, then the lab test that asserts them)."""
+    built = modules.ensure_modules()
     mark = f"env {acs_iommu.GUEST_MARK}=1"
-    command = (f"{mark} {PYTHON} -m lab.acs_iommu findings && "
+    command = (f"bash {modules.GUEST_SCRIPT} load {built.folder} && "
+               f"{PYTHON} -m lab.data_direct && "
+               f"{mark} {PYTHON} -m lab.acs_iommu findings && "
                f"{mark} {pytest_command(ACS_IOMMU_TESTS, [])}")
-    guest = vm.Guest("gdr-acs", command, qemu_opts=acs_iommu.QEMU_OPTS,
+    guest = vm.Guest("gdr-platform", command, qemu_opts=acs_iommu.QEMU_OPTS,
                      kernel_args=acs_iommu.KERNEL_ARGS)
     with guest.start(ensure_kernel()):
-        result = guest.wait(DEMO_ACS_IOMMU_TIMEOUT_S)
+        result = guest.wait(DEMO_PLATFORM_TIMEOUT_S)
     vm.print_result(result)
     code = result.returncode
-    print(f"demo-acs-iommu: {int(code == 0)} passed, {int(code != 0)} failed "
+    print(f"demo-platform: {int(code == 0)} passed, {int(code != 0)} failed "
           f"({result.seconds:.0f} s, one boot)")
     return code
 

@@ -1,6 +1,6 @@
 """The doctor's ACS and IOMMU checks read from a live kernel (lab/acs_iommu.py): q35, an
 emulated Intel IOMMU, a root port with ACS and one without. Runs only in that guest
-(`python -m lab demo-acs-iommu`); emulated hardware, not hardware proof."""
+(`python -m lab demo-platform`); emulated hardware, not hardware proof."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from lab.acs_iommu import (ACS_PORT, BARE_METAL, GPU_STANDIN, GUEST_MARK, NIC_ST
                            live_findings)
 
 pytestmark = pytest.mark.skipif(os.environ.get(GUEST_MARK) != "1",
-                                reason="needs the ACS/IOMMU guest (python -m lab demo-acs-iommu)")
+                                reason="needs the ACS/IOMMU guest (python -m lab demo-platform)")
 LINUX_ACS = ("SV", "RR", "CR", "UF")     # what pci_std_enable_acs turns on (drivers/pci/pci.c)
 
 

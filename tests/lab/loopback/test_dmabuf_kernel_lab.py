@@ -22,6 +22,7 @@ import sys
 
 import pytest
 
+from lab.data_direct import OUTCOMES
 from lab.modules import (GUEST_SCRIPT, RXE_DMA_DEVICE, built_modules, dmabuf_environment,
                          read_bufinfo, run_dmabuf_ab)
 from tests.cuda_standin.build import standin_settings
@@ -222,43 +223,14 @@ def test_memory_freed_while_registered_stays_pinned_until_deregistration(modules
 
 
 # ---- data-direct (issue 34): the rungs through the stand-in libmlx5 ---------------------
-# The stand-in libmlx5.so.1 (tests/mlx5_standin) gives rxe0 a data-direct path by knob and
-# forwards mlx5dv_reg_dmabuf_mr to ibv_reg_dmabuf_mr, so the data-direct rung registers
-# through the same kernel path as plain DMA-BUF. What this proves: gdrprobe's calls, their
-# order and what the report says of each NCCL outcome; not a ConnectX, not data-direct DMA.
-RXE_DATA_DIRECT_PATH = "/devices/" + RXE_DMA_DEVICE
-
-
-def mlx5_standin(modules, **knobs: str) -> dict:
-    """The stand-in libmlx5 preloaded into the run, with its knobs. Preloaded, not first on
-    LD_LIBRARY_PATH: libibverbs loads every provider when it lists devices, Debian's mlx5
-    provider is libmlx5.so.1 itself, and a later dlopen of the soname finds that one."""
-    from tests.mlx5_standin.build import build
-    base = dmabuf_environment(modules)["LD_PRELOAD"]
-    return {"LD_PRELOAD": f"{base}:{build()}",
-            **{f"GDRPROBE_MLX5_STANDIN_{key.upper()}": value for key, value in knobs.items()}}
-
-
-def measured_rung(modules, **knobs: str) -> dict:
-    done, _ = run_dmabuf_ab(modules, standin=mlx5_standin(modules, **knobs))
+@pytest.mark.parametrize("outcome", OUTCOMES, ids=[o.name for o in OUTCOMES])
+def test_each_nccl_outcome_on_a_data_direct_nic_gets_its_answer(modules, outcome):
+    """lab/data_direct.py: the stand-in libmlx5 over the patched rxe, each of NCCL's outcomes
+    (data-direct works, with or without the PCIe mapping; the mapping refused; the data-direct
+    registration refused, then plain DMA-BUF; no data-direct path)."""
+    done, table = outcome.run(modules)
     assert done.stdout, done.stderr
-    arm = json.loads(done.stdout)["arms"][1]
-    assert arm["arm"] == "dmabuf" and arm["outcome"] == "measured", (arm, done.stderr)
-    return arm["local_memory"]
-
-
-def test_a_data_direct_nic_registers_through_the_data_direct_rung(modules):
-    memory = measured_rung(modules, path=RXE_DATA_DIRECT_PATH)
-    assert memory["registration_rung"] == "data-direct", memory
-    assert "/sys" + RXE_DATA_DIRECT_PATH in memory["registration_rung_reason"]
-
-
-def test_a_refused_data_direct_registration_falls_to_plain_dmabuf(modules):
-    memory = measured_rung(modules, path=RXE_DATA_DIRECT_PATH, dd_errno=str(errno.EOPNOTSUPP))
-    assert memory["registration_rung"] == "dmabuf", memory
-    assert "MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT) refused" in memory["registration_rung_reason"]
-
-
-def test_without_a_data_direct_path_the_nic_registers_plain_dmabuf(modules):
-    memory = measured_rung(modules)
-    assert memory["registration_rung"] == "dmabuf" and "refused" not in memory["registration_rung_reason"]
+    report = json.loads(done.stdout)
+    assert not outcome.mismatch(report), (outcome.mismatch(report), done.stderr)
+    assert done.returncode == report["verdict"]["exit_code"]
+    assert bool(table) == (outcome.rung is not None)       # rxe attached the dma-buf, or none
