@@ -413,7 +413,13 @@ def demo_one(built: Built, runtime: str) -> int:
     verdict = report.get("verdict") or {}
     print(f"{runtime} stand-in verdict: {verdict.get('classification')} via {verdict.get('mechanism')} "
           f"(exit {verdict.get('exit_code')}); a stand-in runtime over host pages, not GPU proof")
-    return 0 if answered_by_dmabuf(report) and table else 1
+    code = 0 if answered_by_dmabuf(report) and table else 1
+    if runtime == "cuda":   # the rows past the WRITE A/B, once (lab/dmabuf_rows.py)
+        from lab import dmabuf_rows
+
+        print("---- latency, READ, both directions and the flush, GPU memory at both ends ----")
+        code = max(code, dmabuf_rows.show(built))
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
