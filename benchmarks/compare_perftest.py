@@ -11,6 +11,13 @@ from its MB/sec column (2^20 byte/s with two decimals), its most precise figure.
 
     python -m lab loopback -- .venv/bin/python benchmarks/compare_perftest.py
 
+``--opcode read`` compares READ with ``ib_read_bw`` and ``ib_read_lat``; ``--opcode write_imm``
+compares gdrprobe's WRITE-with-immediate latency (the ping-pong GPU memory needs, each side
+polling its CQ) with ``ib_write_lat --write_with_imm`` where perftest has that flag, else with
+plain ``ib_write_lat`` and says so; ``--bidir`` compares both directions at once with
+``ib_write_bw -b`` (perftest reports the two directions' sum, gdrprobe's ``sum_gbps`` is set
+against it).
+
 gdrprobe times with the clock ``--clock`` names (default auto: the cycle counter where the
 kernel reports the TSC constant and non-stop, else CLOCK_MONOTONIC; the lab's guest reports
 neither, so auto is CLOCK_MONOTONIC there and ``--clock counter`` reads the TSC as perftest
@@ -60,6 +67,16 @@ def perftest_numbers(output: str, columns: int) -> list[float]:
     raise RuntimeError(f"no {columns}-number row in perftest output:\n{output}")
 
 
+BANDWIDTH_TOOLS = {"write": "ib_write_bw", "read": "ib_read_bw"}
+LATENCY_TOOLS = {"write": "ib_write_lat", "read": "ib_read_lat", "write_imm": "ib_write_lat"}
+
+
+def perftest_has(tool: str, flag: str) -> bool:
+    """Whether this perftest's tool takes the flag (Debian 12's 4.5+0.17 has no --write_with_imm)."""
+    done = subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=30)
+    return flag in done.stdout + done.stderr
+
+
 def perftest(tool: str, device: str, gid: int, common: list[str], columns: int) -> list[float]:
     base = [tool, "-d", device, "-x", str(gid), "-p", str(PERFTEST_PORT), "-F", *common]
     server = start(base)
@@ -91,24 +108,33 @@ def in_abba_order(pair: int, perftest_run, gdrprobe_run) -> tuple:
     return perftest_run(), mine
 
 
-def bandwidth_pair(pair: int, device: str, gid: int, size: int, iters: int, depth: int,
-                   cq_mod: int, clock: str):
-    common = ["-s", str(size), "-n", str(iters), "-t", str(depth), "-Q", str(cq_mod)]
+def bandwidth_pair(pair: int, args, size: int, iters: int):
+    common = ["-s", str(size), "-n", str(iters), "-t", str(args.tx_depth), "-Q", str(args.cq_mod)]
+    both = ["-b"] if args.bidir else []
     numbers, report = in_abba_order(
-        pair, lambda: perftest("ib_write_bw", device, gid, common, 5),
-        lambda: gdrprobe(device, [*common, "--clock", clock]))
+        pair, lambda: perftest(BANDWIDTH_TOOLS[args.opcode], args.device, args.gid_index,
+                               [*common, *both], 5),
+        lambda: gdrprobe(args.device, [*common, *both, "--opcode", args.opcode, "--clock", args.clock]))
     _, _, _, avg_mib_s, rate = numbers
-    row = report["bandwidth"][0]
-    return {"perftest_mib_s": avg_mib_s, "gdrprobe_mib_s": row["bandwidth_avg_mib_s"],
-            "perftest_mpps": rate, "gdrprobe_mpps": row["message_rate_mpps"]}
+    if args.bidir:   # perftest's figures are both directions together
+        total = report["bidirectional"][0]["sum_gbps"] * 1e9 / 8
+        mine_mib_s, mine_mpps = total / 2**20, total / size / 1e6
+    else:
+        row = report["bandwidth"][0]
+        mine_mib_s, mine_mpps = row["bandwidth_avg_mib_s"], row["message_rate_mpps"]
+    return {"perftest_mib_s": avg_mib_s, "gdrprobe_mib_s": mine_mib_s,
+            "perftest_mpps": rate, "gdrprobe_mpps": mine_mpps}
 
 
-def latency_pair(pair: int, device: str, gid: int, size: int, iters: int, inline: int,
-                 clock: str):
-    common = ["-s", str(size), "-n", str(iters), "-I", str(inline)]
+def latency_pair(pair: int, args, size: int, with_imm: list[str]):
+    common = ["-s", str(size), "-n", str(args.lat_iters)]
+    if args.opcode != "read":   # a READ carries no inline data (perftest refuses -I there)
+        common += ["-I", str(args.inline_size)]
     numbers, report = in_abba_order(
-        pair, lambda: perftest("ib_write_lat", device, gid, common, 9),
-        lambda: gdrprobe(device, [*common, "--latency", "--clock", clock]))
+        pair, lambda: perftest(LATENCY_TOOLS[args.opcode], args.device, args.gid_index,
+                               [*common, *with_imm], 9),
+        lambda: gdrprobe(args.device, [*common, "--latency", "--opcode", args.opcode,
+                                       "--clock", args.clock]))
     row = report["latency"][0]
     return {"perftest_us": numbers[4], "gdrprobe_us": row["latency_us_median"],
             "perftest_avg_us": numbers[5], "gdrprobe_avg_us": row["latency_us_mean"]}
@@ -143,13 +169,22 @@ def main() -> int:
                         help="gdrprobe's --clock")
     parser.add_argument("--only", choices=("bandwidth", "latency"),
                         help="measure only bandwidth and message rate, or only latency")
+    parser.add_argument("--opcode", choices=sorted(LATENCY_TOOLS), default="write",
+                        help="the operation both programs measure (write_imm: latency only)")
+    parser.add_argument("-b", "--bidir", action="store_true",
+                        help="bandwidth in both directions at once (perftest's -b)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.opcode == "write_imm" and args.only != "latency":
+        parser.error("--opcode write_imm is a latency comparison: add --only latency")
+    if args.bidir and args.only != "bandwidth":
+        parser.error("--bidir is a bandwidth comparison: add --only bandwidth")
 
     print(f"# gdrprobe vs perftest on {args.device}, {platform.node()}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, kernel {platform.release()}")
     print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, latency inline size "
-          f"{args.inline_size}, {args.pairs} ABBA pairs, gdrprobe --clock {args.clock}; "
+          f"{args.inline_size}, {args.pairs} ABBA pairs, gdrprobe --clock {args.clock}, "
+          f"--opcode {args.opcode}{' -b' if args.bidir else ''}; "
           "ratio = median (range) over pairs of gdrprobe / perftest")
     if args.only != "latency":
         bandwidth_table(args, sizes)
@@ -163,8 +198,7 @@ def bandwidth_table(args, sizes: list[int]) -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
         iters = max(100, min(args.max_iters, args.bytes_per_run // size))
-        runs = [bandwidth_pair(pair, args.device, args.gid_index, size, iters, args.tx_depth,
-                               args.cq_mod, args.clock) for pair in range(args.pairs)]
+        runs = [bandwidth_pair(pair, args, size, iters) for pair in range(args.pairs)]
         print(f"| {size} | {iters} | {statistics.median(r['perftest_mib_s'] for r in runs):.2f}"
               f" | {statistics.median(r['gdrprobe_mib_s'] for r in runs):.2f}"
               f" | {median_and_range(runs, 'gdrprobe_mib_s', 'perftest_mib_s')}"
@@ -173,11 +207,15 @@ def bandwidth_table(args, sizes: list[int]) -> None:
 
 
 def latency_table(args, sizes: list[int]) -> None:
+    tool = LATENCY_TOOLS[args.opcode]
+    with_imm = []
+    if args.opcode == "write_imm":
+        with_imm = ["--write_with_imm"] if perftest_has(tool, "--write_with_imm") else []
+        print(f"# perftest: {tool} {' '.join(with_imm) or '(plain WRITE: this perftest has no --write_with_imm)'}")
     print("| size B | iters | perftest typical us | gdrprobe median us | latency ratio | avg ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for size in [s for s in sizes if s <= 65536]:
-        runs = [latency_pair(pair, args.device, args.gid_index, max(size, 2), args.lat_iters,
-                             args.inline_size, args.clock) for pair in range(args.pairs)]
+        runs = [latency_pair(pair, args, max(size, 2), with_imm) for pair in range(args.pairs)]
         print(f"| {max(size, 2)} | {args.lat_iters}"
               f" | {statistics.median(r['perftest_us'] for r in runs):.2f}"
               f" | {statistics.median(r['gdrprobe_us'] for r in runs):.2f}"
