@@ -250,7 +250,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     if latency_a_b:
         return latency_ab(probe, local, remote, repeats)
     return ab_test(probe, local, remote, staged=staged, repeats=repeats,
-                   threshold=threshold, doctor_findings=facts.findings if facts else ())
+                   threshold=threshold, doctor_findings=facts.findings if facts else (),
+                   opcode=options.opcode)
 
 
 def _require_gpu_arm(*in_process) -> None:

@@ -46,11 +46,16 @@ class ArmPlan:
     local: MemorySpec
     remote: MemorySpec
     role: str = DECIDES   # decides | reference | diagnoses; the host arm: ""
+    opcode: str = "write"  # the runs' RDMA operation: which buffer the NIC reads follows from it
 
     @property
     def direction(self) -> str:
-        """Where the GPU memory is: the source (read), the destination (write), both."""
-        gpu = (self.local.kind == "gpu", self.remote.kind == "gpu")
+        """Where the GPU memory is: the source the NIC reads (read), the destination it
+        writes (write), both. A WRITE's source is the local buffer; an RDMA READ's is the
+        remote one, which the responder's NIC reads, and the local one it writes."""
+        source, destination = (self.remote, self.local) if self.opcode == "read" else \
+            (self.local, self.remote)
+        gpu = (source.kind == "gpu", destination.kind == "gpu")
         return {(True, True): BOTH, (True, False): READ, (False, True): WRITE}.get(gpu, "")
 
     @property
@@ -59,18 +64,23 @@ class ArmPlan:
         return self.local if self.local.kind == "gpu" else self.remote
 
 
-def plan_arms(local: MemorySpec, remote: MemorySpec, with_staged: bool) -> list[ArmPlan]:
+def plan_arms(local: MemorySpec, remote: MemorySpec, with_staged: bool,
+              opcode: str = "write") -> list[ArmPlan]:
     """The host arm first, then the GPU arm as asked, then (optionally) the staged one; with
-    GPU memory at both ends, the two one-direction arms that diagnose it."""
+    GPU memory at both ends, the two one-direction arms that diagnose it. opcode: the runs'
+    RDMA operation, which tells each arm's direction (ArmPlan.direction)."""
+    def arm(name: str, arm_local: MemorySpec, arm_remote: MemorySpec, role: str = DECIDES) -> ArmPlan:
+        return ArmPlan(name, arm_local, arm_remote, role, opcode)
+
     gpu_side = local if local.kind == "gpu" else remote
-    arms = [ArmPlan("host", HOST, HOST, role=""), ArmPlan(gpu_side.label, local, remote)]
+    arms = [arm("host", HOST, HOST, role=""), arm(gpu_side.label, local, remote)]
     if with_staged and gpu_side.mechanism != "staged":
         staged = dataclasses.replace(gpu_side, mechanism="staged")
-        arms.append(ArmPlan("staged", staged if local.kind == "gpu" else HOST,
-                            staged if remote.kind == "gpu" else HOST, role=REFERENCE))
+        arms.append(arm("staged", staged if local.kind == "gpu" else HOST,
+                        staged if remote.kind == "gpu" else HOST, role=REFERENCE))
     if local.kind == "gpu" and remote.kind == "gpu":
-        arms += [ArmPlan(local.label, local, HOST, role=DIAGNOSES),
-                 ArmPlan(remote.label, HOST, remote, role=DIAGNOSES)]
+        arms += [arm(local.label, local, HOST, role=DIAGNOSES),
+                 arm(remote.label, HOST, remote, role=DIAGNOSES)]
     return arms
 
 
@@ -358,18 +368,19 @@ def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = No
             staged: bool = False, repeats: int = 3, threshold: float = defaults.THRESHOLD,
             doctor_findings=(), min_repeats: int | None = None,
             floor: FloorCheck | None = None, settle_repeats: int | None = None,
-            disturbed: Callable[[], bool] | None = None) -> CheckReport:
+            disturbed: Callable[[], bool] | None = None, opcode: str = "write") -> CheckReport:
     """The whole A/B: plan the arms, run them, and classify. doctor_findings are the
     findings of the host that owns the GPU buffer (the caller runs the doctor there); they
     confirm or rule out the likely causes of a degraded result. With min_repeats, sampling
     stops once the answer is conclusive; an answer still inconclusive after `repeats`
     samples on up to settle_repeats unless disturbed() (see :func:`run_ab`). floor: the
-    port's line rate and the fraction of it the deciding arm must reach."""
+    port's line rate and the fraction of it the deciding arm must reach. opcode: the RDMA
+    operation run_once measures (write or read), which names each arm's direction."""
     check_repeats(repeats)
     check_threshold(threshold)
     remote = remote or HOST
     if local.kind == "host" and remote.kind == "host":
         raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")
-    arms = plan_arms(local, remote, staged)
+    arms = plan_arms(local, remote, staged, opcode)
     return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats, floor,
                   settle_repeats, disturbed)

@@ -230,13 +230,13 @@ def latency_answer(gate: GateSettings, runner, local: MemorySpec, remote: Memory
 
 
 def read_answer(gate: GateSettings, runner, local: MemorySpec, remote: MemorySpec,
-                floor: FloorCheck, findings, what: str):
+                floor: FloorCheck, findings, what: str, opcode: str = "write"):
     """check --read, --bidir: the A/B again with RDMA READ, or both ends WRITEing at once,
     as the WRITE A/B ran, and its answer."""
     try:
         report = ab_test(runner, local, remote, repeats=gate.repeats,
                          threshold=gate.threshold, doctor_findings=findings,
-                         min_repeats=min(2, gate.repeats), floor=floor)
+                         min_repeats=min(2, gate.repeats), floor=floor, opcode=opcode)
     except StopSampling as stop:
         return secondary.read_not_run(f"the {what} runs stopped: {stop}")
     return secondary.read_check(report, what)
@@ -257,7 +257,7 @@ def extra_answers(gate: GateSettings, write: CheckReport, runner_for, local: Mem
     if gate.read:
         answers["read"] = (secondary.read_not_run(blocked) if blocked else
                            read_answer(gate, runner_for(read_options), local, remote, floor,
-                                       findings, secondary.READ_WHAT))
+                                       findings, secondary.READ_WHAT, opcode="read"))
     if gate.bidir:
         host_gbps = statistics.median(write.arms[0].bandwidths_gbps or (0.0,))
         answers["bidir"] = (secondary.read_not_run(blocked) if blocked else

@@ -417,6 +417,18 @@ def test_gpu_memory_at_both_ends_plans_one_arm_per_direction_to_diagnose():
     assert arms[2].remote.kind == "host" and arms[3].local.kind == "host"
 
 
+def test_in_a_read_a_b_the_remote_buffer_is_the_one_the_nic_reads():
+    """RDMA READ: the responder's NIC reads the remote buffer and the requester's writes the
+    local one, so the arm with GPU memory only at the remote end is the read direction (the
+    lab's READ throttle named "write" before)."""
+    arms = plan_arms(BOTH_ENDS, BOTH_ENDS, with_staged=False, opcode="read")
+    assert [(a.direction, a.local.kind, a.remote.kind) for a in arms[2:]] == [
+        ("write", "gpu", "host"), ("read", "host", "gpu")]
+    assert arms[1].direction == "both"
+    one_end = plan_arms(BOTH_ENDS, HOST, with_staged=False, opcode="read")
+    assert one_end[1].direction == "write"
+
+
 def test_an_engaged_two_ended_arm_runs_no_direction_arms():
     report, calls = two_ended({"both": 97.0})
     assert calls == ["host", "both"] * 2

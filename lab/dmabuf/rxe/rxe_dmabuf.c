@@ -19,15 +19,49 @@
  *    pin, map, trimmed to [offset, offset + length)), then rxe's page map from the mapped
  *    scatterlist's DMA addresses.
  *
+ * 3. Two fault knobs that make a dma-buf-backed MR slower, as a platform whose peer-to-peer
+ *    path is slow would (rxe-dmabuf.patch calls rxe_dmabuf_delay from the responder):
+ *    dmabuf_delay_us holds every message that lands in, or is read from, a dma-buf MR this
+ *    long once (added latency, which a long message hides); dmabuf_read_delay_us holds every
+ *    packet of an RDMA READ response read from one (PCIe peer reads slower than writes,
+ *    which costs READ bandwidth). Both 0 by default, writable at run time under
+ *    /sys/module/rdma_rxe/parameters/.
+ *
  * Host pages sit behind any dma-buf this sees in the lab: it exercises the import path, not
  * PCIe peer-to-peer.
  */
+#include <linux/delay.h>
 #include <linux/dma-map-ops.h>
+#include <linux/moduleparam.h>
 #include <linux/scatterlist.h>
 #include <rdma/ib_umem.h>
 
 #include "rxe.h"
 #include "rxe_loc.h"
+
+static unsigned int dmabuf_delay_us;
+module_param(dmabuf_delay_us, uint, 0644);
+MODULE_PARM_DESC(dmabuf_delay_us, "lab fault: microseconds every message into or out of a dma-buf MR waits, once");
+static unsigned int dmabuf_read_delay_us;
+module_param(dmabuf_read_delay_us, uint, 0644);
+MODULE_PARM_DESC(dmabuf_read_delay_us, "lab fault: microseconds every READ response packet from a dma-buf MR waits");
+
+/* The largest wait udelay() is meant for; the knobs are clamped to it. */
+#define RXE_DMABUF_MAX_DELAY_US 2000
+
+void rxe_dmabuf_delay(struct rxe_mr *mr, bool first_of_message, bool read)
+{
+	unsigned int wait = 0;
+
+	if (!mr || !mr->umem || !mr->umem->is_dmabuf)
+		return;
+	if (first_of_message)
+		wait += READ_ONCE(dmabuf_delay_us);
+	if (read)
+		wait += READ_ONCE(dmabuf_read_delay_us);
+	if (wait)
+		udelay(min_t(unsigned int, wait, RXE_DMABUF_MAX_DELAY_US));
+}
 
 static dma_addr_t rxe_dma_map_page(struct device *dev, struct page *page, unsigned long offset,
 				   size_t size, enum dma_data_direction dir, unsigned long attrs)
