@@ -198,7 +198,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     its arms in its own report). flush=True: the receiver of a GPU buffer flushes it as
     NCCL does (an RDMA READ of the last message's first byte on a loopback QP) before each
     check, and the report says so (check() follows NCCL's rules for that by itself).
-    mode="latency" with a GPU buffer and opcode="write_imm" is the latency A/B instead
+    mode="latency" with a GPU buffer and opcode="write_imm" (or opcode="read" with the GPU
+    buffer at the remote end) is the latency A/B instead
     (:class:`gdrprobe.report.model.LatencyABReport`: each size's GPU/host median ratio).
     Raises :class:`GdrprobeError`."""
     from gdrprobe.campaign.ab import ab_test
@@ -206,6 +207,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
     from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.measure.loopback import runner
+    from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 
     if bool(host) == bool(loopback):
         raise UsageError("give either a server host or loopback", "e.g. 'gdrprobe run "
@@ -222,12 +224,14 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         if remote_mem else None
     a_b = local.kind == "gpu" or (remote is not None and remote.kind == "gpu")
     latency_a_b = a_b and settings.get("mode") == "latency"
-    if latency_a_b and settings.get("opcode") != "write_imm":
-        raise UsageError("latency with GPU memory needs RDMA WRITE with immediate: the "
-                         "plain ping-pong has the CPU poll the receive buffer, which it "
-                         "cannot do in GPU memory",
-                         "add --opcode write_imm (perftest's --write_with_imm), or drop "
-                         "--mem/--remote-mem")
+    if latency_a_b and settings.get("opcode") not in defaults.LATENCY_A_B_OPCODES:
+        raise UsageError("latency with GPU memory needs RDMA WRITE with immediate or READ: "
+                         "the plain WRITE ping-pong has the CPU poll the receive buffer, "
+                         "which it cannot do in GPU memory",
+                         "add --opcode write_imm (perftest's --write_with_imm), or --opcode "
+                         "read with --remote-mem, or drop --mem/--remote-mem")
+    if latency_a_b:   # which end the CPU checks, before a GPU runtime is looked for
+        check_latency_memory(ProbeOptions(mode="latency", opcode=settings["opcode"]), local, remote)
     if a_b:
         _require_gpu_arm(local, remote if loopback else None)
     if flush:

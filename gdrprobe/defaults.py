@@ -68,6 +68,9 @@ CLOCK = "auto"
 # completions, so either buffer may be GPU memory), or reads it (the server's NIC then
 # reads its own memory).
 OPCODES = ("write", "write_imm", "read")
+# The latency loops whose CPU polls completions, not a receive buffer: either end may be GPU
+# memory for WRITE with immediate, the READ's remote (fetched) end for READ (ib_read_lat).
+LATENCY_A_B_OPCODES = ("write_imm", "read")
 OPCODE = "write"
 
 # ---- the A/B and its verdict ------------------------------------------------------------

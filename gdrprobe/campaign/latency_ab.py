@@ -1,7 +1,8 @@
 """The latency A/B of `run --latency` with GPU memory: the host arm (host memory at both
 ends) and the GPU arm (the memory asked for), alternately, each repeat a whole run with the
 same opcode and settings: the ping-pong of WRITEs with immediate, which no CPU polls, so
-either end may be GPU memory (perftest's ib_write_lat --write_with_imm). Per size, each
+either end may be GPU memory (perftest's ib_write_lat --write_with_imm), or READs, whose
+initiator polls its CQ, so the fetched (remote) end may be (ib_read_lat). Per size, each
 arm's median of its repeats' medians and the GPU arm's over the host arm's: the
 small-message cost of GPUDirect, reported, not judged."""
 

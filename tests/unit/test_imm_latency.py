@@ -205,6 +205,27 @@ def test_plain_write_latency_with_gpu_memory_names_write_with_immediate(arms):
     assert "--opcode write_imm" in raised.value.fix and arms == []
 
 
+def test_read_latency_with_gpu_memory_at_the_fetched_end_is_a_latency_ab(arms):
+    """ib_read_lat's loop polls its CQ: the server's buffer, which the READ fetches, may be
+    GPU memory, and the A/B runs the host arm with the same opcode."""
+    import gdrprobe
+
+    report = gdrprobe.run("10.0.0.2", token=TOKEN, remote_mem="gpu", mode="latency",
+                          opcode="read", repeats=1)
+    assert report.kind == "latency-ab"
+    assert {options.opcode for _, _, options in arms} == {"read"}
+    assert [(local, remote) for local, remote, _ in arms] == [("host", "host"), ("host", "gpu")]
+
+
+def test_read_latency_landing_in_gpu_memory_is_refused_before_any_run(arms):
+    import gdrprobe
+
+    with pytest.raises(UsageError, match="READ latency lands in host memory"):
+        gdrprobe.run("10.0.0.2", token=TOKEN, mem="gpu", mode="latency", opcode="read",
+                     repeats=1)
+    assert arms == []
+
+
 def test_the_command_prints_each_sizes_ratio(arms, capsys):
     from gdrprobe.cli import main
 

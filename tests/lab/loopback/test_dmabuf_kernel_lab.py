@@ -166,6 +166,12 @@ def test_a_delay_on_dmabuf_messages_is_latency_degraded_at_every_size(modules, r
     assert latency["outcome"] == "latency degraded", latency
     assert tuple(latency["degraded_sizes"]) == CHECK_LATENCY_SIZES
     assert code == report["verdict"]["exit_code"] == 13
+    # READ latency with the fetched buffer a dma-buf pays the same delay (run's latency A/B)
+    from lab.dmabuf_rows import READ_LATENCY
+
+    done, _ = run_dmabuf_ab(modules, *READ_LATENCY)
+    (ratio,) = json.loads(done.stdout)["ratios"]
+    assert ratio["gpu_over_host"] > 2, ratio
 
 
 def test_a_read_throttle_is_gdr_read_degraded_while_write_stays_engaged(modules, rxe_knob, tmp_path):
