@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 
 from gdrprobe import defaults
-from gdrprobe.campaign.arguments import (check_gpus, check_host, check_threshold_given, check_verdict,
-                                         percent_habit)
+from gdrprobe.campaign.arguments import (check_gpus, check_host, check_latency_a_b, check_threshold_given,
+                                         check_verdict, percent_habit)
 from gdrprobe.errors import ExitCode, GdrprobeError, NotTestable, UsageError
 
 __version__ = "0.1.0"
@@ -207,7 +207,6 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
     from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
     from gdrprobe.measure.loopback import runner
-    from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 
     if bool(host) == bool(loopback):
         raise UsageError("give either a server host or loopback", "e.g. 'gdrprobe run "
@@ -224,14 +223,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         if remote_mem else None
     a_b = local.kind == "gpu" or (remote is not None and remote.kind == "gpu")
     latency_a_b = a_b and settings.get("mode") == "latency"
-    if latency_a_b and settings.get("opcode") not in defaults.LATENCY_A_B_OPCODES:
-        raise UsageError("latency with GPU memory needs RDMA WRITE with immediate or READ: "
-                         "the plain WRITE ping-pong has the CPU poll the receive buffer, "
-                         "which it cannot do in GPU memory",
-                         "add --opcode write_imm (perftest's --write_with_imm), or --opcode "
-                         "read with --remote-mem, or drop --mem/--remote-mem")
     if latency_a_b:   # which end the CPU checks, before a GPU runtime is looked for
-        check_latency_memory(ProbeOptions(mode="latency", opcode=settings["opcode"]), local, remote)
+        check_latency_a_b(settings.get("opcode", "write"), local, remote)
     if a_b:
         _require_gpu_arm(local, remote if loopback else None)
     if flush:

@@ -50,3 +50,19 @@ def check_host(host: str | None) -> None:
         raise UsageError(f"{host!r} is a host and a port in one",
                          f"give the port on its own: '{name} -p {port}' (the API: "
                          f"host={name!r}, port={port})")
+
+
+def check_latency_a_b(opcode: str, local, remote) -> None:
+    """Latency with GPU memory (the latency A/B): a loop whose CPU polls completions, not a
+    receive buffer (defaults.LATENCY_A_B_OPCODES), and no GPU buffer where the CPU checks
+    the bytes (measure.options.check_latency_memory: a READ's own end)."""
+    from gdrprobe import defaults
+    from gdrprobe.measure.options import ProbeOptions, check_latency_memory
+
+    if opcode not in defaults.LATENCY_A_B_OPCODES:
+        raise UsageError("latency with GPU memory needs RDMA WRITE with immediate or READ: "
+                         "the plain WRITE ping-pong has the CPU poll the receive buffer, "
+                         "which it cannot do in GPU memory",
+                         "add --opcode write_imm (perftest's --write_with_imm), or --opcode "
+                         "read with --remote-mem, or drop --mem/--remote-mem")
+    check_latency_memory(ProbeOptions(mode="latency", opcode=opcode), local, remote)
