@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 
 
 class ExitCode(enum.IntEnum):
@@ -146,6 +147,14 @@ def exit_codes_epilog() -> str:
     return ("exit codes: " + "; ".join(f"{', '.join(codes)}: {action}"
                                        for action, codes in actions.items())
             + " (the README's 'Exit codes' table says what each one means)")
+
+
+def errno_label(code: int | None) -> str:
+    """An errno as verbs tools and NCCL's messages print it: EOPNOTSUPP for 95 (Python's
+    first name for it is the alias ENOTSUP)."""
+    if code == errno.EOPNOTSUPP:
+        return "EOPNOTSUPP"
+    return errno.errorcode.get(code, f"errno {code}")
 
 
 class GdrprobeError(Exception):

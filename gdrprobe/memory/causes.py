@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 
-from gdrprobe.errors import RdmaError, RegistrationFailed, ResourceLimit
+from gdrprobe.errors import RdmaError, RegistrationFailed, ResourceLimit, errno_label
 
 MEMLOCK_FIX = ("raise the locked-memory limit: 'ulimit -l unlimited' (limits.conf: "
                "'* soft memlock unlimited' and '* hard memlock unlimited', then log in again), "
@@ -95,13 +95,9 @@ PEER_MEMORY_CAUSES: dict[str, dict[int, RegistrationCause]] = {
 
 
 def errno_name(code: int | None) -> str:
-    """EOPNOTSUPP for 95 (Python says ENOTSUP, an alias), as verbs tools print it; the
-    refused DMA-BUF export by the call that refused it."""
-    if code == errno.EOPNOTSUPP:
-        return "EOPNOTSUPP"
-    if code == DMABUF_EXPORT_REFUSED:
-        return DMABUF_EXPORT_CALL
-    return errno.errorcode.get(code, f"errno {code}")
+    """The errno as verbs tools print it (errors.errno_label); the refused DMA-BUF export by
+    the call that refused it."""
+    return DMABUF_EXPORT_CALL if code == DMABUF_EXPORT_REFUSED else errno_label(code)
 
 
 def registration_cause(error_code: int, peer_memory: str = "") -> RegistrationCause:

@@ -28,6 +28,7 @@ import errno
 from collections.abc import Mapping
 from typing import Any
 
+from gdrprobe.errors import errno_label
 from gdrprobe.nccl.env import int_param
 from gdrprobe.nccl.versions import DATA_DIRECT_ONLY_SINCE, DATA_DIRECT_SINCE, NcclRules
 
@@ -48,11 +49,6 @@ class DataDirectProbe:
     path: str | None          # the data-direct device's sysfs path, /sys prefixed; None: not data-direct
     reason: str               # why it is, or is not
     breaks_init: bool = False  # a lookup error other than ENODEV: NCCL 2.28.3+ stops its IB transport
-
-
-def errno_label(code: int | None) -> str:
-    """95 as verbs tools and NCCL's messages print it (Python's first name is ENOTSUP)."""
-    return "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, f"errno {code}")
 
 
 def read_probe(result: Mapping[str, Any] | None, library_error: str | None = None) -> DataDirectProbe:
