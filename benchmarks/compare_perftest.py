@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,6 +76,13 @@ def perftest_has(tool: str, flag: str) -> bool:
     """Whether this perftest's tool takes the flag (Debian 12's 4.5+0.17 has no --write_with_imm)."""
     done = subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=30)
     return flag in done.stdout + done.stderr
+
+
+def perftest_version() -> str:
+    """The installed perftest's own version line (ib_write_bw --version), and where it is."""
+    done = subprocess.run(["ib_write_bw", "--version"], capture_output=True, text=True, timeout=30)
+    found = shutil.which("ib_write_bw") or "ib_write_bw"
+    return f"{(done.stdout + done.stderr).strip().splitlines()[-1]} ({found})"
 
 
 def perftest(tool: str, device: str, gid: int, common: list[str], columns: int) -> list[float]:
@@ -173,7 +181,12 @@ def main() -> int:
                         help="the operation both programs measure (write_imm: latency only)")
     parser.add_argument("-b", "--bidir", action="store_true",
                         help="bandwidth in both directions at once (perftest's -b)")
+    parser.add_argument("--perftest-dir",
+                        help="where the perftest tools are (a perftest built from source), "
+                             "else the PATH's")
     args = parser.parse_args()
+    if args.perftest_dir:
+        os.environ["PATH"] = os.pathsep.join((args.perftest_dir, os.environ.get("PATH", "")))
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.opcode == "write_imm" and args.only != "latency":
         parser.error("--opcode write_imm is a latency comparison: add --only latency")
@@ -186,6 +199,7 @@ def main() -> int:
           f"{args.inline_size}, {args.pairs} ABBA pairs, gdrprobe --clock {args.clock}, "
           f"--opcode {args.opcode}{' -b' if args.bidir else ''}; "
           "ratio = median (range) over pairs of gdrprobe / perftest")
+    print(f"# perftest: {perftest_version()}")
     if args.only != "latency":
         bandwidth_table(args, sizes)
     if args.only != "bandwidth":

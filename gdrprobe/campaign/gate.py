@@ -114,6 +114,11 @@ class MachineFacts:
     topology: Topology | None = None
     pcie_links: Mapping[str, Link] = dataclasses.field(default_factory=dict)
 
+    def line_rate(self, nic: str, port: int) -> float | None:
+        """The port's line rate as the kernel states it (Gb/s); None where it states none."""
+        stated = self.ports.get((nic, port))
+        return stated.rate_gbps if stated else None
+
 
 # ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------
 

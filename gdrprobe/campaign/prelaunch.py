@@ -110,9 +110,8 @@ def check_floor(floor: float) -> None:
 def floor_check(nic: str, port: int, facts: MachineFacts, floor: float) -> FloorCheck:
     """The port's line rate and whether the floor applies to it (floor: checked by the
     API before the doctor ran, check_floor)."""
-    stated = facts.ports.get((nic, port))
-    rate = stated.rate_gbps if stated else None
-    software = True if nic in facts.software_nics else (False if stated else None)
+    rate = facts.line_rate(nic, port)
+    software = True if nic in facts.software_nics else (False if (nic, port) in facts.ports else None)
     if software:
         note = ("not applied: a software RDMA device (rxe, siw), where the CPU copies every "
                 "byte, so it can never do GPUDirect RDMA")
@@ -259,7 +258,8 @@ def extra_answers(gate: GateSettings, write: CheckReport, runner_for, local: Mem
                            read_answer(gate, runner_for(read_options), local, remote, floor,
                                        findings, secondary.READ_WHAT, opcode="read"))
     if gate.bidir:
-        host_gbps = statistics.median(write.arms[0].bandwidths_gbps or (0.0,))
+        host_gbps = statistics.median(next((arm.bandwidths_gbps for arm in write.arms
+                                            if arm.arm == "host" and arm.bandwidths_gbps), (0.0,)))
         answers["bidir"] = (secondary.read_not_run(blocked) if blocked else
                             read_answer(gate, runner_for(lambda options: bidir_options(
                                 options, host_gbps)), local, remote, floor, findings,

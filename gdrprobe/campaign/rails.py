@@ -122,11 +122,6 @@ def windows_apart(overlaps: Sequence[Overlap]) -> str:
             f"less than {defaults.RAILS_MIN_OVERLAP:.0%}: they did not run together")
 
 
-def line_rate(facts: MachineFacts, nic: str, port: int) -> float | None:
-    stated = facts.ports.get((nic, port))
-    return stated.rate_gbps if stated else None
-
-
 def shared_by(facts: MachineFacts, results: Sequence[RailResult], port: int) -> dict | None:
     """The smallest element the rails share, as JSON; None where the doctor placed no
     GPU or NIC of theirs (a VM without PCI functions, a software NIC)."""
@@ -141,7 +136,7 @@ def shared_by(facts: MachineFacts, results: Sequence[RailResult], port: int) -> 
     if len(rails) < len(results):
         return None
     element = shared_element(rails, facts.pcie_links,
-                             {rail.nic.name: line_rate(facts, rail.nic.name, port) for rail in rails})
+                             {rail.nic.name: facts.line_rate(rail.nic.name, port) for rail in rails})
     return element.as_json() if element else None
 
 
@@ -155,7 +150,7 @@ def check_rails(rails: Sequence[Solo], facts: MachineFacts, loop: RailLoop,
     pairs = [alone.pair for alone in rails]
     gpu_pass = together(pairs, loop, False, timeout_s)
     host_pass = together(pairs, loop, True, timeout_s)
-    results = tuple(rail_result(alone, gpu, host, line_rate(facts, alone.pair.nic, port), threshold)
+    results = tuple(rail_result(alone, gpu, host, facts.line_rate(alone.pair.nic, port), threshold)
                     for alone, gpu, host in zip(rails, gpu_pass, host_pass))
     failed = [f"{result.gpu} ({result.nic}): {result.error}" for result in results if result.error]
     overlaps = [Overlap.of(outcomes) for outcomes in (gpu_pass, host_pass)
