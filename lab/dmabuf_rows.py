@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from statistics import median
 
-from lab.modules import DEMO_REPEATS, Built, run_dmabuf_ab
+from lab.modules import DEMO_REPEATS, Built, answered_by_dmabuf, run_dmabuf_ab
 
 BOTH_ENDS = ("--remote-mem", "dmabuf")
 LATENCY = ("--latency", "--opcode", "write_imm", "-s", "8", "-n", "300", *BOTH_ENDS)
@@ -35,20 +35,21 @@ def latency_row(report: dict) -> tuple[str, bool]:
 
 
 def verdict_row(report: dict) -> tuple[str, bool]:
-    """The A/B's answer: measured, and never a drain code (host pages against host pages)."""
+    """The A/B's answer, judged as the demo's WRITE A/B is (modules.answered_by_dmabuf):
+    measured through dmabuf and never a drain code (host pages against host pages)."""
     verdict = report["verdict"]
     ratio = verdict.get("ratio")
     text = f"{verdict['classification']} (exit {verdict['exit_code']})" + \
         (f", GPU/host {ratio:.2f}" if ratio is not None else "")
-    return text, verdict["classification"] == "engaged" or verdict["inconclusive"]
+    return text, answered_by_dmabuf(report)
 
 
 def bidir_row(report: dict) -> tuple[str, bool]:
     """Each arm's two directions and their sum, the medians of its repeats."""
     parts = []
-    for arm in report["arms"]:
+    for arm in report["arms"]:    # the host arm and the deciding one (not the direction arms)
         rows = arm.get("bidirectional") or []
-        if rows:
+        if rows and arm["role"] in ("", "decides"):
             there, back = (median(r[key] for r in rows) for key in ("client_to_server_gbps", "server_to_client_gbps"))
             parts.append(f"{arm['arm']} {there:.2f} + {back:.2f} = {there + back:.2f} Gb/s")
     text, answered = verdict_row(report)

@@ -102,3 +102,24 @@ def test_a_set_up_step_that_hangs_is_a_lab_error_naming_it(monkeypatch):
     monkeypatch.setattr(kernel, "STEP_TIMEOUT_S", 0.5)
     with pytest.raises(kernel.LabError, match="'sleep 30' did not end within 0.5 s"):
         kernel.run(["sleep", "30"])
+
+
+def test_demo_dmabufs_bidirectional_row_reads_the_host_and_deciding_arms_only():
+    """A degraded two-ended A/B runs its direction arms too (each with both directions):
+    the row sums the host arm and the deciding arm, and an inconclusive answer (exit 12)
+    passes as the WRITE A/B's does."""
+    from lab.dmabuf_rows import bidir_row
+
+    def arm(name, role, there, back):
+        return {"arm": name, "role": role,
+                "bidirectional": [{"client_to_server_gbps": there, "server_to_client_gbps": back}]}
+
+    report = {"verdict": {"classification": "degraded", "exit_code": 12, "ratio": 0.9,
+                          "mechanism": "dmabuf", "inconclusive": True},
+              "arms": [arm("host", "", 0.5, 0.5), arm("dmabuf", "decides", 0.4, 0.5),
+                       arm("dmabuf", "diagnoses", 0.5, 0.5), arm("dmabuf", "diagnoses", 0.5, 0.4)]}
+    text, good = bidir_row(report)
+    assert good and text.count("Gb/s") == 2, text
+    assert text.startswith("host 0.50 + 0.50 = 1.00 Gb/s; dmabuf 0.40 + 0.50 = 0.90 Gb/s")
+    report["verdict"] |= {"exit_code": 1, "inconclusive": False}
+    assert bidir_row(report)[1] is False        # a conclusive drain answer fails the demo
