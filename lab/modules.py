@@ -342,7 +342,8 @@ def run_dmabuf_ab(built: Built, *args: str, repeats: int = 1, timeout: float = 6
     """gdrprobe run --loopback --mem dmabuf --json over a stand-in runtime (configured by
     standin: tests.cuda_standin.build.standin_settings, or the HIP stand-in's GDRPROBE_H*
     knobs): (the finished process, the first bufinfo that showed a buffer attached to rxe
-    while it ran, or "")."""
+    while it ran, or ""). args come after the defaults and override them (argparse keeps an
+    option's last value): -s, -n, --mem host for a READ latency's own end."""
     argv = [runtime_python(runtime), "-m", "gdrprobe", "run", "--loopback", "-n", "100", "-s", "65536",
             "--mem", "dmabuf", "--repeats", str(repeats), "--json", *args]
     seen: list[str] = []

@@ -11,6 +11,9 @@ import time
 from tests.cuda_standin.build import environment, standin_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Open MPI's own transports over TCP on loopback: its RDMA transports would try rxe too.
+MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_pml": "ob1",
+           "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}
 
 
 def gdrprobe(*args: str, timeout: float = 300, check: bool = False,

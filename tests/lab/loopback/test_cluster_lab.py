@@ -11,13 +11,9 @@ import sys
 
 import pytest
 
-from tests.lab.helpers import REPO, rdma_resources
+from tests.lab.helpers import MPI_ENV, REPO, rdma_resources
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed")
-
-# Open MPI's own transports over TCP on loopback: its RDMA transports would try rxe too.
-MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_pml": "ob1",
-           "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}
 
 
 def mpirun_cluster(ranks: int, *args: str) -> subprocess.CompletedProcess:

@@ -18,8 +18,7 @@ import subprocess
 import pytest
 
 from gdrprobe.errors import ExitCode
-from tests.lab.helpers import REPO, rdma_resources
-from tests.lab.loopback.test_cluster_lab import MPI_ENV
+from tests.lab.helpers import MPI_ENV, REPO, rdma_resources
 
 # hip-python's own venv (./dev's HIP_VENV: the binding suite makes it before the lab runs)
 HIP_PYTHON = os.path.join(REPO, ".venv-hip-python", "bin", "python")
