@@ -10,6 +10,8 @@
   python -m lab demo-rocm                      its ROCm half alone (hip-python; not GPU proof)
   python -m lab demo-platform                  data-direct's outcomes through the dma-buf path,
                                                then ACS and IOMMU read live, in one q35 guest
+  python -m lab demo-rails                     all rails at once, uncapped and behind a shared
+                                               uplink, in one q35 guest
   python -m lab test                           the lab test suites
 """
 
@@ -20,7 +22,8 @@ import sys
 
 from lab import vm
 from lab.kernel import LabError, ensure_kernel
-from lab.suites import demo, demo_dmabuf, demo_platform, demo_rocm, demo_slurm, run_suites
+from lab.suites import (demo, demo_dmabuf, demo_platform, demo_rails, demo_rocm, demo_slurm,
+                        run_suites)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo-platform", help="NCCL's outcomes on a data-direct NIC through the dma-buf "
                                          "path, then the doctor's ACS and IOMMU checks read live, in "
                                          "one q35 guest (docs/dmabuf-lab.md, docs/doctor.md)")
+    sub.add_parser("demo-rails", help="check --node --all-rails on two Soft-RoCE rails under one "
+                                      "PCIe switch, uncapped and behind a shared uplink, in one "
+                                      "q35 guest (docs/lab.md)")
     tests = sub.add_parser("test", help="run the lab test suites in guests")
     tests.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k NAME)")
     args = parser.parse_args(argv)
@@ -75,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             return demo_rocm()
         if args.action == "demo-platform":
             return demo_platform()
+        if args.action == "demo-rails":
+            return demo_rails()
         return run_suites(args.pytest_args)
     except LabError as error:
         print(f"lab: {error}", file=sys.stderr)

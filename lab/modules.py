@@ -1,8 +1,10 @@
 """Build, for the lab's kernel, what sends the DMA-BUF arm through the kernel's dma-buf import
 path with host pages behind it (docs/dmabuf-lab.md):
 
-- rdma_rxe.ko: Debian's Soft-RoCE with reg_user_mr_dmabuf (lab/dmabuf/rxe/);
+- rdma_rxe.ko: Debian's Soft-RoCE with reg_user_mr_dmabuf, and the rails guest's PCI parent,
+  shaper and time-out knobs (lab/dmabuf/rxe/; lab/rails.py);
 - gdr_dmabuf.ko: a dma-buf exporter over memfd pages, with a fault switch (lab/dmabuf/exporter/);
+- gdr_pci_standin.ko: PCI functions shown as NVIDIA GPUs, for the rails guest (lab/dmabuf/exporter/);
 - libgdr_rxe_dmabuf.so: the user-space half Debian 12's rxe provider lacks (lab/dmabuf/verbs/).
 
 Sources and headers come from Debian's packages only, for the lab kernel's exact version:
@@ -11,7 +13,7 @@ linux-headers-<release> with the -common and linux-kbuild-6.1 packages it depend
 are unpacked (never installed) under .lab-cache/modules/<release>/tree, and each build lands
 in .lab-cache/modules/<release>/<digest of its inputs>, so a second run builds nothing.
 
-  python -m lab.modules             build (or reuse) and print the folder holding the three files
+  python -m lab.modules             build (or reuse) and print the folder holding the four files
   python -m lab.modules guest-demo [cuda] [rocm]
                                     in a lab guest after 'lab/dmabuf/guest.sh load FOLDER': the
                                     A/B with --mem dmabuf over each stand-in GPU runtime (default
@@ -40,8 +42,9 @@ RXE_SOURCE = "drivers/infiniband/sw/rxe"
 SOURCE_PACKAGE = "linux-source-6.1"
 RXE_MODULE = "rdma_rxe.ko"
 EXPORTER_MODULE = "gdr_dmabuf.ko"
+PCI_STANDIN_MODULE = "gdr_pci_standin.ko"     # the rails guest's GPUs (lab/rails.py)
 VERBS_LIBRARY = "libgdr_rxe_dmabuf.so"
-PRODUCTS = (RXE_MODULE, EXPORTER_MODULE, VERBS_LIBRARY)
+PRODUCTS = (RXE_MODULE, EXPORTER_MODULE, PCI_STANDIN_MODULE, VERBS_LIBRARY)
 # The source tarball alone is about 140 MB compressed: unpacking the rxe folder reads it whole.
 UNPACK_TIMEOUT_S = 600
 
@@ -61,6 +64,10 @@ class Built:
     @property
     def exporter(self) -> str:
         return self.path(EXPORTER_MODULE)
+
+    @property
+    def pci_standin(self) -> str:
+        return self.path(PCI_STANDIN_MODULE)
 
     @property
     def verbs_library(self) -> str:
@@ -208,17 +215,19 @@ def build_rxe(tree: str, headers: str, work: str) -> str:
     result = run(["patch", "-p0", "-d", folder, "-i", patch], capture_output=True, text=True)
     if result.returncode != 0:
         raise LabError(f"{patch} does not apply to this kernel's rxe:\n{result.stdout}")
-    shutil.copy(os.path.join(SOURCES, "rxe", "rxe_dmabuf.c"), folder)
+    for source in ("rxe_dmabuf.c", "rxe_rails.c"):
+        shutil.copy(os.path.join(SOURCES, "rxe", source), folder)
     kbuild(headers, folder, ["CONFIG_RDMA_RXE=m"])
     return os.path.join(folder, RXE_MODULE)
 
 
-def build_exporter(headers: str, work: str) -> str:
+def build_exporter(headers: str, work: str) -> list[str]:
+    """The exporter and the PCI stand-in (one Kbuild folder)."""
     folder = os.path.join(work, "exporter")
     shutil.copytree(os.path.join(SOURCES, "exporter"), folder)
     shutil.copy(os.path.join(SOURCES, "gdr_dmabuf_uapi.h"), folder)
     kbuild(headers, folder, [])
-    return os.path.join(folder, EXPORTER_MODULE)
+    return [os.path.join(folder, EXPORTER_MODULE), os.path.join(folder, PCI_STANDIN_MODULE)]
 
 
 def build_verbs_library(work: str) -> str:
@@ -251,7 +260,7 @@ def built_modules(release: str) -> Built | None:
 
 
 def ensure_modules() -> Built:
-    """The three products for the lab kernel, built once per kernel version and inputs."""
+    """The products for the lab kernel, built once per kernel version and inputs."""
     try:
         return build_modules()
     except subprocess.CalledProcessError as error:   # dpkg-deb or modinfo refused
@@ -270,9 +279,9 @@ def build_modules() -> Built:
     work = built.folder + ".partial"
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    products = [build_rxe(tree, headers, work), build_exporter(headers, work),
+    products = [build_rxe(tree, headers, work), *build_exporter(headers, work),
                 build_verbs_library(work)]
-    for module in products[:2]:
+    for module in products[:-1]:
         check_vermagic(module, release)
     shutil.rmtree(built.folder, ignore_errors=True)
     os.makedirs(built.folder)

@@ -30,6 +30,18 @@ the payload the counters see headers and acknowledgements:
   it (``drivers/infiniband/sw/rxe/rxe_req.c``, ``init_req_packet``; ``rxe_param.h``), so a
   message of p packets draws at most ``(p - 1) // 66 + 1`` acknowledgements.
 
+Retransmissions. A requester whose acknowledgement comes late sends its packets again (rxe
+goes back to the first unacknowledged one on its retransmit timer, ``rxe_comp.c``
+COMPST_ERROR_RETRY), and the responder counts each such packet it receives a second time
+in ``hw_counters/duplicate_request``, and one that arrived ahead of a missing one (and is
+sent again) in ``out_of_seq_request`` (rxe, ``rxe_resp.c`` check_psn) or ``out_of_sequence``
+(mlx5). Each is the run's own, and the responder acknowledges every duplicate again
+(``rxe_resp.c`` duplicate_request; the IBA's rule for duplicate requests), so each costs a
+request packet and an acknowledgement on top: both ways in loopback, where both ends are
+this port; against a server, the request in and the acknowledgement out. Where the counters
+count octets a request packet is its path MTU and headers, an acknowledgement its headers.
+Emulated NICs stalled by their host resend often; hardware seldom does.
+
 Tolerance. Other traffic F sharing a saturated link with the run's own P takes F / (P + F)
 of it; the verdict turns when an arm loses 1 - threshold of its bandwidth (0.1 at 0.9), so
 other traffic of at least (1 - threshold) / threshold of the run's own payload (0.11 at
@@ -57,6 +69,9 @@ RXE_MAX_PKT_PER_ACK = 64          # rxe_param.h
 RXE_PACKETS_PER_ACK = RXE_MAX_PKT_PER_ACK + 2   # the packet that finds 65 before it asks
 # The counters' data fields count 4-octet words (sysfs-class-infiniband: "divided by 4").
 DATA_WORD = 4
+# A responder's count of requests it received again or out of order: rxe's names
+# (rxe_hw_counters.c), and mlx5's out_of_sequence (its duplicate_request is rxe's name too).
+RESENT_COUNTERS = ("duplicate_request", "out_of_seq_request", "out_of_sequence")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +82,7 @@ class PortCounts:
     sent: int
     received: int
     source: str          # the files read
+    resent: int = 0      # packets received again or out of order (RESENT_COUNTERS)
 
 
 def read_counts(device: str, port: int, root: SysRoot | None = None) -> PortCounts | None:
@@ -82,8 +98,13 @@ def read_counts(device: str, port: int, root: SysRoot | None = None) -> PortCoun
         received = _number(root.read(f"{folder}/{received_name}"))
         if sent is not None and received is not None:
             return PortCounts(unit, sent * scale, received * scale,
-                              f"{folder}/{{{sent_name},{received_name}}}")
+                              f"{folder}/{{{sent_name},{received_name}}}",
+                              resent_packets(root, f"{base}/hw_counters"))
     return None
+
+
+def resent_packets(root: SysRoot, folder: str) -> int:
+    return sum(_number(root.read(f"{folder}/{name}")) or 0 for name in RESENT_COUNTERS)
 
 
 def _number(text: str | None) -> int | None:
@@ -96,11 +117,15 @@ def _number(text: str | None) -> int | None:
 @dataclasses.dataclass(frozen=True)
 class OwnTraffic:
     """What one run put on the wire, in a counter's unit: its payload, and the most the
-    counters may add to it for headers and acknowledgements, out and in."""
+    counters may add to it for headers and acknowledgements, out and in; and what each
+    packet its responders received again adds, out and in (the request and its new
+    acknowledgement)."""
 
     payload: int
     sent_most: int
     received_most: int
+    per_resend_out: int = 2
+    per_resend_in: int = 2
 
 
 def own_traffic(report: RunReport, unit: str, loopback: bool) -> OwnTraffic:
@@ -121,7 +146,11 @@ def own_traffic(report: RunReport, unit: str, loopback: bool) -> OwnTraffic:
     else:
         payload = out = requests
     # Requests leave this port; acknowledgements come back (loopback: both leave and arrive).
-    return OwnTraffic(payload, out + (acks if loopback else 0), acks + (out if loopback else 0))
+    request, ack = (mtu + HEADER_BYTES, HEADER_BYTES) if unit == OCTETS else (1, 1)
+    resend = request + ack
+    return OwnTraffic(payload, out + (acks if loopback else 0), acks + (out if loopback else 0),
+                      per_resend_out=resend if loopback else ack,
+                      per_resend_in=resend if loopback else request)
 
 
 def tolerance(threshold: float) -> float:
@@ -135,11 +164,15 @@ def foreign_line(before: PortCounts, after: PortCounts, own: OwnTraffic,
     """A line saying what other traffic crossed the port during the run, when it is more
     than the tolerance; None when the run had the port to itself."""
     sent, received = after.sent - before.sent, after.received - before.received
-    excess = max(sent - own.sent_most, received - own.received_most)
+    resent = max(0, after.resent - before.resent)
+    sent_most = own.sent_most + resent * own.per_resend_out
+    received_most = own.received_most + resent * own.per_resend_in
+    excess = max(sent - sent_most, received - received_most)
     if excess <= tolerance(threshold) * own.payload:
         return None
+    again = f" (with {resent} packets its responders received again)" if resent else ""
     return (f"the port sent {sent} and received {received} {after.unit} while the run's own "
-            f"traffic was at most {own.sent_most} out and {own.received_most} in: "
+            f"traffic was at most {sent_most} out and {received_most} in{again}: "
             f"{excess} {after.unit} more, over {tolerance(threshold):.2f} of the run's "
             f"{own.payload}")
 

@@ -64,6 +64,7 @@ static struct rule rules[MAX_RULES];
 static struct counter counters[MAX_RULES * 2];
 int attributes[MAX_DEVICES][256];
 static int device_count = 1;
+static int first_bus = 0x3B;           /* device 0's PCI bus (GDRPROBE_STANDIN_FIRST_BUS) */
 static int driver_version = 12080;
 int initialised;
 static size_t alloc_offset;
@@ -213,6 +214,8 @@ static void attribute_setting(const char *key, int value) { standin_set_attribut
  *                              device d at bus 0000:3b+d:00.0: fewer than a test's sysfs
  *                              lists is a GPU lost to CUDA; 0 makes cuInit return
  *                              CUDA_ERROR_NO_DEVICE
+ * GDRPROBE_STANDIN_FIRST_BUS   device 0's PCI bus in hex (default 3b), device d's that plus
+ *                              d: where a lab guest has functions shown as GPUs (lab/rails.py)
  */
 static void apply_environment(void)
 {
@@ -235,6 +238,8 @@ static void apply_environment(void)
         export_short = strcmp(text, "short") == 0;
     if ((text = getenv("GDRPROBE_STANDIN_DEVICES")))
         standin_set_devices(atoi(text));
+    if ((text = getenv("GDRPROBE_STANDIN_FIRST_BUS")))
+        first_bus = (int)strtol(text, NULL, 16);
 }
 
 void standin_set_devices(int count)
@@ -480,7 +485,7 @@ static CUresult cuDeviceGetPCIBusId_(char *bus_id, int length, CUdevice device)
     if (!valid_device(device))
         return INVALID_DEVICE;
     /* The driver's spelling: an 8-digit domain, upper-case hex. */
-    snprintf(bus_id, (size_t)length, "00000000:%02X:00.0", 0x3B + device);
+    snprintf(bus_id, (size_t)length, "00000000:%02X:00.0", first_bus + device);
     return SUCCESS;
 }
 
@@ -492,7 +497,7 @@ static CUresult cuDeviceGetByPCIBusId_(CUdevice *device, const char *bus_id)
     if (!device || !bus_id ||
         sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &slot, &function) != 4)
         return INVALID_VALUE;
-    int ordinal = (int)bus - 0x3B;
+    int ordinal = (int)bus - first_bus;
     if (domain != 0 || slot != 0 || function != 0 || !valid_device(ordinal))
         return INVALID_DEVICE;
     *device = ordinal;

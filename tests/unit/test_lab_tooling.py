@@ -123,3 +123,19 @@ def test_demo_dmabufs_bidirectional_row_reads_the_host_and_deciding_arms_only():
     assert text.startswith("host 0.50 + 0.50 = 1.00 Gb/s; dmabuf 0.40 + 0.50 = 0.90 Gb/s")
     report["verdict"] |= {"exit_code": 1, "inconclusive": False}
     assert bidir_row(report)[1] is False        # a conclusive drain answer fails the demo
+
+
+def test_rails_guest_puts_two_gpus_and_two_nics_under_one_switch():
+    from lab import rails
+
+    opts = vm.Guest("rails", "true", qemu_opts=rails.QEMU_OPTS).argv("/k/vmlinuz")[-1]
+    assert opts.count("x3130-upstream") == 1 and opts.count("xio3130-downstream") == 4
+    # Two stand-in GPUs first, then the two e1000e the rails ride on: the kernel numbers the
+    # downstream ports' buses 03 to 06 in that order, which GPU_BUS_IDS and NIC_BUS_IDS name.
+    assert opts.index("virtio-rng-pci,bus=rail0") < opts.index("virtio-rng-pci,bus=rail1") \
+        < opts.index("e1000e,netdev=railnet0,bus=rail2") < opts.index("e1000e,netdev=railnet1,bus=rail3")
+    assert rails.GPU_BUS_IDS == ("0000:03:00.0", "0000:04:00.0")
+    assert rails.NIC_BUS_IDS == ("0000:05:00.0", "0000:06:00.0")
+    # Capped, the uplink carries less than the two rails' line rates: they must contend.
+    assert rails.CASES["capped"] == (rails.RAIL_MBIT, rails.UPLINK_MBIT)
+    assert rails.UPLINK_MBIT < 2 * rails.RAIL_MBIT and rails.CASES["uncapped"][1] == 0

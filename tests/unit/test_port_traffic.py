@@ -45,6 +45,36 @@ def test_octet_counters_count_4_octet_words_and_rxe_counts_packets(tmp_path):
     assert pt.read_counts("siw0", 1, root) is None
 
 
+def test_the_packets_a_responder_received_again_are_read_with_the_counters(tmp_path):
+    write(tmp_path, f"{RXE}/sent_pkts", "17\n")
+    write(tmp_path, f"{RXE}/rcvd_pkts", "16\n")
+    write(tmp_path, f"{RXE}/duplicate_request", "5\n")
+    write(tmp_path, f"{RXE}/out_of_seq_request", "2\n")
+    assert pt.read_counts("rxe0", 1, SysRoot(str(tmp_path))).resent == 7
+    write(tmp_path, f"{MLX}/port_xmit_data", "1000\n")
+    write(tmp_path, f"{MLX}/port_rcv_data", "250\n")
+    write(tmp_path, "/sys/class/infiniband/mlx5_0/ports/1/hw_counters/out_of_sequence", "3\n")
+    assert pt.read_counts("mlx5_0", 1, SysRoot(str(tmp_path))).resent == 3
+
+
+def test_a_runs_own_resent_packets_are_not_another_jobs_traffic():
+    """rxe under a stalled emulator: the run's requesters time out and send again, and the
+    responder acknowledges each duplicate again: in loopback, two packets each way."""
+    own = pt.OwnTraffic(payload=1000, sent_most=1100, received_most=1100)
+    before = pt.PortCounts(pt.PACKETS, 0, 0, "x", resent=10)
+    resending = pt.PortCounts(pt.PACKETS, 1500, 1500, "x", resent=210)
+    assert pt.foreign_line(before, resending, own, 0.9) is None
+    other_job = pt.PortCounts(pt.PACKETS, 1700, 1700, "x", resent=210)
+    line = pt.foreign_line(before, other_job, own, 0.9)
+    assert "at most 1500 out and 1500 in (with 200 packets its responders received again)" in line
+    # Octet counters: a resent request is a path MTU and headers, its acknowledgement headers;
+    # against a server the requests come in and the acknowledgements go out.
+    octets = pt.own_traffic(posted_run(10, 8192, mtu=4096), pt.OCTETS, loopback=False)
+    assert (octets.per_resend_in, octets.per_resend_out) == (4096 + pt.HEADER_BYTES, pt.HEADER_BYTES)
+    looped = pt.own_traffic(posted_run(10, 8192, mtu=4096), pt.OCTETS, loopback=True)
+    assert looped.per_resend_in == looped.per_resend_out == 4096 + 2 * pt.HEADER_BYTES
+
+
 def posted_run(posted: int, size: int = SIZE, mtu: int = 4096):
     run = recorded_run(390.0, {"kind": "host"})          # near a 400 Gb/s port's line rate
     row = dataclasses.replace(run.bandwidth[0], size_bytes=size, messages_posted=posted)
