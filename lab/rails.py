@@ -17,9 +17,10 @@ libcuda.so.1 lists its GPUs at 03:00.0 and 04:00.0, which gdr_pci_standin shows 
 functions. Everything else is real: verbs, the node check's threads, barrier and windows.
 Emulation, not hardware proof: no PCIe link is narrow here, the shaper stands for it.
 
-  python -m lab.rails guest FOLDER    (in the rails guest) set the rails up, run
+  python -m lab.rails guest FOLDER    (in the rails guest) set the rails up, print what
+                                      `gdrprobe doctor` names the rails' shared element, run
                                       `check --node --all-rails` uncapped and capped, print
-                                      each report's JSON and keep them for the lab test
+                                      each report's rails JSON; keep all for the lab test
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ KNOBS = "/sys/module/rdma_rxe/parameters"
 # without it.
 REPORTS = "GDRPROBE_LAB_RAILS_REPORTS"
 CASES = {"uncapped": (RAIL_MBIT, 0), "capped": (RAIL_MBIT, UPLINK_MBIT)}
-CHECK_ARGS = ("check", "--node", "--all-rails", "--floor", "0", "--json",
+# The check's windows are about a second long (campaign.gate.sized_for_budget) and count
+# whole messages: at a rail's 15 MB/s, 256 KiB messages make a rate of some 57 of them a
+# window (1 MiB ones, 14: a message more or less would move a ratio by 7 %).
+CHECK_ARGS = ("check", "--node", "--all-rails", "--floor", "0", "--json", "-s", "256K",
               "--time-budget", "240", "--repeats", "5")
 CHECK_TIMEOUT_S = 400
 
@@ -112,16 +116,35 @@ def environment(built: Built) -> dict:
             "GDRPROBE_STANDIN_ATTRIBUTES": "75=9,76=0"}
 
 
-def check_all_rails(built: Built, rates: tuple[int, int], lock_dir: str) -> tuple[int, dict]:
-    write_knob("rail_mbit", rates[0])
-    write_knob("uplink_mbit", rates[1])
-    done = subprocess.run([sys.executable, "-m", "gdrprobe", *CHECK_ARGS], capture_output=True,
+def gdrprobe_json(built: Built, args: tuple[str, ...], lock_dir: str) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "gdrprobe", *args], capture_output=True,
                           text=True, timeout=CHECK_TIMEOUT_S, cwd=REPO,
                           env={**environment(built), "GDRPROBE_LOCK_DIR": lock_dir})
     if not done.stdout.strip():
-        raise LabError(f"check --node --all-rails printed nothing (exit {done.returncode}):\n"
+        raise LabError(f"gdrprobe {' '.join(args)} printed nothing (exit {done.returncode}):\n"
                        f"{done.stderr[-3000:]}")
     return done.returncode, json.loads(done.stdout)
+
+
+def check_all_rails(built: Built, rates: tuple[int, int], lock_dir: str) -> tuple[int, dict]:
+    write_knob("rail_mbit", rates[0])
+    write_knob("uplink_mbit", rates[1])
+    return gdrprobe_json(built, CHECK_ARGS, lock_dir)
+
+
+def finding(report: dict, finding_id: str) -> dict | None:
+    return next((item for item in report["findings"] if item["id"] == finding_id), None)
+
+
+def doctor_rails(built: Built, kept: str) -> None:
+    """The doctor's view of the same node: where the rails meet, and its matrix."""
+    _, report = gdrprobe_json(built, ("doctor", "--json"), kept)
+    with open(os.path.join(kept, "doctor.json"), "w") as handle:
+        json.dump(report, handle)
+    rails, matrix = finding(report, "topology.rails"), finding(report, "topology.matrix")
+    print(f"== doctor: {rails['summary'] if rails else 'no topology.rails finding'}")
+    if matrix:
+        print(matrix["evidence"][0]["value"])
 
 
 def summary(case: str, code: int, report: dict) -> str:
@@ -151,6 +174,7 @@ def guest(folder: str) -> int:
     set_up(built)
     kept = os.environ.get(REPORTS) or os.path.join(REPO, ".lab-cache", "rails-reports")
     os.makedirs(kept, exist_ok=True)
+    doctor_rails(built, kept)
     for case, (rail, uplink) in CASES.items():
         code, report = check_all_rails(built, (rail, uplink), kept)
         print(f"== check --node --all-rails, {case} (rail {rail or 'unshaped'} Mbit/s, uplink "

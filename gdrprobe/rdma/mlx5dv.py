@@ -138,10 +138,17 @@ class Mlx5dv:
             self.close_device(context)
 
 
+@functools.cache
+def loaded(libmlx5: str = LIBMLX5) -> Mlx5dv:
+    """The calls bound once per process and library (the probe, then each registration);
+    Unavailable is not kept, so a library installed later is found."""
+    return Mlx5dv(libmlx5)
+
+
 def probe_data_direct(names: list[str], libmlx5: str = LIBMLX5) -> dict[str, Any]:
     """``{"devices": {name: result}}``, or ``{"error": why}`` where libmlx5 cannot be loaded."""
     try:
-        library = Mlx5dv(libmlx5)
+        library = loaded(libmlx5)
     except Unavailable as error:
         return {"error": str(error)}
     return {"devices": library.probe(names)}
@@ -213,7 +220,7 @@ def _register_through_libmlx5(pv, pd, length: int, access: int, fd: int, offset:
         return error
 
     try:
-        library = Mlx5dv()
+        library = loaded()
     except Unavailable as error:
         raise refused(str(error), errno.EOPNOTSUPP) from error
     if library.mlx5_reg_dmabuf_mr is None:

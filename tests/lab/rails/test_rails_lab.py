@@ -49,6 +49,17 @@ def started_together(rails_report: dict) -> None:
         assert 0 <= overlap["skew_s"] < SKEW_OF_WINDOW * overlap["shortest_s"], overlap
 
 
+def test_the_doctor_names_the_switch_the_rails_share_in_its_matrix():
+    with open(os.path.join(os.environ[rails.REPORTS], "doctor.json")) as handle:
+        report = json.load(handle)
+    shared = rails.finding(report, "topology.rails")
+    assert shared["summary"] == f"the 2 rails share the PCIe switch {rails.SWITCH}", shared
+    names = [f"GPU{index}-{nic}" for index, nic in enumerate(rails.rail_names())]
+    assert shared["evidence"][0]["value"] == ", ".join(names), shared
+    matrix = rails.finding(report, "topology.matrix")["evidence"][0]["value"]
+    assert f"share: PCIe switch {rails.SWITCH}" in matrix, matrix
+
+
 def test_uncapped_rails_keep_their_solo_rate_together():
     code, report = kept("uncapped")
     each_rail_engaged_alone(report)
