@@ -281,7 +281,7 @@ def build_modules() -> Built:
     os.makedirs(work)
     products = [build_rxe(tree, headers, work), *build_exporter(headers, work),
                 build_verbs_library(work)]
-    for module in products[:-1]:
+    for module in (product for product in products if product.endswith(".ko")):
         check_vermagic(module, release)
     shutil.rmtree(built.folder, ignore_errors=True)
     os.makedirs(built.folder)
@@ -305,6 +305,8 @@ def remove_older_builds(built: Built) -> None:
 GUEST_SCRIPT = os.path.join(SOURCES, "guest.sh")
 BUFINFO = "/sys/kernel/debug/dma_buf/bufinfo"
 RXE_DMA_DEVICE = "rxe_dma"     # the device rxe attaches with (lab/dmabuf/rxe/rxe_dmabuf.c)
+# The lab rxe's run-time knobs (rxe_dmabuf.c: the dma-buf delays; rxe_rails.c: the rails).
+RXE_KNOBS = "/sys/module/rdma_rxe/parameters"
 BUFINFO_POLL_S = 0.05
 # Host pages against host pages under emulation: one repeat's ratio wanders about 15 % either
 # side of 1 (0.89 and 1.15 measured; 0.63..1.06 on a loaded machine), across the 0.9
@@ -316,6 +318,12 @@ DEMO_REPEATS = 5
 # made by ./dev (the binding suite's, HIP_VENV there).
 HIP_PYTHON = os.path.join(REPO, ".venv-hip-python", "bin", "python")
 RUNTIMES = ("cuda", "rocm")
+
+
+def write_rxe_knob(name: str, value: int) -> None:
+    """Set one of the lab rxe's knobs (RXE_KNOBS), in a guest that loaded it."""
+    with open(os.path.join(RXE_KNOBS, name), "w") as knob:
+        knob.write(str(value))
 
 
 def dmabuf_environment(built: Built, runtime: str = "cuda") -> dict:

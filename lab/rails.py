@@ -31,7 +31,7 @@ import subprocess
 import sys
 
 from lab.kernel import REPO, LabError
-from lab.modules import GUEST_SCRIPT, Built, dmabuf_environment
+from lab.modules import GUEST_SCRIPT, Built, dmabuf_environment, write_rxe_knob
 
 GPU_BUS_IDS = ("0000:03:00.0", "0000:04:00.0")
 NIC_BUS_IDS = ("0000:05:00.0", "0000:06:00.0")
@@ -52,7 +52,6 @@ JUMBO_MTU = 9000              # rxe's 4096-byte IB MTU: a quarter of the packets
 # The emulated CPUs stall for tens of milliseconds on a busy host: 8 x 67 ms before a QP
 # resends (rxe_rails.c), so the resends do not take a shaped rail's share.
 TIMEOUT_SCALE = 8
-KNOBS = "/sys/module/rdma_rxe/parameters"
 # Set in the guest's environment with the folder of the kept reports; the lab test skips
 # without it.
 REPORTS = "GDRPROBE_LAB_RAILS_REPORTS"
@@ -63,17 +62,17 @@ CASES = {"uncapped": (RAIL_MBIT, 0), "capped": (RAIL_MBIT, UPLINK_MBIT)}
 CHECK_ARGS = ("check", "--node", "--all-rails", "--floor", "0", "--json", "-s", "256K",
               "--time-budget", "240", "--repeats", "5")
 CHECK_TIMEOUT_S = 400
+# One set-up step in the guest (a module loaded, a link added): seconds, not minutes.
+STEP_TIMEOUT_S = 60
 
 
 def sh(*argv: str) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired as error:
+        raise LabError(f"'{' '.join(argv)}' did not end within {STEP_TIMEOUT_S} s") from error
     if done.returncode != 0:
         raise LabError(f"'{' '.join(argv)}' failed: {done.stderr.strip() or done.stdout.strip()}")
-
-
-def write_knob(name: str, value: int) -> None:
-    with open(os.path.join(KNOBS, name), "w") as knob:
-        knob.write(str(value))
 
 
 def one_child(bus_id: str, kind: str) -> str:
@@ -96,7 +95,7 @@ def set_up(built: Built) -> None:
     sh("bash", GUEST_SCRIPT, "load", built.folder)
     sh("rdma", "link", "delete", "rxe0")        # guest.sh's rxe0 on lo: not a rail
     sh("insmod", built.pci_standin, "gpus=" + ",".join(GPU_BUS_IDS))
-    write_knob("timeout_scale", TIMEOUT_SCALE)
+    write_rxe_knob("timeout_scale", TIMEOUT_SCALE)
     sh("modprobe", "e1000e")
     for index, bus_id in enumerate(NIC_BUS_IDS):
         netdev = one_child(bus_id, "net")
@@ -127,8 +126,8 @@ def gdrprobe_json(built: Built, args: tuple[str, ...], lock_dir: str) -> tuple[i
 
 
 def check_all_rails(built: Built, rates: tuple[int, int], lock_dir: str) -> tuple[int, dict]:
-    write_knob("rail_mbit", rates[0])
-    write_knob("uplink_mbit", rates[1])
+    write_rxe_knob("rail_mbit", rates[0])
+    write_rxe_knob("uplink_mbit", rates[1])
     return gdrprobe_json(built, CHECK_ARGS, lock_dir)
 
 

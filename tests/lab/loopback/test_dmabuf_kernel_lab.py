@@ -24,14 +24,13 @@ import pytest
 
 from lab.data_direct import OUTCOMES
 from lab.modules import (GUEST_SCRIPT, RXE_DMA_DEVICE, built_modules, dmabuf_environment,
-                         read_bufinfo, run_dmabuf_ab)
+                         read_bufinfo, run_dmabuf_ab, write_rxe_knob)
 from tests.cuda_standin.build import standin_settings
 from tests.lab.helpers import REPO, rdma_resources
 
 pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
 
 REFUSE_P2P = "/sys/module/gdr_dmabuf/parameters/refuse_peer2peer"
-RXE_KNOBS = "/sys/module/rdma_rxe/parameters/"
 
 
 def guest_script(*args: str) -> None:
@@ -146,14 +145,12 @@ def rxe_knob(modules):
     set_here = []
 
     def set_knob(name: str, microseconds: int) -> None:
-        with open(RXE_KNOBS + name, "w") as knob:
-            knob.write(str(microseconds))
+        write_rxe_knob(name, microseconds)
         set_here.append(name)
 
     yield set_knob
     for name in set_here:
-        with open(RXE_KNOBS + name, "w") as knob:
-            knob.write("0")
+        write_rxe_knob(name, 0)
 
 
 def test_a_delay_on_dmabuf_messages_is_latency_degraded_at_every_size(modules, rxe_knob, tmp_path):
