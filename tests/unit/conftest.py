@@ -36,3 +36,58 @@ def no_rdma_nic_on_the_live_bus(monkeypatch):
     real = ab.rdma_nics_without_device
     monkeypatch.setattr(ab, "rdma_nics_without_device",
                         lambda root: [] if root.root == "/" else real(root))
+
+
+# ---- fixtures several modules share (their fakes: tests/unit/fakes) ----------------------
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The runs a check makes, the run engine replaced by a recorder: (endpoint, options,
+    local, remote) each; host arms near a 400 Gb/s port's line rate, GPU arms a little
+    under."""
+    from gdrprobe.measure import loopback
+    from tests.unit.fakes.runs import recorded_run
+
+    made = []
+
+    def runner(options, endpoint, host=None, port=None, token=None, **ignored):
+        def probe(local, remote):
+            made.append((endpoint, options, local, remote))
+            if local.kind == remote.kind == "host":
+                return recorded_run(390.0, {"kind": "host"})
+            return recorded_run(380.0, {"kind": "gpu", "mechanism": "dmabuf"})
+        return probe
+
+    monkeypatch.setattr(loopback, "runner", runner)
+    return made
+
+
+@pytest.fixture
+def locks(tmp_path):
+    """The NIC locks' directory of a check, in the test's own scratch directory."""
+    return {"GDRPROBE_LOCK_DIR": str(tmp_path / "locks")}
+
+
+@pytest.fixture
+def api(monkeypatch):
+    """gdrprobe.check and check_node replaced by recorders: the calls the CLI makes; check
+    answers engaged, check_node one GPU not testable."""
+    import gdrprobe
+    from gdrprobe.report.check import NodeCheckReport, NodeGpuCheck
+    from tests.unit.fakes.reports import engaged_report
+
+    calls = []
+
+    def check(**kwargs):
+        calls.append(("check", kwargs))
+        return engaged_report()
+
+    def check_node(**kwargs):
+        calls.append(("check_node", kwargs))
+        return NodeCheckReport((NodeGpuCheck("0000:3b:00.0", "rxe0", 9, error="not testable: "
+                                             "no CUDA driver"),), 30.0, 4.0, 9)
+
+    monkeypatch.setattr(gdrprobe, "check", check)
+    monkeypatch.setattr(gdrprobe, "check_node", check_node)
+    return calls

@@ -8,38 +8,8 @@ from gdrprobe.campaign.ab import StopSampling, plan_arms, run_ab
 from gdrprobe.errors import (CompletionError, CudaError, IntegrityError, MissingDependency,
                              NoDevice, NoRdmaDevice, NotTestable, RegistrationFailed)
 from gdrprobe.protocol.messages import findings_from_message, findings_message
-from gdrprobe.report.model import (BandwidthResult, EndpointSummary, Finding, Integrity,
-                                   RunReport, RunSettings, Status)
-
-HOST = MemorySpec()
-GPU = MemorySpec.from_choice("gpu")
-SIZE = 8 << 20
-SETTINGS = RunSettings("bandwidth", (SIZE,), 100, 0, None, 0.0, 1, 128, 100, 1, 4096)
-
-
-def recorded_run(gbps: float, memory: dict) -> RunReport:
-    ok = Integrity(True, SIZE, 0, None, 0, None)
-    row = BandwidthResult(SIZE, 100, 1.0, gbps, gbps, 0, 0, 0, ok)
-    end = EndpointSummary("h", "mlx5_0", 1, 3, "::ffff:10.0.0.1", 4096, (17,), memory)
-    remote = EndpointSummary("peer", "mlx5_0", 1, 3, "::ffff:10.0.0.2", 4096, (18,),
-                             {"kind": "host"})
-    return RunReport(SETTINGS, end, remote, "layout", (row,), ())
-
-
-def fake_probe(gpu_gbps=None, gpu_error=None, mechanism="dmabuf", host_gbps=100.0):
-    calls = []
-
-    def run_once(local: MemorySpec, remote: MemorySpec) -> RunReport:
-        calls.append(local.label)
-        if local.kind == "host":
-            return recorded_run(host_gbps, {"kind": "host"})
-        if gpu_error is not None:
-            raise gpu_error
-        return recorded_run(gpu_gbps, {"kind": "gpu", "mechanism": mechanism,
-                                       "mechanism_reason": "auto: both can"})
-
-    return run_once, calls
-
+from gdrprobe.report.model import (Finding, RunReport, Status)
+from tests.unit.fakes.runs import GPU, HOST, fake_probe, probe_by_mechanism, recorded_run
 
 def test_plan_puts_host_first_and_staged_last():
     arms = plan_arms(GPU, HOST, with_staged=True)
@@ -195,21 +165,6 @@ def test_stop_sampling_classifies_what_was_measured():
 # ---- the GPU arm as it meets a real machine (issue 9) ----------------------------------
 
 MANAGED = MemorySpec.from_choice("gpu", memory_type="managed")
-
-
-def probe_by_mechanism(outcomes: dict, calls: list):
-    """run_once whose GPU arms end as outcomes[mechanism] says: a bandwidth, or an error."""
-    def run_once(local: MemorySpec, remote: MemorySpec) -> RunReport:
-        calls.append(local.mechanism if local.kind == "gpu" else "host")
-        if local.kind == "host":
-            return recorded_run(100.0, {"kind": "host"})
-        outcome = outcomes[local.mechanism]
-        if isinstance(outcome, Exception):
-            raise outcome
-        mechanism = "peermem" if local.mechanism == "auto" else local.mechanism
-        return recorded_run(outcome, {"kind": "gpu", "mechanism": mechanism,
-                                      "memory_type": local.memory_type})
-    return run_once
 
 
 def test_managed_memory_in_auto_mode_is_memory_that_proves_nothing():

@@ -25,8 +25,7 @@ from gdrprobe.report.check_text import render_node_check
 from gdrprobe.report.model import to_json
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines
-from tests.unit.test_ab import SETTINGS
-
+from tests.unit.fakes.runs import SETTINGS
 UNLIMITED = LockedMemory(soft=math.inf, hard=math.inf)
 GATE = GateSettings(ProbeOptions(), gpu_memory=str, receive_memory=str)
 BUS = ("0000:05:00.0", "0000:06:00.0")      # the GPUs of machines.narrow_uplink_node

@@ -3,7 +3,6 @@ arrive, failures as rows, Ctrl-C, ratios and line-rate fractions, pair verdicts,
 baseline comparison, CSV, JSON, Prometheus text and the data behind the plots."""
 
 import csv
-import dataclasses
 import json
 import math
 import sys
@@ -14,27 +13,9 @@ from gdrprobe.errors import (IntegrityError, MissingDependency, NotTestable, Rdm
                              RegistrationFailed, UsageError)
 from gdrprobe.campaign import bench
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
-from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.report import bench as outputs
-from gdrprobe.report.model import (BandwidthResult, BenchEnvironment, BenchReport,
-                                   BenchSettings, Integrity, LatencyResult, to_json)
-
-OK = Integrity(True, 1, 0, None, 0, None)
-SIZES = (4096, 65536)
-GPU = "0000:1b:00.0"
-PAIR = bench.PairPlan(GPU, "mlx5_0", "NCCL: PIX")
-PLAN = bench.BenchPlan(pairs=(PAIR,), memory_kinds=("host", "dmabuf", "peermem"), qps=(1, 2),
-                       options=ProbeOptions(sizes=SIZES), latency_iterations=100)
-HOST_GBPS = {4096: 20.0, 65536: 90.0}
-
-
-def bw(size, gbps):
-    return BandwidthResult(size, 1000, 0.5, gbps, gbps * 1.05, 0, 0, gbps / size, OK)
-
-
-def lat(size):
-    return LatencyResult(size, 100, 1.0, 1.5, 1.6, 0.1, 2.5, 3.0, 4.0, OK, 0.0003)
-
+from gdrprobe.report.model import (to_json)
+from tests.unit.fakes.bench import GPU, HOST_GBPS, PLAN, bw, lat, report_of, settings
 
 def execute_with(gpu_factor=0.95, peermem_error=None, interrupt_at=None):
     calls = []
@@ -54,15 +35,6 @@ def execute_with(gpu_factor=0.95, peermem_error=None, interrupt_at=None):
                 on_result(bw(size, HOST_GBPS[size] * factor))
 
     return execute, calls
-
-
-def report_of(result, pairs):
-    return BenchReport(
-        environment=BenchEnvironment("node1", "6.1", "0.1.0", "44.0", None, None, None, ()),
-        devices=(), settings=BenchSettings(SIZES, PLAN.memory_kinds, PLAN.qps, False, 1000,
-                                           None, 0.5, 128, 100, 100, 0.9, 1),
-        pairs=pairs, rows=tuple(result.rows), interrupted=result.interrupted, wall_s=3.0,
-        measured_s=result.measured_s)
 
 
 def sweep(**kwargs):
@@ -244,12 +216,6 @@ def test_the_table_says_each_failure_and_its_fix_once_and_the_pair_verdict():
     assert text.count("peermem failed") == 1 and text.count("fix: modprobe nvidia-peermem") == 1
     assert f" GPU {GPU} - mlx5_0: engaged via dmabuf, GPU/host 0.95  (NIC: NCCL: PIX)" in text
     assert "  20%  measured" in text          # 20 Gb/s on a 100 Gb/s port
-
-
-def settings(**changes):
-    base = BenchSettings(SIZES, ("host", "dmabuf"), (1,), False, 1000, None, 0.5, 128, 100,
-                         100, 0.9, 1)
-    return dataclasses.replace(base, **changes)
 
 
 def test_the_plan_resolves_gpus_and_refuses_what_cannot_run():

@@ -13,8 +13,7 @@ from gdrprobe.campaign.bench_rails import bench_rails, bench_solos
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.report import bench as outputs
-from tests.unit.test_bench import bw, report_of
-
+from tests.unit.fakes.bench import bw, report_of
 GPUS = ("0000:1b:00.0", "0000:3d:00.0")
 PAIRS = tuple(bench.PairPlan(gpu, f"mlx5_{i}", "NCCL: PIX") for i, gpu in enumerate(GPUS))
 PLAN = bench.BenchPlan(pairs=PAIRS, memory_kinds=("host", "dmabuf"), qps=(1, 2),

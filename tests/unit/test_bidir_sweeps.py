@@ -20,10 +20,9 @@ from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.report import bench as outputs
 from gdrprobe.report.model import BidirResult, ClusterReport, to_dict
 from gdrprobe.report.text import render_cluster
-from tests.unit.test_ab import recorded_run
-from tests.unit.test_bench import GPU, PAIR, SIZES, bw, lat
-from tests.unit.test_cluster import run_report
-
+from tests.unit.fakes.runs import recorded_run
+from tests.unit.fakes.bench import GPU, PAIR, SIZES, bw, lat
+from tests.unit.fakes.runs import run_report
 PLAN = bench.BenchPlan(pairs=(PAIR,), memory_kinds=("host", "dmabuf"), qps=(1,),
                        options=ProbeOptions(sizes=SIZES, bidir=True), latency_iterations=100,
                        flushes={GPU: "NCCL flushes here"})

@@ -5,64 +5,16 @@ inline size, verdict.arms in the JSON). The API is replaced by recorders."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
 import gdrprobe
-from gdrprobe.campaign.ab import plan_arms, run_ab
 from gdrprobe.cli import main
-from gdrprobe.errors import NotTestable
-from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.report.check import FloorCheck, NodeCheckReport, NodeGpuCheck, RankPair
+from gdrprobe.report.check import NodeCheckReport
 from gdrprobe.report.check_text import render_check
 from gdrprobe.report.model import to_json
-from tests.unit.test_ab import fake_probe
-
-GPU = MemorySpec.from_choice("gpu")
-PAIR = RankPair(rank="LOCAL_RANK=0", cuda_ordinal=0, gpu="0000:3b:00.0", gpu_reason="rank 0",
-                nic="rxe0", nic_reason="no NIC decision: the first RDMA device",
-                time_budget_s=30.0, elapsed_s=4.2, send_gpu="0000:3b:00.0",
-                lock="/run/gdrprobe/rxe0.lock, waited 0.0 s")
-RXE = FloorCheck("rxe0", 1, 10.0, 0.8, applied=False, software_device=True,
-                 note="not applied: a software RDMA device")
-REASON = ("auto fell back to peermem: the NIC cannot register DMA-BUF (ibv_reg_dmabuf_mr "
-          "returned EOPNOTSUPP) " + "x" * 200)
-
-
-def not_testable_report():
-    error = NotTestable("not testable: no CUDA driver (libcuda.so.1 could not be loaded)",
-                        "install the NVIDIA driver", evidence=REASON)
-    run_once, _ = fake_probe(gpu_error=error)
-    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2, floor=RXE)
-    return dataclasses.replace(report, placement=PAIR)
-
-
-def engaged_report():
-    run_once, _ = fake_probe(gpu_gbps=97.0)
-    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2, floor=RXE)
-    return dataclasses.replace(report, placement=PAIR)
-
-
-@pytest.fixture
-def api(monkeypatch):
-    calls = []
-
-    def check(**kwargs):
-        calls.append(("check", kwargs))
-        return engaged_report()
-
-    def check_node(**kwargs):
-        calls.append(("check_node", kwargs))
-        return NodeCheckReport((NodeGpuCheck("0000:3b:00.0", "rxe0", 9, error="not testable: "
-                                             "no CUDA driver"),), 30.0, 4.0, 9)
-
-    monkeypatch.setattr(gdrprobe, "check", check)
-    monkeypatch.setattr(gdrprobe, "check_node", check_node)
-    return calls
-
-
+from tests.unit.fakes.reports import REASON, engaged_report, inconclusive_report, not_testable_report
 @pytest.mark.parametrize("argv, qps, quiet_note", [
     (["check", "-q", "4"], 4, False),
     (["check", "--qp", "8"], 8, False),
@@ -126,15 +78,6 @@ def test_the_json_verdict_lists_its_arms_and_names_the_nic():
 
 
 # ---- inconclusive (issue 28) -------------------------------------------------------------
-
-
-def inconclusive_report():
-    run_once, _ = fake_probe(gpu_gbps=97.0)
-    report = run_ab(run_once, plan_arms(GPU, GPU, False), repeats=2, floor=RXE)
-    straddling = dataclasses.replace(report.verdict, inconclusive=True, evidence=(
-        "inconclusive: the per-repeat GPU/host ratios 0.80..0.97 straddle the threshold 0.90",
-        *report.verdict.evidence))
-    return dataclasses.replace(report, verdict=straddling, placement=PAIR)
 
 
 def test_require_raises_inconclusive_for_an_answer_the_measurement_cannot_tell(monkeypatch):

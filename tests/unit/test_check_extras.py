@@ -22,8 +22,7 @@ from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.report.check_text import render_check
 from gdrprobe.report.model import Integrity, LatencyResult, to_json
 from tests.unit.doctor import nccl_machines as nm
-from tests.unit.test_ab import SETTINGS, fake_probe, recorded_run
-
+from tests.unit.fakes.runs import SETTINGS, fake_probe, recorded_run
 GPU = MemorySpec.from_choice("gpu")
 GPU_BUS = "0000:1b:00.0"
 

@@ -118,7 +118,7 @@ def test_cluster_writes_its_document_with_o_as_bench_does():
 
 
 def test_the_help_prints_where_the_native_extension_was_never_built():
-    from tests.unit.test_layout import run_without_native
+    from tests.unit.fakes.processes import run_without_native
 
     done = run_without_native("from gdrprobe.cli import main\nmain(['run', '--help'])\n")
     assert done.returncode == 0, done.stderr

@@ -18,19 +18,11 @@ from gdrprobe.campaign import cluster
 from gdrprobe.campaign.verdict import ArmMeasurement, classify
 from gdrprobe.memory.cuda_driver import NO_DRIVER_FIX, unloadable_driver
 from gdrprobe.report.check import ArmReport, CheckReport, Verdict
-from gdrprobe.report.model import (BandwidthResult, ClusterPair, EndpointSummary, Integrity,
-                                   RunReport, RunSettings, to_json)
+from gdrprobe.report.model import (ClusterPair, to_json)
 from gdrprobe.report.text import render_cluster
+from tests.unit.fakes.runs import run_report
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def run_report(gbps: float) -> RunReport:
-    integrity = Integrity(True, 4096, 0, None, 0, None)
-    row = BandwidthResult(4096, 10, 0.1, gbps, gbps, 1.0, 1.0, 0.1, integrity)
-    settings = RunSettings("bandwidth", (4096,), 10, 0, None, 0.0, 1, 10, 10, 1, 1024)
-    end = EndpointSummary("h", "rxe0", 1, 1, "::1", 1024, (17,), {"kind": "host"})
-    return RunReport(settings, end, end, "layout", (row,), ())
 
 
 def check_report(host: list[float], gpu: list[float], classification: str) -> CheckReport:
@@ -195,8 +187,7 @@ FAKE_RANKS = """
 import json, threading
 from gdrprobe.errors import PeerError
 from gdrprobe.campaign import cluster
-from tests.unit.test_cluster import run_report
-
+from tests.unit.fakes.runs import run_report
 class FakeServer:
     port = 4242
     def __init__(self, token):

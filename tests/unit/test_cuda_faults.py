@@ -22,8 +22,7 @@ from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor.machines import pix_node
 from tests.unit.fake_cuda import FakeDriver, FakeResult
-from tests.unit.test_ab import HOST, probe_by_mechanism
-
+from tests.unit.fakes.runs import HOST, probe_by_mechanism
 GPU0, GPU1 = "0000:1b:00.0", "0000:2d:00.0"      # the two GPUs of a two-pair PIX node
 LOST_RESULTS = ("CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_OPERATING_SYSTEM", "CUDA_ERROR_UNKNOWN")
 

@@ -17,8 +17,7 @@ from gdrprobe.protocol import handshake as hs
 from gdrprobe.protocol.channel import HEADER, PROTOCOL_VERSION, Channel, plain_frame
 from gdrprobe.protocol.handshake import ServerSecret, WrongToken, authenticate_as_client
 from tests.strangers import Strangers
-from tests.unit.test_exchange import TOKEN, connect, fails, serving
-
+from tests.unit.fakes.exchange import TOKEN, connect, fails, serving
 OTHER_TOKEN = "token-0987654321fedcba"
 STRANGER_ADDRESSES = [f"127.0.0.{host}" for host in range(2, 18)]    # 16 addresses
 
@@ -274,8 +273,7 @@ def test_a_proof_flood_raises_the_puzzle_and_the_real_client_still_gets_in(monke
 def test_a_client_asked_for_more_work_than_the_quiet_puzzle_says_so_and_why():
     import threading
 
-    from tests.unit.test_exchange import tcp_pair
-
+    from tests.unit.fakes.exchange import tcp_pair
     left, right = tcp_pair()
     server, client = Channel(left, 5.0, "client"), Channel(right, 5.0, "server")
     notes, outcome = [], {}

@@ -2,11 +2,9 @@
 handshake, the work puzzle, proofs both ways) and the seal of every message after it (MAC
 and sequence number). The server's door under strangers: test_door.py."""
 
-import contextlib
 import hashlib
 import hmac
 import json
-import queue
 import socket
 import struct
 import threading
@@ -18,19 +16,9 @@ from gdrprobe.errors import NotTestable, PeerError
 from gdrprobe.protocol import handshake as hs
 from gdrprobe.protocol.channel import (HEADER, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Channel,
                                        error_message)
-from gdrprobe.protocol.door import Door
 from gdrprobe.protocol.fields import field, int_list, peer_text
 from gdrprobe.protocol.handshake import ServerSecret, WrongToken, authenticate_as_client
-
-TOKEN = "token-1234567890abcdef"
-
-
-def tcp_pair():
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        left = socket.create_connection(listener.getsockname())
-        right, _ = listener.accept()
-    return left, right
-
+from tests.unit.fakes.exchange import TOKEN, connect, fails, serving, tcp_pair
 
 @pytest.fixture
 def pair():
@@ -340,31 +328,6 @@ def test_kdf_parameters_are_fixed_and_memory_hard():
     assert hs.stretch(TOKEN, b"t" * hs.SALT_BYTES) != expected
 
 
-@contextlib.contextmanager
-def serving(secret, **limits):
-    """A door on a local port in a thread of its own: (port, the sealed channels it hands
-    on, its log)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    handed, lines = queue.Queue(), []
-    door = Door(listener, secret, lambda channel, address: handed.put(channel), lines.append,
-                **limits)
-    thread = threading.Thread(target=door.run)
-    thread.start()
-    try:
-        yield listener.getsockname()[1], handed, lines
-    finally:
-        door.close()
-        thread.join(10)
-        while not handed.empty():
-            handed.get().close()
-
-
-def connect(port: int, address: str = "127.0.0.1") -> Channel:
-    """A client's channel to the door, from one of the loopback addresses."""
-    return Channel(socket.create_connection(("127.0.0.1", port), timeout=5.0,
-                                            source_address=(address, 0)), 5.0, "server")
-
-
 def authenticate(server_token, client_token):
     """A client's handshake against a door; a token or a ServerSecret on either side."""
     secret = (server_token if isinstance(server_token, ServerSecret) else
@@ -460,14 +423,6 @@ def test_a_client_will_not_work_for_a_fake_servers_endless_puzzle(pair):
     server.send("challenge", nonce="ab" * 32, puzzle_bits=hs.MAX_PUZZLE_BITS + 20)
     thread.join(10)
     assert "'puzzle_bits'" in outcome["error"].cause
-
-
-def fails(call) -> PeerError | None:
-    try:
-        call()
-    except PeerError as error:
-        return error
-    return None
 
 
 @pytest.mark.parametrize("code", sorted(hs.REFUSALS))

@@ -24,9 +24,9 @@ from gdrprobe.nccl import flush as nccl_flush
 from gdrprobe.protocol.messages import Verified
 from gdrprobe.report.model import BenchSettings
 from gdrprobe.report.text import render_run_settings
-from tests.unit.test_ab import recorded_run
+from tests.unit.fakes.runs import recorded_run
 from tests.unit.doctor import nccl_machines as nm
-from tests.unit.test_prelaunch import check, locks, runs  # noqa: F401 (fixtures)
+from tests.unit.fakes.prelaunch import check
 
 SIZE, SLOTS, SOURCES, SEED = 64, 4, 5, 0x1234
 

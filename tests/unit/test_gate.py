@@ -180,8 +180,7 @@ def test_the_quiet_line_and_the_json_name_the_pair():
     from gdrprobe.memory.spec import MemorySpec
     from gdrprobe.campaign.ab import plan_arms, run_ab
     from gdrprobe.report.model import to_json
-    from tests.unit.test_ab import fake_probe
-
+    from tests.unit.fakes.runs import fake_probe
     run_once, _ = fake_probe(gpu_gbps=30.0, mechanism="peermem")
     report = run_ab(run_once, plan_arms(MemorySpec.from_choice("gpu"), MemorySpec(), False), 2)
     pair = gate.rank_pair({"LOCAL_RANK": "1"}, CUDA, DECISIONS)

@@ -138,7 +138,7 @@ TOKEN = "a-token-of-32-characters-or-more-0123"
 
 
 def latency_run(median_us: float, kind: str, options):
-    from tests.unit.test_ab import recorded_run
+    from tests.unit.fakes.runs import recorded_run
     from gdrprobe.report.model import Integrity, LatencyResult
 
     ok = Integrity(True, 64, 0, None, 0, None)

@@ -83,8 +83,7 @@ def test_without_json_nothing_goes_to_stdout(failing, capsys):
 
 def test_a_run_that_failed_after_some_sizes_prints_its_partial_run_document_only(
         monkeypatch, capsys):
-    from tests.unit.test_cluster import run_report
-
+    from tests.unit.fakes.runs import run_report
     report = run_report(1.5)
 
     def run(on_result, **arguments):

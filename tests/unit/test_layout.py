@@ -1,7 +1,7 @@
 """The package's layering, checked: imports point down, modules stay readable, and the doctor
 runs on a machine where the native extension is not built (a capture replayed on a laptop).
 
-One table says what each layer may import (design.md, "The layout that shows it"):
+One table says what each layer may import (docs/ARCHITECTURE.md, "The layers"):
 
     C loop -> _native -> rdma -> memory, protocol -> measure, nccl, doctor -> campaign
            -> the public API (gdrprobe/__init__.py) -> cli
@@ -16,14 +16,13 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
-import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 
 import pytest
 
 from tests.unit.doctor import machines
+from tests.unit.fakes.processes import run_without_native
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gdrprobe"
@@ -293,20 +292,6 @@ def test_a_doctor_subfolder_is_still_the_doctor(tmp_path):
 
 
 # ---- the doctor without the native extension ---------------------------------------------
-# Imports of the native extension fail, as on a machine that never built it.
-WITHOUT_NATIVE = """
-import importlib.abc, sys
-class NoNative(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "gdrprobe._native":
-            raise ImportError("gdrprobe._native is not built here")
-sys.meta_path.insert(0, NoNative())
-"""
-
-
-def run_without_native(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", WITHOUT_NATIVE + code],
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_doctor_and_capture_replay_without_the_native_extension(tmp_path):

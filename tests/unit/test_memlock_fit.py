@@ -202,8 +202,7 @@ class Concurrency:
 
     def __call__(self, pair, facts, gate, budget, environ):
         from gdrprobe.report.check import CheckReport, Verdict
-        from tests.unit.test_ab import SETTINGS
-
+        from tests.unit.fakes.runs import SETTINGS
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
@@ -226,8 +225,7 @@ def eight_nic_node():
 def test_check_node_at_the_stock_limit_checks_every_gpu_one_nic_at_a_time():
     from gdrprobe.campaign import node
     from gdrprobe.campaign.gate import Budget
-    from tests.unit.test_prelaunch import GATE
-
+    from tests.unit.fakes.prelaunch import GATE
     recorder = Concurrency()
     report = node.check_node(eight_nic_node(), GATE, Budget(80.0), {}, recorder, STOCK)
     assert [check.exit_code for check in report.gpus] == [0] * 8
@@ -241,8 +239,7 @@ def test_check_node_at_the_stock_limit_checks_every_gpu_one_nic_at_a_time():
 def test_check_node_with_room_runs_the_nics_at_once_and_says_nothing():
     from gdrprobe.campaign import node
     from gdrprobe.campaign.gate import Budget
-    from tests.unit.test_prelaunch import GATE
-
+    from tests.unit.fakes.prelaunch import GATE
     recorder = Concurrency()
     report = node.check_node(eight_nic_node(), GATE, Budget(None), {}, recorder,
                              LockedMemory(math.inf, math.inf))

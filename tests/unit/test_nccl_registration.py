@@ -18,8 +18,8 @@ from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.measure.options import ProbeOptions
 from tests.unit.doctor import nccl_machines as nm
 from tests.unit.doctor.nccl_libraries import built_library
-from tests.unit.test_ab import fake_probe
-from tests.unit.test_prelaunch import check, locks, runs  # noqa: F401 - fixtures
+from tests.unit.fakes.runs import fake_probe
+from tests.unit.fakes.prelaunch import check
 
 GPU = "0000:1b:00.0"
 

@@ -18,8 +18,7 @@ from gdrprobe.errors import DRAIN_CODES, CudaError, ExitCode
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.report.check import CheckReport, Verdict
 from gdrprobe.report.check_text import render_node_check
-from tests.unit.test_ab import SETTINGS
-
+from tests.unit.fakes.runs import SETTINGS
 UNLIMITED = LockedMemory(soft=math.inf, hard=math.inf)
 
 BUS = ("0000:1b:00.0", "0000:1d:00.0", "0000:3d:00.0", "0000:3f:00.0")

@@ -29,7 +29,7 @@ from gdrprobe.errors import (CANNOT_CHECK_CODES, DRAIN, DRAIN_CODES, EXIT_CODES,
 from gdrprobe.report import write_check_prometheus
 from gdrprobe.report.check import NodeCheckReport, NodeGpuCheck
 from gdrprobe.report.check_metrics import NODE_ENV
-from tests.unit.test_check_cli import api, engaged_report  # noqa: F401 (a fixture)
+from tests.unit.fakes.reports import engaged_report
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -113,8 +113,7 @@ def test_a_node_check_has_one_series_per_gpu_and_not_testable_says_nothing_of_gd
 
 
 def test_an_inconclusive_answer_writes_its_exit_code_and_arms_but_no_engaged_series(tmp_path):
-    from tests.unit.test_check_cli import inconclusive_report
-
+    from tests.unit.fakes.reports import inconclusive_report
     report = NodeCheckReport((NodeGpuCheck("0000:3b:00.0", "rxe0", 12,
                                            report=inconclusive_report()),), 30.0, 4.0, 12)
     path = tmp_path / "node.prom"

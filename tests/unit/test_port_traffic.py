@@ -19,9 +19,8 @@ from gdrprobe.memory import cuda
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines as nm
 from tests.unit.fake_cuda import FakeDriver
-from tests.unit.test_ab import SIZE, recorded_run
-from tests.unit.test_prelaunch import GATE
-
+from tests.unit.fakes.runs import SIZE, recorded_run
+from tests.unit.fakes.prelaunch import GATE
 RXE = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
 MLX = "/sys/class/infiniband/mlx5_0/ports/1/counters"
 

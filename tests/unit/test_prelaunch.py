@@ -11,56 +11,15 @@ import json
 import pytest
 
 from gdrprobe.campaign import prelaunch
-from gdrprobe.campaign.gate import Budget, PortFacts, rank_pair
+from gdrprobe.campaign.gate import PortFacts
 from gdrprobe.campaign.machine import machine_facts
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.prelaunch import nccl_gid_preference
 from gdrprobe.errors import NotTestable
-from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.rdma.verbs import GidPreference
 from gdrprobe.report.model import to_json
 from tests.unit.doctor import nccl_machines as nm
-from tests.unit.test_ab import recorded_run
-
-
-def gpu_buffer(gpu: str) -> MemorySpec:
-    return MemorySpec.from_choice("gpu", gpu=gpu)
-
-
-GATE = prelaunch.GateSettings(options=ProbeOptions(sizes=(1 << 20,), qps=2),
-                              gpu_memory=gpu_buffer, receive_memory=gpu_buffer)
-
-
-@pytest.fixture
-def runs(monkeypatch):
-    """The runs the check makes: (endpoint, options, local, remote) each."""
-    from gdrprobe.measure import loopback
-
-    made = []
-
-    def runner(options, endpoint, host=None, port=None, token=None, **ignored):
-        def probe(local, remote):
-            made.append((endpoint, options, local, remote))
-            if local.kind == remote.kind == "host":      # near a 400 Gb/s port's line rate
-                return recorded_run(390.0, {"kind": "host"})
-            return recorded_run(380.0, {"kind": "gpu", "mechanism": "dmabuf"})
-        return probe
-
-    monkeypatch.setattr(loopback, "runner", runner)
-    return made
-
-
-@pytest.fixture
-def locks(tmp_path):
-    return {"GDRPROBE_LOCK_DIR": str(tmp_path / "locks")}
-
-
-def check(facts, gpu: str, locks, gate=GATE, device=None, budget=30.0):
-    pair = rank_pair({}, facts.gpus, facts.nics, gpu=gpu, device=device)
-    return prelaunch.check_pair(pair, facts, gate, Budget(budget), locks)
-
-
+from tests.unit.fakes.prelaunch import check
 def gpu_arm_buffers(made) -> set[tuple[str, str]]:
     return {(local.gpu if local.kind == "gpu" else "host",
              remote.gpu if remote.kind == "gpu" else "host")

@@ -25,8 +25,7 @@ from gdrprobe.rdma.endpoint import EndpointOptions, read_credits
 from gdrprobe.report.model import BenchSettings, Integrity
 from gdrprobe.report.text import render_run_settings
 from tests.unit.doctor import nccl_machines as nm
-from tests.unit.test_ab import recorded_run
-
+from tests.unit.fakes.runs import recorded_run
 GPU = MemorySpec.from_choice("gpu")
 HOST = MemorySpec()
 

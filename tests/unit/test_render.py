@@ -1,9 +1,7 @@
 """Tables print what the report holds, in perftest's shapes."""
 
 from gdrprobe.report.text import rate, render_run
-from tests.unit.test_ab import recorded_run
-
-
+from tests.unit.fakes.runs import recorded_run
 def test_rates_keep_their_digits_when_small():
     assert rate(0.000566) == "0.000566"
     assert rate(12.3456) == "12.35"

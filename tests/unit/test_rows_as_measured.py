@@ -10,9 +10,7 @@ import pytest
 import gdrprobe
 from gdrprobe.cli.run import run_rows_as_measured
 from gdrprobe.errors import PeerError
-from tests.unit.test_cluster import run_report
-
-
+from tests.unit.fakes.runs import run_report
 def sweep(sizes_before_failure: int, printed: list[str], capsys, monkeypatch) -> dict:
     """gdrprobe.run measuring two sizes, checking what was printed before each next one;
     returns the arguments the command passes on."""

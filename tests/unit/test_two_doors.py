@@ -12,8 +12,7 @@ import pytest
 import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli import main
-from tests.unit.test_ab import fake_probe
-
+from tests.unit.fakes.runs import fake_probe
 FINDINGS = ("a finding of this host",)
 TOKEN = "a-token-of-32-characters-or-more-0123"
 

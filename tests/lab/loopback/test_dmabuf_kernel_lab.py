@@ -16,41 +16,19 @@ rxe (whose DMA-BUF answer is EOPNOTSUPP) again.
 
 import errno
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from lab.data_direct import OUTCOMES
-from lab.modules import (GUEST_SCRIPT, RXE_DMA_DEVICE, built_modules, dmabuf_environment,
-                         read_bufinfo, run_dmabuf_ab, write_rxe_knob)
+from lab.modules import RXE_DMA_DEVICE, dmabuf_environment, read_bufinfo, run_dmabuf_ab, write_rxe_knob
 from tests.cuda_standin.build import standin_settings
 from tests.lab.helpers import REPO, rdma_resources
 
 pytest.importorskip("cuda.bindings", reason="needs cuda-python in the venv")
 
 REFUSE_P2P = "/sys/module/gdr_dmabuf/parameters/refuse_peer2peer"
-
-
-def guest_script(*args: str) -> None:
-    done = subprocess.run(["bash", GUEST_SCRIPT, *args], capture_output=True, text=True,
-                          timeout=120)
-    if done.returncode != 0:
-        pytest.skip(f"the lab's dma-buf modules cannot load here: {done.stderr.strip()}")
-
-
-@pytest.fixture(scope="module")
-def modules():
-    if not os.path.exists("/sys/class/infiniband/rxe0") or os.geteuid() != 0:
-        pytest.skip("needs a lab guest (rxe0, root)")
-    built = built_modules(os.uname().release)
-    if built is None:
-        pytest.skip("the lab's dma-buf modules are not built for this kernel: run "
-                    "'python -m lab.modules' on the host")
-    guest_script("load", built.folder)
-    yield built
-    guest_script("restore")
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import pytest
 
 from lab.modules import dmabuf_environment, run_dmabuf_ab
 from tests.lab.helpers import REPO, rdma_resources
-from tests.lab.loopback.test_dmabuf_kernel_lab import modules  # noqa: F401 (the fixture)
 
 PRIMITIVE = r"""
 import json

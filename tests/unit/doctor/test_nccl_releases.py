@@ -20,7 +20,7 @@ from gdrprobe.report.model import Status
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines as nm
 from tests.unit.doctor.nccl_libraries import built_library
-from tests.unit.test_prelaunch import check, locks, runs  # noqa: F401 - fixtures
+from tests.unit.fakes.prelaunch import check
 
 
 def decisions(tmp_path, version=None, **environ):
@@ -270,8 +270,7 @@ def test_run_and_bench_read_relaxed_ordering_where_nccl_does(tmp_path):
     """One reading for every command: NCCL's configuration files count (was: run read the
     process's environment only) and bench registers as NCCL does (was: always relaxed)."""
     from gdrprobe.campaign import bench, machine
-    from tests.unit.test_bench import settings
-
+    from tests.unit.fakes.bench import settings
     tree = nm.dmabuf_only(tmp_path)
     tree.write("/etc/nccl.conf", "NCCL_IB_PCI_RELAXED_ORDERING=0\n")
     environ, rules = machine.nccl_view(str(tmp_path), {})
