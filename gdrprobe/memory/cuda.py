@@ -5,8 +5,8 @@ Every driver call goes through :mod:`gdrprobe.memory.cuda_driver` (loading the d
 call and its result). Whatever is allocated is freed on every path: allocations and the
 device are context managers, and their ``close`` is idempotent.
 
-The doctor's read-only facts (:func:`gpu_inventory`, collected by
-:mod:`gdrprobe.doctor.facts.context`) go through the same door.
+The doctor's inventory of the GPUs (:mod:`gdrprobe.doctor.facts.cuda`, the CUDA runtime's
+collector) goes through the same door.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gdrprobe.errors import GdrprobeError, NotTestable, UsageError
 from gdrprobe.memory.causes import dmabuf_export_refused
 from gdrprobe.memory import cuda_driver
 from gdrprobe.memory.cuda_driver import (attempt, c_string, call, check, device_attribute, driver,
-                                         driver_version, gpu_pages, initialised, version_text)
+                                         driver_version, gpu_pages, version_text)
 from gdrprobe.memory.cuda_results import RESULT_ERRORS, result_name
 from gdrprobe.memory.cuda_vmm import VmmAllocation, allocation_plan
 from gdrprobe.memory.runtime import GpuRuntime, check_gpu_selector, dmabuf_range, is_bus_id
@@ -83,28 +83,6 @@ def device_name(module, device) -> str:
 def device_bus_id(module, device) -> str:
     """The PCI bus id as sysfs spells it."""
     return pci_bus_id(c_string(call(module, "cuDeviceGetPCIBusId", 64, device)))
-
-
-def device_facts(module, ordinal: int) -> dict:
-    """What the doctor records about one GPU, as JSON-ready data."""
-    device = call(module, "cuDeviceGet", ordinal, what=f"cuDeviceGet({ordinal})")
-    return {"ordinal": ordinal, "name": device_name(module, device),
-            "pci_bus_id": device_bus_id(module, device),
-            "total_memory_bytes": int(call(module, "cuDeviceTotalMem", device)),
-            # NCCL's send-side GDR default depends on it (paths.cc ncclTopoCheckGdr: sm80).
-            "compute_capability_major": device_attribute(module, device, "COMPUTE_CAPABILITY_MAJOR"),
-            "compute_capability_minor": device_attribute(module, device, "COMPUTE_CAPABILITY_MINOR"),
-            **read_attributes(module, device).as_dict()}
-
-
-def gpu_inventory(module=None) -> dict:
-    """The driver's version and every GPU it sees (:func:`device_facts`); module replaces
-    cuda-python's in tests. Raises the error that says why there is no driver."""
-    module = driver() if module is None else initialised(module)
-    count = call(module, "cuDeviceGetCount", what="cuDeviceGetCount()")
-    return {"driver_version": driver_version(module),
-            "gpus": [device_facts(module, ordinal) for ordinal in range(count)]}
-
 
 
 # ---- allocations ----------------------------------------------------------------------
@@ -339,6 +317,11 @@ def open_gpu(selector: str) -> GpuDevice:
 
 
 # CUDA behind the seam: NVIDIA's GPU functions, libcuda.so.1, cuda-python. The library check
-# is looked up when called, so that a test can stand in for the loader.
-RUNTIME = GpuRuntime("CUDA", NVIDIA_VENDOR_ID, lambda: cuda_driver.require_driver_library(),
-                     open_gpu)
+# is looked up when called, so that a test can stand in for the loader. The GPUs a process
+# sees: the NVIDIA container runtime exposes NVIDIA_VISIBLE_DEVICES' (NVIDIA Container
+# Toolkit, "GPU Enumeration"), then CUDA keeps CUDA_VISIBLE_DEVICES' (CUDA C++ Programming
+# Guide, "CUDA Environment Variables"). The doctor's side: doctor/facts/cuda.py.
+RUNTIME = GpuRuntime("CUDA", "cuda", NVIDIA_VENDOR_ID,
+                     lambda: cuda_driver.require_driver_library(), open_gpu,
+                     visible_devices=("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+                     facts="cuda")

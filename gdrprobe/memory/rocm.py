@@ -255,5 +255,13 @@ def open_gpu(selector: str) -> RocmDevice:
     return RocmDevice(module, find_ordinal(module, str(selector)), str(selector))
 
 
-# ROCm behind the seam: AMD's GPU functions, libamdhip64.so, hip-python.
-RUNTIME = GpuRuntime("ROCm", AMD_VENDOR_ID, require_hip_library, open_gpu, AMD_GPU_CLASSES)
+# ROCm behind the seam: AMD's GPU functions, libamdhip64.so, hip-python. The GPUs a process
+# sees: ROCr keeps ROCR_VISIBLE_DEVICES', then HIP keeps HIP_VISIBLE_DEVICES' (or, where
+# that is unset, CUDA_VISIBLE_DEVICES', which HIP reads the same way) among them (HIP
+# documentation, "HIP environment variables"; ROCm's "GPU isolation techniques"). The
+# doctor's side: doctor/facts/rocm.py.
+RUNTIME = GpuRuntime("ROCm", "rocm", AMD_VENDOR_ID, require_hip_library, open_gpu,
+                     AMD_GPU_CLASSES,
+                     visible_devices=("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                      "CUDA_VISIBLE_DEVICES"),
+                     facts="rocm")

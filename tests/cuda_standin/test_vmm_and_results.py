@@ -174,11 +174,12 @@ def test_not_testable_is_never_the_answer_for_a_node_fault():
 
 LOST_GPUS = """
 from gdrprobe.doctor.checks import gpu
-from gdrprobe.doctor.facts.context import DoctorContext, collect_cuda_facts
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.doctor.facts.cuda import collect_cuda_facts
 from gdrprobe.sysroot import SysRoot
 ctx = DoctorContext(SysRoot({root!r}), environ={{}})
-ctx.cuda_facts = collect_cuda_facts()
-fault = gpu.cuda_gpu_fault(ctx)
+ctx.gpu_facts = collect_cuda_facts()
+fault = gpu.runtime_gpu_fault(ctx)
 outcome = dict(result=ctx.cuda_facts.get("result"), fault=None if fault is None else dict(
     kind=type(fault).__name__, cause=fault.cause, evidence=fault.evidence,
     exit_code=int(fault.exit_code)))

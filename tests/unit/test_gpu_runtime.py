@@ -24,7 +24,7 @@ def not_asked(*args):
     raise AssertionError("not asked")
 
 
-OTHER = runtime.GpuRuntime("other", 0x1002, not_asked, not_asked)
+OTHER = runtime.GpuRuntime("other", "other", 0x1002, not_asked, not_asked)
 
 
 @pytest.fixture
@@ -155,7 +155,8 @@ def test_a_variable_naming_no_runtime_is_refused_before_anything_is_probed(monke
     from gdrprobe.errors import UsageError
 
     monkeypatch.setenv(runtime.RUNTIME_VARIABLE, "opencl")
-    monkeypatch.setattr(runtime, "runtimes", not_asked)
+    monkeypatch.setattr(runtime, "pci_functions", not_asked)
+    monkeypatch.setattr(runtime, "machine_runtime", not_asked)
     with pytest.raises(UsageError, match="GDRPROBE_GPU_RUNTIME='opencl' names no GPU runtime") as raised:
         gdrprobe.check("0", token="t" * 16)
     assert raised.value.fix.startswith("set it to one of cuda, rocm")
