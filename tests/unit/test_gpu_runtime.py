@@ -2,11 +2,13 @@
 and only the runtime's own files name it."""
 
 import ast
+import json
 import pathlib
 
 import pytest
 
-from gdrprobe.errors import GpuOutOfMemory, HipError, NotTestable
+from gdrprobe.errors import GpuOutOfMemory, GpuUnusable, HipError, NotTestable
+from gdrprobe.report.model import Status
 from gdrprobe.memory import cuda, cuda_driver, rocm, runtime
 from gdrprobe.sysroot import SysRoot
 
@@ -160,3 +162,50 @@ def test_a_variable_naming_no_runtime_is_refused_before_anything_is_probed(monke
     with pytest.raises(UsageError, match="GDRPROBE_GPU_RUNTIME='opencl' names no GPU runtime") as raised:
         gdrprobe.check("0", token="t" * 16)
     assert raised.value.fix.startswith("set it to one of cuda, rocm")
+
+
+# ---- a new runtime is one file set and one registry line (issue 42) ----------------------
+
+
+@pytest.fixture
+def third_runtime(monkeypatch, tmp_path):
+    """The registry with one more line: the fake third runtime's module."""
+    from tests.unit.fakes import third_runtime as third
+
+    monkeypatch.setattr(runtime, "RUNTIME_MODULES", (*runtime.RUNTIME_MODULES, third.MODULE))
+    monkeypatch.delenv(runtime.RUNTIME_VARIABLE, raising=False)
+    pci_function(tmp_path, "0000:00:1f.0", "0x8086", "0x060100")       # Intel's bridge: no GPU
+    pci_function(tmp_path, "0000:4d:00.0", "0x8086", f"0x{third.DISPLAY_CLASS:06x}")
+    pci_function(tmp_path, "0000:4e:00.0", "0x8086", f"0x{third.DISPLAY_CLASS:06x}")
+    return third
+
+
+def test_the_memory_seam_opens_a_registered_runtimes_gpu(third_runtime, tmp_path, monkeypatch):
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is third_runtime.RUNTIME
+    monkeypatch.setattr(runtime, "SysRoot", lambda: SysRoot(str(tmp_path)))
+    with runtime.open_gpu("0000:4d:00.0") as gpu:
+        assert gpu.bus_id == "0000:4d:00.0"
+    assert third_runtime.OPENED[-1] == "0000:4d:00.0"
+    monkeypatch.setenv(runtime.RUNTIME_VARIABLE, "Third")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path / "empty"))) is third_runtime.RUNTIME
+
+
+def test_the_doctor_and_the_campaigns_ask_a_registered_runtime(third_runtime, tmp_path):
+    from gdrprobe.campaign import machine
+    from gdrprobe.doctor.facts.context import DoctorContext
+
+    (tmp_path / third_runtime.LISTED_FILE.lstrip("/")).parent.mkdir(parents=True)
+    (tmp_path / third_runtime.LISTED_FILE.lstrip("/")).write_text("0000:4d:00.0\n")
+    ctx = DoctorContext(SysRoot(str(tmp_path)), {})
+    # what a capture of the node kept of its live call, which a replay reads
+    (tmp_path / third_runtime.FACTS_FILE.lstrip("/")).parent.mkdir(parents=True)
+    (tmp_path / third_runtime.FACTS_FILE.lstrip("/")).write_text(json.dumps(third_runtime.collect(ctx)))
+    assert ctx.runtime is third_runtime.RUNTIME and ctx.gpu_collector is third_runtime
+    assert [gpu.bdf for gpu in ctx.topology.gpus] == ["0000:4d:00.0"]      # what its driver lists
+    facts = machine.machine_facts(str(tmp_path), {})
+    assert facts.gpus.runtime_bus_ids == ("0000:4d:00.0",)
+    lost = next(f for f in facts.findings if f.id == "gpu.third")
+    assert lost.status is Status.FAIL and "lost 0000:4e:00.0" in lost.summary
+    with pytest.raises(GpuUnusable, match="the third runtime lost 0000:4e:00.0") as raised:
+        machine.require_gpus(facts)
+    assert int(raised.value.exit_code) == 11

@@ -9,7 +9,6 @@ not looked for"."""
 from __future__ import annotations
 
 import json
-import os
 
 from gdrprobe.cli import main
 from gdrprobe.doctor.capture import capture
