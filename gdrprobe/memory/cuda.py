@@ -17,8 +17,8 @@ from typing import ClassVar
 from gdrprobe.errors import GdrprobeError, NotTestable, UsageError
 from gdrprobe.memory.causes import dmabuf_export_refused
 from gdrprobe.memory import cuda_driver
-from gdrprobe.memory.cuda_driver import (attempt, c_string, call, check, device_attribute, driver,
-                                         driver_version, gpu_pages, version_text)
+from gdrprobe.memory.cuda_driver import (attempt, c_string, call, check, close_after, device_attribute,
+                                         driver, driver_version, gpu_pages, version_text)
 from gdrprobe.memory.cuda_results import RESULT_ERRORS, result_name
 from gdrprobe.memory.cuda_vmm import VmmAllocation, allocation_plan
 from gdrprobe.memory.runtime import GpuRuntime, check_gpu_selector, dmabuf_range, is_bus_id
@@ -29,6 +29,8 @@ FLUSH_OPTION_HOST = 1
 # CUGPUDirectRDMAWritesOrdering: NONE=0, OWNER=100, ALL_DEVICES=200.
 WRITES_ORDERING_OWNER = 100
 PCIE_MAPPING_MIN_DRIVER = 12080
+# cuda.h 12.8's CUmemRangeFlags: the value NCCL passes, compiled in (net.cc).
+CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 0x1
 
 
 # ---- device attributes --------------------------------------------------------------
@@ -157,8 +159,8 @@ class GpuDevice:
                              what=f"cuDevicePrimaryCtxRetain({self.bus_id})")
         try:
             self.activate()
-        except GdrprobeError:
-            self.close()
+        except GdrprobeError as error:
+            close_after(error, self.close, f"releasing {self.bus_id}'s context")
             raise
 
     @property
@@ -209,8 +211,8 @@ class GpuDevice:
             self.call("cuPointerSetAttribute", 1,
                       d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptr,
                       what="cuPointerSetAttribute(SYNC_MEMOPS)")
-        except GdrprobeError:
-            allocation.close()
+        except GdrprobeError as error:
+            close_after(error, allocation.close, "freeing the allocation")
             raise
         return allocation
 
@@ -239,8 +241,12 @@ class GpuDevice:
         if memory_type != "device":
             return allocators[memory_type](length)
         chosen, reason = allocation_plan(self, allocation)
-        buffer = VmmAllocation(self, length) if chosen == "vmm" else self.alloc_device(length)
-        buffer.allocation_reason = reason
+        if chosen != "vmm":
+            buffer = self.alloc_device(length)
+            buffer.allocation_reason = reason
+            return buffer
+        buffer = VmmAllocation(self, length)
+        buffer.allocation_reason = f"{reason}; {buffer.handle_types}"
         return buffer
 
     def copy_to_device(self, device_ptr: int, host_address: int, length: int) -> None:
@@ -253,19 +259,19 @@ class GpuDevice:
 
     # -- DMA-BUF and flushes --
 
-    def _dmabuf_flags(self, pcie_mapping: bool):
+    def _dmabuf_flags(self, pcie_mapping: bool) -> int:
+        """cuMemGetHandleForAddressRange's flags: the PCIe mapping where asked, as NCCL asks
+        it (src/transport/net.cc getHandleForAddressRangeFlags): the flag's value from
+        cuda.h 12.8, and the driver the judge of it, whatever the bindings' enum holds."""
         if not pcie_mapping:
             return 0
-        flag = getattr(getattr(self._driver, "CUmemRangeFlags", None),
-                       "CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE", None)
         version = driver_version(self._driver)
-        if flag is None or version < PCIE_MAPPING_MIN_DRIVER:
+        if version < PCIE_MAPPING_MIN_DRIVER:
             raise NotTestable(f"not testable: the PCIe mapping of DMA-BUF needs CUDA 12.8+ "
-                              f"(driver {version_text(version)}, cuda-python "
-                              f"{'has' if flag is not None else 'lacks'} the flag)",
-                              "upgrade the driver and cuda-python, or drop the PCIe mapping "
-                              "option")
-        return flag
+                              f"(the driver is CUDA {version_text(version)})",
+                              "upgrade the NVIDIA driver (R570 or newer), or drop the PCIe "
+                              "mapping option")
+        return CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE
 
     def export_dmabuf(self, ptr: int, length: int, pcie_mapping: bool = False) -> tuple[int, int]:
         """(fd, offset of ptr in the DMA-BUF) for [ptr, ptr+length); the caller closes fd.
