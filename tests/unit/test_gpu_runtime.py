@@ -209,3 +209,34 @@ def test_the_doctor_and_the_campaigns_ask_a_registered_runtime(third_runtime, tm
     with pytest.raises(GpuUnusable, match="the third runtime lost 0000:4e:00.0") as raised:
         machine.require_gpus(facts)
     assert int(raised.value.exit_code) == 11
+
+
+# ---- the hip-python line is the node's ROCm release (issue 39 item 8) --------------------
+
+
+class FakeHip:
+    """hip-python's module as far as the line check asks it: HIP's runtime version."""
+
+    def __init__(self, version: int | None):
+        self.version = version
+
+    def hipRuntimeGetVersion(self):
+        if self.version is None:
+            raise RuntimeError("hipRuntimeGetVersion is not in this runtime")
+        return HipResult(0, "hipSuccess"), self.version
+
+
+@pytest.mark.parametrize("installed", ["10.0.0.0.1.2", "7.2.2.562.43", "6.3.3.540.31"])
+def test_a_hip_python_of_another_line_than_rocms_is_refused_with_the_line_to_install(installed):
+    from gdrprobe.errors import MissingDependency
+
+    with pytest.raises(MissingDependency, match=f"hip-python {installed} does not match the HIP "
+                                                "runtime of ROCm 6.4") as raised:
+        rocm.require_matching_line(FakeHip(60443483), installed)      # ROCm 6.4.1's HIP
+    assert "pip install 'hip-python==6.4.*'" in raised.value.fix
+
+
+@pytest.mark.parametrize("installed, version", [("6.4.1.552.39", 60443483), ("7.1.0.555.40", 70151831),
+                                                ("10.0.0.0.1.2", None), (None, 60443483)])
+def test_a_matching_line_or_nothing_to_compare_is_accepted(installed, version):
+    rocm.require_matching_line(FakeHip(version), installed)
