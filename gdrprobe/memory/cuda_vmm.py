@@ -93,7 +93,13 @@ class VmmAllocation:
         posix = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         fabric = getattr(d.CUmemAllocationHandleType, "CU_MEM_HANDLE_TYPE_FABRIC", None)
         if fabric is not None and device_attribute(d, gpu.device, FABRIC_SUPPORTED):
-            prop.requestedHandleTypes = int(posix) | int(fabric)
+            try:
+                prop.requestedHandleTypes = int(posix) | int(fabric)
+            except AttributeError:      # cuda-python 12.6 takes one enum member, no mask
+                self.handle_types = ("POSIX file descriptor handles (this cuda-python cannot "
+                                     "ask for FABRIC beside them)")
+                prop.requestedHandleTypes = posix
+                return gpu.call("cuMemCreate", size, prop, 0, what=f"cuMemCreate({size})")
             try:
                 handle = gpu.call("cuMemCreate", size, prop, 0, what=f"cuMemCreate({size}, FABRIC)")
                 self.handle_types = "POSIX file descriptor and FABRIC handles"
