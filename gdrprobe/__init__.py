@@ -313,7 +313,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
           latency_factor=None):
     """What check() and check_node() share: the budget, started first (it limits the whole
     call); what can be refused before the doctor runs; the machine read once (one doctor,
-    one CUDA start-up), and GpuUnusable (exit 11) where CUDA lost GPUs sysfs lists; and
+    one CUDA start-up), and GpuUnusable (exit 11) where the GPU runtime lost GPUs sysfs lists; and
     what every check of the call is asked
     (campaign.prelaunch.GateSettings): the runs' options with check's QPs (CHECK_QPS) and
     NCCL's relaxed-ordering setting from the environment as NCCL sees it; the send buffer
@@ -322,7 +322,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
     (NCCL_CUMEM_ENABLE) unless gpu_alloc says; the extra answers asked for (latency, read, bidir;
     latency_factor None: the default). Returns (budget, facts, gate)."""
     from gdrprobe.campaign.gate import Budget
-    from gdrprobe.campaign.machine import machine_facts, require_cuda_gpus
+    from gdrprobe.campaign.machine import machine_facts, require_gpus
     from gdrprobe.campaign.prelaunch import GateSettings, check_floor
     from gdrprobe.campaign.secondary import check_latency_factor
 
@@ -340,7 +340,7 @@ def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_typ
         check_host(host)
         _check_token(token, required=True)
     facts = machine_facts(job=job)    # job: the job's GPUs, NCCL's communicator on this node
-    require_cuda_gpus(facts)      # GPUs lost to CUDA: every job here meets it (exit 11)
+    require_gpus(facts)           # GPUs lost to the GPU runtime: every job here meets it (exit 11)
     gpu_alloc = gpu_alloc or facts.nccl_rules.gpu_allocation(facts.nccl_environ)
     settings = {key: value for key, value in settings.items() if value is not None}
     settings.setdefault("qps", defaults.CHECK_QPS)

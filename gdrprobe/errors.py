@@ -228,14 +228,20 @@ class CompletionError(RdmaError):
         self.wc_status = wc_status
 
 
-class CudaError(GdrprobeError):
-    """A CUDA driver call failed; alone it stops a run as a failed verbs call does."""
+class GpuRuntimeError(GdrprobeError):
+    """A GPU runtime's call failed (the CUDA driver's, HIP's): the one base of every
+    runtime's error (gdrprobe.memory.runtime); alone it stops a run as a failed verbs call
+    does, and in the A/B it ends the GPU arm, not the check."""
 
     exit_code = ExitCode.RDMA
 
 
-class HipError(CudaError):
-    """A HIP runtime call failed (an AMD GPU); it stops a run as a failed CUDA call does."""
+class CudaError(GpuRuntimeError):
+    """A CUDA driver call failed."""
+
+
+class HipError(GpuRuntimeError):
+    """A HIP runtime call failed (an AMD GPU)."""
 
 
 class IntegrityError(GdrprobeError):
@@ -283,5 +289,5 @@ class Interrupted(GdrprobeError):
 # sees "not testable" or "registration failed" as such, not as a generic peer error.
 WIRE_ERRORS = {cls.__name__: cls for cls in (NotTestable, RegistrationFailed, ResourceLimit,
                                              MissingDependency, NoDevice, IntegrityError,
-                                             CudaError, CompletionError, GpuOutOfMemory,
-                                             GpuUnusable)}
+                                             GpuRuntimeError, CudaError, HipError,
+                                             CompletionError, GpuOutOfMemory, GpuUnusable)}

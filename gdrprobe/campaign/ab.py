@@ -22,7 +22,7 @@ from typing import Callable
 from gdrprobe import defaults
 from gdrprobe.memory.spec import MemorySpec, reported_mechanism
 from gdrprobe.doctor.facts.pci import rdma_nics_without_device
-from gdrprobe.errors import (CompletionError, CudaError, GdrprobeError, IntegrityError,
+from gdrprobe.errors import (CompletionError, GdrprobeError, GpuRuntimeError, IntegrityError,
                              NoDevice, NoRdmaDevice, NotTestable, RegistrationFailed,
                              UsageError)
 from gdrprobe.sysroot import SysRoot
@@ -182,7 +182,7 @@ def pipelined_bound(run: RunReport, host: ArmRecord) -> float:
 # other arms still run (a DMA-BUF export the driver refuses is a refused registration:
 # gdrprobe.memory.causes.dmabuf_export_refused).
 # A missing cuda-python is not among them: it is a missing dependency (exit 3) with its fix.
-ARM_ERRORS = (NotTestable, RegistrationFailed, CudaError)
+ARM_ERRORS = (NotTestable, RegistrationFailed, GpuRuntimeError)
 # ibv_wc_status values a NIC reports when its DMA to or from the buffer fails: local
 # length, QP operation, protection and access errors, the remote side's access and
 # operation errors, and the general error (verbs.h). Transport retries (RETRY_EXC 12,

@@ -34,9 +34,9 @@ def check_threshold_given(threshold: float) -> None:
 def check_gpus(*gpus: str | None) -> None:
     """Each GPU given as a GPU runtime names one (an ordinal or a PCI bus id), and the
     runtime GDRPROBE_GPU_RUNTIME names, if set, is one gdrprobe has, before the probe."""
-    from gdrprobe.memory.runtime import check_gpu_selector, named_runtime_module
+    from gdrprobe.memory.runtime import check_gpu_selector, named_runtime
 
-    named_runtime_module()
+    named_runtime()
     for gpu in gpus:
         if gpu is not None:
             check_gpu_selector(str(gpu))

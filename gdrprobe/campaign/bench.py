@@ -364,7 +364,7 @@ def baseline_change(old: dict, row: BenchRow, max_drop: float) -> BaselineChange
 def bench_environment(cuda_facts: Mapping | None, nvidia_driver: str | None,
                       version: str) -> BenchEnvironment:
     """Host, kernel and every version a comparison between two sweeps needs. cuda_facts is
-    :func:`gdrprobe.memory.cuda.gpu_inventory` (or ``{"error": ...}``); nvidia_driver the
+    :func:`gdrprobe.doctor.facts.cuda.gpu_inventory` (or ``{"error": ...}``); nvidia_driver the
     first line of /proc/driver/nvidia/version; version gdrprobe's (the caller's, above)."""
     from gdrprobe.rdma.verbs import rdma_core_version
 
@@ -437,7 +437,7 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
         # With no GPU known (no CUDA driver, none in sysfs) CUDA ordinal 0 still runs the
         # GPU kinds, so their rows say why they cannot run here.
         gpu_list = (tuple(facts.gpus.bus_id(gpu) for gpu in gpus)
-                    or facts.gpus.cuda_bus_ids or facts.gpus.sysfs_bus_ids or ("0",))
+                    or facts.gpus.runtime_bus_ids or facts.gpus.sysfs_bus_ids or ("0",))
         pairs = bench_pairs(gpu_list, nics, facts.nics, settings.matrix)
     if not pairs:
         raise UsageError(f"NCCL pairs no GPU with {', '.join(nics)}",

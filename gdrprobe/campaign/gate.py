@@ -55,18 +55,19 @@ class NicChoice:
 class GpuFacts:
     """What this process can know about its GPUs."""
 
-    cuda_bus_ids: tuple[str, ...] | None   # CUDA's visible GPUs by ordinal; None: no driver
-    sysfs_bus_ids: tuple[str, ...]         # NVIDIA GPUs in sysfs, in PCI bus order
-    cuda_error: str = ""                   # why there is no CUDA list
+    runtime_bus_ids: tuple[str, ...] | None  # the GPU runtime's visible GPUs by ordinal; None: none
+    sysfs_bus_ids: tuple[str, ...]         # the runtime's GPUs in sysfs, in PCI bus order
+    runtime_error: str = ""                # why there is no runtime list
     # GPU UUID -> bus id, as the NVIDIA driver states them (campaign.job_gpus.gpu_uuids)
     uuids: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_doctor(cls, cuda_facts: Mapping | None, sysfs_bus_ids,
+    def from_doctor(cls, runtime_facts: Mapping | None, sysfs_bus_ids,
                     uuids: Mapping[str, str] | None = None) -> GpuFacts:
-        """From the doctor's CUDA facts (:func:`gdrprobe.memory.cuda.gpu_inventory` or
-        ``{"error": ...}``), its topology's GPUs and the GPUs' UUIDs."""
-        facts = cuda_facts or {"error": "no CUDA facts"}
+        """From the doctor's facts of the GPU runtime (an inventory, ``{"gpus": [...]}``, as
+        :func:`gdrprobe.doctor.facts.cuda.gpu_inventory` gives, or ``{"error": ...}``), its
+        topology's GPUs and the GPUs' UUIDs."""
+        facts = runtime_facts or {"error": "no GPU runtime facts"}
         known = dict(uuids or {})
         if "gpus" not in facts:
             return cls(None, tuple(sysfs_bus_ids), str(facts.get("error", "")), known)
@@ -75,7 +76,7 @@ class GpuFacts:
 
     def bus_id(self, gpu: str) -> str:
         """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
-        cuda = self.cuda_bus_ids
+        cuda = self.runtime_bus_ids
         if gpu.isdigit() and cuda is not None and int(gpu) < len(cuda):
             return cuda[int(gpu)]
         return gpu
@@ -96,7 +97,7 @@ class MachineFacts:
 
     gpus: GpuFacts
     nics: Mapping[str, NicChoice]     # GPU bus id -> the NIC NCCL will use for it
-    cuda_facts: Mapping | None = None  # gpu_inventory() or {"error": ...}
+    cuda_facts: Mapping | None = None  # doctor.facts.cuda.gpu_inventory() or {"error": ...}
     nvidia_driver: str | None = None  # the first line of /proc/driver/nvidia/version
     findings: tuple = ()              # the doctor's findings, for the verdict's causes
     # GPU bus id -> whether NCCL will use GPUDirect RDMA for it, and if not why
@@ -166,17 +167,17 @@ def cuda_ordinal(rank: int, variable: str, visible: int | None) -> int:
 
 def physical_gpu(ordinal: int, facts: GpuFacts, environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The PCI bus id behind a CUDA ordinal, and how it was found (None: unknown)."""
-    if facts.cuda_bus_ids is not None:
-        if ordinal < len(facts.cuda_bus_ids):
-            return facts.cuda_bus_ids[ordinal], (
-                f"CUDA ordinal {ordinal} is {facts.cuda_bus_ids[ordinal]} "
+    if facts.runtime_bus_ids is not None:
+        if ordinal < len(facts.runtime_bus_ids):
+            return facts.runtime_bus_ids[ordinal], (
+                f"CUDA ordinal {ordinal} is {facts.runtime_bus_ids[ordinal]} "
                 "(cuDeviceGetPCIBusId; the driver applied CUDA_VISIBLE_DEVICES)")
-        return None, f"CUDA sees {len(facts.cuda_bus_ids)} GPU(s), none with ordinal {ordinal}"
+        return None, f"CUDA sees {len(facts.runtime_bus_ids)} GPU(s), none with ordinal {ordinal}"
     entries = visible_entries(environ)
     index = str(ordinal) if entries is None else (entries[ordinal] if ordinal < len(entries) else "")
     if not index.isdigit():
         return None, (f"CUDA_VISIBLE_DEVICES entry {index!r} cannot be resolved without the CUDA "
-                      f"driver ({facts.cuda_error or 'not loaded'})")
+                      f"driver ({facts.runtime_error or 'not loaded'})")
     if int(index) >= len(facts.sysfs_bus_ids):
         return None, f"no NVIDIA GPU number {index} in sysfs ({len(facts.sysfs_bus_ids)} found)"
     bus_id = facts.sysfs_bus_ids[int(index)]
@@ -191,7 +192,7 @@ def rank_pair(environ: Mapping[str, str], facts: GpuFacts, decisions: Mapping[st
     if gpu is not None:
         return given_gpu(gpu, facts, environ, decisions, device)
     rank = local_rank(environ)
-    visible = (len(facts.cuda_bus_ids) if facts.cuda_bus_ids is not None
+    visible = (len(facts.runtime_bus_ids) if facts.runtime_bus_ids is not None
                else _visible_count(environ))
     if rank is None:
         ordinal, rank_text = 0, ""
@@ -226,16 +227,16 @@ def node_pairs(facts: GpuFacts, decisions: Mapping[str, NicChoice],
     the driver answered, else sysfs's in PCI bus order, else CUDA ordinal 0 (whose check
     then says why it cannot run)."""
     if job is not None:
-        cuda = facts.cuda_bus_ids or ()
+        cuda = facts.runtime_bus_ids or ()
         return [RankPair(rank="", cuda_ordinal=cuda.index(bus_id) if bus_id in cuda else None,
                          gpu=bus_id, gpu_reason=f"node check, the job's GPU: {job_reason}",
                          **_nic_fields(bus_id, decisions, None))
                 for bus_id in job]
-    if facts.cuda_bus_ids:
+    if facts.runtime_bus_ids:
         return [RankPair(rank="", cuda_ordinal=ordinal, gpu=bus_id,
                          gpu_reason=f"node check: CUDA ordinal {ordinal}",
                          **_nic_fields(bus_id, decisions, None))
-                for ordinal, bus_id in enumerate(facts.cuda_bus_ids)]
+                for ordinal, bus_id in enumerate(facts.runtime_bus_ids)]
     if facts.sysfs_bus_ids:
         return [RankPair(rank="", cuda_ordinal=None, gpu=bus_id,
                          gpu_reason=f"node check: GPU {index} in sysfs (PCI bus order)",

@@ -210,8 +210,8 @@ def match(job: JobGpus | None, facts: GpuFacts) -> JobGpuSet:
     """The job's GPUs among this node's (bus ids, in the order named, each once)."""
     if job is None or any(name.kind == ALL for name in job.names):
         return JobGpuSet(job, node_gpus(facts))
-    if job.source == "CUDA_VISIBLE_DEVICES" and facts.cuda_bus_ids is not None:
-        return JobGpuSet(job, facts.cuda_bus_ids)     # the driver applied it already
+    if job.source == "CUDA_VISIBLE_DEVICES" and facts.runtime_bus_ids is not None:
+        return JobGpuSet(job, facts.runtime_bus_ids)     # the driver applied it already
     found: list[str] = []
     unmatched = []
     for name in job.names:
@@ -229,20 +229,20 @@ def match(job: JobGpus | None, facts: GpuFacts) -> JobGpuSet:
 
 
 def node_gpus(facts: GpuFacts) -> tuple[str, ...]:
-    return facts.cuda_bus_ids if facts.cuda_bus_ids else facts.sysfs_bus_ids
+    return facts.runtime_bus_ids if facts.runtime_bus_ids else facts.sysfs_bus_ids
 
 
 def resolve(name: GpuName, source: str, facts: GpuFacts) -> tuple[str | None, str]:
     """(the bus id of the GPU a name means, or None and why not)."""
-    if name.kind == INDEX or (name.kind == ORDINAL and facts.cuda_bus_ids is None):
+    if name.kind == INDEX or (name.kind == ORDINAL and facts.runtime_bus_ids is None):
         return by_index(int(name.text), facts.sysfs_bus_ids, source)
     if name.kind == ORDINAL:
-        ordinal, cuda = int(name.text), facts.cuda_bus_ids
+        ordinal, cuda = int(name.text), facts.runtime_bus_ids
         if ordinal < len(cuda):
             return cuda[ordinal], ""
         return None, f"CUDA sees {len(cuda)} GPU(s) in this process, none with ordinal {ordinal}"
     if name.kind == BUS:
-        if name.text in (*facts.sysfs_bus_ids, *(facts.cuda_bus_ids or ())):
+        if name.text in (*facts.sysfs_bus_ids, *(facts.runtime_bus_ids or ())):
             return name.text, ""
         return None, f"no NVIDIA GPU at {name.text} on this node"
     if name.kind == MIG:

@@ -41,11 +41,11 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
     ctx = DoctorContext(SysRoot(root), environ)
     findings = run_checks(ctx)
     bus_ids = [gpu.bdf for gpu in ctx.topology.gpus]
-    gpus = GpuFacts.from_doctor(ctx.cuda_facts, bus_ids, gpu_uuids(ctx.root, bus_ids))
+    gpus = GpuFacts.from_doctor(ctx.gpu_facts, bus_ids, gpu_uuids(ctx.root, bus_ids))
     # None: every GPU of the node (no job named, or none of its GPUs is here)
     job_gpus = (match(job, gpus).bus_ids or None) if job is not None else None
     decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
-    uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.cuda_facts or {}),
+    uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.gpu_facts or {}),
                      findings=findings, rules=ctx.nccl_rules, flush_of=receive_flush_of(ctx))
     decisions = ctx.nccl_decisions if job_gpus is None else decide(ctx.environ)
     return MachineFacts(gpus, nccl_nics(decisions), ctx.cuda_facts,
@@ -103,13 +103,16 @@ def receive_flush_of(ctx):
     return flush_of
 
 
-def require_cuda_gpus(facts: MachineFacts) -> None:
-    """Raises GpuUnusable (exit 11, drain) where the doctor found GPUs the PCI bus has lost
-    to CUDA (a failing ``gpu.cuda``: :func:`gdrprobe.doctor.checks.gpu.cuda_gpu_fault`): a
-    job started here meets the same driver, so the gate answers before measuring."""
+def require_gpus(facts: MachineFacts) -> None:
+    """Raises GpuUnusable (exit 11, drain) where the doctor found GPUs the PCI bus holds that
+    the node's GPU runtime lost (a failing ``gpu.<runtime>``, ``gpu.cuda`` or ``gpu.rocm``:
+    :func:`gdrprobe.doctor.checks.gpu.runtime_gpu_fault`): a job started here meets the same
+    driver, so the gate answers before measuring."""
+    from gdrprobe.memory.runtime import runtimes
+
+    lost = {finding_ids.gpu_runtime(runtime.key) for runtime in runtimes()}
     for finding in facts.findings:
-        if (getattr(finding, "id", None) == finding_ids.GPU_CUDA
-                and finding.status is Status.FAIL):
+        if getattr(finding, "id", None) in lost and finding.status is Status.FAIL:
             raise GpuUnusable(finding.summary, finding.fix,
                               evidence="; ".join(item.value for item in finding.evidence))
 

@@ -147,7 +147,7 @@ def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
     time, NICs in parallel as far as the locked-memory limit (memory: this process's unless
     given) holds them; with every_rail, one NIC at a time, then every rail at once."""
     gpus = match(job, facts.gpus)
-    visible = facts.gpus.cuda_bus_ids
+    visible = facts.gpus.runtime_bus_ids
     missing = unchecked(gpus, visible)
     named = None if job is None else tuple(bus_id for bus_id in gpus.bus_ids
                                            if visible is None or bus_id in visible)

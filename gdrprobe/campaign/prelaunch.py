@@ -320,7 +320,7 @@ def plan_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings) -> PairPl
     """The NIC, memory and options of a GPU's runs, as NCCL will move its bytes."""
     use = nccl_use_of(facts, pair.gpu)
     nic = pair.nic or first_rdma_device()
-    sender, sender_why = send_gpu(pair, use, facts.gpus.cuda_bus_ids)
+    sender, sender_why = send_gpu(pair, use, facts.gpus.runtime_bus_ids)
     local = as_nccl_exports(gate.gpu_memory(sender) if sender is not None else HOST, use)
     remote = as_nccl_exports(gate.receive_memory(pair.gpu), use)
     gid_index, nic_reason = gate.gid_index, pair.nic_reason

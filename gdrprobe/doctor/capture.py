@@ -35,8 +35,8 @@ import secrets
 import shutil
 from collections.abc import Mapping
 
-from gdrprobe.doctor.facts.context import (CUDA_FACTS_FILE, ENVIRON_FILE, NCCL_FACTS_FILE, NIC_FACTS_FILE,
-                                           NVML_FACTS_FILE, ROCM_FACTS_FILE, DoctorContext)
+from gdrprobe.doctor.facts.context import (ENVIRON_FILE, NCCL_FACTS_FILE, NIC_FACTS_FILE,
+                                           NVML_FACTS_FILE, DoctorContext)
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.errors import UsageError
 from gdrprobe.sysroot import SysRoot
@@ -333,10 +333,8 @@ def _capture_into(dest_dir: str, root: str, environ: Mapping[str, str] | None,
     # The process environment only: NCCL's configuration files are copied like every file
     # the doctor read, so a replay merges them again and still says where each value came from.
     _write_json(copier.dest_path(ENVIRON_FILE), captured_environ(ctx.process_environ))
-    _write_json(copier.dest_path(CUDA_FACTS_FILE), ctx.cuda_facts)
+    _write_json(copier.dest_path(ctx.gpu_collector.FACTS_FILE), ctx.gpu_facts)
     _write_json(copier.dest_path(NVML_FACTS_FILE), ctx.nvml_facts)
     _write_json(copier.dest_path(NIC_FACTS_FILE), ctx.nic_facts)
     _write_json(copier.dest_path(NCCL_FACTS_FILE), ctx.nccl_search)
-    if ctx.rocm_facts is not None:
-        _write_json(copier.dest_path(ROCM_FACTS_FILE), ctx.rocm_facts)
     return [p for p in touched if os.path.lexists(copier.dest_path(p))]

@@ -5,8 +5,8 @@ Every driver call goes through :mod:`gdrprobe.memory.cuda_driver` (loading the d
 call and its result). Whatever is allocated is freed on every path: allocations and the
 device are context managers, and their ``close`` is idempotent.
 
-The doctor's read-only facts (:func:`gpu_inventory`, collected by
-:mod:`gdrprobe.doctor.facts.context`) go through the same door.
+The doctor's inventory of the GPUs (:mod:`gdrprobe.doctor.facts.cuda`, the CUDA runtime's
+collector) goes through the same door.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import ClassVar
 from gdrprobe.errors import GdrprobeError, NotTestable, UsageError
 from gdrprobe.memory.causes import dmabuf_export_refused
 from gdrprobe.memory import cuda_driver
-from gdrprobe.memory.cuda_driver import (attempt, c_string, call, check, device_attribute, driver,
-                                         driver_version, gpu_pages, initialised, version_text)
+from gdrprobe.memory.cuda_driver import (attempt, c_string, call, check, close_after, device_attribute,
+                                         driver, driver_version, gpu_pages, version_text)
 from gdrprobe.memory.cuda_results import RESULT_ERRORS, result_name
 from gdrprobe.memory.cuda_vmm import VmmAllocation, allocation_plan
 from gdrprobe.memory.runtime import GpuRuntime, check_gpu_selector, dmabuf_range, is_bus_id
@@ -29,6 +29,8 @@ FLUSH_OPTION_HOST = 1
 # CUGPUDirectRDMAWritesOrdering: NONE=0, OWNER=100, ALL_DEVICES=200.
 WRITES_ORDERING_OWNER = 100
 PCIE_MAPPING_MIN_DRIVER = 12080
+# cuda.h 12.8's CUmemRangeFlags: the value NCCL passes, compiled in (net.cc).
+CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 0x1
 
 
 # ---- device attributes --------------------------------------------------------------
@@ -83,28 +85,6 @@ def device_name(module, device) -> str:
 def device_bus_id(module, device) -> str:
     """The PCI bus id as sysfs spells it."""
     return pci_bus_id(c_string(call(module, "cuDeviceGetPCIBusId", 64, device)))
-
-
-def device_facts(module, ordinal: int) -> dict:
-    """What the doctor records about one GPU, as JSON-ready data."""
-    device = call(module, "cuDeviceGet", ordinal, what=f"cuDeviceGet({ordinal})")
-    return {"ordinal": ordinal, "name": device_name(module, device),
-            "pci_bus_id": device_bus_id(module, device),
-            "total_memory_bytes": int(call(module, "cuDeviceTotalMem", device)),
-            # NCCL's send-side GDR default depends on it (paths.cc ncclTopoCheckGdr: sm80).
-            "compute_capability_major": device_attribute(module, device, "COMPUTE_CAPABILITY_MAJOR"),
-            "compute_capability_minor": device_attribute(module, device, "COMPUTE_CAPABILITY_MINOR"),
-            **read_attributes(module, device).as_dict()}
-
-
-def gpu_inventory(module=None) -> dict:
-    """The driver's version and every GPU it sees (:func:`device_facts`); module replaces
-    cuda-python's in tests. Raises the error that says why there is no driver."""
-    module = driver() if module is None else initialised(module)
-    count = call(module, "cuDeviceGetCount", what="cuDeviceGetCount()")
-    return {"driver_version": driver_version(module),
-            "gpus": [device_facts(module, ordinal) for ordinal in range(count)]}
-
 
 
 # ---- allocations ----------------------------------------------------------------------
@@ -179,8 +159,8 @@ class GpuDevice:
                              what=f"cuDevicePrimaryCtxRetain({self.bus_id})")
         try:
             self.activate()
-        except GdrprobeError:
-            self.close()
+        except GdrprobeError as error:
+            close_after(error, self.close, f"releasing {self.bus_id}'s context")
             raise
 
     @property
@@ -231,8 +211,8 @@ class GpuDevice:
             self.call("cuPointerSetAttribute", 1,
                       d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, ptr,
                       what="cuPointerSetAttribute(SYNC_MEMOPS)")
-        except GdrprobeError:
-            allocation.close()
+        except GdrprobeError as error:
+            close_after(error, allocation.close, "freeing the allocation")
             raise
         return allocation
 
@@ -261,8 +241,12 @@ class GpuDevice:
         if memory_type != "device":
             return allocators[memory_type](length)
         chosen, reason = allocation_plan(self, allocation)
-        buffer = VmmAllocation(self, length) if chosen == "vmm" else self.alloc_device(length)
-        buffer.allocation_reason = reason
+        if chosen != "vmm":
+            buffer = self.alloc_device(length)
+            buffer.allocation_reason = reason
+            return buffer
+        buffer = VmmAllocation(self, length)
+        buffer.allocation_reason = f"{reason}; {buffer.handle_types}"
         return buffer
 
     def copy_to_device(self, device_ptr: int, host_address: int, length: int) -> None:
@@ -275,19 +259,19 @@ class GpuDevice:
 
     # -- DMA-BUF and flushes --
 
-    def _dmabuf_flags(self, pcie_mapping: bool):
+    def _dmabuf_flags(self, pcie_mapping: bool) -> int:
+        """cuMemGetHandleForAddressRange's flags: the PCIe mapping where asked, as NCCL asks
+        it (src/transport/net.cc getHandleForAddressRangeFlags): the flag's value from
+        cuda.h 12.8, and the driver the judge of it, whatever the bindings' enum holds."""
         if not pcie_mapping:
             return 0
-        flag = getattr(getattr(self._driver, "CUmemRangeFlags", None),
-                       "CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE", None)
         version = driver_version(self._driver)
-        if flag is None or version < PCIE_MAPPING_MIN_DRIVER:
+        if version < PCIE_MAPPING_MIN_DRIVER:
             raise NotTestable(f"not testable: the PCIe mapping of DMA-BUF needs CUDA 12.8+ "
-                              f"(driver {version_text(version)}, cuda-python "
-                              f"{'has' if flag is not None else 'lacks'} the flag)",
-                              "upgrade the driver and cuda-python, or drop the PCIe mapping "
-                              "option")
-        return flag
+                              f"(the driver is CUDA {version_text(version)})",
+                              "upgrade the NVIDIA driver (R570 or newer), or drop the PCIe "
+                              "mapping option")
+        return CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE
 
     def export_dmabuf(self, ptr: int, length: int, pcie_mapping: bool = False) -> tuple[int, int]:
         """(fd, offset of ptr in the DMA-BUF) for [ptr, ptr+length); the caller closes fd.
@@ -339,6 +323,11 @@ def open_gpu(selector: str) -> GpuDevice:
 
 
 # CUDA behind the seam: NVIDIA's GPU functions, libcuda.so.1, cuda-python. The library check
-# is looked up when called, so that a test can stand in for the loader.
-RUNTIME = GpuRuntime("CUDA", NVIDIA_VENDOR_ID, lambda: cuda_driver.require_driver_library(),
-                     open_gpu)
+# is looked up when called, so that a test can stand in for the loader. The GPUs a process
+# sees: the NVIDIA container runtime exposes NVIDIA_VISIBLE_DEVICES' (NVIDIA Container
+# Toolkit, "GPU Enumeration"), then CUDA keeps CUDA_VISIBLE_DEVICES' (CUDA C++ Programming
+# Guide, "CUDA Environment Variables"). The doctor's side: doctor/facts/cuda.py.
+RUNTIME = GpuRuntime("CUDA", "cuda", NVIDIA_VENDOR_ID,
+                     lambda: cuda_driver.require_driver_library(), open_gpu,
+                     visible_devices=("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+                     facts="cuda")

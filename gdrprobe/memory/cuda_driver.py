@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from gdrprobe.errors import GdrprobeError, MissingDependency, NotTestable
+from gdrprobe.errors import MissingDependency, NotTestable
 from gdrprobe.memory.cuda_results import UPGRADE_DRIVER_FIX, result_error, unknown_result
 
 # The GPU's page: nvidia-peermem pins whole 64 KiB pages (GPU_PAGE_SIZE in the driver's
@@ -94,16 +94,34 @@ def c_string(raw: bytes) -> str:
     return raw.split(b"\0")[0].decode("ascii", "replace").strip()
 
 
+# What cuDeviceGetAttribute returns for an attribute the driver does not know (cuda.h:
+# "CUDA_ERROR_INVALID_VALUE ... one or more of the parameters passed to the API call is not
+# within an acceptable range"): the attribute is unknown, None.
+UNKNOWN_ATTRIBUTE = "CUDA_ERROR_INVALID_VALUE"
+
+
 def device_attribute(module, device, name: str) -> int | None:
-    """One CU_DEVICE_ATTRIBUTE_<name>, or None when this driver does not know it."""
+    """One CU_DEVICE_ATTRIBUTE_<name>, or None when the bindings or the driver do not know
+    it; any other failure is the driver's answer about the GPU and raised as such (a GPU
+    the driver lost is not a GPU without the attribute)."""
     attribute = getattr(module.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
     if attribute is None:
         return None
-    try:
-        return int(call(module, "cuDeviceGetAttribute", attribute, device,
-                        what=f"cuDeviceGetAttribute({name})"))
-    except GdrprobeError:
+    what = f"cuDeviceGetAttribute({name})"
+    result = attempt(module, "cuDeviceGetAttribute", attribute, device)
+    if int(result[0]) != 0 and getattr(result[0], "name", "") == UNKNOWN_ATTRIBUTE:
         return None
+    return int(check(result, what))
+
+
+def close_after(error: BaseException, close, what: str) -> None:
+    """Clean up after ``error`` without hiding it: ``close`` runs, and a failure there is
+    added to ``error`` as a note (PEP 678) instead of replacing it. The caller re-raises
+    ``error``."""
+    try:
+        close()
+    except Exception as failure:     # the first error is the one to report
+        error.add_note(f"and then, cleaning up after it ({what}): {failure}")
 
 
 @functools.cache

@@ -21,8 +21,7 @@ CUresult documentation that cuda-python's ``cuda.bindings.driver.CUresult`` carr
   exit 9, warn): ``CUDA_ERROR_NO_DEVICE`` (100: no GPU to test), ``CUDA_ERROR_OUT_OF_MEMORY``
   (2: other processes hold the memory, in a training job possibly the job itself; a
   :class:`GpuOutOfMemory`), ``CUDA_ERROR_STUB_LIBRARY`` (34: the check's own environment
-  loads the toolkit's stub), ``CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER`` (a mechanism this
-  driver lacks), ``CUDA_ERROR_MPS_CONNECTION_FAILED`` (805: MPS daemons are often started
+  loads the toolkit's stub), ``CUDA_ERROR_MPS_CONNECTION_FAILED`` (805: MPS daemons are often started
   per job, Slurm's gres/mps among them, so a prolog's view of them says nothing of the job's).
 - **any other result** is a :class:`CudaError` naming the call and the result; in the A/B it
   makes the GPU arm "not testable" with that cause.
@@ -40,6 +39,11 @@ sysfs: :mod:`gdrprobe.doctor.checks.gpu`); the rules here compare.
 
 Every error :func:`result_error` makes carries the result's name as ``cuda_result`` and the
 call as ``cuda_call``, so that a caller that knows more (sysfs) can apply the rules above.
+
+A driver older than a call is no CUresult (the runtime API's cudaErrorCallRequiresNewerDriver
+has no driver-API twin): the bindings raise when the driver lacks the entry point, and
+:func:`gdrprobe.memory.cuda_driver.attempt` says so. Every name here is a CUresult of a
+supported cuda-python (the binding suite checks it).
 
 A result the installed cuda-python does not know (the driver is newer than the bindings)
 reaches gdrprobe as the bindings' ``ValueError`` ("226 is not a valid CUresult") instead of
@@ -79,8 +83,6 @@ RESULT_ERRORS: dict[str, tuple[type[GdrprobeError], str, str]] = {
                                 "toolkit's stub, not the driver",
                                 "take the toolkit's lib64/stubs directory out of "
                                 "LD_LIBRARY_PATH so the driver's libcuda.so.1 loads"),
-    "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER": (NotTestable, "not testable: the CUDA driver is "
-                                              "older than this call needs", UPGRADE_DRIVER_FIX),
     "CUDA_ERROR_MPS_CONNECTION_FAILED": (NotTestable, "not testable: CUDA MPS is configured "
                                          "but its control daemon cannot be reached",
                                          "start it (nvidia-cuda-mps-control -d) or unset "

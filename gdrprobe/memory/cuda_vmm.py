@@ -8,8 +8,13 @@ when the driver is CUDA 12.0 or newer, cuMemCreate exists and the GPU reports
 and so does :func:`allocation_plan`. ``src/include/alloc.h`` (ncclCuMemAlloc) makes a buffer
 in four steps, which :class:`VmmAllocation` repeats:
 
-1. ``cuMemCreate`` of pinned device memory on the GPU, POSIX file descriptor handles
-   (ncclCuMemHandleType), ``allocFlags.gpuDirectRDMACapable`` set where the GPU reports
+1. ``cuMemCreate`` of pinned device memory on the GPU, POSIX file descriptor handles and,
+   where the GPU reports ``CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED``, FABRIC ones
+   too, allocated again without FABRIC where the platform refuses it
+   (``CUDA_ERROR_NOT_PERMITTED`` or ``CUDA_ERROR_NOT_SUPPORTED``: no IMEX channel), as
+   NCCL's allocator makes the buffers a job registers (``src/allocator.cc`` ncclMemAlloc;
+   NCCL's own buffers take FABRIC on a multi-node NVLink system, ``src/mnnvl.cc``),
+   ``allocFlags.gpuDirectRDMACapable`` set where the GPU reports
    ``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`` (a platform whose IOMMU
    refuses GPU memory without it, Grace-Blackwell's SMMU among them, fails the registration
    otherwise), the size rounded up to the minimum granularity;
@@ -23,11 +28,16 @@ Freed in reverse order on every path.
 
 from __future__ import annotations
 
-from gdrprobe.memory.cuda_driver import device_attribute, driver_version, gpu_pages, version_text
+from gdrprobe.errors import GdrprobeError
+from gdrprobe.memory.cuda_driver import (close_after, device_attribute, driver_version, gpu_pages,
+                                         version_text)
 
 VMM_MIN_DRIVER = 12000     # ncclIsCuMemSupported: "Need CUDA_VISIBLE_DEVICES support"
 VMM_SUPPORTED = "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
 VMM_GDR_SUPPORTED = "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED"
+FABRIC_SUPPORTED = "HANDLE_TYPE_FABRIC_SUPPORTED"
+# cuMemCreate's answers that make ncclMemAlloc allocate again without FABRIC handles.
+FABRIC_REFUSED = ("CUDA_ERROR_NOT_PERMITTED", "CUDA_ERROR_NOT_SUPPORTED")
 NCCL_FALLBACK = "as NCCL does where VMM is unsupported (ncclIsCuMemSupported)"
 
 
@@ -64,16 +74,45 @@ class VmmAllocation:
         self._undo: list[tuple] = []      # (call, *args), undone newest first
         gdr = device_attribute(gpu.bindings, gpu.device, VMM_GDR_SUPPORTED)
         self.gpu_direct_rdma_capable = bool(gdr)
+        self.handle_types = ""     # what cuMemCreate was given, for the allocation's reason
         try:
             self._create()
-        except BaseException:
-            self.close()
+        except BaseException as error:
+            close_after(error, self.close, "undoing the VMM allocation")
             raise
 
     def _location(self, target) -> None:
         d = self._gpu.bindings
         target.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         target.id = self._gpu.ordinal
+
+    def _create_handle(self, prop, size: int):
+        """cuMemCreate as ncclMemAlloc calls it: with FABRIC handles where the GPU has them,
+        again without them where the platform refuses."""
+        d, gpu = self._gpu.bindings, self._gpu
+        posix = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        fabric = getattr(d.CUmemAllocationHandleType, "CU_MEM_HANDLE_TYPE_FABRIC", None)
+        if fabric is not None and device_attribute(d, gpu.device, FABRIC_SUPPORTED):
+            try:
+                prop.requestedHandleTypes = int(posix) | int(fabric)
+            except AttributeError:      # cuda-python 12.6 takes one enum member, no mask
+                self.handle_types = ("POSIX file descriptor handles (this cuda-python cannot "
+                                     "ask for FABRIC beside them)")
+                prop.requestedHandleTypes = posix
+                return gpu.call("cuMemCreate", size, prop, 0, what=f"cuMemCreate({size})")
+            try:
+                handle = gpu.call("cuMemCreate", size, prop, 0, what=f"cuMemCreate({size}, FABRIC)")
+                self.handle_types = "POSIX file descriptor and FABRIC handles"
+                return handle
+            except GdrprobeError as error:
+                if getattr(error, "cuda_result", "") not in FABRIC_REFUSED:
+                    raise
+                refused = error.cuda_result
+            self.handle_types = f"POSIX file descriptor handles, without FABRIC ({refused})"
+        else:
+            self.handle_types = "POSIX file descriptor handles"
+        prop.requestedHandleTypes = posix
+        return gpu.call("cuMemCreate", size, prop, 0, what=f"cuMemCreate({size})")
 
     def _create(self) -> None:
         d, gpu = self._gpu.bindings, self._gpu
@@ -88,7 +127,7 @@ class VmmAllocation:
             d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
             what="cuMemGetAllocationGranularity(MINIMUM)"))
         size = -(-gpu_pages(self.length) // granularity) * granularity
-        handle = gpu.call("cuMemCreate", size, prop, 0, what=f"cuMemCreate({size})")
+        handle = self._create_handle(prop, size)
         self._undo.append(("cuMemRelease", handle))
         ptr = int(gpu.call("cuMemAddressReserve", size, granularity, 0, 0,
                            what=f"cuMemAddressReserve({size})"))

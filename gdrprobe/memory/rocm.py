@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import importlib.metadata
 import os
 from typing import ClassVar
 
@@ -29,8 +30,8 @@ from gdrprobe.sysroot import AMD_GPU_CLASSES, AMD_VENDOR_ID, pci_bus_id
 HIP_LIBRARY = "libamdhip64.so"          # the name hip-python's chip module dlopens
 HSA_LIBRARY = "libhsa-runtime64.so"     # the name RCCL dlopens (rocmwrap.cc)
 HSA_DMABUF_SUPPORTED = 0x204            # HSA_AMD_SYSTEM_INFO_DMABUF_SUPPORTED
-HIP_PYTHON_FIX = ("pip install 'gdrprobe[rocm]' (hip-python, of the ROCm release installed) "
-                  "into the environment gdrprobe runs from")
+HIP_PYTHON_FIX = ("pip install 'gdrprobe[rocm]' 'hip-python==X.Y.*' (X.Y: the node's ROCm release, "
+                  "/opt/rocm/.info/version) into the environment gdrprobe runs from")
 NO_ROCM_FIX = ("install ROCm (libamdhip64.so) on a machine with an AMD GPU, and in a container "
                "pass /dev/kfd and /dev/dri; without a GPU only the host arm can run")
 GENERIC_FIX = "check dmesg for amdgpu errors and 'rocm-smi' for the GPU's state"
@@ -81,14 +82,54 @@ def require_hip_library() -> None:
 
 @functools.cache
 def hip():
-    """hip-python's HIP module after hipInit(0); cached only on success."""
+    """hip-python's HIP module after hipInit(0), its line checked against the HIP runtime's
+    (:func:`require_matching_line`); cached only on success."""
     require_hip_library()
     try:
         from hip import hip as module
     except ImportError as error:
         raise MissingDependency(f"hip-python is not installed ({error})", HIP_PYTHON_FIX) from error
     check(module.hipInit(0), "hipInit(0)")
+    require_matching_line(module, hip_python_version())
     return module
+
+
+def hip_python_version() -> str | None:
+    try:
+        return importlib.metadata.version("hip-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def runtime_line(module) -> tuple[int, int] | None:
+    """The HIP runtime's major.minor (hipRuntimeGetVersion: HIP_VERSION, major * 10000000 +
+    minor * 100000 + patch), which is the ROCm release's; None where it cannot be asked."""
+    try:
+        err, version = module.hipRuntimeGetVersion()
+    except Exception:      # a runtime or binding without the call: nothing to compare
+        return None
+    if int(err) != 0:
+        return None
+    return int(version) // 10000000, int(version) // 100000 % 100
+
+
+def require_matching_line(module, installed: str | None) -> None:
+    """hip-python's releases follow ROCm's (ROCM_MAJOR.MINOR.PATCH.<codegen>.<release>, the
+    hip-python installation guide: one matching the ROCm release's numbers suits it); its
+    Python functions load HIP's lazily, so a pair of another line may still work, but types
+    and enums are generated from its own HIP's headers. A hip-python of another major.minor
+    than the HIP runtime is refused with the line to install."""
+    line = runtime_line(module)
+    parts = (installed or "").split(".")
+    if line is None or len(parts) < 2 or not all(part.isdigit() for part in parts[:2]):
+        return
+    if (int(parts[0]), int(parts[1])) != line:
+        wanted = f"{line[0]}.{line[1]}"
+        raise MissingDependency(
+            f"hip-python {installed} does not match the HIP runtime of ROCm {wanted}",
+            f"pip install 'hip-python=={wanted}.*' into the environment gdrprobe runs from "
+            "(docs/install.md: the hip-python line is the node's ROCm release)",
+            evidence=f"hip-python {installed}; hipRuntimeGetVersion: ROCm {wanted}")
 
 
 @functools.cache
@@ -255,5 +296,13 @@ def open_gpu(selector: str) -> RocmDevice:
     return RocmDevice(module, find_ordinal(module, str(selector)), str(selector))
 
 
-# ROCm behind the seam: AMD's GPU functions, libamdhip64.so, hip-python.
-RUNTIME = GpuRuntime("ROCm", AMD_VENDOR_ID, require_hip_library, open_gpu, AMD_GPU_CLASSES)
+# ROCm behind the seam: AMD's GPU functions, libamdhip64.so, hip-python. The GPUs a process
+# sees: ROCr keeps ROCR_VISIBLE_DEVICES', then HIP keeps HIP_VISIBLE_DEVICES' (or, where
+# that is unset, CUDA_VISIBLE_DEVICES', which HIP reads the same way) among them (HIP
+# documentation, "HIP environment variables"; ROCm's "GPU isolation techniques"). The
+# doctor's side: doctor/facts/rocm.py.
+RUNTIME = GpuRuntime("ROCm", "rocm", AMD_VENDOR_ID, require_hip_library, open_gpu,
+                     AMD_GPU_CLASSES,
+                     visible_devices=("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                      "CUDA_VISIBLE_DEVICES"),
+                     facts="rocm")

@@ -1,17 +1,24 @@
-"""The seam between gdrprobe and a GPU runtime (CUDA today): what a GPU provider asks of one.
+"""The seam between gdrprobe and a GPU runtime (CUDA, ROCm): the one record per runtime, and
+what a GPU provider asks of one.
 
-A runtime finds its library, opens a GPU by ordinal or PCI bus id, and the open GPU
-(:class:`GpuDevice`) allocates, frees, copies in and out, names itself by PCI bus id,
+A runtime is one record (:class:`GpuRuntime`) and one file set: ``memory/<key>.py`` opens
+its GPUs (finds its library, opens a GPU by ordinal or PCI bus id; the open GPU,
+:class:`GpuDevice`, allocates, frees, copies in and out, names itself by PCI bus id,
 reports the attribute that decides DMA-BUF, exports a range as a DMA-BUF and flushes the
-NIC's writes. Every failure is a :class:`gdrprobe.errors.GdrprobeError` the runtime mapped
-from its own result (CUDA: :mod:`gdrprobe.memory.cuda_results`), so a caller never reads a
-runtime's result codes. The shape follows perftest's ``struct memory_ctx`` (src/memory.h):
-one interface, one file per runtime (cuda_memory.c, rocm_memory.c there; :mod:`gdrprobe.memory.cuda`
-and :mod:`gdrprobe.memory.rocm` here).
+NIC's writes), ``doctor/facts/<key>.py`` collects what the doctor reads of its node (its
+inventory, the GPUs its driver lists and lost, its collective library and that library's
+rules: NCCL's, RCCL's in ``nccl/``). Every failure is a :class:`gdrprobe.errors.GdrprobeError`
+the runtime mapped from its own result (:class:`gdrprobe.errors.GpuRuntimeError` the base of
+the rest), so a caller never reads a runtime's result codes. The shape follows perftest's
+``struct memory_ctx`` (src/memory.h): one interface, one file per runtime (cuda_memory.c,
+rocm_memory.c there), and UCX's per-vendor ``uct/`` folders.
 
-Which runtime a node uses is what its PCI bus holds (:func:`machine_runtime`): the GPU
-providers (:mod:`gdrprobe.memory.gpu`, :mod:`gdrprobe.memory.buffers`) and everything above
-them use only this module, so campaigns and the CLI never name a runtime.
+Which runtime a node uses is asked once, here (:func:`machine_runtime`): the one
+GDRPROBE_GPU_RUNTIME names, else the one whose vendor's GPUs the PCI bus holds. The GPU
+providers (:mod:`gdrprobe.memory.gpu`, :mod:`gdrprobe.memory.buffers`), the doctor and
+everything above use only this module, so campaigns and the CLI never name a runtime.
+:data:`RUNTIME_MODULES` is the registry: a new runtime is its file set and one line there
+(docs/ARCHITECTURE.md, "How to add a GPU runtime").
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import importlib
 import mmap
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from gdrprobe.errors import UsageError
@@ -29,12 +36,13 @@ from gdrprobe.sysroot import GPU_CLASSES, PCI_DEVICES_DIR, SysRoot, is_pci_bus_i
 
 HOST_PAGE_BYTES = mmap.PAGESIZE
 
-# One module per runtime, each exposing RUNTIME (a GpuRuntime); imported only when a GPU is
-# opened, so that `import gdrprobe` loads none. The first is the default where the bus
-# shows no GPU of any runtime's vendor: its "no driver" answer is the one a person expects.
+# The registry: one module per runtime, each exposing RUNTIME (a GpuRuntime); imported when
+# the runtime is asked for, which loads no bindings (they load when a GPU is opened), so
+# that `import gdrprobe` loads none. The first is the default where the bus shows no GPU of
+# any runtime's vendor: its "no driver" answer is the one a person expects.
 RUNTIME_MODULES = ("gdrprobe.memory.cuda", "gdrprobe.memory.rocm")
 # Names the runtime where the PCI bus cannot show the GPUs (a container without the GPU's
-# sysfs, the lab's stand-in HIP runtime): cuda or rocm, as the module is named.
+# sysfs, the lab's stand-in HIP runtime): a runtime's key (cuda, rocm).
 RUNTIME_VARIABLE = "GDRPROBE_GPU_RUNTIME"
 
 
@@ -88,21 +96,43 @@ class GpuDevice(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class GpuRuntime:
-    """One GPU runtime: the vendor whose PCI functions it drives, how to tell that its
-    library loads (``require_library`` raises NotTestable with the loader's reason; cheap,
-    no bindings loaded) and how to open one of its GPUs by ordinal or bus id (``open``)."""
+    """One GPU runtime, the record everything that needs the node's runtime asks:
+
+    - ``name`` as people write it (CUDA, ROCm), ``key`` as GDRPROBE_GPU_RUNTIME and the
+      doctor's finding ids (``gpu.<key>``) spell it;
+    - the vendor whose PCI functions of ``gpu_classes`` it drives (``vendor_id``);
+    - ``visible_devices``: the variables by which a process's runtime hides GPUs, in the
+      order the runtime applies them;
+    - ``facts``: the doctor's collector of its node (``doctor/facts/<facts>.py``, or a full
+      dotted module name), which also names its collective library and that library's
+      rules: resolved by the doctor, above this layer;
+    - how to tell that its library loads (``require_library`` raises NotTestable with the
+      loader's reason; cheap, no bindings loaded) and how to open one of its GPUs by
+      ordinal or bus id (``open``)."""
 
     name: str
+    key: str
     vendor_id: int
     require_library: Callable[[], None]
     open: Callable[[str], GpuDevice]
     gpu_classes: tuple[int, ...] = GPU_CLASSES
+    visible_devices: tuple[str, ...] = ()
+    facts: str = ""
 
     def drives(self, root: SysRoot, bdf: str) -> bool:
         """Whether the PCI function is one of this runtime's GPUs."""
         return (read_hex(root, f"{PCI_DEVICES_DIR}/{bdf}/vendor") == self.vendor_id
                 and (read_hex(root, f"{PCI_DEVICES_DIR}/{bdf}/class") or 0) >> 8
                 in self.gpu_classes)
+
+    def bus_gpus(self, root: SysRoot) -> tuple[str, ...]:
+        """This runtime's GPU functions on the PCI bus, in bus order, whatever their driver
+        says of them (a GPU the driver lost stays on the bus)."""
+        return tuple(bdf for bdf in pci_functions(root) if self.drives(root, bdf))
+
+    def hidden_by(self, environ: Mapping[str, str]) -> tuple[str, ...]:
+        """Which of its visible-devices variables the environment sets."""
+        return tuple(name for name in self.visible_devices if name in environ)
 
 
 def read_hex(root: SysRoot, path: str) -> int | None:
@@ -112,33 +142,42 @@ def read_hex(root: SysRoot, path: str) -> int | None:
         return None
 
 
+def pci_functions(root: SysRoot) -> list[str]:
+    return sorted(name for name in root.listdir(PCI_DEVICES_DIR) if is_pci_bus_id(name))
+
+
 def runtimes() -> list[GpuRuntime]:
+    """Every registered runtime, in the registry's order."""
     return [importlib.import_module(name).RUNTIME for name in RUNTIME_MODULES]
 
 
-def named_runtime_module() -> str | None:
-    """The module of the runtime GDRPROBE_GPU_RUNTIME names, or None where it is unset;
-    another value is refused before anything is probed."""
-    named = os.environ.get(RUNTIME_VARIABLE, "").strip().lower()
+def named_runtime(environ: Mapping[str, str] | None = None) -> GpuRuntime | None:
+    """The runtime GDRPROBE_GPU_RUNTIME names (by key, any case), or None where it is
+    unset; another value is refused before anything is probed."""
+    environ = os.environ if environ is None else environ
+    named = environ.get(RUNTIME_VARIABLE, "").strip().lower()
     if not named:
         return None
-    modules = {module.rsplit(".", 1)[1]: module for module in RUNTIME_MODULES}
-    if named not in modules:
-        raise UsageError(f"{RUNTIME_VARIABLE}={os.environ[RUNTIME_VARIABLE]!r} names no GPU runtime",
-                         f"set it to one of {', '.join(modules)}, or unset it to take the runtime "
+    known = {runtime.key: runtime for runtime in runtimes()}
+    if named not in known:
+        raise UsageError(f"{RUNTIME_VARIABLE}={environ[RUNTIME_VARIABLE]!r} names no GPU runtime",
+                         f"set it to one of {', '.join(known)}, or unset it to take the runtime "
                          "of the GPUs on the PCI bus")
-    return modules[named]
+    return known[named]
 
 
-def machine_runtime(root: SysRoot | None = None) -> GpuRuntime:
-    """The runtime GDRPROBE_GPU_RUNTIME names, else the runtime of the GPUs on this node's
-    PCI bus; the default (the first) where there are none, so that its own "no driver"
-    answer says what is missing."""
-    named = named_runtime_module()
+def machine_runtime(root: SysRoot | None = None,
+                    environ: Mapping[str, str] | None = None) -> GpuRuntime:
+    """This node's runtime, the one answer to "which runtime is this node": the one
+    GDRPROBE_GPU_RUNTIME names (in ``environ``, the process's by default), else the runtime
+    whose vendor's GPUs are on the PCI bus (whether or not its driver still lists them: a
+    node whose amdgpu failed is still AMD's); the default (the first) where there are none,
+    so that its own "no driver" answer says what is missing."""
+    named = named_runtime(environ)
     if named is not None:
-        return importlib.import_module(named).RUNTIME
+        return named
     root = root or SysRoot()
-    functions = [name for name in root.listdir(PCI_DEVICES_DIR) if is_pci_bus_id(name)]
+    functions = pci_functions(root)
     known = runtimes()
     for runtime in known:
         if any(runtime.drives(root, bdf) for bdf in functions):

@@ -140,6 +140,8 @@ class MemoryPaths:
         dmabuf (preferred, net.cc useDmaBuf), peermem, or None."""
         if not self.nic_gdr(nic, gpu):
             return None
+        if self.peermem_file is not None and self.rules.prefers_peermem:
+            return "peermem"
         return "dmabuf" if self.registers_dmabuf(nic, gpu) else "peermem"
 
     def mechanism(self, nic: str, gpu: str) -> str | None:
@@ -158,7 +160,8 @@ class MemoryPaths:
             return (f"{who} registers GPU memory through DMA-BUF (src/transport/net.cc useDmaBuf, src/init.cc "
                     f"dmaBufSupported): NCCL_DMABUF_ENABLE is not 0, {self.gpu_half(gpu).reason}, {nic_side}; "
                     + peermem)
-        blockers = self.dmabuf_blockers(nic, gpu)
+        blockers = self.dmabuf_blockers(nic, gpu) or [
+            f"{who} registers through peer memory wherever it has it (DMA-BUF is its fallback)"]
         return (f"{who} registers GPU memory through peer memory ({self.peermem_file}, net.cc ncclNetRegMr): "
                 f"DMA-BUF is not used because {'; '.join(blockers)} (information only: not measured)")
 

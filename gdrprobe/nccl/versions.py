@@ -132,6 +132,9 @@ class NcclRules:
     # The send-side rule of NCCL_NET_GDR_READ's default (read_refusal in nccl/decision.py);
     # RCCL's HIP build compiles it out.
     gdr_read_needs_nvlink = True
+    # Where peer memory and DMA-BUF both hold, NCCL registers through DMA-BUF (net.cc
+    # useDmaBuf); RCCL from ROCm 7.12 through peer memory (gdrprobe.nccl.rccl).
+    prefers_peermem = False
 
     @property
     def name(self) -> str:

@@ -42,9 +42,18 @@ STACK_PEERMEM = "stack.peermem"
 STACK_NV_PEER_MEM = "stack.nv_peer_mem"
 STACK_GDRCOPY = "stack.gdrcopy"
 
-# ---- gpu: the CUDA driver's and NVML's facts ------------------------------------------
-GPU_CUDA = "gpu.cuda"
+# ---- gpu: the GPU runtime's, the CUDA driver's and NVML's facts -------------------------
 GPU_NVML = "gpu.nvml"
+
+
+def gpu_runtime(key: str) -> str:
+    """Whether the node's GPU runtime lists the GPUs the bus holds: gpu.cuda, gpu.rocm (a
+    runtime's key, gdrprobe.memory.runtime)."""
+    return f"{GPU}.{key}"
+
+
+GPU_CUDA = gpu_runtime("cuda")
+GPU_ROCM = gpu_runtime("rocm")
 
 # ---- memlock, iommu, acs ----------------------------------------------------------------
 MEMLOCK_LIMIT = "memlock.limit"

@@ -39,6 +39,7 @@ def load_standin():
     library.standin_set_alloc_offset.argtypes = [ctypes.c_size_t]
     library.standin_vmm_gdr_capable.argtypes = [ctypes.c_ulonglong]
     library.standin_vmm_state.argtypes = [ctypes.c_ulonglong]
+    library.standin_vmm_handle_types.argtypes = [ctypes.c_ulonglong]
     return library
 
 

@@ -40,10 +40,11 @@ typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
 
 enum {
     ALLOCATION_TYPE_PINNED = 1, LOCATION_TYPE_DEVICE = 1, HANDLE_TYPES_KNOWN = 0xF,
+    HANDLE_TYPE_FABRIC = 0x8, ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128,
     ACCESS_NONE = 0, ACCESS_READ = 1, ACCESS_READWRITE = 3, GRANULARITY_RECOMMENDED = 1,
 };
 
-struct physical { int live, device, memfd, gdr_capable, released, mappings; size_t size; };
+struct physical { int live, device, memfd, gdr_capable, released, mappings, handle_types; size_t size; };
 struct reservation { int live; void *base; size_t mapped; CUdeviceptr start; size_t size; };
 struct mapping { int live, physical, accessible; CUdeviceptr start; size_t size; };
 
@@ -130,6 +131,9 @@ static CUresult cuMemCreate_(CUmemGenericAllocationHandle *handle, size_t size,
         return NOT_SUPPORTED;
     if (prop->allocFlags.gpuDirectRDMACapable && !attributes[device][110])
         return NOT_SUPPORTED;                           /* no GPUDirect RDMA for VMM memory */
+    if ((prop->requestedHandleTypes & HANDLE_TYPE_FABRIC)
+        && !attributes[device][ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED])
+        return NOT_SUPPORTED;                           /* no fabric handles on this GPU */
     pthread_mutex_lock(&vmm_lock);
     CUresult result = OUT_OF_MEMORY;
     for (int i = 0; i < MAX_VMM; i++) {
@@ -138,7 +142,8 @@ static CUresult cuMemCreate_(CUmemGenericAllocationHandle *handle, size_t size,
         int memfd = memfd_create("gdrprobe-standin-vmm-memory", MFD_CLOEXEC);
         if (memfd >= 0 && ftruncate(memfd, (off_t)size) == 0) {
             physicals[i] = (struct physical){1, device, memfd,
-                                             prop->allocFlags.gpuDirectRDMACapable, 0, 0, size};
+                                             prop->allocFlags.gpuDirectRDMACapable, 0, 0,
+                                             prop->requestedHandleTypes, size};
             *handle = (CUmemGenericAllocationHandle)i + 1;
             result = SUCCESS;
         } else if (memfd >= 0) {
@@ -333,6 +338,13 @@ int standin_vmm_gdr_capable(CUdeviceptr ptr)
 {
     struct mapping *m = mapping_starting_at(ptr);
     return m ? physicals[m->physical].gdr_capable : -1;
+}
+
+/* The handle types the VMM allocation mapped at ptr asked for; -1: none mapped there. */
+int standin_vmm_handle_types(CUdeviceptr ptr)
+{
+    struct mapping *m = mapping_starting_at(ptr);
+    return m ? physicals[m->physical].handle_types : -1;
 }
 
 /* Whether the VMM memory at ptr is mapped (1) and accessible (2); 0: not mapped. */

@@ -106,20 +106,6 @@ def test_a_dmabuf_export_is_host_page_aligned_and_a_file_descriptor(standin, gpu
             os.close(fd)
 
 
-def test_the_pcie_mapping_flag_is_passed_where_driver_and_bindings_have_it(standin, gpu):
-    with gpu.allocate("device", GPU_PAGE) as buffer:
-        if getattr(cuda_driver.import_driver(), "CUmemRangeFlags", None) is None:
-            with pytest.raises(NotTestable, match="lacks the flag"):
-                gpu.export_dmabuf(buffer.ptr, GPU_PAGE, pcie_mapping=True)
-            return
-        fd, _ = gpu.export_dmabuf(buffer.ptr, GPU_PAGE, pcie_mapping=True)
-        os.close(fd)
-        assert standin.last_export()[2] == 1
-        standin.set_driver_version(12040)
-        with pytest.raises(NotTestable, match="needs CUDA 12.8"):
-            gpu.export_dmabuf(buffer.ptr, GPU_PAGE, pcie_mapping=True)
-
-
 @pytest.mark.parametrize("ordering, flushed", [(0, 1), (100, 0), (200, 0)])
 def test_the_flush_goes_to_the_owner_only_when_writes_are_unordered(standin, ordering, flushed):
     standin.set_attribute(118, ordering)

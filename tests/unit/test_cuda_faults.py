@@ -13,7 +13,9 @@ import gdrprobe
 from gdrprobe.campaign import machine
 from gdrprobe.campaign.ab import plan_arms, run_ab
 from gdrprobe.doctor.checks import gpu
-from gdrprobe.doctor.facts.context import CUDA_FACTS_FILE, DoctorContext, collect_cuda_facts
+from gdrprobe.doctor.facts import cuda as cuda_collector
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.doctor.facts.cuda import FACTS_FILE as CUDA_FACTS_FILE, collect_cuda_facts
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GpuUnusable
 from gdrprobe.memory.causes import DMABUF_EXPORT_REFUSED, dmabuf_export_refused
 from gdrprobe.memory.cuda_results import lost_gpus_error, missing_gpus_error
@@ -101,7 +103,7 @@ def test_no_device_on_a_machine_without_an_nvidia_gpu_stays_a_skip(tmp_path):
     tree = pix_node(tmp_path, pairs=0)
     tree.write(CUDA_FACTS_FILE, json.dumps(cuinit_failed("CUDA_ERROR_NO_DEVICE")))
     ctx = doctor(tmp_path)
-    assert cuda_finding(ctx).status is Status.SKIP and gpu.cuda_gpu_fault(ctx) is None
+    assert cuda_finding(ctx).status is Status.SKIP and gpu.runtime_gpu_fault(ctx) is None
 
 
 def test_the_doctor_fails_gpu_cuda_where_cuda_lists_fewer_gpus(tmp_path):
@@ -113,7 +115,7 @@ def test_the_doctor_fails_gpu_cuda_where_cuda_lists_fewer_gpus(tmp_path):
 def test_the_same_gpus_in_any_order_are_no_finding(tmp_path):
     two_gpu_node(tmp_path, cuda_lists(GPU1, GPU0))
     ctx = doctor(tmp_path)
-    assert gpu.cuda_gpu_fault(ctx) is None
+    assert gpu.runtime_gpu_fault(ctx) is None
     assert "gpu.cuda" not in [f.id for f in gpu.check(ctx)]
 
 
@@ -121,8 +123,8 @@ def test_a_gpu_handed_to_a_virtual_machine_is_not_cudas(tmp_path):
     tree = two_gpu_node(tmp_path, cuda_lists(GPU0))
     tree.path(f"{tree.devices[GPU1]}/driver").unlink()
     tree.symlink(f"{tree.devices[GPU1]}/driver", "/sys/bus/pci/drivers/vfio-pci")
-    assert gpu.gpus_for_cuda(doctor(tmp_path)) == (GPU0,)
-    assert gpu.cuda_gpu_fault(doctor(tmp_path)) is None
+    assert cuda_collector.gpus_for_cuda(doctor(tmp_path)) == (GPU0,)
+    assert gpu.runtime_gpu_fault(doctor(tmp_path)) is None
 
 
 def test_the_drivers_procfs_list_says_which_gpus_this_process_was_given(tmp_path):
@@ -130,8 +132,8 @@ def test_the_drivers_procfs_list_says_which_gpus_this_process_was_given(tmp_path
     (the driver names them with a 32-bit domain)."""
     tree = two_gpu_node(tmp_path, cuda_lists(GPU1))
     tree.write("/proc/driver/nvidia/gpus/00000000:2d:00.0/information", "Model: H100\n")
-    assert gpu.gpus_for_cuda(doctor(tmp_path)) == (GPU1,)
-    assert gpu.cuda_gpu_fault(doctor(tmp_path)) is None
+    assert cuda_collector.gpus_for_cuda(doctor(tmp_path)) == (GPU1,)
+    assert gpu.runtime_gpu_fault(doctor(tmp_path)) is None
 
 
 @pytest.mark.parametrize("environ, facts, why", [
@@ -144,8 +146,8 @@ def test_the_drivers_procfs_list_says_which_gpus_this_process_was_given(tmp_path
 def test_where_cudas_view_is_not_the_nodes_nothing_is_compared(tmp_path, environ, facts, why):
     two_gpu_node(tmp_path, facts)
     ctx = doctor(tmp_path, environ)
-    assert why in gpu.why_not_compared(ctx, ctx.cuda_facts)
-    assert gpu.cuda_gpu_fault(ctx) is None
+    assert why in cuda_collector.why_not_compared(ctx, ctx.cuda_facts)
+    assert gpu.runtime_gpu_fault(ctx) is None
 
 
 def test_the_doctors_cuda_facts_keep_the_result_the_driver_answered():
@@ -159,7 +161,7 @@ def test_a_gpu_the_driver_fails_on_while_listing_them_names_that_call(tmp_path):
     facts = collect_cuda_facts(FakeDriver(fail={"cuDeviceGetName":
                                                 FakeResult.CUDA_ERROR_UNKNOWN}))
     two_gpu_node(tmp_path, facts)
-    fault = gpu.cuda_gpu_fault(doctor(tmp_path))
+    fault = gpu.runtime_gpu_fault(doctor(tmp_path))
     assert "cuDeviceGetName returned CUDA_ERROR_UNKNOWN" in fault.cause
 
 

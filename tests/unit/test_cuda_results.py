@@ -40,7 +40,6 @@ def test_check_names_the_call_and_the_error(result, error_class, words):
 class StartUpResult(enum.IntEnum):
     """CUresult names and values of cuda.h for the results cuInit can return at start-up."""
     CUDA_ERROR_STUB_LIBRARY = 34
-    CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER = 36
     CUDA_ERROR_DEVICE_UNAVAILABLE = 46
     CUDA_ERROR_SYSTEM_NOT_READY = 802
     CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803
@@ -59,7 +58,6 @@ def start_up_error(result, error_class, words: str):
 
 @pytest.mark.parametrize("result, words", [
     (StartUpResult.CUDA_ERROR_STUB_LIBRARY, "stub"),
-    (StartUpResult.CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "older than this call needs"),
     (StartUpResult.CUDA_ERROR_MPS_CONNECTION_FAILED, "MPS"),
 ])
 def test_start_up_results_of_the_checks_own_environment_are_not_testable(result, words):

@@ -20,8 +20,8 @@ from tests.unit.doctor import machines
 from tests.unit.machine import no_rdma_device_only
 
 BUS = tuple(f"0000:{bus:02x}:00.0" for bus in (0x1b, 0x43, 0x52, 0x61))
-CUDA = gate.GpuFacts(cuda_bus_ids=BUS, sysfs_bus_ids=BUS)
-NO_CUDA = gate.GpuFacts(cuda_bus_ids=None, sysfs_bus_ids=BUS, cuda_error="no CUDA driver")
+CUDA = gate.GpuFacts(runtime_bus_ids=BUS, sysfs_bus_ids=BUS)
+NO_CUDA = gate.GpuFacts(runtime_bus_ids=None, sysfs_bus_ids=BUS, runtime_error="no CUDA driver")
 DECISIONS = {bus: gate.NicChoice(f"mlx5_{i}", f"NCCL: mlx5_{i} is PIX to {bus}")
              for i, bus in enumerate(BUS)}
 
@@ -35,7 +35,7 @@ def test_torchrun_local_rank_picks_the_ordinal_and_nccls_nic():
 
 def test_slurm_task_bound_to_one_gpu_uses_it_whatever_its_rank():
     # srun --gpus-per-task=1: CUDA sees only the task's GPU, the driver maps it.
-    facts = gate.GpuFacts(cuda_bus_ids=(BUS[3],), sysfs_bus_ids=BUS)
+    facts = gate.GpuFacts(runtime_bus_ids=(BUS[3],), sysfs_bus_ids=BUS)
     pair = gate.rank_pair({"SLURM_LOCALID": "3", "CUDA_VISIBLE_DEVICES": "3"}, facts, DECISIONS)
     assert (pair.rank, pair.cuda_ordinal, pair.gpu, pair.nic) == ("SLURM_LOCALID=3", 0, BUS[3],
                                                                    "mlx5_3")

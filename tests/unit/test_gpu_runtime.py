@@ -2,11 +2,13 @@
 and only the runtime's own files name it."""
 
 import ast
+import json
 import pathlib
 
 import pytest
 
-from gdrprobe.errors import GpuOutOfMemory, HipError, NotTestable
+from gdrprobe.errors import GpuOutOfMemory, GpuUnusable, HipError, NotTestable
+from gdrprobe.report.model import Status
 from gdrprobe.memory import cuda, cuda_driver, rocm, runtime
 from gdrprobe.sysroot import SysRoot
 
@@ -24,7 +26,7 @@ def not_asked(*args):
     raise AssertionError("not asked")
 
 
-OTHER = runtime.GpuRuntime("other", 0x1002, not_asked, not_asked)
+OTHER = runtime.GpuRuntime("other", "other", 0x1002, not_asked, not_asked)
 
 
 @pytest.fixture
@@ -155,7 +157,86 @@ def test_a_variable_naming_no_runtime_is_refused_before_anything_is_probed(monke
     from gdrprobe.errors import UsageError
 
     monkeypatch.setenv(runtime.RUNTIME_VARIABLE, "opencl")
-    monkeypatch.setattr(runtime, "runtimes", not_asked)
+    monkeypatch.setattr(runtime, "pci_functions", not_asked)
+    monkeypatch.setattr(runtime, "machine_runtime", not_asked)
     with pytest.raises(UsageError, match="GDRPROBE_GPU_RUNTIME='opencl' names no GPU runtime") as raised:
         gdrprobe.check("0", token="t" * 16)
     assert raised.value.fix.startswith("set it to one of cuda, rocm")
+
+
+# ---- a new runtime is one file set and one registry line (issue 42) ----------------------
+
+
+@pytest.fixture
+def third_runtime(monkeypatch, tmp_path):
+    """The registry with one more line: the fake third runtime's module."""
+    from tests.unit.fakes import third_runtime as third
+
+    monkeypatch.setattr(runtime, "RUNTIME_MODULES", (*runtime.RUNTIME_MODULES, third.MODULE))
+    monkeypatch.delenv(runtime.RUNTIME_VARIABLE, raising=False)
+    pci_function(tmp_path, "0000:00:1f.0", "0x8086", "0x060100")       # Intel's bridge: no GPU
+    pci_function(tmp_path, "0000:4d:00.0", "0x8086", f"0x{third.DISPLAY_CLASS:06x}")
+    pci_function(tmp_path, "0000:4e:00.0", "0x8086", f"0x{third.DISPLAY_CLASS:06x}")
+    return third
+
+
+def test_the_memory_seam_opens_a_registered_runtimes_gpu(third_runtime, tmp_path, monkeypatch):
+    assert runtime.machine_runtime(SysRoot(str(tmp_path))) is third_runtime.RUNTIME
+    monkeypatch.setattr(runtime, "SysRoot", lambda: SysRoot(str(tmp_path)))
+    with runtime.open_gpu("0000:4d:00.0") as gpu:
+        assert gpu.bus_id == "0000:4d:00.0"
+    assert third_runtime.OPENED[-1] == "0000:4d:00.0"
+    monkeypatch.setenv(runtime.RUNTIME_VARIABLE, "Third")
+    assert runtime.machine_runtime(SysRoot(str(tmp_path / "empty"))) is third_runtime.RUNTIME
+
+
+def test_the_doctor_and_the_campaigns_ask_a_registered_runtime(third_runtime, tmp_path):
+    from gdrprobe.campaign import machine
+    from gdrprobe.doctor.facts.context import DoctorContext
+
+    (tmp_path / third_runtime.LISTED_FILE.lstrip("/")).parent.mkdir(parents=True)
+    (tmp_path / third_runtime.LISTED_FILE.lstrip("/")).write_text("0000:4d:00.0\n")
+    ctx = DoctorContext(SysRoot(str(tmp_path)), {})
+    # what a capture of the node kept of its live call, which a replay reads
+    (tmp_path / third_runtime.FACTS_FILE.lstrip("/")).parent.mkdir(parents=True)
+    (tmp_path / third_runtime.FACTS_FILE.lstrip("/")).write_text(json.dumps(third_runtime.collect(ctx)))
+    assert ctx.runtime is third_runtime.RUNTIME and ctx.gpu_collector is third_runtime
+    assert [gpu.bdf for gpu in ctx.topology.gpus] == ["0000:4d:00.0"]      # what its driver lists
+    facts = machine.machine_facts(str(tmp_path), {})
+    assert facts.gpus.runtime_bus_ids == ("0000:4d:00.0",)
+    lost = next(f for f in facts.findings if f.id == "gpu.third")
+    assert lost.status is Status.FAIL and "lost 0000:4e:00.0" in lost.summary
+    with pytest.raises(GpuUnusable, match="the third runtime lost 0000:4e:00.0") as raised:
+        machine.require_gpus(facts)
+    assert int(raised.value.exit_code) == 11
+
+
+# ---- the hip-python line is the node's ROCm release (issue 39 item 8) --------------------
+
+
+class FakeHip:
+    """hip-python's module as far as the line check asks it: HIP's runtime version."""
+
+    def __init__(self, version: int | None):
+        self.version = version
+
+    def hipRuntimeGetVersion(self):
+        if self.version is None:
+            raise RuntimeError("hipRuntimeGetVersion is not in this runtime")
+        return HipResult(0, "hipSuccess"), self.version
+
+
+@pytest.mark.parametrize("installed", ["10.0.0.0.1.2", "7.2.2.562.43", "6.3.3.540.31"])
+def test_a_hip_python_of_another_line_than_rocms_is_refused_with_the_line_to_install(installed):
+    from gdrprobe.errors import MissingDependency
+
+    with pytest.raises(MissingDependency, match=f"hip-python {installed} does not match the HIP "
+                                                "runtime of ROCm 6.4") as raised:
+        rocm.require_matching_line(FakeHip(60443483), installed)      # ROCm 6.4.1's HIP
+    assert "pip install 'hip-python==6.4.*'" in raised.value.fix
+
+
+@pytest.mark.parametrize("installed, version", [("6.4.1.552.39", 60443483), ("7.1.0.555.40", 70151831),
+                                                ("10.0.0.0.1.2", None), (None, 60443483)])
+def test_a_matching_line_or_nothing_to_compare_is_accepted(installed, version):
+    rocm.require_matching_line(FakeHip(version), installed)

@@ -7,7 +7,7 @@ import pytest
 
 from gdrprobe.campaign import gate
 
-FOUR_GPUS = gate.GpuFacts(cuda_bus_ids=tuple(f"0000:{bus:02x}:00.0" for bus in (0x1b, 0x43, 0x52,
+FOUR_GPUS = gate.GpuFacts(runtime_bus_ids=tuple(f"0000:{bus:02x}:00.0" for bus in (0x1b, 0x43, 0x52,
                                                                                 0x61)),
                           sysfs_bus_ids=())
 

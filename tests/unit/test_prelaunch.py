@@ -50,7 +50,7 @@ def test_a_pxn_peer_this_process_cannot_see_leaves_the_sends_unmeasured(tmp_path
     nm.hgx_8gpu_4nic(tmp_path)
     facts = machine_facts(str(tmp_path), {})
     alone = dataclasses.replace(facts, gpus=dataclasses.replace(
-        facts.gpus, cuda_bus_ids=("0000:1d:00.0",)))      # CUDA_VISIBLE_DEVICES: this GPU only
+        facts.gpus, runtime_bus_ids=("0000:1d:00.0",)))      # CUDA_VISIBLE_DEVICES: this GPU only
     report = check(alone, "0000:1d:00.0", locks)
     assert gpu_arm_buffers(runs) == {("host", "0000:1d:00.0")}
     assert report.placement.send_gpu is None

@@ -3,10 +3,11 @@
 the BAR1 aperture the NIC reads GPU memory through (NVML's total and used, else the size
 sysfs shows).
 
-Also whether CUDA lists the GPUs the PCI bus has (:func:`cuda_gpu_fault`): the GPUs sysfs
-lists that CUDA should see are compared with CUDA's answer by the rules of
-:mod:`gdrprobe.memory.cuda_results`; a GPU lost to CUDA fails ``gpu.cuda`` and the gate
-drains on it (exit 11).
+Also whether the node's GPU runtime lists the GPUs the PCI bus has (its collector's
+``lost_gpus``: CUDA's answer against the NVIDIA GPUs sysfs lists, by the rules of
+:mod:`gdrprobe.memory.cuda_results`; amdkfd's GPUs against the AMD GPUs on the bus); a GPU
+lost to the runtime fails ``gpu.<runtime>`` (``gpu.cuda``, ``gpu.rocm``) and the gate drains
+on it (exit 11).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import functools
 from typing import Any
 
 from gdrprobe.doctor.checks.probe_needs import MiB, PROBE_ARM_PINNED_BYTES, format_mib
-from gdrprobe.doctor.facts import nvml, pci
+from gdrprobe.doctor.facts import cuda, nvml, pci
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.errors import GpuUnusable
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
-from gdrprobe.sysroot import pci_bus_id
 
 GROUP = ids.GPU
 finding = functools.partial(Finding, group=GROUP)
@@ -176,77 +176,28 @@ def no_driver_finding(facts: dict[str, Any] | None) -> Finding:
                    evidence=(Evidence("cuInit(0)", reason),))
 
 
-# ---- the GPUs CUDA should list ------------------------------------------------
-
-# Drivers that hand a PCI function to a virtual machine: such a GPU is not this host's CUDA's.
-PASSTHROUGH_DRIVERS = ("vfio-pci", "pci-stub")
-# The NVIDIA driver's own list of its GPUs, a directory per bus id. The NVIDIA container
-# runtime shows a container only the GPUs it was given there (libnvidia-container
-# src/nvc_mount.c: mount_procfs covers /proc/driver/nvidia with a tmpfs, mount_procfs_gpu
-# binds back each given GPU's directory).
-NVIDIA_PROCFS_GPUS = "/proc/driver/nvidia/gpus"
-# cuDeviceGetName of a MIG device ("NVIDIA A100-SXM4-80GB MIG 1g.10gb"): a process
-# enumerates one MIG device (MIG user guide, "CUDA Device Enumeration"), so CUDA's count
-# says nothing of the GPUs then.
-MIG_NAME_WORD = "MIG"
+# ---- the GPUs the runtime should list -------------------------------------------------
 
 
-def bound_driver(ctx: DoctorContext, bdf: str) -> str | None:
-    """The kernel driver a PCI function is bound to (its sysfs ``driver`` link), or None."""
-    link = ctx.root.readlink(f"{pci.device_dir(bdf)}/driver")
-    return link.rstrip("/").rsplit("/", 1)[-1] if link else None
+def runtime_gpu_fault(ctx: DoctorContext) -> GpuUnusable | None:
+    """The node fault where the node's GPU runtime lost GPUs the PCI bus holds (its
+    collector's ``lost_gpus``), or None."""
+    return ctx.gpu_collector.lost_gpus(ctx)
 
 
-def gpus_for_cuda(ctx: DoctorContext) -> tuple[str, ...]:
-    """The NVIDIA GPUs in sysfs that CUDA should list: not handed to a virtual machine and,
-    where the driver's procfs list exists, in it."""
-    driver_listed = {pci_bus_id(name) for name in ctx.root.listdir(NVIDIA_PROCFS_GPUS)}
-    return tuple(gpu.bdf for gpu in ctx.topology.gpus
-                 if pci.is_nvidia_gpu(ctx.root, gpu.bdf)
-                 and bound_driver(ctx, gpu.bdf) not in PASSTHROUGH_DRIVERS
-                 and (not driver_listed or gpu.bdf in driver_listed))
-
-
-def why_not_compared(ctx: DoctorContext, facts: dict[str, Any]) -> str | None:
-    """Why CUDA's view cannot be held against sysfs here, or None when it can."""
-    if "CUDA_VISIBLE_DEVICES" in ctx.process_environ:
-        # CUDA shows the devices it lists, none when empty (CUDA C++ Programming Guide,
-        # CUDA_VISIBLE_DEVICES): the view is the job's choice, not the node's.
-        return "CUDA_VISIBLE_DEVICES is set"
-    if ctx.container.kind is not None:
-        return f"in a {ctx.container.kind} container sysfs lists the host's GPUs"
-    if any(MIG_NAME_WORD in gpu.get("name", "").split() for gpu in facts.get("gpus", ())):
-        return "MIG devices: CUDA enumerates one per process"
-    return None
-
-
-def cuda_gpu_fault(ctx: DoctorContext) -> GpuUnusable | None:
-    """The node fault where CUDA lost GPUs sysfs lists: cuInit failing with a lost-GPU
-    result, or fewer GPUs than sysfs has (:mod:`gdrprobe.memory.cuda_results`)."""
-    from gdrprobe.memory.cuda_results import lost_gpus_error, missing_gpus_error
-
-    facts = ctx.cuda_facts or {}
-    if not facts or why_not_compared(ctx, facts):
-        return None
-    expected = gpus_for_cuda(ctx)
-    if "gpus" in facts:
-        return missing_gpus_error([gpu["pci_bus_id"] for gpu in facts["gpus"]], expected)
-    return lost_gpus_error(facts.get("result", ""), expected, facts.get("call", "cuInit(0)"))
-
-
-def lost_gpu_finding(fault: GpuUnusable) -> Finding:
-    return finding(id=ids.GPU_CUDA, status=Status.FAIL, summary=fault.cause,
-                   evidence=(Evidence("sysfs and the CUDA driver", fault.evidence),),
+def lost_gpu_finding(ctx: DoctorContext, fault: GpuUnusable) -> Finding:
+    return finding(id=ids.gpu_runtime(ctx.runtime.key), status=Status.FAIL, summary=fault.cause,
+                   evidence=(Evidence(f"sysfs and {ctx.runtime.name}", fault.evidence),),
                    fix=fault.fix)
 
 
 def check(ctx: DoctorContext) -> list[Finding]:
     facts = ctx.cuda_facts
     findings: list[Finding] = []
-    fault = cuda_gpu_fault(ctx)
+    fault = runtime_gpu_fault(ctx)
     if fault is not None:
-        findings.append(lost_gpu_finding(fault))
-    elif not facts or "error" in facts:
+        findings.append(lost_gpu_finding(ctx, fault))
+    elif ctx.gpu_collector is cuda and (not facts or "error" in facts):
         findings.append(no_driver_finding(facts))
     if facts and "gpus" in facts:
         for gpu in facts["gpus"]:

@@ -340,8 +340,10 @@ def library_finding(ctx: DoctorContext) -> Finding:
     its version follows (:mod:`gdrprobe.doctor.facts.nccl_library`, :mod:`gdrprobe.nccl.versions`)."""
     library, rules = ctx.nccl_library, ctx.nccl_rules
     name, file = library.library, "librccl" if library.library == "RCCL" else "libnccl"
-    follows = rules.described if ctx.amd_node else "NCCL 2.30.7"
-    amd = (Evidence("/sys/class/kfd/kfd/topology/nodes", "GPUs listed by amdkfd: RCCL's node"),) if ctx.amd_node else ()
+    rccl = rules.library == "RCCL"
+    follows = rules.described if rccl else "NCCL 2.30.7"
+    amd = (Evidence("/sys/bus/pci/devices", f"{ctx.runtime.name}'s GPUs on the PCI bus: RCCL's "
+                                            "node"),) if rccl else ()
     differences = tuple(Evidence("differs from 2.30.7", what) for what in library.differences)
     shadowed = tuple(Evidence("also present, not loaded", other) for other in library.shadowed)
     pythons = python_evidence(library)
@@ -367,7 +369,7 @@ def library_finding(ctx: DoctorContext) -> Finding:
                        evidence=where + ((Evidence("version", library.version_from),) if library.version_from else ())
                        + shadowed,
                        fix=f"Check that it is a {file}; --nccl PATH names the one the job loads.")
-    if ctx.amd_node:
+    if rccl:
         said = f"the decisions below follow {rules.described}"
     else:
         said = ("the decisions below follow its rules where they differ from 2.30.7"
@@ -376,7 +378,7 @@ def library_finding(ctx: DoctorContext) -> Finding:
                    summary=f"the job will load {name} {library.version} from {library.path} ({library.source}); "
                            + said,
                    evidence=where + (Evidence("version read from", library.version_from),) + shadowed + differences
-                   + (() if ctx.amd_node else (Evidence("cuMem", rules.cumem_default),)))
+                   + (() if rccl else (Evidence("cuMem", rules.cumem_default),)))
 
 
 def python_evidence(library: NcclLibrary) -> tuple[Evidence, ...]:

@@ -6,3 +6,6 @@ procfs, the CUDA driver, NVML, NCCL's NIC probe) and says where it came from;
 No collector judges: the checks (:mod:`gdrprobe.doctor.checks`) and NCCL's rules
 (:mod:`gdrprobe.nccl`) do.
 """
+
+# Where a capture keeps, inside the captured tree, what only a live call tells.
+CAPTURE_DIR = "/gdrprobe-capture"

@@ -1,5 +1,6 @@
-"""What every doctor check reads from: the file-system root, the environment, and the
-facts only a live call can give (the CUDA driver, NVML, NCCL's NIC DMA-BUF probe).
+"""What every doctor check reads from: the file-system root, the environment, the node's GPU
+runtime (asked once: :attr:`DoctorContext.runtime`) and its facts collector, and the facts
+only a live call can give (the GPU runtime's, NVML, NCCL's NIC DMA-BUF probe).
 
 On the live machine the environment is ``os.environ`` and those facts come from the
 driver, NVML and verbs. When ``--root`` points at a captured tree, they come from the
@@ -11,42 +12,38 @@ them (:func:`gdrprobe.nccl.env.with_conf_files`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
 from typing import Any
 from collections.abc import Mapping
 
-from gdrprobe.doctor.facts import pci
+from types import ModuleType
+
+from gdrprobe.doctor.facts import CAPTURE_DIR, cuda, pci
 from gdrprobe.doctor.facts.container import Container, detect_container
 from gdrprobe.doctor.facts.memory_path import (KERNEL_RELEASE_FILE, driver_version_line,
                                                read_memory_paths)
-from gdrprobe.doctor.facts.nccl_library import NCCL, RCCL, find_nccl_library
+from gdrprobe.doctor.facts.nccl_library import find_nccl_library
 from gdrprobe.doctor.facts.pythons import this_python
 from gdrprobe.doctor.facts.nccl_node import collect_node_facts
 from gdrprobe.doctor.facts.nic_facts import collect_nic_facts
 from gdrprobe.doctor.facts.nvml import collect_nvml_facts
-from gdrprobe.doctor.facts.rocm import collect_rocm_facts, kfd_gpus, read_rccl_facts
+from gdrprobe.doctor.facts.runtimes import collector
 from gdrprobe.doctor.facts.topology import NcclTopologyFile, Topology, build_topology, read_nccl_topology_file
-from gdrprobe.errors import GdrprobeError
 from gdrprobe.nccl.data_direct import DataDirectProbe, read_probe
 from gdrprobe.nccl.decision import NodeFacts, decide
 from gdrprobe.nccl.env import with_conf_files
 from gdrprobe.nccl.gdr_support import MemoryPaths
-from gdrprobe.nccl.rccl import RcclFacts
 from gdrprobe.nccl.topo import NcclPciTree, Port
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.model import NcclGpuDecision, NcclLibrary
 from gdrprobe.sysroot import SysRoot
 
-CAPTURE_DIR = "/gdrprobe-capture"
 ENVIRON_FILE = CAPTURE_DIR + "/environ.json"
-CUDA_FACTS_FILE = CAPTURE_DIR + "/cuda.json"
 NVML_FACTS_FILE = CAPTURE_DIR + "/nvml.json"
 NIC_FACTS_FILE = CAPTURE_DIR + "/nics.json"
 NCCL_FACTS_FILE = CAPTURE_DIR + "/nccl.json"
-ROCM_FACTS_FILE = CAPTURE_DIR + "/rocm.json"
 
 
 class DoctorContext:
@@ -90,11 +87,33 @@ class DoctorContext:
         return None if data is None else data.decode("utf-8", "replace")
 
     @functools.cached_property
-    def cuda_facts(self) -> dict[str, Any] | None:
-        """Facts from the CUDA driver, or None when they cannot be had."""
+    def runtime(self):
+        """The node's GPU runtime (:class:`gdrprobe.memory.runtime.GpuRuntime`), asked once:
+        the one GDRPROBE_GPU_RUNTIME names, else the one whose GPUs the PCI bus holds."""
+        from gdrprobe.memory.runtime import machine_runtime
+
+        return machine_runtime(self.root, self.process_environ)
+
+    @functools.cached_property
+    def gpu_collector(self) -> ModuleType:
+        """The runtime's facts collector (:mod:`gdrprobe.doctor.facts.runtimes`)."""
+        return collector(self.runtime)
+
+    @functools.cached_property
+    def gpu_facts(self) -> dict[str, Any] | None:
+        """What only a live call into the node's GPU runtime tells (the collector's
+        ``collect``: CUDA's inventory, ROCm's kallsyms and HSA answers), or None where a
+        replayed capture has none."""
         if not self.live:
-            return self._captured_json(CUDA_FACTS_FILE)
-        return collect_cuda_facts()
+            return self._captured_json(self.gpu_collector.FACTS_FILE)
+        return self.gpu_collector.collect(self)
+
+    @property
+    def cuda_facts(self) -> dict[str, Any] | None:
+        """The CUDA driver's inventory (:func:`gdrprobe.doctor.facts.cuda.gpu_inventory`, or
+        ``{"error": ...}``) on a CUDA node; None on another runtime's, or where a replay has
+        none."""
+        return self.gpu_facts if self.gpu_collector is cuda else None
 
     @functools.cached_property
     def nvml_facts(self) -> dict[str, Any] | None:
@@ -136,37 +155,21 @@ class DoctorContext:
     def nccl_library(self) -> NcclLibrary:
         """The libnccl the job will load, where it came from, and its version."""
         search = self.nccl_search
-        library, read = find_nccl_library(self.root, self.process_environ, search, RCCL if self.amd_node else NCCL)
+        library, read = find_nccl_library(self.root, self.process_environ, search,
+                                          self.gpu_collector.COLLECTIVE)
         for kind, facts in read.items():
             search[kind].update(facts)
         return library
 
     @functools.cached_property
     def nccl_rules(self) -> NcclRules:
-        """The rules of the NCCL the job will load (unknown: 2.30.7's); on an AMD node,
-        RCCL's (:mod:`gdrprobe.nccl.rccl`) on the topology of the NCCL its version names
-        (unknown: the modelled RCCL's)."""
-        return (RCCL if self.amd_node else NCCL).rules(self.nccl_library.version)
-
-    @functools.cached_property
-    def amd_node(self) -> bool:
-        """amdkfd lists GPUs and the PCI bus has no NVIDIA GPU: RCCL's node, not NCCL's."""
-        return bool(kfd_gpus(self.root)) and not any(
-            pci.is_nvidia_gpu(self.root, gpu.bdf) for gpu in self.topology.gpus)
-
-    @functools.cached_property
-    def rocm_facts(self) -> dict[str, Any] | None:
-        """What only a live call tells of an AMD node (:func:`collect_rocm_facts`), or None
-        on an NVIDIA node or where none were captured."""
-        if not self.amd_node:
-            return None
-        if not self.live:
-            return self._captured_json(ROCM_FACTS_FILE)
-        return collect_rocm_facts(self.root, self.environ)
-
-    @functools.cached_property
-    def rccl_facts(self) -> RcclFacts:
-        return read_rccl_facts(self.root, self.kernel_release, self.rocm_facts)
+        """The rules of the collective library the job will load, the runtime's (its
+        collector's ``COLLECTIVE``): NCCL's (unknown: 2.30.7's); on a ROCm node RCCL's
+        (:mod:`gdrprobe.nccl.rccl`) by its release, on the topology of the NCCL its version
+        names."""
+        return self.gpu_collector.COLLECTIVE.rules(self.nccl_library.version,
+                                                   self.root.realpath(self.nccl_library.path)
+                                                   if self.nccl_library.path else None)
 
     @functools.cached_property
     def topology(self) -> Topology:
@@ -217,12 +220,9 @@ class DoctorContext:
 
     @functools.cached_property
     def memory_paths(self) -> MemoryPaths:
-        """Per NIC and GPU: can NCCL (RCCL on an AMD node) register GPU memory, and through
-        what (NCCL's R1-R4, RCCL's rules)."""
-        paths = read_memory_paths(self)
-        if not self.amd_node:
-            return paths
-        return dataclasses.replace(paths, rccl=self.rccl_facts).under(self.environ)
+        """Per NIC and GPU: can NCCL (RCCL on a ROCm node) register GPU memory, and through
+        what (NCCL's R1-R4, the runtime's collective library's rules)."""
+        return self.gpu_collector.memory_paths(self, read_memory_paths(self))
 
     @functools.cached_property
     def nccl_node(self) -> NodeFacts:
@@ -250,19 +250,3 @@ class DoctorContext:
         except ValueError:
             return None
 
-
-def collect_cuda_facts(driver=None) -> dict[str, Any]:
-    """:func:`gdrprobe.memory.cuda.gpu_inventory` as JSON-ready data, or ``{"error":
-    reason}`` when there is no driver to ask, with ``"result"`` and ``"call"``: the
-    CUresult's name and the call that returned it, where the driver answered one
-    (:mod:`gdrprobe.memory.cuda_results`). ``driver`` replaces cuda-python's module in
-    tests."""
-    from gdrprobe.memory.cuda import gpu_inventory
-
-    try:
-        return gpu_inventory(driver)
-    except GdrprobeError as error:
-        reason = "; ".join(part for part in (error.cause, error.evidence) if part)
-        result = getattr(error, "cuda_result", "")
-        answer = {"result": result, "call": error.cuda_call} if result else {}
-        return {"error": reason, **answer}

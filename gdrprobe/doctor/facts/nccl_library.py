@@ -45,7 +45,7 @@ from gdrprobe.doctor.facts.dynamic_loader import LoadingObject, places, resolve
 from gdrprobe.doctor.facts.elf_dynamic import Dynamic, ElfUnreadable, read_dynamic
 from gdrprobe.doctor.facts.pythons import Python, candidate_pythons, python_at
 from gdrprobe.doctor.facts.torch_preload import SOURCE_LIMIT, cuda_major, preloaded_nccl, read_preload
-from gdrprobe.nccl.rccl import RCCL_NCCL_BASE, RcclRules
+from gdrprobe.nccl.rccl import rccl_rules
 from gdrprobe.nccl.versions import NcclRules, parse_version
 from gdrprobe.report.model import NcclCandidate, NcclLibrary
 from gdrprobe.sysroot import SysRoot
@@ -82,9 +82,13 @@ class Collective:
     def is_library(self, path: str) -> bool:
         return posixpath.basename(path).startswith(self.prefix)
 
-    def rules(self, version: str | None) -> NcclRules:
+    def rules(self, version: str | None, path: str | None = None) -> NcclRules:
+        """The rules of this library at ``version`` (as its bytes or name state it); RCCL's
+        also by the ROCm release its file name states (``path``, resolved)."""
         parsed = parse_version(version)
-        return RcclRules(parsed or RCCL_NCCL_BASE) if self.name == "RCCL" else NcclRules(parsed)
+        if self.name == "RCCL":
+            return rccl_rules(parsed, path)
+        return NcclRules(parsed)
 
 
 NCCL = Collective(

@@ -98,6 +98,22 @@ def is_nvidia_gpu(root: SysRoot, bdf: str) -> bool:
             and code >> 8 in GPU_CLASSES)
 
 
+# Drivers that hand a PCI function to a virtual machine: such a GPU is not this host's
+# runtime's.
+PASSTHROUGH_DRIVERS = ("vfio-pci", "pci-stub")
+
+
+def bound_driver(root: SysRoot, bdf: str) -> str | None:
+    """The kernel driver a PCI function is bound to (its sysfs ``driver`` link), or None."""
+    link = root.readlink(f"{device_dir(bdf)}/driver")
+    return link.rstrip("/").rsplit("/", 1)[-1] if link else None
+
+
+def passed_through(root: SysRoot, bdf: str) -> bool:
+    """Whether the function is bound to a driver that hands it to a virtual machine."""
+    return bound_driver(root, bdf) in PASSTHROUGH_DRIVERS
+
+
 def config_path(bdf: str) -> str:
     return f"{device_dir(bdf)}/config"
 

@@ -1,7 +1,9 @@
-"""What RCCL reads of an AMD node (:mod:`gdrprobe.nccl.rccl` has its rules), read through the
-doctor's :class:`~gdrprobe.sysroot.SysRoot` so that a capture copies it: amdkfd's GPUs and
-their PCI bus ids, the peer-memory files, the BIOS version and numa_balancing, the kernel's
-configuration, /proc/cmdline and /proc/version.
+"""What the doctor reads of a ROCm node (the ROCm runtime's collector,
+:mod:`gdrprobe.doctor.facts.runtimes`): the GPUs amdkfd lists and the ones the PCI bus holds
+that it lost, RCCL as the collective library, and what RCCL reads (:mod:`gdrprobe.nccl.rccl`
+has its rules), read through the doctor's :class:`~gdrprobe.sysroot.SysRoot` so that a
+capture copies it: amdkfd's GPUs and their PCI bus ids, the peer-memory files, the BIOS
+version and numa_balancing, the kernel's configuration, /proc/cmdline and /proc/version.
 
 Two facts are not files a capture can copy, and are stored with it instead
 (``CAPTURE_DIR/rocm.json``): whether /proc/kallsyms has RCCL's peer-memory symbol (the file
@@ -13,12 +15,23 @@ from __future__ import annotations
 import ctypes
 import gzip
 import zlib
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
-from gdrprobe.nccl.rccl import (BIOS_VERSION, KALLSYMS, KERNEL_OPTIONS, MEMORY_PEERS_FILES,
+from gdrprobe.doctor.facts import CAPTURE_DIR, pci
+from gdrprobe.doctor.facts.nccl_library import RCCL
+from gdrprobe.errors import GpuUnusable
+from gdrprobe.nccl.rccl import (BIOS_VERSION, DMABUF_SYMBOLS, KALLSYMS, KERNEL_CONFIG_FILES,
+                                KERNEL_OPTIONS, MEMORY_PEERS_DIRS, MEMORY_PEERS_FILES,
                                 NUMA_BALANCING, PEER_MEMORY_SYMBOL, RcclFacts)
 from gdrprobe.sysroot import SysRoot
 
+if TYPE_CHECKING:
+    from gdrprobe.doctor.facts.context import DoctorContext
+    from gdrprobe.nccl.gdr_support import MemoryPaths
+
+COLLECTIVE = RCCL
+FACTS_FILE = CAPTURE_DIR + "/rocm.json"
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 PROC_CONFIG = "/proc/config.gz"
 CONFIG_BYTES = 1 << 20
@@ -71,20 +84,58 @@ def proc_config(root: SysRoot) -> str | None:
         return None
 
 
-def has_peer_memory_symbol(root: SysRoot) -> bool | None:
-    """Whether /proc/kallsyms lists RCCL's symbol as a text symbol (``t`` or ``T``), read a
-    line at a time as RCCL does; None when it cannot be read."""
+def read_kallsyms(root: SysRoot) -> dict[str, Any] | None:
+    """What RCCL looks for in /proc/kallsyms, read a line at a time as RCCL does: its
+    peer-memory symbol as a text symbol (``t`` or ``T``), and, from ROCm 7.11, the DMA-BUF
+    symbols anywhere in a line; None when it cannot be read."""
     wanted = (f" t {PEER_MEMORY_SYMBOL}".encode(), f" T {PEER_MEMORY_SYMBOL}".encode())
+    dmabuf = {symbol: symbol.encode() for symbol in DMABUF_SYMBOLS}
+    symbol, found = False, set()
     try:
         with root.open(KALLSYMS) as lines:
-            return any(any(word in line for word in wanted) for line in lines)
+            for line in lines:
+                symbol = symbol or any(word in line for word in wanted)
+                found.update(name for name, word in dmabuf.items() if word in line)
     except OSError:
         return None
+    return {"kallsyms_symbol": symbol, "kallsyms_dmabuf": sorted(found)}
+
+
+def has_peer_memory_symbol(root: SysRoot) -> bool | None:
+    """Whether /proc/kallsyms lists RCCL's peer-memory symbol; None when it cannot be read."""
+    read = read_kallsyms(root)
+    return None if read is None else read["kallsyms_symbol"]
 
 
 def collect_rocm_facts(root: SysRoot, environ) -> dict[str, Any]:
-    """The live facts a capture stores: the kallsyms answer and HSA's word on DMA-BUF."""
-    return {"kallsyms_symbol": has_peer_memory_symbol(root), "hsa": collect_hsa_facts(environ)}
+    """The live facts a capture stores: the kallsyms answers and HSA's word on DMA-BUF."""
+    kallsyms = read_kallsyms(root) or {"kallsyms_symbol": None, "kallsyms_dmabuf": None}
+    return {**kallsyms, "hsa": collect_hsa_facts(environ)}
+
+
+def peer_clients(root: SysRoot) -> tuple[str, ...]:
+    """Every peer-memory client's version file, as ROCm 7.14's RCCL scans: the first of
+    the memory_peers directories with a client, any subdirectory holding ``version``."""
+    for base in MEMORY_PEERS_DIRS:
+        found = tuple(f"{base}/{name}/version" for name in sorted(root.listdir(base))
+                      if not name.startswith(".") and root.exists(f"{base}/{name}/version"))
+        if found:
+            return found
+    return ()
+
+
+def kernel_configs(root: SysRoot, release: str | None) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    """RCCL's kernel configuration files from ROCm 7.11 in its order, each with the options
+    found (None: it does not open)."""
+    read = []
+    for pattern in KERNEL_CONFIG_FILES:
+        path = pattern.replace("%s", release or "")
+        if path == "/proc/config.gz":
+            read.append((path, kernel_options(proc_config(root))))
+            continue
+        raw = root.read_bytes(path, CONFIG_BYTES)
+        read.append((path, kernel_options(None if raw is None else raw.decode("utf-8", "replace"))))
+    return tuple(read)
 
 
 def collect_hsa_facts(environ) -> dict[str, Any]:
@@ -115,10 +166,11 @@ def read_rccl_facts(root: SysRoot, release: str | None, live: dict[str, Any] | N
     hsa = live.get("hsa") or {}
     config_file = f"/boot/config-{release or ''}"
     kernel_config = root.read_bytes(config_file, CONFIG_BYTES)
-    symbol = live["kallsyms_symbol"] if "kallsyms_symbol" in live else has_peer_memory_symbol(root)
+    kallsyms = live if "kallsyms_symbol" in live else (read_kallsyms(root) or {"kallsyms_symbol": None})
+    dmabuf_symbols = kallsyms.get("kallsyms_dmabuf")
     return RcclFacts(
         memory_peers_file=next((path for path in MEMORY_PEERS_FILES if root.exists(path)), None),
-        kallsyms_symbol=symbol,
+        kallsyms_symbol=kallsyms["kallsyms_symbol"],
         bios_version=root.read(BIOS_VERSION),
         numa_balancing=root.read(NUMA_BALANCING),
         hsa_dmabuf=hsa.get("dmabuf_supported"), hsa_export=hsa.get("export_symbol"),
@@ -127,4 +179,58 @@ def read_rccl_facts(root: SysRoot, release: str | None, live: dict[str, Any] | N
                                       else kernel_config.decode("utf-8", "replace")),
         proc_config_options=kernel_options(proc_config(root)),
         cmdline=root.read("/proc/cmdline") or "",
-        kernel_version_line=root.read("/proc/version") or "")
+        kernel_version_line=root.read("/proc/version") or "",
+        peer_clients=peer_clients(root), kernel_configs=kernel_configs(root, release),
+        kallsyms_dmabuf=None if dmabuf_symbols is None else tuple(dmabuf_symbols))
+
+
+# ---- the collector's questions (gdrprobe.doctor.facts.runtimes.Collector) ----------------
+
+
+def collect(ctx: DoctorContext) -> dict[str, Any]:
+    return collect_rocm_facts(ctx.root, ctx.environ)
+
+
+def listed_gpus(root: SysRoot, runtime: Any) -> tuple[str, ...]:
+    """amdkfd's GPUs: what RCCL (through HSA, which reads amdkfd's topology) can use."""
+    return kfd_gpus(root)
+
+
+LOST_GPU_FIX = ("check dmesg for amdgpu errors (a failed probe, 'GPU reset', a GPU fallen off "
+                "the bus) and 'rocm-smi' for the GPUs it still lists; reload amdgpu (modprobe "
+                "amdgpu) or reboot; where amdgpu is not installed, install the amdgpu driver; "
+                "have a GPU that keeps falling off replaced")
+
+
+def gpus_for_amdgpu(ctx: DoctorContext) -> tuple[str, ...]:
+    """The AMD GPU functions on the PCI bus amdkfd should list: not handed to a virtual
+    machine. amdkfd's topology is the host's in a container too (sysfs is not namespaced),
+    and no visible-devices variable changes it, so it is compared wherever it is read."""
+    return tuple(bdf for bdf in ctx.runtime.bus_gpus(ctx.root) if not pci.passed_through(ctx.root, bdf))
+
+
+def lost_gpus(ctx: DoctorContext) -> GpuUnusable | None:
+    """The node fault where amdkfd lists fewer of the AMD GPUs the PCI bus holds: amdgpu
+    failed (no kfd node at all) or a GPU fell off the bus. As CUDA's lost GPUs
+    (:func:`gdrprobe.doctor.facts.cuda.lost_gpus`): a job started here meets it."""
+    expected = gpus_for_amdgpu(ctx)
+    listed = set(kfd_gpus(ctx.root))
+    missing = [bdf for bdf in expected if bdf not in listed]
+    if not missing:
+        return None
+    driver = ", ".join(f"{bdf}: {pci.bound_driver(ctx.root, bdf) or 'no driver bound'}"
+                       for bdf in missing)
+    return GpuUnusable(
+        f"amdkfd lists {len(expected) - len(missing)} of the {len(expected)} AMD GPUs on the "
+        f"PCI bus: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} lost to ROCm "
+        "(amdgpu failed on it, or it fell off the bus); every ROCm process here meets it",
+        LOST_GPU_FIX,
+        evidence=f"PCI bus: {len(expected)} AMD GPU(s) ({', '.join(expected)}); {KFD_NODES}: "
+                 f"{', '.join(sorted(listed)) or 'no GPU node'}; drivers bound: {driver}")
+
+
+def memory_paths(ctx: DoctorContext, paths: MemoryPaths) -> MemoryPaths:
+    """RCCL's registration rules (:mod:`gdrprobe.nccl.rccl`) over the node's memory paths,
+    by the release of the RCCL the job loads."""
+    facts = read_rccl_facts(ctx.root, ctx.kernel_release, ctx.gpu_facts)
+    return dataclasses.replace(paths, rccl=facts).under(ctx.environ)

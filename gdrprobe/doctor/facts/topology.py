@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from gdrprobe.doctor.facts import pci
-from gdrprobe.doctor.facts.rocm import kfd_gpus
+from gdrprobe.doctor.facts.runtimes import listed_gpus
 from gdrprobe.nccl.env import int_param
 from gdrprobe.nccl.nets import mapped_function
 from gdrprobe.nccl.topo import common_prefix, nccl_path_type, pci_parents, pcie_distance
@@ -97,9 +97,10 @@ def pcie_endpoint(root: SysRoot, kind: str, name: str, bdf: str) -> PcieDevice:
 
 
 def find_gpus(root: SysRoot, bdfs: list[str]) -> tuple[PcieDevice, ...]:
-    """NVIDIA's GPU functions and the GPUs amdkfd lists (:func:`gdrprobe.doctor.facts.rocm.kfd_gpus`)."""
-    amd = set(kfd_gpus(root))
-    gpu_bdfs = [bdf for bdf in bdfs if pci.is_nvidia_gpu(root, bdf) or bdf in amd]
+    """The GPUs every registered runtime's driver lists (its collector's ``listed_gpus``:
+    NVIDIA's GPU functions, the GPUs amdkfd lists), in PCI bus order."""
+    listed = listed_gpus(root)
+    gpu_bdfs = [bdf for bdf in bdfs if bdf in listed]
     return tuple(pcie_endpoint(root, "GPU", f"GPU{i}", bdf) for i, bdf in enumerate(gpu_bdfs))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 from tests.unit.doctor import machines, nccl_machines
 
@@ -13,6 +14,26 @@ AMD, MI300X, ACCELERATOR_CLASS = 0x1002, 0x74A1, 0x120000
 KERNEL = "6.8.0-45-generic"
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 BOTH_OPTIONS = "CONFIG_DMABUF_MOVE_NOTIFY=y\nCONFIG_PCI_P2PDMA=y\n"
+ROCM_LIB = "/opt/rocm/lib"
+# RCCL's version in the ROCm release that shipped it (RCCL's CHANGELOG.md)
+RCCL_OF_ROCM = {"6.3.0": "2.21.5", "6.4.0": "2.22.3", "7.0.0": "2.26.6", "7.1.0": "2.27.7",
+                "7.11.0": "2.28.3", "7.12.0": "2.28.3", "7.14.0": "2.30.4"}
+
+
+def rccl_bytes(version: str) -> bytes:
+    """An ELF-looking librccl with the string RCCL keeps (src/init.cc VERSION_STRING)."""
+    return b"\x7fELF" + b"\0" * 4096 + b"RCCL version : " + version.encode() + b"\0" + b"\0" * 4096
+
+
+def rocm_install(tree: machines.SysfsTree, lib: str = ROCM_LIB, version: str | None = None,
+                 rocm: str = "6.3.0") -> str:
+    """librccl.so.1 -> librccl.so.1.0.<ROCm as MMmmpp>, as ROCm's rccl package lays it out
+    (the file name holds ROCm's release, not RCCL's version)."""
+    major, minor, patch = (int(part) for part in rocm.split("."))
+    name = f"librccl.so.1.0.{major * 10000 + minor * 100 + patch}"
+    tree.write(f"{lib}/{name}", rccl_bytes(version or RCCL_OF_ROCM[rocm]))
+    os.symlink(name, tree.path(f"{lib}/librccl.so.1"))
+    return f"{lib}/librccl.so.1"
 
 
 def kfd_node(tree: machines.SysfsTree, node: int, bdf: str | None) -> None:
@@ -29,9 +50,10 @@ def kfd_node(tree: machines.SysfsTree, node: int, bdf: str | None) -> None:
     tree.write(f"{KFD_NODES}/{node}/properties", properties)
 
 
-def mi300x_node(root, pairs: int = 2) -> machines.SysfsTree:
+def mi300x_node(root, pairs: int = 2, rocm: str | None = "6.3.0") -> machines.SysfsTree:
     """Each MI300X shares a PCIe switch with a ConnectX (PIX), NCCL's probe passing on every
-    NIC, kernel 6.8 with no kernel configuration and no peer-memory file yet."""
+    NIC, kernel 6.8 with no kernel configuration and no peer-memory file yet, and ROCm's
+    librccl of ``rocm`` (None: none installed)."""
     tree = machines.SysfsTree(root)
     kfd_node(tree, 0, None)
     for index, bus in enumerate(machines.PIX_NODE_BUSES[:pairs]):
@@ -51,6 +73,8 @@ def mi300x_node(root, pairs: int = 2) -> machines.SysfsTree:
     tree.write("/proc/sys/kernel/numa_balancing", "0\n")
     nccl_machines.nic_probe(tree, {nic: nccl_machines.EBADF for nic in nics})
     rocm_facts(tree)
+    if rocm is not None:
+        rocm_install(tree, rocm=rocm)
     return tree
 
 

@@ -10,7 +10,8 @@ import dataclasses
 import json
 import os
 
-from gdrprobe.doctor.facts.context import CUDA_FACTS_FILE, DoctorContext
+from gdrprobe.doctor.facts.context import DoctorContext
+from gdrprobe.doctor.facts.cuda import FACTS_FILE as CUDA_FACTS_FILE
 from gdrprobe.sysroot import SysRoot
 
 OPEN_DRIVER = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  "

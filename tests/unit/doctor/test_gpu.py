@@ -5,7 +5,7 @@ import json
 from .stack_machines import GPU_BDF, FakeDevice, FakeTopology, context, cuda_facts, gpu_resource
 
 from gdrprobe.doctor.checks import gpu
-from gdrprobe.doctor.facts import context as context_module
+from gdrprobe.doctor.facts import cuda as cuda_collector
 from gdrprobe.report.model import Status
 from tests.unit.fake_cuda import FakeDriver
 from tests.unit.machine import no_cuda_driver_only
@@ -31,7 +31,7 @@ class NoLibcuda(FakeDriver):
 
 
 def test_collect_from_driver_is_json_and_sysfs_spelled():
-    facts = context_module.collect_cuda_facts(h100())
+    facts = cuda_collector.collect_cuda_facts(h100())
     assert json.loads(json.dumps(facts)) == facts
     assert facts["driver_version"] == 12080
     (only,) = facts["gpus"]
@@ -44,14 +44,14 @@ def test_collect_from_driver_is_json_and_sysfs_spelled():
 
 
 def test_collect_without_libcuda_keeps_the_reason():
-    (reason,) = context_module.collect_cuda_facts(NoLibcuda()).values()
+    (reason,) = cuda_collector.collect_cuda_facts(NoLibcuda()).values()
     assert "no CUDA driver" in reason and "Failed to dlopen libcuda.so.1" in reason
 
 
 @no_cuda_driver_only
 def test_collect_on_this_machine_has_no_driver():
     # The test machine has cuda-python but no NVIDIA driver: the real first call raises.
-    facts = context_module.collect_cuda_facts()
+    facts = cuda_collector.collect_cuda_facts()
     assert set(facts) == {"error"}
     assert "no CUDA driver" in facts["error"] or "cuda-python is not installed" in facts["error"]
 
@@ -84,7 +84,7 @@ def test_bar1_smaller_than_probe_buffers_fails(tmp_path):
 
 def test_no_cuda_driver_is_a_skip_and_bar1_still_read_from_topology(tmp_path):
     ctx = context(tmp_path, topology=FakeTopology(gpus=[FakeDevice(GPU_BDF, "GPU0")]))
-    ctx.cuda_facts = {"error": "no CUDA driver: Failed to dlopen libcuda.so.1"}
+    ctx.gpu_facts = {"error": "no CUDA driver: Failed to dlopen libcuda.so.1"}
     gpu_resource(tmp_path, 64 << 30)
     found = by_id(gpu.check(ctx))
     assert found["gpu.cuda"].status is Status.SKIP

@@ -9,7 +9,6 @@ not looked for"."""
 from __future__ import annotations
 
 import json
-import os
 
 from gdrprobe.cli import main
 from gdrprobe.doctor.capture import capture
@@ -21,20 +20,8 @@ from tests.unit.doctor import machines, rocm_machines
 from tests.unit.doctor.nccl_libraries import elf_object, ld_so_cache, torch
 
 VENV_SITE = "/opt/venv/lib/python3.12/site-packages"
-ROCM_LIB = "/opt/rocm/lib"
-
-
-def rccl_bytes(version: str) -> bytes:
-    """An ELF-looking librccl with the string RCCL keeps (src/init.cc VERSION_STRING)."""
-    return b"\x7fELF" + b"\0" * 4096 + b"RCCL version : " + version.encode() + b"\0" + b"\0" * 4096
-
-
-def rocm_install(tree: machines.SysfsTree, lib: str = ROCM_LIB, version: str = "2.21.5") -> str:
-    """librccl.so.1 -> librccl.so.1.0.60300, as ROCm's rccl package lays it out (the file name
-    holds ROCm's version, not RCCL's)."""
-    tree.write(f"{lib}/librccl.so.1.0.60300", rccl_bytes(version))
-    os.symlink("librccl.so.1.0.60300", tree.path(f"{lib}/librccl.so.1"))
-    return f"{lib}/librccl.so.1"
+ROCM_LIB = rocm_machines.ROCM_LIB
+rccl_bytes, rocm_install = rocm_machines.rccl_bytes, rocm_machines.rocm_install
 
 
 def rocm_torch(tree: machines.SysfsTree, version: str = "2.21.5") -> str:
@@ -51,7 +38,7 @@ def library_of(tmp_path, environ=None, nccl=None):
 
 
 def test_a_rocm_torch_wheel_loads_its_bundled_librccl_before_rocms(tmp_path):
-    tree = rocm_machines.mi300x_node(tmp_path)
+    tree = rocm_machines.mi300x_node(tmp_path, rocm=None)
     rocm_install(tree, version="2.20.5")
     bundled = rocm_torch(tree)
     ctx = library_of(tmp_path, nccl=VENV_SITE)
@@ -63,7 +50,7 @@ def test_a_rocm_torch_wheel_loads_its_bundled_librccl_before_rocms(tmp_path):
 
 
 def test_a_program_without_python_loads_rocms_librccl_and_its_version_sets_the_topology(tmp_path):
-    tree = rocm_machines.mi300x_node(tmp_path)
+    tree = rocm_machines.mi300x_node(tmp_path, rocm=None)
     soname = rocm_install(tree, version="2.22.3")
     ctx = library_of(tmp_path)
     assert (ctx.nccl_library.path, ctx.nccl_library.version) == (soname, "2.22.3")
@@ -76,7 +63,7 @@ def test_a_program_without_python_loads_rocms_librccl_and_its_version_sets_the_t
 
 
 def test_the_loaders_cache_names_rocms_package(tmp_path):
-    tree = rocm_machines.mi300x_node(tmp_path)
+    tree = rocm_machines.mi300x_node(tmp_path, rocm=None)
     soname = rocm_install(tree)
     tree.write("/etc/ld.so.cache", ld_so_cache([("librccl.so.1", soname)]))
     library = library_of(tmp_path).nccl_library
@@ -84,7 +71,7 @@ def test_the_loaders_cache_names_rocms_package(tmp_path):
 
 
 def test_rocm_path_names_rocms_lib_and_nccl_names_a_directory_holding_librccl(tmp_path):
-    tree = rocm_machines.mi300x_node(tmp_path)
+    tree = rocm_machines.mi300x_node(tmp_path, rocm=None)
     versioned = rocm_install(tree, "/opt/rocm-6.3.0/lib")
     assert library_of(tmp_path, {"ROCM_PATH": "/opt/rocm-6.3.0"}).nccl_library.path == versioned
     named = library_of(tmp_path, nccl="/opt/rocm-6.3.0/lib").nccl_library
@@ -92,7 +79,7 @@ def test_rocm_path_names_rocms_lib_and_nccl_names_a_directory_holding_librccl(tm
 
 
 def test_no_librccl_is_said_with_rccls_modelled_rules(tmp_path):
-    rocm_machines.mi300x_node(tmp_path)
+    rocm_machines.mi300x_node(tmp_path, rocm=None)
     found = {f.id: f for f in run_doctor(str(tmp_path), environ={}).findings}["nccl.library"]
     assert found.status is Status.SKIP
     assert found.summary.startswith("no librccl found")
@@ -108,7 +95,7 @@ def test_an_nvidia_node_still_looks_for_libnccl_not_librccl(tmp_path):
 
 
 def test_doctor_json_text_and_capture_replay_name_rccl(tmp_path, capsys):
-    tree = rocm_machines.mi300x_node(tmp_path / "node")
+    tree = rocm_machines.mi300x_node(tmp_path / "node", rocm=None)
     soname = rocm_install(tree)
     assert main(["doctor", "--root", str(tmp_path / "node"), "--json"]) in (0, 1)
     document = json.loads(capsys.readouterr().out)
