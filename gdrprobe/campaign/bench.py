@@ -25,12 +25,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from gdrprobe import defaults
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
                              UsageError)
+from gdrprobe.campaign import machine
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
 from gdrprobe.campaign.gate import MachineFacts, NicChoice
 from gdrprobe.campaign.nccl_use import receive_flush
 from gdrprobe.measure.loops import bidir_result
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.campaign.verdict import ArmMeasurement, check_threshold, classify
+from gdrprobe.report.bench import read_baseline
 from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
                                    BenchPair, BenchReport, BenchRow, BenchSettings,
                                    LatencyResult)
@@ -413,6 +415,24 @@ def run_bench(settings: BenchSettings, facts: MachineFacts, version: str, *,
                             settings.threshold, facts.findings),
         rows=tuple(rows), interrupted=sweep.interrupted, wall_s=time.monotonic() - started,
         measured_s=sweep.measured_s, rails=rails)
+
+
+def bench(settings: BenchSettings, version: str, *, gpus: Sequence[str] = (),
+          devices: Sequence[str] = (), gid_index: int | None = None,
+          timeout_s: float = defaults.TIMEOUT_S, on_row: OnRow | None = None,
+          baseline: str | None = None, max_drop: float = defaults.MAX_DROP) -> BenchReport:
+    """bench(): the sweep on this machine's facts (one doctor), each row that fell by more
+    than max_drop against an earlier sweep's JSON file (baseline: read before anything is
+    measured) flagged."""
+    before = read_baseline(baseline) if baseline else None
+    check_max_drop(max_drop)
+    report = run_bench(settings, machine.machine_facts(), version, gpus=gpus, devices=devices,
+                       gid_index=gid_index, timeout_s=timeout_s,
+                       on_row=on_row or (lambda row, done, total: None))
+    if before is None:
+        return report
+    return dataclasses.replace(report, baseline=compare_rows(report.rows, before, baseline,
+                                                             max_drop))
 
 
 def select_nics(listed: Mapping[str, object], devices: Sequence[str]) -> list[str]:

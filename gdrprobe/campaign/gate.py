@@ -30,6 +30,7 @@ from gdrprobe.report.check import NcclUse, RankPair
 from gdrprobe.report.model import RunReport
 
 if TYPE_CHECKING:     # the doctor's facts, read by machine_facts; named here for the types
+    from gdrprobe.campaign.job_gpus import JobGpuSet
     from gdrprobe.doctor.facts.rails import Link
     from gdrprobe.doctor.facts.topology import Topology
 
@@ -114,6 +115,9 @@ class MachineFacts:
     # NIC (bus id -> Link): what names the element rails share (check --all-rails)
     topology: Topology | None = None
     pcie_links: Mapping[str, Link] = dataclasses.field(default_factory=dict)
+    # The GPUs of NCCL's communicator on this node, matched once to this node's GPUs
+    # (machine_facts; the node check's GPUs); None: none named, every GPU of the node.
+    job: JobGpuSet | None = None
 
     def line_rate(self, nic: str, port: int) -> float | None:
         """The port's line rate as the kernel states it (Gb/s); None where it states none."""
@@ -266,14 +270,18 @@ def _nic_fields(bus_id: str | None, decisions: Mapping[str, NicChoice],
 # ---- the time budget -----------------------------------------------------------------
 
 
+def check_time_budget(seconds: float | None) -> None:
+    if seconds is not None and not 0 < seconds <= 3600:
+        raise UsageError(f"time budget {seconds:g} s: use more than 0 and at most 3600 s",
+                         f"e.g. --time-budget {defaults.CHECK_TIME_BUDGET_S:g} (the "
+                         "default); None in the API for no limit")
+
+
 class Budget:
     """A hard limit on a whole check, from its first line: doctor and set-up included."""
 
     def __init__(self, seconds: float | None, clock: Callable[[], float] = time.monotonic):
-        if seconds is not None and not 0 < seconds <= 3600:
-            raise UsageError(f"time budget {seconds:g} s: use more than 0 and at most 3600 s",
-                             f"e.g. --time-budget {defaults.CHECK_TIME_BUDGET_S:g} (the "
-                             "default); None in the API for no limit")
+        check_time_budget(seconds)
         self.seconds = seconds
         self.clock = clock
         self.started = clock()

@@ -42,8 +42,9 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
     findings = run_checks(ctx)
     bus_ids = [gpu.bdf for gpu in ctx.topology.gpus]
     gpus = GpuFacts.from_doctor(ctx.gpu_facts, bus_ids, gpu_uuids(ctx.root, bus_ids))
+    matched = match(job, gpus) if job is not None else None
     # None: every GPU of the node (no job named, or none of its GPUs is here)
-    job_gpus = (match(job, gpus).bus_ids or None) if job is not None else None
+    job_gpus = (matched.bus_ids or None) if matched is not None else None
     decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
     uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.gpu_facts or {}),
                      findings=findings, rules=ctx.nccl_rules, flush_of=receive_flush_of(ctx))
@@ -52,7 +53,7 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
                         port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules,
                         environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules),
-                        ctx.topology, every_link(ctx))
+                        ctx.topology, every_link(ctx), matched)
 
 
 def every_link(ctx):
