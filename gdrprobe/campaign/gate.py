@@ -169,15 +169,16 @@ def cuda_ordinal(rank: int, variable: str, visible: int | None) -> int:
     return rank
 
 
-def physical_gpu(ordinal: int, facts: GpuFacts, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The PCI bus id behind a CUDA ordinal, and how it was found (None: unknown)."""
+def physical_gpu(ordinal: int, facts: GpuFacts,
+                 entries: tuple[str, ...] | None) -> tuple[str | None, str]:
+    """The PCI bus id behind a CUDA ordinal, and how it was found (None: unknown); entries:
+    CUDA_VISIBLE_DEVICES's (visible_entries), which the driver has applied where it answered."""
     if facts.runtime_bus_ids is not None:
         if ordinal < len(facts.runtime_bus_ids):
             return facts.runtime_bus_ids[ordinal], (
                 f"CUDA ordinal {ordinal} is {facts.runtime_bus_ids[ordinal]} "
                 "(cuDeviceGetPCIBusId; the driver applied CUDA_VISIBLE_DEVICES)")
         return None, f"CUDA sees {len(facts.runtime_bus_ids)} GPU(s), none with ordinal {ordinal}"
-    entries = visible_entries(environ)
     index = str(ordinal) if entries is None else (entries[ordinal] if ordinal < len(entries) else "")
     if not index.isdigit():
         return None, (f"CUDA_VISIBLE_DEVICES entry {index!r} cannot be resolved without the CUDA "
@@ -205,7 +206,7 @@ def rank_pair(environ: Mapping[str, str], facts: GpuFacts, decisions: Mapping[st
         ordinal = cuda_ordinal(rank[0], rank[1], visible)
         rank_text = f"{rank[1]}={rank[0]}"
         lead = f"{rank_text}: CUDA ordinal {ordinal}; "
-    bus_id, how = physical_gpu(ordinal, facts, environ)
+    bus_id, how = physical_gpu(ordinal, facts, visible_entries(environ))
     return RankPair(rank=rank_text, cuda_ordinal=ordinal, gpu=bus_id or str(ordinal),
                     gpu_reason=lead + how, **_nic_fields(bus_id, decisions, device))
 
@@ -214,7 +215,7 @@ def given_gpu(gpu: str, facts: GpuFacts, environ: Mapping[str, str],
               decisions: Mapping[str, NicChoice], device: str | None) -> RankPair:
     """A GPU named by the caller: a bus id as is, an ordinal through the visible GPUs."""
     ordinal = int(gpu) if gpu.isdigit() else None
-    bus_id = gpu if ordinal is None else physical_gpu(ordinal, facts, environ)[0]
+    bus_id = gpu if ordinal is None else physical_gpu(ordinal, facts, visible_entries(environ))[0]
     return RankPair(rank="", cuda_ordinal=ordinal, gpu=gpu, gpu_reason=f"GPU {gpu} as given",
                     **_nic_fields(bus_id, decisions, device))
 

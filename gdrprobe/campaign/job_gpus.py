@@ -87,6 +87,9 @@ class JobGpus:
     def described(self) -> str:
         return f"{self.source}={self.value}"
 
+    def matched(self, facts: GpuFacts) -> JobGpuSet:
+        return match(self, facts)
+
 
 @dataclasses.dataclass(frozen=True)
 class JobGpuSet:

@@ -33,7 +33,7 @@ from gdrprobe import defaults
 from gdrprobe.campaign import secondary
 from gdrprobe.campaign.arguments import check_floor, check_host, check_token, check_verdict, percent_habit
 from gdrprobe.campaign.gate import MachineFacts, check_time_budget
-from gdrprobe.campaign.job_gpus import JobGpus
+from gdrprobe.campaign.communicator import Communicator
 from gdrprobe.errors import UsageError
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
@@ -213,7 +213,7 @@ def _allocated(buffer: Buffer, allocation: str) -> Buffer:
     return buffer if buffer.allocation else dataclasses.replace(buffer, allocation=allocation)
 
 
-def read_machine(plan: CheckPlan, job: JobGpus | None = None) -> tuple[MachineFacts, CheckPlan]:
+def read_machine(plan: CheckPlan, job: Communicator | None = None) -> tuple[MachineFacts, CheckPlan]:
     """The machine read once for a check (one doctor, one CUDA start-up; job: the GPUs of
     NCCL's communicator on this node, matched there), GPUs the PCI bus has lost to CUDA
     refused (GpuUnusable, exit 11: every job here meets it), and the plan there."""

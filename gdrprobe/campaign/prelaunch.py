@@ -47,9 +47,10 @@ from collections.abc import Mapping
 from gdrprobe import defaults
 from gdrprobe.campaign.ab import ARM_ERRORS, HOST, StopSampling, ab_test, no_device_not_testable
 from gdrprobe.campaign.gate import Budget, MachineFacts, RunOnce, budgeted, rank_pair, sized_for_budget
+from gdrprobe.campaign.communicator import communicator
 from gdrprobe.campaign.latency_ab import latency_ab
 from gdrprobe.campaign import memlock, secondary
-from gdrprobe.campaign.machine import holds_gpu_buffer, nccl_use_of
+from gdrprobe.campaign.machine import NCCL_CHOICE, holds_gpu_buffer, nccl_use_of
 from gdrprobe.campaign.nccl_use import as_nccl_registers, receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
 from gdrprobe.campaign.plan import CheckPlan, Criteria, read_machine
@@ -427,14 +428,28 @@ def check_rank(gate: CheckPlan, gpu: str | None, environ: Mapping[str, str]) -> 
     the locked-memory limit (loopback pins both ends here); the A/B on that pair. A check
     that could not start a single run answers "not testable" with its report."""
     budget = Budget(gate.time_budget_s)
-    facts, gate = read_machine(gate)
-    pair = rank_pair(environ, facts.gpus, facts.nics, gpu, gate.endpoint.device)
+    # NCCL's communicator on this node for the rank's own pair; a GPU given is checked
+    # among every GPU of the node (whose communicator it is, nothing says).
+    facts, gate = read_machine(gate, communicator(environ) if gpu is None else None)
+    pair = counted_among(rank_pair(environ, facts.gpus, facts.nics, gpu, gate.endpoint.device),
+                         facts)
     gate = dataclasses.replace(gate, options=memlock.fit_to_memlock(
         gate.options, gate.peer.ends_here, memlock.locked_memory()))
     try:
         return check_pair(pair, facts, gate, budget, environ)
     except NotTestable as error:
         return not_testable_check(error, pair, gate.criteria.threshold, budget)
+
+
+def counted_among(pair: RankPair, facts: MachineFacts) -> RankPair:
+    """The pair with whose GPUs NCCL's choice of its NIC was counted: the communicator's on
+    this node (campaign.communicator), or every GPU of the node where nothing names them."""
+    if pair.nic is None or not pair.nic_reason.startswith(NCCL_CHOICE):
+        return pair
+    among = (facts.job.described if facts.job is not None else
+             "every GPU of the node (no launcher count or job's GPUs name the communicator's)")
+    return dataclasses.replace(pair, nic_reason=f"{pair.nic_reason}; NCCL counts the "
+                                                f"communicator's GPUs here: {among}")
 
 
 def not_testable_check(error: GdrprobeError, pair: RankPair, threshold: float,
