@@ -30,7 +30,8 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from gdrprobe.campaign.gate import GpuFacts, local_rank, physical_gpu, visible_entries
+from gdrprobe.campaign.gate import local_rank, physical_gpu
+from gdrprobe.campaign.gpus import GpuFacts, visible_entries
 from gdrprobe.campaign.job_gpus import ORDINAL, GpuName, JobGpus, JobGpuSet, job_gpus
 from gdrprobe.errors import UsageError
 

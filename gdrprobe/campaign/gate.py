@@ -24,13 +24,14 @@ from collections.abc import Mapping
 from gdrprobe import defaults
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign.ab import StopSampling
+from gdrprobe.campaign.gpus import GpuFacts, visible_entries
+from gdrprobe.campaign.job_gpus import JobGpuSet
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.check import NcclUse, RankPair
 from gdrprobe.report.model import RunReport
 
 if TYPE_CHECKING:     # the doctor's facts, read by machine_facts; named here for the types
-    from gdrprobe.campaign.job_gpus import JobGpuSet
     from gdrprobe.doctor.facts.rails import Link
     from gdrprobe.doctor.facts.topology import Topology
 
@@ -50,37 +51,6 @@ RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
 class NicChoice:
     nic: str
     reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuFacts:
-    """What this process can know about its GPUs."""
-
-    runtime_bus_ids: tuple[str, ...] | None  # the GPU runtime's visible GPUs by ordinal; None: none
-    sysfs_bus_ids: tuple[str, ...]         # the runtime's GPUs in sysfs, in PCI bus order
-    runtime_error: str = ""                # why there is no runtime list
-    # GPU UUID -> bus id, as the NVIDIA driver states them (campaign.job_gpus.gpu_uuids)
-    uuids: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_doctor(cls, runtime_facts: Mapping | None, sysfs_bus_ids,
-                    uuids: Mapping[str, str] | None = None) -> GpuFacts:
-        """From the doctor's facts of the GPU runtime (an inventory, ``{"gpus": [...]}``, as
-        :func:`gdrprobe.doctor.facts.cuda.gpu_inventory` gives, or ``{"error": ...}``), its
-        topology's GPUs and the GPUs' UUIDs."""
-        facts = runtime_facts or {"error": "no GPU runtime facts"}
-        known = dict(uuids or {})
-        if "gpus" not in facts:
-            return cls(None, tuple(sysfs_bus_ids), str(facts.get("error", "")), known)
-        return cls(tuple(gpu["pci_bus_id"] for gpu in facts["gpus"]), tuple(sysfs_bus_ids),
-                   uuids=known)
-
-    def bus_id(self, gpu: str) -> str:
-        """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
-        cuda = self.runtime_bus_ids
-        if gpu.isdigit() and cuda is not None and int(gpu) < len(cuda):
-            return cuda[int(gpu)]
-        return gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,20 +110,6 @@ def local_rank(environ: Mapping[str, str]) -> tuple[int, str] | None:
                              "job script")
         return int(value), name
     return None
-
-
-def visible_entries(environ: Mapping[str, str]) -> tuple[str, ...] | None:
-    """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first empty or negative one
-    (CUDA hides everything from an invalid entry on); None when unset."""
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    entries = []
-    for entry in (part.strip() for part in value.split(",")):
-        if not entry or entry.startswith("-"):
-            break
-        entries.append(entry)
-    return tuple(entries)
 
 
 def cuda_ordinal(rank: int, variable: str, visible: int | None) -> int:
