@@ -293,6 +293,18 @@ def test_the_known_cycles_are_still_there():
     assert KNOWN_CYCLES <= import_cycles(PACKAGE)
 
 
+def test_the_map_names_every_module():
+    """docs/ARCHITECTURE.md's map lagged eight new modules: every module of the package and
+    every file of the C loop is named there (in a code span, by its name or its path)."""
+    spans = re.findall(r"`([^`\n]+)`", (ROOT / "docs" / "ARCHITECTURE.md").read_text())
+    named = {pathlib.PurePath(span).stem for span in spans} | set(spans)
+    sources = (python_files(PACKAGE) + sorted(PACKAGE.rglob("*.pyx"))
+               + sorted((ROOT / "csrc").glob("*.c")))
+    unnamed = [str(path.relative_to(ROOT)) for path in sources
+               if path.name != "__init__.py" and path.stem not in named]
+    assert unnamed == [], "add them to docs/ARCHITECTURE.md's table of the layers"
+
+
 # ---- the checker catches what it should ---------------------------------------------------
 def synthetic_package(tmp_path: pathlib.Path, relative: str, source: str) -> pathlib.Path:
     """A throwaway gdrprobe/ with one file, plus the submodules the imports name."""
