@@ -30,10 +30,10 @@ import dataclasses
 from collections.abc import Mapping
 
 from gdrprobe import defaults
-from gdrprobe.campaign import secondary
+from gdrprobe.campaign import machine, secondary
 from gdrprobe.campaign.arguments import check_floor, check_host, check_token, check_verdict, percent_habit
-from gdrprobe.campaign.gate import MachineFacts, check_time_budget
 from gdrprobe.campaign.communicator import Communicator
+from gdrprobe.campaign.gate import MachineFacts, check_time_budget
 from gdrprobe.errors import UsageError
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
@@ -217,8 +217,6 @@ def read_machine(plan: CheckPlan, job: Communicator | None = None) -> tuple[Mach
     """The machine read once for a check (one doctor, one CUDA start-up; job: the GPUs of
     NCCL's communicator on this node, matched there), GPUs the PCI bus has lost to CUDA
     refused (GpuUnusable, exit 11: every job here meets it), and the plan there."""
-    from gdrprobe.campaign import machine
-
     facts = machine.machine_facts(job=job)
     machine.require_gpus(facts)
     return facts, on_machine(plan, facts)

@@ -21,7 +21,9 @@ from gdrprobe.campaign.latency_ab import latency_ab
 from gdrprobe.campaign.plan import Peer, probe_options
 from gdrprobe.errors import NoRdmaDevice, UsageError
 from gdrprobe.measure import loopback
+from gdrprobe.memory.runtime import require_gpu_library
 from gdrprobe.memory.spec import MemorySpec
+from gdrprobe.rdma import verbs
 from gdrprobe.rdma.endpoint import EndpointOptions
 
 FLUSH_ASKED = "asked for (run --flush)"   # what asked run() for NCCL's flush
@@ -97,11 +99,8 @@ def require_gpu_arm(*in_process: MemorySpec | None) -> None:
     cannot run the GPU arm answers "not testable" at once with the cause: an RDMA device,
     then, for a GPU buffer in this process, the node's GPU runtime library (found as the
     runtime finds it, without importing its bindings: memory.runtime)."""
-    from gdrprobe.memory.runtime import require_gpu_library
-    from gdrprobe.rdma.verbs import devices
-
     try:
-        devices()
+        verbs.devices()
     except NoRdmaDevice as error:
         raise no_device_not_testable(error) from error
     if any(spec is not None and spec.kind == "gpu" for spec in in_process):
