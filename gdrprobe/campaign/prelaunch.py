@@ -432,7 +432,8 @@ def check_rank(gate: CheckPlan, gpu: str | None, environ: Mapping[str, str]) -> 
     # among every GPU of the node (whose communicator it is, nothing says).
     facts, gate = read_machine(gate, communicator(environ) if gpu is None else None)
     pair = counted_among(rank_pair(environ, facts.gpus, facts.nics, gpu, gate.endpoint.device),
-                         facts)
+                         facts, "a GPU given" if gpu is not None else
+                         "nothing names the communicator's: no launcher's count, no job's GPUs")
     gate = dataclasses.replace(gate, options=memlock.fit_to_memlock(
         gate.options, gate.peer.ends_here, memlock.locked_memory()))
     try:
@@ -441,13 +442,13 @@ def check_rank(gate: CheckPlan, gpu: str | None, environ: Mapping[str, str]) -> 
         return not_testable_check(error, pair, gate.criteria.threshold, budget)
 
 
-def counted_among(pair: RankPair, facts: MachineFacts) -> RankPair:
+def counted_among(pair: RankPair, facts: MachineFacts, unnamed: str) -> RankPair:
     """The pair with whose GPUs NCCL's choice of its NIC was counted: the communicator's on
-    this node (campaign.communicator), or every GPU of the node where nothing names them."""
+    this node (campaign.communicator), else every GPU of the node (unnamed: why)."""
     if pair.nic is None or not pair.nic_reason.startswith(NCCL_CHOICE):
         return pair
-    among = (facts.job.described if facts.job is not None else
-             "every GPU of the node (no launcher count or job's GPUs name the communicator's)")
+    among = (facts.job.described if facts.job is not None and facts.job.bus_ids else
+             f"every GPU of the node ({unnamed})")
     return dataclasses.replace(pair, nic_reason=f"{pair.nic_reason}; NCCL counts the "
                                                 f"communicator's GPUs here: {among}")
 
