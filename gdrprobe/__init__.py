@@ -205,8 +205,10 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     that falls short, one arm per direction names the one that fails), or against host.
     Without gpu and device, the pair this process's rank will use: the GPU from LOCAL_RANK
     (torchrun), SLURM_LOCALID (srun) or OMPI_COMM_WORLD_LOCAL_RANK among the GPUs
-    CUDA_VISIBLE_DEVICES leaves, the NIC NCCL will use for it, and with PXN the NVLink
-    peer's memory for the sends; ``report.placement`` says which and why. With mem="gpu"
+    CUDA_VISIBLE_DEVICES leaves, the NIC NCCL will use for it (decided among the job's GPUs
+    on this node, as NCCL counts its communicator's: :mod:`gdrprobe.campaign.communicator`),
+    and with PXN the NVLink peer's memory for the sends; ``report.placement`` says which and
+    why. With mem="gpu"
     the memory is registered as NCCL will register it (DMA-BUF or peer memory: its release,
     NCCL_DMABUF_ENABLE, the GPU and the NIC decide); dmabuf and peermem as named. NCCL's own
     decision for the GPU joins the verdict: "not used by NCCL" where NCCL will not use
