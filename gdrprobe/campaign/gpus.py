@@ -2,7 +2,8 @@
 ``CUDA_VISIBLE_DEVICES``), sysfs's in PCI bus order, the NVIDIA driver's UUIDs, and
 ``CUDA_VISIBLE_DEVICES`` as CUDA reads it. What the rank's pair (:mod:`gdrprobe.campaign.gate`)
 and the job's GPUs (:mod:`gdrprobe.campaign.job_gpus`) are matched against, and the one
-place the campaigns read the runtime's visible-devices variable. Pure data.
+place the campaigns read a visible-devices variable (CUDA's; each runtime's record names its
+own: ``GpuRuntime.visible_devices``). Pure data.
 """
 
 from __future__ import annotations

@@ -214,9 +214,9 @@ def _allocated(buffer: Buffer, allocation: str) -> Buffer:
 
 
 def read_machine(plan: CheckPlan, job: Communicator | None = None) -> tuple[MachineFacts, CheckPlan]:
-    """The machine read once for a check (one doctor, one CUDA start-up; job: the GPUs of
-    NCCL's communicator on this node, matched there), GPUs the PCI bus has lost to CUDA
-    refused (GpuUnusable, exit 11: every job here meets it), and the plan there."""
+    """The machine read once for a check (one doctor, one GPU-runtime start-up; job: the GPUs
+    of NCCL's communicator on this node, matched there), GPUs the PCI bus holds that the GPU
+    runtime lost refused (GpuUnusable, exit 11: every job here meets it), and the plan there."""
     facts = machine.machine_facts(job=job)
     machine.require_gpus(facts)
     return facts, on_machine(plan, facts)

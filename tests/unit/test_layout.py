@@ -81,6 +81,11 @@ KNOWN_CYCLES = {
     ("gdrprobe.memory.cuda", "gdrprobe.memory.rocm", "gdrprobe.memory.runtime"),
     # the bench's pairs in report/model.py name report/check.py's Verdict (types only)
     ("gdrprobe.report.check", "gdrprobe.report.model"),
+    # the doctor's runtime collectors: doctor/facts/runtimes.py finds each by name, the
+    # context holds them, and each names DoctorContext for its types; topology asks them
+    ("gdrprobe.doctor.facts.context", "gdrprobe.doctor.facts.cuda",
+     "gdrprobe.doctor.facts.nccl_node", "gdrprobe.doctor.facts.runtimes",
+     "gdrprobe.doctor.facts.topology"),
 }
 
 
