@@ -2,8 +2,10 @@
 
 This module is the one door: every capability of the command line is a function here,
 and the command line (gdrprobe.cli) only parses flags, calls these functions and renders
-what they return, so both doors behave the same. Defaults come from
-:mod:`gdrprobe.defaults`; an argument left at None takes the default there.
+what they return, so both doors behave the same. Each function checks its keywords, builds
+its plan from them (:mod:`gdrprobe.campaign.plan`) and hands it to the campaign that runs it;
+nothing is assembled here. Defaults come from :mod:`gdrprobe.defaults`; an argument left at
+None takes the default there.
 
 Importing the package is cheap: pyverbs and CUDA are loaded only by the layers that need
 them, when they are first used.
@@ -14,18 +16,16 @@ from __future__ import annotations
 import os
 
 from gdrprobe import defaults
-from gdrprobe.campaign.arguments import (check_gpus, check_host, check_latency_a_b, check_threshold_given,
-                                         check_verdict, percent_habit)
-from gdrprobe.errors import ExitCode, GdrprobeError, NotTestable, UsageError
+from gdrprobe.campaign.arguments import (check_gpus, check_nccl, check_threshold_given,
+                                         check_token, check_verdict, percent_habit)
+from gdrprobe.defaults import TOKEN_ENV
+from gdrprobe.errors import ExitCode, GdrprobeError, UsageError
 
 __version__ = "0.1.0"
 
 __all__ = ["ExitCode", "GdrprobeError", "__version__", "list_devices", "run", "serve",
            "server", "check", "check_node", "require", "bench", "cluster", "diagnose", "capture",
            "read_nccl_log", "new_token", "token_warning", "TOKEN_ENV", "limits"]
-
-TOKEN_ENV = "GDRPROBE_TOKEN"   # where the command line looks for a token it was not given
-FLUSH_ASKED = "asked for (run --flush)"   # what asked run() for NCCL's flush
 
 
 # ---- what the machine has ---------------------------------------------------------------
@@ -49,21 +49,8 @@ def diagnose(root: str = "/", nccl: str | None = None):
     from gdrprobe.doctor.runner import run_doctor
 
     check_root(root)
-    _check_nccl(nccl, root)
+    check_nccl(nccl, root)
     return run_doctor(root, nccl=nccl)
-
-
-def _check_nccl(nccl: str | None, root: str) -> None:
-    """--nccl names something that is there (under root, for a capture): a typo would
-    otherwise be searched past in silence, and the doctor would judge another libnccl."""
-    from gdrprobe.sysroot import SysRoot
-
-    if nccl is not None and not SysRoot(root).exists(os.path.abspath(nccl)):
-        under = "" if os.path.abspath(root) == "/" else f" under the root {root}"
-        raise UsageError(f"--nccl {nccl}: no such file or directory{under}",
-                         "name the job's libnccl.so.2, its Python interpreter or its virtual "
-                         "environment (e.g. --nccl /opt/venv); a capture keeps the --nccl it "
-                         "was taken with: leave it out to replay that")
 
 
 def capture(dest: str, root: str = "/", replace: bool = False, nccl: str | None = None) -> list[str]:
@@ -72,7 +59,7 @@ def capture(dest: str, root: str = "/", replace: bool = False, nccl: str | None 
     returns the paths copied. ``nccl``: as for :func:`diagnose`, kept for the replay."""
     from gdrprobe.doctor.capture import capture as _capture
 
-    _check_nccl(nccl, root)
+    check_nccl(nccl, root)
     return _capture(dest, root=root, replace=replace, nccl=nccl)
 
 
@@ -114,62 +101,6 @@ def token_warning(token: str) -> str | None:
     return token_problem(token)
 
 
-def _check_token(token: str | None, required: bool) -> None:
-    from gdrprobe.protocol.token import TOKEN_FIX
-
-    if required and not token:
-        raise UsageError("no token: the server only talks to clients that know its token",
-                         f"pass --token TOKEN (printed by 'gdrprobe serve') or set {TOKEN_ENV}")
-    problem = None if token is None else token_warning(token)
-    if problem:
-        raise UsageError(problem, TOKEN_FIX)
-
-
-# ---- the pieces every run is made of ------------------------------------------------------
-
-
-def _endpoint(device: str | None, ib_port: int, gid_index: int | None):
-    from gdrprobe.rdma.endpoint import EndpointOptions
-
-    if not 1 <= ib_port <= 255:
-        raise UsageError(f"--ib-port {ib_port} is not a port number", "use 1 or 2")
-    return EndpointOptions(device=device, port=ib_port, gid_index=gid_index)
-
-
-def _memory(choice: str, gpu: str = "0", gpu_mem_type: str = defaults.GPU_MEMORY_TYPE,
-            pcie_mapping: bool = False, huge_pages: bool = False,
-            gpu_alloc: str = defaults.GPU_ALLOCATION):
-    """A buffer's spec; gpu_alloc: device memory through VMM as NCCL allocates it ("vmm",
-    cuMemAlloc where VMM is unsupported) or cuMemAlloc ("malloc")."""
-    from gdrprobe.memory.spec import MemorySpec
-
-    return MemorySpec.from_choice(choice, gpu=gpu, memory_type=gpu_mem_type,
-                                  pcie_mapping=pcie_mapping, huge_pages=huge_pages,
-                                  allocation=gpu_alloc)
-
-
-def _options(a_b: bool, size: int | None, settings: dict, nccl_view):
-    """A run's options: the A/B compares bandwidth at large messages (A_B_SIZE) unless a
-    size is given; registration follows NCCL_IB_PCI_RELAXED_ORDERING as the job's NCCL
-    reads it (nccl_view: the environment as NCCL sees it, configuration files included, and
-    its release's rules) unless relaxed_ordering is given; the rest is ProbeOptions' own
-    (gdrprobe.defaults)."""
-    from gdrprobe.measure.options import ProbeOptions
-
-    settings = {key: value for key, value in settings.items() if value is not None}
-    if "sizes" not in settings:
-        default = defaults.A_B_SIZE if a_b else defaults.SIZE
-        settings["sizes"] = (default if size is None else size,)
-    if "relaxed_ordering" not in settings:
-        environ, rules = nccl_view
-        settings["relaxed_ordering"] = rules.relaxed_ordering(environ)
-    return ProbeOptions(**settings)
-
-
-def _port(port: int | None) -> int:
-    return defaults.PORT if port is None else port
-
-
 # ---- one run, and the A/B -----------------------------------------------------------------
 
 
@@ -202,71 +133,22 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     buffer at the remote end) is the latency A/B instead
     (:class:`gdrprobe.report.model.LatencyABReport`: each size's GPU/host median ratio).
     Raises :class:`GdrprobeError`."""
-    from gdrprobe.campaign.ab import ab_test
-    from gdrprobe.campaign.latency_ab import latency_ab
-    from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
-    from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
-    from gdrprobe.measure.loopback import runner
+    from gdrprobe.campaign import probe
+    from gdrprobe.campaign.plan import Buffer, endpoint, peer
 
     if bool(host) == bool(loopback):
         raise UsageError("give either a server host or loopback", "e.g. 'gdrprobe run "
                          "10.0.0.2 --token TOKEN' or 'gdrprobe run --loopback'")
-    check_host(host)
     check_verdict(threshold, repeats)
     check_gpus(gpu)
-    _check_token(None if loopback else token, required=not loopback)
-    if not 0 <= connect_wait_s <= 3600:
-        raise UsageError("--connect-wait must be 0 to 3600 s",
-                         "e.g. --connect-wait 60 for a server that is still starting")
-    local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
-    remote = _memory(remote_mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc) \
-        if remote_mem else None
-    a_b = local.kind == "gpu" or (remote is not None and remote.kind == "gpu")
-    latency_a_b = a_b and settings.get("mode") == "latency"
-    if latency_a_b:   # which end the CPU checks, before a GPU runtime is looked for
-        check_latency_a_b(settings.get("opcode", "write"), local, remote)
-    if a_b:
-        _require_gpu_arm(local, remote if loopback else None)
-    if flush:
-        settings["flush"] = FLUSH_ASKED
-    # This host's facts where a GPU buffer is here: --mem gpu registers as NCCL does.
-    facts = run_facts(local, loopback) if a_b else None
-    local = follow_nccl(local, facts)
-    remote = follow_nccl(remote, facts) if loopback and remote is not None else remote
-    view = (facts.nccl_environ, facts.nccl_rules) if facts else nccl_view()
-    # Both ends pin their buffers here in loopback, the client's alone against a server.
-    # The bandwidth A/B's default size is a large message's; latency keeps a run's default.
-    options = fit_to_memlock(_options(a_b and not latency_a_b, size, settings, view),
-                             2 if loopback else 1,
-                             locked_memory(), notice)
-    probe = runner(options, _endpoint(device, ib_port, gid_index),
-                   None if loopback else host, _port(port), token, connect_wait_s,
-                   on_result=None if a_b else on_result, notice=notice)
-    if not a_b:
-        return probe(local, remote)
-    if latency_a_b:
-        return latency_ab(probe, local, remote, repeats)
-    return ab_test(probe, local, remote, staged=staged, repeats=repeats,
-                   threshold=threshold, doctor_findings=facts.findings if facts else (),
-                   opcode=options.opcode)
-
-
-def _require_gpu_arm(*in_process) -> None:
-    """What the A/B needs before its host arm measures anything, so that a machine that
-    cannot run the GPU arm answers "not testable" at once with the cause: an RDMA device,
-    then, for a GPU buffer in this process, the node's GPU runtime library (found as the
-    runtime finds it, without importing its bindings: memory.runtime)."""
-    from gdrprobe.campaign.ab import no_device_not_testable
-    from gdrprobe.errors import NoRdmaDevice
-    from gdrprobe.memory.runtime import require_gpu_library
-    from gdrprobe.rdma.verbs import devices
-
-    try:
-        devices()
-    except NoRdmaDevice as error:
-        raise no_device_not_testable(error) from error
-    if any(spec is not None and spec.kind == "gpu" for spec in in_process):
-        require_gpu_library()
+    details = dict(memory_type=gpu_mem_type, allocation=gpu_alloc, pcie_mapping=pcie_mapping,
+                   huge_pages=huge_pages)
+    return probe.run(probe.RunPlan(
+        local=Buffer(mem, **details).spec(gpu),
+        remote=Buffer(remote_mem, **details).spec(gpu) if remote_mem else None,
+        endpoint=endpoint(device, ib_port, gid_index), peer=peer(host, port, token),
+        settings=settings, size=size, repeats=repeats, threshold=threshold, staged=staged,
+        connect_wait_s=connect_wait_s, flush=flush), on_result, notice)
 
 
 # ---- serving ------------------------------------------------------------------------------
@@ -283,15 +165,16 @@ def server(token: str, *, bind: str = defaults.BIND, port: int | None = None,
     ``.close()``; ``.port`` is the port it listens on (port=0: any free one). Clients whose
     GPU arm uses this host's GPU buffer get this host's doctor findings."""
     from gdrprobe.campaign.machine import served_findings
+    from gdrprobe.campaign.plan import Buffer, endpoint, tcp_port
     from gdrprobe.measure.server import ProbeServer
 
-    _check_token(token, required=True)
+    check_token(token, required=True)
     check_gpus(gpu)
-    return ProbeServer(token, _endpoint(device, ib_port, gid_index), bind=bind,
-                       port=_port(port), timeout_s=timeout_s, max_buffer=max_buffer,
-                       memory=_memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages,
-                                      gpu_alloc),
-                       findings=served_findings())
+    memory = Buffer(mem, memory_type=gpu_mem_type, allocation=gpu_alloc,
+                    pcie_mapping=pcie_mapping, huge_pages=huge_pages).spec(gpu)
+    return ProbeServer(token, endpoint(device, ib_port, gid_index), bind=bind,
+                       port=tcp_port(port), timeout_s=timeout_s, max_buffer=max_buffer,
+                       memory=memory, findings=served_findings())
 
 
 def serve(token: str, *, runs: int | None = None, **options) -> None:
@@ -305,68 +188,6 @@ def serve(token: str, *, runs: int | None = None, **options) -> None:
 
 
 # ---- the prelaunch gate -------------------------------------------------------------------
-
-
-def _gate(time_budget_s, settings: dict, *, ib_port, gid_index, mem, gpu_mem_type,
-          gpu_alloc, staged, repeats, threshold, floor, size, host=None, token=None,
-          port=None, remote_mem=None, job=None, latency=False, read=False, bidir=False,
-          latency_factor=None):
-    """What check() and check_node() share: the budget, started first (it limits the whole
-    call); what can be refused before the doctor runs; the machine read once (one doctor,
-    one CUDA start-up), and GpuUnusable (exit 11) where the GPU runtime lost GPUs sysfs lists; and
-    what every check of the call is asked
-    (campaign.prelaunch.GateSettings): the runs' options with check's QPs (CHECK_QPS) and
-    NCCL's relaxed-ordering setting from the environment as NCCL sees it; the send buffer
-    as mem says, the receive buffer the same (loopback: GPU memory at both ends) unless
-    remote_mem says otherwise; the GPU memory allocated as NCCL will allocate it
-    (NCCL_CUMEM_ENABLE) unless gpu_alloc says; the extra answers asked for (latency, read, bidir;
-    latency_factor None: the default). Returns (budget, facts, gate)."""
-    from gdrprobe.campaign.gate import Budget
-    from gdrprobe.campaign.machine import machine_facts, require_gpus
-    from gdrprobe.campaign.prelaunch import GateSettings, check_floor
-    from gdrprobe.campaign.secondary import check_latency_factor
-
-    budget = Budget(time_budget_s)
-    if latency_factor is not None:
-        check_latency_factor(latency_factor, latency)
-    if settings.get("mode", "bandwidth") != "bandwidth":
-        raise UsageError("check() compares bandwidth; latency runs use host memory",
-                         "drop mode='latency' (latency: run() with host memory)")
-    _endpoint(None, ib_port, None)
-    check_verdict(threshold, repeats)
-    percent_habit("--floor", floor)
-    check_floor(floor)
-    if host is not None:
-        check_host(host)
-        _check_token(token, required=True)
-    facts = machine_facts(job=job)    # job: the job's GPUs, NCCL's communicator on this node
-    require_gpus(facts)           # GPUs lost to the GPU runtime: every job here meets it (exit 11)
-    gpu_alloc = gpu_alloc or facts.nccl_rules.gpu_allocation(facts.nccl_environ)
-    settings = {key: value for key, value in settings.items() if value is not None}
-    settings.setdefault("qps", defaults.CHECK_QPS)
-
-    def send(gpu: str):
-        return _memory(mem, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
-
-    def receive(gpu: str):
-        choice = remote_mem or (mem if host is None else "host")
-        return _memory(choice, gpu, gpu_mem_type, gpu_alloc=gpu_alloc)
-
-    return budget, facts, GateSettings(
-        options=_options(True, size, settings, (facts.nccl_environ, facts.nccl_rules)),
-        gpu_memory=send, receive_memory=receive,
-        ib_port=ib_port, gid_index=gid_index, repeats=repeats, threshold=threshold,
-        floor=floor, staged=staged, keep_cq_moderation="cq_moderation" in settings,
-        host=host, port=_port(port), token=token, latency=latency, read=read, bidir=bidir,
-        **_latency_bound(latency_factor))
-
-
-def _latency_bound(factor: float | None) -> dict:
-    """The latency bound's GateSettings fields: as given, or the default's."""
-    if factor is None:
-        return {}
-    return {"latency_factor": factor,
-            "latency_factor_source": f"as given (latency_factor={factor:g})"}
 
 
 def check(host: str | None = None, *, token: str | None = None, port: int | None = None,
@@ -384,8 +205,10 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     that falls short, one arm per direction names the one that fails), or against host.
     Without gpu and device, the pair this process's rank will use: the GPU from LOCAL_RANK
     (torchrun), SLURM_LOCALID (srun) or OMPI_COMM_WORLD_LOCAL_RANK among the GPUs
-    CUDA_VISIBLE_DEVICES leaves, the NIC NCCL will use for it, and with PXN the NVLink
-    peer's memory for the sends; ``report.placement`` says which and why. With mem="gpu"
+    CUDA_VISIBLE_DEVICES leaves, the NIC NCCL will use for it (decided among the job's GPUs
+    on this node, as NCCL counts its communicator's: :mod:`gdrprobe.campaign.communicator`),
+    and with PXN the NVLink peer's memory for the sends; ``report.placement`` says which and
+    why. With mem="gpu"
     the memory is registered as NCCL will register it (DMA-BUF or peer memory: its release,
     NCCL_DMABUF_ENABLE, the GPU and the NIC decide); dmabuf and peermem as named. NCCL's own
     decision for the GPU joins the verdict: "not used by NCCL" where NCCL will not use
@@ -402,42 +225,19 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     the A/B with both ends WRITEing at once (``report.bidir``, the same answer); each
     shortfall is a warning in ``verdict.warnings`` (exit 13), never a drain. NCCL's flush,
     where it ran, is ``report.flush``. Returns a :class:`gdrprobe.report.model.CheckReport`."""
-    import dataclasses
-
-    from gdrprobe.campaign.gate import rank_pair
-    from gdrprobe.campaign.memlock import fit_to_memlock, locked_memory
-    from gdrprobe.campaign.prelaunch import check_pair
+    from gdrprobe.campaign.plan import Buffer, CheckPlan, Criteria, endpoint, gate_options, peer
+    from gdrprobe.campaign.prelaunch import check_rank
 
     check_gpus(gpu)
-    budget, facts, gate = _gate(
-        time_budget_s, settings, host=host, token=token, port=port, ib_port=ib_port,
-        gid_index=gid_index, mem=mem, remote_mem=remote_mem, gpu_mem_type=gpu_mem_type,
-        gpu_alloc=gpu_alloc, staged=staged, repeats=repeats, threshold=threshold,
-        floor=floor, size=size, latency=latency, read=read, bidir=bidir,
-        latency_factor=latency_factor)
-    pair = rank_pair(os.environ, facts.gpus, facts.nics, gpu, device)
-    # Both ends pin their host buffers here in loopback (check_node fits its NICs itself).
-    gate = dataclasses.replace(gate, options=fit_to_memlock(
-        gate.options, 1 if host else 2, locked_memory()))
-    try:
-        return check_pair(pair, facts, gate, budget, os.environ)
-    except NotTestable as error:
-        return _not_testable_check(error, pair, threshold, budget)
-
-
-def _not_testable_check(error: GdrprobeError, pair, threshold: float, budget):
-    """A check that could not start a single run (no RDMA device at all, the NIC another
-    check held past the budget) answers as every other "not testable" does: the report,
-    exit 9, not an exception (README's answers, docs/api.md); require() raises from it."""
-    import dataclasses
-
-    from gdrprobe.report.check import NOT_TESTABLE, CheckReport, Verdict
-
-    verdict = Verdict(NOT_TESTABLE, threshold=threshold, likely_causes=(error.cause,),
-                      fix=error.fix, evidence=(error.evidence,) if error.evidence else ())
-    placement = dataclasses.replace(pair, time_budget_s=budget.seconds,
-                                    elapsed_s=round(budget.elapsed(), 3))
-    return CheckReport(verdict, arms=(), settings=None, repeats=0, placement=placement)
+    options, given = gate_options(size, settings)
+    return check_rank(CheckPlan(
+        options, given=given, send=Buffer(mem, gpu_mem_type, gpu_alloc),
+        receive=Buffer(remote_mem or (mem if host is None else "host"), gpu_mem_type, gpu_alloc),
+        criteria=Criteria.asked(threshold=threshold, floor=floor, repeats=repeats,
+                                latency_factor=latency_factor,
+                                latency=latency, read=read, bidir=bidir),
+        endpoint=endpoint(device, ib_port, gid_index), peer=peer(host, port, token),
+        staged=staged, time_budget_s=time_budget_s), gpu, os.environ)
 
 
 def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | None = None,
@@ -463,16 +263,18 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
     at a time, then every rail at once (:mod:`gdrprobe.campaign.rails`); ``report.rails``
     holds each rail solo, together and their ratio, the aggregate and the verdict
     ("contention": exit 13, a warning; rails that did not run together: 12)."""
-    from gdrprobe.campaign.job_gpus import job_gpus
-    from gdrprobe.campaign.node import check_node as _check_node
+    from gdrprobe.campaign.node import check_job
+    from gdrprobe.campaign.plan import Buffer, CheckPlan, Criteria, endpoint, gate_options
 
-    job = job_gpus(os.environ, gpus)      # a malformed list is refused before the doctor
-    budget, facts, gate = _gate(
-        time_budget_s, settings, ib_port=ib_port, gid_index=gid_index, mem=mem,
-        gpu_mem_type=gpu_mem_type, gpu_alloc=gpu_alloc, staged=staged, repeats=repeats,
-        threshold=threshold, floor=floor, size=size, job=job, latency=latency, read=read,
-        bidir=bidir, latency_factor=latency_factor)
-    return _check_node(facts, gate, budget, os.environ, job=job, every_rail=all_rails)
+    options, given = gate_options(size, settings)
+    return check_job(CheckPlan(
+        options, given=given, send=Buffer(mem, gpu_mem_type, gpu_alloc),
+        receive=Buffer(mem, gpu_mem_type, gpu_alloc),
+        criteria=Criteria.asked(threshold=threshold, floor=floor, repeats=repeats,
+                                latency_factor=latency_factor,
+                                latency=latency, read=read, bidir=bidir),
+        endpoint=endpoint(None, ib_port, gid_index), staged=staged,
+        time_budget_s=time_budget_s), gpus, all_rails, os.environ)
 
 
 def require(**kwargs):
@@ -482,21 +284,9 @@ def require(**kwargs):
     degraded, not engaged, or NCCL's rules refuse it on this node), NcclSetting (10: an NCCL
     setting keeps NCCL off it), NotTestable (9) or Inconclusive (12: the measurement could
     not tell, however its median leaned)."""
-    from gdrprobe.errors import Inconclusive, NcclSetting, NotTestable, VerdictNotOk
-    from gdrprobe.report.check import main_cause
+    from gdrprobe.campaign.prelaunch import engaged
 
-    report = check(**kwargs)
-    verdict = report.verdict
-    if verdict.exit_code in (ExitCode.OK, ExitCode.PERFORMANCE_WARNING):
-        return report
-    error = {int(ExitCode.NOT_TESTABLE): NotTestable,
-             int(ExitCode.NCCL_SETTING): NcclSetting,
-             int(ExitCode.INCONCLUSIVE): Inconclusive}.get(verdict.exit_code, VerdictNotOk)
-    ratio = f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""
-    cause = f": {main_cause(verdict)}" if verdict.likely_causes or verdict.inconclusive else ""
-    state = verdict.classification + (", inconclusive" if error is Inconclusive else "")
-    raise error(f"GPUDirect RDMA is {state}{ratio}{cause}",
-                verdict.fix, evidence="; ".join(verdict.evidence))
+    return engaged(check(**kwargs))
 
 
 # ---- the benchmark sweep and the cluster matrix -------------------------------------------
@@ -526,31 +316,21 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     size and QP count, each against its own sweep row (``report.rails``; docs/check.md).
     Returns a :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row
     fell, else with all_rails the rails' (13 contention, 12 inconclusive)."""
-    import dataclasses
-
-    from gdrprobe.campaign.bench import check_max_drop, compare_rows, run_bench
-    from gdrprobe.campaign.machine import machine_facts
-    from gdrprobe.report.bench import read_baseline
+    from gdrprobe.campaign.bench import bench as sweep
     from gdrprobe.report.model import BenchSettings
 
     check_threshold_given(threshold)
     percent_habit("--max-drop", max_drop)
     check_gpus(*_as_tuple(gpus))
-    before = read_baseline(baseline) if baseline else None
-    check_max_drop(max_drop)
     settings = BenchSettings(
         sizes_bytes=_as_tuple(sizes or defaults.SWEEP_SIZES), memory_kinds=_as_tuple(memory),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
         latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port,
         opcode=opcode, bidir=bidir, all_rails=all_rails)
-    report = run_bench(settings, machine_facts(), __version__, gpus=_as_tuple(gpus),
-                       devices=_as_tuple(devices), gid_index=gid_index, timeout_s=timeout_s,
-                       on_row=on_row or (lambda row, done, total: None))
-    if before is None:
-        return report
-    return dataclasses.replace(report, baseline=compare_rows(report.rows, before, baseline,
-                                                             max_drop))
+    return sweep(settings, __version__, gpus=_as_tuple(gpus), devices=_as_tuple(devices),
+                 gid_index=gid_index, timeout_s=timeout_s, on_row=on_row, baseline=baseline,
+                 max_drop=max_drop)
 
 
 def _as_tuple(value) -> tuple:
@@ -572,24 +352,14 @@ def cluster(*, pattern: str = "all", mem: str = defaults.GPU_MEMORY, gpu: str = 
     (its ``exit_code`` is the worst pair's; a slow pair alone: 1), the other ranks None.
     bidir=True: both ranks of a pair WRITE at once in one window (perftest's -b); each
     pair's ``bidirectional`` has per arm each direction and the sum."""
-    from gdrprobe.campaign import cluster as _cluster
-    from gdrprobe.campaign.machine import follow_nccl, nccl_view, run_facts
+    from gdrprobe.campaign.cluster import ClusterPlan, cluster as every_pair
+    from gdrprobe.campaign.plan import Buffer, endpoint
 
-    percent_habit("--slow-fraction", slow_fraction)
-    if not 0 < slow_fraction <= 1:
-        raise UsageError(f"--slow-fraction {slow_fraction}: use a fraction over 0 and at "
-                         "most 1", f"e.g. {defaults.SLOW_FRACTION}")
     check_verdict(threshold, repeats)
     check_gpus(gpu)
-    endpoint = _endpoint(device, ib_port, gid_index)
-    local = _memory(mem, gpu, gpu_mem_type, pcie_mapping, huge_pages, gpu_alloc)
-    facts = run_facts(local, loopback=False)
-    view = (facts.nccl_environ, facts.nccl_rules) if facts else nccl_view()
-    options = _options(True, size, {"iterations": iterations, "timeout_s": timeout_s,
-                                    "bidir": bidir}, view)
-    return _cluster.run_cluster(
-        _cluster.world(), pattern, _cluster.pair_server(endpoint, timeout_s),
-        lambda: _cluster.advertised_address(endpoint, oob_address),
-        _cluster.pair_probe(options, endpoint, follow_nccl(local, facts), repeats, threshold,
-                            facts.findings if facts else ()),
-        slow_fraction)
+    local = Buffer(mem, memory_type=gpu_mem_type, allocation=gpu_alloc,
+                   pcie_mapping=pcie_mapping, huge_pages=huge_pages).spec(gpu)
+    return every_pair(ClusterPlan(
+        local, endpoint(device, ib_port, gid_index), pattern=pattern, size=size,
+        iterations=iterations, timeout_s=timeout_s, bidir=bidir, repeats=repeats,
+        threshold=threshold, slow_fraction=slow_fraction, oob_address=oob_address))

@@ -12,6 +12,7 @@ PORT = 18750                       # gdrprobe serve's TCP port
 BIND = "0.0.0.0"                   # what serve listens on
 TIMEOUT_S = 30.0                   # every out-of-band step of a run
 MAX_BUFFER = 256 << 20             # the most a client may make a server pin for a run
+TOKEN_ENV = "GDRPROBE_TOKEN"       # where the command line looks for a token it was not given
 
 # ---- one run (perftest's ib_write_bw defaults where it has one) ---------------------------
 SIZE = 65536                       # DEF_SIZE_BW

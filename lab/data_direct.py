@@ -18,8 +18,9 @@ import os
 import sys
 
 from lab.kernel import LabError
-from lab.modules import (DEMO_REPEATS, RXE_DMA_DEVICE, Built, answered_by_dmabuf, built_modules,
-                         dmabuf_environment, run_dmabuf_ab)
+from lab.dmabuf_guest import (DEMO_REPEATS, RXE_DMA_DEVICE, Built, answered_by_dmabuf,
+                              dmabuf_environment, run_dmabuf_ab)
+from lab.modules import built_modules
 
 # rxe's dma-buf device stands at the data-direct path: registration never reads the path, the
 # doctor's placement does (a PCI function, which rxe has none of: placement is fixture-tested).

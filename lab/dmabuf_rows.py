@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from statistics import median
 
-from lab.modules import DEMO_REPEATS, Built, answered_by_dmabuf, run_dmabuf_ab
+from lab.dmabuf_guest import DEMO_REPEATS, Built, answered_by_dmabuf, run_dmabuf_ab
 
 BOTH_ENDS = ("--remote-mem", "dmabuf")
 LATENCY = ("--latency", "--opcode", "write_imm", "-s", "8", "-n", "300", *BOTH_ENDS)
@@ -35,7 +35,7 @@ def latency_row(report: dict) -> tuple[str, bool]:
 
 
 def verdict_row(report: dict) -> tuple[str, bool]:
-    """The A/B's answer, judged as the demo's WRITE A/B is (modules.answered_by_dmabuf):
+    """The A/B's answer, judged as the demo's WRITE A/B is (dmabuf_guest.answered_by_dmabuf):
     measured through dmabuf and never a drain code (host pages against host pages)."""
     verdict = report["verdict"]
     ratio = verdict.get("ratio")

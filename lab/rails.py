@@ -31,7 +31,7 @@ import subprocess
 import sys
 
 from lab.kernel import REPO, LabError
-from lab.modules import GUEST_SCRIPT, Built, dmabuf_environment, write_rxe_knob
+from lab.dmabuf_guest import GUEST_SCRIPT, Built, dmabuf_environment, write_rxe_knob
 
 GPU_BUS_IDS = ("0000:03:00.0", "0000:04:00.0")
 NIC_BUS_IDS = ("0000:05:00.0", "0000:06:00.0")

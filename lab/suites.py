@@ -7,7 +7,7 @@ import re
 import shlex
 import shutil
 
-from lab import acs_iommu, modules, rails, slurm, vm
+from lab import acs_iommu, dmabuf_guest, modules, rails, slurm, vm
 from lab.kernel import REPO, LabError, ensure_kernel
 
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
@@ -72,7 +72,7 @@ def demo_dmabuf(runtimes: tuple[str, ...] = ("cuda", "rocm"), name: str = "demo-
     built or reused here, loaded in one guest, the JSON and the kernel's dma-buf table taken
     during each run."""
     built = modules.ensure_modules()
-    result = vm.run_loopback(f"bash {modules.GUEST_SCRIPT} load {built.folder} && "
+    result = vm.run_loopback(f"bash {dmabuf_guest.GUEST_SCRIPT} load {built.folder} && "
                              f"{PYTHON} -m lab.modules guest-demo {' '.join(runtimes)}",
                              DEMO_DMABUF_TIMEOUT_S * len(runtimes))
     vm.print_result(result)
@@ -93,7 +93,7 @@ def demo_platform() -> int:
     (lab/acs_iommu.py: the findings as JSON, then the lab test that asserts them)."""
     built = modules.ensure_modules()
     mark = f"env {acs_iommu.GUEST_MARK}=1"
-    command = (f"bash {modules.GUEST_SCRIPT} load {built.folder} && "
+    command = (f"bash {dmabuf_guest.GUEST_SCRIPT} load {built.folder} && "
                f"{PYTHON} -m lab.data_direct && "
                f"{mark} {PYTHON} -m lab.acs_iommu findings && "
                f"{mark} {pytest_command(ACS_IOMMU_TESTS, [])}")

@@ -3,7 +3,11 @@ anything is probed (both doors: the public API calls these first)."""
 
 from __future__ import annotations
 
+import os
+
+from gdrprobe import defaults
 from gdrprobe.errors import UsageError
+from gdrprobe.sysroot import SysRoot
 
 
 def percent_habit(flag: str, value: float) -> None:
@@ -31,6 +35,37 @@ def check_threshold_given(threshold: float) -> None:
     check_threshold(threshold)
 
 
+def check_floor(floor: float) -> None:
+    """The fraction of the port's line rate the GPU arm must reach (0: no floor)."""
+    if not 0 <= floor <= 1:
+        raise UsageError(f"--floor {floor:g}: use a fraction of line rate from 0 to 1",
+                         f"e.g. {defaults.FLOOR:g}; 0 turns the floor off")
+
+
+def check_token(token: str | None, required: bool) -> None:
+    """A token a server takes: required against a server, never one under the floor."""
+    from gdrprobe.protocol.token import TOKEN_FIX, token_problem
+
+    if required and not token:
+        raise UsageError("no token: the server only talks to clients that know its token",
+                         "pass --token TOKEN (printed by 'gdrprobe serve') or set "
+                         f"{defaults.TOKEN_ENV}")
+    problem = None if token is None else token_problem(token)
+    if problem:
+        raise UsageError(problem, TOKEN_FIX)
+
+
+def check_nccl(nccl: str | None, root: str) -> None:
+    """--nccl names something that is there (under root, for a capture): a typo would
+    otherwise be searched past in silence, and the doctor would judge another libnccl."""
+    if nccl is not None and not SysRoot(root).exists(os.path.abspath(nccl)):
+        under = "" if os.path.abspath(root) == "/" else f" under the root {root}"
+        raise UsageError(f"--nccl {nccl}: no such file or directory{under}",
+                         "name the job's libnccl.so.2, its Python interpreter or its virtual "
+                         "environment (e.g. --nccl /opt/venv); a capture keeps the --nccl it "
+                         "was taken with: leave it out to replay that")
+
+
 def check_gpus(*gpus: str | None) -> None:
     """Each GPU given as a GPU runtime names one (an ordinal or a PCI bus id), and the
     runtime GDRPROBE_GPU_RUNTIME names, if set, is one gdrprobe has, before the probe."""
@@ -56,7 +91,6 @@ def check_latency_a_b(opcode: str, local, remote) -> None:
     """Latency with GPU memory (the latency A/B): a loop whose CPU polls completions, not a
     receive buffer (defaults.LATENCY_A_B_OPCODES), and no GPU buffer where the CPU checks
     the bytes (measure.options.check_latency_memory: a READ's own end)."""
-    from gdrprobe import defaults
     from gdrprobe.measure.options import ProbeOptions, check_latency_memory
 
     if opcode not in defaults.LATENCY_A_B_OPCODES:

@@ -25,85 +25,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from gdrprobe import defaults
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
                              UsageError)
+from gdrprobe.campaign import machine
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
+from gdrprobe.campaign.bench_plan import MEASURED, BenchPlan, Execute, PairPlan, RunPlan
+from gdrprobe.campaign.bench_rails import bench_rails
 from gdrprobe.campaign.gate import MachineFacts, NicChoice
 from gdrprobe.campaign.nccl_use import receive_flush
 from gdrprobe.measure.loops import bidir_result
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.campaign.verdict import ArmMeasurement, check_threshold, classify
+from gdrprobe.report.bench import read_baseline
 from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
                                    BenchPair, BenchReport, BenchRow, BenchSettings,
                                    LatencyResult)
 
 BENCH_KINDS = ("host", "dmabuf", "peermem", "staged")
-MEASURED = "measured"
-
-
-@dataclasses.dataclass(frozen=True)
-class PairPlan:
-    gpu: str        # the GPU's selector: PCI bus id, or CUDA ordinal when unknown
-    nic: str
-    reason: str     # why this NIC for this GPU
-
-
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """One run of the sweep: every size of one mode, memory kind and QP count on a pair."""
-
-    mode: str       # bandwidth | latency
-    gpu: str        # "" for host memory
-    nic: str
-    memory: str
-    qps: int
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchPlan:
-    pairs: tuple[PairPlan, ...]
-    memory_kinds: tuple[str, ...]
-    qps: tuple[int, ...]
-    options: ProbeOptions           # sizes, iterations or duration, queue settings
-    latency_iterations: int = 1000  # 0: no latency rows
-    # GPU -> what asks its receive buffer for NCCL's flush ("": nothing; see nccl_use)
-    flushes: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    def nics(self) -> list[str]:
-        return list(dict.fromkeys(pair.nic for pair in self.pairs))
-
-    def runs(self) -> list[RunPlan]:
-        """Per NIC: host bandwidth per QP count and host latency, then each of its pairs'
-        GPU kinds, so every GPU row has its host reference before it."""
-        runs = []
-        for nic in self.nics():
-            if "host" in self.memory_kinds:
-                runs += [RunPlan("bandwidth", "", nic, "host", qps) for qps in self.qps]
-            if self.latency_iterations:
-                runs.append(RunPlan("latency", "", nic, "host", 1))
-            runs += [RunPlan("bandwidth", pair.gpu, nic, kind, qps)
-                     for pair in self.pairs if pair.nic == nic
-                     for kind in self.memory_kinds if kind != "host" for qps in self.qps]
-        return runs
-
-    def run_options(self, run: RunPlan) -> ProbeOptions:
-        if run.mode == "latency":
-            return dataclasses.replace(
-                self.options, mode="latency", sizes=latency_sizes(self.options.sizes),
-                iterations=self.latency_iterations, warmup_iterations=0, duration_s=None, qps=1,
-                tx_depth=1, cq_moderation=1, post_list=1, bidir=False)
-        # NCCL flushes what its NIC wrote into GPU memory: a READ run writes nothing there;
-        # a bidirectional one checks every message both ways instead (measure/options.py).
-        flushed = run.gpu and not self.options.reads and not self.options.bidir
-        return dataclasses.replace(self.options, qps=run.qps,
-                                   flush=self.flushes.get(run.gpu, "") if flushed else "")
-
-    def row_count(self) -> int:
-        """How many rows the sweep will produce: the length of its progress bar."""
-        return sum(len(self.run_options(run).sizes) for run in self.runs())
-
-
-def latency_sizes(sizes: Iterable[int]) -> tuple[int, ...]:
-    """The latency loop needs 2 bytes at least (the peer polls the last byte)."""
-    return tuple(dict.fromkeys(max(2, size) for size in sizes))
 
 
 def bench_pairs(gpus: Sequence[str], nics: Sequence[str], decisions: Mapping[str, NicChoice],
@@ -250,8 +186,6 @@ def pair_verdicts(pairs: Sequence[PairPlan], rows: Sequence[BenchRow],
 
 # ---- running the sweep ---------------------------------------------------------------
 
-
-Execute = Callable[[RunPlan, ProbeOptions, Callable[[object], None]], None]
 
 
 @dataclasses.dataclass
@@ -403,8 +337,6 @@ def run_bench(settings: BenchSettings, facts: MachineFacts, version: str, *,
     rows = with_ratios(sweep.rows, line_rates)
     rails = None
     if settings.all_rails and not sweep.interrupted:
-        from gdrprobe.campaign.bench_rails import bench_rails
-
         rails = bench_rails(plan, rows, facts, execute, settings.ib_port)
     return BenchReport(
         environment=bench_environment(facts.cuda_facts, facts.nvidia_driver, version),
@@ -413,6 +345,24 @@ def run_bench(settings: BenchSettings, facts: MachineFacts, version: str, *,
                             settings.threshold, facts.findings),
         rows=tuple(rows), interrupted=sweep.interrupted, wall_s=time.monotonic() - started,
         measured_s=sweep.measured_s, rails=rails)
+
+
+def bench(settings: BenchSettings, version: str, *, gpus: Sequence[str] = (),
+          devices: Sequence[str] = (), gid_index: int | None = None,
+          timeout_s: float = defaults.TIMEOUT_S, on_row: OnRow | None = None,
+          baseline: str | None = None, max_drop: float = defaults.MAX_DROP) -> BenchReport:
+    """bench(): the sweep on this machine's facts (one doctor), each row that fell by more
+    than max_drop against an earlier sweep's JSON file (baseline: read before anything is
+    measured) flagged."""
+    before = read_baseline(baseline) if baseline else None
+    check_max_drop(max_drop)
+    report = run_bench(settings, machine.machine_facts(), version, gpus=gpus, devices=devices,
+                       gid_index=gid_index, timeout_s=timeout_s,
+                       on_row=on_row or (lambda row, done, total: None))
+    if before is None:
+        return report
+    return dataclasses.replace(report, baseline=compare_rows(report.rows, before, baseline,
+                                                             max_drop))
 
 
 def select_nics(listed: Mapping[str, object], devices: Sequence[str]) -> list[str]:

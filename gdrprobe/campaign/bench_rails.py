@@ -8,7 +8,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from gdrprobe.campaign.bench import MEASURED, BenchPlan, Execute, RunPlan
+from gdrprobe.campaign.bench_plan import MEASURED, BenchPlan, Execute, RunPlan
 from gdrprobe.campaign.gate import MachineFacts
 from gdrprobe.campaign.rails import RailLoop, Solo, check_rails
 from gdrprobe.report.check import LoopWindow, RailsReport, RankPair

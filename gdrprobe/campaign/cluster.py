@@ -17,7 +17,10 @@ from typing import Callable
 
 from gdrprobe import defaults
 from gdrprobe.errors import ExitCode, GdrprobeError, MissingDependency, PeerError, UsageError, worst_exit_code
+from gdrprobe.campaign import machine
 from gdrprobe.campaign.ab import ab_test
+from gdrprobe.campaign.arguments import percent_habit
+from gdrprobe.campaign.plan import probe_options
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.loopback import runner
 from gdrprobe.measure.server import ProbeServer
@@ -33,6 +36,48 @@ MPI4PY_FIX = ("install mpi4py for the system's MPI (Debian/Ubuntu: apt-get insta
               "python3-mpi4py openmpi-bin; or pip install mpi4py against your MPI) and launch "
               "with mpirun or srun, one rank per node")
 ROUND_TAG = 41
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterPlan:
+    """What cluster() is asked: this rank's memory and endpoint, which pairs, the runs'
+    size, iterations and time-out, the A/B's repeats and threshold, what counts as slow
+    (a pair under this fraction of the median), and the address the other ranks reach this
+    one at (None: found)."""
+
+    local: MemorySpec
+    endpoint: EndpointOptions
+    pattern: str = "all"
+    size: int = defaults.A_B_SIZE
+    iterations: int = defaults.ITERATIONS
+    timeout_s: float = defaults.TIMEOUT_S
+    bidir: bool = False
+    repeats: int = defaults.REPEATS
+    threshold: float = defaults.THRESHOLD
+    slow_fraction: float = defaults.SLOW_FRACTION
+    oob_address: str | None = None
+
+    def __post_init__(self):
+        percent_habit("--slow-fraction", self.slow_fraction)
+        if not 0 < self.slow_fraction <= 1:
+            raise UsageError(f"--slow-fraction {self.slow_fraction}: use a fraction over 0 "
+                             f"and at most 1", f"e.g. {defaults.SLOW_FRACTION}")
+
+
+def cluster(plan: ClusterPlan) -> ClusterReport | None:
+    """This rank's part of the matrix: its node's facts where its memory is a GPU's (the
+    A/B then registers it as NCCL does), its server for the pairs it serves, its probe for
+    the pairs it measures."""
+    facts = machine.run_facts(plan.local, loopback=False)
+    view = (facts.nccl_environ, facts.nccl_rules) if facts else machine.nccl_view()
+    options = probe_options({"iterations": plan.iterations, "timeout_s": plan.timeout_s,
+                             "bidir": plan.bidir}, defaults.A_B_SIZE, plan.size, view)
+    return run_cluster(
+        world(), plan.pattern, pair_server(plan.endpoint, plan.timeout_s),
+        lambda: advertised_address(plan.endpoint, plan.oob_address),
+        pair_probe(options, plan.endpoint, machine.follow_nccl(plan.local, facts),
+                   plan.repeats, plan.threshold, facts.findings if facts else ()),
+        plan.slow_fraction)
 
 
 def world():

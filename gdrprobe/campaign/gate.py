@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from gdrprobe import defaults
 from gdrprobe.errors import UsageError
 from gdrprobe.campaign.ab import StopSampling
+from gdrprobe.campaign.gpus import GpuFacts, visible_entries
+from gdrprobe.campaign.job_gpus import JobGpuSet
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.check import NcclUse, RankPair
@@ -49,37 +51,6 @@ RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
 class NicChoice:
     nic: str
     reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuFacts:
-    """What this process can know about its GPUs."""
-
-    runtime_bus_ids: tuple[str, ...] | None  # the GPU runtime's visible GPUs by ordinal; None: none
-    sysfs_bus_ids: tuple[str, ...]         # the runtime's GPUs in sysfs, in PCI bus order
-    runtime_error: str = ""                # why there is no runtime list
-    # GPU UUID -> bus id, as the NVIDIA driver states them (campaign.job_gpus.gpu_uuids)
-    uuids: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_doctor(cls, runtime_facts: Mapping | None, sysfs_bus_ids,
-                    uuids: Mapping[str, str] | None = None) -> GpuFacts:
-        """From the doctor's facts of the GPU runtime (an inventory, ``{"gpus": [...]}``, as
-        :func:`gdrprobe.doctor.facts.cuda.gpu_inventory` gives, or ``{"error": ...}``), its
-        topology's GPUs and the GPUs' UUIDs."""
-        facts = runtime_facts or {"error": "no GPU runtime facts"}
-        known = dict(uuids or {})
-        if "gpus" not in facts:
-            return cls(None, tuple(sysfs_bus_ids), str(facts.get("error", "")), known)
-        return cls(tuple(gpu["pci_bus_id"] for gpu in facts["gpus"]), tuple(sysfs_bus_ids),
-                   uuids=known)
-
-    def bus_id(self, gpu: str) -> str:
-        """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
-        cuda = self.runtime_bus_ids
-        if gpu.isdigit() and cuda is not None and int(gpu) < len(cuda):
-            return cuda[int(gpu)]
-        return gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +85,9 @@ class MachineFacts:
     # NIC (bus id -> Link): what names the element rails share (check --all-rails)
     topology: Topology | None = None
     pcie_links: Mapping[str, Link] = dataclasses.field(default_factory=dict)
+    # The GPUs of NCCL's communicator on this node, matched once to this node's GPUs
+    # (machine_facts; the node check's GPUs); None: none named, every GPU of the node.
+    job: JobGpuSet | None = None
 
     def line_rate(self, nic: str, port: int) -> float | None:
         """The port's line rate as the kernel states it (Gb/s); None where it states none."""
@@ -138,20 +112,6 @@ def local_rank(environ: Mapping[str, str]) -> tuple[int, str] | None:
     return None
 
 
-def visible_entries(environ: Mapping[str, str]) -> tuple[str, ...] | None:
-    """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first empty or negative one
-    (CUDA hides everything from an invalid entry on); None when unset."""
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    entries = []
-    for entry in (part.strip() for part in value.split(",")):
-        if not entry or entry.startswith("-"):
-            break
-        entries.append(entry)
-    return tuple(entries)
-
-
 def cuda_ordinal(rank: int, variable: str, visible: int | None) -> int:
     """The CUDA ordinal a rank uses among `visible` GPUs (None: unknown)."""
     if visible == 0:
@@ -165,15 +125,16 @@ def cuda_ordinal(rank: int, variable: str, visible: int | None) -> int:
     return rank
 
 
-def physical_gpu(ordinal: int, facts: GpuFacts, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The PCI bus id behind a CUDA ordinal, and how it was found (None: unknown)."""
+def physical_gpu(ordinal: int, facts: GpuFacts,
+                 entries: tuple[str, ...] | None) -> tuple[str | None, str]:
+    """The PCI bus id behind a CUDA ordinal, and how it was found (None: unknown); entries:
+    CUDA_VISIBLE_DEVICES's (visible_entries), which the driver has applied where it answered."""
     if facts.runtime_bus_ids is not None:
         if ordinal < len(facts.runtime_bus_ids):
             return facts.runtime_bus_ids[ordinal], (
                 f"CUDA ordinal {ordinal} is {facts.runtime_bus_ids[ordinal]} "
                 "(cuDeviceGetPCIBusId; the driver applied CUDA_VISIBLE_DEVICES)")
         return None, f"CUDA sees {len(facts.runtime_bus_ids)} GPU(s), none with ordinal {ordinal}"
-    entries = visible_entries(environ)
     index = str(ordinal) if entries is None else (entries[ordinal] if ordinal < len(entries) else "")
     if not index.isdigit():
         return None, (f"CUDA_VISIBLE_DEVICES entry {index!r} cannot be resolved without the CUDA "
@@ -201,7 +162,7 @@ def rank_pair(environ: Mapping[str, str], facts: GpuFacts, decisions: Mapping[st
         ordinal = cuda_ordinal(rank[0], rank[1], visible)
         rank_text = f"{rank[1]}={rank[0]}"
         lead = f"{rank_text}: CUDA ordinal {ordinal}; "
-    bus_id, how = physical_gpu(ordinal, facts, environ)
+    bus_id, how = physical_gpu(ordinal, facts, visible_entries(environ))
     return RankPair(rank=rank_text, cuda_ordinal=ordinal, gpu=bus_id or str(ordinal),
                     gpu_reason=lead + how, **_nic_fields(bus_id, decisions, device))
 
@@ -210,7 +171,7 @@ def given_gpu(gpu: str, facts: GpuFacts, environ: Mapping[str, str],
               decisions: Mapping[str, NicChoice], device: str | None) -> RankPair:
     """A GPU named by the caller: a bus id as is, an ordinal through the visible GPUs."""
     ordinal = int(gpu) if gpu.isdigit() else None
-    bus_id = gpu if ordinal is None else physical_gpu(ordinal, facts, environ)[0]
+    bus_id = gpu if ordinal is None else physical_gpu(ordinal, facts, visible_entries(environ))[0]
     return RankPair(rank="", cuda_ordinal=ordinal, gpu=gpu, gpu_reason=f"GPU {gpu} as given",
                     **_nic_fields(bus_id, decisions, device))
 
@@ -266,14 +227,18 @@ def _nic_fields(bus_id: str | None, decisions: Mapping[str, NicChoice],
 # ---- the time budget -----------------------------------------------------------------
 
 
+def check_time_budget(seconds: float | None) -> None:
+    if seconds is not None and not 0 < seconds <= 3600:
+        raise UsageError(f"time budget {seconds:g} s: use more than 0 and at most 3600 s",
+                         f"e.g. --time-budget {defaults.CHECK_TIME_BUDGET_S:g} (the "
+                         "default); None in the API for no limit")
+
+
 class Budget:
     """A hard limit on a whole check, from its first line: doctor and set-up included."""
 
     def __init__(self, seconds: float | None, clock: Callable[[], float] = time.monotonic):
-        if seconds is not None and not 0 < seconds <= 3600:
-            raise UsageError(f"time budget {seconds:g} s: use more than 0 and at most 3600 s",
-                             f"e.g. --time-budget {defaults.CHECK_TIME_BUDGET_S:g} (the "
-                             "default); None in the API for no limit")
+        check_time_budget(seconds)
         self.seconds = seconds
         self.clock = clock
         self.started = clock()

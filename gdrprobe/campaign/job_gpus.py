@@ -27,7 +27,7 @@ the first of these that is set (:data:`SOURCES`):
   each device is a file of that name under it (NVIDIA/k8s-device-plugin v0.20.0
   ``internal/plugin/server.go``, ``updateResponseForDeviceMounts``). Empty is not a list:
   the next source decides.
-- ``CUDA_VISIBLE_DEVICES``: as CUDA reads it (:func:`gdrprobe.campaign.gate.visible_entries`).
+- ``CUDA_VISIBLE_DEVICES``: as CUDA reads it (:func:`gdrprobe.campaign.gpus.visible_entries`).
   Where the CUDA driver answered it has applied it already, so the job's GPUs are the
   GPUs CUDA lists; without a driver, indices are taken in PCI bus order and UUIDs through
   the NVIDIA driver's ``/proc/driver/nvidia/gpus/BUS/information``.
@@ -47,7 +47,7 @@ import re
 from typing import Callable
 from collections.abc import Mapping
 
-from gdrprobe.campaign.gate import GpuFacts, visible_entries
+from gdrprobe.campaign.gpus import GpuFacts, visible_entries
 from gdrprobe.errors import UsageError
 from gdrprobe.sysroot import SysRoot, is_pci_bus_id, pci_bus_id
 
@@ -86,6 +86,9 @@ class JobGpus:
     @property
     def described(self) -> str:
         return f"{self.source}={self.value}"
+
+    def matched(self, facts: GpuFacts) -> JobGpuSet:
+        return match(self, facts)
 
 
 @dataclasses.dataclass(frozen=True)

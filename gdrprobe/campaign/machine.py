@@ -16,7 +16,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
-from gdrprobe.campaign.job_gpus import JobGpus, gpu_uuids, match
+from gdrprobe.campaign.communicator import Communicator
+from gdrprobe.campaign.job_gpus import gpu_uuids
 from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, environment_use, nccl_uses
 from gdrprobe.campaign.verdict import speaks_to_verdict
 from gdrprobe.errors import GpuUnusable
@@ -29,11 +30,12 @@ from gdrprobe.report.model import Status
 
 
 def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
-                  job: JobGpus | None = None) -> MachineFacts:
+                  job: Communicator | None = None) -> MachineFacts:
     """The doctor's findings and the facts the choice of GPU and NIC rests on, read once
-    (root and environ: a captured machine). job: the job's GPUs as named (--gpu,
-    SLURM_JOB_GPUS, ...; None: every GPU), matched here to this node's: NCCL's communicator,
-    which NCCL's rules count."""
+    (root and environ: a captured machine). job: NCCL's communicator on this node as named
+    (the job's GPUs: --gpu, SLURM_JOB_GPUS, ...; a rank's launcher's local ranks:
+    campaign.communicator; None: every GPU), matched here, once, to this node's GPUs
+    (MachineFacts.job): NCCL's rules count them."""
     from gdrprobe.doctor.facts.context import DoctorContext
     from gdrprobe.doctor.runner import run_checks
     from gdrprobe.sysroot import SysRoot
@@ -42,8 +44,9 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
     findings = run_checks(ctx)
     bus_ids = [gpu.bdf for gpu in ctx.topology.gpus]
     gpus = GpuFacts.from_doctor(ctx.gpu_facts, bus_ids, gpu_uuids(ctx.root, bus_ids))
+    matched = job.matched(gpus) if job is not None else None
     # None: every GPU of the node (no job named, or none of its GPUs is here)
-    job_gpus = (match(job, gpus).bus_ids or None) if job is not None else None
+    job_gpus = (matched.bus_ids or None) if matched is not None else None
     decide = deciding(ctx.nccl_node, ctx.nccl_rules, job_gpus)
     uses = nccl_uses(decide, ctx.environ, ctx.environ_source, firm="gpus" in (ctx.gpu_facts or {}),
                      findings=findings, rules=ctx.nccl_rules, flush_of=receive_flush_of(ctx))
@@ -52,7 +55,7 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
                         port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules,
                         environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules),
-                        ctx.topology, every_link(ctx))
+                        ctx.topology, every_link(ctx), matched)
 
 
 def every_link(ctx):
@@ -124,10 +127,13 @@ def port_facts(ports: Mapping[str, Sequence]) -> dict[tuple[str, int], PortFacts
             for device, listed in ports.items() for port in listed}
 
 
+NCCL_CHOICE = "NCCL's choice: "     # a NIC reason that is NCCL's decision
+
+
 def nccl_nics(decisions) -> dict:
     """GPU bus id -> the NIC NCCL will use for it and why, as the doctor decides it by
     NCCL's rules (NCCL_IB_HCA honoured)."""
-    return {decision.gpu_bdf: NicChoice(decision.nic, "NCCL's choice: " + decision.why[0])
+    return {decision.gpu_bdf: NicChoice(decision.nic, NCCL_CHOICE + decision.why[0])
             for decision in decisions if decision.nic is not None}
 
 

@@ -35,19 +35,21 @@ import threading
 from typing import Callable
 from collections.abc import Mapping
 
+from gdrprobe.campaign import memlock
 from gdrprobe.campaign.gate import NO_GPU_FOUND, Budget, MachineFacts, node_pairs
-from gdrprobe.campaign.job_gpus import JobGpus, JobGpuSet, match
-from gdrprobe.campaign.memlock import LockedMemory, NodeFit, fit_node_to_memlock, locked_memory
-from gdrprobe.campaign.prelaunch import GateSettings, check_pair, rail_loop
+from gdrprobe.campaign.job_gpus import JobGpuSet, job_gpus, node_gpus
+from gdrprobe.campaign.memlock import LockedMemory, NodeFit, fit_node_to_memlock
+from gdrprobe.campaign.plan import CheckPlan, read_machine
+from gdrprobe.campaign.prelaunch import check_pair, rail_loop
 from gdrprobe.campaign.rails import RailLoop, check_rails, rails_of
 from gdrprobe.errors import ExitCode, GdrprobeError, worst_exit_code
 from gdrprobe.measure.options import MIN_TIMEOUT_S
 from gdrprobe.report.check import (INCONCLUSIVE, NodeCheckReport, NodeGpuCheck, RailsReport,
                                    RankPair)
 
-CheckPair = Callable[[RankPair, MachineFacts, GateSettings, Budget, Mapping[str, str]], object]
+CheckPair = Callable[[RankPair, MachineFacts, CheckPlan, Budget, Mapping[str, str]], object]
 # (facts, gate, seconds for one run, environ) -> the loop of one rail (prelaunch.rail_loop)
-MakeRailLoop = Callable[[MachineFacts, GateSettings, float, Mapping[str, str]], RailLoop]
+MakeRailLoop = Callable[[MachineFacts, CheckPlan, float, Mapping[str, str]], RailLoop]
 # Without a budget, each pass of every rail at once is sized as for a budget of this much.
 UNBUDGETED_PASS_S = 2.0
 
@@ -69,7 +71,7 @@ def in_lanes(groups: list[list[RankPair]], lanes: int) -> list[list[RankPair]]:
     return filled
 
 
-def check_one(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: float | None,
+def check_one(pair: RankPair, facts: MachineFacts, gate: CheckPlan, seconds: float | None,
               environ: Mapping[str, str], check: CheckPair) -> NodeGpuCheck:
     """One GPU's check on its share of the budget; an error is its answer, not the node's."""
     checked = checking(pair, facts, gate, seconds, environ, check)
@@ -78,7 +80,7 @@ def check_one(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: 
     return checked
 
 
-def checking(pair: RankPair, facts: MachineFacts, gate: GateSettings, seconds: float | None,
+def checking(pair: RankPair, facts: MachineFacts, gate: CheckPlan, seconds: float | None,
              environ: Mapping[str, str], check: CheckPair) -> NodeGpuCheck:
     if seconds is not None and seconds <= 0:
         return NodeGpuCheck(pair.gpu, pair.nic, int(ExitCode.NOT_TESTABLE),
@@ -115,7 +117,7 @@ def unchecked(job: JobGpuSet, visible: tuple[str, ...] | None) -> list[NodeGpuCh
     return missing
 
 
-def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: GateSettings,
+def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: CheckPlan,
               budget: Budget, environ: Mapping[str, str], make_loop: MakeRailLoop,
               fit: NodeFit) -> RailsReport:
     """Every rail at once on what the budget has left (two passes: GPU arms, host arms),
@@ -136,28 +138,40 @@ def all_rails(checks: tuple[NodeGpuCheck, ...], facts: MachineFacts, gate: GateS
         gate = dataclasses.replace(gate, options=dataclasses.replace(
             gate.options, timeout_s=min(gate.options.timeout_s, seconds)))
     return check_rails(rails, facts, make_loop(facts, gate, seconds, environ),
-                       gate.options.timeout_s, gate.ib_port)
+                       gate.options.timeout_s, gate.endpoint.port)
 
 
-def check_node(facts: MachineFacts, gate: GateSettings, budget: Budget,
+def check_job(gate: CheckPlan, gpus: str | None, every_rail: bool,
+              environ: Mapping[str, str]) -> NodeCheckReport:
+    """check_node(): the job's GPUs as named (gpus, else the launcher's and scheduler's
+    variables: a malformed list is refused before the doctor), the budget started, the
+    machine read once with the job's GPUs matched there, and every GPU checked."""
+    job = job_gpus(environ, gpus)
+    budget = Budget(gate.time_budget_s)
+    facts, gate = read_machine(gate, job)
+    return check_node(facts, gate, budget, environ, every_rail=every_rail)
+
+
+def check_node(facts: MachineFacts, gate: CheckPlan, budget: Budget,
                environ: Mapping[str, str], check: CheckPair = check_pair,
-               memory: LockedMemory | None = None, job: JobGpus | None = None,
+               memory: LockedMemory | None = None,
                every_rail: bool = False, make_loop: MakeRailLoop = rail_loop) -> NodeCheckReport:
-    """The job's GPUs (job: as named; None: every GPU of the node), one A/B per NIC at a
-    time, NICs in parallel as far as the locked-memory limit (memory: this process's unless
-    given) holds them; with every_rail, one NIC at a time, then every rail at once."""
-    gpus = match(job, facts.gpus)
+    """The job's GPUs (facts.job: as named and matched; None: every GPU of the node), one
+    A/B per NIC at a time, NICs in parallel as far as the locked-memory limit (memory: this
+    process's unless given) holds them; with every_rail, one NIC at a time, then every rail
+    at once."""
+    gpus = facts.job or JobGpuSet(None, node_gpus(facts.gpus))
     visible = facts.gpus.runtime_bus_ids
     missing = unchecked(gpus, visible)
-    named = None if job is None else tuple(bus_id for bus_id in gpus.bus_ids
-                                           if visible is None or bus_id in visible)
+    named = None if gpus.job is None else tuple(bus_id for bus_id in gpus.bus_ids
+                                                if visible is None or bus_id in visible)
     pairs = [] if named == () else node_pairs(facts.gpus, facts.nics, named, gpus.described)
     # The job has not started: a GPU of its own that another process holds is a fault.
     gate = dataclasses.replace(gate, job_gpus=gpus.bus_ids)
     results: dict[int, NodeGpuCheck] = {}
     cancelled = threading.Event()
-    fit = fit_node_to_memlock(gate.options, 1 if gate.host else 2, len(by_nic(pairs)),
-                              memory or locked_memory())
+    fit = fit_node_to_memlock(gate.options, gate.peer.ends_here, len(by_nic(pairs)),
+                              memory or memlock.locked_memory())
     gate = dataclasses.replace(gate, options=fit.options)
 
     def run_group(group: list[RankPair]) -> None:

@@ -46,21 +46,25 @@ from collections.abc import Mapping
 
 from gdrprobe import defaults
 from gdrprobe.campaign.ab import ARM_ERRORS, HOST, StopSampling, ab_test, no_device_not_testable
-from gdrprobe.campaign.gate import Budget, MachineFacts, budgeted, sized_for_budget
+from gdrprobe.campaign.gate import Budget, MachineFacts, RunOnce, budgeted, rank_pair, sized_for_budget
+from gdrprobe.campaign.communicator import communicator
 from gdrprobe.campaign.latency_ab import latency_ab
-from gdrprobe.campaign import secondary
-from gdrprobe.campaign.machine import holds_gpu_buffer, nccl_use_of
+from gdrprobe.campaign import memlock, secondary
+from gdrprobe.campaign.machine import NCCL_CHOICE, holds_gpu_buffer, nccl_use_of
 from gdrprobe.campaign.nccl_use import as_nccl_registers, receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
+from gdrprobe.campaign.plan import CheckPlan, Criteria, read_machine
 from gdrprobe.campaign.port_traffic import PortWatch
 from gdrprobe.campaign.verdict import disturbed, with_nccl
-from gdrprobe.errors import GpuUnusable, Inconclusive, NoRdmaDevice, UsageError
+from gdrprobe.errors import (ExitCode, GdrprobeError, GpuUnusable, Inconclusive, NcclSetting,
+                             NoRdmaDevice, NotTestable, VerdictNotOk)
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl.env import int_param
 from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.rdma.verbs import GidPreference
-from gdrprobe.report.check import CheckReport, FloorCheck, LoopWindow, NcclUse, RankPair
+from gdrprobe.report.check import (NOT_TESTABLE, CheckReport, FloorCheck, LoopWindow, NcclUse,
+                                   RankPair, Verdict, main_cause)
 from gdrprobe.sysroot import PCI_BUS_ID
 
 MIN_BIDIR_WINDOW_S = 0.1   # a window for the bidirectional runs where the check set none
@@ -71,45 +75,9 @@ MIN_BIDIR_WINDOW_S = 0.1   # a window for the bidirectional runs where the check
 LOCK_RESERVE_S = 2 * MIN_TIMEOUT_S
 
 
-@dataclasses.dataclass(frozen=True)
-class GateSettings:
-    """What a check is asked, the same for every GPU of a node check."""
-
-    options: ProbeOptions                      # the runs', before sizing to the budget
-    gpu_memory: Callable[[str], MemorySpec]    # a GPU (bus id or ordinal) -> the send buffer
-    receive_memory: Callable[[str], MemorySpec]   # a GPU -> the receive buffer (a server's)
-    ib_port: int = 1
-    gid_index: int | None = None
-    repeats: int = defaults.REPEATS
-    threshold: float = defaults.THRESHOLD
-    floor: float = defaults.FLOOR
-    staged: bool = False
-    keep_cq_moderation: bool = False           # asked for: not perftest's rule
-    host: str | None = None                    # a server instead of loopback
-    port: int = defaults.PORT
-    token: str | None = None
-    # The GPUs (bus ids) that another process holding is a fault of: in a node check, the
-    # job's, which no process of the job holds yet; None in a rank's check (the job runs,
-    # and its other ranks may hold theirs): the checked GPU alone.
-    job_gpus: tuple[str, ...] | None = None
-    # The extra answers on an engaged node (campaign/secondary.py): the latency A/B with its
-    # bound on the GPU/host median ratio, and the A/B with RDMA READ.
-    latency: bool = False
-    latency_factor: float = defaults.LATENCY_FACTOR
-    latency_factor_source: str = secondary.DEFAULT_FACTOR_SOURCE
-    read: bool = False
-    bidir: bool = False      # the A/B with both ends WRITEing at once (perftest's -b)
-
-
-def check_floor(floor: float) -> None:
-    if not 0 <= floor <= 1:
-        raise UsageError(f"--floor {floor:g}: use a fraction of line rate from 0 to 1",
-                         f"e.g. {defaults.FLOOR:g}; 0 turns the floor off")
-
-
 def floor_check(nic: str, port: int, facts: MachineFacts, floor: float) -> FloorCheck:
-    """The port's line rate and whether the floor applies to it (floor: checked by the
-    API before the doctor ran, check_floor)."""
+    """The port's line rate and whether the floor applies to it (floor: checked when the
+    plan was made, before the doctor ran: Criteria.asked)."""
     rate = facts.line_rate(nic, port)
     software = True if nic in facts.software_nics else (False if (nic, port) in facts.ports else None)
     if software:
@@ -183,12 +151,13 @@ def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
     return dataclasses.replace(memory, pcie_mapping=True)
 
 
-def planned_runs(gate: GateSettings, two_ended: bool) -> int:
+def planned_runs(gate: CheckPlan, two_ended: bool) -> int:
     """The most runs the A/B can make: the host arm and each deciding arm per repeat, and
     with GPU memory at both ends the two one-direction arms' repeats; the extra answers'
     two arms per repeat each."""
-    extras = 2 * gate.repeats * (gate.latency + gate.read + gate.bidir)
-    return gate.repeats * (2 + gate.staged) + (3 * gate.repeats if two_ended else 0) + extras
+    repeats = gate.criteria.repeats
+    extras = 2 * repeats * len(gate.criteria.answers)
+    return repeats * (2 + gate.staged) + (3 * repeats if two_ended else 0) + extras
 
 
 def latency_options(options: ProbeOptions) -> ProbeOptions:
@@ -217,54 +186,96 @@ def bidir_options(options: ProbeOptions, host_gbps: float) -> ProbeOptions:
                                window_bytes=None, iterations=max(10, iterations))
 
 
-def latency_answer(gate: GateSettings, runner, local: MemorySpec, remote: MemorySpec):
+@dataclasses.dataclass(frozen=True)
+class AnswerRun:
+    """What every extra answer is measured from, after the WRITE A/B: the plan, the WRITE
+    A/B's report, a runner for the check's options shaped for the answer's runs, the memory
+    at both ends, the floor and the findings."""
+
+    gate: CheckPlan
+    write: CheckReport
+    runner_for: Callable[[Callable[[ProbeOptions], ProbeOptions]], RunOnce]
+    local: MemorySpec
+    remote: MemorySpec
+    floor: FloorCheck
+    findings: tuple
+
+
+def latency_answer(run: AnswerRun):
     """check --latency: the latency A/B and its answer; not run where the budget or the
     GPU arm cannot hold it (a corrupt payload stays the run's error)."""
+    criteria = run.gate.criteria
     try:
-        report = latency_ab(runner, local, remote, gate.repeats)
+        report = latency_ab(run.runner_for(latency_options), run.local, run.remote,
+                            criteria.repeats)
     except (StopSampling, *ARM_ERRORS) as error:
-        return secondary.latency_not_run(gate.latency_factor, gate.latency_factor_source,
-                                         f"the latency runs stopped: {error}")
-    return secondary.latency_check(report, gate.latency_factor, gate.latency_factor_source)
+        return latency_not_run(criteria, f"the latency runs stopped: {error}")
+    return secondary.latency_check(report, criteria.latency_factor,
+                                   criteria.latency_factor_source)
 
 
-def read_answer(gate: GateSettings, runner, local: MemorySpec, remote: MemorySpec,
-                floor: FloorCheck, findings, what: str, opcode: str = "write"):
-    """check --read, --bidir: the A/B again with RDMA READ, or both ends WRITEing at once,
-    as the WRITE A/B ran, and its answer."""
+def latency_not_run(criteria: Criteria, why: str):
+    return secondary.latency_not_run(criteria.latency_factor, criteria.latency_factor_source, why)
+
+
+def read_answer(run: AnswerRun):
+    """check --read: the A/B again with RDMA READ."""
+    return a_b_answer(run, read_options, secondary.READ_WHAT, opcode="read")
+
+
+def bidir_answer(run: AnswerRun):
+    """check --bidir: the A/B again with both ends WRITEing at once, each side as many
+    messages as the WRITE A/B's host arm moved in one window."""
+    host_gbps = statistics.median(next((arm.bandwidths_gbps for arm in run.write.arms
+                                        if arm.arm == "host" and arm.bandwidths_gbps), (0.0,)))
+    return a_b_answer(run, lambda options: bidir_options(options, host_gbps),
+                      secondary.BIDIR_WHAT)
+
+
+def a_b_answer(run: AnswerRun, shape: Callable[[ProbeOptions], ProbeOptions], what: str,
+               opcode: str = "write"):
+    """The A/B again with the runs shaped for an answer, as the WRITE A/B ran, and its
+    answer."""
+    criteria = run.gate.criteria
     try:
-        report = ab_test(runner, local, remote, repeats=gate.repeats,
-                         threshold=gate.threshold, doctor_findings=findings,
-                         min_repeats=min(2, gate.repeats), floor=floor, opcode=opcode)
+        report = ab_test(run.runner_for(shape), run.local, run.remote,
+                         repeats=criteria.repeats, threshold=criteria.threshold,
+                         doctor_findings=run.findings, min_repeats=min(2, criteria.repeats),
+                         floor=run.floor, opcode=opcode)
     except StopSampling as stop:
         return secondary.read_not_run(f"the {what} runs stopped: {stop}")
     return secondary.read_check(report, what)
 
 
-def extra_answers(gate: GateSettings, write: CheckReport, runner_for, local: MemorySpec,
+def a_b_not_run(criteria: Criteria, why: str):
+    return secondary.read_not_run(why)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraAnswer:
+    measure: Callable[[AnswerRun], object]         # the answer, measured
+    not_run: Callable[[Criteria, str], object]     # the answer where it is not measured, and why
+
+
+# check's extra answers on an engaged node, in the order they run; each name is the door's
+# keyword (Criteria.asked), the report's field (CheckReport) and what
+# secondary.with_warnings is handed. A new answer is a row here (docs/ARCHITECTURE.md).
+EXTRA_ANSWERS = {
+    "latency": ExtraAnswer(latency_answer, latency_not_run),
+    "read": ExtraAnswer(read_answer, a_b_not_run),
+    "bidir": ExtraAnswer(bidir_answer, a_b_not_run),
+}
+
+
+def extra_answers(gate: CheckPlan, write: CheckReport, runner_for, local: MemorySpec,
                   remote: MemorySpec, floor: FloorCheck, findings) -> dict:
     """The extra answers asked for, as CheckReport fields: measured where the WRITE A/B is
     a conclusive "engaged" (write: its report, verdict as disturbed() left it), else each
     says why not."""
     blocked = secondary.blocked_by(write.verdict)
-    answers = {}
-    if gate.latency:
-        answers["latency"] = (
-            secondary.latency_not_run(gate.latency_factor, gate.latency_factor_source,
-                                      blocked) if blocked else
-            latency_answer(gate, runner_for(latency_options), local, remote))
-    if gate.read:
-        answers["read"] = (secondary.read_not_run(blocked) if blocked else
-                           read_answer(gate, runner_for(read_options), local, remote, floor,
-                                       findings, secondary.READ_WHAT, opcode="read"))
-    if gate.bidir:
-        host_gbps = statistics.median(next((arm.bandwidths_gbps for arm in write.arms
-                                            if arm.arm == "host" and arm.bandwidths_gbps), (0.0,)))
-        answers["bidir"] = (secondary.read_not_run(blocked) if blocked else
-                            read_answer(gate, runner_for(lambda options: bidir_options(
-                                options, host_gbps)), local, remote, floor, findings,
-                                secondary.BIDIR_WHAT))
-    return answers
+    run = AnswerRun(gate, write, runner_for, local, remote, floor, findings)
+    return {name: answer.not_run(gate.criteria, blocked) if blocked else answer.measure(run)
+            for name, answer in EXTRA_ANSWERS.items() if gate.criteria.asks(name)}
 
 
 # The CUresult of a GPU another process holds (exclusive-process) or no process may use
@@ -285,7 +296,7 @@ def held_gpu(error: GpuUnusable) -> str | None:
 
 
 def held_elsewhere(error: GpuUnusable, checked: str, sender: str | None,
-                   gate: GateSettings) -> Inconclusive | None:
+                   gate: CheckPlan) -> Inconclusive | None:
     """Inconclusive when the GPU another process holds is the one the check opened for the
     sends (PXN's peer, not the checked GPU) and not one of the job's (gate.job_gpus, a
     node check's); None: the error stands (exit 11): the checked GPU, or a GPU of the job."""
@@ -316,25 +327,26 @@ class PairPlan:
     use: NcclUse | None
 
 
-def plan_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings) -> PairPlan:
+def plan_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan) -> PairPlan:
     """The NIC, memory and options of a GPU's runs, as NCCL will move its bytes."""
     use = nccl_use_of(facts, pair.gpu)
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.runtime_bus_ids)
-    local = as_nccl_exports(gate.gpu_memory(sender) if sender is not None else HOST, use)
-    remote = as_nccl_exports(gate.receive_memory(pair.gpu), use)
-    gid_index, nic_reason = gate.gid_index, pair.nic_reason
-    nccl_gid = nccl_gid_index(facts, nic, gate.ib_port)
+    local = as_nccl_exports(gate.send.spec(sender) if sender is not None else HOST, use)
+    remote = as_nccl_exports(gate.receive.spec(pair.gpu), use)
+    port = gate.endpoint.port
+    gid_index, nic_reason = gate.endpoint.gid_index, pair.nic_reason
+    nccl_gid = nccl_gid_index(facts, nic, port)
     if gid_index is None and nccl_gid is not None:
         gid_index = nccl_gid
         nic_reason += f"; GID index {gid_index} from NCCL_IB_GID_INDEX"
-    endpoint = EndpointOptions(device=nic, port=gate.ib_port, gid_index=gid_index,
-                               gid_preference=nccl_gid_preference(facts.nccl_environ))
+    endpoint = dataclasses.replace(gate.endpoint, device=nic, gid_index=gid_index,
+                                   gid_preference=nccl_gid_preference(facts.nccl_environ))
     options = dataclasses.replace(gate.options, flush=receive_flush(use))
     return PairPlan(nic, nic_reason, sender, sender_why, local, remote, endpoint, options, use)
 
 
-def rail_loop(facts: MachineFacts, gate: GateSettings, seconds: float,
+def rail_loop(facts: MachineFacts, gate: CheckPlan, seconds: float,
               environ: Mapping[str, str]) -> Callable[..., LoopWindow]:
     """loop(pair, host, ready) -> LoopWindow: one run of a rail's GPU arm (host: the host
     arm) sized to ``seconds``, holding its NIC's lock, that calls ready() once set up and
@@ -351,7 +363,7 @@ def rail_loop(facts: MachineFacts, gate: GateSettings, seconds: float,
             windows.append(LoopWindow.ended_now(result, time.monotonic()))
 
         with nic_lock(plan.nic, 0.0, environ):
-            loopback.runner(options, plan.endpoint, gate.host, gate.port, gate.token,
+            loopback.runner(options, plan.endpoint, *gate.peer.address,
                             on_result=seen, on_ready=ready)(
                 *((HOST, HOST) if host else (plan.local, plan.remote)))
         return windows[-1]
@@ -359,7 +371,7 @@ def rail_loop(facts: MachineFacts, gate: GateSettings, seconds: float,
     return loop
 
 
-def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: Budget,
+def check_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan, budget: Budget,
                environ: Mapping[str, str]) -> CheckReport:
     """The A/B on one GPU and its NIC, its verdict with NCCL's decision, inside budget."""
     from gdrprobe.measure import loopback
@@ -371,21 +383,22 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
         options = sized_for_budget(options, budget.seconds,
                                    planned_runs(gate, remote.kind == local.kind == "gpu"),
                                    gate.keep_cq_moderation)
-    floor = floor_check(nic, gate.ib_port, facts, gate.floor)
+    criteria = gate.criteria
+    floor = floor_check(nic, endpoint.port, facts, criteria.floor)
     wait_s = max(0.0, budget.remaining() - LOCK_RESERVE_S)
-    watch = PortWatch(nic, gate.ib_port, gate.threshold, loopback=gate.host is None)
+    watch = PortWatch(nic, endpoint.port, criteria.threshold, loopback=gate.peer.loopback)
     with nic_lock(nic, wait_s if math.isfinite(wait_s) else 3600.0, environ) as (held, why):
         def runner(capped):
-            return loopback.runner(capped, endpoint, gate.host, gate.port, gate.token)
+            return loopback.runner(capped, endpoint, *gate.peer.address)
 
         run_once = watch.wrap(budgeted(runner, options, budget))
-        here = holds_gpu_buffer(local, loopback=gate.host is None)
+        here = holds_gpu_buffer(local, loopback=gate.peer.loopback)
         findings = facts.findings if here else ()
         try:
             report = ab_test(run_once, local, remote, staged=gate.staged,
-                             repeats=gate.repeats, threshold=gate.threshold,
+                             repeats=criteria.repeats, threshold=criteria.threshold,
                              doctor_findings=findings,
-                             min_repeats=min(2, gate.repeats), floor=floor,
+                             min_repeats=min(2, criteria.repeats), floor=floor,
                              disturbed=lambda: bool(watch.foreign))
             verdict = disturbed(report.verdict, watch.foreign)
             write = dataclasses.replace(report, verdict=verdict)
@@ -407,3 +420,62 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: GateSettings, budget: 
     verdict = secondary.with_warnings(with_nccl(verdict, use), extras.get("latency"),
                                       extras.get("read"), extras.get("bidir"))
     return dataclasses.replace(report, verdict=verdict, placement=placement, **extras)
+
+
+def check_rank(gate: CheckPlan, gpu: str | None, environ: Mapping[str, str]) -> CheckReport:
+    """check(): the budget, started first (it limits the whole call); the machine read once;
+    the pair this process's rank will use (or the GPU and device given); the runs fitted to
+    the locked-memory limit (loopback pins both ends here); the A/B on that pair. A check
+    that could not start a single run answers "not testable" with its report."""
+    budget = Budget(gate.time_budget_s)
+    # NCCL's communicator on this node for the rank's own pair; a GPU given is checked
+    # among every GPU of the node (whose communicator it is, nothing says).
+    facts, gate = read_machine(gate, communicator(environ) if gpu is None else None)
+    pair = counted_among(rank_pair(environ, facts.gpus, facts.nics, gpu, gate.endpoint.device),
+                         facts, "a GPU given" if gpu is not None else
+                         "nothing names the communicator's: no launcher's count, no job's GPUs")
+    gate = dataclasses.replace(gate, options=memlock.fit_to_memlock(
+        gate.options, gate.peer.ends_here, memlock.locked_memory()))
+    try:
+        return check_pair(pair, facts, gate, budget, environ)
+    except NotTestable as error:
+        return not_testable_check(error, pair, gate.criteria.threshold, budget)
+
+
+def counted_among(pair: RankPair, facts: MachineFacts, unnamed: str) -> RankPair:
+    """The pair with whose GPUs NCCL's choice of its NIC was counted: the communicator's on
+    this node (campaign.communicator), else every GPU of the node (unnamed: why)."""
+    if pair.nic is None or not pair.nic_reason.startswith(NCCL_CHOICE):
+        return pair
+    among = (facts.job.described if facts.job is not None and facts.job.bus_ids else
+             f"every GPU of the node ({unnamed})")
+    return dataclasses.replace(pair, nic_reason=f"{pair.nic_reason}; NCCL counts the "
+                                                f"communicator's GPUs here: {among}")
+
+
+def not_testable_check(error: GdrprobeError, pair: RankPair, threshold: float,
+                       budget: Budget) -> CheckReport:
+    """A check that could not start a single run (no RDMA device at all, the NIC another
+    check held past the budget) answers as every other "not testable" does: the report,
+    exit 9, not an exception (README's answers, docs/api.md); require() raises from it."""
+    verdict = Verdict(NOT_TESTABLE, threshold=threshold, likely_causes=(error.cause,),
+                      fix=error.fix, evidence=(error.evidence,) if error.evidence else ())
+    placement = dataclasses.replace(pair, time_budget_s=budget.seconds,
+                                    elapsed_s=round(budget.elapsed(), 3))
+    return CheckReport(verdict, arms=(), settings=None, repeats=0, placement=placement)
+
+
+def engaged(report: CheckReport) -> CheckReport:
+    """require(): the report where GPUDirect RDMA is engaged (exit 0, or 13: a warning,
+    never a reason to stop the job), else the error its exit code stands for, raised."""
+    verdict = report.verdict
+    if verdict.exit_code in (ExitCode.OK, ExitCode.PERFORMANCE_WARNING):
+        return report
+    error = {int(ExitCode.NOT_TESTABLE): NotTestable,
+             int(ExitCode.NCCL_SETTING): NcclSetting,
+             int(ExitCode.INCONCLUSIVE): Inconclusive}.get(verdict.exit_code, VerdictNotOk)
+    ratio = f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""
+    cause = f": {main_cause(verdict)}" if verdict.likely_causes or verdict.inconclusive else ""
+    state = verdict.classification + (", inconclusive" if error is Inconclusive else "")
+    raise error(f"GPUDirect RDMA is {state}{ratio}{cause}",
+                verdict.fix, evidence="; ".join(verdict.evidence))

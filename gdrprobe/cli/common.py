@@ -13,6 +13,7 @@ import sys
 
 import gdrprobe
 from gdrprobe import defaults
+from gdrprobe.cli.signals import INTERRUPTS
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -154,10 +155,8 @@ def token_from(args) -> str | None:
 
 def terminate_as_interrupt() -> None:
     """SIGTERM (a job scheduler, kill) cleans up exactly like Ctrl-C; the exit code says
-    which it was (cli.Interrupts: 143, not 130). cli.main already catches it for every
-    command; a command that installed another handler on the way calls this again."""
-    from gdrprobe.cli import INTERRUPTS
-
+    which it was (cli.signals.Interrupts: 143, not 130). cli.main already catches it for
+    every command; a command that installed another handler on the way calls this again."""
     INTERRUPTS.catch_sigterm()
 
 

@@ -14,7 +14,7 @@ import pytest
 from gdrprobe.campaign import node, rails
 from gdrprobe.campaign.gate import Budget, GpuFacts, MachineFacts, NicChoice, PortFacts
 from gdrprobe.campaign.memlock import LockedMemory
-from gdrprobe.campaign.prelaunch import GateSettings
+from gdrprobe.campaign.plan import Buffer, CheckPlan
 from gdrprobe.cli import main
 from gdrprobe.doctor.facts.rails import Rail, read_links
 from gdrprobe.doctor.facts.topology import build_topology
@@ -27,7 +27,7 @@ from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import machines
 from tests.unit.fakes.runs import SETTINGS
 UNLIMITED = LockedMemory(soft=math.inf, hard=math.inf)
-GATE = GateSettings(ProbeOptions(), gpu_memory=str, receive_memory=str)
+GATE = CheckPlan(ProbeOptions(), send=Buffer(), receive=Buffer())
 BUS = ("0000:05:00.0", "0000:06:00.0")      # the GPUs of machines.narrow_uplink_node
 PORTS = {(f"mlx5_{i}", 1): PortFacts(400.0, "InfiniBand") for i in range(2)}
 FACTS = MachineFacts(GpuFacts(BUS, BUS), {bus: NicChoice(f"mlx5_{i}", "NCCL's choice")

@@ -15,6 +15,7 @@ from gdrprobe.campaign import prelaunch, secondary
 from gdrprobe.campaign.ab import plan_arms, run_ab
 from gdrprobe.campaign.gate import Budget, rank_pair
 from gdrprobe.campaign.machine import machine_facts
+from gdrprobe.campaign.plan import Buffer, CheckPlan, Criteria
 from gdrprobe.cli import main
 from gdrprobe.errors import DRAIN_CODES, SCHEDULER_ACTION, WARN, ExitCode, UsageError
 from gdrprobe.measure.options import ProbeOptions
@@ -25,10 +26,6 @@ from tests.unit.doctor import nccl_machines as nm
 from tests.unit.fakes.runs import SETTINGS, fake_probe, recorded_run
 GPU = MemorySpec.from_choice("gpu")
 GPU_BUS = "0000:1b:00.0"
-
-
-def gpu_buffer(gpu: str) -> MemorySpec:
-    return MemorySpec.from_choice("gpu", gpu=gpu)
 
 
 def latency_run(median_us: float, memory: dict):
@@ -76,8 +73,9 @@ def machine(monkeypatch):
 def check(tmp_path, **asked):
     nm.hgx_8gpu_4nic(tmp_path)
     facts = machine_facts(str(tmp_path), {})
-    gate = prelaunch.GateSettings(options=ProbeOptions(sizes=(1 << 20,), qps=2),
-                                  gpu_memory=gpu_buffer, receive_memory=gpu_buffer, **asked)
+    answers = tuple(name for name in prelaunch.EXTRA_ANSWERS if asked.pop(name, False))
+    gate = CheckPlan(options=ProbeOptions(sizes=(1 << 20,), qps=2), send=Buffer("gpu"),
+                     receive=Buffer("gpu"), criteria=Criteria(answers=answers, **asked))
     pair = rank_pair({}, facts.gpus, facts.nics, gpu=GPU_BUS)
     return prelaunch.check_pair(pair, facts, gate, Budget(30.0),
                                 {"GDRPROBE_LOCK_DIR": str(tmp_path / "locks")})

@@ -1,10 +1,11 @@
-"""lab/modules.py's pure logic: names, versions, cache keys (no download, no build)."""
+"""lab/modules.py's and lab/dmabuf_guest.py's pure logic: names, versions, cache keys (no
+download, no build)."""
 
 import os
 
 import pytest
 
-from lab import modules
+from lab import dmabuf_guest, modules
 from lab.kernel import LabError
 
 HEADERS_DEPENDS = ("linux-headers-6.1.0-57-common (= 6.1.192-3), linux-kbuild-6.1 "
@@ -92,27 +93,27 @@ def test_a_new_build_removes_the_builds_of_older_inputs_and_keeps_the_tree(tmp_p
     (None, False),
 ])
 def test_the_demo_passes_on_a_dmabuf_answer_that_never_drains(verdict, passes):
-    assert modules.answered_by_dmabuf({"verdict": verdict}) is passes
+    assert dmabuf_guest.answered_by_dmabuf({"verdict": verdict}) is passes
 
 
 # ---- the ROCm half of the dma-buf demo (issue 33) -----------------------------------------
 
 
 def test_the_rocm_demo_runs_over_the_hip_standin_with_rocm_named(monkeypatch, tmp_path):
-    built = modules.Built(str(tmp_path))
-    env = modules.dmabuf_environment(built, "rocm")
+    built = dmabuf_guest.Built(str(tmp_path))
+    env = dmabuf_guest.dmabuf_environment(built, "rocm")
     standin = env["LD_LIBRARY_PATH"].split(":")[0]
     assert os.path.exists(os.path.join(standin, "libamdhip64.so"))
     assert os.path.exists(os.path.join(standin, "libhsa-runtime64.so"))
     assert (env["GDRPROBE_GPU_RUNTIME"], env["LD_PRELOAD"]) == ("rocm", built.verbs_library)
-    assert "GDRPROBE_GPU_RUNTIME" not in modules.dmabuf_environment(built)
+    assert "GDRPROBE_GPU_RUNTIME" not in dmabuf_guest.dmabuf_environment(built)
 
 
 def test_the_rocm_demo_needs_hip_pythons_venv_and_says_what_makes_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(modules, "HIP_PYTHON", str(tmp_path / "none" / "python"))
+    monkeypatch.setattr(dmabuf_guest, "HIP_PYTHON", str(tmp_path / "none" / "python"))
     with pytest.raises(LabError, match="./dev demo-rocm makes it"):
-        modules.runtime_python("rocm")
-    assert modules.runtime_python("cuda") == modules.sys.executable
+        dmabuf_guest.runtime_python("rocm")
+    assert dmabuf_guest.runtime_python("cuda") == dmabuf_guest.sys.executable
 
 
 def test_the_guest_demo_takes_only_the_runtimes_it_knows(capsys):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 import gdrprobe
-from gdrprobe.campaign import prelaunch
 from gdrprobe.campaign.machine import machine_facts
+from gdrprobe.campaign.plan import Buffer, CheckPlan
 from gdrprobe.memory.buffers import mechanism_for
 from gdrprobe.memory.nic_probe import NicDmaBufSupport
 from gdrprobe.memory.spec import MemorySpec
@@ -76,9 +76,8 @@ def test_nccl_2_13_registers_through_dmabuf_without_asking_the_nic(tmp_path, ver
 def test_an_explicit_mechanism_stays_as_asked(tmp_path, runs, locks, choice):  # noqa: F811
     node(tmp_path)
     facts = machine_facts(str(tmp_path), {"NCCL_DMABUF_ENABLE": "0"})
-    gate = prelaunch.GateSettings(options=ProbeOptions(sizes=(1 << 20,), qps=2),
-                                  gpu_memory=lambda gpu: MemorySpec.from_choice(choice, gpu=gpu),
-                                  receive_memory=lambda gpu: MemorySpec.from_choice(choice, gpu=gpu))
+    gate = CheckPlan(options=ProbeOptions(sizes=(1 << 20,), qps=2), send=Buffer(choice),
+                     receive=Buffer(choice))
     check(facts, GPU, locks, gate=gate)
     assert gpu_mechanisms(runs) == {choice}
 

@@ -4,6 +4,7 @@ recorder, so nothing here opens a device."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 
@@ -11,9 +12,9 @@ import pytest
 
 from gdrprobe.campaign import node
 from gdrprobe.campaign.gate import Budget, GpuFacts, MachineFacts, NicChoice
-from gdrprobe.campaign.job_gpus import job_gpus
+from gdrprobe.campaign.job_gpus import job_gpus, match
 from gdrprobe.campaign.memlock import LockedMemory
-from gdrprobe.campaign.prelaunch import GateSettings
+from gdrprobe.campaign.plan import Buffer, CheckPlan
 from gdrprobe.errors import DRAIN_CODES, CudaError, ExitCode
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.report.check import CheckReport, Verdict
@@ -27,7 +28,7 @@ FACTS = MachineFacts(GpuFacts(BUS, BUS),
                      {bus: NicChoice(f"mlx5_{i // 2}", "NCCL's choice") for i, bus in enumerate(BUS)})
 
 
-GATE = GateSettings(ProbeOptions(), gpu_memory=str, receive_memory=str)
+GATE = CheckPlan(ProbeOptions(), send=Buffer(), receive=Buffer())
 
 
 def report_with(classification: str, pair) -> CheckReport:
@@ -124,8 +125,10 @@ def test_a_node_without_a_gpu_checks_ordinal_0_so_its_answer_says_why():
 def node_check(environ, gpus=None, facts=FACTS, outcomes=None, parties=2):
     recorder = Recorder(outcomes)
     recorder.barrier = threading.Barrier(parties, timeout=10)
-    report = node.check_node(facts, gate=GATE, budget=Budget(None), environ=environ,
-                             check=recorder, memory=UNLIMITED, job=job_gpus(environ, gpus))
+    job = match(job_gpus(environ, gpus), facts.gpus)      # as machine_facts matches it
+    report = node.check_node(dataclasses.replace(facts, job=job), gate=GATE,
+                             budget=Budget(None), environ=environ, check=recorder,
+                             memory=UNLIMITED)
     return report, recorder
 
 

@@ -187,7 +187,7 @@ def test_other_traffic_stops_the_extra_repeats_that_could_not_settle_it(machine,
 
     counters.runner = straddling
     report = check_with(counters, facts, locks, monkeypatch)
-    assert report.repeats == GATE.repeats == 3 and report.verdict.exit_code == 12
+    assert report.repeats == GATE.criteria.repeats == 3 and report.verdict.exit_code == 12
 
 
 # ---- a GPU another process holds (CUDA_ERROR_DEVICE_UNAVAILABLE) -------------------------

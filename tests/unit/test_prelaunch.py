@@ -11,6 +11,7 @@ import json
 import pytest
 
 from gdrprobe.campaign import prelaunch
+from gdrprobe.campaign.arguments import check_floor
 from gdrprobe.campaign.gate import PortFacts
 from gdrprobe.campaign.machine import machine_facts
 from gdrprobe.campaign.nic_lock import nic_lock
@@ -158,4 +159,4 @@ def test_a_floor_outside_zero_to_one_is_refused():
     from gdrprobe.errors import UsageError
 
     with pytest.raises(UsageError, match="--floor 1.5"):
-        prelaunch.check_floor(1.5)
+        check_floor(1.5)

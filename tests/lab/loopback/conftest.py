@@ -3,7 +3,8 @@ import subprocess
 
 import pytest
 
-from lab.modules import GUEST_SCRIPT, built_modules
+from lab.dmabuf_guest import GUEST_SCRIPT
+from lab.modules import built_modules
 from tests.lab.helpers import Server, rdma_resources
 
 TOKEN = "lab-token-0123456789"

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from lab.data_direct import OUTCOMES
-from lab.modules import RXE_DMA_DEVICE, dmabuf_environment, read_bufinfo, run_dmabuf_ab, write_rxe_knob
+from lab.dmabuf_guest import RXE_DMA_DEVICE, dmabuf_environment, read_bufinfo, run_dmabuf_ab, write_rxe_knob
 from tests.cuda_standin.build import standin_settings
 from tests.lab.helpers import REPO, rdma_resources
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from lab.modules import dmabuf_environment, run_dmabuf_ab
+from lab.dmabuf_guest import dmabuf_environment, run_dmabuf_ab
 from tests.lab.helpers import REPO, rdma_resources
 
 PRIMITIVE = r"""

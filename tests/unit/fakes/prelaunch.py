@@ -3,16 +3,11 @@ the fixtures runs and locks are in tests/unit/conftest.py."""
 
 from gdrprobe.campaign import prelaunch
 from gdrprobe.campaign.gate import Budget, rank_pair
+from gdrprobe.campaign.plan import Buffer, CheckPlan
 from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.memory.spec import MemorySpec
 
-
-def gpu_buffer(gpu: str) -> MemorySpec:
-    return MemorySpec.from_choice("gpu", gpu=gpu)
-
-
-GATE = prelaunch.GateSettings(options=ProbeOptions(sizes=(1 << 20,), qps=2),
-                              gpu_memory=gpu_buffer, receive_memory=gpu_buffer)
+GATE = CheckPlan(options=ProbeOptions(sizes=(1 << 20,), qps=2), send=Buffer("gpu"),
+                 receive=Buffer("gpu"))
 
 
 def check(facts, gpu: str, locks, gate=GATE, device=None, budget=30.0):
