@@ -13,6 +13,7 @@ from gdrprobe.cli.common import (add_bidir_flag, add_device_flags, add_memory_fl
                                  add_timeout_flag,
                                  add_verdict_flags, endpoint_arguments, memory_arguments,
                                  size, terminate_as_interrupt)
+from gdrprobe.files import check_output_path, replace_file
 
 
 def register(subparsers) -> None:
@@ -53,6 +54,8 @@ def run(args) -> int:
     from gdrprobe.report.text import render_cluster
 
     terminate_as_interrupt()
+    if args.output:
+        check_output_path(args.output, "--output")
     report = gdrprobe.cluster(
         pattern=args.pattern, size=args.size, iterations=args.iters, repeats=args.repeats,
         threshold=args.threshold, slow_fraction=args.slow_fraction, timeout_s=args.timeout,
@@ -62,7 +65,6 @@ def run(args) -> int:
         return 0
     document = to_json(report)
     if args.output:
-        with open(args.output, "w") as handle:
-            handle.write(document + "\n")
+        replace_file(args.output, (document + "\n").encode(), "--output")
     print(document if args.json else render_cluster(report))
     return report.exit_code
