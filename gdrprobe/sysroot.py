@@ -152,6 +152,14 @@ class SysRoot:
         except OSError:
             return None
 
+    def resolve(self, path: str) -> str:
+        """:meth:`realpath`, or the path as given where a link loop stops the lookup: every
+        read through it then fails (ELOOP), as it would on the machine."""
+        try:
+            return self.realpath(path)
+        except OSError:
+            return path
+
     def realpath(self, path: str) -> str:
         """Resolve symbolic links as the machine's kernel would, staying inside the root: a
         ``..`` after a link goes up from where the link led, and a path through more than

@@ -27,7 +27,7 @@ from gdrprobe import defaults
 from gdrprobe.cli.common import (add_device_flags, add_verdict_flags, size,
                                  terminate_as_interrupt, with_range)
 from gdrprobe.errors import (SCHEDULER_ACTION, ExitCode, GdrprobeError, UsageError,
-                             exit_codes_epilog)
+                             exit_codes_epilog, printable)
 from gdrprobe.report.check_metrics import (check_prometheus_file, write_check_error,
                                            write_check_prometheus)
 
@@ -197,7 +197,7 @@ def show(report, json_output: bool, quiet: bool) -> int:
         print(render_check(report))
         print(f" exit {code}: {SCHEDULER_ACTION[code]}")
     elif code != ExitCode.OK:
-        print(one_line(report), file=sys.stderr)
+        print(printable(one_line(report)), file=sys.stderr)
     return code
 
 
@@ -212,12 +212,12 @@ def show_node(report, json_output: bool, quiet: bool) -> int:
     else:
         for check in report.gpus:
             if check.exit_code != ExitCode.OK:
-                print(f"gdrprobe check: {node_line(check)}", file=sys.stderr)
+                print(printable(f"gdrprobe check: {node_line(check)}"), file=sys.stderr)
         if report.rails is not None and report.rails.exit_code != ExitCode.OK:
-            print(f"gdrprobe check: all rails: {rails_line(report.rails)}", file=sys.stderr)
+            print(printable(f"gdrprobe check: all rails: {rails_line(report.rails)}"), file=sys.stderr)
         if not report.gpus:
-            print(f"gdrprobe check: nothing to check: {report.job_gpus} (exit "
-                  f"{report.exit_code}: {SCHEDULER_ACTION[report.exit_code]})", file=sys.stderr)
+            print(printable(f"gdrprobe check: nothing to check: {report.job_gpus} (exit "
+                  f"{report.exit_code}: {SCHEDULER_ACTION[report.exit_code]})"), file=sys.stderr)
     return report.exit_code
 
 

@@ -110,3 +110,42 @@ def test_check_writes_its_error_metrics_only_onto_a_regular_file(tmp_path, monke
         write_check_error(4, str(tmp_path / "fifo"))
     write_check_error(4, str(tmp_path / "gdrprobe.prom"))
     assert "gdrprobe_check_exit_code" in (tmp_path / "gdrprobe.prom").read_text()
+
+
+# ---- bench --baseline: a file read within bounds (issue 43 item 2) ------------------------
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda path: os.mkfifo(path), "it is a FIFO, not a regular file"),
+    (lambda path: path.mkdir(), "it is a directory, not a regular file"),
+    (lambda path: path.write_text("[" * 200_000), "nest more than 64 deep"),
+    (lambda path: path.write_text('{"kind": "bench", "rows": [' + "[" * 70 + "]" * 70 + "]}"),
+     "nest more than 64 deep"),
+    (lambda path: os.symlink(path, path), "Too many levels of symbolic links"),
+    (lambda path: path.write_bytes(b"\xff{}"), "cannot read baseline"),
+], ids=["fifo", "directory", "deep", "deep-row", "loop", "binary"])
+def test_a_baseline_that_is_no_bench_document_is_a_usage_error(tmp_path, make, said):
+    from gdrprobe.report.bench import read_baseline
+
+    path = tmp_path / "baseline.json"
+    make(path)
+    with pytest.raises(UsageError, match="cannot read baseline") as raised:
+        read_baseline(str(path))
+    assert said in raised.value.cause
+
+
+def test_a_baseline_past_its_size_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    """A device that answers forever (/dev/zero grew to 8.4 GB in 20 s) or a huge file: the
+    read stops at the bound (a character device is refused before it is opened)."""
+    from gdrprobe.report import bench
+
+    monkeypatch.setattr(bench, "MAX_BASELINE_BYTES", 1000)
+    (tmp_path / "big.json").write_text(" " * 2000 + "{}")
+    with pytest.raises(UsageError, match="larger than 1000 bytes"):
+        bench.read_baseline(str(tmp_path / "big.json"))
+    try:
+        os.mknod(tmp_path / "zero", 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    except PermissionError:
+        return
+    with pytest.raises(UsageError, match="it is a character device, not a regular file"):
+        bench.read_baseline(str(tmp_path / "zero"))
