@@ -63,6 +63,7 @@ class SysRoot:
         # Paths that could not be read for another reason than their absence: why not
         # ("a FIFO", "more than 40 symbolic links (ELOOP)").
         self.refused: dict[str, str] = {}
+        self._directories: dict[str, tuple[str, int] | OSError] = {}   # a replay's, resolved
 
     @property
     def live(self) -> bool:
@@ -163,9 +164,25 @@ class SysRoot:
     def realpath(self, path: str) -> str:
         """Resolve symbolic links as the machine's kernel would, staying inside the root: a
         ``..`` after a link goes up from where the link led, and a path through more than
-        ``MAX_LINK_HOPS`` links raises OSError(ELOOP), as the kernel's lookup fails."""
+        ``MAX_LINK_HOPS`` links raises OSError(ELOOP), as the kernel's lookup fails. Under a
+        replayed capture (a tree that does not change) each directory is resolved once."""
+        parent, name = posixpath.split(path)
+        if self.live or not name:
+            return self._walk(path, "/", 0, path)[0]
+        if parent not in self._directories:
+            try:
+                self._directories[parent] = self._walk(parent, "/", 0, parent)
+            except OSError as error:
+                self._directories[parent] = error
+        known = self._directories[parent]
+        if isinstance(known, OSError):
+            raise OSError(known.errno, known.strerror, path)
+        return self._walk(name, *known, path)[0]
+
+    def _walk(self, path: str, resolved: str, hops: int, asked: str) -> tuple[str, int]:
+        """(path resolved from ``resolved``, the links passed so far): the kernel's lookup,
+        one component at a time, a link's target before what follows it."""
         pending = [part for part in reversed(path.split("/")) if part]
-        resolved, hops = "/", 0
         while pending:
             part = pending.pop()
             if part == ".":
@@ -182,8 +199,8 @@ class SysRoot:
                 continue
             hops += 1
             if hops > MAX_LINK_HOPS:
-                raise OSError(errno.ELOOP, LINK_LOOP, path)
+                raise OSError(errno.ELOOP, LINK_LOOP, asked)
             if target.startswith("/"):
                 resolved = "/"
             pending.extend(part for part in reversed(target.split("/")) if part)
-        return resolved
+        return resolved, hops
