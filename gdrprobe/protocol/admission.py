@@ -152,7 +152,7 @@ class Places:
         several hold as many: a connection that said hello never makes room while one that
         said nothing is there), else of the next largest."""
         by_size = collections.defaultdict(list)
-        for source, conns in self._by_source.items():
+        for conns in self._by_source.values():
             by_size[len(conns)].extend(conns)
         for size in sorted(by_size, reverse=True):
             victim = self._least_shown(by_size[size])
@@ -239,6 +239,10 @@ class ProofQueue:
         self._cheap_turn = False     # the next check goes to a cheap proof, where one may
         self._ready = threading.Condition()
         self._closed = False
+
+    @property
+    def paid_bits(self) -> int:
+        return self._paid_bits
 
     # -- the door's side --------------------------------------------------------------------
 

@@ -286,10 +286,14 @@ class Door:
             raise PeerError("a message out of order", "")
 
     def _puzzle_bits(self) -> int:
-        """The work to ask of a newcomer, by the load; a change is logged (once a minute)."""
+        """The work to ask of a newcomer, by the load; a change is logged (once a minute).
+        The connections asked the quiet puzzle that have not answered yet count against the
+        free checks like the cheap proofs waiting: a free check is promised once."""
         free_left, cheap, waiting, least_paid = self._proofs.load()
-        bits = puzzle_bits(self._secret.puzzle_bits, free_left, cheap, waiting, self._checker_count,
-                           least_paid)
+        promised = sum(1 for pending in self._places if self._places.stage(pending) == CHALLENGED
+                       and pending.bits < self._proofs.paid_bits)
+        bits = puzzle_bits(self._secret.puzzle_bits, free_left, cheap + promised, waiting,
+                           self._checker_count, least_paid)
         if bits != self._asked_bits:
             self._asked_bits = bits
             self.log("the puzzle", "puzzle", f"asking {bits} bits of work of new connections: "

@@ -308,3 +308,23 @@ def quiet_again(port: int, quiet: int, limit_s: float = 30.0) -> int:
         if bits == quiet or time.monotonic() > deadline:
             return bits
         time.sleep(0.2)
+
+
+def test_a_quiet_puzzle_is_asked_only_while_a_free_check_is_left_for_its_answer():
+    """Ten strangers saying hello at once were all asked the quiet puzzle for the free checks
+    left, and a client's cheap proof among theirs waited for a free check that never came
+    (issue 43 item 2): each quiet puzzle asked now holds a free check until it is answered."""
+    from gdrprobe.protocol.admission import FreeChecks, ProofQueue
+
+    proofs = ProofQueue(free=FreeChecks(burst=2, per_s=1.0, refill_after_s=60.0))
+    with serving(ServerSecret(TOKEN), proofs=proofs) as (port, _, _):
+        asked = []
+        channels = [connect(port, f"127.0.0.{host}") for host in range(2, 6)]
+        try:
+            for channel in channels:
+                channel.send("hello", nonce="ab" * 32)
+                asked.append(channel.receive("challenge")["puzzle_bits"])
+        finally:
+            for channel in channels:
+                channel.close()
+    assert asked == [hs.PUZZLE_BITS, hs.PUZZLE_BITS, hs.PAID_PUZZLE_BITS, hs.PAID_PUZZLE_BITS]
