@@ -60,7 +60,9 @@ EXIT_CODES = (
                 "and none used GDRDMA, or GDR off on every NIC; `bench --baseline` found a row "
                 "that fell; `cluster` found a slow pair", DRAIN),
     ExitCodeRow(ExitCode.USAGE, "bad flags or arguments (an unreadable, empty or binary NCCL "
-                "log, a time budget too small for one run)", WARN),
+                "log, a time budget too small for one run, an output path where something other "
+                "than a regular file stands, a damaged capture under `--root`: the file named)",
+                WARN),
     ExitCodeRow(ExitCode.MISSING_DEPENDENCY, "a Python dependency is missing (pyverbs, "
                 "cuda-python; mpi4py, matplotlib or prometheus_client where their output is "
                 "asked for)", WARN),
