@@ -13,6 +13,7 @@ from gdrprobe.cli.common import (add_bidir_flag, add_device_flags, add_memory_fl
                                  add_timeout_flag,
                                  add_verdict_flags, endpoint_arguments, memory_arguments,
                                  size, terminate_as_interrupt)
+from gdrprobe.cli.common import real_number, whole
 from gdrprobe.files import check_output_path, replace_file
 
 
@@ -33,11 +34,11 @@ def register(subparsers) -> None:
     parser.add_argument("-s", "--size", type=size, default=defaults.A_B_SIZE, metavar="SIZE",
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.A_B_SIZE})")
-    parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
+    parser.add_argument("-n", "--iters", type=whole, default=defaults.ITERATIONS,
                         help=f"iterations per run (default {defaults.ITERATIONS})")
     add_verdict_flags(parser, "A/B repeats per pair with a GPU buffer")
     add_bidir_flag(parser, "per pair and arm each direction and the sum")
-    parser.add_argument("--slow-fraction", type=float, default=defaults.SLOW_FRACTION,
+    parser.add_argument("--slow-fraction", type=real_number, default=defaults.SLOW_FRACTION,
                         help="a pair below this fraction of the median pair's host bandwidth "
                              f"is named slow (default {defaults.SLOW_FRACTION:g})")
     parser.add_argument("--oob-address", metavar="ADDR",

@@ -73,3 +73,40 @@ def test_check_gpu_of_any_length_is_a_usage_error(node, capsys, gpu):
     assert main(["check", "--gpu", gpu, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "is neither a GPU ordinal nor a PCI bus id" in err and len(err) < MESSAGE_BYTES
+
+
+# ---- numbers on the command line (issue 43 item 6) -----------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--loopback", "--connect-wait", "1_000"],
+    ["run", "--loopback", "--connect-wait", "\uff11\uff10"],          # fullwidth 10
+    ["run", "--loopback", "-n", "1_000"],
+    ["run", "--loopback", "-n", "\uff11\uff10"],
+    ["run", "--loopback", "-n", " 5"],
+    ["check", "--threshold", "nan"],
+    ["check", "--time-budget", "inf"],
+    ["check", "--repeats", "\u0663"],                                 # an Arabic-Indic 3
+    ["check", "-q", "1_0"],
+    ["bench", "--qp", "1,\uff12"],
+    ["bench", "--max-drop", "0x10"],
+    ["serve", "--port", "1_000"],
+    ["check", "--size", "1_000K"],
+], ids=" ".join)
+def test_what_is_no_number_as_c_or_a_person_writes_it_is_a_usage_error(argv, capsys, monkeypatch):
+    import gdrprobe
+
+    for name in ("run", "check", "check_node", "bench", "serve"):
+        monkeypatch.setattr(gdrprobe, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran"))
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    assert "is not a" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, value", [("4", 4), ("-1", -1), ("+3", 3), ("0.5", 0.5),
+                                         ("1e-3", 1e-3), (HUGE_NUMBER, (1 << 63) - 1)])
+def test_what_a_person_writes_is_still_taken(text, value):
+    from gdrprobe.cli.common import real_number, whole
+
+    assert (real_number if isinstance(value, float) else whole)(text) == value

@@ -149,3 +149,32 @@ def test_a_baseline_past_its_size_is_refused_before_it_is_parsed(tmp_path, monke
         return
     with pytest.raises(UsageError, match="it is a character device, not a regular file"):
         bench.read_baseline(str(tmp_path / "zero"))
+
+
+# ---- the NIC lock, in a directory every user may write (issue 43 item 2) ------------------
+
+
+@pytest.mark.parametrize("make", [os.mkfifo, lambda path: os.symlink("/dev/null", path)],
+                         ids=["fifo", "link"])
+def test_a_fifo_or_a_link_at_a_nic_locks_name_never_blocks_the_check(tmp_path, make):
+    """/run/gdrprobe is world-writable and sticky: a FIFO any user made at mlx5_0.lock hung
+    the open (a prolog "stuck", the node drained); now the check goes on without the lock
+    and says why."""
+    import threading
+
+    from gdrprobe.campaign.nic_lock import nic_lock
+
+    (tmp_path / "locks").mkdir()
+    make(tmp_path / "locks" / "mlx5_0.lock")
+    said = []
+
+    def check():
+        with nic_lock("mlx5_0", 0.0, {"GDRPROBE_LOCK_DIR": str(tmp_path / "locks")}) as (held, why):
+            said.append((held.path, why))
+
+    checking = threading.Thread(target=check, daemon=True)
+    checking.start()
+    checking.join(10)
+    assert not checking.is_alive(), "opening the lock blocked"
+    (path, why), = said
+    assert path is None and "set GDRPROBE_LOCK_DIR to a writable directory" in why
