@@ -8,8 +8,8 @@ and NVML's facts, NCCL's NIC probe, what finding libnccl took, an AMD node's HSA
 ``environ.json`` cut short replayed as an empty environment, and a FAIL as ``[ OK ]
 nccl.env``. So each file is read within bounds (:data:`MAX_CAPTURE_JSON_BYTES`,
 :data:`gdrprobe.files.MAX_JSON_DEPTH`) and matched against the shape its writer gives it
-(``CAPTURED_SHAPES`` in doctor/facts/context.py); anything else is a :class:`DamagedCapture`
-naming the file and what is wrong, a usage error (exit 2) before any check runs. A file a capture may lack (older
+(:data:`SHAPES`); anything else is a :class:`DamagedCapture` naming the file and what is
+wrong, a usage error (exit 2) before any check runs. A file a capture may lack (older
 captures have no ``nics.json``; only an AMD node has ``rocm.json``) may be absent.
 
 A shape is a Python type (``int`` never takes a bool), a tuple of alternatives, ``[shape]``
