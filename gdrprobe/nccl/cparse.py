@@ -13,7 +13,7 @@ import re
 from gdrprobe.numbers import INT64_MAX, MAX_DIGITS
 
 C_SPACE = " \t\n\r\f\v"          # isspace() in the C locale
-_DIGIT_RUN = {8: re.compile(r"[0-7]*"), 10: re.compile(r"[0-9]*"), 16: re.compile(r"[0-9a-fA-F]*")}
+_DIGIT_RUN = {8: re.compile("[01234567]*"), 10: re.compile("[0-9]*"), 16: re.compile("[0-9a-fA-F]*")}
 _HEX_PREFIX = re.compile(r"0[xX][0-9a-fA-F]")
 # More significant digits than this overflow an int64 in any of the three bases.
 _OVERFLOW_DIGITS = MAX_DIGITS + 2

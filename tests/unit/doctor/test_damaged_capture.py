@@ -94,13 +94,21 @@ def test_an_environ_of_another_shape_names_the_file(captured, text, said):
      "site_packages is a string, not a list"),
     ("nccl.json", {"elf_dynamic": {"/lib/libnccl.so.2": {"needed": [1]}}},
      "elf_dynamic.'/lib/libnccl.so.2'.needed[0] is a whole number"),
-    ("rocm.json", {"hsa": []}, "hsa is a list, not an object"),
 ])
 def test_every_capture_file_of_another_shape_names_the_file(captured, name, document, said):
     (captured / CAPTURE / name).write_text(json.dumps(document))
     with pytest.raises(DamagedCapture) as raised:
         run_doctor(str(captured))
     assert f"{CAPTURE}/{name}: " in raised.value.cause and said in raised.value.cause
+
+
+def test_an_amd_nodes_rocm_json_of_another_shape_names_the_file(tmp_path):
+    from tests.unit.doctor import rocm_machines
+
+    tree = rocm_machines.mi300x_node(tmp_path)
+    tree.write(f"/{CAPTURE}/rocm.json", json.dumps({"hsa": []}))
+    with pytest.raises(DamagedCapture, match="rocm.json: hsa is a list, not an object"):
+        run_doctor(str(tmp_path), environ={})
 
 
 def test_a_capture_file_that_is_a_fifo_or_a_link_loop_is_damaged(captured):

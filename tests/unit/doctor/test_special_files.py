@@ -132,3 +132,23 @@ def test_an_elf_offset_past_any_file_is_unreadable_not_a_crash(tmp_path, offset)
 
 def test_the_elf_header_layout_is_what_the_reader_unpacks():
     assert struct.calcsize("<16sHHIQQQIHHHHHH") == elf_dynamic.EHDR.size == 64
+
+
+def test_a_replay_never_opens_a_device_of_this_machine(tmp_path):
+    """A capture holds an empty regular file where the machine had /dev/infiniband/uverbs0;
+    a link there to an absolute path leads inside the capture, and a FIFO or a device is
+    refused, never opened read-write."""
+    import errno
+
+    dev = tmp_path / "dev/infiniband"
+    dev.mkdir(parents=True)
+    (dev / "uverbs0").write_text("")
+    os.symlink("/dev/null", dev / "uverbs1")           # the host's /dev/null, were it followed
+    os.mkfifo(dev / "uverbs2")
+    root = SysRoot(str(tmp_path))
+    root.try_open_device("/dev/infiniband/uverbs0")
+    with pytest.raises(FileNotFoundError):
+        root.try_open_device("/dev/infiniband/uverbs1")
+    with pytest.raises(OSError) as refused:
+        root.try_open_device("/dev/infiniband/uverbs2")
+    assert refused.value.errno == errno.EINVAL and "a FIFO" in refused.value.strerror
