@@ -171,71 +171,32 @@ def native_try_s(path: str) -> float:
 
 def native_strangers(port: int, first: int, count: int, seconds: float, workers: int,
                      pause_s: float, least_bits: int) -> None:
-    """`workers` threads, one proof each in flight, going round 127.0.x.y from `first` for
-    `count` addresses: hello, the puzzle solved natively (to at least `least_bits`: a proof
-    worked for more than it was asked is a paid one, and leaves the free checks unused), a
-    random proof, the refusal read, a pause; what they spent and met, as JSON."""
+    """`workers` threads (tests/strangers.py ProofFlood), one proof each in flight, going
+    round 127.0.x.y from `first` for `count` addresses, solving natively (to at least
+    `least_bits`: a proof worked for more than it was asked is still counted at what it
+    was asked) and pausing `pause_s` after each refusal; what they spent and met, as JSON."""
     from gdrprobe.protocol import handshake as hs
-    from gdrprobe.protocol.channel import Channel
+    from tests.strangers import ProofFlood
 
     os.nice(19)     # their own CPU, as on their own machines: never the server's or the client's
     solver = load_solver(os.environ[SOLVER_ENV])
+
+    def solve(bits: int, client_nonce: bytes, server_nonce: bytes) -> bytes:
+        data, solution = hs.puzzle_input(client_nonce, server_nonce), ctypes.create_string_buffer(8)
+        solver(data, len(data), max(bits, least_bits), solution, 0)
+        return solution.raw
+
     addresses = [f"127.0.{(host >> 8) & 255}.{host & 255}" for host in range(first, first + count)]
-    lock, ends = threading.Lock(), time.monotonic() + seconds
-    bits, refusals, in_flight = [], {}, [0]
     samples: list[int] = []
-
-    def one(address: str) -> None:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(address, 0))
-        channel = Channel(sock, 10.0, peer="server")
-        try:
-            mine = secrets.token_bytes(hs.NONCE_BYTES)
-            channel.send(hs.HELLO, nonce=mine.hex())
-            challenge = channel.receive(hs.CHALLENGE, hs.REFUSED)
-            if challenge["type"] == hs.CHALLENGE:
-                data, solution = hs.puzzle_input(mine, bytes.fromhex(challenge["nonce"])), \
-                    ctypes.create_string_buffer(hs.SOLUTION_BYTES)
-                solver(data, len(data), max(challenge["puzzle_bits"], least_bits), solution, 0)
-                channel.send(hs.AUTH, solution=solution.raw.hex(),
-                             proof=secrets.token_hex(hs.PROOF_BYTES))
-                with lock:
-                    bits.append(challenge["puzzle_bits"])
-                    in_flight[0] += 1
-                try:
-                    challenge = channel.receive(hs.REFUSED)
-                finally:
-                    with lock:
-                        in_flight[0] -= 1
-            with lock:
-                refusals[challenge.get("reason")] = refusals.get(challenge.get("reason"), 0) + 1
-        finally:
-            channel.close()
-
-    def work(index: int) -> None:
-        for turn in range(MAX_PROOFS):
-            if time.monotonic() >= ends:
-                return
-            try:
-                one(addresses[(index + turn * workers) % len(addresses)])
-            except (OSError, ValueError, KeyError) as error:
-                with lock:
-                    refusals[type(error).__name__] = refusals.get(type(error).__name__, 0) + 1
-            except Exception as error:     # noqa: BLE001 - a PeerError: counted, go on
-                with lock:
-                    refusals[getattr(error, "cause", str(error))[:40]] = 1
-            time.sleep(pause_s)
-
-    threads = [threading.Thread(target=work, args=(index,), daemon=True) for index in range(workers)]
-    for thread in threads:
-        thread.start()
-    while time.monotonic() < ends:
-        time.sleep(0.1)
-        samples.append(in_flight[0])
-    for thread in threads:
-        thread.join(30)
-    print(json.dumps({"cpu_s": cpu_s(), "proofs": len(bits), "refusals": refusals,
+    with ProofFlood(port, addresses, max_proofs=MAX_PROOFS, max_s=seconds, workers=workers,
+                    solve=solve, pause_s=pause_s) as flood:
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            time.sleep(0.1)
+            samples.append(flood.in_flight)
+    print(json.dumps({"cpu_s": cpu_s(), "proofs": len(flood.bits), "refusals": dict(flood.refusals),
                       "in_flight": [statistics.mean(samples) if samples else 0, max(samples, default=0)],
-                      "bits": {str(b): bits.count(b) for b in sorted(set(bits))}}))
+                      "bits": {str(b): flood.bits.count(b) for b in sorted(set(flood.bits))}}))
 
 
 def client(port: int, address: str) -> dict:
