@@ -87,11 +87,13 @@ class WrongToken(PeerError):
 
 
 class Refused(PeerError):
-    """The server refused the connection before the token was proved; code says why."""
+    """The server refused the connection before the token was proved; code says why, and
+    transient whether another try may go better (a flood at the door)."""
 
-    def __init__(self, cause: str, fix: str, code: str):
+    def __init__(self, cause: str, fix: str, code: str, transient: bool | None = None):
         super().__init__(cause, fix)
         self.code = code
+        self.transient = code in TRANSIENT_REFUSALS if transient is None else transient
 
 
 def stretch(token: str, salt: bytes) -> bytes:
@@ -250,9 +252,19 @@ def authenticate_as_client(channel: Channel, credential: str | ServerSecret,
                "them while more token proofs wait to be checked than it checks for free (a "
                f"flood at its door, or many clients at once); solving took "
                f"{time.monotonic() - started:.1f} s")
+    took = time.monotonic() - started
     key = client_key(credential, handshake_salt(mine, theirs))
     _send(channel, AUTH, solution=solution.hex(), proof=proof(key, b"client", mine, theirs).hex())
-    welcome = _reply(channel, WELCOME)
+    try:
+        welcome = _reply(channel, WELCOME)
+    except Refused as refused:
+        if refused.code != "slow" or bits <= PUZZLE_BITS:
+            raise
+        # The deadline passed while this host solved a puzzle a flood had raised: the next
+        # try may be asked less, or be quicker.
+        raise Refused(f"{refused.cause}: it had asked {bits} bits of work (a flood at its door), "
+                      f"which took this host {took:.1f} s", refused.fix, refused.code,
+                      transient=True) from None
     if not hmac.compare_digest(hex_field(welcome, "proof", PROOF_BYTES),
                                proof(key, b"server", mine, theirs)):
         raise PeerError("the server's token is not this run's token", TOKEN_FIX)
