@@ -21,8 +21,8 @@ the bound, benchmarks/door_flood.py measures it):
 
 - the puzzle asked of a new connection rises with the load (:func:`puzzle_bits`): the quiet
   bits only while no paid proof waits and the free checks (:class:`FreeChecks`: a burst of
-  scrypts for proofs worked for less, refilled only once nobody has drawn on them for a
-  while) cover every proof waiting; else at least the paid bits, whose work costs the
+  scrypts for proofs worked for less, refilled a few a second, and once drained only after
+  a pause) cover every proof waiting; else at least the paid bits, whose work costs the
   stranger's CPU more than the scrypt costs the server's, a bit more per doubling of the
   proofs waiting for a checker, and never less than the least worked paid proof waiting: a
   newcomer's proof is never of a lower class than those it waits with;
@@ -53,10 +53,11 @@ IPV6_SOURCE_PREFIX = 64
 PROOFS_WAITING = 8
 PROOF_WAIT_S = 3.0
 # Scrypts a server spends on proofs worked for less than PAID_PUZZLE_BITS: a burst, then
-# this many a second (0.07 s of CPU each), refilled only once none was taken for
-# FREE_REFILL_AFTER_S: a stranger who keeps drawing on them gets the burst and then one
-# every FREE_REFILL_AFTER_S + 1 s at most; a client that connects more often than that, or
-# any client during a flood, solves the paid puzzle.
+# this many a second (0.07 s of CPU each); once drawn down to none, refilled only after
+# FREE_REFILL_AFTER_S with none taken: a stranger who keeps drawing on them gets the burst
+# (and what refilled while it drew) and then one every FREE_REFILL_AFTER_S + 1 s at most; a
+# client that connects more often than once a second for long, or any client during a
+# flood, solves the paid puzzle.
 FREE_CHECKS = 16
 FREE_CHECKS_PER_S = 1.0
 FREE_REFILL_AFTER_S = 5.0
@@ -176,20 +177,21 @@ def puzzle_bits(quiet_bits: int, free_left: float, cheap_waiting: int, waiting: 
 
 class FreeChecks:
     """The scrypts spent on proofs worked for less than the paid bits: `burst` at once,
-    refilled at `per_s` a second (a token bucket), but only once none was taken for
-    `refill_after_s`: checks drawn on without a pause do not refill while they are drained.
-    Not thread-safe: ProofQueue holds it under its lock."""
+    refilled at `per_s` a second (a token bucket); once drawn down to none, it refills only
+    after `refill_after_s` with none taken: checks drained without a pause do not refill
+    while they are drained, and a client that draws on them slower than they refill never
+    meets the pause. Not thread-safe: ProofQueue holds it under its lock."""
 
     def __init__(self, burst: int = FREE_CHECKS, per_s: float = FREE_CHECKS_PER_S,
                  clock=time.monotonic, refill_after_s: float = FREE_REFILL_AFTER_S):
         self._burst, self._per_s, self._clock = burst, per_s, clock
         self._refill_after_s = refill_after_s
         self._left, self._at = float(burst), clock()
-        self._taken = float("-inf")
+        self._drained = float("-inf")    # when a take last left none
 
     def left(self) -> float:
         now = self._clock()
-        refilling = max(self._at, self._taken + self._refill_after_s)
+        refilling = max(self._at, self._drained + self._refill_after_s)
         if now > refilling:
             self._left = min(self._burst, self._left + (now - refilling) * self._per_s)
         self._at = now
@@ -199,7 +201,8 @@ class FreeChecks:
         if self.left() < 1:
             return False
         self._left -= 1
-        self._taken = self._at
+        if self._left < 1:
+            self._drained = self._at
         return True
 
     def next_in_s(self) -> float:
@@ -207,7 +210,7 @@ class FreeChecks:
         if self._per_s <= 0:
             return PROOF_WAIT_S
         left = self.left()
-        pause = max(0.0, self._taken + self._refill_after_s - self._at)
+        pause = max(0.0, self._drained + self._refill_after_s - self._at)
         return 0.0 if left >= 1 else pause + (1 - left) / self._per_s
 
 

@@ -237,15 +237,24 @@ def test_free_checks_refill_at_their_rate_up_to_their_burst():
 
 
 def test_free_checks_do_not_refill_while_they_are_drained():
-    """A stranger drawing on them every half second got the burst and one a second (76 in
-    a minute); now the burst, then one each time it pauses for the refill's wait."""
+    """A stranger drawing on them every half second got the burst and one a second (76 in a
+    minute); now the burst and what refilled while it drew them down (32 by 31.5 s), then
+    one each time it leaves them untouched for the refill's wait (every 6 s)."""
     clock = Clock()
     free = FreeChecks(burst=16, per_s=1.0, clock=clock, refill_after_s=5.0)
     taken = 0
     for _ in range(120):
         taken += free.take()
         clock.now += 0.5
-    assert taken == 16 + 8         # the burst in its first 8 s, then one every 6 s from 13.5 s
+    assert taken == 32 + 5
+
+
+def test_a_client_slower_than_the_refill_never_meets_the_pause():
+    clock = Clock()
+    free = FreeChecks(burst=16, per_s=1.0, clock=clock, refill_after_s=5.0)
+    for _ in range(100):
+        assert free.take()
+        clock.now += 1.2
 
 
 @pytest.mark.parametrize("least_paid, bits", [(PAID_PUZZLE_BITS, PAID_PUZZLE_BITS),
