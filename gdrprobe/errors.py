@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import errno
+import unicodedata
 
 
 class ExitCode(enum.IntEnum):
@@ -59,7 +60,9 @@ EXIT_CODES = (
                 "and none used GDRDMA, or GDR off on every NIC; `bench --baseline` found a row "
                 "that fell; `cluster` found a slow pair", DRAIN),
     ExitCodeRow(ExitCode.USAGE, "bad flags or arguments (an unreadable, empty or binary NCCL "
-                "log, a time budget too small for one run)", WARN),
+                "log, a time budget too small for one run, an output path where something other "
+                "than a regular file stands, a damaged capture under `--root`: the file named)",
+                WARN),
     ExitCodeRow(ExitCode.MISSING_DEPENDENCY, "a Python dependency is missing (pyverbs, "
                 "cuda-python; mpi4py, matplotlib or prometheus_client where their output is "
                 "asked for)", WARN),
@@ -157,6 +160,42 @@ def errno_label(code: int | None) -> str:
     return errno.errorcode.get(code, f"errno {code}")
 
 
+QUOTED_CHARS = 64      # of a person's or a machine's input, quoted back in a message
+
+
+def quoted(text: str, limit: int = QUOTED_CHARS) -> str:
+    """Input a message quotes back (a variable's value, a flag's argument) as ``repr`` shows
+    it, every control, separator or unassigned character escaped, and cut to ``limit``
+    characters with its length said: a 100 KB variable is never echoed whole."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def cut(text: str, limit: int = QUOTED_CHARS) -> str:
+    """Input a report repeats, unquoted: :func:`printable`, and at most ``limit`` characters
+    with its length said."""
+    if len(text) <= limit:
+        return printable(text)
+    return f"{printable(text[:limit])}... ({len(text)} characters)"
+
+
+def printable(text: str) -> str:
+    """Text for a terminal line, a log or a scheduler's drain reason: every control, format,
+    private-use, surrogate or unassigned character (Unicode categories C*: U+FFFE, ESC,
+    bidirectional overrides) and the line and paragraph separators U+2028 and U+2029 as
+    ``?``; the line breaks a message is made of stay."""
+    return "".join(ch if ch == "\n" or not is_hidden(ch) else "?" for ch in text)
+
+
+def is_hidden(ch: str) -> bool:
+    """Whether a character could forge a line or hide text: categories C* and the line
+    and paragraph separators (Zl, Zp), which some terminals and log readers take for a
+    new line."""
+    category = unicodedata.category(ch)
+    return category[0] == "C" or category in ("Zl", "Zp")
+
+
 class GdrprobeError(Exception):
     """Base of every error that reaches a person: cause, evidence and fix. Each class below
     names its exit code; one raised without a class of its own is a bug in gdrprobe, so the
@@ -176,7 +215,7 @@ class GdrprobeError(Exception):
             parts.append(f"evidence: {self.evidence}")
         if self.fix:
             parts.append(f"fix: {self.fix}")
-        return "\n  ".join(parts)
+        return printable("\n  ".join(parts))
 
 
 class VerdictNotOk(GdrprobeError):

@@ -94,12 +94,17 @@ class ProofFlood:
     or `max_s` seconds. Records the bits each challenge asked, the refusal codes, and the
     CPU its threads spent (time.thread_time). Python solves on one core a process, so a
     benchmark runs a flood per core with a few workers each: more threads than that only
-    share the core and miss the server's deadline."""
+    share the core and miss the server's deadline. ``solve`` replaces the Python solver (a
+    native one that lets go of the GIL: benchmarks/door_flood.py), ``pause_s`` is a worker's
+    pause after each refusal, and ``in_flight`` counts the proofs sent and not yet answered."""
 
     def __init__(self, port: int, addresses: list[str], max_proofs: int = 2000,
-                 max_s: float = 60.0, workers: int | None = None):
+                 max_s: float = 60.0, workers: int | None = None, solve=None,
+                 pause_s: float = 0.0):
         self.port, self.addresses = port, addresses
         self.max_proofs, self.max_s = max_proofs, max_s
+        self._solve, self._pause_s = solve or hs.solve_puzzle, pause_s
+        self.in_flight = 0
         self.bits: list[int] = []
         self.refusals: collections.Counter = collections.Counter()
         self.cpu_s = 0.0
@@ -145,6 +150,7 @@ class ProofFlood:
                     break
                 try:
                     self._one(addresses[turn % len(addresses)])
+                    time.sleep(self._pause_s)
                 except (OSError, PeerError):
                     time.sleep(0.01)      # refused at accept, or cut: counted, tried again
         finally:
@@ -163,11 +169,16 @@ class ProofFlood:
                 self._refused(challenge)
                 return
             bits = challenge["puzzle_bits"]
-            solution = hs.solve_puzzle(bits, mine, bytes.fromhex(challenge["nonce"]))
+            solution = self._solve(bits, mine, bytes.fromhex(challenge["nonce"]))
             with self._lock:
                 self.bits.append(bits)
-            channel.send(hs.AUTH, solution=solution.hex(), proof=secrets.token_hex(hs.PROOF_BYTES))
-            self._refused(channel.receive(hs.REFUSED))
+                self.in_flight += 1
+            try:
+                channel.send(hs.AUTH, solution=solution.hex(), proof=secrets.token_hex(hs.PROOF_BYTES))
+                self._refused(channel.receive(hs.REFUSED))
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
         finally:
             channel.close()
 

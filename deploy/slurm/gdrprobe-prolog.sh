@@ -130,9 +130,13 @@ log() {
 
 # clean MODE MAX: stdin made one line of valid UTF-8 of at most MAX bytes, cut on a character
 # boundary and ending in "..." where it was cut. MODE log keeps every byte visible: a
-# backslash doubled, a line break as \n, another control character (ESC, CR, C1's CSI...) or
-# a byte that is not UTF-8 as \xHH. MODE reason keeps the first line and removes control
-# characters and non-UTF-8 bytes: what scontrol gets is printed by sinfo to terminals.
+# backslash doubled, a line break as \n, another control character (ESC, CR, C1's CSI...),
+# a byte that is not UTF-8 (an overlong form, a surrogate) or a hidden character as \xHH.
+# MODE reason keeps the first line and removes all of those: what scontrol gets is printed
+# by sinfo to terminals. Hidden: the line and paragraph separators U+2028 and U+2029, the
+# noncharacters (U+FDD0-FDEF, U+FFFE and U+FFFF of every plane), private use, and the format
+# characters that hide or reorder text (soft hyphen, zero-width and bidirectional marks and
+# overrides, U+2060-206F, the byte-order mark, tags).
 clean() {
     tr -d '\000' | LC_ALL=C awk -v mode="$1" -v max="$2" '
         BEGIN { for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i; room = max - 3 }
@@ -141,6 +145,12 @@ clean() {
             else out = out token
         }
         function control(code) { if (mode == "log") put(sprintf("\\x%02x", code)) }
+        function hidden(cp) {
+            return cp == 173 || cp == 1564 || (cp >= 8203 && cp <= 8207) || \
+                (cp >= 8232 && cp <= 8238) || (cp >= 8288 && cp <= 8303) || cp == 65279 || \
+                (cp >= 57344 && cp <= 63743) || (cp >= 64976 && cp <= 65007) || \
+                (cp >= 65529 && cp <= 65531) || cp % 65536 >= 65534 || cp >= 917504
+        }
         NR > 1 && mode != "log" { exit }
         NR > 1 && !cut { put("\\n") }
         !cut {
@@ -154,13 +164,18 @@ clean() {
                 if (b >= 194 && b <= 223) need = 1
                 else if (b >= 224 && b <= 239) need = 2
                 else if (b >= 240 && b <= 244) need = 3
+                cp = b % 2 ^ (6 - need)
                 for (k = 1; k <= need; k++) {
                     d = ord[substr($0, i + k, 1)]
                     if (d < 128 || d > 191) need = -1
+                    else cp = cp * 64 + d - 128
                 }
-                if (need < 0) { control(b); continue }
+                # Overlong forms, surrogates and past U+10FFFF are not UTF-8 either.
+                if (need < 0 || cp < 2 ^ (need == 1 ? 7 : 5 * need + 1) || \
+                    (cp >= 55296 && cp <= 57343) || cp > 1114111) { control(b); continue }
                 second = ord[substr($0, i + 1, 1)]
                 if (b == 194 && second < 160) control(second)  # U+0080..U+009F: C1 controls
+                else if (hidden(cp)) { for (k = 0; k <= need; k++) control(ord[substr($0, i + k, 1)]) }
                 else put(substr($0, i, need + 1))
                 i += need
             }

@@ -7,6 +7,7 @@ import os
 
 from gdrprobe import defaults
 from gdrprobe.errors import UsageError
+from gdrprobe.numbers import is_decimal
 from gdrprobe.sysroot import SysRoot
 
 
@@ -81,7 +82,7 @@ def check_host(host: str | None) -> None:
     """HOST:PORT in one (an ssh or URL habit) is refused with the port flag it meant: the
     port is its own argument, and the name would not resolve."""
     name, colon, port = (host or "").rpartition(":")
-    if colon and port.isdigit() and name and ":" not in name:
+    if colon and is_decimal(port) and name and ":" not in name:
         raise UsageError(f"{host!r} is a host and a port in one",
                          f"give the port on its own: '{name} -p {port}' (the API: "
                          f"host={name!r}, port={port})")

@@ -33,7 +33,8 @@ from collections.abc import Mapping
 from gdrprobe.campaign.gate import local_rank, physical_gpu
 from gdrprobe.campaign.gpus import GpuFacts, visible_entries
 from gdrprobe.campaign.job_gpus import ORDINAL, GpuName, JobGpus, JobGpuSet, job_gpus
-from gdrprobe.errors import UsageError
+from gdrprobe.errors import UsageError, quoted
+from gdrprobe.numbers import is_decimal
 
 SLURM_TASKS = "SLURM_STEP_TASKS_PER_NODE"
 # Each launcher's count of its tasks on this node, by the local-rank variable it sets
@@ -54,8 +55,8 @@ LOCAL_SIZES = {
     "PALS_LOCAL_RANKID": "PALS_LOCAL_SIZE",
     "FLUX_TASK_LOCAL_ID": None,
 }
-_COUNT = re.compile(r"[1-9]\d{0,5}")                     # tasks on a node: 1 .. 999999
-_SLURM_GROUP = re.compile(r"(\d{1,6})(?:\(x([1-9]\d{0,6})\))?")
+_COUNT = re.compile(r"[1-9][0-9]{0,5}")                     # tasks on a node: 1 .. 999999
+_SLURM_GROUP = re.compile(r"([0-9]{1,6})(?:\(x([1-9][0-9]{0,6})\))?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +133,7 @@ def local_size(environ: Mapping[str, str], rank_variable: str) -> int | None:
     if variable == SLURM_TASKS:
         return slurm_tasks_here(value, environ.get("SLURM_NODEID", "").strip())
     if not _COUNT.fullmatch(value):
-        raise UsageError(f"{variable}={value!r} is not a count of tasks on this node",
+        raise UsageError(f"{variable}={quoted(value)} is not a count of tasks on this node",
                          f"the launcher sets {variable} to 1, 2, ...; unset it or fix the "
                          "job script")
     return int(value)
@@ -142,16 +143,16 @@ def slurm_tasks_here(value: str, node_id: str) -> int:
     """This node's entry of Slurm's tasks per node ("4(x2),2": 4, 4, 2 by the step's node
     order), by SLURM_NODEID, the node's place in that order."""
     fix = f"srun sets {SLURM_TASKS} and SLURM_NODEID; unset them or fix the job script"
-    if not node_id.isdigit() or len(node_id) > 6:
-        raise UsageError(f"SLURM_NODEID={node_id!r} names no node of {SLURM_TASKS}={value!r}",
+    if not is_decimal(node_id) or len(node_id) > 6:
+        raise UsageError(f"SLURM_NODEID={quoted(node_id)} names no node of {SLURM_TASKS}={quoted(value)}",
                          fix)
     left = int(node_id)
     for group in value.split(","):
         found = _SLURM_GROUP.fullmatch(group.strip())
         if found is None or int(found.group(1)) == 0:
-            raise UsageError(f"{SLURM_TASKS}={value!r} is not a count of tasks per node", fix)
+            raise UsageError(f"{SLURM_TASKS}={quoted(value)} is not a count of tasks per node", fix)
         repeat = int(found.group(2) or 1)
         if left < repeat:
             return int(found.group(1))
         left -= repeat
-    raise UsageError(f"SLURM_NODEID={node_id} names no node of {SLURM_TASKS}={value!r}", fix)
+    raise UsageError(f"SLURM_NODEID={node_id} names no node of {SLURM_TASKS}={quoted(value)}", fix)

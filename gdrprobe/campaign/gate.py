@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Callable
 from collections.abc import Mapping
 
 from gdrprobe import defaults
-from gdrprobe.errors import UsageError
+from gdrprobe.errors import UsageError, quoted
+from gdrprobe.numbers import decimal, is_decimal
 from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.campaign.gpus import GpuFacts, visible_entries
 from gdrprobe.campaign.job_gpus import JobGpuSet
@@ -104,11 +105,11 @@ def local_rank(environ: Mapping[str, str]) -> tuple[int, str] | None:
         value = environ.get(name, "").strip()
         if not value:
             continue
-        if not value.isdigit():
-            raise UsageError(f"{name}={value!r} is not a local rank",
+        if not is_decimal(value):
+            raise UsageError(f"{name}={quoted(value)} is not a local rank",
                              f"the launcher sets {name} to 0, 1, ...; unset it or fix the "
                              "job script")
-        return int(value), name
+        return decimal(value), name
     return None
 
 
@@ -135,13 +136,14 @@ def physical_gpu(ordinal: int, facts: GpuFacts,
                 f"CUDA ordinal {ordinal} is {facts.runtime_bus_ids[ordinal]} "
                 "(cuDeviceGetPCIBusId; the driver applied CUDA_VISIBLE_DEVICES)")
         return None, f"CUDA sees {len(facts.runtime_bus_ids)} GPU(s), none with ordinal {ordinal}"
-    index = str(ordinal) if entries is None else (entries[ordinal] if ordinal < len(entries) else "")
-    if not index.isdigit():
-        return None, (f"CUDA_VISIBLE_DEVICES entry {index!r} cannot be resolved without the CUDA "
-                      f"driver ({facts.runtime_error or 'not loaded'})")
-    if int(index) >= len(facts.sysfs_bus_ids):
+    entry = str(ordinal) if entries is None else (entries[ordinal] if ordinal < len(entries) else "")
+    index = decimal(entry)
+    if index is None:
+        return None, (f"CUDA_VISIBLE_DEVICES entry {quoted(entry)} cannot be resolved without "
+                      f"the CUDA driver ({facts.runtime_error or 'not loaded'})")
+    if index >= len(facts.sysfs_bus_ids):
         return None, f"no NVIDIA GPU number {index} in sysfs ({len(facts.sysfs_bus_ids)} found)"
-    bus_id = facts.sysfs_bus_ids[int(index)]
+    bus_id = facts.sysfs_bus_ids[index]
     return bus_id, (f"GPU {index} in PCI bus order is {bus_id} (no CUDA driver to ask: CUDA "
                     "numbers GPUs in bus order with CUDA_DEVICE_ORDER=PCI_BUS_ID, and on nodes "
                     "with identical GPUs by default too)")
@@ -170,7 +172,7 @@ def rank_pair(environ: Mapping[str, str], facts: GpuFacts, decisions: Mapping[st
 def given_gpu(gpu: str, facts: GpuFacts, environ: Mapping[str, str],
               decisions: Mapping[str, NicChoice], device: str | None) -> RankPair:
     """A GPU named by the caller: a bus id as is, an ordinal through the visible GPUs."""
-    ordinal = int(gpu) if gpu.isdigit() else None
+    ordinal = decimal(gpu)
     bus_id = gpu if ordinal is None else physical_gpu(ordinal, facts, visible_entries(environ))[0]
     return RankPair(rank="", cuda_ordinal=ordinal, gpu=gpu, gpu_reason=f"GPU {gpu} as given",
                     **_nic_fields(bus_id, decisions, device))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from gdrprobe.numbers import decimal
+
 
 @dataclasses.dataclass(frozen=True)
 class GpuFacts:
@@ -37,9 +39,9 @@ class GpuFacts:
 
     def bus_id(self, gpu: str) -> str:
         """A CUDA ordinal as the bus id CUDA gives it (bus ids do not move); else as given."""
-        cuda = self.runtime_bus_ids
-        if gpu.isdigit() and cuda is not None and int(gpu) < len(cuda):
-            return cuda[int(gpu)]
+        cuda, ordinal = self.runtime_bus_ids, decimal(gpu)
+        if ordinal is not None and cuda is not None and ordinal < len(cuda):
+            return cuda[ordinal]
         return gpu
 
 

@@ -48,7 +48,8 @@ from typing import Callable
 from collections.abc import Mapping
 
 from gdrprobe.campaign.gpus import GpuFacts, visible_entries
-from gdrprobe.errors import UsageError
+from gdrprobe.errors import UsageError, cut, quoted
+from gdrprobe.numbers import decimal, is_decimal
 from gdrprobe.sysroot import SysRoot, is_pci_bus_id, pci_bus_id
 
 GIVEN = "--gpu"
@@ -61,9 +62,9 @@ INDEX, ORDINAL, UUID, MIG_PARENT, MIG, BUS, ALL = ("index", "ordinal", "uuid", "
 _UUID = re.compile(r"GPU-[0-9a-fA-F][0-9a-fA-F-]*")
 # MIG-GPU-<GPU UUID>/<GPU instance>/<compute instance> (drivers before R470) names its GPU;
 # MIG-<UUID> (R470 on) does not.
-_MIG_WITH_PARENT = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/\d+/\d+")
+_MIG_WITH_PARENT = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/[0-9]+/[0-9]+")
 _MIG = re.compile(r"MIG-[0-9a-fA-F][0-9a-fA-F-]*")
-_MIG_INDEX = re.compile(r"(\d+):\d+")
+_MIG_INDEX = re.compile(r"([0-9]+):[0-9]+")
 VOLUME_MOUNTS = "/var/run/nvidia-container-devices"   # the device plugin's mount root
 
 
@@ -85,7 +86,7 @@ class JobGpus:
 
     @property
     def described(self) -> str:
-        return f"{self.source}={self.value}"
+        return f"{self.source}={cut(self.value)}"
 
     def matched(self, facts: GpuFacts) -> JobGpuSet:
         return match(self, facts)
@@ -135,7 +136,7 @@ def _entries(value: str) -> list[str]:
 
 
 def _refuse(source: str, value: str, entry: str, expected: str) -> UsageError:
-    return UsageError(f"{source}={value!r}: {entry!r} names no GPU ({expected})",
+    return UsageError(f"{source}={quoted(value)}: {quoted(entry)} names no GPU ({expected})",
                       f"fix or unset {source}" if source != GIVEN else
                       "e.g. --gpu 0,1, --gpu 0000:3b:00.0 or --gpu GPU-8932f937")
 
@@ -143,7 +144,7 @@ def _refuse(source: str, value: str, entry: str, expected: str) -> UsageError:
 def given_names(value: str) -> tuple[GpuName, ...]:
     names = []
     for entry in _entries(value) or [value]:
-        name = (GpuName(ORDINAL, entry) if entry.isdigit() else uuid_or_bus(entry))
+        name = (GpuName(ORDINAL, entry) if is_decimal(entry) else uuid_or_bus(entry))
         if name is None:
             raise _refuse(GIVEN, value, entry, "a CUDA ordinal, a PCI bus id, a GPU or MIG "
                                                "UUID, comma-separated")
@@ -171,7 +172,7 @@ def as_bus_id(entry: str) -> str | None:
 def slurm_names(source: str, value: str) -> tuple[GpuName, ...]:
     names = []
     for entry in _entries(value):
-        if not entry.isdigit():
+        if not is_decimal(entry):
             raise _refuse(source, value, entry, "Slurm writes the index of each GPU: 0,1,...")
         names.append(GpuName(INDEX, entry))
     return tuple(names)
@@ -190,7 +191,7 @@ def container_names(value: str, listdir: Callable[[str], list[str]] | None) -> t
     names = []
     for entry in entries:
         mig_index = _MIG_INDEX.fullmatch(entry)
-        name = (GpuName(INDEX, entry) if entry.isdigit() else
+        name = (GpuName(INDEX, entry) if is_decimal(entry) else
                 GpuName(INDEX, mig_index.group(1)) if mig_index else uuid_or_bus(entry))
         if name is None or name.kind == BUS:
             raise _refuse(source, value, entry, "GPU UUIDs or nvidia-smi indices, all, none "
@@ -201,7 +202,7 @@ def container_names(value: str, listdir: Callable[[str], list[str]] | None) -> t
 
 def cuda_names(environ: Mapping[str, str]) -> tuple[GpuName, ...]:
     """CUDA_VISIBLE_DEVICES's entries up to the first CUDA ignores the rest from."""
-    return tuple(GpuName(ORDINAL, entry) if entry.isdigit() else
+    return tuple(GpuName(ORDINAL, entry) if is_decimal(entry) else
                  (uuid_or_bus(entry) or GpuName(UUID, entry))
                  for entry in visible_entries(environ) or ())
 
@@ -220,12 +221,12 @@ def match(job: JobGpus | None, facts: GpuFacts) -> JobGpuSet:
     for name in job.names:
         bus_id, why = resolve(name, job.source, facts)
         if bus_id is None:
-            unmatched.append((name.text, why))
+            unmatched.append((cut(name.text), why))
         elif bus_id not in found:
             found.append(bus_id)
     if job.source == GIVEN and unmatched:
         text, why = unmatched[0]
-        raise UsageError(f"--gpu {job.value}: {text}: {why}",
+        raise UsageError(f"--gpu {quoted(job.value)}: {quoted(text)}: {why}",
                          "name GPUs this node has: 'nvidia-smi -L' lists their UUIDs, "
                          "'nvidia-smi --query-gpu=pci.bus_id --format=csv' their bus ids")
     return JobGpuSet(job, tuple(found), tuple(unmatched))
@@ -238,16 +239,16 @@ def node_gpus(facts: GpuFacts) -> tuple[str, ...]:
 def resolve(name: GpuName, source: str, facts: GpuFacts) -> tuple[str | None, str]:
     """(the bus id of the GPU a name means, or None and why not)."""
     if name.kind == INDEX or (name.kind == ORDINAL and facts.runtime_bus_ids is None):
-        return by_index(int(name.text), facts.sysfs_bus_ids, source)
+        return by_index(decimal(name.text), facts.sysfs_bus_ids, source)
     if name.kind == ORDINAL:
-        ordinal, cuda = int(name.text), facts.runtime_bus_ids
+        ordinal, cuda = decimal(name.text), facts.runtime_bus_ids
         if ordinal < len(cuda):
             return cuda[ordinal], ""
         return None, f"CUDA sees {len(cuda)} GPU(s) in this process, none with ordinal {ordinal}"
     if name.kind == BUS:
         if name.text in (*facts.sysfs_bus_ids, *(facts.runtime_bus_ids or ())):
             return name.text, ""
-        return None, f"no NVIDIA GPU at {name.text} on this node"
+        return None, f"no NVIDIA GPU at {cut(name.text)} on this node"
     if name.kind == MIG:
         return None, ("a MIG device named by its own UUID: its GPU is not known here (name "
                       "the GPU by bus id or UUID with --gpu)")
@@ -271,8 +272,8 @@ def by_uuid(uuid: str, facts: GpuFacts) -> tuple[str | None, str]:
     if len(known) == 1:
         return known[0], ""
     if known:
-        return None, f"{uuid} is the prefix of {len(known)} GPUs' UUIDs"
-    return None, (f"no GPU with UUID {uuid} ({len(facts.uuids)} known from the NVIDIA driver's "
+        return None, f"{cut(uuid)} is the prefix of {len(known)} GPUs' UUIDs"
+    return None, (f"no GPU with UUID {cut(uuid)} ({len(facts.uuids)} known from the NVIDIA driver's "
                   "/proc/driver/nvidia/gpus)")
 
 

@@ -20,11 +20,13 @@ import dataclasses
 import fcntl
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator, Mapping
 
 from gdrprobe import defaults
 from gdrprobe.errors import NotTestable
+from gdrprobe.files import NotRegularFile
 
 LOCK_DIR_ENV = "GDRPROBE_LOCK_DIR"
 POLL_S = 0.05
@@ -61,19 +63,30 @@ def shared_dir(path: str) -> None:
 
 def open_lock_file(path: str) -> int:
     """A read-only descriptor (flock needs no more): the existing file, else a new one. No
-    symbolic link is followed, and a file another user made is opened, not re-created
-    (fs.protected_regular refuses O_CREAT on those in a sticky directory)."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    symbolic link is followed, a file another user made is opened, not re-created
+    (fs.protected_regular refuses O_CREAT on those in a sticky directory), and only a
+    regular file is kept: the directory is everyone's, and a FIFO someone made at the
+    lock's name would block an open without O_NONBLOCK (the prolog "stuck", the node
+    drained)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
     for _ in range(2):
         try:
-            return os.open(path, flags)
+            return regular_only(os.open(path, flags), path)
         except FileNotFoundError:
             pass
         try:
-            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            return regular_only(os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), path)
         except FileExistsError:
             continue   # another check made it in between
-    return os.open(path, flags)
+    return regular_only(os.open(path, flags), path)
+
+
+def regular_only(fd: int, path: str) -> int:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(path, mode)
+    return fd
 
 
 def lock_file(nic: str, environ: Mapping[str, str]) -> tuple[int | None, str, str]:

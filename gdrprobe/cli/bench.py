@@ -15,6 +15,7 @@ from gdrprobe import defaults
 from gdrprobe.cli.common import (add_bidir_flag, add_opcode_flag, add_qps_flag,
                                  add_timeout_flag, add_verdict_flags, notice,
                                  size_list, terminate_as_interrupt)
+from gdrprobe.cli.common import real_number, whole
 
 
 def name_list(text: str) -> tuple[str, ...]:
@@ -31,9 +32,9 @@ def register(subparsers) -> None:
         epilog="example: gdrprobe bench --sizes 4K,64K,1M -q 1,4 -o sweep.json --csv sweep.csv")
     parser.add_argument("-d", "--ib-dev", dest="devices", type=name_list, default=(),
                         metavar="DEV[,DEV]", help="RDMA devices (default: all)")
-    parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
+    parser.add_argument("-i", "--ib-port", dest="ib_port", type=whole, default=1, metavar="PORT",
                         help="device port (default 1)")
-    parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
+    parser.add_argument("-x", "--gid-index", dest="gid_index", type=whole, metavar="INDEX",
                         help="GID index (default: the RoCE v2 GID of 127.0.0.1's route)")
     parser.add_argument("--gpu", dest="gpus", type=name_list, default=(),
                         metavar="GPU[,GPU]", help="GPUs by bus id or CUDA ordinal "
@@ -47,20 +48,20 @@ def register(subparsers) -> None:
                         default=defaults.BENCH_MEMORY, metavar="LIST",
                         help=f"memory kinds (default {','.join(defaults.BENCH_MEMORY)})")
     add_qps_flag(parser, several=True, default_text=f"default {defaults.QPS}")
-    parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
+    parser.add_argument("-n", "--iters", type=whole, default=defaults.ITERATIONS,
                         help=f"messages per QP and size (default {defaults.ITERATIONS})")
-    parser.add_argument("-D", "--duration", type=float, help="seconds per size instead of -n")
-    parser.add_argument("--warmup", type=float, default=defaults.WARMUP_S,
+    parser.add_argument("-D", "--duration", type=real_number, help="seconds per size instead of -n")
+    parser.add_argument("--warmup", type=real_number, default=defaults.WARMUP_S,
                         help="seconds excluded before a -D window "
                              f"(default {defaults.WARMUP_S:g})")
-    parser.add_argument("-t", "--tx-depth", type=int, default=defaults.TX_DEPTH,
+    parser.add_argument("-t", "--tx-depth", type=whole, default=defaults.TX_DEPTH,
                         help=f"outstanding writes per QP (default {defaults.TX_DEPTH})")
-    parser.add_argument("-Q", "--cq-mod", type=int, default=defaults.CQ_MODERATION,
+    parser.add_argument("-Q", "--cq-mod", type=whole, default=defaults.CQ_MODERATION,
                         help=f"one signalled write in N (default {defaults.CQ_MODERATION})")
     add_opcode_flag(parser)
     add_bidir_flag(parser, "every bandwidth row gets the other direction and the sum "
                            "(a number of iterations: no -D)")
-    parser.add_argument("--latency-iters", type=int, default=defaults.LATENCY_ITERATIONS,
+    parser.add_argument("--latency-iters", type=whole, default=defaults.LATENCY_ITERATIONS,
                         help="latency round trips per size, host memory (0: no latency rows; "
                              f"default {defaults.LATENCY_ITERATIONS})")
     add_verdict_flags(parser, None)
@@ -79,7 +80,7 @@ def register(subparsers) -> None:
                              "if its parent exists (gdrprobe[plot])")
     parser.add_argument("--baseline", metavar="FILE",
                         help="compare with an earlier --output file; exit 1 when a row fell")
-    parser.add_argument("--max-drop", type=float, default=defaults.MAX_DROP, metavar="FRACTION",
+    parser.add_argument("--max-drop", type=real_number, default=defaults.MAX_DROP, metavar="FRACTION",
                         help="with --baseline: the fall that flags a row "
                              f"(default {defaults.MAX_DROP:g})")
     parser.add_argument("--prometheus", metavar="FILE",

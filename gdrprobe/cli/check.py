@@ -26,8 +26,9 @@ import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli.common import (add_device_flags, add_verdict_flags, size,
                                  terminate_as_interrupt, with_range)
+from gdrprobe.cli.common import real_number, whole
 from gdrprobe.errors import (SCHEDULER_ACTION, ExitCode, GdrprobeError, UsageError,
-                             exit_codes_epilog)
+                             exit_codes_epilog, printable, quoted)
 from gdrprobe.report.check_metrics import (check_prometheus_file, write_check_error,
                                            write_check_prometheus)
 
@@ -38,9 +39,9 @@ BARE_Q_NOTE = ("gdrprobe check: a bare -q means --quiet (its old meaning); -q N 
 
 def qp_count(text: str) -> int:
     try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of QPs") from None
+        return whole(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number of QPs") from None
 
 
 def register(subparsers) -> None:
@@ -92,11 +93,11 @@ def register(subparsers) -> None:
         "-q", "--qp", dest="qps", type=qp_count, nargs="?", const=BARE_Q, metavar="N",
         help=f"number of QPs, %(range)s (default {defaults.CHECK_QPS}); a bare -q means "
              "--quiet"), "qps")
-    parser.add_argument("--floor", type=float, default=defaults.FLOOR, metavar="FRACTION",
+    parser.add_argument("--floor", type=real_number, default=defaults.FLOOR, metavar="FRACTION",
                         help="the fraction of the port's line rate the GPU arm must reach, "
                              "where the rate is known and the NIC is hardware; 0: none "
                              f"(default {defaults.FLOOR:g})")
-    parser.add_argument("--time-budget", type=float, default=defaults.CHECK_TIME_BUDGET_S,
+    parser.add_argument("--time-budget", type=real_number, default=defaults.CHECK_TIME_BUDGET_S,
                         metavar="SECONDS", help="hard limit on the whole check (--node: on "
                         "all of it), set-up included (default "
                         f"{defaults.CHECK_TIME_BUDGET_S:g})")
@@ -109,7 +110,7 @@ def register(subparsers) -> None:
                              "degraded' where the GPU median is over the host median by more "
                              "than --latency-factor at a size; a warning (exit 13), never a "
                              "drain")
-    parser.add_argument("--latency-factor", type=float, metavar="RATIO",
+    parser.add_argument("--latency-factor", type=real_number, metavar="RATIO",
                         help="the GPU/host median latency ratio --latency accepts (default "
                              f"{defaults.LATENCY_FACTOR:g}: uncalibrated; docs/check.md)")
     parser.add_argument("--read", action="store_true",
@@ -197,7 +198,7 @@ def show(report, json_output: bool, quiet: bool) -> int:
         print(render_check(report))
         print(f" exit {code}: {SCHEDULER_ACTION[code]}")
     elif code != ExitCode.OK:
-        print(one_line(report), file=sys.stderr)
+        print(printable(one_line(report)), file=sys.stderr)
     return code
 
 
@@ -212,12 +213,12 @@ def show_node(report, json_output: bool, quiet: bool) -> int:
     else:
         for check in report.gpus:
             if check.exit_code != ExitCode.OK:
-                print(f"gdrprobe check: {node_line(check)}", file=sys.stderr)
+                print(printable(f"gdrprobe check: {node_line(check)}"), file=sys.stderr)
         if report.rails is not None and report.rails.exit_code != ExitCode.OK:
-            print(f"gdrprobe check: all rails: {rails_line(report.rails)}", file=sys.stderr)
+            print(printable(f"gdrprobe check: all rails: {rails_line(report.rails)}"), file=sys.stderr)
         if not report.gpus:
-            print(f"gdrprobe check: nothing to check: {report.job_gpus} (exit "
-                  f"{report.exit_code}: {SCHEDULER_ACTION[report.exit_code]})", file=sys.stderr)
+            print(printable(f"gdrprobe check: nothing to check: {report.job_gpus} (exit "
+                  f"{report.exit_code}: {SCHEDULER_ACTION[report.exit_code]})"), file=sys.stderr)
     return report.exit_code
 
 

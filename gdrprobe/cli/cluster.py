@@ -13,6 +13,8 @@ from gdrprobe.cli.common import (add_bidir_flag, add_device_flags, add_memory_fl
                                  add_timeout_flag,
                                  add_verdict_flags, endpoint_arguments, memory_arguments,
                                  size, terminate_as_interrupt)
+from gdrprobe.cli.common import real_number, whole
+from gdrprobe.files import check_output_path, replace_file
 
 
 def register(subparsers) -> None:
@@ -32,11 +34,11 @@ def register(subparsers) -> None:
     parser.add_argument("-s", "--size", type=size, default=defaults.A_B_SIZE, metavar="SIZE",
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.A_B_SIZE})")
-    parser.add_argument("-n", "--iters", type=int, default=defaults.ITERATIONS,
+    parser.add_argument("-n", "--iters", type=whole, default=defaults.ITERATIONS,
                         help=f"iterations per run (default {defaults.ITERATIONS})")
     add_verdict_flags(parser, "A/B repeats per pair with a GPU buffer")
     add_bidir_flag(parser, "per pair and arm each direction and the sum")
-    parser.add_argument("--slow-fraction", type=float, default=defaults.SLOW_FRACTION,
+    parser.add_argument("--slow-fraction", type=real_number, default=defaults.SLOW_FRACTION,
                         help="a pair below this fraction of the median pair's host bandwidth "
                              f"is named slow (default {defaults.SLOW_FRACTION:g})")
     parser.add_argument("--oob-address", metavar="ADDR",
@@ -53,6 +55,8 @@ def run(args) -> int:
     from gdrprobe.report.text import render_cluster
 
     terminate_as_interrupt()
+    if args.output:
+        check_output_path(args.output, "--output")
     report = gdrprobe.cluster(
         pattern=args.pattern, size=args.size, iterations=args.iters, repeats=args.repeats,
         threshold=args.threshold, slow_fraction=args.slow_fraction, timeout_s=args.timeout,
@@ -62,7 +66,6 @@ def run(args) -> int:
         return 0
     document = to_json(report)
     if args.output:
-        with open(args.output, "w") as handle:
-            handle.write(document + "\n")
+        replace_file(args.output, (document + "\n").encode(), "--output")
     print(document if args.json else render_cluster(report))
     return report.exit_code

@@ -14,8 +14,29 @@ import sys
 import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli.signals import INTERRUPTS
+from gdrprobe.errors import quoted
+from gdrprobe.numbers import decimal, integer, is_decimal, real
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def whole(text: str) -> int:
+    """An argparse type: a whole number as a person and C write it, ASCII digits and a sign
+    (``int()`` also takes ``1_000``, blanks and other scripts' digits), saturated at the
+    int64 range (the API says where a setting's own range ends)."""
+    value = integer(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number such as 4 or 100")
+    return value
+
+
+def real_number(text: str) -> float:
+    """An argparse type: a finite number as a person writes it (0.9, 30, 1e-3; not 1_000,
+    nan, inf or fullwidth digits, which ``float()`` takes)."""
+    value = real(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number such as 0.9 or 30")
+    return value
 
 
 def size(text: str) -> int:
@@ -23,9 +44,9 @@ def size(text: str) -> int:
     the one spelling of a size that every command takes."""
     item = text.strip().upper()
     number, unit = (item[:-1], item[-1]) if item[-1:] in ("K", "M", "G") else (item, "")
-    if not number.isdigit() or int(number) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 4096, 64K or 1M")
-    return int(number) * SIZE_UNITS[unit]
+    if not is_decimal(number) or decimal(number) == 0:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a size such as 4096, 64K or 1M")
+    return decimal(number) * SIZE_UNITS[unit]
 
 
 def size_list(text: str) -> tuple[int, ...]:
@@ -60,7 +81,7 @@ def add_qps_flag(parser, *, several: bool, default_text: str) -> None:
     """-q/--qp as perftest names it: the number of QPs (bench: a list of them)."""
     what = "QP counts, e.g. 1,4, each" if several else "number of QPs,"
     with_range(parser.add_argument(
-        "-q", "--qp", dest="qps", type=int_list if several else int,
+        "-q", "--qp", dest="qps", type=int_list if several else whole,
         default=(defaults.QPS,) if several else None, metavar="LIST" if several else "N",
         help=f"{what} %(range)s ({default_text})"), "qps")
 
@@ -83,11 +104,10 @@ def add_bidir_flag(parser, what: str) -> None:
 
 def int_list(text: str) -> tuple[int, ...]:
     """An argparse type: whole numbers, comma-separated."""
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list of numbers such as 1,2,4") from None
+    numbers = tuple(integer(part) for part in text.split(","))
+    if None in numbers:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a list of numbers such as 1,2,4")
+    return numbers
 
 
 def add_endpoint_flags(parser) -> None:
@@ -100,7 +120,7 @@ def add_endpoint_flags(parser) -> None:
 
 def add_timeout_flag(parser) -> None:
     with_range(parser.add_argument(
-        "--timeout", type=float, default=defaults.TIMEOUT_S, metavar="SECONDS",
+        "--timeout", type=real_number, default=defaults.TIMEOUT_S, metavar="SECONDS",
         help=f"time-out of every out-of-band step, %(range)s (default {defaults.TIMEOUT_S:g})"),
         "timeout_s", " s")
 
@@ -111,30 +131,27 @@ def add_device_flags(parser, device_default: str = "the first one",
     """-d, -i and -x as perftest names them; the help says the command's own defaults."""
     parser.add_argument("-d", "--ib-dev", dest="device", metavar="DEVICE",
                         help=f"RDMA device (default: {device_default})")
-    parser.add_argument("-i", "--ib-port", dest="ib_port", type=int, default=1, metavar="PORT",
+    parser.add_argument("-i", "--ib-port", dest="ib_port", type=whole, default=1, metavar="PORT",
                         help="device port (default 1)")
-    parser.add_argument("-x", "--gid-index", dest="gid_index", type=int, metavar="INDEX",
+    parser.add_argument("-x", "--gid-index", dest="gid_index", type=whole, metavar="INDEX",
                         help=f"GID index (default: {gid_default})")
 
 
 def add_verdict_flags(parser, repeats_help: str | None) -> None:
     """--threshold, and --repeats where the command repeats the A/B (repeats_help says how)."""
     if repeats_help is not None:
-        parser.add_argument("--repeats", type=int, default=defaults.REPEATS,
+        parser.add_argument("--repeats", type=whole, default=defaults.REPEATS,
                             help=f"{repeats_help} (default {defaults.REPEATS})")
-    parser.add_argument("--threshold", type=float, default=defaults.THRESHOLD,
+    parser.add_argument("--threshold", type=real_number, default=defaults.THRESHOLD,
                         help="GPU/host bandwidth ratio that counts as engaged (default "
                              f"{defaults.THRESHOLD:g})")
 
 
 def tcp_port(text: str) -> int:
     """An argparse type: a TCP port, 1 to 65535 (a larger number would wrap around)."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1 to 65535)")
+    port = decimal(text, 65536)
+    if port is None or not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a TCP port (1 to 65535)")
     return port
 
 

@@ -10,6 +10,7 @@ from gdrprobe.cli.common import (add_bidir_flag, add_endpoint_flags, add_memory_
                                  add_qps_flag, add_verdict_flags, endpoint_arguments,
                                  memory_arguments, notice, printed_document, size,
                                  terminate_as_interrupt, token_from)
+from gdrprobe.cli.common import real_number, whole
 
 
 def register(subparsers) -> None:
@@ -30,29 +31,29 @@ def register(subparsers) -> None:
                         help="message size in bytes, or with K, M or G such as 64K "
                              f"(default {defaults.SIZE}; {defaults.A_B_SIZE} for a GPU A/B)")
     parser.add_argument("-a", "--all", action="store_true", help="sizes 2 B to 8 MiB")
-    parser.add_argument("-n", "--iters", type=int, default=None,
+    parser.add_argument("-n", "--iters", type=whole, default=None,
                         help=f"iterations per QP and size (default {defaults.ITERATIONS})")
-    parser.add_argument("--warmup-iters", type=int, default=0,
+    parser.add_argument("--warmup-iters", type=whole, default=0,
                         help="iterations before timing starts (bandwidth; default 0)")
-    parser.add_argument("-D", "--duration", type=float, help="seconds per size instead of -n")
-    parser.add_argument("--warmup", type=float,
+    parser.add_argument("-D", "--duration", type=real_number, help="seconds per size instead of -n")
+    parser.add_argument("--warmup", type=real_number,
                         help="seconds excluded before a -D window "
                              f"(default {defaults.WARMUP_S:g})")
-    parser.add_argument("--window-bytes", type=int, default=None,
+    parser.add_argument("--window-bytes", type=whole, default=None,
                         help="with -D: the warm-up and the window each also end once this many "
                              "bytes have landed (what 'gdrprobe check' does: perftest's "
                              "default run, 65536 x 5000 B)")
     add_qps_flag(parser, several=False, default_text=f"bandwidth; default {defaults.QPS}")
-    parser.add_argument("-t", "--tx-depth", type=int,
+    parser.add_argument("-t", "--tx-depth", type=whole,
                         help=f"outstanding writes per QP (default {defaults.TX_DEPTH}; 1 for "
                              "latency)")
-    parser.add_argument("-Q", "--cq-mod", type=int,
+    parser.add_argument("-Q", "--cq-mod", type=whole,
                         help=f"signal one write in N (default min({defaults.CQ_MODERATION}, "
                              "tx depth))")
-    parser.add_argument("-l", "--post-list", type=int,
+    parser.add_argument("-l", "--post-list", type=whole,
                         help=f"writes chained per post (default {defaults.POST_LIST})")
-    parser.add_argument("-m", "--mtu", type=int, help="path MTU in bytes (default: the port's)")
-    parser.add_argument("-I", "--inline-size", type=int,
+    parser.add_argument("-m", "--mtu", type=whole, help="path MTU in bytes (default: the port's)")
+    parser.add_argument("-I", "--inline-size", type=whole,
                         help="messages up to this size are sent inline (default 220 for "
                              "latency, 0 for bandwidth)")
     parser.add_argument("--relaxed-ordering", choices=("on", "off"),
@@ -74,7 +75,7 @@ def register(subparsers) -> None:
                              "NCCL flushes every GPUDirect receive where its rules ask for it "
                              "('gdrprobe check' follows those rules by itself)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
-    parser.add_argument("--connect-wait", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--connect-wait", type=real_number, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
                              "is still starting; default 0: no retry)")
     add_memory_flags(parser, remote=True)

@@ -6,6 +6,7 @@ import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli.common import (add_endpoint_flags, add_memory_flags, endpoint_arguments,
                                  memory_arguments, terminate_as_interrupt, token_from)
+from gdrprobe.cli.common import whole
 
 
 def register(subparsers) -> None:
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
                         help="IP address to listen on; its RoCE v2 GID is the one used "
                              f"(default {defaults.BIND}: every interface)")
     parser.add_argument("--once", action="store_true", help="exit after one run")
-    parser.add_argument("--max-buffer", type=int, default=defaults.MAX_BUFFER, metavar="BYTES",
+    parser.add_argument("--max-buffer", type=whole, default=defaults.MAX_BUFFER, metavar="BYTES",
                         help="the most memory one run may make this server allocate: its "
                              "registered buffer (the slots of the largest message size and "
                              "one message past them) and its QPs' and CQ's queues (default "

@@ -39,13 +39,12 @@ from gdrprobe.doctor.facts.context import (ENVIRON_FILE, NCCL_FACTS_FILE, NIC_FA
                                            NVML_FACTS_FILE, DoctorContext)
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.errors import UsageError
-from gdrprobe.sysroot import SysRoot
+from gdrprobe.files import NotRegularFile, read_regular
+from gdrprobe.sysroot import MAX_LINK_HOPS, MAX_READ_BYTES, SysRoot
 
 CAPTURED_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
 # HOME: where NCCL looks for ~/.nccl.conf; the rest: where the job's libnccl is found.
 CAPTURED_ENV_NAMES = ("HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX")
-MAX_FILE_BYTES = 1 << 20      # what SysRoot.read reads at most
-MAX_LINK_HOPS = 40            # the kernel's own limit on nested symbolic links
 # renameat2(2): RENAME_EXCHANGE (include/uapi/linux/fs.h), Linux 3.15 and glibc 2.28; a
 # kernel without the call says ENOSYS, a file system that cannot exchange EINVAL.
 RENAME_EXCHANGE = 2
@@ -125,12 +124,11 @@ class _Copier:
             os.symlink(target, dest)
 
     def _file(self, path: str, source: str) -> None:
-        if not os.path.isfile(source):
+        try:
+            data = read_regular(source, MAX_READ_BYTES)
+        except NotRegularFile:
             self._special(path)
             return
-        try:
-            with open(source, "rb") as handle:
-                data = handle.read(MAX_FILE_BYTES)
         except OSError:
             return
         dest = self.dest_path(path)

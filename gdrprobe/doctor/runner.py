@@ -55,6 +55,9 @@ def denied_finding(ctx: DoctorContext) -> list[Finding]:
 
 
 def run_checks(ctx: DoctorContext) -> tuple[Finding, ...]:
+    """Every check's findings, in the flowchart's order; a replayed capture is checked by
+    shape first (a damaged one is a DamagedCapture, exit 2, before any check runs)."""
+    ctx.check_capture()
     findings: list[Finding] = []
     for check in CHECKS:
         findings.extend(run_check(ctx, check))

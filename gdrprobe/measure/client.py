@@ -31,7 +31,7 @@ from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel, abort_message
 from gdrprobe.protocol.fields import SAME_VERSION_FIX
-from gdrprobe.protocol.handshake import (TRANSIENT_REFUSALS, Refused, ServerSecret,
+from gdrprobe.protocol.handshake import (Refused, ServerSecret,
                                          authenticate_as_client)
 from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked, PassDone,
                                         Queued, Sent, Setup, SetupOk, Start, Verified,
@@ -196,7 +196,7 @@ class ProbeClient:
                 return channel
             except Refused as error:
                 channel.close()
-                if error.code not in TRANSIENT_REFUSALS or attempt == HANDSHAKE_TRIES:
+                if not error.transient or attempt == HANDSHAKE_TRIES:
                     raise
                 pause = retry_pause_s(attempt)
                 self.notice(f"{error.cause}; trying again in {pause:.1f} s "

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from gdrprobe.errors import (GdrprobeError, GpuOutOfMemory, HipError, MissingDependency,
                              NotTestable, UsageError)
+from gdrprobe.numbers import decimal, is_decimal
 from gdrprobe.memory.causes import dmabuf_export_refused
 from gdrprobe.memory.runtime import GpuRuntime, check_gpu_selector, dmabuf_range, is_bus_id
 from gdrprobe.sysroot import AMD_GPU_CLASSES, AMD_VENDOR_ID, pci_bus_id
@@ -121,9 +122,9 @@ def require_matching_line(module, installed: str | None) -> None:
     than the HIP runtime is refused with the line to install."""
     line = runtime_line(module)
     parts = (installed or "").split(".")
-    if line is None or len(parts) < 2 or not all(part.isdigit() for part in parts[:2]):
+    if line is None or len(parts) < 2 or not all(is_decimal(part) for part in parts[:2]):
         return
-    if (int(parts[0]), int(parts[1])) != line:
+    if (decimal(parts[0]), decimal(parts[1])) != line:
         wanted = f"{line[0]}.{line[1]}"
         raise MissingDependency(
             f"hip-python {installed} does not match the HIP runtime of ROCm {wanted}",

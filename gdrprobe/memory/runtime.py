@@ -31,7 +31,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from gdrprobe.errors import UsageError
+from gdrprobe.errors import UsageError, quoted
+from gdrprobe.numbers import decimal, is_decimal
 from gdrprobe.sysroot import GPU_CLASSES, PCI_DEVICES_DIR, SysRoot, is_pci_bus_id
 
 HOST_PAGE_BYTES = mmap.PAGESIZE
@@ -202,6 +203,7 @@ def is_bus_id(selector: str) -> bool:
     return ":" in selector
 
 
+GPU_ORDINAL_MAX = (1 << 31) - 1    # a device ordinal is a C int to every GPU runtime
 # The forms cuDeviceGetByPCIBusId reads (cuda.h, its documentation), and
 # hipDeviceGetByPCIBusId after it: domain:bus:device.function, domain:bus:device and
 # bus:device.function, every part hexadecimal.
@@ -212,8 +214,9 @@ BUS_ID_FORMS = re.compile(r"[0-9a-f]+:[0-9a-f]+:[0-9a-f]+(\.[0-9a-f]+)?|[0-9a-f]
 def check_gpu_selector(selector: str) -> None:
     """A GPU as a runtime names one: an ordinal or a PCI bus id in a form the runtime reads.
     The public API refuses anything else before it probes."""
-    if not ((selector.isascii() and selector.isdigit()) or BUS_ID_FORMS.fullmatch(selector)):
-        raise UsageError(f"GPU {selector!r} is neither a GPU ordinal nor a PCI bus id",
+    if not (decimal(selector, GPU_ORDINAL_MAX + 1) <= GPU_ORDINAL_MAX if is_decimal(selector)
+            else BUS_ID_FORMS.fullmatch(selector)):
+        raise UsageError(f"GPU {quoted(selector)} is neither a GPU ordinal nor a PCI bus id",
                          "pass a GPU as an ordinal (0) or a full bus id (0000:3b:00.0)")
 
 

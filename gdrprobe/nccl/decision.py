@@ -61,6 +61,7 @@ from gdrprobe.nccl import data_direct
 from gdrprobe.nccl.cparse import atoi
 from gdrprobe.nccl.env import int_param, netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import MemoryPaths
+from gdrprobe.nccl.local_choice import Paths, local
 from gdrprobe.nccl.nets import Net, NetBuilder, data_direct_net, physical_nets
 from gdrprobe.nccl.topo import (InterCpu, NcclPciTree, PcieEndpoint, PcieLink, Port,
                                 inter_cpu_bandwidth, link_bandwidth_gbs, nvlink_gbs_per_link, same_cpu)
@@ -140,15 +141,6 @@ class Gdr:
     mode: str = "disabled"           # ncclTopoGdrMode: disabled, default, pci
 
 
-@dataclasses.dataclass
-class Paths:
-    """NCCL's GPU-to-NIC and NIC-to-GPU paths (``gpu->paths[NET]``, ``net->paths[GPU]``):
-    PXN changes only the first, the detour through the CPU both."""
-
-    to_net: dict[PcieEndpoint, dict[Net, PairPath]]
-    to_gpu: dict[Net, dict[PcieEndpoint, PairPath]]
-
-
 def merge_path_type(first: str, second: str, rank: Mapping[str, int]) -> str:
     """paths.cc mergePathType: the worse of two, but C2C then PHB is P2C."""
     if {first, second} == {"C2C", "PHB"}:
@@ -185,6 +177,7 @@ class Machine:
         # Memoised per machine (a class-level cache would keep every Machine alive).
         self.link_gbs = functools.cache(self._link_gbs)
         self.direct = functools.cache(self._direct)
+        self.nvml_index = functools.cache(self._nvml_index)
 
     def nic_nets(self, nic: PcieEndpoint) -> list[Net]:
         """The network devices NCCL opens for one RDMA device, port by port: the port, its
@@ -251,12 +244,7 @@ class Machine:
 
     def local(self, options: dict) -> list:
         """ncclTopoGetLocal: the highest bandwidth, then the lowest path type, in index order."""
-        if not options:
-            return []
-        best = max(path.bw for path in options.values())
-        top = {k: p for k, p in options.items() if p.bw == best}
-        lowest = min(self.rank[p.type] for p in top.values())
-        return [k for k, p in top.items() if self.rank[p.type] == lowest]
+        return local(options, self.rank)
 
     @functools.cached_property
     def before_pxn(self) -> dict[PcieEndpoint, dict[Net, PairPath]]:
@@ -276,14 +264,11 @@ class Machine:
 
     def start_paths(self) -> Paths:
         return Paths({gpu: dict(paths) for gpu, paths in self.before_pxn.items()},
-                     {net: {gpu: self.before_pxn[gpu][net] for gpu in self.gpus} for net in self.nets})
+                     {net: {gpu: self.before_pxn[gpu][net] for gpu in self.gpus} for net in self.nets},
+                     self.rank)
 
     # -- step 4: the NIC a channel uses -------------------------------------------------
-    def local_gpus(self, net: Net, paths: Paths) -> list[PcieEndpoint]:
-        """ncclTopoGetLocal(NET, GPU): on the NIC-to-GPU paths."""
-        return self.local(paths.to_gpu[net])
-
-    def nvml_index(self, gpu: PcieEndpoint) -> int:
+    def _nvml_index(self, gpu: PcieEndpoint) -> int:
         """NCCL's gpu.dev: NVML's index (src/graph/xml.cc ncclTopoGetXmlFromGpu ->
         ncclNvmlDeviceGetIndex), not the CUDA ordinal, which CUDA_VISIBLE_DEVICES and
         CUDA_DEVICE_ORDER change. NVML numbers every GPU of the node in PCI bus order; its
@@ -294,32 +279,43 @@ class Machine:
         return sorted(self.node_gpu_bdfs).index(gpu.bdf)
 
     def nets_per_gpu(self, gpu: PcieEndpoint, paths: Paths) -> int:
-        nets = self.local(paths.to_net[gpu])
-        return self.policy.nets_per_gpu(len(nets), len(self.local_gpus(nets[0], paths))) if nets else 0
+        return self.channel_start(gpu, paths)[1]
 
-    def channel_nic(self, gpu: PcieEndpoint, paths: Paths, channel: int = 0) -> Net | None:
-        """topo.cc ncclTopoGetLocalNetType: start at ``dev % localGpuCount`` (localGpuCount:
-        the GPUs local to the first local NIC; bits mirrored when the NIC count is a power
-        of two), then ``channel % netsPerGpu`` further (NCCL_NETDEVS_POLICY)."""
-        nets = self.local(paths.to_net[gpu])
+    def channel_start(self, gpu: PcieEndpoint, paths: Paths) -> tuple[int, int]:
+        """topo.cc ncclTopoGetLocalNetType: (the first channel's place among the GPU's local
+        NICs, netsPerGpu); the place is ``dev % localGpuCount`` (localGpuCount: the GPUs
+        local to the first local NIC; bits mirrored when the NIC count is a power of two),
+        netsPerGpu NCCL_NETDEVS_POLICY's; (0, 0) without a local NIC."""
+        nets = paths.local_nets(gpu)
         if not nets:
-            return None
-        local_gpus = len(self.local_gpus(nets[0], paths))
+            return 0, 0
+        local_gpus = len(paths.local_gpus(nets[0]))
         index = self.nvml_index(gpu) % max(local_gpus, 1)
         if len(nets) & (len(nets) - 1) == 0:
             index = mirror_bits(index, len(nets))
-        index += channel % self.policy.nets_per_gpu(len(nets), local_gpus)
-        return nets[index % len(nets)]
+        return index, self.policy.nets_per_gpu(len(nets), local_gpus)
+
+    def channel_nic(self, gpu: PcieEndpoint, paths: Paths, channel: int = 0) -> Net | None:
+        """The NIC of a channel: ``channel % netsPerGpu`` past the first channel's."""
+        nets = paths.local_nets(gpu)
+        start, per_gpu = self.channel_start(gpu, paths)
+        return nets[(start + channel % per_gpu) % len(nets)] if nets else None
 
     def local_gpu(self, net: Net, paths: Paths) -> PcieEndpoint | None:
         """topo.cc ncclTopoGetLocalGpu: over channels, then the NIC's own GPUs in order, the
         first whose channel lands on the NIC; None (NCCL's -1: no PXN relay) when none does.
-        Channels repeat every netsPerGpu, which is at most the NIC count."""
-        for channel in range(max(len(self.nets), 1)):
-            for gpu in self.local_gpus(net, paths):
-                if self.channel_nic(gpu, paths, channel) == net:
-                    return gpu
-        return None
+        Channels repeat every netsPerGpu, so a GPU's first channel on the NIC is found from
+        the NIC's place among its local NICs, not channel by channel."""
+        found, first = None, None
+        for gpu in paths.local_gpus(net):
+            at = paths.local_net_index(gpu, net)
+            if at is None:
+                continue
+            start, per_gpu = self.channel_start(gpu, paths)
+            channel = (at - start) % len(paths.local_nets(gpu))
+            if channel < per_gpu and (first is None or channel < first):
+                found, first = gpu, channel
+        return found
 
     # -- step 5: the GDR gate -----------------------------------------------------------
     def gdr(self, gpu: PcieEndpoint, net: Net, path: PairPath, read: bool, paths: Paths) -> Gdr:
@@ -423,7 +419,7 @@ class Machine:
             return
         beyond = self.rank[own.type] > self.rank[self.rules.pxn_own_limit(self.environ)]
         if beyond or self.rules.pxn_by_bandwidth and peer_path.bw > own.bw:
-            paths.to_net[gpu][net] = PairPath("PXN", min(self.nvlink_gbs(gpu, peer), peer_path.bw), peer)
+            paths.set_to_net(gpu, net, PairPath("PXN", min(self.nvlink_gbs(gpu, peer), peer_path.bw), peer))
 
     def detour(self, gpu: PcieEndpoint, net: Net, paths: Paths, why: str) -> None:
         """addInterStep through the CPU local to the GPU, both ways: GPU to CPU (C2C on
@@ -432,8 +428,8 @@ class Machine:
         onward, onward_bw = self.cpu_to_net(gpu, net)
         kind, bw = merge_path_type(to_cpu, onward, self.rank), min(to_cpu_bw, onward_bw)
         before = paths.to_net[gpu][net]
-        paths.to_net[gpu][net] = PairPath(kind, bw, detour=(before.type, why))
-        paths.to_gpu[net][gpu] = PairPath(kind, bw)
+        paths.set_to_net(gpu, net, PairPath(kind, bw, detour=(before.type, why)))
+        paths.set_to_gpu(net, gpu, PairPath(kind, bw))
 
 
 def mirror_bits(value: int, pow2: int) -> int:
@@ -496,7 +492,7 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
     nic = machine.channel_nic(gpu, paths)
     if nic is None:
         return no_nic_decision(gpu, machine.rules)
-    candidates = tuple(n.label for n in machine.local(paths.to_net[gpu]))
+    candidates = tuple(n.label for n in paths.local_nets(gpu))
     path = paths.to_net[gpu][nic]
     write, read = machine.gdr(gpu, nic, path, False, paths), machine.gdr(gpu, nic, path, True, paths)
     why = [f"{nic.label} has the highest bandwidth ({path.bw:.1f} GB/s) and then the lowest path type "

@@ -18,6 +18,7 @@ import re
 from typing import Protocol
 
 from gdrprobe.nccl.cparse import strtoll
+from gdrprobe.numbers import decimal
 
 # NCCL's path types, nearest first, with the rank its gates compare (src/include/graph.h).
 PATH_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6,
@@ -312,7 +313,7 @@ def cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
 
 
 def decimal_or_none(text: str) -> int | None:
-    return int(text.strip()) if text.strip().isdigit() else None
+    return decimal(text.strip())
 
 
 def x86_inter_cpu(fields: dict[str, str]) -> InterCpu:

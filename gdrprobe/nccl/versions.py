@@ -101,7 +101,7 @@ MEMORY_PEERS_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version",
                       "/sys/kernel/mm/memory_peers/nv_mem_nc/version")
 PEERMEM_MODULE_FILE = "/sys/module/nvidia_peermem/version"
 PEERMEM_FILES = MEMORY_PEERS_FILES + (PEERMEM_MODULE_FILE,)    # all three: 2.23.4 on
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_VERSION = re.compile(r"(?<![0-9])([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})")
 
 
 def parse_version(text: str | None) -> Version | None:

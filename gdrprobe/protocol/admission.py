@@ -20,16 +20,18 @@ Checking a proof costs a scrypt, so the cost falls on whoever sends it (SECURITY
 the bound, benchmarks/door_flood.py measures it):
 
 - the puzzle asked of a new connection rises with the load (:func:`puzzle_bits`): the quiet
-  bits while the free checks (:class:`FreeChecks`, a few scrypts a second for proofs worked
-  for less) cover every proof waiting; else at least the paid bits, whose work costs the
-  stranger's CPU more than the scrypt costs the server's, and a bit more per doubling of
-  the proofs waiting for a checker;
+  bits only while no paid proof waits and the free checks (:class:`FreeChecks`: a burst of
+  scrypts for proofs worked for less, refilled a few a second, and once drained only after
+  a pause) cover every proof waiting; else at least the paid bits, whose work costs the
+  stranger's CPU more than the scrypt costs the server's, a bit more per doubling of the
+  proofs waiting for a checker, and never less than the least worked paid proof waiting: a
+  newcomer's proof is never of a lower class than those it waits with;
 - :class:`ProofQueue` holds the proofs that solved their puzzle, at most a few, each for at
   most ``PROOF_WAIT_S``; a newcomer into a full queue takes the place of the least proven
   waiting (fewest bits, then from the source holding most, then the oldest) only when it
   carries more work, and a proof past its wait is dropped unchecked; the checkers take the
   most proven first, a source at a time in turn, and a proof worked for less than the paid
-  bits only with a free check.
+  bits with a free check, in turn with the paid ones (paid proofs never starve it).
 """
 
 from __future__ import annotations
@@ -51,10 +53,14 @@ IPV6_SOURCE_PREFIX = 64
 PROOFS_WAITING = 8
 PROOF_WAIT_S = 3.0
 # Scrypts a server spends on proofs worked for less than PAID_PUZZLE_BITS: a burst, then
-# this many a second (0.07 s of CPU each); a client that connects more often than that, or
-# any client during a flood, solves the paid puzzle.
+# this many a second (0.07 s of CPU each); once drawn down to none, refilled only after
+# FREE_REFILL_AFTER_S with none taken: a stranger who keeps drawing on them gets the burst
+# (and what refilled while it drew) and then one every FREE_REFILL_AFTER_S + 1 s at most; a
+# client that connects more often than once a second for long, or any client during a
+# flood, solves the paid puzzle.
 FREE_CHECKS = 16
 FREE_CHECKS_PER_S = 1.0
+FREE_REFILL_AFTER_S = 5.0
 SERVED_SOURCES = 4096        # sources whose last turn the proof queue remembers
 
 SILENT, CHALLENGED, CHECKING = 0, 1, 2   # what a pending connection has shown, in order
@@ -143,36 +149,51 @@ class Places:
                                                  self._places[conn].order))
 
     def _from_the_largest_source(self) -> object | None:
-        for source in sorted(self._by_source, key=lambda s: -len(self._by_source[s])):
-            victim = self._least_shown(self._by_source[source])
+        """The least shown connection of the sources that hold most (of all of them where
+        several hold as many: a connection that said hello never makes room while one that
+        said nothing is there), else of the next largest."""
+        by_size = collections.defaultdict(list)
+        for conns in self._by_source.values():
+            by_size[len(conns)].extend(conns)
+        for size in sorted(by_size, reverse=True):
+            victim = self._least_shown(by_size[size])
             if victim is not None:
                 return victim
         return None
 
 
 def puzzle_bits(quiet_bits: int, free_left: float, cheap_waiting: int, waiting: int,
-                checkers: int) -> int:
-    """The work asked of a new connection: quiet_bits while the free checks left cover every
-    proof worked for less that waits, and this one; else PAID_PUZZLE_BITS and one bit more
-    per doubling of the proofs waiting past one per checker, up to MAX_PUZZLE_BITS."""
-    if quiet_bits == 0 or free_left >= cheap_waiting + 1:
+                checkers: int, least_paid: int | None = None) -> int:
+    """The work asked of a new connection: quiet_bits while no paid proof waits and the
+    free checks left cover every proof worked for less that waits, and this one; else
+    PAID_PUZZLE_BITS and one bit more per doubling of the proofs waiting past one per
+    checker, and at least ``least_paid`` (the least worked paid proof waiting), up to
+    MAX_PUZZLE_BITS."""
+    if quiet_bits == 0 or least_paid is None and free_left >= cheap_waiting + 1:
         return quiet_bits
-    return min(PAID_PUZZLE_BITS + (waiting // checkers).bit_length(), MAX_PUZZLE_BITS)
+    loaded = PAID_PUZZLE_BITS + (waiting // checkers).bit_length()
+    return min(max(loaded, least_paid or 0), MAX_PUZZLE_BITS)
 
 
 class FreeChecks:
     """The scrypts spent on proofs worked for less than the paid bits: `burst` at once,
-    refilled at `per_s` a second (a token bucket). Not thread-safe: ProofQueue holds it
-    under its lock."""
+    refilled at `per_s` a second (a token bucket); once drawn down to none, it refills only
+    after `refill_after_s` with none taken: checks drained without a pause do not refill
+    while they are drained, and a client that draws on them slower than they refill never
+    meets the pause. Not thread-safe: ProofQueue holds it under its lock."""
 
     def __init__(self, burst: int = FREE_CHECKS, per_s: float = FREE_CHECKS_PER_S,
-                 clock=time.monotonic):
+                 clock=time.monotonic, refill_after_s: float = FREE_REFILL_AFTER_S):
         self._burst, self._per_s, self._clock = burst, per_s, clock
+        self._refill_after_s = refill_after_s
         self._left, self._at = float(burst), clock()
+        self._drained = float("-inf")    # when a take last left none
 
     def left(self) -> float:
         now = self._clock()
-        self._left = min(self._burst, self._left + (now - self._at) * self._per_s)
+        refilling = max(self._at, self._drained + self._refill_after_s)
+        if now > refilling:
+            self._left = min(self._burst, self._left + (now - refilling) * self._per_s)
         self._at = now
         return self._left
 
@@ -180,11 +201,17 @@ class FreeChecks:
         if self.left() < 1:
             return False
         self._left -= 1
+        if self._left < 1:
+            self._drained = self._at
         return True
 
     def next_in_s(self) -> float:
         """Seconds until one is left."""
-        return max(0.0, (1 - self.left()) / self._per_s) if self._per_s > 0 else PROOF_WAIT_S
+        if self._per_s <= 0:
+            return PROOF_WAIT_S
+        left = self.left()
+        pause = max(0.0, self._drained + self._refill_after_s - self._at)
+        return 0.0 if left >= 1 else pause + (1 - left) / self._per_s
 
 
 @dataclasses.dataclass(eq=False)
@@ -212,8 +239,13 @@ class ProofQueue:
         self._waiting: list[_Proof] = []
         self._served: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._count = 0
+        self._cheap_turn = False     # the next check goes to a cheap proof, where one may
         self._ready = threading.Condition()
         self._closed = False
+
+    @property
+    def paid_bits(self) -> int:
+        return self._paid_bits
 
     # -- the door's side --------------------------------------------------------------------
 
@@ -244,12 +276,15 @@ class ProofQueue:
         with self._ready:
             return min((proof.queued + self._wait_s for proof in self._waiting), default=None)
 
-    def load(self) -> tuple[float, int, int]:
+    def load(self) -> tuple[float, int, int, int | None]:
         """(free checks left, proofs waiting worked for less than the paid bits, proofs
-        waiting): what puzzle_bits weighs."""
+        waiting, the bits of the least worked paid proof waiting or None): what puzzle_bits
+        weighs."""
         with self._ready:
             cheap = sum(proof.bits < self._paid_bits for proof in self._waiting)
-            return self._free.left(), cheap, len(self._waiting)
+            least_paid = min((proof.bits for proof in self._waiting if proof.bits >= self._paid_bits),
+                             default=None)
+            return self._free.left(), cheap, len(self._waiting), least_paid
 
     def _least_proven(self, proof: _Proof):
         """Fewest bits first, then from the source with most waiting, then the oldest."""
@@ -276,11 +311,16 @@ class ProofQueue:
 
     def _next(self) -> _Proof | None:
         """The most proven proof, the source whose last turn is oldest first, then the
-        oldest; one worked for less than the paid bits only with a free check."""
+        oldest; one worked for less than the paid bits only with a free check, and in turn
+        with the paid ones: after a paid proof, a cheap one goes first where one waits and
+        a free check is left."""
         paid = [proof for proof in self._waiting if proof.bits >= self._paid_bits]
-        candidates = paid or (self._waiting if self._waiting and self._free.take() else [])
+        cheap = [proof for proof in self._waiting if proof.bits < self._paid_bits]
+        take_cheap = bool(cheap) and (self._cheap_turn or not paid) and self._free.take()
+        candidates = cheap if take_cheap else paid
         if not candidates:
             return None
+        self._cheap_turn = not take_cheap
         return min(candidates, key=lambda proof: (-proof.bits, self._served.get(proof.source, 0),
                                                   proof.order))
 

@@ -177,8 +177,23 @@ class Channel:
     def _read_frame(self, deadline: float, timeout: float) -> bytes:
         """The JSON of the next frame, its seal checked once the channel is sealed."""
         header = self._read_exact(HEADER.size, deadline, timeout)
-        body = self._read_exact(frame_length(header, self.peer), deadline, timeout)
-        return body if self._receive_key is None else self._open(header, body)
+        if self._receive_key is None:
+            return self._read_exact(frame_length(header, self.peer), deadline, timeout)
+        return self._open(header, self._read_exact(self._sealed_length(header), deadline, timeout))
+
+    def _sealed_length(self, header: bytes) -> int:
+        """The body length of a sealed frame's header. Both ends proved the same protocol in
+        the handshake, so another magic or version here, or a length past the limit, is a
+        header altered on the way: tampering, not a version mismatch."""
+        magic, version, length = HEADER.unpack(header)
+        if magic != MAGIC or version != PROTOCOL_VERSION:
+            raise self._tampered(f"frame {self._received}'s header was altered: magic {magic!r} "
+                                 f"and protocol {version} where the handshake agreed on "
+                                 f"{MAGIC!r} and {PROTOCOL_VERSION}")
+        if length > MAX_MESSAGE_BYTES:
+            raise self._tampered(f"frame {self._received}'s header was altered: it announces "
+                                 f"{length} bytes, over the limit of {MAX_MESSAGE_BYTES}")
+        return length
 
     def _open(self, header: bytes, body: bytes) -> bytes:
         """The JSON of a sealed frame whose tag and sequence number are right."""

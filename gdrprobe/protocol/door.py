@@ -9,7 +9,8 @@ for first, fairly by source, and is dropped unchecked when it has waited too lon
 proof that carries more work needs its place (admission.ProofQueue); a client that proved
 the token gets its welcome and is handed on, its channel sealed, to
 ``on_authenticated(channel, address)``. Every connection has a
-deadline (hello within ``HELLO_S``, the whole handshake within ``PRE_AUTH_S``), anything
+deadline (hello within ``HELLO_S``, the whole handshake within ``PRE_AUTH_S`` and the time
+a slow client takes for the puzzle it was asked, ``SLOW_TRY_S`` a try), anything
 wrong closes it at once, and every refusal tells the client why, in a code its own
 gdrprobe turns into words (handshake.REFUSALS). The door logs only its own words.
 """
@@ -38,6 +39,10 @@ from gdrprobe.protocol.serverlog import BurstLog
 # loaded one), whatever --timeout says.
 HELLO_S = 5.0
 PRE_AUTH_S = 15.0
+# And the puzzle asked, at this much a try: a Python client on a slow or busy host (0.24 us
+# a try on an idle x86 core, 0.9 us on one loaded to 10, and then only a share of it):
+# 16.8 s more at 22 bits.
+SLOW_TRY_S = 4e-6
 CHECKERS = 2                   # threads checking proofs: at most 2 scrypts, 64 MiB, at once
 MAX_HANDSHAKE_FRAME = 1024     # hello and auth are about 100 and 200 bytes
 ACCEPTS_PER_WAKE = 64
@@ -262,7 +267,7 @@ class Door:
         if stage == SILENT and message["type"] == HELLO:
             pending.bits = self._puzzle_bits()
             pending.handshake = ServerHandshake(self._secret, message, pending.bits)
-            pending.deadline = pending.accepted + PRE_AUTH_S
+            pending.deadline = pending.accepted + PRE_AUTH_S + (1 << pending.bits) * SLOW_TRY_S
             self._places.advance(pending, CHALLENGED)
             if not self._send(pending, plain_frame(CHALLENGE, **pending.handshake.challenge())):
                 self._end(pending, "closed", tell=False)
@@ -282,9 +287,14 @@ class Door:
             raise PeerError("a message out of order", "")
 
     def _puzzle_bits(self) -> int:
-        """The work to ask of a newcomer, by the load; a change is logged (once a minute)."""
-        free_left, cheap, waiting = self._proofs.load()
-        bits = puzzle_bits(self._secret.puzzle_bits, free_left, cheap, waiting, self._checker_count)
+        """The work to ask of a newcomer, by the load; a change is logged (once a minute).
+        The connections asked the quiet puzzle that have not answered yet count against the
+        free checks like the cheap proofs waiting: a free check is promised once."""
+        free_left, cheap, waiting, least_paid = self._proofs.load()
+        promised = sum(1 for pending in self._places if self._places.stage(pending) == CHALLENGED
+                       and pending.bits < self._proofs.paid_bits)
+        bits = puzzle_bits(self._secret.puzzle_bits, free_left, cheap + promised, waiting,
+                           self._checker_count, least_paid)
         if bits != self._asked_bits:
             self._asked_bits = bits
             self.log("the puzzle", "puzzle", f"asking {bits} bits of work of new connections: "

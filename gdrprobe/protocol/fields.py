@@ -7,20 +7,14 @@ message ends as a :class:`PeerError` naming the field, never as a traceback.
 from __future__ import annotations
 
 import math
-import unicodedata
 
-from gdrprobe.errors import PeerError
+from gdrprobe.errors import PeerError, is_hidden
 
 # What a person does about a peer whose message this gdrprobe cannot take: a peer of another
 # version, or one that is not gdrprobe at all.
 SAME_VERSION_FIX = "run the same gdrprobe version on both hosts"
 PEER_TEXT_CHARS = 200
 PEER_NUMBER_CHARS = 24   # a number a peer sent, as it is quoted back: cut past this
-# Characters never shown: every control, format, private or unassigned character (Unicode
-# categories C*: newlines, ANSI escapes, bidirectional overrides) and the line and paragraph
-# separators U+2028 and U+2029 (Zl, Zp), which some terminals and log readers take for a
-# new line.
-SEPARATOR_CATEGORIES = ("Zl", "Zp")
 
 
 def field(message: dict, name: str, kind: type, *, low=None, high=None, default=...):
@@ -54,18 +48,13 @@ def int_list(message: dict, name: str, *, low: int, high: int, max_items: int) -
 
 def peer_text(value, limit: int = PEER_TEXT_CHARS) -> str:
     """Text an authenticated peer sent, safe to log or show: every character that could
-    forge a line or hide text (C* and SEPARATOR_CATEGORIES) shown as '?', and at most
+    forge a line or hide text (:func:`gdrprobe.errors.is_hidden`: newlines too) shown as '?', and at most
     `limit` characters, so a peer can neither forge lines of our output nor flood it. A
     stranger's text (a peer that has not proved the token) is never shown at all."""
     text = value if isinstance(value, str) else "" if value is None else repr(value)
     cut = len(text) > limit
-    text = "".join("?" if _hidden(ch) else ch for ch in text[:limit])
+    text = "".join("?" if is_hidden(ch) else ch for ch in text[:limit])
     return text + "..." if cut else text
-
-
-def _hidden(ch: str) -> bool:
-    category = unicodedata.category(ch)
-    return category[0] == "C" or category in SEPARATOR_CATEGORIES
 
 
 def peer_number(value) -> str:

@@ -139,7 +139,7 @@ def open_refusal(device: str, root: SysRoot | None = None) -> tuple[int, str] | 
     if not root.exists(path):   # libibverbs does not even list it (init.c try_access_device)
         return errno.ENOENT, f"{path}: {os.strerror(errno.ENOENT)}"
     try:
-        os.close(os.open(root.host_path(path), os.O_RDWR | os.O_CLOEXEC))
+        root.try_open_device(path)
     except OSError as error:
         return error.errno, f"{path}: {error.strerror}"
     return None

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
+import io
 import math
 import os
 from collections import defaultdict
 
 from gdrprobe.errors import MissingDependency, UsageError
+from gdrprobe.files import (NotRegularFile, check_output_path, parse_json, read_bounded,
+                            replace_file, unwritable)
 from gdrprobe.report.check import ENGAGED
 from gdrprobe.report.check_text import render_rails
 from gdrprobe.report.model import BenchReport, BenchRow, to_json
@@ -24,7 +26,10 @@ CSV_FIELDS = tuple(field.name for field in dataclasses.fields(BenchRow))
 PLOT_FIX = "pip install 'gdrprobe[plot]' (matplotlib)"
 PROMETHEUS_FIX = "pip install 'gdrprobe[prometheus]' (prometheus_client)"
 LATENCY_PERCENTILES = ("min", "median", "p99", "p999", "max")
-WRITABLE_FIX = "pass a path this user may write, or run as a user who may write it"
+PLOT_FILES = ("bandwidth.png", "matrix.png", "latency.png")   # what --plot DIR writes
+# An earlier sweep's JSON document, at most (a sweep of 8 GPUs, 8 NICs and 20 sizes, both
+# memory kinds and 3 QP counts is about 8 MB).
+MAX_BASELINE_BYTES = 64 << 20
 
 
 # ---- text ---------------------------------------------------------------------------------
@@ -141,84 +146,62 @@ def _percent(value: float | None) -> str:
 
 
 def check_output_file(path: str, flag: str) -> None:
-    """Refuse, before anything is measured, a file the sweep could not write when it ends:
-    a directory, a file it may not replace, a directory that does not exist."""
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path} is a directory; nothing was measured",
-                         f"give {flag} a file name")
-    if os.path.exists(path):
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"{flag} {path}: the file is not writable; nothing was measured",
-                             WRITABLE_FIX)
-        return
-    _check_directory(os.path.dirname(os.path.abspath(path)), flag, path)
+    """Refuse, before anything is measured, a file the sweep could not write when it ends
+    (:func:`gdrprobe.files.check_output_path`: only where a regular file or nothing stands)."""
+    check_output_path(path, flag)
 
 
 def check_output_directory(path: str, flag: str) -> None:
     """Refuse, before anything is measured, a directory the sweep could not write its files
-    into: one that is a file, or one that does not exist and whose parent does not either."""
-    if os.path.exists(path):
-        _check_directory(path, flag, path)
-    else:
-        _check_directory(os.path.dirname(os.path.abspath(path)), flag, path)
-
-
-def _check_directory(directory: str, flag: str, path: str) -> None:
-    if not os.path.isdir(directory):
-        what = "is not a directory" if os.path.exists(directory) else "does not exist"
-        raise UsageError(f"{flag} {path}: {directory} {what}; nothing was measured",
-                         f"create {directory} first, or pass a path in a directory that "
-                         "exists")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: the directory {directory} is not writable; nothing "
-                         "was measured", WRITABLE_FIX)
-
+    into: one that is not a directory (a link to one is followed), one that does not exist
+    and whose parent does not either, or one where a plot's file is anything but a regular
+    file or nothing."""
+    if not os.path.lexists(path):
+        check_output_path(path, flag)
+        return
+    if not os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is not a directory; nothing was measured",
+                         f"give {flag} a directory, or the name of one to create")
+    for name in PLOT_FILES:
+        check_output_path(os.path.join(path, name), flag)
 
 
 def write_json(report: BenchReport, path: str) -> None:
-    _write_text(path, to_json(report) + "\n")
+    replace_file(path, (to_json(report) + "\n").encode(), "--output")
 
 
 def write_csv(report: BenchReport, path: str) -> None:
     """One line per row; bandwidth and latency rows share the header, empty where a field
     does not apply."""
-    try:
-        with open(path, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            for row in report.rows:
-                writer.writerow({name: "" if value is None else value
-                                 for name, value in dataclasses.asdict(row).items()})
-    except OSError as error:
-        raise _unwritable(path, error) from error
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    for row in report.rows:
+        writer.writerow({name: "" if value is None else value
+                         for name, value in dataclasses.asdict(row).items()})
+    replace_file(path, text.getvalue().encode(), "--csv")
+
+
+BASELINE_FIX = "pass a JSON file written by 'gdrprobe bench --output FILE'"
 
 
 def read_baseline(path: str) -> list[dict]:
-    """The rows of an earlier ``gdrprobe bench`` JSON document."""
+    """The rows of an earlier ``gdrprobe bench`` JSON document: a regular file of at most
+    MAX_BASELINE_BYTES, nested at most gdrprobe.files.MAX_JSON_DEPTH deep."""
     try:
-        with open(path) as handle:
-            document = json.load(handle)
-    except (OSError, ValueError) as error:
-        raise UsageError(f"cannot read baseline {path}: {error}",
-                         "pass a JSON file written by 'gdrprobe bench --output FILE'") from error
+        document = parse_json(read_bounded(path, MAX_BASELINE_BYTES))
+    except NotRegularFile as error:
+        raise UsageError(f"cannot read baseline {path}: it is {error.kind}, not a regular file",
+                         BASELINE_FIX) from None
+    except OSError as error:
+        raise UsageError(f"cannot read baseline {path}: {error.strerror or error}",
+                         BASELINE_FIX) from None
+    except ValueError as error:       # not JSON, not UTF-8, too large or too deep
+        raise UsageError(f"cannot read baseline {path}: {error}", BASELINE_FIX) from None
     if not isinstance(document, dict) or document.get("kind") != "bench" or \
             not isinstance(document.get("rows"), list):
-        raise UsageError(f"{path} is not a gdrprobe bench document",
-                         "pass a JSON file written by 'gdrprobe bench --output FILE'")
+        raise UsageError(f"{path} is not a gdrprobe bench document", BASELINE_FIX)
     return [row for row in document["rows"] if isinstance(row, dict)]
-
-
-def _write_text(path: str, text: str) -> None:
-    try:
-        with open(path, "w") as handle:
-            handle.write(text)
-    except OSError as error:
-        raise _unwritable(path, error) from error
-
-
-def _unwritable(path: str, error: OSError) -> UsageError:
-    return UsageError(f"cannot write {path}: {error.strerror or error}",
-                      "pass a path in a directory that exists and is writable")
 
 
 # ---- Prometheus ----------------------------------------------------------------------------
@@ -299,13 +282,11 @@ def write_prometheus(report: BenchReport, path: str) -> None:
 
 def write_registry(registry, path: str) -> None:
     """Written atomically (a temporary file in the same directory, renamed), as
-    node_exporter's text-file collector requires."""
-    from prometheus_client import write_to_textfile
+    node_exporter's text-file collector requires, and only where a regular file or nothing
+    stands (gdrprobe.files.replace_file)."""
+    from prometheus_client import generate_latest
 
-    try:
-        write_to_textfile(path, registry)
-    except OSError as error:
-        raise _unwritable(path, error) from error
+    replace_file(path, generate_latest(registry), "--prometheus")
 
 
 # ---- plots: data first, then figures drawn from it -----------------------------------------
@@ -388,14 +369,14 @@ def figures(report: BenchReport) -> dict[str, object]:
     drawn = {}
     bandwidth = bandwidth_series(report)
     if bandwidth:
-        drawn["bandwidth.png"] = draw_lines(bandwidth, "RDMA WRITE bandwidth by memory kind",
+        drawn[PLOT_FILES[0]] = draw_lines(bandwidth, "RDMA WRITE bandwidth by memory kind",
                                             "average bandwidth [Gb/s]")
     gpus, nics, values = matrix_data(report)
     if gpus and nics:
-        drawn["matrix.png"] = draw_matrix(gpus, nics, values)
+        drawn[PLOT_FILES[1]] = draw_matrix(gpus, nics, values)
     latency = latency_series(report)
     if latency:
-        drawn["latency.png"] = draw_lines(latency, "RDMA WRITE one-way latency (host memory)",
+        drawn[PLOT_FILES[2]] = draw_lines(latency, "RDMA WRITE one-way latency (host memory)",
                                           "latency [us]")
     return drawn
 
@@ -404,11 +385,13 @@ def write_plots(report: BenchReport, directory: str) -> list[str]:
     """Each figure as a PNG in directory (created); returns the paths written."""
     try:
         os.makedirs(directory, exist_ok=True)
-        paths = []
-        for name, figure in figures(report).items():
-            path = os.path.join(directory, name)
-            figure.savefig(path, dpi=100)
-            paths.append(path)
-        return paths
     except OSError as error:
-        raise _unwritable(directory, error) from error
+        raise unwritable(directory, error) from error
+    paths = []
+    for name, figure in figures(report).items():
+        path = os.path.join(directory, name)
+        image = io.BytesIO()
+        figure.savefig(image, format="png", dpi=100)
+        replace_file(path, image.getvalue(), "--plot")
+        paths.append(path)
+    return paths

@@ -99,6 +99,17 @@ def test_a_full_door_takes_room_from_the_source_that_holds_most():
     assert admitted and dropped == [big[0]]
 
 
+def test_a_client_that_said_hello_keeps_its_place_where_every_source_holds_as_many():
+    """A door full of single connections from as many addresses: the newcomer's room came
+    from the source first filled, the client's that had said hello, while others had said
+    nothing (issue 43 item 2)."""
+    places = Places(per_source=8, total=4)
+    (client,) = fill(places, "client", 1, CHALLENGED)
+    strangers = [conn for index in range(3) for conn in fill(places, f"stranger{index}", 1)]
+    admitted, dropped = admit(places, Conn("late"), "stranger9")
+    assert admitted and dropped == [strangers[0]] and client in places
+
+
 def test_a_full_door_of_proofs_being_checked_refuses_a_newcomer():
     places = Places(per_source=4, total=4)
     fill(places, "10.0.0.1", 4, stage=CHECKING)
@@ -178,12 +189,13 @@ def test_a_proof_past_its_wait_is_dropped_unchecked():
 
 def test_a_proof_worked_for_less_than_the_paid_bits_is_checked_only_with_a_free_check():
     clock = Clock()
-    queue = paid_queue(free=FreeChecks(burst=2, per_s=0.5, clock=clock), clock=clock)
+    queue = paid_queue(free=FreeChecks(burst=2, per_s=0.5, clock=clock, refill_after_s=0),
+                       clock=clock)
     for name in ("cheap#0", "cheap#1", "cheap#2"):
         queue.put(name, "stranger", PUZZLE_BITS)
     queue.put("paid", "client", PAID_PUZZLE_BITS)
     assert [queue.get() for _ in range(3)] == ["paid", "cheap#0", "cheap#1"]   # 2 free checks
-    assert queue.load() == (0.0, 1, 1)
+    assert queue.load() == (0.0, 1, 1, None)
     checked = []
     checker = threading.Thread(target=lambda: checked.append(queue.get()))
     checker.start()
@@ -200,7 +212,7 @@ def test_a_proof_worked_for_less_than_the_paid_bits_is_checked_only_with_a_free_
     (2, 2, 2, PAID_PUZZLE_BITS + 1),         # not for one more: the paid bits, and proofs wait
     (0.5, 0, 0, PAID_PUZZLE_BITS),           # free checks spent, nothing waiting
     (0, 0, 1, PAID_PUZZLE_BITS),
-    (0, 0, 4, PAID_PUZZLE_BITS + 2),         # a bit per doubling past one per checker
+    (0, 0, 4, min(PAID_PUZZLE_BITS + 2, MAX_PUZZLE_BITS)),   # a bit per doubling past one per checker
     (0, 0, 8, MAX_PUZZLE_BITS),
     (0, 0, 100, MAX_PUZZLE_BITS),            # never past what a client accepts
 ])
@@ -214,8 +226,73 @@ def test_a_server_with_nothing_to_stretch_asks_no_work_whatever_the_load():
 
 def test_free_checks_refill_at_their_rate_up_to_their_burst():
     clock = Clock()
-    free = FreeChecks(burst=2, per_s=1.0, clock=clock)
+    free = FreeChecks(burst=2, per_s=1.0, clock=clock, refill_after_s=5.0)
     assert [free.take(), free.take(), free.take()] == [True, True, False]
-    assert free.next_in_s() == 1.0
+    assert free.next_in_s() == 6.0              # the pause after the last one taken, then one
     clock.now += 10
     assert free.left() == 2
+
+
+# ---- issue 43 item 2: a trickle of native solving cannot hold the door shut -----------------
+
+
+def test_free_checks_do_not_refill_while_they_are_drained():
+    """A stranger drawing on them every half second got the burst and one a second (76 in a
+    minute); now the burst and what refilled while it drew them down (32 by 31.5 s), then
+    one each time it leaves them untouched for the refill's wait (every 6 s)."""
+    clock = Clock()
+    free = FreeChecks(burst=16, per_s=1.0, clock=clock, refill_after_s=5.0)
+    taken = 0
+    for _ in range(120):
+        taken += free.take()
+        clock.now += 0.5
+    assert taken == 32 + 5
+
+
+def test_a_client_slower_than_the_refill_never_meets_the_pause():
+    clock = Clock()
+    free = FreeChecks(burst=16, per_s=1.0, clock=clock, refill_after_s=5.0)
+    for _ in range(100):
+        assert free.take()
+        clock.now += 1.2
+
+
+@pytest.mark.parametrize("least_paid, bits", [(PAID_PUZZLE_BITS, PAID_PUZZLE_BITS),
+                                              (MAX_PUZZLE_BITS, MAX_PUZZLE_BITS),
+                                              (MAX_PUZZLE_BITS + 3, MAX_PUZZLE_BITS)])
+def test_a_newcomer_is_never_asked_less_than_the_least_worked_paid_proof_waiting(least_paid, bits):
+    """With the free checks full (nobody used them: paid proofs went first) a newcomer was
+    asked the quiet puzzle, and its proof waited behind every paid one until dropped."""
+    assert puzzle_bits(PUZZLE_BITS, 16, 0, 1, checkers=2, least_paid=least_paid) == bits
+
+
+def test_the_door_asks_a_newcomer_the_least_paid_bits_that_wait():
+    queue = paid_queue()
+    queue.put("stranger#0", "stranger", MAX_PUZZLE_BITS)
+    free_left, cheap, waiting, least_paid = queue.load()
+    assert (waiting, least_paid) == (1, MAX_PUZZLE_BITS)
+    assert puzzle_bits(PUZZLE_BITS, free_left, cheap, waiting, 2, least_paid) == MAX_PUZZLE_BITS
+
+
+def test_cheap_proofs_are_checked_in_turn_with_paid_ones():
+    """Paid proofs that keep arriving no longer starve a proof worked for less."""
+    queue = paid_queue()
+    for index in range(3):
+        queue.put(f"cheap#{index}", f"client{index}", PUZZLE_BITS)
+    checked = []
+    for index in range(6):
+        queue.put(f"paid#{index}", f"stranger{index}", PAID_PUZZLE_BITS)
+        checked.append(queue.get())
+    assert checked == ["paid#0", "cheap#0", "paid#1", "cheap#1", "paid#2", "cheap#2"]
+    assert [queue.get() for _ in range(3)] == ["paid#3", "paid#4", "paid#5"]
+
+
+def test_a_cheap_proof_waits_its_turn_only_for_a_free_check():
+    clock = Clock()
+    queue = paid_queue(free=FreeChecks(burst=1, per_s=1.0, clock=clock, refill_after_s=5.0),
+                       clock=clock)
+    queue.put("cheap#0", "client0", PUZZLE_BITS)
+    queue.put("cheap#1", "client1", PUZZLE_BITS)
+    for index in range(3):
+        queue.put(f"paid#{index}", f"stranger{index}", PAID_PUZZLE_BITS)
+    assert [queue.get() for _ in range(4)] == ["paid#0", "cheap#0", "paid#1", "paid#2"]

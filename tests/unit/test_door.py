@@ -308,3 +308,51 @@ def quiet_again(port: int, quiet: int, limit_s: float = 30.0) -> int:
         if bits == quiet or time.monotonic() > deadline:
             return bits
         time.sleep(0.2)
+
+
+def test_a_quiet_puzzle_is_asked_only_while_a_free_check_is_left_for_its_answer():
+    """Ten strangers saying hello at once were all asked the quiet puzzle for the free checks
+    left, and a client's cheap proof among theirs waited for a free check that never came
+    (issue 43 item 2): each quiet puzzle asked now holds a free check until it is answered."""
+    from gdrprobe.protocol.admission import FreeChecks, ProofQueue
+
+    proofs = ProofQueue(free=FreeChecks(burst=2, per_s=1.0, refill_after_s=60.0))
+    with serving(ServerSecret(TOKEN), proofs=proofs) as (port, _, _):
+        asked = []
+        channels = [connect(port, f"127.0.0.{host}") for host in range(2, 6)]
+        try:
+            for channel in channels:
+                channel.send("hello", nonce="ab" * 32)
+                asked.append(channel.receive("challenge")["puzzle_bits"])
+        finally:
+            for channel in channels:
+                channel.close()
+    assert asked == [hs.PUZZLE_BITS, hs.PUZZLE_BITS, hs.PAID_PUZZLE_BITS, hs.PAID_PUZZLE_BITS]
+
+
+@pytest.mark.parametrize("bits, transient", [(hs.PUZZLE_BITS + 2, True), (hs.PUZZLE_BITS, False)])
+def test_a_client_past_the_deadline_on_a_raised_puzzle_tries_again(bits, transient):
+    """A flood raised the puzzle and this host solved it past the server's deadline ("slow"):
+    worth another try, which may be asked less (issue 43 item 2); at the quiet puzzle the
+    host itself is slow: said at once."""
+    import threading
+
+    from tests.unit.fakes.exchange import tcp_pair
+    left, right = tcp_pair()
+    server, client = Channel(left, 5.0, "client"), Channel(right, 5.0, "server")
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(error=fails(
+        lambda: authenticate_as_client(client, TOKEN))))
+    thread.start()
+    try:
+        server.receive("hello")
+        server.send("challenge", nonce="ab" * 32, puzzle_bits=bits)
+        server.send("refused", reason="slow")
+        server.receive("auth")
+        thread.join(30)
+    finally:
+        server.close()
+        client.close()
+    error = outcome["error"]
+    assert error.code == "slow" and error.transient is transient
+    assert (f"it had asked {bits} bits of work" in error.cause) is transient

@@ -212,6 +212,24 @@ def test_an_altered_frame_is_refused(sealed, byte):
     assert "bad_bytes" not in caught.value.cause
 
 
+@pytest.mark.parametrize("byte, flip, evidence", [
+    (0, 0x01, "header was altered: magic b'FDRP'"),      # the magic
+    (4, 0x01, "and protocol 263 where the handshake agreed on b'GDRP' and"),   # the version's
+    (5, 0x02, "and protocol 5 where the handshake agreed"),                    # two bytes
+    (6, 0x01, "over the limit"),                                               # the length
+])
+def test_an_altered_header_of_a_sealed_frame_is_tampering_not_a_version(sealed, byte, flip, evidence):
+    """Both ends proved protocol 7 in the handshake: another version on a sealed frame was
+    said as "the peer speaks protocol 263" (issue 43 item 6)."""
+    a, b = sealed
+    raw = bytearray(a.frame("verified", bad_bytes=0))
+    raw[byte] ^= flip
+    a.sock.sendall(bytes(raw))
+    with pytest.raises(PeerError, match="was tampered with") as caught:
+        b.receive("verified", timeout=1.0)
+    assert evidence in caught.value.evidence and "speaks protocol" not in caught.value.cause
+
+
 @pytest.mark.parametrize("case, good_reads, evidence", [
     ("rewritten", 0, "authentication check"),   # bad_bytes=7 -> 0, same length, old tag
     ("dropped", 0, "dropped or reordered"),

@@ -29,7 +29,8 @@ PACKAGE = ROOT / "gdrprobe"
 
 # ---- the table ---------------------------------------------------------------------------
 API = "gdrprobe"        # the bare package: matched exactly, never as a prefix of everything
-BASE = ("gdrprobe.errors", "gdrprobe.sysroot", "gdrprobe.defaults")
+BASE = ("gdrprobe.errors", "gdrprobe.sysroot", "gdrprobe.defaults", "gdrprobe.numbers",
+        "gdrprobe.files")
 REPORT = BASE
 RDMA = BASE + ("gdrprobe.report", "gdrprobe._native")
 PROTOCOL = RDMA + ("gdrprobe.rdma",)
@@ -41,7 +42,8 @@ DOCTOR = NCCL + ("gdrprobe.nccl",)
 CAMPAIGN = MEASURE + ("gdrprobe.measure", "gdrprobe.nccl", "gdrprobe.doctor")
 PUBLIC = CAMPAIGN + ("gdrprobe.campaign",)
 # The command line parses, calls the public API and renders; nothing below the API.
-CLI = (API, "gdrprobe.errors", "gdrprobe.defaults", "gdrprobe.report")
+CLI = (API, "gdrprobe.errors", "gdrprobe.defaults", "gdrprobe.numbers", "gdrprobe.files",
+       "gdrprobe.report")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ RULES = {
     "gdrprobe.errors": Rule(BASE),
     "gdrprobe.sysroot": Rule(BASE),
     "gdrprobe.defaults": Rule(BASE),
+    "gdrprobe.numbers": Rule(BASE),
+    "gdrprobe.files": Rule(BASE),
     "gdrprobe.report": Rule(REPORT),
     "gdrprobe.rdma": Rule(RDMA),
     "gdrprobe.protocol": Rule(PROTOCOL),

@@ -160,10 +160,10 @@ def test_no_openable_device_is_no_device_with_each_reason(tmp_path, monkeypatch)
 def test_a_refused_open_names_the_node_the_errno_and_the_fix(tmp_path, monkeypatch):
     root = machine(tmp_path, {"uverbs0": "mlx5_0"}, present=["uverbs0"])
 
-    def refuse(path, flags):
+    def refuse(path):
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), path)
 
-    monkeypatch.setattr(devices.os, "open", refuse)
+    monkeypatch.setattr(root, "try_open_device", refuse)
     code, why = devices.open_refusal("mlx5_0", root)
     error = devices.open_failed("mlx5_0", code, why)
     assert error.exit_code == ExitCode.NO_DEVICE

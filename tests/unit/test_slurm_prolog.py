@@ -220,6 +220,26 @@ def test_the_drain_reason_has_no_control_characters(node):
     assert "drain: GPU 0 \\x1b[31mred" in record
 
 
+# What a terminal, a log reader or sinfo takes for a line break, hides or reorders text,
+# and what no UTF-8 encoder writes (issue 43 item 3).
+HIDDEN = ("U+2028 \u2028 U+2029 \u2029 U+FFFE \ufffe U+FFFF \uffff U+10FFFF \U0010ffff "
+          "RLO \u202e ZWSP \u200b BOM \ufeff SHY \u00ad private \ue000 tag \U000e0041 "
+          "kept \u00e9\u4e2d\U0001f600").encode()
+NOT_UTF8 = b" overlong \xc0\xaf \xe0\x80\xaf surrogate \xed\xa0\x80 past \xf4\x90\x80\x80"
+
+
+def test_hidden_characters_and_what_is_not_utf8_never_reach_the_drain_reason(node):
+    saying(node, HIDDEN + NOT_UTF8 + b"\n")
+    assert node(1).returncode == 1
+    reason = read(node.dir / "scontrol.args").splitlines()[-1]
+    assert reason == ("reason=gdrprobe: exit 1: U+2028  U+2029  U+FFFE  U+FFFF  U+10FFFF  RLO  "
+                      "ZWSP  BOM  SHY  private  tag  kept \u00e9\u4e2d\U0001f600 overlong   "
+                      "surrogate  past ")
+    [record] = records(node)
+    assert "U+2028 \\xe2\\x80\\xa8 U+2029" in record and "past \\xf4\\x90\\x80\\x80" in record
+    assert "\u2028" not in record and "\ufffe" not in record
+
+
 def test_output_past_what_logger_takes_still_logs_one_bounded_record(node):
     """Over 128 KiB in one argument, exec(logger) failed (E2BIG) and the drain was never
     logged: the record is cut to LOG_RECORD_MAX bytes, the drain still happens."""

@@ -13,6 +13,7 @@ on it (exit 11).
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 from gdrprobe.doctor.checks.probe_needs import MiB, PROBE_ARM_PINNED_BYTES, format_mib
@@ -40,12 +41,18 @@ def resource_path(bdf: str) -> str:
     return f"{pci.device_dir(bdf)}/resource"
 
 
+HEX_FIELD = re.compile(r"(0x)?[0-9a-fA-F]{1,16}")   # a 64-bit address, as sysfs writes it
+
+
 def bar1_bytes(resource_text: str) -> int | None:
     """BAR1 size from a sysfs ``resource`` file (line 1: start, end, flags in hex)."""
     lines = resource_text.splitlines()
     if len(lines) < 2:
         return None
-    start, end, _flags = (int(field, 16) for field in lines[1].split())
+    fields = lines[1].split()
+    if len(fields) != 3 or not all(HEX_FIELD.fullmatch(field) for field in fields):
+        return None
+    start, end, _flags = (int(field, 16) for field in fields)
     return end - start + 1 if end > start else None
 
 

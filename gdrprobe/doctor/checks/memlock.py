@@ -23,6 +23,7 @@ from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.facts.memory_path import KERNEL_RELEASE_FILE, kernel_version
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, Status
+from gdrprobe.numbers import decimal
 from gdrprobe.sysroot import SysRoot
 
 GROUP = ids.MEMLOCK
@@ -38,6 +39,7 @@ UNLIMITED = float("inf")
 KERNEL_DEFAULT_MEMLOCK = (((5, 16), 8 * 1024 * 1024), ((0, 0), 64 * 1024))
 STATUS_FILE = "/proc/self/status"
 CAP_IPC_LOCK_BIT = 14
+HEX_MASK = re.compile(r"[0-9a-fA-F]{1,16}")      # a capability set, as /proc/PID/status writes it
 
 KUBERNETES_FIX = ('Add the capability to the container: securityContext.capabilities.add: ["IPC_LOCK"] '
                   "(the memlock limit then no longer applies to RDMA registrations).")
@@ -52,20 +54,21 @@ HOST_FIX = ("Set `* soft memlock unlimited` and `* hard memlock unlimited` in /e
 def memlock_limits(root: SysRoot) -> tuple[str, str] | None:
     """(soft, hard) of "Max locked memory" as written: a number of bytes or "unlimited"."""
     for line in (root.read(LIMITS_FILE) or "").splitlines():
-        match = re.match(r"Max locked memory\s+(\S+)\s+(\S+)", line)
+        match = re.match(r"Max locked memory\s+([0-9]+|unlimited)\s+([0-9]+|unlimited)\s", line + " ")
         if match:
             return match.group(1), match.group(2)
     return None
 
 
 def limit_bytes(value: str) -> float:
-    return UNLIMITED if value == "unlimited" else int(value)
+    return UNLIMITED if value == "unlimited" else decimal(value)
 
 
 def effective_capabilities(root: SysRoot) -> int | None:
     for line in (root.read(STATUS_FILE) or "").splitlines():
         if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
+            fields = line.split()
+            return int(fields[1], 16) if len(fields) > 1 and HEX_MASK.fullmatch(fields[1]) else None
     return None
 
 
@@ -73,7 +76,8 @@ def pinned_bytes_now(root: SysRoot) -> int:
     """What this process has pinned already (VmPin), charged to the same limit."""
     for line in (root.read(STATUS_FILE) or "").splitlines():
         if line.startswith("VmPin:"):
-            return int(line.split()[1]) * 1024   # kB, as /proc writes it
+            fields = line.split()
+            return (decimal(fields[1]) or 0) * 1024 if len(fields) > 1 else 0   # kB, as /proc writes it
     return 0
 
 
@@ -156,17 +160,18 @@ def pam_value(text: str) -> float | None:
     """A limits.conf memlock value in bytes (the file counts KiB)."""
     if text in ("unlimited", "infinity", "-1"):
         return UNLIMITED
-    return int(text) * 1024 if text.isdigit() else None
+    number = decimal(text)
+    return None if number is None else number * 1024
 
 
 def systemd_value(text: str) -> float | None:
     """One side of DefaultLimitMEMLOCK= in bytes: infinity, or a number with K/M/G/T (1024-based)."""
-    match = re.fullmatch(r"(\d+)\s*([KMGT]?)B?", text.strip(), re.IGNORECASE)
+    match = re.fullmatch(r"([0-9]+)\s*([KMGT]?)B?", text.strip(), re.IGNORECASE)
     if text.strip() == "infinity":
         return UNLIMITED
     if not match:
         return None
-    return int(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " ")
+    return decimal(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " ")
 
 
 def pam_memlock(root: SysRoot) -> tuple[float | None, float | None, list[Evidence]]:

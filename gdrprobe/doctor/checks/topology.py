@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gdrprobe.doctor.facts import nvml, pci
 from gdrprobe.doctor.facts.rails import Rail, SharedElement, read_links, shared_element
-from gdrprobe.doctor.facts.topology import (ABSENT, CPUINFO, DMI_FILES, LOADED, MALFORMED, NO_FILE,
+from gdrprobe.doctor.facts.topology import (ABSENT, CPUINFO, DMI_FILES, HANGS, LOADED, MALFORMED, NO_FILE,
                                             NcclTopologyFile, PcieDevice, Topology)
 from gdrprobe.nccl.env import GdrLevel
 from gdrprobe.nccl.topo import pcie_distance
@@ -258,8 +258,9 @@ def unloaded_file_finding(topology_file: NcclTopologyFile, rules: NcclRules) -> 
     fails; NCCL logs a file it cannot open only when NCCL_TOPO_FILE names it."""
     evidence = file_evidence(topology_file)
     summary = f"NCCL's topology file {topology_file.named}: {topology_file.consequence()}"
-    if topology_file.state == MALFORMED:
+    if topology_file.state in (MALFORMED, HANGS):
         return Finding(ids.TOPOLOGY_NCCL_FILE, GROUP, Status.FAIL, summary, evidence,
+                       "Point NCCL_TOPO_FILE at a regular file, or unset it." if topology_file.state == HANGS else
                        "Repair the file (NCCL's own parser: double-quoted values, blanks between attributes, "
                        "no <?xml?> line, <system version=\"1\">) or reinstall it from the image, or unset "
                        "NCCL_TOPO_FILE.")

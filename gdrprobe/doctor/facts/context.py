@@ -13,13 +13,13 @@ them (:func:`gdrprobe.nccl.env.with_conf_files`).
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any
 from collections.abc import Mapping
 
 from types import ModuleType
 
+from gdrprobe.doctor.capture_shape import MAX_CAPTURE_JSON_BYTES, damaged, load_captured, shape_of
 from gdrprobe.doctor.facts import CAPTURE_DIR, cuda, pci
 from gdrprobe.doctor.facts.container import Container, detect_container
 from gdrprobe.doctor.facts.memory_path import (KERNEL_RELEASE_FILE, driver_version_line,
@@ -54,6 +54,7 @@ class DoctorContext:
         self.root = root
         self._environ = environ
         self._nccl = os.path.abspath(nccl) if nccl else None
+        self._captured: dict[str, Any] = {}
 
     @property
     def live(self) -> bool:
@@ -66,7 +67,7 @@ class DoctorContext:
             return self._environ
         if self.live:
             return dict(os.environ)
-        return self._captured_json(ENVIRON_FILE) or {}
+        return self.captured(ENVIRON_FILE) or {}
 
     @functools.cached_property
     def _nccl_environ(self) -> tuple[dict[str, str], dict[str, str]]:
@@ -105,7 +106,7 @@ class DoctorContext:
         ``collect``: CUDA's inventory, ROCm's kallsyms and HSA answers), or None where a
         replayed capture has none."""
         if not self.live:
-            return self._captured_json(self.gpu_collector.FACTS_FILE)
+            return self.captured(self.gpu_collector.FACTS_FILE)
         return self.gpu_collector.collect(self)
 
     @property
@@ -120,14 +121,14 @@ class DoctorContext:
         """GPU facts from NVML (:mod:`gdrprobe.doctor.facts.nvml`), or None when none were
         captured."""
         if not self.live:
-            return self._captured_json(NVML_FACTS_FILE)
+            return self.captured(NVML_FACTS_FILE)
         return collect_nvml_facts()
 
     @functools.cached_property
     def nic_facts(self) -> dict[str, Any] | None:
         """NCCL's DMA-BUF probe per NIC (:mod:`gdrprobe.doctor.facts.nic_facts`), or None."""
         if not self.live:
-            return self._captured_json(NIC_FACTS_FILE)
+            return self.captured(NIC_FACTS_FILE)
         return collect_nic_facts([nic.name for nic in self.topology.nics])
 
     @functools.cached_property
@@ -144,7 +145,7 @@ class DoctorContext:
         """What finding the job's NCCL needs beyond files: --nccl, this interpreter's
         site-packages and executable, versions and dynamic sections read from libraries'
         bytes (live: found now; replay: captured)."""
-        captured = ({} if self.live else self._captured_json(NCCL_FACTS_FILE)) or {}
+        captured = ({} if self.live else self.captured(NCCL_FACTS_FILE)) or {}
         interpreter = this_python() if self.live else captured
         return {"nccl": self._nccl or captured.get("nccl"),
                 "site_packages": interpreter.get("site_packages", []), "executable": interpreter.get("executable"),
@@ -241,12 +242,31 @@ class DoctorContext:
         """Per GPU: the NIC NCCL uses, through which path, and whether with GPUDirect RDMA."""
         return decide(self.nccl_node, self.environ, self.nccl_rules)
 
-    def _captured_json(self, path: str) -> Any:
-        text = self.root.read(path)
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            return None
+    def check_capture(self) -> None:
+        """Every capture file the replay reads, checked by shape before any check runs
+        (:mod:`gdrprobe.doctor.capture_shape`): a DamagedCapture names the first one that
+        is not what ``capture`` writes. Nothing to check on the live machine."""
+        if self.live:
+            return
+        environ = [ENVIRON_FILE] if self._environ is None else []
+        for path in (*environ, self.gpu_collector.FACTS_FILE, NVML_FACTS_FILE, NIC_FACTS_FILE,
+                     NCCL_FACTS_FILE):
+            self.captured(path)
+
+    def captured(self, path: str) -> Any:
+        """A capture file's JSON, read once and checked by shape (None where it is absent)."""
+        if path not in self._captured:
+            self._captured[path] = self._read_captured(path)
+        return self._captured[path]
+
+    def _read_captured(self, path: str) -> Any:
+        name = path.lstrip("/")
+        data = self.root.read_bytes(path, MAX_CAPTURE_JSON_BYTES + 1)
+        if data is not None:
+            return load_captured(name, data, shape_of(name))
+        if self.root.is_denied(path):
+            raise damaged(name, "this user may not read it")
+        if self.root.why_refused(path):
+            raise damaged(name, f"it is {self.root.why_refused(path)}, not a regular file")
+        return None
 

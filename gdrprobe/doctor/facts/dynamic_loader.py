@@ -53,7 +53,7 @@ class LoadingObject:
     executable: bool = False     # the program itself: $ORIGIN is its real directory
 
     def origin(self, root: SysRoot) -> str:
-        return posixpath.dirname(root.realpath(self.path) if self.executable else self.path)
+        return posixpath.dirname(root.resolve(self.path) if self.executable else self.path)
 
 
 def search_path(entries: str | None, origin: str) -> list[tuple[str, str]]:

@@ -32,6 +32,7 @@ MAX_PHDRS = 64
 MAX_DYNAMIC_BYTES = 64 << 10
 MAX_STRINGS = 256
 MAX_STRING_BYTES = 4096
+MAX_FILE_OFFSET = (1 << 63) - 1             # an off_t: no byte of a file lies past it
 
 
 class ElfUnreadable(ValueError):
@@ -128,6 +129,8 @@ def _file_offset(headers: list[tuple], address: int | None) -> int:
 
 
 def _read_at(handle, offset: int, size: int) -> bytes:
+    if offset + size > MAX_FILE_OFFSET:
+        raise ElfUnreadable(f"names {size} bytes at offset {offset}, past the end of any file")
     handle.seek(offset)
     data = handle.read(size)
     if len(data) < size:

@@ -30,7 +30,7 @@ def driver_version_line(root: SysRoot) -> str | None:
 
 
 def kernel_version(release: str | None) -> tuple[int, int] | None:
-    match = re.match(r"(\d+)\.(\d+)", release or "")
+    match = re.match(r"([0-9]{1,9})\.([0-9]{1,9})", release or "")
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 

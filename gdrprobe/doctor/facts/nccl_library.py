@@ -276,7 +276,7 @@ class Finder:
         return self.versions[path]
 
     def read_version(self, path: str) -> tuple[str | None, str | None]:
-        name = posixpath.basename(self.root.realpath(path))
+        name = posixpath.basename(self.root.resolve(path))
         match = self.kind.versioned_name.search(name) if self.kind.versioned_name else None
         if match:
             return match.group(1), f"the file name {name}"

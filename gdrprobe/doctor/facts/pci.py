@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from gdrprobe.nccl.topo import PcieLink, Port, pci_device_id
+from gdrprobe.numbers import decimal
 from gdrprobe.sysroot import (GPU_CLASSES, NVIDIA_VENDOR_ID, PCI_DEVICES_DIR, SysRoot,
                               is_pci_bus_id)
 
@@ -38,7 +39,7 @@ def list_devices(root: SysRoot) -> list[str]:
 
 def resolved_path(root: SysRoot, bdf: str) -> str:
     """The device's real directory, e.g. /sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0."""
-    return root.realpath(device_dir(bdf))
+    return root.resolve(device_dir(bdf))
 
 
 def _read_hex(root: SysRoot, path: str) -> int | None:
@@ -204,12 +205,12 @@ def rdma_device_bdf(root: SysRoot, ibdev: str) -> str | None:
     Software devices live under /sys/devices/virtual even when their ``device`` link
     points at the PCI function of the Ethernet port they ride on, so that is checked first.
     """
-    if root.realpath(f"{INFINIBAND_CLASS_DIR}/{ibdev}").startswith("/sys/devices/virtual/"):
+    if root.resolve(f"{INFINIBAND_CLASS_DIR}/{ibdev}").startswith("/sys/devices/virtual/"):
         return None
     link = f"{INFINIBAND_CLASS_DIR}/{ibdev}/device"
     if not root.exists(link):
         return None
-    name = root.realpath(link).rstrip("/").rsplit("/", 1)[-1]
+    name = root.resolve(link).rstrip("/").rsplit("/", 1)[-1]
     return name if is_pci_bus_id(name) else None
 
 
@@ -239,10 +240,10 @@ def rdma_ports(root: SysRoot, ibdev: str) -> tuple[Port, ...]:
     from gdrprobe.rdma.verbs import rate_file_gbps
 
     base = f"{INFINIBAND_CLASS_DIR}/{ibdev}/ports"
-    return tuple(Port(int(name), root.read(f"{base}/{name}/state"),
+    return tuple(Port(decimal(name), root.read(f"{base}/{name}/state"),
                       rate_file_gbps(root.read(f"{base}/{name}/rate")),
                       root.read(f"{base}/{name}/link_layer"))
-                 for name in root.listdir(base) if name.isdigit())
+                 for name in root.listdir(base) if decimal(name) is not None)
 
 
 def current_link_speed(root: SysRoot, bdf: str) -> str | None:

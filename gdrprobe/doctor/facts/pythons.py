@@ -66,7 +66,7 @@ def prefix_sites(root: SysRoot, prefix: str) -> tuple[str, ...]:
     seen: dict[str, str] = {}
     for pattern in SITE_PATTERNS:
         for site in matching(root, prefix, pattern):
-            seen.setdefault(root.realpath(site), site)
+            seen.setdefault(root.resolve(site), site)
     return tuple(seen.values())
 
 

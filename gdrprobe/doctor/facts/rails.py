@@ -18,10 +18,12 @@ from collections.abc import Mapping, Sequence
 from gdrprobe.doctor.facts import pci
 from gdrprobe.doctor.facts.topology import PcieDevice
 from gdrprobe.nccl.topo import common_prefix, gt_per_s
+from gdrprobe.numbers import decimal
 from gdrprobe.sysroot import SysRoot
 
 # What each PCIe transfer rate carries per lane after line encoding (PCIe base spec: 8b/10b
 # for 2.5 and 5 GT/s, 128b/130b for 8 to 32 GT/s, 242/256 FLIT for 64 GT/s).
+MAX_LANES = 32     # the widest PCIe link (x32)
 ENCODING_EFFICIENCY = ((5.0, 8 / 10), (32.0, 128 / 130), (64.0, 242 / 256))
 
 SWITCH_PORT, ROOT_PORT, SWITCH, ROOT_COMPLEX, SOCKET, SOCKETS = (
@@ -39,11 +41,12 @@ class Link:
     def gbps(self) -> float | None:
         """The data rate after encoding, Gb/s; None where either file says nothing usable."""
         speed = gt_per_s(self.speed)
-        if not self.width.strip().isdigit() or speed == float("inf") or speed <= 0:
+        lanes = decimal(self.width.strip())
+        if lanes is None or lanes > MAX_LANES or speed == float("inf") or speed <= 0:
             return None
         efficiency = next((value for limit, value in ENCODING_EFFICIENCY if speed <= limit),
                           ENCODING_EFFICIENCY[-1][1])
-        return int(self.width) * speed * efficiency
+        return lanes * speed * efficiency
 
     def describe(self) -> str:
         rate = self.gbps

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gdrprobe.doctor.facts import CAPTURE_DIR, pci
 from gdrprobe.doctor.facts.nccl_library import RCCL
 from gdrprobe.errors import GpuUnusable
+from gdrprobe.numbers import decimal
 from gdrprobe.nccl.rccl import (BIOS_VERSION, DMABUF_SYMBOLS, KALLSYMS, KERNEL_CONFIG_FILES,
                                 KERNEL_OPTIONS, MEMORY_PEERS_DIRS, MEMORY_PEERS_FILES,
                                 NUMA_BALANCING, PEER_MEMORY_SYMBOL, RcclFacts)
@@ -46,8 +47,9 @@ def node_properties(root: SysRoot, node: str) -> dict[str, int]:
     found = {}
     for line in (root.read(f"{KFD_NODES}/{node}/properties") or "").splitlines():
         name, _, value = line.partition(" ")
-        if value.strip().isdigit():
-            found[name] = int(value)
+        number = decimal(value.strip())
+        if number is not None:
+            found[name] = number
     return found
 
 

@@ -21,7 +21,7 @@ from gdrprobe.nccl.topo import common_prefix, nccl_path_type, pci_parents, pcie_
 from gdrprobe.nccl.topo_file import (MAX_FILE_BYTES, OversizedFile, Placement, TopoFileError, TopoFileSetting,
                                      TopologyXml, Version, parse_topology, place_device, topo_file_setting)
 from gdrprobe.report.model import Evidence
-from gdrprobe.sysroot import SysRoot
+from gdrprobe.sysroot import LINK_LOOP, SysRoot
 
 # sys_vendor / product_name substrings that only virtual machines report.
 HYPERVISOR_DMI_MARKERS = ("qemu", "kvm", "vmware", "virtualbox", "xen", "virtual machine",
@@ -167,8 +167,9 @@ def build_topology(root: SysRoot) -> Topology:
 
 # What became of the file: NCCL looks for none; it cannot open it (and goes on without);
 # gdrprobe cannot read this user's copy; too long to judge; NCCL fails on it; NCCL reads it.
-NO_FILE, ABSENT, UNREADABLE, TOO_LARGE, MALFORMED, LOADED = (
-    "none", "absent", "unreadable", "too large", "malformed", "loaded")
+# A FIFO there: NCCL's fopen waits for a writer.
+NO_FILE, ABSENT, UNREADABLE, TOO_LARGE, MALFORMED, LOADED, HANGS = (
+    "none", "absent", "unreadable", "too large", "malformed", "loaded", "hangs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +200,8 @@ class NcclTopologyFile:
             UNREADABLE: f"{self.detail}: NCCL run by this user detects every device from sysfs, one run by a user "
                         "who may read it places them as the file says",
             TOO_LARGE: f"{self.detail}: what NCCL makes of it is not judged, every device is judged from sysfs",
+            HANGS: f"{self.detail}: NCCL's fopen waits for something to write to it, so every communicator's "
+                   "init hangs; the devices are judged from sysfs",
             MALFORMED: f"NCCL fails on it ({self.detail}): every communicator's init returns {self.result}, "
                        "so the job stops before any transfer; the devices are judged from sysfs, as NCCL would "
                        "place them without the file",
@@ -240,7 +243,10 @@ def read_nccl_topology_file(root: SysRoot, environ: Mapping[str, str], origin: C
         return NcclTopologyFile(None, NO_FILE)
     if not setting.path:
         return NcclTopologyFile(setting, ABSENT, "fopen(\"\") fails: the name is empty")
-    path = topology_file_path(root, setting)
+    try:
+        path = topology_file_path(root, setting)
+    except OSError as error:          # a link loop: fopen fails as the kernel's lookup does
+        return NcclTopologyFile(setting, ABSENT, error.strerror, setting.path)
     data = root.read_bytes(path, MAX_FILE_BYTES)
     if data is None:
         return unopened(root, setting, path)
@@ -263,4 +269,12 @@ def unopened(root: SysRoot, setting: TopoFileSetting, path: str) -> NcclTopology
         return NcclTopologyFile(setting, ABSENT, "no such file", path)
     if root.is_denied(path):
         return NcclTopologyFile(setting, UNREADABLE, "this user may not read it", path)
+    kind = root.why_refused(path)
+    if kind == LINK_LOOP:
+        return NcclTopologyFile(setting, ABSENT, kind, path)
+    if kind == "a FIFO":
+        return NcclTopologyFile(setting, HANGS, "it is a FIFO, not a regular file", path)
+    if kind:
+        return NcclTopologyFile(setting, UNREADABLE, f"it is {kind}, not a regular file: what NCCL "
+                                "reads from it is not judged", path)
     return NcclTopologyFile(setting, UNREADABLE, "not a file that can be read (a directory?)", path)

@@ -322,7 +322,7 @@ def test_a_server_killed_during_a_latency_run_is_reported_before_the_stall_time_
     (("run", "--loopback", "-s", "0"), 2, "size"),
     (("run", "--loopback", "-n", "0"), 2, "iterations"),
     (("run", "--loopback", "-Q", "0"), 2, "CQ moderation"),
-    (("run", "--loopback", "--timeout", "nan"), 2, "time-out"),
+    (("run", "--loopback", "--timeout", "nan"), 2, "--timeout: 'nan' is not a number"),
     (("run", "--loopback", "--timeout", "1"), 2, "time-out"),
     (("run", "127.0.0.1", "-p", "70000", "--token", TOKEN), 2, "TCP port"),
     (("serve", "-p", "70000"), 2, "TCP port"),
