@@ -122,6 +122,12 @@ def register(subparsers) -> None:
                         help="where engaged, also the A/B with both ends WRITEing at once "
                              "(perftest's -b): 'GDR read degraded' where it falls short while "
                              "the one-way WRITE passes; a warning (exit 13), never a drain")
+    parser.add_argument("--gin", action="store_true",
+                        help="also make the registration NCCL's GIN makes of the NIC's doorbell "
+                             "page for the GPU (cuMemHostRegister with IOMEMORY): 'the GPU can "
+                             "map the NIC's doorbell', or GIN runs CPU-proxied: a warning (exit "
+                             "13), a drain (1) where the job asked for GIN explicitly "
+                             "(NCCL_GIN_ENABLE=1, NCCL_GIN_TYPE, NVSHMEM_IB_ENABLE_IBGDA=1)")
     parser.add_argument("--prometheus", metavar="FILE",
                         help="also write node-exporter text-file metrics to FILE, atomically: "
                              "bench's metrics, the exit code and time stamp, per GPU "
@@ -155,7 +161,7 @@ def run(args) -> int:
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
                   time_budget_s=args.time_budget, size=args.size, qps=qps,
                   latency=args.latency, read=args.read, bidir=args.bidir,
-                  latency_factor=args.latency_factor)
+                  latency_factor=args.latency_factor, gin=args.gin)
     if args.all_rails and not args.node:
         raise UsageError("--all-rails runs every rail of the node at once", "add --node")
     if args.node:
