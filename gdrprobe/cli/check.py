@@ -8,7 +8,8 @@ SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) 
 process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
 NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
 inconclusive, 13 engaged with a performance warning: rails that contend under --all-rails,
-or --latency, --read or --bidir falling short) or an error's;
+--latency, --read or --bidir falling short, or --gin's doorbell refused; --gin adds 1 or 10
+where the job asked for GIN explicitly) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
