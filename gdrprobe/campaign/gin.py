@@ -6,10 +6,9 @@ NCCL's GDAKI backend (through DOCA GPUNetIO, NVIDIA/nccl v2.30.7
 create_uar) and, before any QP exists, asks ``cudaHostRegister(reg_addr, 8, Portable | Mapped |
 IoMemory)`` (doca_gpunetio.cpp doca_gpu_verbs_can_gpu_register_uar), then
 ``cudaHostGetDevicePointer`` (doca_gpu_verbs_export_uar). The step does the same on the NIC
-NCCL uses for the GPU, through libmlx5 (:mod:`gdrprobe.rdma.mlx5dv`) and the CUDA driver
-(:class:`gdrprobe.memory.cuda_driver.IoMemoryMapping`: cuMemHostRegister with PORTABLE |
-DEVICEMAP | IOMEMORY, the driver call under cudaHostRegister), and unregisters and frees it
-all again, after an error or a signal too. The doctor's prediction (:mod:`gdrprobe.nccl.gin`)
+NCCL uses for the GPU (:mod:`gdrprobe.memory.doorbell`: libmlx5, and cuMemHostRegister with
+PORTABLE | DEVICEMAP | IOMEMORY, the driver call under cudaHostRegister), and unregisters and
+frees it all again, after an error or a signal too. The doctor's prediction (:mod:`gdrprobe.nccl.gin`)
 is then settled by the answer, and the answer joins the check's exit code:
 
 - the GPU maps the doorbell: nothing added;
@@ -23,60 +22,16 @@ is then settled by the answer, and the answer joins the check's exit code:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Mapping
 
-from gdrprobe.errors import ExitCode, GdrprobeError
+from gdrprobe.errors import ExitCode
 from gdrprobe.nccl.gin import (BLAME_NODE, BLAME_RELEASE, BLAME_SETTING, CPU_PROXY, EFA_GDA, GDAKI,
                                GPU_HANDLERS, GPU_INITIATED, NO_GIN, REGISTRY_FIX, GinMode, asked_for_gin)
 from gdrprobe.nccl.env import int_param
 from gdrprobe.nccl.ibgda import NVSHMEM
+from gdrprobe.memory.doorbell import Registration, register_doorbell
 from gdrprobe.report.gin import CAN_MAP, CPU_PROXIED, MAPPED, NOT_RUN, REFUSED, GinCheck
-
-DOORBELL_BYTES = 8      # DOCA_VERBS_DB_UAR_SIZE (doca_internal.hpp): what DOCA registers
-
-
-@dataclasses.dataclass(frozen=True)
-class Registration:
-    """What the calls gave: the outcome, the UAR page, each call with its result, and why
-    nothing was registered where the step could not run."""
-
-    outcome: str
-    doorbell: str = ""
-    calls: tuple[str, ...] = ()
-    why: str = ""
-
-
-def register_doorbell(gpu: str, nic: str, libmlx5: str | None = None, opener=None) -> Registration:
-    """NCCL's registration of a doorbell page of ``nic`` for ``gpu`` (an ordinal or bus id).
-    ``opener(library, nic)``: a context manager giving the device's ibv_context
-    (:func:`gdrprobe.rdma.mlx5dv.opened` unless a test of binding shapes replaces it)."""
-    from gdrprobe.memory.cuda import open_gpu
-    from gdrprobe.memory.cuda_driver import IoMemoryMapping
-    from gdrprobe.rdma import mlx5dv
-
-    try:
-        library = mlx5dv.loaded(libmlx5 or mlx5dv.LIBMLX5)
-    except mlx5dv.Unavailable as error:
-        return Registration(NOT_RUN, why=str(error))
-    try:
-        with contextlib.ExitStack() as stack:
-            device = stack.enter_context(open_gpu(gpu))
-            context = stack.enter_context((opener or mlx5dv.opened)(library, nic))
-            doorbell = stack.enter_context(mlx5dv.alloc_doorbell(library, context))
-            page = (f"{nic}'s UAR page {doorbell.page_id} ({doorbell.kind}"
-                    + (f"; {'; '.join(doorbell.refused)}" if doorbell.refused else "") + ")")
-            device.activate()
-            mapping = stack.enter_context(IoMemoryMapping(device.bindings, doorbell.address, DOORBELL_BYTES))
-            outcome = MAPPED if mapping.device_pointer is not None else REFUSED
-            stack.close()
-            return Registration(outcome, page, tuple(mapping.calls))
-    except mlx5dv.NoDoorbell as error:
-        return Registration(NOT_RUN, why=str(error))
-    except GdrprobeError as error:
-        return Registration(NOT_RUN, why="; ".join(part for part in (error.cause, error.evidence) if part))
-
 
 def settled(mode: GinMode, outcome: str, environ: Mapping[str, str]) -> GinMode:
     """The doctor's mode with the registration's answer known, where the registration decides it
