@@ -84,21 +84,26 @@ def peermem_with_key(root) -> machines.SysfsTree:
     return tree
 
 
-def broadcom_roce(root) -> machines.SysfsTree:
-    """A GPU beside a Broadcom RoCE NIC (bnxt_en, bnxt_re): no libmlx5 device."""
-    tree = machines.SysfsTree(root)
+def gpu_beside_nic(tree: machines.SysfsTree, ibdev: str, vendor: int, driver: str,
+                   link_layer: str, gbps: int = 400) -> str:
+    """One GPU and a NIC of another maker (``vendor``, its kernel ``driver``) under one switch,
+    with the stack files and the job's environment the rules read; returns the GPU's bus id."""
     host = tree.host_bridge(0x18)
     root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
     gpu_port, nic_port = tree.switch(root_port, "0000:19:00.0", ["0000:1a:00.0", "0000:1a:01.0"])
     gpu = tree.gpu(gpu_port, "0000:1b:00.0")
-    tree.nic(nic_port, "0000:1c:00.0", "bnxt_re0", class_code=ETHERNET)
-    tree.write(f"{tree.devices['0000:1c:00.0']}/vendor", f"0x{BROADCOM_NIC:04x}\n")
-    bind(tree, "0000:1c:00.0", "bnxt_en")
-    nm.finish(tree, ["bnxt_re0"])
-    tree.write("/sys/class/infiniband/bnxt_re0/ports/1/link_layer", "Ethernet\n")
-    nm.stack(tree)
-    nm.cuda_facts(tree, [gpu])
-    nm.nic_probe(tree, {"bnxt_re0": nm.EBADF})
+    tree.nic(nic_port, "0000:1c:00.0", ibdev, class_code=ETHERNET)
+    tree.write(f"{tree.devices['0000:1c:00.0']}/vendor", f"0x{vendor:04x}\n")
+    bind(tree, "0000:1c:00.0", driver)
+    nm.finish(tree, [ibdev], gbps=gbps)      # links, port rate, the stack, CUDA facts, DMA-BUF probe
+    tree.write(f"/sys/class/infiniband/{ibdev}/ports/1/link_layer", link_layer + "\n")
+    return gpu
+
+
+def broadcom_roce(root) -> machines.SysfsTree:
+    """A GPU beside a Broadcom RoCE NIC (bnxt_en, bnxt_re): no libmlx5 device."""
+    tree = machines.SysfsTree(root)
+    gpu_beside_nic(tree, "bnxt_re0", BROADCOM_NIC, "bnxt_en", "Ethernet")
     nm.nvidia_peermem(tree)
     driver_params(tree, KEY)
     built_library(tree, "/usr/lib64", "2.30.7")
@@ -112,19 +117,8 @@ def efa_node(root, plugin: str | None = "1.21.1", libfabric: tuple[int, int] | N
     aws-ofi-nccl plugin and libfabric as a capture keeps them (gin.json)."""
     tree = machines.SysfsTree(root)
     tree.dmi("Amazon EC2", product)
-    host = tree.host_bridge(0x18)
-    root_port = tree.bridge(host, "0000:18:01.0", vendor=machines.INTEL)
-    gpu_port, nic_port = tree.switch(root_port, "0000:19:00.0", ["0000:1a:00.0", "0000:1a:01.0"])
-    gpu = tree.gpu(gpu_port, "0000:1b:00.0")
-    tree.nic(nic_port, "0000:1c:00.0", "rdmap28s0", class_code=ETHERNET)
-    tree.write(f"{tree.devices['0000:1c:00.0']}/vendor", f"0x{AMAZON:04x}\n")
+    gpu_beside_nic(tree, "rdmap28s0", AMAZON, "efa", "Unspecified", gbps=200)
     tree.write(f"{tree.devices['0000:1c:00.0']}/device", f"0x{EFA_DEVICE:04x}\n")
-    bind(tree, "0000:1c:00.0", "efa")
-    nm.finish(tree, ["rdmap28s0"], gbps=200)
-    tree.write("/sys/class/infiniband/rdmap28s0/ports/1/link_layer", "Unspecified\n")
-    nm.stack(tree)
-    nm.cuda_facts(tree, [gpu])
-    nm.nic_probe(tree, {"rdmap28s0": nm.EBADF})
     driver_params(tree, registry)
     if gdrdrv:
         tree.write("/sys/module/gdrdrv/version", gdrdrv + "\n")
