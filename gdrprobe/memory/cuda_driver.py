@@ -231,8 +231,8 @@ class IoMemoryMapping:
         self.registered = True
         try:
             pointer = attempt(module, "cuMemHostGetDevicePointer", address, 0)
-        except BaseException:             # a signal, or an entry point the driver lacks
-            self.close()
+        except BaseException as error:    # a signal, or an entry point the driver lacks
+            close_after(error, self.close, f"cuMemHostUnregister({address:#x})")
             raise
         self.calls.append(f"cuMemHostGetDevicePointer({address:#x}, 0): {result_name(pointer[0])}")
         if int(pointer[0]) != 0:
