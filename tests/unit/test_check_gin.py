@@ -16,6 +16,7 @@ from gdrprobe.campaign import gin, prelaunch
 from gdrprobe.campaign.ab import plan_arms, run_ab
 from gdrprobe.campaign.gate import Budget, rank_pair
 from gdrprobe.campaign.machine import machine_facts
+from gdrprobe.campaign.plan import Buffer, CheckPlan, Criteria
 from gdrprobe.cli import main
 from gdrprobe.errors import DRAIN_CODES, ExitCode, VerdictNotOk
 from gdrprobe.measure.options import ProbeOptions
@@ -70,8 +71,8 @@ def check(tmp_path, environ=None, build=gm.peermem_without_key):
     build(tmp_path)
     environ = environ or {}
     facts = machine_facts(str(tmp_path), environ)
-    gate = prelaunch.GateSettings(options=ProbeOptions(sizes=(1 << 20,), qps=2), gpu_memory=gpu_buffer,
-                                  receive_memory=gpu_buffer, gin=True)
+    gate = CheckPlan(options=ProbeOptions(sizes=(1 << 20,), qps=2), send=Buffer("gpu"), receive=Buffer("gpu"),
+                     criteria=Criteria(answers=("gin",)))
     pair = rank_pair({}, facts.gpus, facts.nics, gpu=GPU_BUS)
     return prelaunch.check_pair(pair, facts, gate, Budget(30.0),
                                 {**environ, "GDRPROBE_LOCK_DIR": str(tmp_path / "locks")})

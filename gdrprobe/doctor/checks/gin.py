@@ -33,7 +33,7 @@ def gin_modes(ctx: DoctorContext) -> dict[str, GinMode]:
     if ctx.runtime.key != NVIDIA:
         return {}
     node = ctx.gin_node
-    return {decision.gpu_bdf: gin_mode(node, gin_gpu(decision.gpu_bdf, ctx.cuda_facts), _nic(ctx, decision))
+    return {decision.gpu_bdf: gin_mode(node, gin_gpu(ctx, decision.gpu_bdf), _nic(ctx, decision))
             for decision in ctx.nccl_decisions}
 
 
@@ -42,7 +42,7 @@ def ibgda_modes(ctx: DoctorContext) -> dict[str, GinMode]:
     if ctx.runtime.key != NVIDIA or not ibgda_asked(ctx.environ):
         return {}
     node = ctx.gin_node
-    return {decision.gpu_bdf: ibgda_mode(node, gin_gpu(decision.gpu_bdf, ctx.cuda_facts), _nic(ctx, decision))
+    return {decision.gpu_bdf: ibgda_mode(node, gin_gpu(ctx, decision.gpu_bdf), _nic(ctx, decision))
             for decision in ctx.nccl_decisions}
 
 

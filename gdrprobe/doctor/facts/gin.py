@@ -30,8 +30,6 @@ from collections.abc import Mapping
 
 from gdrprobe.doctor.facts.dynamic_loader import places, resolve
 from gdrprobe.doctor.facts.nccl_library import version_in_bytes
-from gdrprobe.doctor.facts.nccl_node import capability, cuda_gpus
-from gdrprobe.nccl.decision import mlo_partition
 from gdrprobe.nccl.gin import DriverParams, GinGpu, GinNic, GinNode, OfiPlugin
 from gdrprobe.nccl.versions import parse_version
 from gdrprobe.sysroot import SysRoot
@@ -154,13 +152,16 @@ def gin_node(ctx, live: Mapping[str, Any]) -> GinNode:
         ofi=ofi_plugin(root, live) if "efa" in providers.values() else None)
 
 
-def gin_gpu(bdf: str, cuda_facts: dict[str, Any] | None) -> GinGpu:
-    facts = cuda_gpus(cuda_facts).get(bdf, {})
-    dmabuf = facts.get("dma_buf_supported")
-    return GinGpu(bdf=bdf, capability=capability(facts) if facts else None,
-                  vmm_gdr=facts.get("gpu_direct_rdma_with_cuda_vmm_supported"),
-                  dmabuf=None if dmabuf is None else bool(dmabuf),
-                  mlo_part=mlo_partition(facts.get("name")) is not None)
+def gin_gpu(ctx, bdf: str) -> GinGpu:
+    """One GPU as GIN's rules read it: NCCL's facts of it (compute capability, MLO partition)
+    and the CUDA driver's VMM GPUDirect and DMA-BUF attributes."""
+    facts = ctx.nccl_node.gpu(bdf)
+    cuda = ctx.cuda_facts if ctx.cuda_facts and "error" not in ctx.cuda_facts else {}
+    attributes = next((gpu for gpu in cuda.get("gpus", []) if gpu.get("pci_bus_id") == bdf), {})
+    dmabuf = attributes.get("dma_buf_supported")
+    return GinGpu(bdf=bdf, capability=facts.capability,
+                  vmm_gdr=attributes.get("gpu_direct_rdma_with_cuda_vmm_supported"),
+                  dmabuf=None if dmabuf is None else bool(dmabuf), mlo_part=facts.mlo_part is not None)
 
 
 def gin_nic(ctx, decision) -> GinNic:
