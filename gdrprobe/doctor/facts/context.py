@@ -245,7 +245,7 @@ class DoctorContext:
         from gdrprobe.doctor.facts.gin import collect_gin_facts, nic_provider
 
         if not self.live:
-            return self._captured_json(GIN_FACTS_FILE) or {}
+            return self.captured(GIN_FACTS_FILE) or {}
         devices = ((self.nic_facts or {}).get("data_direct") or {}).get("devices") or {}
         efa = any(nic_provider(self.root, nic.name, devices)[0] == "efa" for nic in self.topology.nics)
         return collect_gin_facts(self.root, self.environ, efa)
@@ -270,7 +270,7 @@ class DoctorContext:
             return
         environ = [ENVIRON_FILE] if self._environ is None else []
         for path in (*environ, self.gpu_collector.FACTS_FILE, NVML_FACTS_FILE, NIC_FACTS_FILE,
-                     NCCL_FACTS_FILE):
+                     NCCL_FACTS_FILE, GIN_FACTS_FILE):
             self.captured(path)
 
     def captured(self, path: str) -> Any:

@@ -223,3 +223,13 @@ def test_a_capture_keeps_what_gin_reads_and_replays_the_same(tmp_path):
     assert json.loads((tmp_path / "cap/gdrprobe-capture/gin.json").read_text())["libfabric"]["api"] == [2, 6]
     ctx = DoctorContext(SysRoot(str(tmp_path / "cap")))
     assert ctx.gin_node.ofi.product_name == "p5en.48xlarge"
+
+
+def test_a_damaged_gin_json_is_named_before_any_check(tmp_path):
+    """doctor/capture_shape.py: gin.json as collect_gin_facts writes it, or DamagedCapture."""
+    from gdrprobe.doctor.capture_shape import DamagedCapture
+
+    tree = gm.efa_node(tmp_path)
+    tree.write("/gdrprobe-capture/gin.json", json.dumps({"libfabric": {"api": "2.6"}}))
+    with pytest.raises(DamagedCapture, match="gin.json"):
+        DoctorContext(SysRoot(str(tmp_path)), {}).check_capture()
