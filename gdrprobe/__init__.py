@@ -199,7 +199,7 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
           floor: float = defaults.FLOOR,
           time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S, size: int | None = None,
           latency: bool = False, read: bool = False, bidir: bool = False,
-          latency_factor: float | None = None, **settings):
+          latency_factor: float | None = None, gin: bool = False, **settings):
     """The A/B and its verdict as NCCL will move this GPU's bytes: GPU memory at both ends
     on the local NIC in loopback (the NIC reads one GPU buffer and writes another; where
     that falls short, one arm per direction names the one that fails), or against host.
@@ -223,8 +223,11 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     host memory's by more than latency_factor, default LATENCY_FACTOR) and read=True the A/B
     with RDMA READ (``report.read``: "GDR read degraded", NCCL_NET_GDR_READ=0 named), bidir=True
     the A/B with both ends WRITEing at once (``report.bidir``, the same answer); each
-    shortfall is a warning in ``verdict.warnings`` (exit 13), never a drain. NCCL's flush,
-    where it ran, is ``report.flush``. Returns a :class:`gdrprobe.report.model.CheckReport`."""
+    shortfall is a warning in ``verdict.warnings`` (exit 13), never a drain. gin=True adds,
+    whatever the A/B's answer, the registration NCCL's GIN makes of the NIC's doorbell page
+    for the GPU (``report.gin``: refused is exit 13, or 1 where the job asked for GIN
+    explicitly; docs/check.md). NCCL's flush, where it ran, is ``report.flush``. Returns a
+    :class:`gdrprobe.report.model.CheckReport`."""
     from gdrprobe.campaign.plan import Buffer, CheckPlan, Criteria, endpoint, gate_options, peer
     from gdrprobe.campaign.prelaunch import check_rank
 
@@ -235,7 +238,7 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
         receive=Buffer(remote_mem or (mem if host is None else "host"), gpu_mem_type, gpu_alloc),
         criteria=Criteria.asked(threshold=threshold, floor=floor, repeats=repeats,
                                 latency_factor=latency_factor,
-                                latency=latency, read=read, bidir=bidir),
+                                latency=latency, read=read, bidir=bidir, gin=gin),
         endpoint=endpoint(device, ib_port, gid_index), peer=peer(host, port, token),
         staged=staged, time_budget_s=time_budget_s), gpu, os.environ)
 
@@ -248,12 +251,12 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
                size: int | None = None, all_rails: bool = False, latency: bool = False,
                read: bool = False, bidir: bool = False, latency_factor: float | None = None,
-               **settings):
+               gin: bool = False, **settings):
     """:func:`check` for every GPU of the job with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
     parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
-    fitted them), all inside time_budget_s; latency, read, bidir and latency_factor as in
-    check().
+    fitted them), all inside time_budget_s; latency, read, bidir, latency_factor and gin as
+    in check().
     The job's GPUs: gpus (comma-separated CUDA
     ordinals, bus ids or UUIDs), else SLURM_STEP_GPUS, SLURM_JOB_GPUS,
     NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set; else every GPU of the
@@ -272,7 +275,7 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
         receive=Buffer(mem, gpu_mem_type, gpu_alloc),
         criteria=Criteria.asked(threshold=threshold, floor=floor, repeats=repeats,
                                 latency_factor=latency_factor,
-                                latency=latency, read=read, bidir=bidir),
+                                latency=latency, read=read, bidir=bidir, gin=gin),
         endpoint=endpoint(None, ib_port, gid_index), staged=staged,
         time_budget_s=time_budget_s), gpus, all_rails, os.environ)
 

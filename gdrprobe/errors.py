@@ -58,7 +58,10 @@ EXIT_CODES = (
                 "the probe ran and the answer is not OK: GPUDirect RDMA degraded or not "
                 "engaged; the doctor found a failing check; `nccl-log` saw network channels "
                 "and none used GDRDMA, or GDR off on every NIC; `bench --baseline` found a row "
-                "that fell; `cluster` found a slow pair", DRAIN),
+                "that fell; `cluster` found a slow pair; `check --gin`: the job asked for GIN "
+                "explicitly (NCCL_GIN_ENABLE=1, NCCL_GIN_TYPE, NVSHMEM_IB_ENABLE_IBGDA=1) and this node "
+                "cannot give it GPU-initiated (the driver refused to map the NIC's doorbell, or NCCL's "
+                "rules keep GIN off on this node)", DRAIN),
     ExitCodeRow(ExitCode.USAGE, "bad flags or arguments (an unreadable, empty or binary NCCL "
                 "log, a time budget too small for one run, an output path where something other "
                 "than a regular file stands, a damaged capture under `--root`: the file named)",
@@ -82,7 +85,9 @@ EXIT_CODES = (
     ExitCodeRow(ExitCode.NCCL_SETTING, "NCCL will not use GPUDirect RDMA for this GPU because "
                 "of an NCCL setting (the job's environment or an NCCL configuration file, e.g. "
                 "`NCCL_NET_GDR_LEVEL=LOC`); the node is fine. Where NCCL's rules refuse it on "
-                "this node's hardware or stack, the exit is 1", WARN),
+                "this node's hardware or stack, the exit is 1. `check --gin`: the job asked for GIN and "
+                "a setting of its own keeps GIN off (NCCL_CUMEM_ENABLE=0, NCCL_GIN_ENABLE=0, an older NCCL)",
+                WARN),
     ExitCodeRow(ExitCode.GPU_UNUSABLE, "the GPU is unusable for every CUDA process: the "
                 "fabric manager is not running, forward-compatibility libraries the GPU does "
                 "not support, driver library and kernel module differ, another process holds "
@@ -100,7 +105,9 @@ EXIT_CODES = (
                 "share), latency degraded (`--latency`: the GPU memory's small-message latency "
                 "over the host memory's by more than --latency-factor) or GDR read degraded "
                 "(`--read`, `--bidir`: RDMA READ, or both ends WRITEing at once, below the "
-                "threshold while one-way WRITE passes; NCCL's mitigation: NCCL_NET_GDR_READ=0). "
+                "threshold while one-way WRITE passes; NCCL's mitigation: NCCL_NET_GDR_READ=0) or GIN "
+                "CPU-proxied (`--gin`: the driver refused to map the NIC's doorbell for the GPU, and the "
+                "job did not ask for GIN explicitly). "
                 "Facts of the platform's design that every node of the build repeats and no drain "
                 "repairs, with bounds no hardware has calibrated yet: reported and alerted "
                 "(GdrprobeRailContention), never a drain", WARN),

@@ -28,6 +28,7 @@ from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.campaign.gpus import GpuFacts, visible_entries
 from gdrprobe.campaign.job_gpus import JobGpuSet
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
+from gdrprobe.nccl.gin import GinMode
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.check import NcclUse, RankPair
 from gdrprobe.report.model import RunReport
@@ -89,6 +90,10 @@ class MachineFacts:
     # The GPUs of NCCL's communicator on this node, matched once to this node's GPUs
     # (machine_facts; the node check's GPUs); None: none named, every GPU of the node.
     job: JobGpuSet | None = None
+    # GPU bus id -> the mode NCCL's GIN takes for it, and NVSHMEM IBGDA's where the job sets
+    # its variables (gdrprobe.doctor.checks.gin); check --gin settles them with the registration
+    gin: Mapping[str, GinMode] = dataclasses.field(default_factory=dict)
+    ibgda: Mapping[str, GinMode] = dataclasses.field(default_factory=dict)
 
     def line_rate(self, nic: str, port: int) -> float | None:
         """The port's line rate as the kernel states it (Gb/s); None where it states none."""

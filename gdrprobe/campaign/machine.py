@@ -55,7 +55,19 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
                         port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules,
                         environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules),
-                        ctx.topology, every_link(ctx), matched)
+                        ctx.topology, every_link(ctx), matched, **gin_facts(ctx))
+
+
+def gin_facts(ctx) -> dict:
+    """GIN's and IBGDA's modes per GPU, as the doctor's gin check decided them (none on a node
+    of another runtime than CUDA's); none where deciding them crashed (the findings already say
+    so: gin.crashed)."""
+    from gdrprobe.doctor.checks.gin import gin_modes, ibgda_modes
+
+    try:
+        return {"gin": gin_modes(ctx), "ibgda": ibgda_modes(ctx)}
+    except Exception:  # noqa: BLE001 - reported as gin.crashed by run_checks
+        return {}
 
 
 def every_link(ctx):

@@ -419,7 +419,23 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan, budget: Bud
         lock=held.describe(why), port_traffic=watch.describe())
     verdict = secondary.with_warnings(with_nccl(verdict, use), extras.get("latency"),
                                       extras.get("read"), extras.get("bidir"))
+    if criteria.asks("gin"):
+        extras["gin"] = gin_answer(pair.gpu, nic, facts, environ)
+        verdict = dataclasses.replace(verdict, gin=extras["gin"], fix=verdict.fix or extras["gin"].fix)
     return dataclasses.replace(report, verdict=verdict, placement=placement, **extras)
+
+
+# check --gin is not one of EXTRA_ANSWERS: it asks whatever the A/B's answer (the doorbell is
+# not the A/B's question), and what it adds to the exit code is its own (report/check.py).
+def gin_answer(gpu: str, nic: str, facts: MachineFacts, environ: Mapping[str, str]):
+    """check --gin on the checked GPU and its NIC (:mod:`gdrprobe.campaign.gin`), with the
+    doctor's modes for that GPU; the environment as NCCL sees it, and the process's NVSHMEM
+    variables."""
+    from gdrprobe.campaign.gin import gin_check
+
+    bdf = facts.gpus.bus_id(gpu)
+    return gin_check(gpu, nic, {**environ, **facts.nccl_environ}, nccl=facts.gin.get(bdf),
+                     nvshmem=facts.ibgda.get(bdf))
 
 
 def check_rank(gate: CheckPlan, gpu: str | None, environ: Mapping[str, str]) -> CheckReport:
@@ -475,7 +491,7 @@ def engaged(report: CheckReport) -> CheckReport:
              int(ExitCode.NCCL_SETTING): NcclSetting,
              int(ExitCode.INCONCLUSIVE): Inconclusive}.get(verdict.exit_code, VerdictNotOk)
     ratio = f" (GPU/host {verdict.ratio:.2f})" if verdict.ratio is not None else ""
-    cause = f": {main_cause(verdict)}" if verdict.likely_causes or verdict.inconclusive else ""
+    cause = f": {main_cause(verdict)}" if verdict.likely_causes or verdict.inconclusive or verdict.gin else ""
     state = verdict.classification + (", inconclusive" if error is Inconclusive else "")
     raise error(f"GPUDirect RDMA is {state}{ratio}{cause}",
                 verdict.fix, evidence="; ".join(verdict.evidence))

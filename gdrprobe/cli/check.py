@@ -8,7 +8,8 @@ SLURM_JOB_GPUS, NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES; none: the node's) 
 process. The exit code is the verdict's (0 engaged, 1 degraded, not engaged or refused by
 NCCL on this node, 9 not testable, 10 an NCCL setting keeps NCCL off GPUDirect, 12
 inconclusive, 13 engaged with a performance warning: rails that contend under --all-rails,
-or --latency, --read or --bidir falling short) or an error's;
+--latency, --read or --bidir falling short, or --gin's doorbell refused; --gin adds 1 or 10
+where the job asked for GIN explicitly) or an error's;
 :data:`gdrprobe.errors.SCHEDULER_ACTION` says which of them should drain the node and
 which only warn, and the README's table mirrors it.
 
@@ -122,6 +123,12 @@ def register(subparsers) -> None:
                         help="where engaged, also the A/B with both ends WRITEing at once "
                              "(perftest's -b): 'GDR read degraded' where it falls short while "
                              "the one-way WRITE passes; a warning (exit 13), never a drain")
+    parser.add_argument("--gin", action="store_true",
+                        help="also make the registration NCCL's GIN makes of the NIC's doorbell "
+                             "page for the GPU (cuMemHostRegister with IOMEMORY): 'the GPU can "
+                             "map the NIC's doorbell', or GIN runs CPU-proxied: a warning (exit "
+                             "13), a drain (1) where the job asked for GIN explicitly "
+                             "(NCCL_GIN_ENABLE=1, NCCL_GIN_TYPE, NVSHMEM_IB_ENABLE_IBGDA=1)")
     parser.add_argument("--prometheus", metavar="FILE",
                         help="also write node-exporter text-file metrics to FILE, atomically: "
                              "bench's metrics, the exit code and time stamp, per GPU "
@@ -155,7 +162,7 @@ def run(args) -> int:
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
                   time_budget_s=args.time_budget, size=args.size, qps=qps,
                   latency=args.latency, read=args.read, bidir=args.bidir,
-                  latency_factor=args.latency_factor)
+                  latency_factor=args.latency_factor, gin=args.gin)
     if args.all_rails and not args.node:
         raise UsageError("--all-rails runs every rail of the node at once", "add --node")
     if args.node:

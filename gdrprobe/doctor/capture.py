@@ -35,14 +35,16 @@ import secrets
 import shutil
 from collections.abc import Mapping
 
-from gdrprobe.doctor.facts.context import (ENVIRON_FILE, NCCL_FACTS_FILE, NIC_FACTS_FILE,
+from gdrprobe.doctor.facts.context import (ENVIRON_FILE, GIN_FACTS_FILE, NCCL_FACTS_FILE, NIC_FACTS_FILE,
                                            NVML_FACTS_FILE, DoctorContext)
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.errors import UsageError
 from gdrprobe.files import NotRegularFile, read_regular
 from gdrprobe.sysroot import MAX_LINK_HOPS, MAX_READ_BYTES, SysRoot
 
-CAPTURED_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_")
+# NVSHMEM_ and OFI_NCCL_: GIN's and IBGDA's settings (gdrprobe.nccl.gin, gdrprobe.nccl.ibgda).
+CAPTURED_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_", "NVSHMEM_",
+                         "OFI_NCCL_")
 # HOME: where NCCL looks for ~/.nccl.conf; the rest: where the job's libnccl is found.
 CAPTURED_ENV_NAMES = ("HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX")
 # renameat2(2): RENAME_EXCHANGE (include/uapi/linux/fs.h), Linux 3.15 and glibc 2.28; a
@@ -335,4 +337,6 @@ def _capture_into(dest_dir: str, root: str, environ: Mapping[str, str] | None,
     _write_json(copier.dest_path(NVML_FACTS_FILE), ctx.nvml_facts)
     _write_json(copier.dest_path(NIC_FACTS_FILE), ctx.nic_facts)
     _write_json(copier.dest_path(NCCL_FACTS_FILE), ctx.nccl_search)
+    if ctx.gin_facts:
+        _write_json(copier.dest_path(GIN_FACTS_FILE), ctx.gin_facts)
     return [p for p in touched if os.path.lexists(copier.dest_path(p))]

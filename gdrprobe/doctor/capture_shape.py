@@ -58,7 +58,8 @@ CUDA_GPU = Record({"pci_bus_id": str, "ordinal": int, "name": str, "total_memory
                    "gpu_direct_rdma_supported": NUMBER_OR_NONE,
                    "dma_buf_supported": NUMBER_OR_NONE,
                    "gpu_direct_rdma_flush_writes_options": NUMBER_OR_NONE,
-                   "gpu_direct_rdma_writes_ordering": NUMBER_OR_NONE}, ("pci_bus_id",))
+                   "gpu_direct_rdma_writes_ordering": NUMBER_OR_NONE,
+                   "gpu_direct_rdma_with_cuda_vmm_supported": NUMBER_OR_NONE}, ("pci_bus_id",))
 CUDA = (None, Record({"error": str, "result": str, "call": str, "driver_version": NUMBER_OR_NONE,
                       "gpus": [CUDA_GPU]}))
 NVML_GPU = Record({"pci_bus_id": str, "bar1_total_bytes": int, "bar1_used_bytes": int,
@@ -78,12 +79,16 @@ NCCL = (None, Record({"nccl": (str, None), "site_packages": [str], "executable":
                       "versions_in_bytes": Map((str, None)), "elf_dynamic": Map(DYNAMIC)}))
 ROCM = (None, Record({"kallsyms_symbol": (bool, None), "hsa": Record({
     "error": str, "dmabuf_supported": bool, "export_symbol": bool})}))
+# GIN's live facts on an EFA node (doctor/facts/gin.py collect_gin_facts).
+GIN = (None, Record({"ofi_plugin": Record({"path": (str, None), "version": (str, None)}),
+                     "libfabric": Record({"api": [int], "path": str, "error": str})}))
 
 # Each file's shape, by its name in the capture; a runtime's collector this module does not
 # know writes an object or null.
 SHAPES = {"gdrprobe-capture/environ.json": ENVIRON, "gdrprobe-capture/cuda.json": CUDA,
           "gdrprobe-capture/nvml.json": NVML, "gdrprobe-capture/nics.json": NICS,
-          "gdrprobe-capture/nccl.json": NCCL, "gdrprobe-capture/rocm.json": ROCM}
+          "gdrprobe-capture/nccl.json": NCCL, "gdrprobe-capture/rocm.json": ROCM,
+          "gdrprobe-capture/gin.json": GIN}
 ANY_OBJECT = (None, Record({}))
 
 

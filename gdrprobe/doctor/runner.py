@@ -11,15 +11,16 @@ import traceback
 from types import ModuleType
 from collections.abc import Mapping
 
-from gdrprobe.doctor.checks import acs, gpu, iommu, memlock, nccl_env, nic, stack, topology
+from gdrprobe.doctor.checks import acs, gin, gpu, iommu, memlock, nccl_env, nic, stack, topology
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import DoctorReport, Evidence, Finding, Status
 from gdrprobe.sysroot import SysRoot
 
 # Flowchart order: placement, peer-memory stack, GPU, memlock, IOMMU, ACS, then the NCCL
-# environment and the NIC ports.
-CHECKS: tuple[ModuleType, ...] = (topology, stack, gpu, memlock, iommu, acs, nccl_env, nic)
+# environment and the NIC ports; last, GPU-initiated networking (GIN, IBGDA), which builds on
+# all of them.
+CHECKS: tuple[ModuleType, ...] = (topology, stack, gpu, memlock, iommu, acs, nccl_env, nic, gin)
 GROUP_ORDER = tuple(check.GROUP for check in CHECKS) + (ids.ACCESS,)
 
 

@@ -22,7 +22,7 @@ import ctypes
 import functools
 
 from gdrprobe.errors import MissingDependency, NotTestable
-from gdrprobe.memory.cuda_results import UPGRADE_DRIVER_FIX, result_error, unknown_result
+from gdrprobe.memory.cuda_results import UPGRADE_DRIVER_FIX, result_error, result_name, unknown_result
 
 # The GPU's page: nvidia-peermem pins whole 64 KiB pages (GPU_PAGE_SIZE in the driver's
 # nv-p2p.h), and perftest rounds cuMemAlloc to it for that reason (ACCEL_PAGE_SIZE in
@@ -40,6 +40,12 @@ DRIVER_MISMATCH_FIX = ("use a cuda-python whose major version the installed driv
                        "or upgrade the NVIDIA driver")
 
 
+# cuda.h's CUmemhostregister flags: what NCCL's GIN (DOCA GPUNetIO's cudaHostRegister with
+# Portable | Mapped | IoMemory: doca_gpu_verbs_can_gpu_register_uar, doca_gpu_verbs_export_uar)
+# and aws-ofi-nccl (IOMEMORY | DEVICEMAP: nccl_net_ofi_gpu_host_register_iomem) register a
+# NIC's doorbell page with.
+CU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_IOMEMORY = 0x01, 0x02, 0x04
+IO_MEMORY_FLAGS = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY
 
 
 def check(result: tuple, what: str):
@@ -202,3 +208,49 @@ def version_text(version: int) -> str:
 def gpu_pages(length: int) -> int:
     """length rounded up to whole GPU pages."""
     return -(-length // GPU_PAGE_BYTES) * GPU_PAGE_BYTES
+
+
+class IoMemoryMapping:
+    """A NIC's MMIO range (a doorbell page) registered for the GPU whose context is current, as
+    NCCL's GIN registers it: ``cuMemHostRegister(address, length, PORTABLE | DEVICEMAP |
+    IOMEMORY)``, then ``cuMemHostGetDevicePointer(address, 0)``. ``refused`` names the call and
+    the CUresult where the driver said no (nothing is left registered then); else
+    ``device_pointer`` is the address the GPU writes. close() unregisters."""
+
+    def __init__(self, module, address: int, length: int):
+        self._module, self.address, self.length = module, address, length
+        self.registered, self.device_pointer, self.refused = False, None, ""
+        self.calls: list[str] = []
+        register = (f"cuMemHostRegister({address:#x}, {length}, "
+                    "PORTABLE | DEVICEMAP | IOMEMORY)")
+        result = attempt(module, "cuMemHostRegister", address, length, IO_MEMORY_FLAGS)
+        self.calls.append(f"{register}: {result_name(result[0])}")
+        if int(result[0]) != 0:
+            self.refused = self.calls[-1]
+            return
+        self.registered = True
+        try:
+            pointer = attempt(module, "cuMemHostGetDevicePointer", address, 0)
+        except BaseException as error:    # a signal, or an entry point the driver lacks
+            close_after(error, self.close, f"cuMemHostUnregister({address:#x})")
+            raise
+        self.calls.append(f"cuMemHostGetDevicePointer({address:#x}, 0): {result_name(pointer[0])}")
+        if int(pointer[0]) != 0:
+            self.refused = self.calls[-1]
+            self.close()
+            return
+        self.device_pointer = int(pointer[1])
+
+    def close(self) -> None:
+        """Unregister; an unregistration the driver refuses is a gdrprobe bug, raised."""
+        if self.registered:
+            self.registered = False
+            result = attempt(self._module, "cuMemHostUnregister", self.address)
+            self.calls.append(f"cuMemHostUnregister({self.address:#x}): {result_name(result[0])}")
+            check(result, f"cuMemHostUnregister({self.address:#x})")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

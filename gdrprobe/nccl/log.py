@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from gdrprobe.errors import UsageError
 from gdrprobe.nccl import log_formats as formats
+from gdrprobe.nccl import log_gin
 from gdrprobe.nccl.log_input import (BLOCK_BYTES, MAX_LINE_BYTES, NCCL_MARK, READ_FIX, block_reader,
                                      check_text, lines_of)
 from gdrprobe.nccl.log_summary import GDR_ENV, build_report
@@ -153,6 +154,7 @@ class Scan:
     ring_gdr: dict = dataclasses.field(default_factory=dict)        # GDR 0/1 -> count
     rccl: dict = dataclasses.field(default_factory=dict)            # host -> RcclTally
     rccl_version: bool = False                                      # an "RCCL version" line
+    gin: dict = dataclasses.field(default_factory=dict)             # host -> log_gin.GinTally
     formats: dict = dataclasses.field(default_factory=dict)         # (name, versions) -> count
     fast: dict = dataclasses.field(default_factory=dict)            # fast lines' groups -> count
     unrecognised: int = 0
@@ -555,6 +557,7 @@ READERS = {
     "network": read_network, "gpu-dmabuf": read_gpu_dmabuf, "ofi-gdr-off": read_ofi,
     "ofi-dmabuf": read_ofi, "ring-summary": read_ring_summary, "rccl-version": read_rccl_version,
     "rccl-peer-memory": read_rccl_peer_memory, "rccl-dmabuf": read_rccl_dmabuf,
+    **log_gin.READERS,
 }
 
 

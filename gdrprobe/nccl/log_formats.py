@@ -39,12 +39,16 @@ HOST_TRIPLE = re.compile(r"(?<![\w.-])([\w.-]+):\d+:\d+ ")
 # NCCL_DEBUG=VERSION prints the version line without the prefix (debug.cc, NCCL_LOG_VERSION);
 # RCCL prints its own to stdout whatever NCCL_DEBUG_FILE says (ROCm/rccl 0cbce2a7 src/init.cc
 # showVersion: printf of "RCCL version : %d.%d.%d-<git hash>").
-MESSAGE_START = re.compile(r"NCCL version \d|RCCL version : \d")
+# DOCA GPUNetIO, inside NCCL's GDAKI backend, logs on its own (doca_gpunetio_log.cpp
+# doca_gpu_log_print: "<ctime> [WARNING] [<file>]: <line>: <function>(): ", only with
+# DOCA_GPUNETIO_LOG at 4 or more): its function name starts the record (GIN_DOCA_FORMATS).
+MESSAGE_START = re.compile(r"NCCL version \d|RCCL version : \d|doca_gpu_verbs_export_qp\(\): ")
 
 # Which lines a reader looks at at all: everything below starts with or contains one of these.
 KEYWORDS = re.compile(rb" via |GPU Direct RDMA|Using|DMA-BUF|NCCL version|virtual device|"
                       rb"set by environment|GDR|No device found|"
-                      rb"RCCL version|memory_peers|peer_memory|mabuf|DMA_BUF")
+                      rb"RCCL version|memory_peers|peer_memory|mabuf|DMA_BUF|"
+                      rb"GIN|gin[: ]|Created a QP|ymmetric memory|CPU proxy mode")
 # The lines a large job's log is mostly made of, with NCCL's own prefix at the line's start,
 # each read from its bytes in one match: a channel in NCCL 2.12-2.30's format (net.cc, as
 # CHANNEL_FORMATS[0]; groups net, nic, /GDRDMA), one inside the node (p2p.cc, shm.cc: group
@@ -280,14 +284,51 @@ RCCL_FORMATS = (
         r"|(?P<on>DMA_BUF Support Enabled)"),
 )
 
+# GPU-initiated networking (GIN, NVIDIA/nccl v2.28.7-1 .. v2.30.7-1; gdrprobe/nccl/log_gin.py
+# reads them): whether NCCL gave a communicator GIN, through which backend, and why not.
+GIN_FORMATS = (
+    fmt("gin-off", "2.28.7-2.30", "src/gin/gin_host.cc ncclGinConnectOnce (WARN)",
+        r"(?P<why>GIN is disabled|GIN not supported|No GIN-capable devices found)\."),
+    fmt("gin-off", "2.29.7-2.30", "src/transport/net_ib/gin.cc ncclGinIbGdrSupport, ncclGinIbGdrGpuSupport",
+        r"(?P<why>Unable to use GIN: Peermem is not supported, (?:nor DMA-BUF|and device \d{1,9} does "
+        r"not support DMA-BUF))\."),
+    fmt("gin-off", "2.30.3-2.30", "src/plugin/gin.cc ncclGinInit",
+        r"(?P<why>Compute Capability \(\d{1,9}\) is not sufficient to enable GIN)"),
+    fmt("gin-off", "2.28.7-2.30", "src/dev_runtime.cc, src/gin/gin_host.cc (WARN)",
+        r"(?P<why>Communicator does not support symmetric memory!"
+        r"|User requested GIN but not all ranks in the communicator support GIN)"),
+    fmt("gin-off", "2.30.7", "src/plugin/gin.cc ncclGinInit",
+        r"GIN/Plugin: (?P<why>Failed to initialize any GIN plugin)"),
+    fmt("gin-symmetric", "2.29.2-2.30", "src/init.cc initTransportsRank",
+        r"Symmetric memory is not supported\. cuMemEnable (?P<cumem>-?\d{1,9}), "),
+    fmt("gin-plugin", "2.28.7-2.30.3", "src/plugin/net.cc, src/plugin/gin.cc ncclGinPluginAssignToComm",
+        r"Assigned GIN plugin (?P<name>\S+) to comm"),
+    fmt("gin-plugin", "2.30.7", "src/plugin/gin.cc ncclGinPluginAssignToComm",
+        r"GIN/Plugin: Assigned plugin (?P<name>\S+) type (?P<type>\d{1,9}) to comm"),
+    # "Created a QP group" from 2.28.7, "Created a QP" (no companion QP) from 2.30.7.
+    fmt("gin-gdaki-qp", "2.28.7-2.30", "src/transport/net_ib/gdaki/gin_host_gdaki.cc",
+        r"\[\d{1,9}\] Created a QP(?: group)?: qp_idx=\d{1,9}"),
+    fmt("gin-cpu-proxy", "DOCA GPUNetIO in NCCL 2.28.7-2.30",
+        "src/transport/net_ib/gdaki/doca-gpunetio/src/doca_gpunetio.cpp doca_gpu_verbs_export_qp (WARNING)",
+        r"doca_gpu_verbs_export_qp\(\): (?P<why>Enabling CPU proxy mode)"),
+)
+# aws-ofi-nccl's GIN (src/rdma/gin/nccl_ofi_gin_api.cpp, nccl_ofi_gin_gdaki.cpp).
+OFI_GIN_FORMATS = (
+    fmt("ofi-gin", "aws-ofi-nccl 1.19+", "src/rdma/gin/nccl_ofi_gin_api.cpp nccl_ofi_gin_init",
+        r"NET/OFI (?P<what>gin: Initializing|gin: GDAKI mode enabled)"),
+    fmt("ofi-gin-gdaki", "aws-ofi-nccl 1.20+", "src/rdma/gin/nccl_ofi_gin_gdaki.cpp createContext",
+        r"NET/OFI gin GDAKI: (?:(?P<done>createContext done)|(?P<why>createContext on a non-GDA-capable "
+        r"environment|not supported on this platform|createContext failed))"),
+)
+
 FORMATS = (CHANNEL_FORMATS + (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS + OTHER_FORMATS
-           + OFI_FORMATS + RCCL_FORMATS)
+           + OFI_FORMATS + RCCL_FORMATS + GIN_FORMATS + OFI_GIN_FORMATS)
 # The formats whose messages start "NET/" (the per-pair lines of 2.4-2.6 among them) and
 # those that start "GPU " (the per-pair lines from 2.7).
-NET_FORMATS = (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS[:2] + OFI_FORMATS
+NET_FORMATS = (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS[:2] + OFI_FORMATS + OFI_GIN_FORMATS
 GPU_FORMATS = PAIR_FORMATS[2:]
-# The rest: NCCL's other lines, then RCCL's own.
-REST_FORMATS = OTHER_FORMATS + RCCL_FORMATS
+# The rest: NCCL's other lines, then RCCL's own, then GIN's.
+REST_FORMATS = OTHER_FORMATS + RCCL_FORMATS + GIN_FORMATS
 
 
 # ---- reading one message -------------------------------------------------------------------

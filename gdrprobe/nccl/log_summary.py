@@ -9,6 +9,7 @@ changed across versions).
 from __future__ import annotations
 
 from gdrprobe.nccl import log_formats as formats
+from gdrprobe.nccl.log_gin import gin_summary
 from gdrprobe.nccl.rccl import PEERMEM_LABEL
 from gdrprobe.report.nccl_log import (OTHER_NIC, OTHERS, ChannelUse, DmabufGpu, LogLine,
                                       NcclLogReport, NicUse, PairDecision)
@@ -345,4 +346,5 @@ def build_report(scan, source: str, lines: bool) -> NcclLogReport:
         unrecognised_examples=tuple(LogLine(*example) for example in scan.examples),
         cut_lines=scan.cut_lines, joined_records=scan.joined, summarised=tuple(scan.summarised),
         lines_read=scan.lines, conclusions=tuple(conclusions(scan, nics, totals, pairs, env)),
-        cannot_conclude=tuple(limits(scan, nics, outcome, totals) + scan.reading_notes))
+        cannot_conclude=tuple(limits(scan, nics, outcome, totals) + scan.reading_notes),
+        gin=gin_summary(scan))

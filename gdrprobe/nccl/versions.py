@@ -90,6 +90,18 @@ CUMEM_AUTO_SINCE: Version = (2, 19, 1)
 NETDEVS_POLICY_SINCE: Version = (2, 28, 3)
 DATA_DIRECT_SINCE: Version = (2, 27, 3)
 DATA_DIRECT_ONLY_SINCE: Version = (2, 28, 3)
+# GPU-initiated networking (gdrprobe.nccl.gin cites each): src/gin/ from 2.28.7 (2.28.3 has
+# none); the GPU-memory gate of its backends and the CUDA VMM GPUDirect attribute from 2.29.7;
+# Volta or newer from 2.30.3; no MLO partition from 2.30.7; no GIN with fused NICs in
+# 2.29.2-2.30.4 (src/init.cc globalNicFused); GIN on EFA from the aws-ofi-nccl plugin with
+# NCCL 2.31.2+ (its doc/gin-getting-started.md).
+GIN_SINCE: Version = (2, 28, 7)
+GIN_GDR_GATE_SINCE: Version = (2, 29, 7)
+GIN_VMM_GATE_SINCE: Version = (2, 29, 7)
+GIN_COMPUTE_GATE_SINCE: Version = (2, 30, 3)
+GIN_MLO_GATE_SINCE: Version = (2, 30, 7)
+GIN_NIC_FUSED_GATE: tuple[Version, Version] = ((2, 29, 2), (2, 30, 7))
+GIN_EFA_SINCE: Version = (2, 31, 2)
 
 # src/graph/topo.h in 2.27.3 only: PATH_PXN 6 before PATH_P2C 7 (every other release with
 # P2C numbers P2C 6, PXN 7: gdrprobe.nccl.topo.PATH_RANK).

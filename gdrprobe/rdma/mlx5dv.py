@@ -13,11 +13,14 @@ ENODEV: no data-direct device). The rules over the result: :mod:`gdrprobe.nccl.d
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import functools
 from typing import Any
+
+from gdrprobe.errors import errno_label
 
 LIBMLX5 = "libmlx5.so.1"
 LIBIBVERBS = "libibverbs.so.1"
@@ -232,3 +235,102 @@ def _register_through_libmlx5(pv, pd, length: int, access: int, fd: int, offset:
         code = ctypes.get_errno() or errno.EINVAL
         raise refused(f"Failed to register a data-direct dma-buf MR. length: {length}, access flags: {access}", code)
     return DataDirectRegion(library, pointer, pd)
+
+
+# ---- a doorbell page, as NCCL's GDAKI path allocates it ------------------------------------
+
+MLX5_1_7 = "MLX5_1.7"
+# providers/mlx5/mlx5_api.h: MLX5DV_UAR_ALLOC_TYPE_NC (MLX5_IB_UAPI_UAR_ALLOC_TYPE_NC) and
+# MLX5DV_UAR_ALLOC_TYPE_NC_DEDICATED (1U << 31).
+UAR_ALLOC_TYPE_NC = 0x1
+UAR_ALLOC_TYPE_NC_DEDICATED = 1 << 31
+# NCCL's DOCA GPUNetIO asks a non-cached dedicated UAR first and a non-cached one where that is
+# refused (src/transport/net_ib/gdaki/doca-gpunetio/src/doca_gpunetio_high_level.cpp create_uar;
+# rdma-core before the dedicated flag answers EOPNOTSUPP).
+UAR_ORDER = ((UAR_ALLOC_TYPE_NC_DEDICATED, "non-cached dedicated"), (UAR_ALLOC_TYPE_NC, "non-cached"))
+
+
+class DevxUar(ctypes.Structure):
+    """struct mlx5dv_devx_uar (providers/mlx5/mlx5dv.h)."""
+
+    _fields_ = [("reg_addr", _vp), ("base_addr", _vp), ("page_id", ctypes.c_uint32),
+                ("mmap_off", ctypes.c_long), ("comp_mask", ctypes.c_uint64)]
+
+
+class Doorbell:
+    """A UAR libmlx5 allocated on an open device: ``address`` is its doorbell register (the
+    page's ``reg_addr``, the address DOCA hands cudaHostRegister); close() frees it."""
+
+    def __init__(self, free, uar, kind: str, refused: tuple[str, ...]):
+        self._free, self._uar = free, uar
+        self.address = int(uar.contents.reg_addr or 0)
+        self.page_id = int(uar.contents.page_id)
+        self.kind = kind                 # "non-cached dedicated" or "non-cached"
+        self.refused = refused           # the allocations refused before it, with errno
+
+    def close(self) -> None:
+        uar, self._uar = self._uar, None
+        if uar:
+            self._free(uar)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class NoDoorbell(Exception):
+    """libmlx5 gave no UAR: why, in words (the device, the calls and their errno)."""
+
+
+def uar_calls(library: Mlx5dv):
+    """(mlx5dv_devx_alloc_uar, mlx5dv_devx_free_uar) at MLX5_1.7, or None where the library lacks them."""
+    alloc = versioned(library.mlx5, "mlx5dv_devx_alloc_uar", MLX5_1_7, ctypes.POINTER(DevxUar),
+                      (_vp, ctypes.c_uint32))
+    free = versioned(library.mlx5, "mlx5dv_devx_free_uar", MLX5_1_7, None, (ctypes.POINTER(DevxUar),))
+    return (alloc, free) if alloc is not None and free is not None else None
+
+
+def alloc_doorbell(library: Mlx5dv, context) -> Doorbell:
+    """A doorbell page on an open device (``context``: its struct ibv_context *), in NCCL's
+    order of UAR types; raises NoDoorbell where libmlx5 gives none."""
+    calls = uar_calls(library)
+    if calls is None:
+        raise NoDoorbell(f"{LIBMLX5} has no mlx5dv_devx_alloc_uar@{MLX5_1_7}")
+    alloc, free = calls
+    refused: list[str] = []
+    for flags, kind in UAR_ORDER:
+        ctypes.set_errno(0)
+        uar = alloc(context, flags)
+        if uar:
+            return Doorbell(free, uar, kind, tuple(refused))
+        code = ctypes.get_errno() or errno.EINVAL
+        refused.append(f"mlx5dv_devx_alloc_uar({kind}) failed: {errno_label(code)}")
+    raise NoDoorbell("; ".join(refused))
+
+
+@contextlib.contextmanager
+def opened(library: Mlx5dv, name: str):
+    """The ibv_context of RDMA device ``name``, closed on leaving; NoDoorbell where libibverbs
+    does not list it, it cannot be opened or libmlx5 does not drive it (mlx5dv_is_supported)."""
+    count = _int(0)
+    listed = library.get_device_list(ctypes.byref(count))
+    if not listed:
+        raise NoDoorbell("ibv_get_device_list failed")
+    try:
+        device = next((listed[i] for i in range(count.value)
+                       if library.get_device_name(listed[i]).decode() == name), None)
+        if device is None:
+            raise NoDoorbell(f"libibverbs does not list {name}")
+        if library.is_supported is None or not library.is_supported(device):
+            raise NoDoorbell(f"{name} is not an mlx5 device (mlx5dv_is_supported)")
+        context = library.open_device(device)
+        if not context:
+            raise NoDoorbell(f"ibv_open_device({name}) failed")
+    finally:
+        library.free_device_list(listed)
+    try:
+        yield context
+    finally:
+        library.close_device(context)

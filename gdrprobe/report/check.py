@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from gdrprobe import defaults
-from gdrprobe.errors import ExitCode
+from gdrprobe.errors import DRAIN_CODES, ExitCode
+from gdrprobe.report.gin import GinCheck
 from gdrprobe.report.model import BidirResult, LatencyRatio, RunSettings
 
 
@@ -129,6 +130,8 @@ class Verdict:
     # What check --latency or --read found short on an engaged node: "latency degraded",
     # "GDR read degraded" lines (exit 13, a warning, never a drain).
     warnings: tuple[str, ...] = ()
+    # check --gin: the doorbell registration and what it adds to the exit code (report/gin.py)
+    gin: GinCheck | None = None
     exit_code: int = dataclasses.field(init=False)
 
     def __post_init__(self):
@@ -136,6 +139,18 @@ class Verdict:
 
 
 def verdict_exit_code(verdict: Verdict) -> ExitCode:
+    """The answer's exit code (:func:`answer_exit_code`) with what check --gin adds: a drain
+    it adds beats a warning, and a warning it adds replaces only a start (0)."""
+    code = answer_exit_code(verdict)
+    added = verdict.gin.exit_code if verdict.gin is not None else None
+    if added is None or code in DRAIN_CODES:
+        return code
+    if added in DRAIN_CODES or code == ExitCode.OK:
+        return ExitCode(added)
+    return code
+
+
+def answer_exit_code(verdict: Verdict) -> ExitCode:
     """A classification's exit code; a measured answer (engaged, degraded) that is
     inconclusive is 12 whatever its classification, so an answer the measurement cannot
     stand behind never drains and never says "start" on its own; "not used by NCCL" drains
@@ -156,7 +171,9 @@ def verdict_exit_code(verdict: Verdict) -> ExitCode:
 def main_cause(verdict: Verdict) -> str:
     """The one line that says why the answer is what it is: for an inconclusive one, what
     made it so; for an engaged one with warnings, the first warning; else the first likely
-    cause, else the first evidence line."""
+    cause, else the first evidence line; check --gin's answer where it set the exit code."""
+    if verdict.gin is not None and verdict.exit_code != answer_exit_code(verdict):
+        return verdict.gin.summary
     if verdict.exit_code == ExitCode.INCONCLUSIVE:
         lines = [line for line in verdict.evidence if line.startswith("inconclusive:")]
     elif verdict.exit_code == ExitCode.PERFORMANCE_WARNING:
@@ -242,6 +259,7 @@ class CheckReport:
     latency: LatencyCheck | None = None        # check --latency
     read: ReadCheck | None = None              # check --read
     bidir: ReadCheck | None = None             # check --bidir: both ends WRITEing at once
+    gin: GinCheck | None = None                # check --gin: can this GPU ring this NIC's doorbell
 
 
 # ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------

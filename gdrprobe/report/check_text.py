@@ -7,6 +7,7 @@ from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
 from gdrprobe.report.check import (DIRECTION_WORDS, NOT_TESTABLE, ArmReport, CheckReport,
                                    FloorCheck, LatencyCheck, NodeCheckReport, NodeGpuCheck,
                                    RailsReport, RankPair, Verdict, main_cause)
+from gdrprobe.report.gin import GinCheck
 from gdrprobe.report.model import RunSettings
 from gdrprobe.report.text import RULE
 
@@ -70,6 +71,19 @@ def render_extras(report: CheckReport) -> list[str]:
         lines.append(f" {title} A/B: {read.outcome}{ratio}"
                      + (f" ({read.detail})" if read.detail else ""))
     lines += [f" warning: {line}" for line in report.verdict.warnings]
+    if report.gin is not None:
+        lines += render_gin(report.gin)
+    return lines
+
+
+def render_gin(gin: GinCheck) -> list[str]:
+    """check --gin: the doorbell registration, each call with its result, and what it adds."""
+    added = (f"; exit {gin.exit_code}: {SCHEDULER_ACTION[gin.exit_code]}"
+             if gin.exit_code is not None else "")
+    lines = [f" GIN doorbell ({gin.outcome}{added}): {gin.summary}"]
+    lines += [f"   {call}" for call in gin.calls]
+    if gin.predicted:
+        lines.append(f"   the doctor predicted: {gin.predicted}")
     return lines
 
 

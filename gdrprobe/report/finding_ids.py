@@ -19,6 +19,7 @@ IOMMU = "iommu"
 ACS = "acs"
 NCCL = "nccl"
 NIC = "nic"
+GIN = "gin"
 ACCESS = "access"
 
 # ---- topology: where the GPUs and NICs sit --------------------------------------------
@@ -76,6 +77,10 @@ NIC_PORTS = "nic.ports"
 NIC_DEV_INFINIBAND = "nic.dev_infiniband"
 NIC_MLX5_SCATTER_TO_CQE = "nic.mlx5_scatter_to_cqe"
 
+# ---- gin: GPU-initiated networking (NCCL's GIN, NVSHMEM's IBGDA) -----------------------
+GIN_DRIVER_PARAMS = "gin.driver_params"
+GIN_NODE = "gin.node"
+
 # ---- the runner's own ---------------------------------------------------------------------
 ACCESS_DENIED = "access.denied"
 
@@ -122,6 +127,16 @@ def nccl_gpu(bdf: str) -> str:
 def nccl_data_direct_domain(bdf: str) -> str:
     """A GPU whose NCCL network device is a data-direct one in another PCI domain."""
     return f"nccl.gpu.{bdf}.data_direct_domain"
+
+
+def gin_gpu(bdf: str) -> str:
+    """The GIN mode NCCL takes for one GPU."""
+    return f"gin.gpu.{bdf}"
+
+
+def gin_nvshmem(bdf: str) -> str:
+    """The doorbell handler NVSHMEM's IBGDA takes for one GPU."""
+    return f"gin.nvshmem.{bdf}"
 
 
 def nic_port(device: str, port: str, what: str) -> str:

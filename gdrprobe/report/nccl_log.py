@@ -85,6 +85,26 @@ class LogLine:
 
 
 @dataclasses.dataclass(frozen=True)
+class GinHost:
+    """What the log says of GPU-initiated networking on one host (gdrprobe.nccl.log_gin)."""
+
+    host: str
+    mode: str                         # GPU-initiated, CPU proxy, none, GDAKI with the doorbell not logged
+    backend: str | None               # GDAKI, proxy, EFA-GDA, as NCCL assigned it
+    plugin: str | None                # NCCL's name for the GIN plugin: GIN_IB_GDAKI, Libfabric ...
+    why: str
+    reasons: tuple[str, ...]          # NCCL's words where GIN was refused
+    cpu_proxy_lines: int              # DOCA GPUNetIO's "Enabling CPU proxy mode"
+    gdaki_qps: int                    # GDAKI's "Created a QP" lines
+
+
+@dataclasses.dataclass(frozen=True)
+class GinLog:
+    mode: str                         # one mode for every host, or "mixed: ..."
+    hosts: tuple[GinHost, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class NcclLogReport:
     kind = "nccl-log"
     source: str
@@ -113,6 +133,7 @@ class NcclLogReport:
     lines_read: int
     conclusions: tuple[str, ...]
     cannot_conclude: tuple[str, ...]
+    gin: GinLog | None = None         # GPU-initiated networking, where the log says something of it
 
     @property
     def exit_code(self) -> int:

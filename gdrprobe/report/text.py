@@ -10,7 +10,7 @@ from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import (BandwidthResult, ClusterPair, ClusterReport,
                                    DeviceReport, DoctorReport, Finding, LatencyABReport,
                                    LatencyResult, RunReport, Status)
-from gdrprobe.report.nccl_log import ChannelUse, NcclLogReport, NicUse
+from gdrprobe.report.nccl_log import ChannelUse, GinLog, NcclLogReport, NicUse
 
 
 def render_devices(report: DeviceReport) -> str:
@@ -140,10 +140,21 @@ def render_nccl_log(report: NcclLogReport) -> str:
     if report.channels:
         lines.append("channels:")
         lines += [f"  {render_channel(channel, several_hosts)}" for channel in report.channels]
+    if report.gin is not None:
+        lines += render_gin_log(report.gin, several_hosts)
     lines += ["what the log shows:"] + [f"  - {text}" for text in
                                           report.conclusions or ("nothing about GPUDirect RDMA",)]
     lines += ["what it cannot show:"] + [f"  - {text}" for text in report.cannot_conclude]
     return "\n".join(lines)
+
+
+def render_gin_log(gin: GinLog, several_hosts: bool) -> list[str]:
+    """GPU-initiated networking: one line overall, one per host where there are several."""
+    lines = [f"GIN (GPU-initiated networking): {gin.mode}"]
+    for host in gin.hosts:
+        where = f"{host.host or '(no host in the line)'}: {host.mode}: " if several_hosts or len(gin.hosts) > 1 else ""
+        lines.append(f"  {where}{host.why}" if host.why else f"  {where}".rstrip(": "))
+    return [line for line in lines if line.strip()]
 
 
 NIC_ROWS = 32     # more NICs than this (a large job's merged log) print one row per NIC name

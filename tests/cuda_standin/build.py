@@ -1,4 +1,4 @@
-"""Compile the stand-in libcuda.so.1 (standin.c, standin_vmm.c) at test time.
+"""Compile the stand-in libcuda.so.1 (standin.c, standin_vmm.c, standin_host.c) at test time.
 
 Each variant lands in its own directory, named after a hash of the source and the flags,
 under the system's temporary directory: put that directory first on LD_LIBRARY_PATH and
@@ -13,7 +13,7 @@ import pathlib
 from tests.standin_build import build_once
 
 HERE = pathlib.Path(__file__).parent
-SOURCES = [HERE / "standin.c", HERE / "standin_vmm.c"]
+SOURCES = [HERE / "standin.c", HERE / "standin_vmm.c", HERE / "standin_host.c"]
 HEADER = HERE / "standin.h"
 # The lab's dma-buf exporter interface (lab/dmabuf/gdr_dmabuf_uapi.h), which the stand-in
 # exports through where that module is loaded.

@@ -40,6 +40,7 @@ def load_standin():
     library.standin_vmm_gdr_capable.argtypes = [ctypes.c_ulonglong]
     library.standin_vmm_state.argtypes = [ctypes.c_ulonglong]
     library.standin_vmm_handle_types.argtypes = [ctypes.c_ulonglong]
+    library.standin_iomemory_asked.restype = ctypes.c_long
     return library
 
 

@@ -216,6 +216,9 @@ static void attribute_setting(const char *key, int value) { standin_set_attribut
  *                              CUDA_ERROR_NO_DEVICE
  * GDRPROBE_STANDIN_FIRST_BUS   device 0's PCI bus in hex (default 3b), device d's that plus
  *                              d: where a lab guest has functions shown as GPUs (lab/rails.py)
+ * GDRPROBE_STANDIN_IOMEMORY    refused (or refused=N): cuMemHostRegister with IOMEMORY fails
+ *                              (standin_host.c), as where the driver may not map a NIC's MMIO
+ *                              for the GPU; accepted (the default) registers it
  */
 static void apply_environment(void)
 {
@@ -240,6 +243,7 @@ static void apply_environment(void)
         standin_set_devices(atoi(text));
     if ((text = getenv("GDRPROBE_STANDIN_FIRST_BUS")))
         first_bus = (int)strtol(text, NULL, 16);
+    host_apply_environment();
 }
 
 void standin_set_devices(int count)
@@ -262,7 +266,7 @@ int standin_flushes(void) { return flushes; }
 
 int standin_live(int kind)
 {
-    int live = kind < 0 ? vmm_live() : 0;
+    int live = kind < 0 ? vmm_live() + host_live() : 0;
     for (int i = 0; i < MAX_ALLOCATIONS; i++)
         if (allocations[i].kind != KIND_NONE && (kind < 0 || (int)allocations[i].kind == kind))
             live++;
@@ -334,6 +338,7 @@ void standin_reset(void)
     compute_held = pcie_mapping_refused = export_short = 0;
     current = NULL;
     vmm_reset();
+    host_reset();
     apply_environment();
 }
 
@@ -786,7 +791,8 @@ static void *resolve(const char *symbol)
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         if (strcmp(entries[i].name, symbol) == 0)
             return entries[i].function;
-    return vmm_entry(symbol);
+    void *found = vmm_entry(symbol);
+    return found ? found : host_entry(symbol);
 }
 
 #ifndef STANDIN_NO_PROC_ADDRESS_V2

@@ -1,6 +1,7 @@
 /*
  * What the stand-in libcuda.so.1's files share (standin.c: the driver and its controls;
- * standin_vmm.c: the virtual memory management calls). Binding call shapes, not a GPU.
+ * standin_vmm.c: the virtual memory management calls; standin_host.c: host registration).
+ * Binding call shapes, not a GPU.
  * Shared symbols are hidden: only the driver's entry points and the standin_* controls
  * leave the library.
  */
@@ -53,5 +54,16 @@ HIDDEN int vmm_live(void);
 HIDDEN void vmm_reset(void);
 /* The VMM entry point called name, or NULL. */
 HIDDEN void *vmm_entry(const char *name);
+
+/* ---- standin_host.c ---- */
+
+/* The host registration entry point called name, or NULL. */
+HIDDEN void *host_entry(const char *name);
+/* Host ranges still registered. */
+HIDDEN int host_live(void);
+/* Forget every registration and the IOMEMORY setting. */
+HIDDEN void host_reset(void);
+/* GDRPROBE_STANDIN_IOMEMORY. */
+HIDDEN void host_apply_environment(void);
 
 #endif

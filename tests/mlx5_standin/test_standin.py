@@ -66,3 +66,20 @@ def test_a_library_without_mlx5_1_25_is_no_data_direct():
     if system.get_data_direct_sysfs_path is not None:
         pytest.skip("this machine's libmlx5 has MLX5_1.25")
     assert system.refusal(system.mlx5_reg_dmabuf_mr) == errno.EOPNOTSUPP
+
+
+def test_a_doorbell_page_comes_at_mlx5_1_7_in_nccls_order_and_is_freed(library, monkeypatch):
+    """mlx5dv_devx_alloc_uar / _free_uar (MLX5_1.7): flags checked as rdma-core checks them,
+    NCCL's order (non-cached dedicated, then non-cached), the register at 0x800 in the page."""
+    live = ctypes.CDLL(library.mlx5._name).standin_mlx5_live_uars
+    with mlx5dv.alloc_doorbell(library, None) as doorbell:
+        assert doorbell.kind == "non-cached dedicated" and doorbell.address % 4096 == 0x800
+        assert live() == 1
+    assert live() == 0
+    alloc, _ = mlx5dv.uar_calls(library)
+    ctypes.set_errno(0)
+    assert not alloc(None, 0x4) and ctypes.get_errno() == errno.EOPNOTSUPP      # no such type
+    monkeypatch.setenv("GDRPROBE_MLX5_STANDIN_UAR_ERRNO", str(errno.EPERM))
+    with pytest.raises(mlx5dv.NoDoorbell, match="EPERM.*EPERM"):
+        mlx5dv.alloc_doorbell(library, None)
+    assert live() == 0

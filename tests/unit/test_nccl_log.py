@@ -70,6 +70,12 @@ EXPECTED = [
     ("rccl-2.21.5-gdrdma-not-enabled.log", "2.21.5", "gdr-none", ExitCode.VERDICT_NOT_OK),
     ("rccl-2.21.5-dmabuf.log", "2.21.5", "gdr-all", ExitCode.OK),
     ("rccl-2.21.5-kernel-config.log", "2.21.5", "gdr-unavailable", ExitCode.VERDICT_NOT_OK),
+    ("gin-gdaki-cpu-proxy-nccl-2.30.7.log", "2.30.7", "gdr-all", ExitCode.OK),
+    ("gin-gdaki-nccl-2.29.7.log", "2.29.7", "gdr-all", ExitCode.OK),
+    ("gin-disabled-nccl-2.29.7.log", "2.29.7", "gdr-all", ExitCode.OK),
+    ("gin-unavailable-nccl-2.30.7.log", "2.30.7", "gdr-none", ExitCode.VERDICT_NOT_OK),
+    ("gin-proxy-nccl-2.28.7.log", "2.28.7", "gdr-all", ExitCode.OK),
+    ("gin-efa-gda-aws-ofi-nccl-2.31.2.log", "2.31.2", "gdr-all", ExitCode.OK),
 ]
 
 

@@ -44,6 +44,7 @@ ENVIRON_FILE = CAPTURE_DIR + "/environ.json"
 NVML_FACTS_FILE = CAPTURE_DIR + "/nvml.json"
 NIC_FACTS_FILE = CAPTURE_DIR + "/nics.json"
 NCCL_FACTS_FILE = CAPTURE_DIR + "/nccl.json"
+GIN_FACTS_FILE = CAPTURE_DIR + "/gin.json"
 
 
 class DoctorContext:
@@ -238,6 +239,25 @@ class DoctorContext:
                            self.nccl_rules.bcm_flatten)
 
     @functools.cached_property
+    def gin_facts(self) -> dict[str, Any]:
+        """GIN's live facts on an EFA node (libfabric's fi_version(), the aws-ofi-nccl plugin;
+        :mod:`gdrprobe.doctor.facts.gin`), live or captured; {} elsewhere."""
+        from gdrprobe.doctor.facts.gin import collect_gin_facts, nic_provider
+
+        if not self.live:
+            return self.captured(GIN_FACTS_FILE) or {}
+        devices = ((self.nic_facts or {}).get("data_direct") or {}).get("devices") or {}
+        efa = any(nic_provider(self.root, nic.name, devices)[0] == "efa" for nic in self.topology.nics)
+        return collect_gin_facts(self.root, self.environ, efa)
+
+    @functools.cached_property
+    def gin_node(self):
+        """What GIN's rules read of this node (:mod:`gdrprobe.nccl.gin`)."""
+        from gdrprobe.doctor.facts.gin import gin_node
+
+        return gin_node(self, self.gin_facts)
+
+    @functools.cached_property
     def nccl_decisions(self) -> tuple[NcclGpuDecision, ...]:
         """Per GPU: the NIC NCCL uses, through which path, and whether with GPUDirect RDMA."""
         return decide(self.nccl_node, self.environ, self.nccl_rules)
@@ -250,7 +270,7 @@ class DoctorContext:
             return
         environ = [ENVIRON_FILE] if self._environ is None else []
         for path in (*environ, self.gpu_collector.FACTS_FILE, NVML_FACTS_FILE, NIC_FACTS_FILE,
-                     NCCL_FACTS_FILE):
+                     NCCL_FACTS_FILE, GIN_FACTS_FILE):
             self.captured(path)
 
     def captured(self, path: str) -> Any:

@@ -50,6 +50,9 @@ def device_facts(module, ordinal: int) -> dict:
             # NCCL's send-side GDR default depends on it (paths.cc ncclTopoCheckGdr: sm80).
             "compute_capability_major": device_attribute(module, device, "COMPUTE_CAPABILITY_MAJOR"),
             "compute_capability_minor": device_attribute(module, device, "COMPUTE_CAPABILITY_MINOR"),
+            # NCCL turns GIN off without it (src/init.cc globalCuMemGdrSupport; nccl/gin.py).
+            "gpu_direct_rdma_with_cuda_vmm_supported": device_attribute(
+                module, device, "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED"),
             **read_attributes(module, device).as_dict()}
 
 

@@ -91,7 +91,7 @@ def test_nccls_decision_takes_the_facts_as_data():
 def test_the_runner_names_its_checks_as_modules_in_flowchart_order():
     assert all(isinstance(check, types.ModuleType) for check in runner.CHECKS)
     assert runner.GROUP_ORDER == (ids.TOPOLOGY, ids.STACK, ids.GPU, ids.MEMLOCK, ids.IOMMU, ids.ACS,
-                                  ids.NCCL, ids.NIC, ids.ACCESS)
+                                  ids.NCCL, ids.NIC, ids.GIN, ids.ACCESS)
     check_files = {path.stem for path in (PACKAGE / "doctor" / "checks").glob("*.py")}
     assert {check.__name__.rsplit(".", 1)[1] for check in runner.CHECKS} == check_files - {
         "__init__", "probe_needs"}
