@@ -29,6 +29,7 @@ from typing import Callable
 from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MemorySpec
+from gdrprobe.nccl import params
 from gdrprobe.nccl.decision import (OPT_IN_SETTINGS, SOCKET_PATH, NodeFacts, decide, environment_refusal,
                                     transport_refusal)
 from gdrprobe.nccl.flush import NcclFlush, unknown_decision
@@ -86,7 +87,7 @@ def without(environ: Mapping[str, str], names) -> dict[str, str]:
 
 
 def nccl_names(environ: Mapping[str, str]) -> list[str]:
-    return sorted(name for name in environ if name.startswith("NCCL_"))
+    return params.library_variables(environ)
 
 
 def culprits(environ: Mapping[str, str], would_use: WouldUse, source: Callable[[str], str]) -> tuple[str, ...]:

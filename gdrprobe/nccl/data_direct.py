@@ -29,11 +29,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gdrprobe.errors import errno_label
-from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl import params
 from gdrprobe.nccl.versions import DATA_DIRECT_ONLY_SINCE, DATA_DIRECT_SINCE, NcclRules
 
-VARIABLE = "NCCL_IB_DATA_DIRECT"
-DEFAULT = 1
+VARIABLE = params.IB_DATA_DIRECT.name
+DEFAULT = params.IB_DATA_DIRECT.default()
 BOTH = 2                     # NCCL_IB_DATA_DIRECT=2: the device and <dev>_dma (2.28.3 on)
 SUFFIX = "_dma"              # init.cc: snprintf(devName, "%s_dma", devices[d]->name)
 ORDINARY, DATA_DIRECT = "ordinary", "data-direct"
@@ -77,7 +77,7 @@ def read_probe(result: Mapping[str, Any] | None, library_error: str | None = Non
 
 
 def setting(environ: Mapping[str, str]) -> int:
-    return int_param(environ, VARIABLE, DEFAULT)
+    return params.IB_DATA_DIRECT.number(environ)
 
 
 def exposed(rules: NcclRules, environ: Mapping[str, str]) -> tuple[str, ...]:

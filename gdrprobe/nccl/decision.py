@@ -59,7 +59,8 @@ from collections.abc import Collection, Mapping
 
 from gdrprobe.nccl import data_direct
 from gdrprobe.nccl.cparse import atoi
-from gdrprobe.nccl.env import int_param, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl import params
+from gdrprobe.nccl.env import netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import MemoryPaths
 from gdrprobe.nccl.local_choice import Paths, local
 from gdrprobe.nccl.nets import Net, NetBuilder, data_direct_net, physical_nets
@@ -73,7 +74,7 @@ SOCKET_PATH = "socket"     # the decision's path where NCCL's socket transport c
 # Settings NCCL leaves off by design and a job turns on to get GPUDirect: MLO partitions get
 # none unless NCCL_NET_GDR_MLOPART is set (paths.cc ncclTopoCheckGdr, 2.30.7). Off under
 # them is NCCL's policy, not a fault of the node.
-OPT_IN_SETTINGS = {"NCCL_NET_GDR_MLOPART": "1"}
+OPT_IN_SETTINGS = {params.NET_GDR_MLOPART.name: "1"}
 MLOPART = "MLOPart"        # src/init.cc fillInfo: strstr(prop.name, "MLOPart")
 
 
@@ -163,7 +164,7 @@ class Machine:
         data_direct_devices = tuple(facts.data_direct.values())
         self.tree = NcclPciTree(facts.gpus + facts.nics + data_direct_devices, dict(facts.switch_ids),
                                 self.rules.bcm_flatten)
-        hca = environ.get("NCCL_IB_HCA")
+        hca = params.IB_HCA.raw(environ)
         self.hca = parse_hca_filter(hca) if hca is not None else None
         physical = [net for nic in facts.nics for net in self.nic_nets(nic)]
         # ncclTopoGetPath compares places in NCCL's XML, before any switch is flattened.
@@ -368,9 +369,9 @@ class Machine:
         (-2, any negative) needs an NVLink peer among the communicator's GPUs, unless the GPU
         is its only one: from 2.19.1 only before sm80, on every GPU before
         (versions.NcclRules.gdr_read_pre_ampere_only)."""
-        setting = int_param(self.environ, "NCCL_NET_GDR_READ", -2)
+        setting = params.NET_GDR_READ.number(self.environ)
         if setting == 0:
-            return f"NCCL_NET_GDR_READ={self.environ['NCCL_NET_GDR_READ']} turns send-side GDR off"
+            return f"NCCL_NET_GDR_READ={params.NET_GDR_READ.raw(self.environ)} turns send-side GDR off"
         cc = self.capability(gpu)
         pre_ampere_only = self.rules.gdr_read_pre_ampere_only
         if (setting > 0 or len(self.gpus) == 1 or not self.rules.gdr_read_needs_nvlink
@@ -566,11 +567,11 @@ def transport_refusal(environ: Mapping[str, str], rules: NcclRules | None = None
     (:meth:`gdrprobe.nccl.versions.NcclRules.selects_socket`): every byte then goes through
     host memory."""
     rules = rules or NcclRules()
-    if int_param(environ, "NCCL_IB_DISABLE", 0) != 0:
-        return (f"NCCL_IB_DISABLE={environ['NCCL_IB_DISABLE']} turns NCCL's InfiniBand/RoCE transport off "
+    if params.IB_DISABLE.number(environ) != 0:
+        return (f"NCCL_IB_DISABLE={params.IB_DISABLE.raw(environ)} turns NCCL's InfiniBand/RoCE transport off "
                 "(net_ib/init.cc ncclIbInitDevices): NCCL sends through sockets in host memory")
     if rules.selects_socket(environ):
-        return (f"NCCL_NET={environ['NCCL_NET']} selects the socket transport (plugin/net.cc ncclNetInit): "
+        return (f"NCCL_NET={params.NET.raw(environ)} selects the socket transport (plugin/net.cc ncclNetInit): "
                 "NCCL sends through host memory")
     return None
 

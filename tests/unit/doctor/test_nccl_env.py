@@ -7,7 +7,8 @@ from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
 from gdrprobe.nccl.cparse import strtoll
-from gdrprobe.nccl.env import gdr_level, int_param
+from gdrprobe.nccl.env import gdr_level
+from gdrprobe.nccl.params import NET_GDR_READ
 from gdrprobe.report.model import Status
 
 
@@ -76,7 +77,7 @@ def test_gdr_level_legacy_digits():
 def test_numbers_are_read_with_strtoll_base_0(text, value):
     """src/misc/param.cc ncclLoadParam: strtoll(str, NULL, 0); ERANGE keeps the default."""
     assert strtoll(text) == value
-    assert int_param({"NCCL_X": text}, "NCCL_X", 7) == (7 if value is None else value)
+    assert NET_GDR_READ.number({"NCCL_NET_GDR_READ": text}) == (-2 if value is None else value)
 
 
 @pytest.mark.parametrize("text, level", [("08", "LOC"), ("0x2", "PXB"), ("010", "SYS"), ("03", "PHB")])
