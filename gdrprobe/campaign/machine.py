@@ -105,7 +105,7 @@ def follow_nccl(memory: MemorySpec, facts: MachineFacts | None) -> MemorySpec:
     mechanism is left to gdrprobe (:func:`gdrprobe.campaign.nccl_use.as_nccl_registers`)."""
     if facts is None or memory.kind != "gpu":
         return memory
-    return as_nccl_registers(memory, nccl_use_of(facts, memory.gpu))
+    return as_nccl_registers(memory, nccl_use_of(facts, memory.gpu), facts.nccl_rules, facts.nccl_environ)
 
 
 def receive_flush_of(ctx):

@@ -4,7 +4,7 @@ this node?
 
 The doctor decides, by NCCL's rules, the NIC, the path, GDR for receives and sends and the
 registration (DMA-BUF or peer memory) of every GPU (:mod:`gdrprobe.nccl.decision`). Some
-settings decide alone, whatever the topology (:func:`gdrprobe.nccl.decision.environment_refusal`:
+settings decide alone, whatever the topology (:func:`gdrprobe.nccl.refusals.environment_refusal`:
 ``NCCL_IB_DISABLE``, ``NCCL_NET=Socket``, a GDR level no path reaches): their answer holds
 for every GPU the job has, also where the topology could not be read.
 
@@ -29,9 +29,9 @@ from typing import Callable
 from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MemorySpec
-from gdrprobe.nccl import params
-from gdrprobe.nccl.decision import (OPT_IN_SETTINGS, SOCKET_PATH, NodeFacts, decide, environment_refusal,
-                                    transport_refusal)
+from gdrprobe.nccl import data_direct, params
+from gdrprobe.nccl.decision import OPT_IN_SETTINGS, SOCKET_PATH, NodeFacts, decide
+from gdrprobe.nccl.refusals import environment_refusal, transport_refusal
 from gdrprobe.nccl.flush import NcclFlush, unknown_decision
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report import finding_ids
@@ -138,6 +138,7 @@ def decided_use(decision: NcclGpuDecision, environ: Mapping[str, str], decisions
                   # on a PCIe path (nccl/decision.py gdr_mode "pci").
                   pcie_mapping=decision.gdr_mode == "pci", reasons=direction_reasons(decision),
                   mechanism=decision.mechanism, mechanism_reason=decision.mechanism_reason,
+                  data_direct=decision.data_direct is not None,
                   **flush_fields(context.flush_of(decision) if context.flush_of else None))
     if uses_gdr(decision):
         return NcclUse(**common)
@@ -203,12 +204,26 @@ def receive_flush(use: NcclUse | None) -> str:
     return use.flush_rule if use.flush else ""
 
 
-def as_nccl_registers(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
+def as_nccl_registers(memory: MemorySpec, use: NcclUse | None, rules: NcclRules | None = None,
+                      environ: Mapping[str, str] | None = None) -> MemorySpec:
     """A GPU buffer whose mechanism was left to gdrprobe (``--mem gpu``) registered as NCCL
     registers it: through the mechanism NCCL's decision names, with its rule and release as
     the reason. An explicit mechanism, host memory, memory NCCL never registers (managed,
-    pinned host), or no GDR in NCCL's decision: as is."""
-    if (memory.kind != "gpu" or memory.mechanism != "auto" or memory.memory_type != GPUDIRECT_PROOF_MEMORY
-            or use is None or use.mechanism is None):
+    pinned host), or no GDR in NCCL's decision: as is. Any DMA-BUF (auto or asked) on the
+    face of a data-direct NIC NCCL registers on (:func:`with_nccl_face`)."""
+    if (memory.kind == "gpu" and memory.mechanism == "auto" and memory.memory_type == GPUDIRECT_PROOF_MEMORY
+            and use is not None and use.mechanism is not None):
+        memory = dataclasses.replace(memory, mechanism=use.mechanism, reason=use.mechanism_reason)
+    return with_nccl_face(memory, use, rules, environ or {})
+
+
+def with_nccl_face(memory: MemorySpec, use: NcclUse | None, rules: NcclRules | None,
+                   environ: Mapping[str, str]) -> MemorySpec:
+    """A DMA-BUF registration (asked, or left to gdrprobe) on a data-direct NIC made on the
+    face NCCL registers on (:func:`gdrprobe.nccl.data_direct.nccl_face`): the decision's
+    device for this GPU where there is one, else the release's and environment's."""
+    if memory.kind != "gpu" or memory.mechanism not in ("auto", "dmabuf"):
         return memory
-    return dataclasses.replace(memory, mechanism=use.mechanism, reason=use.mechanism_reason)
+    decided = None if use is None or use.nic is None else use.data_direct
+    face, why = data_direct.nccl_face(rules or NcclRules(), environ, decided)
+    return dataclasses.replace(memory, nic_face=face, nic_face_reason=why)

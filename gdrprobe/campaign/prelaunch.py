@@ -128,11 +128,11 @@ def send_gpu(pair: RankPair, use: NcclUse | None,
     return use.via_gpu, why
 
 
-def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
+def as_nccl_exports(memory: MemorySpec, use: NcclUse | None, facts: MachineFacts) -> MemorySpec:
     """A GPU buffer registered and exported as NCCL will: through NCCL's mechanism where
     --mem gpu leaves it open (nccl_use.as_nccl_registers), with the PCIe mapping type where
     NCCL asks for it (a C2C system's GPU on a PCIe path to its NIC)."""
-    memory = as_nccl_registers(memory, use)
+    memory = as_nccl_registers(memory, use, facts.nccl_rules, facts.nccl_environ)
     if memory.kind != "gpu" or use is None or not use.pcie_mapping:
         return memory
     return dataclasses.replace(memory, pcie_mapping=True)
@@ -319,8 +319,8 @@ def plan_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan) -> PairPlan:
     use = nccl_use_of(facts, pair.gpu)
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.runtime_bus_ids)
-    local = as_nccl_exports(gate.send.spec(sender) if sender is not None else HOST, use)
-    remote = as_nccl_exports(gate.receive.spec(pair.gpu), use)
+    local = as_nccl_exports(gate.send.spec(sender) if sender is not None else HOST, use, facts)
+    remote = as_nccl_exports(gate.receive.spec(pair.gpu), use, facts)
     port = gate.endpoint.port
     gid_index, nic_reason = gate.endpoint.gid_index, pair.nic_reason
     nccl_gid = nccl_gid_index(facts, nic, port)

@@ -48,6 +48,23 @@ def gpu_allocation(environ: Mapping[str, str]) -> str:
     return "vmm" if setting > 0 or setting == -2 else "malloc"
 
 
+# ncclIsCuMemSupported (src/misc/cudawrap.cc): "Need CUDA_VISIBLE_DEVICES support"
+VMM_MIN_DRIVER = 12000
+
+
+def vmm_unsupported(driver: int, vmm_attribute: int | None) -> str | None:
+    """Why ncclIsCuMemSupported says no, where it does: the CUDA driver before 12.0, or the
+    GPU without CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED; NCCL_CUMEM_ENABLE's
+    default (-2) then allocates with cudaMalloc. None: VMM is supported."""
+    if driver < VMM_MIN_DRIVER:
+        return (f"the driver is CUDA {driver // 1000}.{driver % 1000 // 10} and NCCL allocates with VMM "
+                "from CUDA 12.0 on")
+    if not vmm_attribute:
+        return (f"the GPU does not support VMM (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED="
+                f"{vmm_attribute})")
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class GdrLevel:
     """The threshold NCCL_NET_GDR_LEVEL sets: GDR is used up to and including ``name``."""

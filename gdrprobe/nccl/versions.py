@@ -44,7 +44,8 @@ tag whose source has the newer rule (the file and function are in each property'
 - NCCL_NET: matched case-insensitively from 2.13.4 (``src/net.cc``, later
   ``src/plugin/net.cc`` ncclNetInit: strcasecmp), exactly before (strcmp).
 - mlx5 data-direct devices (``<dev>_dma``, NCCL_IB_DATA_DIRECT): from 2.27.3, exposed beside
-  the device; from 2.28.3 instead of it by default (:mod:`gdrprobe.nccl.data_direct`).
+  the device; from 2.27.6 instead of it by default; from 2.28.3 a lookup error other than
+  ENODEV stops the IB transport (:mod:`gdrprobe.nccl.data_direct`).
 - NCCL_NETDEVS_POLICY and the channel spread it sets: from 2.28.3 (``topo.cc``
   ncclTopoGetLocalNetType); an older NCCL spreads channels over NICs differently, which
   the decision does not model.
@@ -89,7 +90,8 @@ CUMEM_SINCE: Version = params.CUMEM_ENABLE.since
 CUMEM_AUTO_SINCE: Version = params.CUMEM_ENABLE.first_with(-2)
 NETDEVS_POLICY_SINCE: Version = params.NETDEVS_POLICY.since
 DATA_DIRECT_SINCE: Version = params.IB_DATA_DIRECT.since
-DATA_DIRECT_ONLY_SINCE: Version = (2, 28, 3)
+DATA_DIRECT_ALONE_SINCE: Version = (2, 27, 6)           # NCCL_IB_DATA_DIRECT=1: <dev>_dma alone
+DATA_DIRECT_LOOKUP_FATAL_SINCE: Version = (2, 28, 3)    # a lookup error stops the IB transport
 # GPU-initiated networking (gdrprobe.nccl.gin cites each): src/gin/ from 2.28.7 (2.28.3 has
 # none); the GPU-memory gate of its backends and the CUDA VMM GPUDirect attribute from 2.29.7;
 # Volta or newer from 2.30.3; no MLO partition from 2.30.7; no GIN with fused NICs in
@@ -345,8 +347,10 @@ class NcclRules:
             (BCM_FLATTEN_SINCE, "no Broadcom switch is flattened", None),
             (BCM_GEN5_SINCE, "Broadcom Gen5 switches are not flattened", BCM_FLATTEN_SINCE),
             (DATA_DIRECT_SINCE, "no mlx5 data-direct devices (<dev>_dma): NCCL_IB_DATA_DIRECT is ignored", None),
-            (DATA_DIRECT_ONLY_SINCE, "a data-direct NIC is opened twice by default, as itself and as <dev>_dma",
+            (DATA_DIRECT_ALONE_SINCE, "a data-direct NIC is opened twice by default, as itself and as <dev>_dma",
              DATA_DIRECT_SINCE),
+            (DATA_DIRECT_LOOKUP_FATAL_SINCE, "a data-direct lookup error (not ENODEV) counts as no data-direct "
+                                             "device instead of stopping the IB transport", DATA_DIRECT_SINCE),
             (NETDEVS_POLICY_SINCE, "channels spread over NICs by an older rule the doctor does not model", None),
         )
         return tuple(f"{what} (changed in {dotted(since)})" for since, what, needs in checks

@@ -26,7 +26,8 @@ import functools
 
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.nccl import data_direct, effects, params
-from gdrprobe.nccl.decision import SOCKET_PATH, decide, level_refusal
+from gdrprobe.nccl.decision import SOCKET_PATH, decide
+from gdrprobe.nccl.refusals import level_refusal
 from gdrprobe.nccl.env import GdrLevel, netdevs_policy, parse_hca_filter
 from gdrprobe.nccl.flush import data_direct_net
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
@@ -254,12 +255,13 @@ def channel_words(decision: NcclGpuDecision) -> str:
 
 
 def socket_finding(decision: NcclGpuDecision) -> Finding:
-    """A GPU whose traffic NCCL's settings send through its socket transport: the per-GPU
-    answer agrees with the variable's finding."""
+    """A GPU whose traffic NCCL sends through its socket transport: the per-GPU answer agrees
+    with the variable's finding, or with nccl.data_direct's where the node stops NCCL's IB."""
+    node = data_direct.LOOKUP in decision.why[0]
     return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
                    summary=f"{decision.gpu} ({decision.gpu_bdf}): NCCL moves this GPU's traffic through host memory, "
                            f"WITHOUT GPUDirect RDMA: {decision.why[0]}",
-                   evidence=(Evidence("why", decision.why[0]),), fix=UNSET_FIX)
+                   evidence=(Evidence("why", decision.why[0]),), fix=DATA_DIRECT_FIX if node else UNSET_FIX)
 
 
 def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_unregistered: bool = False,
@@ -438,15 +440,20 @@ def unused_reason(ctx, nic: str) -> str:
             "(NCCL_IB_HCA, or one with more bandwidth or a nearer path: see nccl.gpu.<bdf>)")
 
 
+DATA_DIRECT_FIX = (f"Set {data_direct.VARIABLE}=0 (NCCL then does not ask), or update the kernel's mlx5_ib and "
+                   "rdma-core together; NCCL before 2.28.3 treats the error as no data-direct (NVIDIA/nccl "
+                   "issue 1866).")
+
+
 def broken_init_finding(ctx, broken: list[str]) -> Finding:
     probes = ctx.data_direct_probes
     return finding(
         id=ids.NCCL_DATA_DIRECT, status=Status.FAIL,
         summary=f"{ctx.nccl_rules.described} fails to start its InfiniBand/RoCE transport: "
-                f"mlx5dv_get_data_direct_sysfs_path fails on {', '.join(broken)} with an error other than ENODEV",
+                f"{data_direct.LOOKUP} fails on {', '.join(broken)} with an error other than ENODEV: no GPU's "
+                "traffic takes an RDMA NIC",
         evidence=tuple(Evidence(nic, probes[nic].reason) for nic in broken),
-        fix=f"Set {data_direct.VARIABLE}=0 (NCCL then does not ask), or update the kernel's mlx5_ib and "
-            "rdma-core together; NCCL before 2.28.3 treats the error as no data-direct (NVIDIA/nccl issue 1866).")
+        fix=DATA_DIRECT_FIX)
 
 
 def usage_finding(ctx, found: list[str]) -> Finding:
@@ -482,7 +489,8 @@ def domain_findings(decisions) -> list[Finding]:
 
 def data_direct_findings(ctx) -> list[Finding]:
     probes = ctx.data_direct_probes
-    broken = [nic for nic, probe in probes.items() if data_direct.breaks_init(ctx.nccl_rules, ctx.environ, probe)]
+    broken = [nic for nic, probe in probes.items()
+              if data_direct.breaks_init(ctx.nccl_rules, ctx.environ, probe, ctx.ports.get(nic), nic)]
     if broken:
         return [broken_init_finding(ctx, broken)]
     found = [nic for nic, probe in probes.items() if probe.path]
