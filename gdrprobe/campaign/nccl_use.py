@@ -177,6 +177,21 @@ def environment_use(environ: Mapping[str, str], source: Callable[[str], str],
     return setting_caused(common, refusal, culprits(environ, would_use, source))
 
 
+def node_use(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None,
+             findings: Sequence = ()) -> NcclUse | None:
+    """Where the node keeps NCCL off its IB transport whatever the topology (a data-direct
+    lookup error, :func:`gdrprobe.nccl.data_direct.ib_init_failure`), the answer for any GPU
+    of the job, also one the doctor could not place (``gpu`` left empty); else None. The
+    node is the cause; the fix is nccl.data_direct's."""
+    refusal = data_direct.ib_init_failure(rules or NcclRules(), environ, facts.data_direct_errors, facts.ports)
+    if refusal is None:
+        return None
+    fixes = [f.fix for f in findings if f.id == finding_ids.NCCL_DATA_DIRECT and f.fix]
+    return NcclUse(gpu="", nic=None, path=SOCKET_PATH, via_gpu=None, receives=False, sends=False, firm=True,
+                   reasons=(f"receive: {refusal}", f"send: {refusal}"), cause=refusal, node_fault=True,
+                   fix=fixes[0] if fixes else "run 'gdrprobe doctor': its nccl.data_direct finding says what to fix")
+
+
 def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str], str],
               firm: bool, findings: Sequence = (), rules: NcclRules | None = None,
               flush_of: Callable[[NcclGpuDecision], NcclFlush] | None = None) -> dict[str, NcclUse]:

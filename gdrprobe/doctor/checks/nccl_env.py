@@ -473,7 +473,7 @@ def usage_finding(ctx, found: list[str]) -> Finding:
         summary=f"data-direct available but not used: {', '.join(unused)} "
                 f"{'has' if len(unused) == 1 else 'have'} a data-direct device NCCL does not send through",
         evidence=tuple(evidence),
-        fix=f"Use NCCL 2.28.3 or newer with {data_direct.VARIABLE} unset (or 1): NCCL then opens <dev>_dma alone, "
+        fix=f"Use NCCL 2.27.6 or newer with {data_direct.VARIABLE} unset (or 1): NCCL then opens <dev>_dma alone, "
             "at the data-direct path; on GB300-class nodes it carries NIC-to-GPU writes at PCIe speed.")
 
 

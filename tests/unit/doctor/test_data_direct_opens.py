@@ -112,6 +112,13 @@ def test_the_check_answers_not_used_by_nccl_a_node_fault_not_start(tmp_path):
     assert verdict.classification == NOT_USED and verdict.exit_code == ExitCode.VERDICT_NOT_OK
 
 
+def test_a_gpu_the_doctor_could_not_place_gets_the_same_answer(tmp_path):
+    broken_tray(tmp_path)
+    everywhere = machine_facts(str(tmp_path), {}).nccl_everywhere
+    assert everywhere.node_fault and everywhere.path == SOCKET_PATH and "NCCL_IB_DATA_DIRECT=0" in everywhere.fix
+    assert machine_facts(str(tmp_path), {"NCCL_IB_DISABLE": "1"}).nccl_everywhere.settings   # the setting first
+
+
 def test_the_variable_set_to_a_positive_value_is_still_the_node_s_fault(tmp_path):
     broken_tray(tmp_path)
     use = machine_facts(str(tmp_path), {"NCCL_IB_DATA_DIRECT": "1"}).nccl[GPU0]
