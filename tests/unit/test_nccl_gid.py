@@ -9,17 +9,7 @@ import pytest
 
 from gdrprobe.nccl import gid
 from gdrprobe.nccl.versions import NcclRules
-
-V4_A = "0000:0000:0000:0000:0000:ffff:0a4d:0001"          # ::ffff:10.77.0.1
-V4_B = "0000:0000:0000:0000:0000:ffff:c0a8:0101"          # ::ffff:192.168.1.1
-LINK_LOCAL = "fe80:0000:0000:0000:5054:00ff:fe00:0001"
-GLOBAL_V6 = "fd00:0000:0000:0000:5054:00ff:fe00:0001"
-V1, V2 = "RoCE v1", "RoCE v2"
-
-# The usual table of a RoCE port: each address as a RoCE v1 and a RoCE v2 GID.
-DUAL_STACK = [(0, LINK_LOCAL, V1), (1, LINK_LOCAL, V2), (2, V4_A, V1), (3, V4_A, V2),
-              (4, GLOBAL_V6, V1), (5, GLOBAL_V6, V2)]
-IPV6_ONLY = [(0, LINK_LOCAL, V1), (1, LINK_LOCAL, V2), (2, GLOBAL_V6, V1), (3, GLOBAL_V6, V2)]
+from tests.unit.fakes.gids import DUAL_STACK, GLOBAL_V6, IPV6_ONLY, LINK_LOCAL, V1, V2, V4_A, V4_B
 
 
 @pytest.mark.parametrize("table, preference, expected", [

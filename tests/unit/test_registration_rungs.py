@@ -164,27 +164,19 @@ def test_on_nccl_s_data_direct_device_a_refusal_is_not_engaged_never_plain_dmabu
     assert raised.value.cause.startswith("NCCL's only registration on <dev>_dma")
 
 
-def test_on_nccl_s_data_direct_device_the_rung_says_why(registrations):
+@pytest.mark.parametrize("face, why, rung", [
+    (data_direct.DATA_DIRECT, "NCCL uses mlx5_0_dma", rungs.DATA_DIRECT),
+    # NCCL_IB_DATA_DIRECT=0 (the doctor's own fix), an older release, or a decision for the
+    # device itself: ibv_reg_dmabuf_mr, the data-direct rung never tried
+    (data_direct.ORDINARY, "NCCL_IB_DATA_DIRECT=0: NCCL opens mlx5_0 alone", rungs.DMABUF)])
+def test_on_nccl_s_face_only_its_rung_is_tried_and_it_says_why(registrations, face, why, rung):
     calls, _ = registrations
     _, gpu = fake_gpu()
-    with DmaBufGpuMemory(gpu, 8192, data_direct=PATH, face=data_direct.DATA_DIRECT,
-                         face_reason="NCCL uses mlx5_0_dma") as memory:
+    with DmaBufGpuMemory(gpu, 8192, data_direct=PATH, face=face, face_reason=why) as memory:
         memory.register("pd")
         described = memory.describe()
-    assert calls == [rungs.DATA_DIRECT] and "NCCL uses mlx5_0_dma" in described["registration_rung_reason"]
-
-
-def test_where_nccl_opens_the_device_itself_a_data_direct_nic_registers_plain_dmabuf(registrations):
-    """NCCL_IB_DATA_DIRECT=0 (the doctor's own fix), an older release, or a decision for the
-    device itself: ibv_reg_dmabuf_mr, the data-direct rung never tried."""
-    calls, _ = registrations
-    _, gpu = fake_gpu()
-    with DmaBufGpuMemory(gpu, 8192, data_direct=PATH, face=data_direct.ORDINARY,
-                         face_reason="NCCL_IB_DATA_DIRECT=0: NCCL opens mlx5_0 alone") as memory:
-        memory.register("pd")
-        described = memory.describe()
-    assert calls == [rungs.DMABUF] and described["registration_rung"] == rungs.DMABUF
-    assert "NCCL_IB_DATA_DIRECT=0" in described["registration_rung_reason"]
+    assert calls == [rung] and described["registration_rung"] == rung
+    assert why in described["registration_rung_reason"]
 
 
 @pytest.mark.parametrize("face, expected", [
