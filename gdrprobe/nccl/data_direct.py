@@ -176,14 +176,15 @@ def placement_note(label: str, ibdev: str, bdf: str, rules: NcclRules, environ: 
 def nccl_face(rules: NcclRules, environ: Mapping[str, str], decided: bool | None) -> tuple[str, str]:
     """(face, why): the face of a data-direct NIC on which NCCL registers a GPU's DMA-BUF,
     DATA_DIRECT (``<dev>_dma``: mlx5dv_reg_dmabuf_mr with DATA_DIRECT, no fallback) or
-    ORDINARY (the device: ibv_reg_dmabuf_mr); "" where NCCL opens both and no decision says
-    which it uses for this GPU. decided: whether NCCL's decision for the GPU uses the
-    ``<dev>_dma`` device (None: no decision for this NIC)."""
+    ORDINARY (the device: ibv_reg_dmabuf_mr). Where the release and the variable open one
+    face, it is that one on every data-direct NIC; where they open both, the decision for the
+    GPU says which (decided: its network device is ``<dev>_dma``; None: no decision names a
+    NIC for the GPU, and the face is "")."""
     faces = exposed(rules, environ)
-    if decided is not None and DATA_DIRECT in faces:
-        face = DATA_DIRECT if decided else ORDINARY
-        name = f"<dev>{SUFFIX}" if decided else "the device itself"
-        return face, f"NCCL's decision for this GPU uses {name}; {why_exposed(rules, environ)}"
     if len(faces) == 1:
         return faces[0], why_exposed(rules, environ)
+    if decided is not None:
+        name = f"<dev>{SUFFIX}" if decided else "the device itself"
+        return (DATA_DIRECT if decided else ORDINARY,
+                f"{why_exposed(rules, environ)}; NCCL's decision for this GPU uses {name}")
     return "", f"{why_exposed(rules, environ)}: which one a GPU's traffic takes is NCCL's decision for it"
