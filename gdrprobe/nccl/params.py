@@ -12,8 +12,11 @@ release gdrprobe models). ``source`` names where 2.30.7 declares or reads it. Re
 rules that use a variable live in :mod:`gdrprobe.nccl.versions` (:class:`NcclRules`) and the
 modules beside it; this module only says what a variable is and what its value reads as.
 
-Outside :mod:`gdrprobe.nccl` no module reads a variable by name: it asks a reader here or
-in the rules, and names a variable in its wording only (``tests/unit/test_nccl_params.py``).
+Readers: :meth:`Param.value` (as a release of NCCL or RCCL reads it; None where it does not
+read it), :meth:`Param.number`, :meth:`Param.raw`, and :meth:`NcclRules.param` of
+:mod:`gdrprobe.nccl.versions`. Outside :mod:`gdrprobe.nccl` no module reads a variable by
+name: it asks a reader here or in the rules, and names a variable in its wording only
+(``tests/unit/test_nccl_params.py``).
 """
 
 from __future__ import annotations
@@ -286,6 +289,7 @@ RCCL_ROCR_PATH = _text("RCCL_ROCR_PATH", ALWAYS, "ROCm/rccl src/misc/rocmwrap.cc
 HSA_FORCE_FINE_GRAIN_PCIE = _text("HSA_FORCE_FINE_GRAIN_PCIE", ALWAYS, "ROCm/rccl src/init.cc (getenv): warns "
                                   "unless 1", library=(RCCL,))
 
+# Every declaration above, by the variable's name (test_nccl_params holds that there is one each).
 DECLARED: dict[str, Param] = {param.name: param for param in globals().copy().values() if isinstance(param, Param)}
 
 # Names from NCCL's and RCCL's source that gdrprobe's words cite and that are no variables:
