@@ -1,9 +1,12 @@
 """NCCL's outcomes on a data-direct NIC, reproduced through the kernel's dma-buf import path
-(issue 34; docs/dmabuf-lab.md#data-direct): the stand-in libmlx5.so.1 (tests/mlx5_standin)
-gives rxe0 a data-direct path by knob and forwards ``mlx5dv_reg_dmabuf_mr`` to
-``ibv_reg_dmabuf_mr``, so the data-direct rung registers through the same patched rxe as
-plain DMA-BUF, over the stand-in libcuda.so.1. What this proves: gdrprobe's calls, their
-order and the answer it gives for each outcome; not a ConnectX, not data-direct DMA.
+(issues 34 and 39; docs/dmabuf-lab.md#data-direct): the stand-in libmlx5.so.1
+(tests/mlx5_standin) gives rxe0 a data-direct path by knob and forwards ``mlx5dv_reg_dmabuf_mr``
+to ``ibv_reg_dmabuf_mr``, so the data-direct rung registers through the same patched rxe as
+plain DMA-BUF, over the stand-in libcuda.so.1. The rung is the one NCCL registers through
+(gdrprobe.nccl.data_direct.nccl_face): ``<dev>_dma`` alone by default, with no fallback, the
+device itself under NCCL_IB_DATA_DIRECT=0, both (data-direct first) under 2. What this proves:
+gdrprobe's calls, their order and the answer it gives for each outcome; not a ConnectX, not
+data-direct DMA.
 
   python -m lab.data_direct       (in a lab guest after 'lab/dmabuf/guest.sh load FOLDER')
                                   each outcome's answer; the first one's JSON in full
@@ -37,13 +40,15 @@ class Outcome:
     args: tuple[str, ...]             # gdrprobe run's extra arguments
     rung: str | None                  # the registration rung expected; None: none registered
     words: str                        # what the rung's reason (or the failure) must say
+    environ: tuple[tuple[str, str], ...] = ()   # NCCL's variables for the run
 
     def run(self, built: Built, repeats: int = 1):
         """(the finished ``gdrprobe run --loopback --mem dmabuf --json``, the bufinfo seen)."""
         from tests.cuda_standin.build import standin_settings
 
         return run_dmabuf_ab(built, *self.args, repeats=repeats,
-                             standin=mlx5_environment(built, **self.mlx5) | standin_settings(**self.cuda))
+                             standin=mlx5_environment(built, **self.mlx5) | standin_settings(**self.cuda)
+                             | dict(self.environ))
 
     def mismatch(self, report: dict) -> str:
         """Why the report is not this outcome's answer, or "" when it is."""
@@ -62,17 +67,27 @@ class Outcome:
 
 OUTCOMES = (
     Outcome("data-direct works", {"path": RXE_DATA_DIRECT_PATH}, {}, (), "data-direct",
-            "/sys" + RXE_DATA_DIRECT_PATH),
+            "opens only <dev>_dma"),
     # NCCL exports with the PCIe mapping type where its GDR mode is PCI (a GPU on C2C, as on
     # the GB300 trays that carry data-direct NICs: net.cc getHandleForAddressRangeFlags) ...
     Outcome("data-direct with the PCIe mapping", {"path": RXE_DATA_DIRECT_PATH}, {},
-            ("--dmabuf-pcie",), "data-direct", "/sys" + RXE_DATA_DIRECT_PATH),
+            ("--dmabuf-pcie",), "data-direct", "no fallback"),
     # ... and its CUCHECK fails the connection where the driver refuses that export.
     Outcome("PCIe mapping refused", {"path": RXE_DATA_DIRECT_PATH}, {"pcie_mapping": "refused"},
             ("--dmabuf-pcie",), None, "with the PCIe mapping returned CUDA_ERROR_NOT_SUPPORTED"),
-    Outcome("data-direct registration refused, then plain DMA-BUF",
+    # NCCL registers on <dev>_dma through mlx5dv's DATA_DIRECT call alone (net_ib/reg.cc): a
+    # refusal is the job's, never a fall to plain DMA-BUF (issue 39 item 3) ...
+    Outcome("data-direct registration refused: not engaged, no fallback",
+            {"path": RXE_DATA_DIRECT_PATH, "dd_errno": str(errno.EOPNOTSUPP)}, {}, (), None,
+            "MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT, was refused"),
+    # ... NCCL_IB_DATA_DIRECT=0 leaves the device itself, plain DMA-BUF (item 4) ...
+    Outcome("NCCL_IB_DATA_DIRECT=0: the device itself, plain DMA-BUF",
             {"path": RXE_DATA_DIRECT_PATH, "dd_errno": str(errno.EOPNOTSUPP)}, {}, (), "dmabuf",
-            "MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT) refused"),
+            "NCCL_IB_DATA_DIRECT=0", (("NCCL_IB_DATA_DIRECT", "0"),)),
+    # ... and 2 opens both: with no decision for this NIC, data-direct first, then plain.
+    Outcome("NCCL_IB_DATA_DIRECT=2: data-direct refused, then plain DMA-BUF",
+            {"path": RXE_DATA_DIRECT_PATH, "dd_errno": str(errno.EOPNOTSUPP)}, {}, (), "dmabuf",
+            "MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT) refused", (("NCCL_IB_DATA_DIRECT", "2"),)),
     Outcome("no data-direct path", {}, {}, (), "dmabuf", "registered through ibv_reg_dmabuf_mr"),
 )
 

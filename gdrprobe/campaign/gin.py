@@ -27,8 +27,7 @@ from collections.abc import Mapping
 
 from gdrprobe.errors import ExitCode
 from gdrprobe.nccl.gin import (BLAME_NODE, BLAME_RELEASE, BLAME_SETTING, CPU_PROXY, EFA_GDA, GDAKI,
-                               GPU_HANDLERS, GPU_INITIATED, NO_GIN, REGISTRY_FIX, GinMode, asked_for_gin)
-from gdrprobe.nccl.env import int_param
+                               GPU_INITIATED, NO_GIN, REGISTRY_FIX, GinMode, asked_for_gin, forces_gpu_handler)
 from gdrprobe.nccl.ibgda import NVSHMEM
 from gdrprobe.memory.doorbell import Registration, register_doorbell
 from gdrprobe.report.gin import CAN_MAP, CPU_PROXIED, MAPPED, NOT_RUN, REFUSED, GinCheck
@@ -42,9 +41,7 @@ def settled(mode: GinMode, outcome: str, environ: Mapping[str, str]) -> GinMode:
         return dataclasses.replace(mode, mode=GPU_INITIATED, blame="", fix="",
                                    backend=GDAKI if mode.backend == GDAKI else "gpu",
                                    reason=f"{CAN_MAP}: the registration succeeded")
-    forced = (int_param(environ, "NCCL_GIN_GDAKI_NIC_HANDLER", 0) in GPU_HANDLERS if mode.backend == GDAKI
-              else environ.get("NVSHMEM_IBGDA_NIC_HANDLER", "auto").strip().lower() == "gpu")
-    if forced:
+    if forces_gpu_handler(mode.backend, environ):
         return dataclasses.replace(mode, mode=NO_GIN, blame=BLAME_NODE, fix=REGISTRY_FIX,
                                    reason="the driver refused to map the NIC's MMIO, and the job makes the GPU "
                                           "ring the doorbell: GIN does not start")

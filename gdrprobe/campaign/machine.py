@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice, PortFacts
 from gdrprobe.campaign.communicator import Communicator
 from gdrprobe.campaign.job_gpus import gpu_uuids
-from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, environment_use, nccl_uses
+from gdrprobe.campaign.nccl_use import as_nccl_registers, deciding, environment_use, nccl_uses, node_use
 from gdrprobe.campaign.verdict import speaks_to_verdict
 from gdrprobe.errors import GpuUnusable
 from gdrprobe.memory.spec import MemorySpec
@@ -54,7 +54,8 @@ def machine_facts(root: str = "/", environ: Mapping[str, str] | None = None,
     return MachineFacts(gpus, nccl_nics(decisions), ctx.cuda_facts,
                         ctx.driver_line, findings, uses, dict(ctx.environ),
                         port_facts(ctx.ports), ctx.topology.software_nics, ctx.nccl_rules,
-                        environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules),
+                        environment_use(ctx.environ, ctx.environ_source, ctx.nccl_rules)
+                        or node_use(ctx.nccl_node, ctx.environ, ctx.nccl_rules, findings),
                         ctx.topology, every_link(ctx), matched, **gin_facts(ctx))
 
 
@@ -105,7 +106,7 @@ def follow_nccl(memory: MemorySpec, facts: MachineFacts | None) -> MemorySpec:
     mechanism is left to gdrprobe (:func:`gdrprobe.campaign.nccl_use.as_nccl_registers`)."""
     if facts is None or memory.kind != "gpu":
         return memory
-    return as_nccl_registers(memory, nccl_use_of(facts, memory.gpu))
+    return as_nccl_registers(memory, nccl_use_of(facts, memory.gpu), facts.nccl_rules, facts.nccl_environ)
 
 
 def receive_flush_of(ctx):

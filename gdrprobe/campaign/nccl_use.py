@@ -4,7 +4,7 @@ this node?
 
 The doctor decides, by NCCL's rules, the NIC, the path, GDR for receives and sends and the
 registration (DMA-BUF or peer memory) of every GPU (:mod:`gdrprobe.nccl.decision`). Some
-settings decide alone, whatever the topology (:func:`gdrprobe.nccl.decision.environment_refusal`:
+settings decide alone, whatever the topology (:func:`gdrprobe.nccl.refusals.environment_refusal`:
 ``NCCL_IB_DISABLE``, ``NCCL_NET=Socket``, a GDR level no path reaches): their answer holds
 for every GPU the job has, also where the topology could not be read.
 
@@ -29,8 +29,9 @@ from typing import Callable
 from collections.abc import Collection, Mapping, Sequence
 
 from gdrprobe.memory.spec import GPUDIRECT_PROOF_MEMORY, MemorySpec
-from gdrprobe.nccl.decision import (OPT_IN_SETTINGS, SOCKET_PATH, NodeFacts, decide, environment_refusal,
-                                    transport_refusal)
+from gdrprobe.nccl import data_direct, params
+from gdrprobe.nccl.decision import OPT_IN_SETTINGS, SOCKET_PATH, NodeFacts, decide
+from gdrprobe.nccl.refusals import environment_refusal, transport_refusal
 from gdrprobe.nccl.flush import NcclFlush, unknown_decision
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report import finding_ids
@@ -86,7 +87,7 @@ def without(environ: Mapping[str, str], names) -> dict[str, str]:
 
 
 def nccl_names(environ: Mapping[str, str]) -> list[str]:
-    return sorted(name for name in environ if name.startswith("NCCL_"))
+    return params.library_variables(environ)
 
 
 def culprits(environ: Mapping[str, str], would_use: WouldUse, source: Callable[[str], str]) -> tuple[str, ...]:
@@ -137,6 +138,7 @@ def decided_use(decision: NcclGpuDecision, environ: Mapping[str, str], decisions
                   # on a PCIe path (nccl/decision.py gdr_mode "pci").
                   pcie_mapping=decision.gdr_mode == "pci", reasons=direction_reasons(decision),
                   mechanism=decision.mechanism, mechanism_reason=decision.mechanism_reason,
+                  data_direct=decision.data_direct is not None,
                   **flush_fields(context.flush_of(decision) if context.flush_of else None))
     if uses_gdr(decision):
         return NcclUse(**common)
@@ -175,6 +177,21 @@ def environment_use(environ: Mapping[str, str], source: Callable[[str], str],
     return setting_caused(common, refusal, culprits(environ, would_use, source))
 
 
+def node_use(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None = None,
+             findings: Sequence = ()) -> NcclUse | None:
+    """Where the node keeps NCCL off its IB transport whatever the topology (a data-direct
+    lookup error, :func:`gdrprobe.nccl.data_direct.ib_init_failure`), the answer for any GPU
+    of the job, also one the doctor could not place (``gpu`` left empty); else None. The
+    node is the cause; the fix is nccl.data_direct's."""
+    refusal = data_direct.ib_init_failure(rules or NcclRules(), environ, facts.data_direct_errors, facts.ports)
+    if refusal is None:
+        return None
+    fixes = [f.fix for f in findings if f.id == finding_ids.NCCL_DATA_DIRECT and f.fix]
+    return NcclUse(gpu="", nic=None, path=SOCKET_PATH, via_gpu=None, receives=False, sends=False, firm=True,
+                   reasons=(f"receive: {refusal}", f"send: {refusal}"), cause=refusal, node_fault=True,
+                   fix=fixes[0] if fixes else "run 'gdrprobe doctor': its nccl.data_direct finding says what to fix")
+
+
 def nccl_uses(decide: Decide, environ: Mapping[str, str], source: Callable[[str], str],
               firm: bool, findings: Sequence = (), rules: NcclRules | None = None,
               flush_of: Callable[[NcclGpuDecision], NcclFlush] | None = None) -> dict[str, NcclUse]:
@@ -202,12 +219,26 @@ def receive_flush(use: NcclUse | None) -> str:
     return use.flush_rule if use.flush else ""
 
 
-def as_nccl_registers(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
+def as_nccl_registers(memory: MemorySpec, use: NcclUse | None, rules: NcclRules | None = None,
+                      environ: Mapping[str, str] | None = None) -> MemorySpec:
     """A GPU buffer whose mechanism was left to gdrprobe (``--mem gpu``) registered as NCCL
     registers it: through the mechanism NCCL's decision names, with its rule and release as
     the reason. An explicit mechanism, host memory, memory NCCL never registers (managed,
-    pinned host), or no GDR in NCCL's decision: as is."""
-    if (memory.kind != "gpu" or memory.mechanism != "auto" or memory.memory_type != GPUDIRECT_PROOF_MEMORY
-            or use is None or use.mechanism is None):
+    pinned host), or no GDR in NCCL's decision: as is. Any DMA-BUF (auto or asked) on the
+    face of a data-direct NIC NCCL registers on (:func:`with_nccl_face`)."""
+    if (memory.kind == "gpu" and memory.mechanism == "auto" and memory.memory_type == GPUDIRECT_PROOF_MEMORY
+            and use is not None and use.mechanism is not None):
+        memory = dataclasses.replace(memory, mechanism=use.mechanism, reason=use.mechanism_reason)
+    return with_nccl_face(memory, use, rules, environ or {})
+
+
+def with_nccl_face(memory: MemorySpec, use: NcclUse | None, rules: NcclRules | None,
+                   environ: Mapping[str, str]) -> MemorySpec:
+    """A DMA-BUF registration (asked, or left to gdrprobe) on a data-direct NIC made on the
+    face NCCL registers on (:func:`gdrprobe.nccl.data_direct.nccl_face`): the decision's
+    device for this GPU where there is one, else the release's and environment's."""
+    if memory.kind != "gpu" or memory.mechanism not in ("auto", "dmabuf"):
         return memory
-    return dataclasses.replace(memory, mechanism=use.mechanism, reason=use.mechanism_reason)
+    decided = None if use is None or use.nic is None else use.data_direct
+    face, why = data_direct.nccl_face(rules or NcclRules(), environ, decided)
+    return dataclasses.replace(memory, nic_face=face, nic_face_reason=why)

@@ -60,9 +60,8 @@ from gdrprobe.errors import (ExitCode, GdrprobeError, GpuUnusable, Inconclusive,
                              NoRdmaDevice, NotTestable, VerdictNotOk)
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
-from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl import gid as gids
 from gdrprobe.rdma.endpoint import EndpointOptions
-from gdrprobe.rdma.verbs import GidPreference
 from gdrprobe.report.check import (NOT_TESTABLE, CheckReport, FloorCheck, LoopWindow, NcclUse,
                                    RankPair, Verdict, main_cause)
 from gdrprobe.sysroot import PCI_BUS_ID
@@ -94,25 +93,13 @@ def floor_check(nic: str, port: int, facts: MachineFacts, floor: float) -> Floor
 
 
 def nccl_gid_index(facts: MachineFacts, nic: str, port: int) -> int | None:
-    """NCCL_IB_GID_INDEX on a RoCE port, as NCCL takes it (connect.cc ncclIbGetGidIndex:
-    a value >= 0 is used as is; -1, its default, chooses); None: gdrprobe chooses (a RoCE v2
-    IPv4 GID, NCCL's default version and address family)."""
+    """The GID index NCCL takes on a RoCE port without a walk (NCCL_IB_GID_INDEX, by the job's
+    release: :func:`gdrprobe.nccl.gid.stated_gid_index`); None: InfiniBand, or NCCL walks the
+    table and gdrprobe chooses (a RoCE v2 IPv4 GID, NCCL's walk where there is none)."""
     stated = facts.ports.get((nic, port))
     if stated is None or stated.link_layer != "Ethernet":
         return None
-    value = int_param(facts.nccl_environ, "NCCL_IB_GID_INDEX", -1)
-    return value if value >= 0 else None
-
-
-def nccl_gid_preference(environ: Mapping[str, str]) -> GidPreference:
-    """What NCCL's walk of a RoCE port's GID table asks for, from the job's environment
-    (NCCL 2.30.7 src/transport/net_ib/connect.cc): envIbAddrFamily (AF_INET unless the
-    variable is exactly "AF_INET6"), NCCL_PARAM IbRoceVersionNum (2), envIbAddrRange (the
-    text; GidPreference.network reads it as NCCL does)."""
-    return GidPreference(
-        family=6 if environ.get("NCCL_IB_ADDR_FAMILY") == "AF_INET6" else 4,
-        roce_version=int_param(environ, "NCCL_IB_ROCE_VERSION_NUM", 2),
-        address_range=environ.get("NCCL_IB_ADDR_RANGE") or None)
+    return gids.stated_gid_index(facts.nccl_environ, facts.nccl_rules)
 
 
 def first_rdma_device() -> str:
@@ -141,11 +128,11 @@ def send_gpu(pair: RankPair, use: NcclUse | None,
     return use.via_gpu, why
 
 
-def as_nccl_exports(memory: MemorySpec, use: NcclUse | None) -> MemorySpec:
+def as_nccl_exports(memory: MemorySpec, use: NcclUse | None, facts: MachineFacts) -> MemorySpec:
     """A GPU buffer registered and exported as NCCL will: through NCCL's mechanism where
     --mem gpu leaves it open (nccl_use.as_nccl_registers), with the PCIe mapping type where
     NCCL asks for it (a C2C system's GPU on a PCIe path to its NIC)."""
-    memory = as_nccl_registers(memory, use)
+    memory = as_nccl_registers(memory, use, facts.nccl_rules, facts.nccl_environ)
     if memory.kind != "gpu" or use is None or not use.pcie_mapping:
         return memory
     return dataclasses.replace(memory, pcie_mapping=True)
@@ -332,16 +319,17 @@ def plan_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan) -> PairPlan:
     use = nccl_use_of(facts, pair.gpu)
     nic = pair.nic or first_rdma_device()
     sender, sender_why = send_gpu(pair, use, facts.gpus.runtime_bus_ids)
-    local = as_nccl_exports(gate.send.spec(sender) if sender is not None else HOST, use)
-    remote = as_nccl_exports(gate.receive.spec(pair.gpu), use)
+    local = as_nccl_exports(gate.send.spec(sender) if sender is not None else HOST, use, facts)
+    remote = as_nccl_exports(gate.receive.spec(pair.gpu), use, facts)
     port = gate.endpoint.port
     gid_index, nic_reason = gate.endpoint.gid_index, pair.nic_reason
     nccl_gid = nccl_gid_index(facts, nic, port)
     if gid_index is None and nccl_gid is not None:
         gid_index = nccl_gid
-        nic_reason += f"; GID index {gid_index} from NCCL_IB_GID_INDEX"
+        stated = gids.why_stated(facts.nccl_environ, facts.nccl_rules)
+        nic_reason += f"; GID index {gid_index}, as {facts.nccl_rules.name} takes it ({stated})"
     endpoint = dataclasses.replace(gate.endpoint, device=nic, gid_index=gid_index,
-                                   gid_preference=nccl_gid_preference(facts.nccl_environ))
+                                   gid_preference=gids.gid_preference(facts.nccl_environ, facts.nccl_rules))
     options = dataclasses.replace(gate.options, flush=receive_flush(use))
     return PairPlan(nic, nic_reason, sender, sender_why, local, remote, endpoint, options, use)
 

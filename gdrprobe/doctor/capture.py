@@ -40,11 +40,12 @@ from gdrprobe.doctor.facts.context import (ENVIRON_FILE, GIN_FACTS_FILE, NCCL_FA
 from gdrprobe.doctor.runner import run_checks
 from gdrprobe.errors import UsageError
 from gdrprobe.files import NotRegularFile, read_regular
+from gdrprobe.nccl import params
 from gdrprobe.sysroot import MAX_LINK_HOPS, MAX_READ_BYTES, SysRoot
 
 # NVSHMEM_ and OFI_NCCL_: GIN's and IBGDA's settings (gdrprobe.nccl.gin, gdrprobe.nccl.ibgda).
-CAPTURED_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_", "NVSHMEM_",
-                         "OFI_NCCL_")
+CAPTURED_ENV_PREFIXES = params.PREFIXES + ("HSA_", "CUDA_", "MLX5_", "UCX_", "KUBERNETES_", "NVSHMEM_",
+                                           "OFI_NCCL_")
 # HOME: where NCCL looks for ~/.nccl.conf; the rest: where the job's libnccl is found.
 CAPTURED_ENV_NAMES = ("HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV", "CONDA_PREFIX")
 # renameat2(2): RENAME_EXCHANGE (include/uapi/linux/fs.h), Linux 3.15 and glibc 2.28; a

@@ -91,8 +91,8 @@ def open_gpu_buffer(spec: MemorySpec, endpoint, length: int, access: int, relaxe
     with gpu:
         mechanism, reason = mechanism_for(spec, gpu.attributes, nic)
         # A data-direct NIC registers through its data-direct rung first (memory.rungs).
-        extra = {"pcie_mapping": spec.pcie_mapping,
-                 "data_direct": data_direct_path(endpoint.device)} if mechanism == "dmabuf" else {}
+        extra = {"pcie_mapping": spec.pcie_mapping, "data_direct": data_direct_path(endpoint.device),
+                 "face": spec.nic_face, "face_reason": spec.nic_face_reason} if mechanism == "dmabuf" else {}
         with PROVIDERS[mechanism](gpu, length, spec.memory_type, spec.allocation,
                                   **extra) as memory:
             memory.choice_reason = reason

@@ -29,10 +29,9 @@ Freed in reverse order on every path.
 from __future__ import annotations
 
 from gdrprobe.errors import GdrprobeError
-from gdrprobe.memory.cuda_driver import (close_after, device_attribute, driver_version, gpu_pages,
-                                         version_text)
+from gdrprobe.memory.cuda_driver import close_after, device_attribute, driver_version, gpu_pages
+from gdrprobe.nccl.env import VMM_MIN_DRIVER, vmm_unsupported
 
-VMM_MIN_DRIVER = 12000     # ncclIsCuMemSupported: "Need CUDA_VISIBLE_DEVICES support"
 VMM_SUPPORTED = "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
 VMM_GDR_SUPPORTED = "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED"
 FABRIC_SUPPORTED = "HANDLE_TYPE_FABRIC_SUPPORTED"
@@ -46,14 +45,10 @@ def allocation_plan(gpu, requested: str) -> tuple[str, str]:
     if requested != "vmm":
         return "malloc", "cuMemAlloc requested"
     version = driver_version(gpu.bindings)
-    if version < VMM_MIN_DRIVER:
-        return "malloc", (f"cuMemAlloc: the driver is CUDA {version_text(version)} and NCCL "
-                          f"allocates with VMM from CUDA {version_text(VMM_MIN_DRIVER)} on, "
-                          f"{NCCL_FALLBACK}")
-    supported = device_attribute(gpu.bindings, gpu.device, VMM_SUPPORTED)
-    if not supported:
-        return "malloc", (f"cuMemAlloc: the GPU does not support VMM (CU_DEVICE_ATTRIBUTE_"
-                          f"{VMM_SUPPORTED}={supported}), {NCCL_FALLBACK}")
+    supported = device_attribute(gpu.bindings, gpu.device, VMM_SUPPORTED) if version >= VMM_MIN_DRIVER else None
+    unsupported = vmm_unsupported(version, supported)
+    if unsupported:
+        return "malloc", f"cuMemAlloc: {unsupported}, {NCCL_FALLBACK}"
     return "vmm", ("VMM (cuMemCreate, cuMemMap), as NCCL allocates its buffers by default "
                    "(NCCL_CUMEM_ENABLE)")
 

@@ -25,6 +25,8 @@ from gdrprobe.defaults import GPU_ALLOCATION
 from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
 from gdrprobe.memory import rungs
+from gdrprobe.nccl.data_direct import REFUSED_CAUSE as DATA_DIRECT_REFUSED
+from gdrprobe.nccl.data_direct import REFUSED_FIX as DATA_DIRECT_REFUSED_FIX
 from gdrprobe.memory.nic_probe import NicDmaBufSupport, dmabuf_mr
 from gdrprobe.rdma.mlx5dv import register_data_direct
 from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
@@ -123,7 +125,8 @@ class DmaBufGpuMemory(GpuMemory):
     mechanism = "dmabuf"
 
     def __init__(self, gpu, length: int, memory_type: str = "device",
-                 allocation: str = GPU_ALLOCATION, pcie_mapping: bool = False, data_direct: str | None = None):
+                 allocation: str = GPU_ALLOCATION, pcie_mapping: bool = False, data_direct: str | None = None,
+                 face: str = "", face_reason: str = ""):
         if memory_type != "device":
             raise UsageError(f"DMA-BUF export needs device memory, not {memory_type}",
                              "use the device memory type, or the peermem mechanism")
@@ -131,6 +134,8 @@ class DmaBufGpuMemory(GpuMemory):
         self.pcie_mapping = pcie_mapping
         self.route = ""     # how the DMA-BUF was registered (see nic_probe.dmabuf_mr)
         self.data_direct = data_direct  # the NIC's data-direct path (gdrprobe.nccl.data_direct); None: none
+        # the face NCCL registers on (gdrprobe.nccl.data_direct.nccl_face): its rungs alone
+        self.ladder = rungs.ladder(data_direct, True, False, face, face_reason)
         self.rung = self.rung_reason = ""   # the rung that registered, and why (memory.rungs)
         # pyverbs' DmaBufMR sets the iova to the offset, so that is the buffer's address.
         self._offset = dmabuf_range(self.buffer.ptr, length).offset
@@ -150,12 +155,12 @@ class DmaBufGpuMemory(GpuMemory):
             return mr
 
         def create(pv):
-            # NCCL's order: data-direct where the NIC has it, then plain DMA-BUF.
+            # The face NCCL registers on; not known: data-direct where the NIC has it, then plain.
             try:
-                climbed = rungs.climb(rungs.ladder(self.data_direct, True, False),
-                                      lambda rung: attempt(pv, rung), pv.PyverbsRDMAError)
+                climbed = rungs.climb(self.ladder, lambda rung: attempt(pv, rung), pv.PyverbsRDMAError)
             except rungs.NoRungHeld as failed:
-                failed.last.refused_rungs = str(failed)
+                failed.last.refused_rungs = rungs.said(failed)
+                failed.last.refused_alone = any(rung.alone for rung, _ in failed.refused)
                 raise failed.last from failed
             self.rung, self.rung_reason = climbed.rung.name, climbed.reason
             return climbed.region
@@ -173,6 +178,9 @@ class DmaBufGpuMemory(GpuMemory):
             failed.evidence = f"{failed.evidence}; through {route}"
         if getattr(error, "refused_rungs", ""):   # every rung refused: say each
             failed.evidence = f"{failed.evidence}; rungs refused: {error.refused_rungs}"
+        if getattr(error, "refused_alone", False):  # NCCL's own face refused: the job's too
+            failed.cause = f"{DATA_DIRECT_REFUSED}: {failed.cause}"
+            failed.fix = f"{DATA_DIRECT_REFUSED_FIX}; {failed.fix}"
         return failed
 
     def describe(self) -> dict:

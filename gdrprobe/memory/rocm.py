@@ -26,10 +26,10 @@ from gdrprobe.errors import (GdrprobeError, GpuOutOfMemory, HipError, MissingDep
 from gdrprobe.numbers import decimal, is_decimal
 from gdrprobe.memory.causes import dmabuf_export_refused
 from gdrprobe.memory.runtime import GpuRuntime, check_gpu_selector, dmabuf_range, is_bus_id
+from gdrprobe.nccl.rccl import HSA_LIBRARY
 from gdrprobe.sysroot import AMD_GPU_CLASSES, AMD_VENDOR_ID, pci_bus_id
 
 HIP_LIBRARY = "libamdhip64.so"          # the name hip-python's chip module dlopens
-HSA_LIBRARY = "libhsa-runtime64.so"     # the name RCCL dlopens (rocmwrap.cc)
 HSA_DMABUF_SUPPORTED = 0x204            # HSA_AMD_SYSTEM_INFO_DMABUF_SUPPORTED
 HIP_PYTHON_FIX = ("pip install 'gdrprobe[rocm]' 'hip-python==X.Y.*' (X.Y: the node's ROCm release, "
                   "/opt/rocm/.info/version) into the environment gdrprobe runs from")

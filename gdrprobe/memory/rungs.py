@@ -1,15 +1,16 @@
 """The ways GPU memory can be registered with a NIC, tried in NCCL's order of preference,
 and which one registered and why.
 
-NVIDIA/nccl 2.30.7: a data-direct device (``<dev>_dma``, :mod:`gdrprobe.nccl.data_direct`)
+NVIDIA/nccl 2.27.3 on: a data-direct device (``<dev>_dma``, :mod:`gdrprobe.nccl.data_direct`)
 registers a DMA-BUF with ``mlx5dv_reg_dmabuf_mr(..., MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT)``
-(``src/transport/net_ib/reg.cc`` ncclIbRegMrDmaBufInternal2); the device itself (what
-NCCL_IB_DATA_DIRECT=0 leaves) with ``ibv_reg_dmabuf_mr``; without DMA-BUF NCCL registers the
-GPU address for peer memory (``src/transport/net.cc`` useDmaBuf). NCCL itself does not fall
-from one to the next inside one device: the rung is fixed by the device it opened and its
-settings. gdrprobe climbs down the same order so that one run says which rung this node's
-NIC takes and, for every rung above it, why not; the refusals are what NCCL would hit on
-the devices that use them.
+and nothing else (``src/transport/net_ib/reg.cc`` ncclIbRegMrDmaBufInternal2; ``net_ib.cc``
+before 2.29.2); the device itself with ``ibv_reg_dmabuf_mr``; without DMA-BUF NCCL registers
+the GPU address for peer memory (``src/transport/net.cc`` useDmaBuf). NCCL does not fall from
+one to the next inside one device: the rung is fixed by the face of the NIC it opened for the
+GPU (``face``: :func:`gdrprobe.nccl.data_direct.nccl_face`). So on the face NCCL chose, the
+ladder holds that face's rung alone and a refusal is the job's (no fallback); where the face is
+not known (NCCL opens both and no decision says which), gdrprobe climbs down the same order so
+that one run says which rung this node's NIC takes and, for every rung above it, why not.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from gdrprobe.nccl.data_direct import DATA_DIRECT as DATA_DIRECT_FACE
+from gdrprobe.nccl.data_direct import ORDINARY
 
 DATA_DIRECT, DMABUF, PEERMEM = "data-direct", "dmabuf", "peermem"
 CALLS = {DATA_DIRECT: "mlx5dv_reg_dmabuf_mr(MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT)",
@@ -27,6 +31,7 @@ CALLS = {DATA_DIRECT: "mlx5dv_reg_dmabuf_mr(MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT
 class Rung:
     name: str            # DATA_DIRECT, DMABUF or PEERMEM
     why: str             # why this rung is on the ladder at all
+    alone: bool = False  # NCCL makes this registration alone on its face: no fallback
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,19 +56,33 @@ class NoRungHeld(Exception):
         self.refused, self.last = refused, last
 
 
-def ladder(data_direct_path: str | None, dmabuf: bool, peermem: bool) -> tuple[Rung, ...]:
+def ladder(data_direct_path: str | None, dmabuf: bool, peermem: bool, face: str = "",
+           face_reason: str = "") -> tuple[Rung, ...]:
     """The rungs in NCCL's order for a NIC with (or without) a data-direct path, where
-    DMA-BUF and peer memory are each possible."""
+    DMA-BUF and peer memory are each possible; on a data-direct NIC, ``face`` (DATA_DIRECT or
+    ORDINARY of :mod:`gdrprobe.nccl.data_direct`, "" not known) keeps the one NCCL registers
+    through, ``face_reason`` says why."""
     rungs = []
-    if data_direct_path and dmabuf:
-        rungs.append(Rung(DATA_DIRECT, f"the NIC is data-direct ({data_direct_path}): NCCL's <dev>_dma "
-                                       "registers this way (net_ib/reg.cc)"))
-    if dmabuf:
-        rungs.append(Rung(DMABUF, "NCCL's registration for a DMA-BUF on a device that is not data-direct "
-                                  "(net_ib/reg.cc)"))
+    data_direct = bool(data_direct_path and dmabuf)
+    if data_direct and face != ORDINARY:
+        alone = face == DATA_DIRECT_FACE
+        why = (f"NCCL registers on <dev>_dma through this call alone, no fallback (net_ib/reg.cc): {face_reason}"
+               if alone else f"the NIC is data-direct ({data_direct_path}): NCCL's <dev>_dma registers this way "
+                             "(net_ib/reg.cc)")
+        rungs.append(Rung(DATA_DIRECT, why, alone))
+    if dmabuf and not (data_direct and face == DATA_DIRECT_FACE):
+        why = (f"NCCL registers on the data-direct NIC's device itself, not <dev>_dma ({face_reason})"
+               if data_direct and face == ORDINARY
+               else "NCCL's registration for a DMA-BUF on a device that is not data-direct (net_ib/reg.cc)")
+        rungs.append(Rung(DMABUF, why))
     if peermem:
         rungs.append(Rung(PEERMEM, "NCCL's registration without DMA-BUF (net.cc useDmaBuf)"))
     return tuple(rungs)
+
+
+def said(failed: NoRungHeld) -> str:
+    """Every refusal, and for a rung NCCL makes alone why there is no other to try."""
+    return "; ".join([str(failed)] + [rung.why for rung, _ in failed.refused if rung.alone])
 
 
 def climb(rungs: Sequence[Rung], attempt: Callable[[Rung], Any],

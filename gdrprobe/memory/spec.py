@@ -10,6 +10,7 @@ import dataclasses
 from gdrprobe.defaults import GPU_ALLOCATION, GPU_ALLOCATIONS, MEM_CHOICES
 from gdrprobe.defaults import GPU_MEMORY_TYPES as MEMORY_TYPES
 from gdrprobe.errors import UsageError
+from gdrprobe.nccl.data_direct import DATA_DIRECT, ORDINARY
 from gdrprobe.protocol.fields import field, peer_text
 
 MECHANISMS = ("auto", "dmabuf", "peermem")
@@ -20,6 +21,7 @@ PLAIN_PEER_MEMORY = "nvidia-peermem"
 # GPUDirect, so a fast result with them proves nothing.
 GPUDIRECT_PROOF_MEMORY = "device"
 KINDS = ("host", "gpu")
+NIC_FACES = ("", ORDINARY, DATA_DIRECT)      # "": not known, both tried (memory.rungs)
 GPU_MECHANISMS = (*MECHANISMS, "staged")
 REASON_CHARS = 1000      # a peer's reason for its mechanism, as the server keeps it
 
@@ -38,6 +40,11 @@ class MemorySpec:
     # Why this mechanism where NCCL's decision chose it for --mem gpu (campaign/nccl_use.py
     # as_nccl_registers); empty: as asked, or chosen when the buffer is opened.
     reason: str = ""
+    # On a data-direct NIC, the face NCCL registers this GPU's DMA-BUF on and why
+    # (gdrprobe.nccl.data_direct.nccl_face): "data-direct" (<dev>_dma, no fallback),
+    # "ordinary" (the device itself) or "" (not known: data-direct first, then plain).
+    nic_face: str = ""
+    nic_face_reason: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -51,6 +58,8 @@ class MemorySpec:
         if self.allocation not in GPU_ALLOCATIONS:
             raise UsageError(f"unknown GPU allocation {self.allocation!r}",
                              f"use one of: {', '.join(GPU_ALLOCATIONS)}")
+        if self.nic_face not in NIC_FACES:
+            raise UsageError(f"unknown NIC face {self.nic_face!r}", f"use one of: {', '.join(NIC_FACES)}")
         if self.mechanism == "dmabuf" and self.memory_type != GPUDIRECT_PROOF_MEMORY:
             raise UsageError(f"DMA-BUF export needs device memory, not {self.memory_type}",
                              "use --mem gpu or --mem peermem for that memory type")
@@ -79,7 +88,9 @@ class MemorySpec:
                    pcie_mapping=field(message, "pcie_mapping", bool),
                    huge_pages=field(message, "huge_pages", bool),
                    allocation=field(message, "allocation", str, default=GPU_ALLOCATION),
-                   reason=peer_text(field(message, "reason", str, default=""), REASON_CHARS))
+                   reason=peer_text(field(message, "reason", str, default=""), REASON_CHARS),
+                   nic_face=field(message, "nic_face", str, default=""),
+                   nic_face_reason=peer_text(field(message, "nic_face_reason", str, default=""), REASON_CHARS))
 
 
 def peer_memory_of(reported: str | None) -> str:

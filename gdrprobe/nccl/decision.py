@@ -42,10 +42,11 @@ ncclTopoGetSystem fills a GPU for each rank on this host): the GPUs the job uses
 GPUs, the PXN relays, "the only GPU", the NVLink peers), while NVML's index and which NVLink
 ends are NVSwitches stay the node's.
 
-Some settings decide alone, whatever the topology (:func:`environment_refusal`):
+Some settings decide alone, whatever the topology (:mod:`gdrprobe.nccl.refusals`):
 NCCL_IB_DISABLE, NCCL_NET naming the socket transport, and a GDR level below every path a
 GPU can have to a NIC; the decision says so for every GPU, and holds where the topology
-could not be read.
+could not be read. So does a data-direct lookup error that stops NCCL's IB transport
+(:func:`gdrprobe.nccl.data_direct.ib_init_failure`, 2.28.3 on): the node's, not a setting's.
 
 NVLink and C2C come from NVML; without it there is neither PXN nor P2C to see, and the
 decision says so.
@@ -59,10 +60,12 @@ from collections.abc import Collection, Mapping
 
 from gdrprobe.nccl import data_direct
 from gdrprobe.nccl.cparse import atoi
-from gdrprobe.nccl.env import int_param, netdevs_policy, parse_hca_filter, pxn_disabled
+from gdrprobe.nccl import params
+from gdrprobe.nccl.env import netdevs_policy, parse_hca_filter, pxn_disabled
 from gdrprobe.nccl.gdr_support import MemoryPaths
 from gdrprobe.nccl.local_choice import Paths, local
 from gdrprobe.nccl.nets import Net, NetBuilder, data_direct_net, physical_nets
+from gdrprobe.nccl.refusals import transport_refusal
 from gdrprobe.nccl.topo import (InterCpu, NcclPciTree, PcieEndpoint, PcieLink, Port,
                                 inter_cpu_bandwidth, link_bandwidth_gbs, nvlink_gbs_per_link, same_cpu)
 from gdrprobe.nccl.versions import GDR_C2C_SINCE, NcclRules, dotted
@@ -73,7 +76,7 @@ SOCKET_PATH = "socket"     # the decision's path where NCCL's socket transport c
 # Settings NCCL leaves off by design and a job turns on to get GPUDirect: MLO partitions get
 # none unless NCCL_NET_GDR_MLOPART is set (paths.cc ncclTopoCheckGdr, 2.30.7). Off under
 # them is NCCL's policy, not a fault of the node.
-OPT_IN_SETTINGS = {"NCCL_NET_GDR_MLOPART": "1"}
+OPT_IN_SETTINGS = {params.NET_GDR_MLOPART.name: "1"}
 MLOPART = "MLOPart"        # src/init.cc fillInfo: strstr(prop.name, "MLOPart")
 
 
@@ -118,6 +121,8 @@ class NodeFacts:
     # RDMA device -> its data-direct device (named <dev>_dma, at the path libmlx5 gives),
     # where NCCL's sequence finds one (gdrprobe.nccl.data_direct)
     data_direct: Mapping[str, PcieEndpoint] = dataclasses.field(default_factory=dict)
+    # RDMA device -> its data-direct lookup's error other than ENODEV (data_direct.DataDirectProbe)
+    data_direct_errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def gpu(self, bdf: str) -> GpuFacts:
         return self.gpu_facts.get(bdf, GpuFacts())
@@ -163,7 +168,7 @@ class Machine:
         data_direct_devices = tuple(facts.data_direct.values())
         self.tree = NcclPciTree(facts.gpus + facts.nics + data_direct_devices, dict(facts.switch_ids),
                                 self.rules.bcm_flatten)
-        hca = environ.get("NCCL_IB_HCA")
+        hca = params.IB_HCA.raw(environ)
         self.hca = parse_hca_filter(hca) if hca is not None else None
         physical = [net for nic in facts.nics for net in self.nic_nets(nic)]
         # ncclTopoGetPath compares places in NCCL's XML, before any switch is flattened.
@@ -191,6 +196,13 @@ class Machine:
         return [net for port in ports
                 for net in ([port] if data_direct.ORDINARY in faces else [])
                 + ([data_direct_net(port, device)] if data_direct.DATA_DIRECT in faces else [])]
+
+    @functools.cached_property
+    def refusal(self) -> str | None:
+        """Why no GPU's traffic takes an RDMA NIC at all: the settings, or the node's
+        data-direct lookup stopping the IB transport."""
+        return transport_refusal(self.environ, self.rules) or data_direct.ib_init_failure(
+            self.rules, self.environ, self.facts.data_direct_errors, self.facts.ports)
 
     # -- facts ----------------------------------------------------------------------
     @functools.cached_property
@@ -368,9 +380,9 @@ class Machine:
         (-2, any negative) needs an NVLink peer among the communicator's GPUs, unless the GPU
         is its only one: from 2.19.1 only before sm80, on every GPU before
         (versions.NcclRules.gdr_read_pre_ampere_only)."""
-        setting = int_param(self.environ, "NCCL_NET_GDR_READ", -2)
+        setting = params.NET_GDR_READ.number(self.environ)
         if setting == 0:
-            return f"NCCL_NET_GDR_READ={self.environ['NCCL_NET_GDR_READ']} turns send-side GDR off"
+            return f"NCCL_NET_GDR_READ={params.NET_GDR_READ.raw(self.environ)} turns send-side GDR off"
         cc = self.capability(gpu)
         pre_ampere_only = self.rules.gdr_read_pre_ampere_only
         if (setting > 0 or len(self.gpus) == 1 or not self.rules.gdr_read_needs_nvlink
@@ -456,8 +468,8 @@ def no_nic_decision(gpu: PcieEndpoint, rules: NcclRules | None = None) -> NcclGp
 
 
 def socket_decision(gpu: PcieEndpoint, rules: NcclRules, refusal: str) -> NcclGpuDecision:
-    """A GPU whose traffic NCCL's settings send through its socket transport, in host memory
-    (:func:`transport_refusal`): no RDMA NIC, no GPUDirect either way, for that reason."""
+    """A GPU whose traffic NCCL sends through its socket transport, in host memory
+    (:attr:`Machine.refusal`): no RDMA NIC, no GPUDirect either way, for that reason."""
     return dataclasses.replace(no_nic_decision(gpu, rules), path=SOCKET_PATH,
                                why=(refusal, f"receive: {refusal}", f"send: {refusal}"))
 
@@ -485,7 +497,7 @@ def detour_notes(machine: Machine, gpu: PcieEndpoint, chosen: Net) -> list[str]:
 
 
 def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
-    refused = transport_refusal(machine.environ, machine.rules)
+    refused = machine.refusal
     if refused:
         return socket_decision(gpu, machine.rules, refused)
     paths = machine.paths
@@ -553,41 +565,3 @@ def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None
     (None: 2.30.7)."""
     machine = Machine(facts, environ, rules, job_gpus)
     return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)
-
-
-# ---- where NCCL's environment alone decides ----------------------------------------------
-
-
-def transport_refusal(environ: Mapping[str, str], rules: NcclRules | None = None) -> str | None:
-    """Why NCCL uses no RDMA transport at all under this environment, or None: with
-    NCCL_IB_DISABLE non-zero its IB transport does not start (``src/transport/net_ib/init.cc``
-    ncclIbInitDevices, ``net_ib.cc`` ncclIbInit in older releases: ``if
-    (ncclParamIbDisable()) return ncclInternalError``), and NCCL_NET naming the socket transport picks it by name
-    (:meth:`gdrprobe.nccl.versions.NcclRules.selects_socket`): every byte then goes through
-    host memory."""
-    rules = rules or NcclRules()
-    if int_param(environ, "NCCL_IB_DISABLE", 0) != 0:
-        return (f"NCCL_IB_DISABLE={environ['NCCL_IB_DISABLE']} turns NCCL's InfiniBand/RoCE transport off "
-                "(net_ib/init.cc ncclIbInitDevices): NCCL sends through sockets in host memory")
-    if rules.selects_socket(environ):
-        return (f"NCCL_NET={environ['NCCL_NET']} selects the socket transport (plugin/net.cc ncclNetInit): "
-                "NCCL sends through host memory")
-    return None
-
-
-def level_refusal(environ: Mapping[str, str], rules: NcclRules | None = None) -> str | None:
-    """A GDR level below every distance a GPU can have to a NIC (LOC, NVL, NVB; C2C too
-    where the release does not count a C2C path as C2C): GPUDirect RDMA is off for every GPU
-    whatever the topology (paths.cc ncclTopoCheckGdr: ``distance > netGdrLevel``)."""
-    rules = rules or NcclRules()
-    level = rules.gdr_level(environ)
-    if level.raw is None or any(level.admits(d) for d in rules.nearest_gdr_distances(environ)):
-        return None
-    return (f"NCCL_NET_GDR_LEVEL={level.raw} means {level.name}: no NIC is that close to a GPU, so NCCL "
-            "turns GPUDirect RDMA off for every GPU (paths.cc ncclTopoCheckGdr)")
-
-
-def environment_refusal(environ: Mapping[str, str], rules: NcclRules | None = None) -> str | None:
-    """Why NCCL's environment alone keeps every GPU off GPUDirect RDMA, whatever the
-    topology (so it holds where the topology could not be read), or None."""
-    return transport_refusal(environ, rules) or level_refusal(environ, rules)

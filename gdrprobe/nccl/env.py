@@ -19,23 +19,12 @@ import functools
 from typing import Callable
 from collections.abc import Mapping
 
+from gdrprobe.nccl import params
 from gdrprobe.nccl.cparse import INT64_MAX, atoi, c_int, strtoll
 from gdrprobe.nccl.topo import PATH_RANK
 
 # Integers NCCL_NET_GDR_LEVEL accepted before the names existed; 4 and above mean SYS.
 LEGACY_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
-
-
-def int_value(text: str) -> int | None:
-    """The integer ``ncclLoadParam`` reads from a set variable: None for an empty value or an
-    overflow, where NCCL keeps its default."""
-    return strtoll(text) if text else None
-
-
-def int_param(environ: Mapping[str, str], name: str, default: int) -> int:
-    """An NCCL integer variable as NCCL sees it (``NCCL_PARAM`` / ``ncclLoadParam``)."""
-    value = int_value(environ.get(name, ""))
-    return default if value is None else value
 
 
 def relaxed_ordering_wanted(environ: Mapping[str, str]) -> bool:
@@ -44,7 +33,7 @@ def relaxed_ordering_wanted(environ: Mapping[str, str]) -> bool:
     ncclIbRelaxedOrderingCapable: ``roMode == 1 || roMode == 2``). The one reading of it:
     :meth:`gdrprobe.nccl.versions.NcclRules.relaxed_ordering` adds the release that has it,
     and ``run``, ``check``, ``bench`` and the doctor all ask that."""
-    return int_param(environ, "NCCL_IB_PCI_RELAXED_ORDERING", 2) in (1, 2)
+    return params.IB_PCI_RELAXED_ORDERING.number(environ) in (1, 2)
 
 
 def gpu_allocation(environ: Mapping[str, str]) -> str:
@@ -55,8 +44,25 @@ def gpu_allocation(environ: Mapping[str, str]) -> str:
     negative value (-1 too) allocate with cudaMalloc. "vmm" falls back to cuMemAlloc where
     VMM is unsupported, as NCCL's auto does (memory/cuda_vmm.py). Older releases:
     :meth:`gdrprobe.nccl.versions.NcclRules.gpu_allocation`."""
-    setting = int_param(environ, "NCCL_CUMEM_ENABLE", -2)
+    setting = params.CUMEM_ENABLE.number(environ)
     return "vmm" if setting > 0 or setting == -2 else "malloc"
+
+
+# ncclIsCuMemSupported (src/misc/cudawrap.cc): "Need CUDA_VISIBLE_DEVICES support"
+VMM_MIN_DRIVER = 12000
+
+
+def vmm_unsupported(driver: int, vmm_attribute: int | None) -> str | None:
+    """Why ncclIsCuMemSupported says no, where it does: the CUDA driver before 12.0, or the
+    GPU without CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED; NCCL_CUMEM_ENABLE's
+    default (-2) then allocates with cudaMalloc. None: VMM is supported."""
+    if driver < VMM_MIN_DRIVER:
+        return (f"the driver is CUDA {driver // 1000}.{driver % 1000 // 10} and NCCL allocates with VMM "
+                "from CUDA 12.0 on")
+    if not vmm_attribute:
+        return (f"the GPU does not support VMM (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED="
+                f"{vmm_attribute})")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +82,7 @@ class GdrLevel:
 
 def default_gdr_level(environ: Mapping[str, str]) -> str:
     """NCCL's own threshold: P2C while NCCL_NET_GDR_C2C is on (its default), else PXB."""
-    return "P2C" if int_param(environ, "NCCL_NET_GDR_C2C", 1) else "PXB"
+    return "P2C" if params.NET_GDR_C2C.number(environ) else "PXB"
 
 
 def gdr_level(environ: Mapping[str, str], default: str | None = None,
@@ -88,7 +94,7 @@ def gdr_level(environ: Mapping[str, str], default: str | None = None,
     reported as such with the default assumed; else ignored. ``default``: the release's own
     (:meth:`gdrprobe.nccl.versions.NcclRules.default_gdr_level`), else 2.30.7's; ``rank``:
     the release's path numbers."""
-    raw = environ.get("NCCL_NET_GDR_LEVEL")
+    raw = params.NET_GDR_LEVEL.raw(environ)
     level = functools.partial(GdrLevel, raw=raw, rank=rank or PATH_RANK)
     default = default or default_gdr_level(environ)
     if raw is None:
@@ -123,7 +129,7 @@ def merge_level(environ: Mapping[str, str]) -> MergeLevel:
     """src/graph/topo.cc ncclTopoGetFusionEnv: unset is PORT; a value is matched by
     kvConvertToInt, the first name it starts with, and one that starts with none is LOC (the
     table's terminator, 0): no fusion."""
-    raw = environ.get("NCCL_NET_MERGE_LEVEL")
+    raw = params.NET_MERGE_LEVEL.raw(environ)
     if raw is None:
         return MergeLevel("PORT", PATH_RANK["NVL"])
     name, path = next(((n, p) for n, p in MERGE_LEVELS if raw.startswith(n)), ("LOC", "LOC"))
@@ -134,7 +140,7 @@ def pxn_disabled(environ: Mapping[str, str]) -> bool:
     """NCCL_PXN_DISABLE turns PXN off only when it reads exactly 1 (src/graph/paths.cc
     ncclPxnDisable and ncclTopoComputePaths ``if (ncclPxnDisable(comm) != 1)``): 2 or -1
     leave PXN on."""
-    return int_param(environ, "NCCL_PXN_DISABLE", 0) == 1
+    return params.PXN_DISABLE.number(environ) == 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +165,7 @@ class NetDevsPolicy:
 
 
 def netdevs_policy(environ: Mapping[str, str]) -> NetDevsPolicy:
-    raw = environ.get("NCCL_NETDEVS_POLICY")
+    raw = params.NETDEVS_POLICY.raw(environ)
     if raw is None:
         return NetDevsPolicy("AUTO")
     if raw.upper() in ("AUTO", "ALL"):
@@ -217,20 +223,45 @@ def parse_hca_filter(value: str) -> HcaFilter:
     return HcaFilter(exclude, exact, tuple(entries))
 
 
+# ---- net plugins (src/plugin/net.cc, src/plugin/plugin_open.cc) ---------------------------
+NET_PLUGIN_PREFIX = "libnccl-net"
+
+
+def net_plugin_names(environ: Mapping[str, str]) -> list[str]:
+    """NCCL_NET_PLUGIN's entries in order (net.cc initPluginLibsOnceFunc: a comma list,
+    strtok_r skipping empty entries; "none", in any case, none); [] where unset."""
+    raw = params.NET_PLUGIN.raw(environ)
+    if raw is None or raw.lower() == "none":
+        return []
+    return [name for name in raw.split(",") if name]
+
+
+def net_plugin_files(name: str) -> tuple[str, ...]:
+    """The files NCCL dlopens for one entry (plugin_open.cc openPluginLib): the name as given,
+    then, for a name with no '/' that is not already lib*.so, libnccl-net-<name>.so."""
+    library = name.startswith("lib") and name.endswith(".so")
+    return (name,) if "/" in name or library else (name, f"{NET_PLUGIN_PREFIX}-{name}.so")
+
+
 # ---- NCCL's configuration files ---------------------------------------------------------
 SYSTEM_CONF_FILE = "/etc/nccl.conf"
 CONF_NAME_MAX = 1023               # setEnvFile's envVar and envValue buffers, less the NUL
+# RCCL's own files (ROCm/rccl src/misc/param.cc initEnvFunc, the 6.3 line): no NCCL_CONF_FILE
+RCCL_CONF_NAME, RCCL_SYSTEM_CONF_FILE = ".rccl.conf", "/etc/rccl.conf"
 
 
-def conf_files(environ: Mapping[str, str]) -> list[str]:
-    """The files NCCL loads, in order (src/misc/param.cc initEnvFunc): NCCL_CONF_FILE when
-    set and non-empty, else $HOME/.nccl.conf; then /etc/nccl.conf."""
-    user = environ.get("NCCL_CONF_FILE")
+def conf_files(environ: Mapping[str, str], rules: params.Rules | None = None) -> list[str]:
+    """The files the library loads, in order (src/misc/param.cc initEnvFunc): NCCL_CONF_FILE
+    when set and non-empty (2.23.4 on; before, NCCL does not read it), else
+    $HOME/.nccl.conf; then /etc/nccl.conf. RCCL: $HOME/.rccl.conf, then /etc/rccl.conf."""
+    rccl = rules is not None and rules.library == params.RCCL
+    home = environ.get("HOME")
+    user = None if rccl else params.CONF_FILE.value(environ, rules)
     if user:
         first = [user]
     else:
-        first = [environ["HOME"] + "/.nccl.conf"] if environ.get("HOME") is not None else []
-    return first + [SYSTEM_CONF_FILE]
+        first = [f"{home}/{RCCL_CONF_NAME if rccl else '.nccl.conf'}"] if home is not None else []
+    return first + [RCCL_SYSTEM_CONF_FILE if rccl else SYSTEM_CONF_FILE]
 
 
 def conf_assignments(text: str) -> list[tuple[str, str]]:
@@ -247,14 +278,15 @@ def conf_assignments(text: str) -> list[tuple[str, str]]:
     return assignments
 
 
-def with_conf_files(environ: Mapping[str, str],
-                    read: Callable[[str], str | None]) -> tuple[dict[str, str], dict[str, str]]:
-    """The environment NCCL ends up with, and where each value came from ("environment" or
-    a file's path). NCCL sets each file's variables with setenv(name, value, 0): the
-    environment wins, and an earlier file (or line) wins over a later one."""
+def with_conf_files(environ: Mapping[str, str], read: Callable[[str], str | None],
+                    rules: params.Rules | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment the library of ``rules`` (None: 2.30.7's NCCL) ends up with, and where
+    each value came from ("environment" or a file's path). NCCL sets each file's variables
+    with setenv(name, value, 0): the environment wins, and an earlier file (or line) wins
+    over a later one."""
     merged = dict(environ)
     sources = {name: "environment" for name in environ}
-    for path in conf_files(environ):
+    for path in conf_files(environ, rules):
         text = read(path)
         for name, value in conf_assignments(text or ""):
             if name not in merged:

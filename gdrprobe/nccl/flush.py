@@ -42,13 +42,13 @@ import dataclasses
 from collections.abc import Mapping
 
 from gdrprobe.nccl.decision import NodeFacts
-from gdrprobe.nccl.env import int_param, int_value
+from gdrprobe.nccl import params
 from gdrprobe.nccl.topo import PATH_RANK
 from gdrprobe.nccl.versions import DATA_DIRECT_SINCE, MODELLED, Version
 from gdrprobe.report.model import NcclGpuDecision
 
 NEED_FLUSH_SINCE: Version = (2, 15, 1)          # paths.cc ncclTopoNeedFlush
-FORCE_FLUSH_OFF_SINCE: Version = (2, 19, 1)     # NCCL_NET_FORCE_FLUSH's default 1 -> 0
+FORCE_FLUSH_OFF_SINCE: Version = params.NET_FORCE_FLUSH.first_with(0)   # its default 1 -> 0
 FLUSH_ON_DMABUF_SINCE: Version = (2, 18, 3)     # connect.cc flushEnabled: DMA-BUF counts
 FORCE_FLUSH_PROPERTY_SINCE: Version = (2, 24, 3)   # ncclNetProperties_t.forceFlush read
 C2C_FLUSH_SINCE: Version = (2, 26, 2)           # C2C CPU with a PCIe NIC
@@ -59,12 +59,12 @@ NEAREST_PCIE_PATH = "PXB"   # the C2C rule: gpu->paths[NET].type <= PATH_PXB
 
 # Short names of the rules, as the report gives them.
 NO_GDR = "no GPUDirect receive"
-DISABLED = "NCCL_GDR_FLUSH_DISABLE"
+DISABLED = params.GDR_FLUSH_DISABLE.name
 NO_FLUSH_QP = "no peer memory"
 EVERY_RECEIVE = "every GPUDirect receive"
 PRE_HOPPER = "GPU before sm90"
 UNKNOWN_GPU = "GPU architecture unknown"
-FORCED_BY_ENV = "NCCL_NET_FORCE_FLUSH"
+FORCED_BY_ENV = params.NET_FORCE_FLUSH.name
 DATA_DIRECT = "data-direct NIC"
 C2C = "C2C CPU with a PCIe NIC"
 ORDERED = "sm90 or later"
@@ -98,9 +98,9 @@ def flush_qp_enabled(peermem: bool, nic_dmabuf: bool, environ: Mapping[str, str]
     """None where the IB transport sets up its flush QP (connect.cc flushEnabled); else why
     it never flushes."""
     name = _name(version)
-    if int_param(environ, "NCCL_GDR_FLUSH_DISABLE", 0) != 0:
+    if params.GDR_FLUSH_DISABLE.number(environ) != 0:
         return NcclFlush(False, False, DISABLED, (
-            f"NCCL_GDR_FLUSH_DISABLE={environ['NCCL_GDR_FLUSH_DISABLE']}: {name}'s IB transport "
+            f"NCCL_GDR_FLUSH_DISABLE={params.GDR_FLUSH_DISABLE.raw(environ)}: {name}'s IB transport "
             "never flushes (net_ib connect.cc flushEnabled), whatever would demand it"))
     dmabuf_counts = nic_dmabuf and _since(version, FLUSH_ON_DMABUF_SINCE)
     if peermem or dmabuf_counts:
@@ -147,7 +147,7 @@ def _need_flush(capability: int | None, gpu_c2c: bool, nic_path_type: str | None
             "C2C and its data path PCIe (net_ib init.cc forceFlush; paths.cc "
             "ncclTopoNeedFlush)"))
     forced = _forced_by_env(environ, version)
-    if forced is not None and int_value(environ.get("NCCL_NET_FORCE_FLUSH", "")) is not None:
+    if forced is not None and params.int_value(params.NET_FORCE_FLUSH.raw(environ) or "") is not None:
         return forced   # set, it acts before the GPU's architecture is looked at
     if capability is None:
         return NcclFlush(True, False, UNKNOWN_GPU, (
@@ -171,10 +171,10 @@ def _need_flush(capability: int | None, gpu_c2c: bool, nic_path_type: str | None
 
 def _forced_by_env(environ: Mapping[str, str], version: Version | None) -> NcclFlush | None:
     """NCCL_NET_FORCE_FLUSH as the release reads it (default 1 before 2.19.1, then 0)."""
-    default = 0 if _since(version, FORCE_FLUSH_OFF_SINCE) else 1
-    if int_param(environ, "NCCL_NET_FORCE_FLUSH", default) == 0:
+    default = params.NET_FORCE_FLUSH.default(version or MODELLED)
+    value = params.int_value(params.NET_FORCE_FLUSH.raw(environ) or "")
+    if (default if value is None else value) == 0:
         return None
-    value = int_value(environ.get("NCCL_NET_FORCE_FLUSH", ""))
     setting = str(value) if value is not None else f"{default} (its default before 2.19.1)"
     return NcclFlush(True, True, FORCED_BY_ENV, (
         f"NCCL_NET_FORCE_FLUSH={setting}: {_name(version)} flushes every GPUDirect receive "

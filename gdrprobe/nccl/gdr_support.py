@@ -31,7 +31,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl import params
 from gdrprobe.nccl.versions import NcclRules
 from gdrprobe.report.model import Evidence
 
@@ -51,9 +51,9 @@ def format_cuda_version(encoded: int) -> str:
     return f"{encoded // 1000}.{encoded % 1000 // 10}"
 
 
-def dmabuf_enabled(environ: Mapping[str, str]) -> bool:
-    """NCCL_DMABUF_ENABLE as src/init.cc dmaBufSupported reads it (default 1)."""
-    return int_param(environ, "NCCL_DMABUF_ENABLE", 1) != 0
+def dmabuf_enabled(environ: Mapping[str, str], rules: NcclRules | None = None) -> bool:
+    """NCCL_DMABUF_ENABLE as src/init.cc dmaBufSupported reads it (NCCL's default 1, RCCL's 0)."""
+    return params.DMABUF_ENABLE.number(environ, rules) != 0
 
 
 def gpu_dmabuf_half(driver: int | None, attribute: int | None) -> Half:
@@ -99,8 +99,8 @@ class MemoryPaths:
         facts are read again whole (:meth:`gdrprobe.nccl.rccl.RcclFacts.paths_under`)."""
         if self.rccl is not None:
             return self.rccl.paths_under(self, environ)
-        return dataclasses.replace(self, dmabuf_enabled=dmabuf_enabled(environ),
-                                   dmabuf_enable_raw=environ.get("NCCL_DMABUF_ENABLE"))
+        return dataclasses.replace(self, dmabuf_enabled=dmabuf_enabled(environ, self.rules),
+                                   dmabuf_enable_raw=params.DMABUF_ENABLE.raw(environ))
 
     @property
     def peermem_files(self) -> tuple[str, ...]:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl import params
 from gdrprobe.nccl.versions import (GIN_COMPUTE_GATE_SINCE, GIN_EFA_SINCE, GIN_GDR_GATE_SINCE,
                                     GIN_MLO_GATE_SINCE, GIN_NIC_FUSED_GATE, GIN_SINCE,
                                     GIN_VMM_GATE_SINCE, NcclRules, Version, dotted)
@@ -63,8 +63,8 @@ GDAKI, PROXY, EFA_GDA = "GDAKI", "proxy", "EFA-GDA"
 GIN_TYPE_AUTO, GIN_TYPE_PROXY, GIN_TYPE_GDAKI, GIN_TYPE_EFA_GDA = -1, 2, 3, 5
 GIN_TYPE_NAMES = {GIN_TYPE_PROXY: PROXY, GIN_TYPE_GDAKI: GDAKI, 4: "GPI", GIN_TYPE_EFA_GDA: EFA_GDA}
 # NCCL_GIN_GDAKI_NIC_HANDLER: enum doca_gpu_dev_verbs_nic_handler (doca_gpunetio_verbs_def.h):
-# AUTO 0, CPU_PROXY 1, GPU_SM_DB 2, GPU_SM_BF 6, GPU_SM_NO_DBR 10.
-HANDLER_AUTO, HANDLER_CPU = 0, 1
+# AUTO 0 (its default), CPU_PROXY 1, GPU_SM_DB 2, GPU_SM_BF 6, GPU_SM_NO_DBR 10.
+HANDLER_CPU = 1
 GPU_HANDLERS = (2, 6, 10)
 # The one registration NCCL (through DOCA) and aws-ofi-nccl make of the doorbell page:
 # cuMemHostRegister's flags (cuda.h CU_MEMHOSTREGISTER_PORTABLE, _DEVICEMAP, _IOMEMORY).
@@ -177,11 +177,19 @@ def asked_for_gin(environ: Mapping[str, str]) -> str:
     """How the job asked for GIN explicitly, as NCCL reads its variables: NCCL_GIN_ENABLE set
     to a non-zero value, or NCCL_GIN_TYPE set to a backend (not -1); "" where it did not."""
     asked = []
-    if environ.get("NCCL_GIN_ENABLE", "") != "" and int_param(environ, "NCCL_GIN_ENABLE", 1) != 0:
-        asked.append(f"NCCL_GIN_ENABLE={environ['NCCL_GIN_ENABLE']}")
-    if int_param(environ, "NCCL_GIN_TYPE", GIN_TYPE_AUTO) != GIN_TYPE_AUTO:
-        asked.append(f"NCCL_GIN_TYPE={environ['NCCL_GIN_TYPE']}")
+    if params.GIN_ENABLE.raw(environ) and params.GIN_ENABLE.number(environ) != 0:
+        asked.append(f"NCCL_GIN_ENABLE={params.GIN_ENABLE.raw(environ)}")
+    if params.GIN_TYPE.number(environ) != GIN_TYPE_AUTO:
+        asked.append(f"NCCL_GIN_TYPE={params.GIN_TYPE.raw(environ)}")
     return ", ".join(asked)
+
+
+def forces_gpu_handler(backend: str, environ: Mapping[str, str]) -> bool:
+    """Whether the job insists that the GPU ring the doorbell: NCCL_GIN_GDAKI_NIC_HANDLER one of
+    GPU_HANDLERS for GDAKI, NVSHMEM_IBGDA_NIC_HANDLER=gpu for NVSHMEM's IBGDA."""
+    if backend == GDAKI:
+        return params.GIN_GDAKI_NIC_HANDLER.number(environ) in GPU_HANDLERS
+    return environ.get("NVSHMEM_IBGDA_NIC_HANDLER", "auto").strip().lower() == "gpu"
 
 
 def doorbell_prediction(node: GinNode) -> tuple[bool | None, str]:
@@ -216,8 +224,8 @@ def _refusal(node: GinNode, gpu: GinGpu, nic: GinNic) -> tuple[str, str, str] | 
     if not rules.since(GIN_SINCE):
         return (f"{rules.name} has no GIN: src/gin/ first appears in NCCL {dotted(GIN_SINCE)}",
                 GIN_RELEASE_FIX, BLAME_RELEASE)
-    if int_param(environ, "NCCL_GIN_ENABLE", 1) == 0:
-        return (f"NCCL_GIN_ENABLE={environ['NCCL_GIN_ENABLE']} turns GIN off: NCCL logs \"GIN is "
+    if params.GIN_ENABLE.number(environ) == 0:
+        return (f"NCCL_GIN_ENABLE={params.GIN_ENABLE.raw(environ)} turns GIN off: NCCL logs \"GIN is "
                 "disabled.\" (src/gin/gin_host.cc ncclGinConnectOnce) and a device communicator that "
                 "asks for GIN fails", "unset NCCL_GIN_ENABLE (its default, 1, allows GIN)", BLAME_SETTING)
     if rules.since(GIN_COMPUTE_GATE_SINCE) and gpu.capability is not None and gpu.capability < 70:
@@ -225,14 +233,14 @@ def _refusal(node: GinNode, gpu: GinGpu, nic: GinNic) -> tuple[str, str, str] | 
                 "(src/plugin/gin.cc ncclGinInit)", "", BLAME_NODE)
     cumem = rules.gpu_allocation(environ)
     if cumem != "vmm":
-        set_by = environ.get("NCCL_CUMEM_ENABLE")
+        set_by = params.CUMEM_ENABLE.raw(environ)
         why = f"NCCL_CUMEM_ENABLE={set_by}" if set_by is not None else rules.cumem_default
         return (f"cuMem off ({why}): NCCL grants symmetric memory only with ncclCuMemEnable() "
                 "(src/init.cc symmetricSupport), and GIN connects only on a communicator that has it "
                 "(\"Communicator does not support symmetric memory!\")",
                 "unset NCCL_CUMEM_ENABLE (cuMem is on by default where the driver supports it)",
                 BLAME_SETTING if set_by is not None else BLAME_RELEASE)
-    if int_param(environ, "NCCL_WIN_ENABLE", 1) == 0:
+    if params.WIN_ENABLE.number(environ) == 0:
         return ("NCCL_WIN_ENABLE=0: no symmetric memory windows (src/init.cc symmetricSupport), so GIN "
                 "never connects", "unset NCCL_WIN_ENABLE", BLAME_SETTING)
     if rules.since(GIN_VMM_GATE_SINCE) and gpu.vmm_gdr == 0:
@@ -264,8 +272,8 @@ def _gdr_gate(node: GinNode, gdaki: bool) -> str:
 
 
 def _backend(node: GinNode, nic: GinNic, common: dict) -> GinMode:
-    gin_type = int_param(node.environ, "NCCL_GIN_TYPE", GIN_TYPE_AUTO)
-    named = f"NCCL_GIN_TYPE={node.environ.get('NCCL_GIN_TYPE')}"
+    gin_type = params.GIN_TYPE.number(node.environ)
+    named = f"NCCL_GIN_TYPE={params.GIN_TYPE.raw(node.environ)}"
     if gin_type not in (GIN_TYPE_AUTO, GIN_TYPE_GDAKI, GIN_TYPE_PROXY):
         return GinMode(mode=NO_GIN, blame=BLAME_SETTING, fix="unset NCCL_GIN_TYPE",
                        reason=f"{named} ({GIN_TYPE_NAMES.get(gin_type, 'no backend')}) matches none of the "
@@ -305,7 +313,7 @@ def _gdaki(node: GinNode, nic: GinNic, common: dict) -> GinMode:
     device = nic.name if nic.name in node.mlx5_nics else node.mlx5_nics[0]
     common = {**common, "nic": device}
     elsewhere = "" if device == nic.name else f" (GDAKI uses {device}: {nic.name} is not an mlx5 device)"
-    handler = int_param(node.environ, "NCCL_GIN_GDAKI_NIC_HANDLER", HANDLER_AUTO)
+    handler = params.GIN_GDAKI_NIC_HANDLER.number(node.environ)
     if handler == HANDLER_CPU:
         return GinMode(mode=CPU_PROXY, backend=GDAKI, blame=BLAME_SETTING, fix="unset NCCL_GIN_GDAKI_NIC_HANDLER",
                        reason=f"GDAKI{elsewhere} with NCCL_GIN_GDAKI_NIC_HANDLER=1: DOCA GPUNetIO's CPU proxy "
@@ -349,7 +357,7 @@ def _efa(node: GinNode, gpu: GinGpu, nic: GinNic, common: dict) -> GinMode:
         return GinMode(mode=NO_GIN, blame=BLAME_NODE, fix="use " + ", ".join(need),
                        reason=f"GIN on EFA comes from the aws-ofi-nccl plugin, which needs {', '.join(need)} "
                               "(aws-ofi-nccl doc/gin-getting-started.md)", **common)
-    if int_param(environ, "NCCL_GIN_TYPE", GIN_TYPE_AUTO) != GIN_TYPE_EFA_GDA:
+    if params.GIN_TYPE.number(environ) != GIN_TYPE_EFA_GDA:
         return GinMode(mode=CPU_PROXY, backend=PROXY, blame=BLAME_SETTING, fix="set NCCL_GIN_TYPE=5 for EFA-GDA",
                        reason="the plugin's proxy mode, NCCL's default on EFA (aws-ofi-nccl "
                               "doc/gin-getting-started.md): a CPU thread posts the GPU's operations", **common)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from gdrprobe.nccl.env import HcaFilter, int_param, merge_level
+from gdrprobe.nccl import params
+from gdrprobe.nccl.env import HcaFilter, merge_level
 from gdrprobe.nccl.topo import NET_FALLBACK_GBPS, PATH_RANK, NcclPciTree, PcieEndpoint, Port, nccl_ports
 
 MAX_DEVS_PER_VNIC = 4
@@ -66,6 +67,12 @@ def data_direct_net(net: Net, device: PcieEndpoint) -> Net:
                                data_direct_of=net.ibdev)
 
 
+def merge_vfs(environ: Mapping[str, str]) -> bool:
+    """NCCL_IB_MERGE_VFS (default 1): a NIC's virtual functions count as its physical one
+    (net_ib ncclIbGetPciPath)."""
+    return params.IB_MERGE_VFS.number(environ) != 0
+
+
 def mapped_function(bdf: str, merge_vfs: bool) -> str:
     """ncclIbGetPciPath: the last character of the path (the function) becomes 0, and with
     NCCL_IB_MERGE_VFS the two before the dot (the device) become 00."""
@@ -89,8 +96,8 @@ class NetBuilder:
     def __init__(self, environ: Mapping[str, str], tree: NcclPciTree, fusion: bool):
         self.tree = tree
         self.fusion = fusion
-        self.merge_vfs = int_param(environ, "NCCL_IB_MERGE_VFS", 1) != 0
-        self.merge_nics = int_param(environ, "NCCL_IB_MERGE_NICS", 1) != 0
+        self.merge_vfs = merge_vfs(environ)
+        self.merge_nics = params.IB_MERGE_NICS.number(environ) != 0
         self.level = merge_level(environ)
 
     def distance(self, a: Net, b: Net) -> int:

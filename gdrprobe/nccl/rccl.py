@@ -53,7 +53,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 
-from gdrprobe.nccl.env import int_param
+from gdrprobe.nccl import params
 from gdrprobe.nccl.gdr_support import Half, MemoryPaths
 from gdrprobe.nccl.versions import NcclRules
 
@@ -74,9 +74,11 @@ KERNEL_CONFIG_FILES = ("/proc/config.gz", "/boot/config-%s", "/usr/src/linux-%s/
                        "/usr/src/linux/.config", "/usr/lib/modules/%s/config",
                        "/usr/lib/ostree-boot/config-%s", "/usr/lib/kernel/config-%s",
                        "/usr/src/linux-headers-%s/.config", "/lib/modules/%s/build/.config")
-FORCE_GDR = "RCCL_FORCE_ENABLE_GDRDMA"
-FORCE_DMABUF = "RCCL_FORCE_ENABLE_DMABUF"
+FORCE_GDR = params.RCCL_FORCE_ENABLE_GDRDMA.name
+FORCE_DMABUF = params.RCCL_FORCE_ENABLE_DMABUF.name
 PEERMEM_LABEL = "peer memory (amdkfd)"
+HSA_LIBRARY = "libhsa-runtime64.so"   # RCCL dlopens it by this name, after RCCL_ROCR_PATH
+PATH_MAX_CHARS = 1023                 # rocmwrap.cc: snprintf(path, 1024, ...)
 PROBE = "RCCL's registration probe (ibv_reg_mr of 4 KiB of hipMalloc memory)"
 
 # CHANGELOG "RCCL 2.27.7 for ROCm 7.1.0": "Added RCCL_FORCE_ENABLE_DMABUF ... forego
@@ -87,7 +89,7 @@ FORCE_DMABUF_SINCE: Release = (7, 1, 0)
 CONFIG_PATHS_SINCE: Release = (7, 11, 0)
 # "RCCL 2.28.3 for ROCm 7.12": "NCCL_DMABUF_ENABLE now defaults to 1 (previously 0). When
 # both peermem and DMAbuf are available, RCCL will use peermem."
-DMABUF_DEFAULT_SINCE: Release = (7, 12, 0)
+DMABUF_DEFAULT_SINCE: Release = params.DMABUF_ENABLE.first_with(1, params.RCCL)
 # "RCCL 2.30.4 for ROCm 7.14": "Swapped legacy net_ib with the net_ib implementation from
 # NCCL 2.29", whose gdr.cc scans for any peer-memory client and probes where none is.
 ANY_PEER_CLIENT_SINCE: Release = (7, 14, 0)
@@ -104,6 +106,12 @@ ROCM_OF_RCCL: dict[Release, Release] = {
 # apply where the library's version is unknown.
 RCCL_NCCL_BASE = (2, 21, 5)
 _ROCM_SUFFIX = re.compile(r"librccl\.so\.\d+\.\d+\.(\d{5,})$")
+
+
+def hsa_library(environ: Mapping[str, str]) -> str:
+    """The path RCCL dlopens HSA by (src/misc/rocmwrap.cc initOnceFunc): RCCL_ROCR_PATH, as a
+    prefix, then the library's name, cut where snprintf cuts it."""
+    return ((params.RCCL_ROCR_PATH.raw(environ) or "") + HSA_LIBRARY)[:PATH_MAX_CHARS]
 
 
 def dotted(release: Release) -> str:
@@ -187,7 +195,7 @@ class RcclRules(NcclRules):
 
     @property
     def dmabuf_default(self) -> int:
-        return 1 if self.rocm_since(DMABUF_DEFAULT_SINCE) else 0
+        return int(params.DMABUF_ENABLE.default(self.effective, params.RCCL, self.release))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,15 +226,15 @@ class RcclFacts:
     def peer_memory(self, environ: Mapping[str, str],
                     rules: RcclRules = RcclRules()) -> tuple[str | None, str]:
         """(what says RCCL has peer memory, or None; why), as ncclIbGdrSupport decides."""
-        if int_param(environ, FORCE_GDR, -1) == 1:
+        if params.RCCL_FORCE_ENABLE_GDRDMA.number(environ, rules) == 1:
             return f"{FORCE_GDR}=1", f"{FORCE_GDR}=1 turns peer memory on without checking"
         if rules.rocm_since(FORCE_DMABUF_SINCE) and rules.prefers_peermem \
-                and int_param(environ, FORCE_DMABUF, 0):
+                and params.RCCL_FORCE_ENABLE_DMABUF.number(environ, rules):
             return None, f"{FORCE_DMABUF}=1: RCCL uses DMA-BUF alone, never peer memory"
         scan = rules.rocm_since(ANY_PEER_CLIENT_SINCE)
         found = (self.peer_clients[0] if self.peer_clients else None) if scan else self.memory_peers_file
         if self.hyper_v:
-            relaxed = int_param(environ, "NCCL_IB_PCI_RELAXED_ORDERING", 2)
+            relaxed = params.IB_PCI_RELAXED_ORDERING.number(environ, rules)
             if self.numa_balancing == "1" and relaxed == 0:
                 return None, (f"on Hyper-V ({BIOS_VERSION}: {self.bios_version}) RCCL turns peer "
                               f"memory off where {NUMA_BALANCING} is 1 and "
@@ -313,21 +321,20 @@ class RcclFacts:
             return found
         if "iommu=pt" not in self.cmdline.split():
             found.append("no iommu=pt on /proc/cmdline: RCCL warns of instability or hangs")
-        if environ.get("HSA_FORCE_FINE_GRAIN_PCIE") != "1":
+        if params.HSA_FORCE_FINE_GRAIN_PCIE.raw(environ) != "1":
             found.append("HSA_FORCE_FINE_GRAIN_PCIE is not 1: RCCL warns of low performance, "
                          "instability or hangs")
         return found
 
     def dmabuf_switch(self, environ: Mapping[str, str], rules: RcclRules) -> tuple[bool, str, bool]:
         """(on, why when off, forced): rocmwrap.cc's switches before its checks, by release."""
-        if rules.rocm_since(FORCE_DMABUF_SINCE) and int_param(environ, FORCE_DMABUF, 0):
+        if rules.rocm_since(FORCE_DMABUF_SINCE) and params.RCCL_FORCE_ENABLE_DMABUF.number(environ, rules):
             return True, "", True
-        if rules.rocm_since(DMABUF_DEFAULT_SINCE) and int_param(environ, "NCCL_CUMEM_ENABLE", 0) > 0:
+        if rules.rocm_since(DMABUF_DEFAULT_SINCE) and params.CUMEM_ENABLE.number(environ, rules) > 0:
             return True, "", False
-        default = rules.dmabuf_default
-        if int_param(environ, "NCCL_DMABUF_ENABLE", default) != 0:
+        if params.DMABUF_ENABLE.number(environ, rules) != 0:
             return True, "", False
-        if "NCCL_DMABUF_ENABLE" in environ:
+        if params.DMABUF_ENABLE.is_set(environ):
             return False, "", False
         return False, (f"NCCL_DMABUF_ENABLE is not set and RCCL's default is 0 before ROCm "
                        f"{dotted(DMABUF_DEFAULT_SINCE)} (it logs \"Dmabuf feature disabled "
@@ -342,7 +349,7 @@ class RcclFacts:
         half = self.gpu_half(rules, forced)
         return dataclasses.replace(
             paths, peermem_file=found, dmabuf_enabled=enabled,
-            dmabuf_enable_raw=environ.get("NCCL_DMABUF_ENABLE"),
+            dmabuf_enable_raw=params.DMABUF_ENABLE.raw(environ),
             gpu_halves={gpu: half for gpu in paths.gpus if gpu != "any GPU"},
             default_gpu_half=half, peermem_label=PEERMEM_LABEL,
             no_peermem_reason=why if found is None else "",

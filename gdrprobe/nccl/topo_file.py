@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping
 
+from gdrprobe.nccl import params
 from gdrprobe.nccl.cparse import INT64_MAX, c_int, strtoll
 from gdrprobe.nccl.versions import Version
 
@@ -98,8 +99,8 @@ class TopoFileSetting:
 def topo_file_setting(environ: Mapping[str, str], origin: str, version: Version) -> TopoFileSetting | None:
     """The file NCCL reads (topo.cc ncclTopoGetSystem); ``origin``: where NCCL_TOPO_FILE
     comes from. None: no file is looked for (an NCCL before 2.10.3 without the variable)."""
-    if "NCCL_TOPO_FILE" in environ:
-        return TopoFileSetting(environ["NCCL_TOPO_FILE"], origin)
+    if params.TOPO_FILE.is_set(environ):
+        return TopoFileSetting(params.TOPO_FILE.raw(environ), origin)
     if version >= VIRTUAL_TOPOLOGY_SINCE:
         return TopoFileSetting(VIRTUAL_TOPOLOGY_FILE, "default")
     return None

@@ -44,7 +44,8 @@ tag whose source has the newer rule (the file and function are in each property'
 - NCCL_NET: matched case-insensitively from 2.13.4 (``src/net.cc``, later
   ``src/plugin/net.cc`` ncclNetInit: strcasecmp), exactly before (strcmp).
 - mlx5 data-direct devices (``<dev>_dma``, NCCL_IB_DATA_DIRECT): from 2.27.3, exposed beside
-  the device; from 2.28.3 instead of it by default (:mod:`gdrprobe.nccl.data_direct`).
+  the device; from 2.27.6 instead of it by default; from 2.28.3 a lookup error other than
+  ENODEV stops the IB transport (:mod:`gdrprobe.nccl.data_direct`).
 - NCCL_NETDEVS_POLICY and the channel spread it sets: from 2.28.3 (``topo.cc``
   ncclTopoGetLocalNetType); an older NCCL spreads channels over NICs differently, which
   the decision does not model.
@@ -56,40 +57,41 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from gdrprobe.nccl.env import GdrLevel, gdr_level, gpu_allocation, int_param, relaxed_ordering_wanted
+from gdrprobe.nccl import params
+from gdrprobe.nccl.env import GdrLevel, gdr_level, gpu_allocation, relaxed_ordering_wanted
 from gdrprobe.nccl.topo import PATH_RANK
 
-Version = tuple[int, int, int]
-MODELLED: Version = (2, 30, 7)
+Version = params.Version
+MODELLED: Version = params.LATEST
 
-DMABUF_SINCE: Version = (2, 13, 4)
+DMABUF_SINCE: Version = params.DMABUF_ENABLE.since
 DMABUF_NIC_PROPERTY_SINCE: Version = (2, 14, 3)
 PEERMEM_MODULE_FILE_SINCE: Version = (2, 23, 4)
-PXN_SINCE: Version = (2, 12, 7)
+PXN_SINCE: Version = params.PXN_DISABLE.since
 PXN_BY_BANDWIDTH_SINCE: Version = (2, 14, 3)
 PXN_LOCAL_GPU_SINCE: Version = (2, 18, 1)
-PXN_C2C_SINCE: Version = (2, 27, 3)
+PXN_C2C_SINCE: Version = params.PXN_C2C.since
 PXN_OWN_TYPE_C2C_SINCE: Version = (2, 27, 5)
 PXN_OWN_TYPE_PXN_SINCE: Version = (2, 27, 6)
-PXN_C2C_ON_SINCE: Version = (2, 28, 3)
 PXN_RELAY_GDR_SINCE: Version = (2, 30, 3)
-GDR_C2C_SINCE: Version = (2, 26, 2)
-P2C_SINCE: Version = (2, 27, 3)
+GDR_C2C_SINCE: Version = params.NET_GDR_C2C.since
+P2C_SINCE: Version = params.NET_GDR_C2C.first_with(1)      # NCCL_NET_GDR_C2C on by default too
 P2C_BEFORE_PXN_SINCE: Version = (2, 27, 5)
-P2C_LEVEL_SINCE: Version = (2, 29, 2)
+P2C_LEVEL_SINCE: Version = params.NET_GDR_LEVEL.first_with("P2C")
 P2C_LOCAL_NICS_SINCE: Version = (2, 29, 2)
 GDR_READ_PRE_AMPERE_SINCE: Version = (2, 19, 1)
-MLOPART_SINCE: Version = (2, 30, 7)
-RELAXED_ORDERING_SINCE: Version = (2, 12, 7)
+MLOPART_SINCE: Version = params.NET_GDR_MLOPART.since
+RELAXED_ORDERING_SINCE: Version = params.IB_PCI_RELAXED_ORDERING.since
 NET_NAME_CASELESS_SINCE: Version = (2, 13, 4)
 NIC_FUSION_SINCE: Version = (2, 24, 3)
 BCM_FLATTEN_SINCE: Version = (2, 9, 6)
 BCM_GEN5_SINCE: Version = (2, 20, 3)
-CUMEM_SINCE: Version = (2, 18, 1)
-CUMEM_AUTO_SINCE: Version = (2, 19, 1)
-NETDEVS_POLICY_SINCE: Version = (2, 28, 3)
-DATA_DIRECT_SINCE: Version = (2, 27, 3)
-DATA_DIRECT_ONLY_SINCE: Version = (2, 28, 3)
+CUMEM_SINCE: Version = params.CUMEM_ENABLE.since
+CUMEM_AUTO_SINCE: Version = params.CUMEM_ENABLE.first_with(-2)
+NETDEVS_POLICY_SINCE: Version = params.NETDEVS_POLICY.since
+DATA_DIRECT_SINCE: Version = params.IB_DATA_DIRECT.since
+DATA_DIRECT_ALONE_SINCE: Version = (2, 27, 6)           # NCCL_IB_DATA_DIRECT=1: <dev>_dma alone
+DATA_DIRECT_LOOKUP_FATAL_SINCE: Version = (2, 28, 3)    # a lookup error stops the IB transport
 # GPU-initiated networking (gdrprobe.nccl.gin cites each): src/gin/ from 2.28.7 (2.28.3 has
 # none); the GPU-memory gate of its backends and the CUDA VMM GPUDirect attribute from 2.29.7;
 # Volta or newer from 2.30.3; no MLO partition from 2.30.7; no GIN with fused NICs in
@@ -157,6 +159,14 @@ class NcclRules:
         """The release whose rules decide, as a reason names it."""
         return self.name if self.version else f"NCCL (version unknown: {dotted(MODELLED)}'s rules)"
 
+    def reads(self, declared: params.Param) -> bool:
+        """Whether this release of this library reads the variable at all."""
+        return declared.read_by(self.effective, self.library)
+
+    def param(self, declared: params.Param, environ: Mapping[str, str]) -> params.Value:
+        """A variable as this release of this library reads it (None: it does not read it)."""
+        return declared.value(environ, self)
+
     @property
     def dmabuf(self) -> bool:
         return self.since(DMABUF_SINCE)
@@ -176,7 +186,7 @@ class NcclRules:
     def selects_socket(self, environ: Mapping[str, str]) -> bool:
         """NCCL_NET names the socket transport: strcasecmp from 2.13.4, strcmp before
         (src/net.cc ncclNetInit; src/plugin/net.cc ncclNetInit from 2.26)."""
-        name = environ.get("NCCL_NET")
+        name = params.NET.raw(environ)
         if name is None or not self.since(NET_NAME_CASELESS_SINCE):
             return name == SOCKET_TRANSPORT
         return name.lower() == SOCKET_TRANSPORT.lower()
@@ -194,7 +204,7 @@ class NcclRules:
         if not self.since(CUMEM_SINCE):
             return "malloc"
         if not self.since(CUMEM_AUTO_SINCE):
-            return "vmm" if int_param(environ, "NCCL_CUMEM_ENABLE", 0) else "malloc"
+            return "vmm" if self.param(params.CUMEM_ENABLE, environ) else "malloc"
         return gpu_allocation(environ)
 
     @property
@@ -206,7 +216,7 @@ class NcclRules:
     def mlo_part_gdr(self, environ: Mapping[str, str]) -> bool:
         """Whether an MLO partition may use GDR: NCCL_NET_GDR_MLOPART (default 0) from 2.30.7
         (paths.cc ncclTopoCheckGdr); an older NCCL has no notion of partitions."""
-        return not self.since(MLOPART_SINCE) or int_param(environ, "NCCL_NET_GDR_MLOPART", 0) != 0
+        return not self.since(MLOPART_SINCE) or self.param(params.NET_GDR_MLOPART, environ) != 0
 
     @property
     def peermem_files(self) -> tuple[str, ...]:
@@ -241,8 +251,7 @@ class NcclRules:
         """How near its NIC a PXN relay must be (paths.cc ncclTopoComputePaths, NCCL_PXN_C2C)."""
         if not self.since(PXN_C2C_SINCE):
             return "PXB"
-        default = 1 if self.since(PXN_C2C_ON_SINCE) else 0
-        return "P2C" if int_param(environ, "NCCL_PXN_C2C", default) else "PXB"
+        return "P2C" if self.param(params.PXN_C2C, environ) else "PXB"
 
     @property
     def p2c_path(self) -> bool:
@@ -257,9 +266,7 @@ class NcclRules:
 
     def gdr_c2c(self, environ: Mapping[str, str]) -> bool:
         """NCCL_NET_GDR_C2C as this release reads it (paths.cc ncclTopoCheckGdr)."""
-        if not self.since(GDR_C2C_SINCE):
-            return False
-        return bool(int_param(environ, "NCCL_NET_GDR_C2C", 1 if self.since(P2C_SINCE) else 0))
+        return bool(self.param(params.NET_GDR_C2C, environ))
 
     def default_gdr_level(self, environ: Mapping[str, str]) -> str:
         """NCCL_NET_GDR_LEVEL's default: P2C while NCCL_NET_GDR_C2C is on from 2.29.2, else PXB."""
@@ -340,8 +347,10 @@ class NcclRules:
             (BCM_FLATTEN_SINCE, "no Broadcom switch is flattened", None),
             (BCM_GEN5_SINCE, "Broadcom Gen5 switches are not flattened", BCM_FLATTEN_SINCE),
             (DATA_DIRECT_SINCE, "no mlx5 data-direct devices (<dev>_dma): NCCL_IB_DATA_DIRECT is ignored", None),
-            (DATA_DIRECT_ONLY_SINCE, "a data-direct NIC is opened twice by default, as itself and as <dev>_dma",
+            (DATA_DIRECT_ALONE_SINCE, "a data-direct NIC is opened twice by default, as itself and as <dev>_dma",
              DATA_DIRECT_SINCE),
+            (DATA_DIRECT_LOOKUP_FATAL_SINCE, "a data-direct lookup error (not ENODEV) counts as no data-direct "
+                                             "device instead of stopping the IB transport", DATA_DIRECT_SINCE),
             (NETDEVS_POLICY_SINCE, "channels spread over NICs by an older rule the doctor does not model", None),
         )
         return tuple(f"{what} (changed in {dotted(since)})" for since, what, needs in checks

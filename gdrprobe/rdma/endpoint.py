@@ -10,6 +10,7 @@ import dataclasses
 import ipaddress
 import secrets
 
+from gdrprobe.nccl import gid as nccl_gid
 from gdrprobe.rdma import verbs
 from gdrprobe.errors import NoDevice, PeerError, RdmaError, UsageError
 from gdrprobe.rdma.devices import choose_device, open_failed, open_refusal
@@ -36,7 +37,7 @@ class EndpointOptions:
     remote_write: bool = True   # may the peer write through these QPs
     remote_read: bool = False   # may the peer READ through these QPs (an RDMA READ run)
     # What NCCL's GID choice asks for, where no GID index is given (NCCL's defaults).
-    gid_preference: verbs.GidPreference = verbs.NCCL_DEFAULTS
+    gid_preference: nccl_gid.GidPreference = nccl_gid.NCCL_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +57,11 @@ class EndpointAddress:
 
 def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
                gid_index: int | None, device: str,
-               preference: verbs.GidPreference = verbs.NCCL_DEFAULTS) -> tuple[int, str, str]:
+               preference: nccl_gid.GidPreference = nccl_gid.NCCL_DEFAULTS) -> tuple[int, str, str]:
     """(index, GID, why): the given index; else on InfiniBand index 0; else on RoCE the
     RoCE v2 GID of the address the out-of-band connection uses, when the port has one (both
     ends then route to each other as that connection does), and otherwise the GID NCCL picks
-    (:func:`gdrprobe.rdma.verbs.nccl_gid_index`), which an IPv6-only port has too."""
+    (:func:`gdrprobe.nccl.gid.nccl_gid_index`), which an IPv6-only port has too."""
     if gid_index is not None:
         if not 0 <= gid_index < port_attr.gid_tbl_len:
             raise UsageError(f"GID index {gid_index} is outside {device} port {port}'s table "
@@ -76,7 +77,7 @@ def choose_gid(ctx, port: int, port_attr, port_count: int, local_ip: str | None,
     for index, gid, gid_type in populated:
         if gid_type == verbs.ROCE_V2 and verbs.gid_ip_address(gid) == local_ip:
             return index, gid, f"the RoCE v2 GID of {local_ip}, the out-of-band address"
-    index = verbs.nccl_gid_index(populated, port_attr.gid_tbl_len, preference)
+    index = nccl_gid.nccl_gid_index(populated, port_attr.gid_tbl_len, preference)
     found = {entry: (gid, kind) for entry, gid, kind in populated}
     if index not in found:
         raise NoDevice(f"{device} port {port} has no usable GID (its table is empty)",

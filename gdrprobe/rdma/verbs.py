@@ -5,7 +5,6 @@ Also the names of the verbs enumerations a person reads (port states, MTUs, spee
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import ipaddress
 import re
@@ -215,89 +214,3 @@ def ipv4_roce_v2_gid(gids: Iterable[tuple[int, str, str]]) -> tuple[int, str] | 
 def is_zero_gid(gid: str) -> bool:
     """Whether a GID as pyverbs writes it (eight groups of four hex digits) is all zero."""
     return not gid.replace(":", "").strip("0")
-
-
-# ---- the GID NCCL picks on a RoCE port ---------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class GidPreference:
-    """What NCCL's choice of a RoCE GID asks for (NCCL 2.30.7 src/transport/net_ib/
-    connect.cc): NCCL_IB_ADDR_FAMILY (AF_INET unless "AF_INET6": family 4 or 6),
-    NCCL_IB_ROCE_VERSION_NUM (2) and NCCL_IB_ADDR_RANGE (none: any address)."""
-
-    family: int = 4
-    roce_version: int = 2
-    address_range: str | None = None     # e.g. "10.0.0.0/8"; NCCL ignores one it cannot read
-
-    def network(self):
-        """The range as NCCL reads it (envIbAddrRange): ADDRESS/BITS of the wanted family,
-        else none (NCCL then matches every GID)."""
-        if "/" not in (self.address_range or ""):
-            return None
-        try:
-            network = ipaddress.ip_network(self.address_range, strict=False)
-        except ValueError:
-            return None
-        return network if network.version == self.family else None
-
-
-NCCL_DEFAULTS = GidPreference()     # no NCCL_IB_ADDR_FAMILY, _ROCE_VERSION_NUM, _ADDR_RANGE
-ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-ROCE_VERSIONS = {"RoCE v1": 1, "IB/RoCE v1": 1, "RoCE v2": 2}
-
-
-def gid_family(gid: str) -> int:
-    """getGidAddrFamily: 4 for an IPv4-mapped GID (unicast ::ffff:a.b.c.d or the mapped
-    multicast ff0e::ffff:a.b.c.d), else 6, an empty GID included."""
-    raw = ipaddress.IPv6Address(gid).packed
-    mapped = raw[:12] == bytes(10) + b"\xff\xff"
-    mapped_multicast = raw[:4] == b"\xff\x0e\x00\x00" and raw[4:12] == bytes(6) + b"\xff\xff"
-    return 4 if mapped or mapped_multicast else 6
-
-
-def gid_valid(gid: str) -> bool:
-    """validGid: configured (neither empty nor the bare fe80:: prefix) and not link-local."""
-    raw = ipaddress.IPv6Address(gid).packed
-    link_local = raw[:8] == b"\xfe\x80" + bytes(6)
-    return raw != bytes(16) and not link_local
-
-
-def gid_in_range(gid: str, network) -> bool:
-    """matchGidAddrPrefix: within NCCL_IB_ADDR_RANGE (an IPv4 range compares the GID's last
-    32 bits); every GID when no range is set."""
-    if network is None:
-        return True
-    raw = ipaddress.IPv6Address(gid).packed
-    address = (ipaddress.IPv4Address(raw[12:]) if network.version == 4
-               else ipaddress.IPv6Address(raw))
-    return address in network
-
-
-def nccl_gid_index(gids: Iterable[tuple[int, str, str]], table_length: int,
-                   preference: GidPreference = NCCL_DEFAULTS) -> int:
-    """The GID index NCCL uses on a RoCE port without NCCL_IB_GID_INDEX: ncclIbGetGidIndex
-    starts at index 0 and walks the table, taking a candidate (ncclUpdateGidIndex) that is of
-    the wanted family where the current one is not, or of the wanted family, valid and in
-    range with the wanted RoCE version where the current one's differs or is not valid.
-    gids are the populated entries (index, gid, type); the rest read as empty, as the
-    kernel returns them. An IPv6-only port gets a GID this way too: NCCL does not refuse it."""
-    network = preference.network()
-
-    def facts(gid: str, version: int) -> tuple[int, bool, bool, int]:
-        return gid_family(gid), gid_valid(gid), gid_in_range(gid, network), version
-
-    # (family, valid, in range, RoCE version) per index; read once, not per step of the walk
-    table = {index: facts(gid, ROCE_VERSIONS.get(kind, -1)) for index, gid, kind in gids}
-    empty = facts(ZERO_GID, -1)
-    current = 0
-    for candidate in range(1, table_length):
-        family, valid, _, version = table.get(current, empty)
-        other_family, other_valid, in_range, other_version = table.get(candidate, empty)
-        wanted = other_family == preference.family
-        if other_family != family and wanted and in_range:
-            current = candidate
-        elif wanted and other_valid and in_range and (version != other_version or not valid) \
-                and other_version == preference.roce_version:
-            current = candidate
-    return current

@@ -102,6 +102,7 @@ class NcclUse:
     flush_rule: str = ""           # the rule that decides it, with NCCL's source
     mechanism: str | None = None   # what NCCL registers this GPU's memory through: dmabuf, peermem; None: no GDR
     mechanism_reason: str = ""     # the rule and the NCCL release that chose it
+    data_direct: bool = False      # NCCL's network device for it is <dev>_dma (registers DATA_DIRECT only)
 
     @property
     def uses_gdr(self) -> bool:

@@ -116,7 +116,7 @@ def gpu_write_ordering(bdf: str) -> str:
 
 def nccl_variable(name: str) -> str:
     """A finding about one NCCL variable: NCCL_IB_HCA -> nccl.ib_hca."""
-    return "nccl." + name.removeprefix("NCCL_").lower()
+    return "nccl." + name.lower().removeprefix("nccl_")
 
 
 def nccl_gpu(bdf: str) -> str:

@@ -83,3 +83,20 @@ def test_a_doorbell_page_comes_at_mlx5_1_7_in_nccls_order_and_is_freed(library, 
     with pytest.raises(mlx5dv.NoDoorbell, match="EPERM.*EPERM"):
         mlx5dv.alloc_doorbell(library, None)
     assert live() == 0
+
+
+@pytest.mark.parametrize("code, stops", [(errno.EIO, True), (errno.EOPNOTSUPP, True), (errno.ENODEV, False)])
+def test_a_lookup_error_other_than_enodev_stops_nccl_s_ib_from_2_28_3(library, monkeypatch, code, stops):
+    """mlx5dvwrap.cc wrap_mlx5dv_get_data_direct_sysfs_path: ENODEV is "not data-direct",
+    any other result stops ncclIbInitDevices from 2.28.3; before, every failure is "not
+    data-direct" (issue 39 item 2)."""
+    from gdrprobe.nccl import data_direct
+    from gdrprobe.nccl.versions import NcclRules
+
+    monkeypatch.setenv("GDRPROBE_MLX5_STANDIN_PATH_ERRNO", str(code))
+    found, _ = lookup(library)
+    probe = data_direct.read_probe({"mlx5": True, "dmabuf_errno": errno.EBADF, "path": None, "errno": found})
+    assert probe.path is None
+    assert data_direct.breaks_init(NcclRules((2, 28, 3)), {}, probe, nic="mlx5_0") is stops
+    assert not data_direct.breaks_init(NcclRules((2, 27, 7)), {}, probe, nic="mlx5_0")
+    assert not data_direct.breaks_init(NcclRules(), {"NCCL_IB_DATA_DIRECT": "0"}, probe, nic="mlx5_0")

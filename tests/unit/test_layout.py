@@ -3,12 +3,16 @@ runs on a machine where the native extension is not built (a capture replayed on
 
 One table says what each layer may import (docs/ARCHITECTURE.md, "The layers"):
 
-    C loop -> _native -> rdma -> memory, protocol -> measure, nccl, doctor -> campaign
+    C loop -> _native -> rdma -> memory, protocol -> measure, doctor -> campaign
            -> the public API (gdrprobe/__init__.py) -> cli
 
 report/ (models and renderers) sits beside the base modules: every layer may use it, and it
-uses none of them. Importing the bare package ``gdrprobe`` (or ``from gdrprobe import X``
-where X is no submodule) is importing the public API, which only the command line may do.
+uses none of them. nccl/ (NCCL's rules: its variables, one declaration each, and what NCCL
+does with them) is pure and uses only the base and report/, so every layer from rdma/ up may
+ask it: the GID NCCL picks, the registration NCCL makes, each has one home there.
+
+Importing the bare package ``gdrprobe`` (or ``from gdrprobe import X`` where X is no submodule)
+is importing the public API, which only the command line may do.
 """
 
 from __future__ import annotations
@@ -32,14 +36,14 @@ API = "gdrprobe"        # the bare package: matched exactly, never as a prefix o
 BASE = ("gdrprobe.errors", "gdrprobe.sysroot", "gdrprobe.defaults", "gdrprobe.numbers",
         "gdrprobe.files")
 REPORT = BASE
-RDMA = BASE + ("gdrprobe.report", "gdrprobe._native")
+NCCL = BASE + ("gdrprobe.report",)
+RDMA = NCCL + ("gdrprobe.nccl", "gdrprobe._native")
 PROTOCOL = RDMA + ("gdrprobe.rdma",)
 # memory borrows protocol's pure field validators, not its channel or messages
 MEMORY = RDMA + ("gdrprobe.rdma", "gdrprobe.protocol.fields")
 MEASURE = RDMA + ("gdrprobe.rdma", "gdrprobe.memory", "gdrprobe.protocol")
-NCCL = BASE + ("gdrprobe.report",)
 DOCTOR = NCCL + ("gdrprobe.nccl",)
-CAMPAIGN = MEASURE + ("gdrprobe.measure", "gdrprobe.nccl", "gdrprobe.doctor")
+CAMPAIGN = MEASURE + ("gdrprobe.measure", "gdrprobe.doctor")
 PUBLIC = CAMPAIGN + ("gdrprobe.campaign",)
 # The command line parses, calls the public API and renders; nothing below the API.
 CLI = (API, "gdrprobe.errors", "gdrprobe.defaults", "gdrprobe.numbers", "gdrprobe.files",

@@ -15,9 +15,8 @@ from gdrprobe.campaign.arguments import check_floor
 from gdrprobe.campaign.gate import PortFacts
 from gdrprobe.campaign.machine import machine_facts
 from gdrprobe.campaign.nic_lock import nic_lock
-from gdrprobe.campaign.prelaunch import nccl_gid_preference
 from gdrprobe.errors import NotTestable
-from gdrprobe.rdma.verbs import GidPreference
+from gdrprobe.nccl.gid import GidPreference
 from gdrprobe.report.model import to_json
 from tests.unit.doctor import nccl_machines as nm
 from tests.unit.fakes.prelaunch import check
@@ -81,14 +80,6 @@ def test_nccl_s_gid_walk_follows_the_job_s_address_family_roce_version_and_range
     check(facts, "0000:1b:00.0", locks)
     assert {endpoint.gid_preference for endpoint, *_ in runs} == {
         GidPreference(family=6, roce_version=1, address_range="fd00::/8")}
-
-
-@pytest.mark.parametrize("value, family", [("AF_INET6", 6), ("AF_INET", 4), ("", 4),
-                                           ("af_inet6", 4), ("INET6", 4)])
-def test_nccl_takes_only_af_inet6_exactly_for_ipv6(value, family):
-    preference = nccl_gid_preference({"NCCL_IB_ADDR_FAMILY": value})
-    assert (preference.family, preference.roce_version, preference.address_range) == \
-        (family, 2, None)
 
 
 def test_an_nccl_setting_that_keeps_nccl_off_gdr_is_exit_10(tmp_path, runs, locks):

@@ -1,6 +1,7 @@
-"""The verbs platform as NCCL meets it, on fixtures: the GID NCCL picks on a RoCE port (an
-IPv6-only one included), the devices a process can open, a device open that is refused,
-and the XDR speed that only active_speed_ex carries. The lab runs the same against rxe."""
+"""The verbs platform as NCCL meets it, on fixtures: the GID the endpoint takes on a RoCE port
+(an IPv6-only one included; NCCL's walk itself: test_nccl_gid.py), the devices a process can
+open, a device open that is refused, and the XDR speed that only active_speed_ex carries. The
+lab runs the same against rxe."""
 
 from __future__ import annotations
 
@@ -11,41 +12,11 @@ import types
 import pytest
 
 from gdrprobe.errors import ExitCode, NoDevice, RdmaError
+from gdrprobe.nccl import gid as nccl_gid
 from gdrprobe.rdma import devices, endpoint, verbs
 from gdrprobe.sysroot import SysRoot
+from tests.unit.fakes.gids import DUAL_STACK, IPV6_ONLY, LINK_LOCAL, V1, V2, V4_A
 
-V4_A = "0000:0000:0000:0000:0000:ffff:0a4d:0001"          # ::ffff:10.77.0.1
-V4_B = "0000:0000:0000:0000:0000:ffff:c0a8:0101"          # ::ffff:192.168.1.1
-LINK_LOCAL = "fe80:0000:0000:0000:5054:00ff:fe00:0001"
-GLOBAL_V6 = "fd00:0000:0000:0000:5054:00ff:fe00:0001"
-V1, V2 = "RoCE v1", "RoCE v2"
-
-# The usual table of a RoCE port: each address as a RoCE v1 and a RoCE v2 GID.
-DUAL_STACK = [(0, LINK_LOCAL, V1), (1, LINK_LOCAL, V2), (2, V4_A, V1), (3, V4_A, V2),
-              (4, GLOBAL_V6, V1), (5, GLOBAL_V6, V2)]
-IPV6_ONLY = [(0, LINK_LOCAL, V1), (1, LINK_LOCAL, V2), (2, GLOBAL_V6, V1), (3, GLOBAL_V6, V2)]
-
-
-# ---- the GID NCCL picks (connect.cc ncclIbGetGidIndex) ------------------------------------
-
-
-@pytest.mark.parametrize("table, preference, expected", [
-    (DUAL_STACK, verbs.GidPreference(), 3),                          # IPv4, RoCE v2
-    (DUAL_STACK, verbs.GidPreference(roce_version=1), 2),
-    (DUAL_STACK, verbs.GidPreference(family=6), 5),                  # global IPv6, v2
-    (IPV6_ONLY, verbs.GidPreference(), 0),                           # no IPv4: index 0 stays
-    (IPV6_ONLY, verbs.GidPreference(family=6), 3),
-    (DUAL_STACK + [(6, V4_B, V2)], verbs.GidPreference(address_range="192.168.0.0/16"), 6),
-    (DUAL_STACK + [(6, V4_B, V2)], verbs.GidPreference(address_range="192.168.0.0"), 3),
-    (DUAL_STACK, verbs.GidPreference(address_range="fd00::/8"), 3),   # other family: ignored
-])
-def test_the_gid_nccl_picks(table, preference, expected):
-    assert verbs.nccl_gid_index(table, 256, preference) == expected
-
-
-def test_an_empty_first_slot_is_read_as_nccl_reads_it():
-    # Index 0 empty (family 6, not valid): the first IPv4 GID moves NCCL off it.
-    assert verbs.nccl_gid_index([(3, V4_A, V1), (4, V4_A, V2)], 16) == 4
 
 
 class GidContext:
@@ -59,7 +30,7 @@ class GidContext:
 
     def query_gid(self, port, index):
         return types.SimpleNamespace(gid=dict((i, g) for i, g, _ in self.table).get(
-            index, verbs.ZERO_GID))
+            index, nccl_gid.ZERO_GID))
 
 
 ROCE_PORT = types.SimpleNamespace(gid_tbl_len=256, link_layer=verbs.LINK_LAYER_ETHERNET)
@@ -88,14 +59,6 @@ def test_an_empty_gid_table_is_no_usable_gid():
     with pytest.raises(NoDevice, match="no usable GID") as raised:
         choose([], None)
     assert raised.value.exit_code == ExitCode.NO_DEVICE
-
-
-def test_the_gid_family_and_validity_are_nccls():
-    assert verbs.gid_family(V4_A) == 4 and verbs.gid_family(LINK_LOCAL) == 6
-    assert verbs.gid_family("ff0e:0000:0000:0000:0000:ffff:0a00:0001") == 4  # mapped multicast
-    assert verbs.gid_family(verbs.ZERO_GID) == 6
-    assert not verbs.gid_valid(LINK_LOCAL) and not verbs.gid_valid(verbs.ZERO_GID)
-    assert verbs.gid_valid(V4_A) and verbs.gid_valid(GLOBAL_V6)
 
 
 # ---- XDR -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from gdrprobe.memory import gpu as gpu_module
 from gdrprobe.memory import rungs
 from gdrprobe.memory.gpu import DmaBufGpuMemory
+from gdrprobe.nccl import data_direct
 from gdrprobe.rdma import verbs
 from tests.unit.fake_cuda import fake_gpu
 
@@ -141,3 +142,47 @@ def test_both_dmabuf_rungs_refused_is_an_error_naming_each(registrations, monkey
             memory.register("pd")
     assert calls == [rungs.DATA_DIRECT, rungs.DMABUF]
     assert "rungs refused: mlx5dv_reg_dmabuf_mr(MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT)" in raised.value.evidence
+
+
+# ---- the face of the NIC NCCL chose (gdrprobe.nccl.data_direct.nccl_face) ----------------------
+
+
+def test_on_nccl_s_data_direct_device_a_refusal_is_not_engaged_never_plain_dmabuf(registrations):
+    """net_ib/reg.cc: on <dev>_dma NCCL registers through mlx5dv_reg_dmabuf_mr with
+    MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT and nothing else: the job's registration fails."""
+    calls, state = registrations
+    state["refuse"] = errno.EOPNOTSUPP
+    _, gpu = fake_gpu()
+    with DmaBufGpuMemory(gpu, 8192, data_direct=PATH, face=data_direct.DATA_DIRECT,
+                         face_reason="NCCL uses mlx5_0_dma") as memory:
+        with pytest.raises(Exception) as raised:
+            memory.register("pd")
+    assert calls == [rungs.DATA_DIRECT]
+    assert "MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT" in raised.value.evidence
+    assert "no fallback" in raised.value.evidence and "NCCL uses mlx5_0_dma" in raised.value.evidence
+    assert "NCCL_IB_DATA_DIRECT=0" in raised.value.fix
+    assert raised.value.cause.startswith("NCCL's only registration on <dev>_dma")
+
+
+@pytest.mark.parametrize("face, why, rung", [
+    (data_direct.DATA_DIRECT, "NCCL uses mlx5_0_dma", rungs.DATA_DIRECT),
+    # NCCL_IB_DATA_DIRECT=0 (the doctor's own fix), an older release, or a decision for the
+    # device itself: ibv_reg_dmabuf_mr, the data-direct rung never tried
+    (data_direct.ORDINARY, "NCCL_IB_DATA_DIRECT=0: NCCL opens mlx5_0 alone", rungs.DMABUF)])
+def test_on_nccl_s_face_only_its_rung_is_tried_and_it_says_why(registrations, face, why, rung):
+    calls, _ = registrations
+    _, gpu = fake_gpu()
+    with DmaBufGpuMemory(gpu, 8192, data_direct=PATH, face=face, face_reason=why) as memory:
+        memory.register("pd")
+        described = memory.describe()
+    assert calls == [rung] and described["registration_rung"] == rung
+    assert why in described["registration_rung_reason"]
+
+
+@pytest.mark.parametrize("face, expected", [
+    (data_direct.DATA_DIRECT, [rungs.DATA_DIRECT]), (data_direct.ORDINARY, [rungs.DMABUF]),
+    ("", [rungs.DATA_DIRECT, rungs.DMABUF])])
+def test_the_ladder_of_each_face(face, expected):
+    assert [r.name for r in rungs.ladder(PATH, True, False, face)] == expected
+    # a NIC that is no data-direct one has its plain rung whatever the face
+    assert [r.name for r in rungs.ladder(None, True, False, face)] == [rungs.DMABUF]

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
 
 from gdrprobe.doctor.facts.context import DoctorContext
-from gdrprobe.nccl import data_direct
-from gdrprobe.nccl.decision import SOCKET_PATH, decide, level_refusal
-from gdrprobe.nccl.env import (GdrLevel, int_value, netdevs_policy, parse_hca_filter, pxn_disabled,
-                               relaxed_ordering_wanted)
+from gdrprobe.nccl import data_direct, effects, params
+from gdrprobe.nccl.decision import SOCKET_PATH, decide
+from gdrprobe.nccl.refusals import level_refusal
+from gdrprobe.nccl.env import GdrLevel, netdevs_policy, parse_hca_filter
 from gdrprobe.nccl.flush import data_direct_net
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
 from gdrprobe.nccl.topo import nccl_ports
@@ -40,66 +39,51 @@ GROUP = ids.NCCL
 finding = functools.partial(Finding, group=GROUP)
 
 
-def is_nonzero(text: str) -> bool:
-    return int_value(text) not in (None, 0)
-
-
-def is_zero(text: str) -> bool:
-    return int_value(text) == 0
-
-
-def always(_text: str) -> bool:
-    return True
-
-
 @dataclasses.dataclass(frozen=True)
-class Rule:
-    """A variable whose value, when ``applies``, changes what NCCL does with GPUDirect."""
+class Words:
+    """How the doctor says one effect (:mod:`gdrprobe.nccl.effects`)."""
 
-    variable: str
-    applies: Callable[[str], bool]
     status: Status
-    effect: str
+    effect: str           # after "NAME=value: "; {detail} takes the effect's release words
     fix: str = ""
 
 
 UNSET_FIX = "Unset it unless you are deliberately A/B testing."
-SIMPLE_RULES = (
-    Rule("NCCL_IB_DISABLE", is_nonzero, Status.FAIL,
-         "NCCL will not use InfiniBand/RoCE verbs and falls back to TCP sockets through host memory: no GPUDirect RDMA",
-         UNSET_FIX),
-    Rule("NCCL_NET_GDR_READ", is_zero, Status.WARN,
-         "NCCL will not let the NIC read GPU memory on the send side: sends stage through host memory, "
-         "receives can still use GPUDirect RDMA", UNSET_FIX),
-    Rule("NCCL_NET_GDR_READ", lambda value: (int_value(value) or 0) > 0, Status.INFO,
-         "NCCL lets the NIC read GPU memory on sends on every GPU, also where its default would not "
-         "(GPUs before Ampere without an NVLink peer)"),
-    Rule("NCCL_NET_GDR_C2C", is_zero, Status.WARN,
-         "the default GDR level becomes PXB instead of P2C: on C2C platforms (Grace) NICs attached to the CPU "
-         "lose GPUDirect RDMA", UNSET_FIX),
-    Rule("NCCL_GDR_FLUSH_DISABLE", is_nonzero, Status.WARN,
-         "NCCL skips the flush that makes NIC writes visible to the GPU before sm90: received data may be stale",
-         UNSET_FIX),
+NO_EFFECT_FIX = "Unset it: it changes nothing for this NCCL."
+WORDS = {
+    effects.IB_OFF: Words(Status.FAIL, "NCCL will not use InfiniBand/RoCE verbs and falls back to TCP sockets "
+                                       "through host memory: no GPUDirect RDMA", UNSET_FIX),
+    effects.SEND_GDR_OFF: Words(Status.WARN, "NCCL will not let the NIC read GPU memory on the send side: sends "
+                                             "stage through host memory, receives can still use GPUDirect RDMA",
+                                UNSET_FIX),
+    effects.SEND_GDR_FORCED: Words(Status.INFO, "NCCL lets the NIC read GPU memory on sends on every GPU, also "
+                                                "where its default would not ({detail})"),
+    effects.C2C_GDR_OFF: Words(Status.WARN, "NCCL turns GPUDirect RDMA off for the NICs a C2C GPU (Grace) reaches "
+                                            "through its CPU{detail}", UNSET_FIX),
+    effects.FLUSH_OFF: Words(Status.WARN, "NCCL skips the flush that makes NIC writes visible to the GPU before "
+                                          "sm90: received data may be stale", UNSET_FIX),
     # What the file does to NCCL's placement (and where it cannot be read) is the finding
     # topology.nccl_file's, which judges the file itself: this one only says it is set.
-    Rule("NCCL_TOPO_FILE", always, Status.INFO,
-         "NCCL places the GPUs and NICs this file names under the file's switches and CPUs, the rest as "
-         "it detects them (finding topology.nccl_file: how this file places this node's devices)"),
-    Rule("NCCL_PXN_DISABLE", lambda value: pxn_disabled({"NCCL_PXN_DISABLE": value}), Status.INFO,
-         "NCCL will not relay through an NVLink peer GPU to that GPU's nearer NIC, so some GPUs use a farther NIC"),
-    Rule("NCCL_IB_PCI_RELAXED_ORDERING",
-         lambda value: not relaxed_ordering_wanted({"NCCL_IB_PCI_RELAXED_ORDERING": value}), Status.INFO,
-         "NCCL registers memory without PCIe relaxed ordering (only 1 and 2 ask for it), which costs bandwidth "
-         "in virtual machines"),
-    Rule("NCCL_IB_CUDA_SUPPORT", always, Status.WARN,
-         "removed in NCCL 2.4.0: no code reads it, so it has no effect",
-         "Use NCCL_NET_GDR_LEVEL instead, or unset it."),
-    Rule("NCCL_IB_GDR_LEVEL", always, Status.WARN,
-         "renamed in NCCL 2.4.0: no code reads it, so it has no effect",
-         "Use NCCL_NET_GDR_LEVEL instead, or unset it."),
-    Rule("NCCL_GDRCOPY_ENABLE", always, Status.INFO,
-         "GDRCopy is a CPU-side copy mechanism; it neither enables nor disables GPUDirect RDMA to the NIC"),
-)
+    effects.TOPO_FILE: Words(Status.INFO, "NCCL places the GPUs and NICs this file names under the file's "
+                                          "switches and CPUs, the rest as it detects them (finding "
+                                          "topology.nccl_file: how this file places this node's devices)"),
+    effects.PXN_OFF: Words(Status.INFO, "NCCL will not relay through an NVLink peer GPU to that GPU's nearer NIC, "
+                                        "so some GPUs use a farther NIC"),
+    effects.RELAXED_ORDERING_OFF: Words(Status.INFO, "NCCL registers memory without PCIe relaxed ordering (only 1 "
+                                                     "and 2 ask for it), which costs bandwidth in virtual machines"),
+    effects.GDRCOPY: Words(Status.INFO, "GDRCopy is a CPU-side copy mechanism; it neither enables nor disables "
+                                        "GPUDirect RDMA to the NIC"),
+    effects.NOT_READ: Words(Status.INFO, "no effect: {detail}", NO_EFFECT_FIX),
+    effects.THE_DEFAULT: Words(Status.INFO, "no effect: {detail}"),
+    effects.NOT_HERE: Words(Status.INFO, "no effect here: {detail}"),
+}
+# The variables no release since 2.4.0 reads, and what replaced them.
+REMOVED_WORDS = {
+    params.IB_CUDA_SUPPORT.name: Words(Status.WARN, "removed in NCCL 2.4.0: no code reads it, so it has no effect",
+                                       "Use NCCL_NET_GDR_LEVEL instead, or unset it."),
+    params.IB_GDR_LEVEL.name: Words(Status.WARN, "renamed in NCCL 2.4.0: no code reads it, so it has no effect",
+                                    "Use NCCL_NET_GDR_LEVEL instead, or unset it."),
+}
 
 
 def variable_evidence(ctx: DoctorContext, name: str) -> Evidence:
@@ -108,20 +92,33 @@ def variable_evidence(ctx: DoctorContext, name: str) -> Evidence:
     return Evidence(f"{ctx.environ_source(name)} {name}", ctx.environ[name])
 
 
-def rule_finding(ctx: DoctorContext, rule: Rule) -> Finding:
-    value = ctx.environ[rule.variable]
+def effect_finding(ctx: DoctorContext, effect: effects.Effect) -> Finding:
+    words = REMOVED_WORDS[effect.param.name] if effect.kind == effects.REMOVED else WORDS[effect.kind]
     return finding(
-        id=ids.nccl_variable(rule.variable),
-        status=rule.status,
-        summary=f"{rule.variable}={value}: {rule.effect}",
-        evidence=(variable_evidence(ctx, rule.variable),),
-        fix=rule.fix,
+        id=ids.nccl_variable(effect.param.name),
+        status=words.status,
+        summary=f"{effect.param.name}={effect.value}: {words.effect.format(detail=effect_detail(effect))}",
+        evidence=(variable_evidence(ctx, effect.param.name),),
+        fix=words.fix,
     )
 
 
+def effect_detail(effect: effects.Effect) -> str:
+    if effect.kind == effects.C2C_GDR_OFF:
+        return f"; {effect.detail}" if effect.detail else ""
+    return effect.detail
+
+
+def c2c_gpus(ctx: DoctorContext) -> bool | None:
+    """Whether a GPU of the node reaches its CPU over C2C (NVML's C2C links); None: unknown."""
+    node = ctx.nccl_node
+    if node.nvml_order is None:
+        return None
+    return any(node.gpu(gpu.bdf).c2c_links for gpu in node.gpus)
+
+
 def simple_rule_findings(ctx: DoctorContext) -> list[Finding]:
-    return [rule_finding(ctx, rule) for rule in SIMPLE_RULES
-            if rule.variable in ctx.environ and rule.applies(ctx.environ[rule.variable])]
+    return [effect_finding(ctx, effect) for effect in effects.effects(ctx.environ, ctx.nccl_rules, c2c_gpus(ctx))]
 
 
 def net_findings(ctx: DoctorContext) -> list[Finding]:
@@ -129,8 +126,11 @@ def net_findings(ctx: DoctorContext) -> list[Finding]:
     (versions.NcclRules.selects_socket: any case from 2.13.4, exactly "Socket" before)."""
     if not ctx.nccl_rules.selects_socket(ctx.environ):
         return []
-    return [rule_finding(ctx, Rule("NCCL_NET", always, Status.FAIL, "NCCL uses the socket transport: traffic goes "
-                                   "through host memory, no GPUDirect RDMA", UNSET_FIX))]
+    name = params.NET.name
+    return [finding(id=ids.nccl_variable(name), status=Status.FAIL,
+                    summary=f"{name}={params.NET.raw(ctx.environ)}: NCCL uses the socket transport: traffic "
+                            "goes through host memory, no GPUDirect RDMA",
+                    evidence=(variable_evidence(ctx, name),), fix=UNSET_FIX)]
 
 
 # ---- NCCL_NET_GDR_LEVEL -----------------------------------------------------
@@ -143,37 +143,37 @@ def gpus_beyond_level(ctx: DoctorContext, level: GdrLevel) -> list[Evidence]:
 
 
 def gdr_level_findings(ctx: DoctorContext) -> list[Finding]:
-    value = ctx.environ.get("NCCL_NET_GDR_LEVEL")
+    value = params.NET_GDR_LEVEL.raw(ctx.environ)
     if value is None:
         return []
-    evidence = (variable_evidence(ctx, "NCCL_NET_GDR_LEVEL"),)
+    evidence = (variable_evidence(ctx, params.NET_GDR_LEVEL.name),)
     level = ctx.nccl_rules.gdr_level(ctx.environ)
     if level.ignored:
-        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
+        return [finding(id=ids.nccl_variable(params.NET_GDR_LEVEL.name), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} is not a spelling NCCL accepts (names are "
                                 "case-sensitive, NODE does not exist): NCCL silently ignores it and uses its default",
                         evidence=evidence,
                         fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
     if level.undefined:
-        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
+        return [finding(id=ids.nccl_variable(params.NET_GDR_LEVEL.name), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} is a number NCCL stores in a C int, where it becomes "
                                 "negative: NCCL then reads before its level table (undefined behaviour), so the GDR "
                                 f"level is unknown; the doctor assumes the default {level.name}",
                         evidence=evidence,
                         fix="Use one of PIX, PXB, P2C, PHB, SYS (upper case), or unset it.")]
     if level_refusal(ctx.environ, ctx.nccl_rules):
-        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.FAIL,
+        return [finding(id=ids.nccl_variable(params.NET_GDR_LEVEL.name), status=Status.FAIL,
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: no NIC is that close to a GPU, "
                                 "so NCCL disables GPUDirect RDMA everywhere",
                         evidence=evidence, fix=UNSET_FIX)]
     beyond = gpus_beyond_level(ctx, level)
     if beyond:
-        return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.WARN,
+        return [finding(id=ids.nccl_variable(params.NET_GDR_LEVEL.name), status=Status.WARN,
                         summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}: GPUDirect RDMA is off for "
                                 f"{len(beyond)} GPU(s) whose NIC is farther",
                         evidence=evidence + tuple(beyond),
                         fix="Unset it (the default admits PIX, PXB and P2C) or move the NIC closer to the GPU.")]
-    return [finding(id=ids.nccl_variable("NCCL_NET_GDR_LEVEL"), status=Status.INFO,
+    return [finding(id=ids.nccl_variable(params.NET_GDR_LEVEL.name), status=Status.INFO,
                     summary=f"NCCL_NET_GDR_LEVEL={value} means {level.name}; it replaces "
                             "NCCL's default (P2C from 2.29, PXB before) and admits the path to "
                             "every GPU's NIC",
@@ -191,23 +191,23 @@ def active_ports(ctx: DoctorContext, nic: str) -> tuple[int, ...]:
 def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
     """Compare NCCL's choice with and without the filter (NCCL drops the other devices first:
     src/transport/net_ib/init.cc ncclIbInitDevices)."""
-    value = ctx.environ.get("NCCL_IB_HCA")
+    value = params.IB_HCA.raw(ctx.environ)
     if value is None:
         return []
     hca_filter = parse_hca_filter(value)
-    unfiltered = {k: v for k, v in ctx.environ.items() if k != "NCCL_IB_HCA"}
+    unfiltered = params.without(ctx.environ, params.IB_HCA)
     excluded = [Evidence(f"GPU {d.gpu_bdf} -> NCCL's NIC without the filter {d.nic}", d.path_type)
                 for d in decide(ctx.nccl_node, unfiltered, ctx.nccl_rules)
                 if d.nic is not None and not hca_filter.selects(d.nic, active_ports(ctx, d.nic))]
-    evidence = (variable_evidence(ctx, "NCCL_IB_HCA"),)
+    evidence = (variable_evidence(ctx, params.IB_HCA.name),)
     if excluded:
-        return [finding(id=ids.nccl_variable("NCCL_IB_HCA"), status=Status.WARN,
+        return [finding(id=ids.nccl_variable(params.IB_HCA.name), status=Status.WARN,
                         summary=f"NCCL_IB_HCA={value} excludes the NIC NCCL would pick for {len(excluded)} GPU(s): "
                                 "NCCL will use another NIC, where GPUDirect RDMA may be off or slower",
                         evidence=evidence + tuple(excluded),
                         fix="Include those NICs in NCCL_IB_HCA (mind that names without '=' "
                             "match as prefixes), or unset it.")]
-    return [finding(id=ids.nccl_variable("NCCL_IB_HCA"), status=Status.INFO,
+    return [finding(id=ids.nccl_variable(params.IB_HCA.name), status=Status.INFO,
                     summary=f"NCCL_IB_HCA={value} keeps the NIC NCCL picks for every GPU", evidence=evidence)]
 
 
@@ -217,22 +217,22 @@ def ib_hca_findings(ctx: DoctorContext) -> list[Finding]:
 def dmabuf_enable_findings(ctx: DoctorContext) -> list[Finding]:
     """Harmless beside peer memory, fatal where DMA-BUF is the only path (src/init.cc
     dmaBufSupported, src/graph/topo.cc ncclTopoPopulateNics)."""
-    value = ctx.environ.get("NCCL_DMABUF_ENABLE")
-    if value is None or dmabuf_enabled(ctx.environ):
+    value = params.DMABUF_ENABLE.raw(ctx.environ)
+    if value is None or dmabuf_enabled(ctx.environ, ctx.nccl_rules):
         return []
     paths = ctx.memory_paths
-    evidence = (variable_evidence(ctx, "NCCL_DMABUF_ENABLE"),)
+    evidence = (variable_evidence(ctx, params.DMABUF_ENABLE.name),)
     if paths.peermem_file:
-        return [finding(id=ids.nccl_variable("NCCL_DMABUF_ENABLE"), status=Status.INFO,
+        return [finding(id=ids.nccl_variable(params.DMABUF_ENABLE.name), status=Status.INFO,
                         summary=f"NCCL_DMABUF_ENABLE={value}: NCCL registers GPU memory through peer memory "
                                 f"({paths.peermem_file}) instead of DMA-BUF",
                         evidence=evidence)]
     if len(paths.disabled_pairs(dmabuf_enabled=True)) < len(paths.disabled_pairs()):
-        return [finding(id=ids.nccl_variable("NCCL_DMABUF_ENABLE"), status=Status.FAIL,
+        return [finding(id=ids.nccl_variable(params.DMABUF_ENABLE.name), status=Status.FAIL,
                         summary=f"NCCL_DMABUF_ENABLE={value} switches off DMA-BUF, this node's only path to GPU "
                                 "memory: NCCL logs \"GPU Direct RDMA Disabled\" for the HCAs",
                         evidence=evidence + paths.evidence(), fix=UNSET_FIX)]
-    return [finding(id=ids.nccl_variable("NCCL_DMABUF_ENABLE"), status=Status.WARN,
+    return [finding(id=ids.nccl_variable(params.DMABUF_ENABLE.name), status=Status.WARN,
                     summary=f"NCCL_DMABUF_ENABLE={value}: no effect today (DMA-BUF is not available here "
                             "anyway), but it will block DMA-BUF once the stack supports it",
                     evidence=evidence, fix=UNSET_FIX)]
@@ -255,12 +255,13 @@ def channel_words(decision: NcclGpuDecision) -> str:
 
 
 def socket_finding(decision: NcclGpuDecision) -> Finding:
-    """A GPU whose traffic NCCL's settings send through its socket transport: the per-GPU
-    answer agrees with the variable's finding."""
+    """A GPU whose traffic NCCL sends through its socket transport: the per-GPU answer agrees
+    with the variable's finding, or with nccl.data_direct's where the node stops NCCL's IB."""
+    node = data_direct.LOOKUP in decision.why[0]
     return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
                    summary=f"{decision.gpu} ({decision.gpu_bdf}): NCCL moves this GPU's traffic through host memory, "
                            f"WITHOUT GPUDirect RDMA: {decision.why[0]}",
-                   evidence=(Evidence("why", decision.why[0]),), fix=UNSET_FIX)
+                   evidence=(Evidence("why", decision.why[0]),), fix=DATA_DIRECT_FIX if node else UNSET_FIX)
 
 
 def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_unregistered: bool = False,
@@ -404,12 +405,12 @@ def netdevs_policy_findings(ctx: DoctorContext) -> list[Finding]:
     """src/graph/topo.cc getNetDevsPolicyOnce: AUTO, ALL or MAX:n (n > 0), case-insensitive;
     anything else is AUTO, said only in an NCCL_DEBUG=INFO line."""
     policy = netdevs_policy(ctx.environ)
-    if policy.recognised:
-        return []
-    return [finding(id=ids.nccl_variable("NCCL_NETDEVS_POLICY"), status=Status.WARN,
+    if policy.recognised or not ctx.nccl_rules.reads(params.NETDEVS_POLICY):
+        return []       # not read before 2.28.3: nccl.netdevs_policy says so (effects.NOT_READ)
+    return [finding(id=ids.nccl_variable(params.NETDEVS_POLICY.name), status=Status.WARN,
                     summary=f"NCCL_NETDEVS_POLICY={policy.raw} is not a policy NCCL recognises: it uses AUTO "
                             "(each GPU spreads its channels over as many NICs as its share of the local ones)",
-                    evidence=(variable_evidence(ctx, "NCCL_NETDEVS_POLICY"),),
+                    evidence=(variable_evidence(ctx, params.NETDEVS_POLICY.name),),
                     fix="Use AUTO, ALL or MAX:n with n > 0, or unset it.")]
 
 
@@ -439,15 +440,20 @@ def unused_reason(ctx, nic: str) -> str:
             "(NCCL_IB_HCA, or one with more bandwidth or a nearer path: see nccl.gpu.<bdf>)")
 
 
+DATA_DIRECT_FIX = (f"Set {data_direct.VARIABLE}=0 (NCCL then does not ask), or update the kernel's mlx5_ib and "
+                   "rdma-core together; NCCL before 2.28.3 treats the error as no data-direct (NVIDIA/nccl "
+                   "issue 1866).")
+
+
 def broken_init_finding(ctx, broken: list[str]) -> Finding:
     probes = ctx.data_direct_probes
     return finding(
         id=ids.NCCL_DATA_DIRECT, status=Status.FAIL,
         summary=f"{ctx.nccl_rules.described} fails to start its InfiniBand/RoCE transport: "
-                f"mlx5dv_get_data_direct_sysfs_path fails on {', '.join(broken)} with an error other than ENODEV",
+                f"{data_direct.LOOKUP} fails on {', '.join(broken)} with an error other than ENODEV: no GPU's "
+                "traffic takes an RDMA NIC",
         evidence=tuple(Evidence(nic, probes[nic].reason) for nic in broken),
-        fix=f"Set {data_direct.VARIABLE}=0 (NCCL then does not ask), or update the kernel's mlx5_ib and "
-            "rdma-core together; NCCL before 2.28.3 treats the error as no data-direct (NVIDIA/nccl issue 1866).")
+        fix=DATA_DIRECT_FIX)
 
 
 def usage_finding(ctx, found: list[str]) -> Finding:
@@ -467,7 +473,7 @@ def usage_finding(ctx, found: list[str]) -> Finding:
         summary=f"data-direct available but not used: {', '.join(unused)} "
                 f"{'has' if len(unused) == 1 else 'have'} a data-direct device NCCL does not send through",
         evidence=tuple(evidence),
-        fix=f"Use NCCL 2.28.3 or newer with {data_direct.VARIABLE} unset (or 1): NCCL then opens <dev>_dma alone, "
+        fix=f"Use NCCL 2.27.6 or newer with {data_direct.VARIABLE} unset (or 1): NCCL then opens <dev>_dma alone, "
             "at the data-direct path; on GB300-class nodes it carries NIC-to-GPU writes at PCIe speed.")
 
 
@@ -483,7 +489,8 @@ def domain_findings(decisions) -> list[Finding]:
 
 def data_direct_findings(ctx) -> list[Finding]:
     probes = ctx.data_direct_probes
-    broken = [nic for nic, probe in probes.items() if data_direct.breaks_init(ctx.nccl_rules, ctx.environ, probe)]
+    broken = [nic for nic, probe in probes.items()
+              if data_direct.breaks_init(ctx.nccl_rules, ctx.environ, probe, ctx.ports.get(nic), nic)]
     if broken:
         return [broken_init_finding(ctx, broken)]
     found = [nic for nic, probe in probes.items() if probe.path]
@@ -504,7 +511,7 @@ def check(ctx: DoctorContext) -> list[Finding]:
 
 
 def environment_ok_finding(ctx: DoctorContext) -> Finding:
-    nccl_variables = sorted(name for name in ctx.environ if name.startswith("NCCL_"))
+    nccl_variables = params.library_variables(ctx.environ)
     return finding(
         id=ids.NCCL_ENV,
         status=Status.OK,

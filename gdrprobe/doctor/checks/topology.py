@@ -9,6 +9,7 @@ from gdrprobe.doctor.facts import nvml, pci
 from gdrprobe.doctor.facts.rails import Rail, SharedElement, read_links, shared_element
 from gdrprobe.doctor.facts.topology import (ABSENT, CPUINFO, DMI_FILES, HANGS, LOADED, MALFORMED, NO_FILE,
                                             NcclTopologyFile, PcieDevice, Topology)
+from gdrprobe.nccl import params
 from gdrprobe.nccl.env import GdrLevel
 from gdrprobe.nccl.topo import pcie_distance
 from gdrprobe.nccl.topo_file import OPEN_FAILURE_INFO_SINCE, VIRTUAL_TOPOLOGY_FILE
@@ -341,7 +342,7 @@ def check(ctx) -> list[Finding]:
     crosscheck = nvml_crosscheck_finding(topology, ctx.nvml_facts)
     findings += [crosscheck] if crosscheck else []
     level = ctx.nccl_rules.gdr_level(ctx.environ)
-    findings.append(level_finding(level, ctx.environ_source("NCCL_NET_GDR_LEVEL")))
+    findings.append(level_finding(level, ctx.environ_source(params.NET_GDR_LEVEL.name)))
     nics = {nic.name: nic for nic in topology.nics}
     node = ctx.nccl_node
     placed = {device.bdf: device for device in node.gpus + node.nics + tuple(node.data_direct.values())}

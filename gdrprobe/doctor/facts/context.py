@@ -72,7 +72,7 @@ class DoctorContext:
 
     @functools.cached_property
     def _nccl_environ(self) -> tuple[dict[str, str], dict[str, str]]:
-        return with_conf_files(self.process_environ, self._read_conf_file)
+        return with_conf_files(self.process_environ, self._read_conf_file, self.nccl_rules)
 
     @property
     def environ(self) -> Mapping[str, str]:

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 from gdrprobe.doctor.facts.dynamic_loader import places, resolve
 from gdrprobe.doctor.facts.nccl_library import version_in_bytes
+from gdrprobe.nccl.env import net_plugin_files, net_plugin_names
 from gdrprobe.nccl.gin import DriverParams, GinGpu, GinNic, GinNode, OfiPlugin
 from gdrprobe.nccl.versions import parse_version
 from gdrprobe.sysroot import SysRoot
@@ -91,17 +92,16 @@ def nic_provider(root: SysRoot, name: str, data_direct: Mapping[str, Any]) -> tu
 def find_ofi_plugin(root: SysRoot, environ: Mapping[str, str]) -> str | None:
     """The net plugin library NCCL dlopens (src/plugin/plugin_open.cc: NCCL_NET_PLUGIN's
     names as libnccl-net-<name>.so, or a path; else libnccl-net.so), as the loader finds it."""
-    named = [name.strip() for name in environ.get("NCCL_NET_PLUGIN", "").split(",") if name.strip()]
     tried = places(root, None, None, environ)
-    for name in named or list(DEFAULT_PLUGINS):
-        if "/" in name:
-            if root.exists(name):
-                return name
-            continue
-        soname = name if name.startswith("libnccl-net") else f"libnccl-net-{name}.so"
-        found = resolve(root, soname, tried)
-        if found:
-            return found[0][0]
+    for name in net_plugin_names(environ) or list(DEFAULT_PLUGINS):
+        for soname in net_plugin_files(name):
+            if "/" in soname:
+                if root.exists(soname):
+                    return soname
+                continue
+            found = resolve(root, soname, tried)
+            if found:
+                return found[0][0]
     return None
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import re
 from typing import Any
 
+from gdrprobe.nccl import params
 from gdrprobe.nccl.gdr_support import Half, MemoryPaths, dmabuf_enabled, gpu_dmabuf_half
 from gdrprobe.sysroot import SysRoot
 
@@ -104,8 +105,8 @@ def read_memory_paths(ctx) -> MemoryPaths:
     gpu_bdfs = tuple(g.bdf for g in ctx.topology.gpus) or tuple(g["pci_bus_id"] for g in cuda.get("gpus", []))
     rules = ctx.nccl_rules
     return MemoryPaths(peermem_file=peermem_file(root, rules.peermem_files),
-                       dmabuf_enabled=dmabuf_enabled(ctx.environ),
-                       dmabuf_enable_raw=ctx.environ.get("NCCL_DMABUF_ENABLE"),
+                       dmabuf_enabled=dmabuf_enabled(ctx.environ, rules),
+                       dmabuf_enable_raw=params.DMABUF_ENABLE.raw(ctx.environ),
                        gpu_halves=gpus, default_gpu_half=default_gpu,
                        nic_halves=nics, default_nic_half=default_nic,
                        nics=tuple(n.name for n in ctx.topology.nics) or ("any NIC",),

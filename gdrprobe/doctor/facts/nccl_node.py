@@ -116,4 +116,6 @@ def collect_node_facts(ctx) -> NodeFacts:
         gdr_support=ctx.memory_paths,
         switch_ids=switch_ids(ctx.root, devices, placements),
         placement=placement_notes(ctx.nccl_topology_file, devices),
-        data_direct=data_direct)
+        data_direct=data_direct,
+        data_direct_errors={nic.name: probe.reason for nic in nics
+                            if (probe := ctx.data_direct_probes.get(nic.name)) and probe.breaks_init})

@@ -24,7 +24,7 @@ from gdrprobe.errors import GpuUnusable
 from gdrprobe.numbers import decimal
 from gdrprobe.nccl.rccl import (BIOS_VERSION, DMABUF_SYMBOLS, KALLSYMS, KERNEL_CONFIG_FILES,
                                 KERNEL_OPTIONS, MEMORY_PEERS_DIRS, MEMORY_PEERS_FILES,
-                                NUMA_BALANCING, PEER_MEMORY_SYMBOL, RcclFacts)
+                                NUMA_BALANCING, PEER_MEMORY_SYMBOL, RcclFacts, hsa_library)
 from gdrprobe.sysroot import SysRoot
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ PROC_CONFIG = "/proc/config.gz"
 CONFIG_BYTES = 1 << 20
 # HSA_AMD_SYSTEM_INFO_DMABUF_SUPPORTED, the value rocmwrap.cc passes to hsa_system_get_info.
 HSA_DMABUF_SUPPORTED = 0x204
-HSA_LIBRARY = "libhsa-runtime64.so"   # RCCL dlopens it by this name, after RCCL_ROCR_PATH
 
 
 def node_properties(root: SysRoot, node: str) -> dict[str, int]:
@@ -144,7 +143,7 @@ def collect_hsa_facts(environ) -> dict[str, Any]:
     """HSA_AMD_SYSTEM_INFO_DMABUF_SUPPORTED and whether hsa_amd_portable_export_dmabuf is
     exported, asked of the libhsa-runtime64 RCCL loads (rocmwrap.cc initOnceFunc), or
     ``{"error": why}``."""
-    path = environ.get("RCCL_ROCR_PATH", "") + HSA_LIBRARY
+    path = hsa_library(environ)
     try:
         library = ctypes.CDLL(path)
     except OSError as error:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 
 from gdrprobe.doctor.facts import pci
 from gdrprobe.doctor.facts.runtimes import listed_gpus
-from gdrprobe.nccl.env import int_param
-from gdrprobe.nccl.nets import mapped_function
+from gdrprobe.nccl import params
+from gdrprobe.nccl.nets import mapped_function, merge_vfs
 from gdrprobe.nccl.topo import common_prefix, nccl_path_type, pci_parents, pcie_distance
 from gdrprobe.nccl.topo_file import (MAX_FILE_BYTES, OversizedFile, Placement, TopoFileError, TopoFileSetting,
                                      TopologyXml, Version, parse_topology, place_device, topo_file_setting)
@@ -211,7 +211,7 @@ class NcclTopologyFile:
 def nic_bus_id(nic: PcieDevice, environ: Mapping[str, str]) -> str:
     """The function NCCL's IB transport names for a NIC (net_ib ncclIbGetPciPath,
     NCCL_IB_MERGE_VFS on by default), which NCCL looks up in the file."""
-    return mapped_function(nic.bdf, int_param(environ, "NCCL_IB_MERGE_VFS", 1) != 0)
+    return mapped_function(nic.bdf, merge_vfs(environ))
 
 
 def place_devices(root: SysRoot, xml: TopologyXml, topology: Topology,
@@ -238,7 +238,7 @@ def read_nccl_topology_file(root: SysRoot, environ: Mapping[str, str], origin: C
     """NCCL's topology file as the NCCL ``version`` finds and reads it (topo.cc
     ncclTopoGetSystem, xml.cc ncclTopoGetXmlFromFile); ``environ`` is NCCL's (its
     configuration files merged), ``origin`` says where a variable of it comes from."""
-    setting = topo_file_setting(environ, origin("NCCL_TOPO_FILE"), version)
+    setting = topo_file_setting(environ, origin(params.TOPO_FILE.name), version)
     if setting is None:
         return NcclTopologyFile(None, NO_FILE)
     if not setting.path:

@@ -283,7 +283,8 @@ def test_memory_freed_while_registered_stays_pinned_until_deregistration(modules
 def test_each_nccl_outcome_on_a_data_direct_nic_gets_its_answer(modules, outcome):
     """lab/data_direct.py: the stand-in libmlx5 over the patched rxe, each of NCCL's outcomes
     (data-direct works, with or without the PCIe mapping; the mapping refused; the data-direct
-    registration refused, then plain DMA-BUF; no data-direct path)."""
+    registration refused: not engaged, no fallback; NCCL_IB_DATA_DIRECT=0: plain DMA-BUF on the
+    device itself; NCCL_IB_DATA_DIRECT=2: data-direct refused, then plain; no data-direct path)."""
     done, table = outcome.run(modules)
     assert done.stdout, done.stderr
     report = json.loads(done.stdout)

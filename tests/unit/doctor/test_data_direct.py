@@ -85,7 +85,7 @@ def test_data_direct_available_but_turned_off_is_a_warning_with_the_setting(tmp_
     report = run_doctor(str(tmp_path), environ={"NCCL_IB_DATA_DIRECT": "0"})
     unused = finding(report, ids.NCCL_DATA_DIRECT)
     assert unused.status is Status.WARN and unused.summary.startswith("data-direct available but not used")
-    assert "NCCL_IB_DATA_DIRECT=0" in unused.evidence[0].value and "2.28.3" in unused.fix
+    assert "NCCL_IB_DATA_DIRECT=0" in unused.evidence[0].value and "2.27.6" in unused.fix
 
 
 def test_a_gpu_on_another_domains_data_direct_device_is_flagged(tmp_path):

@@ -7,7 +7,8 @@ from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
 from gdrprobe.nccl.cparse import strtoll
-from gdrprobe.nccl.env import gdr_level, int_param
+from gdrprobe.nccl.env import gdr_level
+from gdrprobe.nccl.params import NET_GDR_READ
 from gdrprobe.report.model import Status
 
 
@@ -76,7 +77,7 @@ def test_gdr_level_legacy_digits():
 def test_numbers_are_read_with_strtoll_base_0(text, value):
     """src/misc/param.cc ncclLoadParam: strtoll(str, NULL, 0); ERANGE keeps the default."""
     assert strtoll(text) == value
-    assert int_param({"NCCL_X": text}, "NCCL_X", 7) == (7 if value is None else value)
+    assert NET_GDR_READ.number({"NCCL_NET_GDR_READ": text}) == (-2 if value is None else value)
 
 
 @pytest.mark.parametrize("text, level", [("08", "LOC"), ("0x2", "PXB"), ("010", "SYS"), ("03", "PHB")])
@@ -97,3 +98,47 @@ def test_ib_hca_against_nccls_choice(tmp_path, value, excluded):
     named = [e.source.rsplit(" ", 1)[1] for e in hca.evidence[1:]]
     assert named == excluded
     assert hca.status is (Status.WARN if excluded else Status.INFO)
+
+
+# ---- the wording by release (gdrprobe.nccl.effects) ------------------------------------------
+@pytest.mark.parametrize("version, c2c, kind", [
+    ((2, 25, 1), True, "not-read"),           # no C2C GDR before 2.26.2: NCCL does not read it
+    ((2, 26, 6), True, "the-default"),        # 0 is 2.26's default
+    ((2, 27, 3), True, "c2c-gdr-off"),        # default 1 from 2.27.3
+    ((2, 30, 7), True, "c2c-gdr-off"),
+    ((2, 30, 7), False, "not-here"),          # no GPU on C2C: nothing changes on this node
+    ((2, 30, 7), None, "c2c-gdr-off"),        # not known: NCCL's rule stands
+])
+def test_net_gdr_c2c_0_warns_only_where_it_changes_something(version, c2c, kind):
+    from gdrprobe.nccl import effects
+    from gdrprobe.nccl.versions import NcclRules
+
+    (effect,) = effects.effects({"NCCL_NET_GDR_C2C": "0"}, NcclRules(version), c2c)
+    assert effect.kind == kind
+    if version >= (2, 29, 2) and kind == "c2c-gdr-off":
+        assert "P2C to PXB" in effect.detail
+
+
+def test_net_gdr_c2c_0_on_a_node_without_c2c_is_information(tmp_path):
+    tree = nccl_machines.pix_and_pxb(tmp_path)
+    nccl_machines.nvml_facts(tree, nccl_machines.gpu_bdfs(tree))      # NVML: no C2C link
+    found = {f.id: f for f in nccl_env.check(DoctorContext(SysRoot(str(tmp_path)), {"NCCL_NET_GDR_C2C": "0"}))}
+    assert found["nccl.net_gdr_c2c"].status is Status.INFO and "no effect here" in found["nccl.net_gdr_c2c"].summary
+
+
+def test_net_gdr_c2c_0_on_grace_warns(tmp_path):
+    nccl_machines.gh200(tmp_path)
+    found = {f.id: f for f in nccl_env.check(DoctorContext(SysRoot(str(tmp_path)), {"NCCL_NET_GDR_C2C": "0"}))}
+    assert found["nccl.net_gdr_c2c"].status is Status.WARN
+    assert "C2C GPU" in found["nccl.net_gdr_c2c"].summary
+
+
+@pytest.mark.parametrize("variable, value, version", [
+    ("NCCL_PXN_DISABLE", "1", (2, 11, 4)), ("NCCL_IB_PCI_RELAXED_ORDERING", "0", (2, 11, 4)),
+    ("NCCL_NETDEVS_POLICY", "bogus", (2, 27, 7))])
+def test_a_variable_the_release_does_not_read_changes_nothing(variable, value, version):
+    from gdrprobe.nccl import effects
+    from gdrprobe.nccl.versions import NcclRules
+
+    (effect,) = effects.effects({variable: value}, NcclRules(version))
+    assert effect.kind == effects.NOT_READ and "does not read it" in effect.detail
