@@ -20,6 +20,8 @@ from typing import Protocol
 from gdrprobe.nccl.cparse import strtoll
 from gdrprobe.numbers import decimal
 
+# The far end of an NVLink this machine does not show (src/graph/xml.cc): NCCL takes it for an NVSwitch.
+NOT_VISIBLE = "fffffff:ffff:ff"
 # NCCL's path types, nearest first, with the rank its gates compare (src/include/graph.h).
 PATH_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6,
              "PXN": 7, "PHB": 8, "SYS": 9}

@@ -102,6 +102,7 @@ GIN_COMPUTE_GATE_SINCE: Version = (2, 30, 3)
 GIN_MLO_GATE_SINCE: Version = (2, 30, 7)
 GIN_NIC_FUSED_GATE: tuple[Version, Version] = ((2, 29, 2), (2, 30, 7))
 GIN_EFA_SINCE: Version = (2, 31, 2)
+NVLINK_REMOTE_TYPE_SINCE: Version = (2, 31, 0)
 
 # src/graph/topo.h in 2.27.3 only: PATH_PXN 6 before PATH_P2C 7 (every other release with
 # P2C numbers P2C 6, PXN 7: gdrprobe.nccl.topo.PATH_RANK).
@@ -285,6 +286,14 @@ class NcclRules:
             return distance
         c2c_kind = "P2C" if self.since(P2C_SINCE) else "PHB"
         return "C2C" if gpu_c2c and distance == c2c_kind else distance
+
+    @property
+    def nvlink_remote_type(self) -> bool:
+        """Whether NCCL asks NVML what is at an NVLink's far end before its bus id
+        (nvmlDeviceGetNvLinkRemoteDeviceType: a switch, a GPU; src/graph/xml.cc
+        ncclTopoGetXmlFromGpu, 2.31): a driver without that entry point then shows NCCL no
+        NVLink. Before, the far end's bus id alone (an empty one: an NVSwitch)."""
+        return self.since(NVLINK_REMOTE_TYPE_SINCE)
 
     @property
     def nic_fusion(self) -> bool:

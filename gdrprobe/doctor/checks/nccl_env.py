@@ -25,6 +25,7 @@ import dataclasses
 import functools
 from typing import Callable
 
+from gdrprobe.doctor.facts import nvml
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.nccl import data_direct
 from gdrprobe.nccl.decision import SOCKET_PATH, decide, level_refusal
@@ -299,6 +300,11 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_u
                            "it off where it competes with other PCIe traffic)" if "Ampere" in send_reason
                        else UNSET_FIX)
     receive_reason = next(r for r in decision.why if r.startswith("receive: "))[len("receive: "):]
+    if decision.unread:
+        return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.WARN,
+                       summary=f"{label}: {library} uses {where} without GPUDirect RDMA on the facts read "
+                               f"({receive_reason}), but {decision.unread}",
+                       evidence=evidence, fix=nvml.NVML_FIX)
     return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
                    summary=f"{label}: {library} uses {where} WITHOUT GPUDirect RDMA: {receive_reason}",
                    evidence=evidence, fix=decision_fix(receive_reason))
