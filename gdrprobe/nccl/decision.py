@@ -196,7 +196,7 @@ class Machine:
     # -- facts ----------------------------------------------------------------------
     @functools.cached_property
     def inter_cpu(self) -> InterCpu:
-        return inter_cpu_bandwidth(self.facts.cpuinfo)
+        return inter_cpu_bandwidth(self.facts.cpuinfo, self.rules.inter_cpu_by_generation)
 
     def _link_gbs(self, bdf: str) -> float:
         return link_bandwidth_gbs(self.facts.links.get(bdf, PcieLink()))
