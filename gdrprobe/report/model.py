@@ -316,6 +316,8 @@ class RunSettings:
                                    # for it ("" where none ran)
     opcode: str = "write"          # the RDMA operation measured: write or read
     perftest: str = ""             # perftest's program for the same test (ib_read_bw ...)
+    send_memory: str = ""          # latency: "host" where each side sent from a host buffer of its
+                                   # own (NCCL's LL placement); "": from its own buffer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -230,4 +230,4 @@ def check(ctx: DoctorContext) -> list[Finding]:
     bdfs = gpu_bdfs(ctx, facts)
     findings += [bar1_finding(ctx, bdf) for bdf in bdfs]
     # NVML is NVIDIA's: RCCL reads none on an AMD node.
-    return findings + ([nvml_finding(ctx.nvml_facts)] if bdfs and not ctx.amd_node else [])
+    return findings + ([nvml_finding(ctx.nvml_facts)] if bdfs and ctx.nccl_rules.library != "RCCL" else [])

@@ -125,7 +125,7 @@ def data_direct_devices(ctx, nics: tuple[PcieDevice, ...]) -> dict[str, PcieDevi
 def links_unread(ctx, bdf: str) -> str:
     """Why NCCL's NVLink and C2C facts of a GPU are unknown ("": read, or an AMD node, where
     RCCL reads no NVML)."""
-    return "" if ctx.amd_node else nvml.unread_reason(ctx.nvml_facts, bdf)
+    return "" if ctx.nccl_rules.library == "RCCL" else nvml.unread_reason(ctx.nvml_facts, bdf)
 
 
 def collect_node_facts(ctx) -> NodeFacts:
