@@ -1,7 +1,7 @@
 """For every GPU: the NIC NCCL will use, through which path, and whether with GPUDirect RDMA
 for receives (the NIC writes GPU memory) and sends (the NIC reads it), decided by NCCL's
-own rules (NVIDIA/nccl 2.30.7, older releases where :mod:`gdrprobe.nccl.versions` says they
-differ) over the node's facts (:class:`NodeFacts`, which the doctor collects:
+own rules (NVIDIA/nccl 2.30.7 and 2.31, other releases where :mod:`gdrprobe.nccl.versions`
+says they differ) over the node's facts (:class:`NodeFacts`, which the doctor collects:
 :mod:`gdrprobe.doctor.facts.nccl_node`):
 
 1. Path type and bandwidth of each GPU-NIC pair (``src/graph/paths.cc`` ncclTopoSetPaths):
@@ -47,8 +47,8 @@ NCCL_IB_DISABLE, NCCL_NET naming the socket transport, and a GDR level below eve
 GPU can have to a NIC; the decision says so for every GPU, and holds where the topology
 could not be read.
 
-NVLink and C2C come from NVML as NCCL reads it; where they could not be read, a GPU whose
-GPUDirect RDMA they could give back is said to be undecided (:mod:`gdrprobe.nccl.unread`).
+NVLink and C2C come from NVML as NCCL reads it; where unread, a GPU whose GPUDirect RDMA
+they could give back is undecided (:mod:`gdrprobe.nccl.unread`).
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class Machine:
 
     def links_unread(self) -> str:
         """Why the NVLink and C2C facts of some of NCCL's GPUs are unknown ("": all read)."""
-        return next((self.facts.gpu(g.bdf).links_unread for g in self.gpus if self.facts.gpu(g.bdf).links_unread), "")
+        return next(filter(None, (self.facts.gpu(g.bdf).links_unread for g in self.gpus)), "")
 
     # -- steps 1 and 2: the direct paths ----------------------------------------------
     def cpu_to_net(self, gpu: PcieEndpoint, net: Net) -> tuple[str, float]:
@@ -549,9 +549,8 @@ def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None
            job_gpus: Collection[str] | None = None) -> tuple[NcclGpuDecision, ...]:
     """The decision for each of the job's GPUs (``job_gpus``: their bus ids, the
     communicator's GPUs on this node; None: every GPU of the node) under ``environ``, the
-    environment as NCCL sees it (a what-if: the same facts with a variable unset; every
-    NCCL variable, NCCL_DMABUF_ENABLE too, is read from it), by the rules of the NCCL in use
-    (None: 2.30.7)."""
+    environment as NCCL sees it (every NCCL variable is read from it), by the rules of the
+    NCCL in use (None: MODELLED's), marked where unread facts could change it."""
     def under(node: NodeFacts) -> tuple[NcclGpuDecision, ...]:
         machine = Machine(node, environ, rules, job_gpus)
         return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)
