@@ -448,13 +448,10 @@ cdef class BandwidthConfig:
 
 
 cdef class LatencyConfig:
-    """The ping-pong loop's settings in the C struct the loop reads, with the objects that
-    own what it points at (see BandwidthConfig): it sends from send_offset in memory (or,
-    given, in source: a buffer of its own on the same PD, where NCCL's LL protocol keeps its
-    send buffers) and the peer writes into memory's start; it writes to the start of remote's
-    buffer. read: the initiator READs remote's start into memory's start instead
-    (csrc/gdr_loop.h); imm: WRITEs with immediate into `slots` slots of remote's buffer, the
-    pass after `first` messages, post_recv posting the run's first receive (gdr_lat_config)."""
+    """The ping-pong loop's settings (gdr_lat_config) and the owners of what it points at: it
+    sends from send_offset in memory (in source, given: NCCL's LL send buffer), the peer writes
+    into memory's start, it into remote's. read: the initiator READs remote's start; imm: WRITEs
+    with immediate into `slots` slots, the pass after `first`, post_recv its first receive."""
 
     cdef c.gdr_lat_config cfg
     cdef readonly object handles, memory, source
@@ -469,8 +466,7 @@ cdef class LatencyConfig:
         if imm and not 1 <= <object>slots * msg_size <= remote.length:
             raise ValueError(f"{slots} slots of {msg_size} B do not fit the peer's buffer")
         if source is not None and not imm:
-            raise ValueError("a send buffer of its own needs WRITEs with immediate: the CPU "
-                             "writes the tag into the message otherwise")
+            raise ValueError("a send buffer of its own needs WRITEs with immediate")
         sender = memory if source is None else source
         _check_inside("the message sent", <object>send_offset + msg_size, sender)
         self.handles, self.memory, self.source = handles, memory, source
@@ -481,8 +477,7 @@ cdef class LatencyConfig:
         self.cfg.recv_buf = <volatile uint8_t *><uintptr_t>memory.address
         self.cfg.remote_addr, self.cfg.rkey = remote.address, remote.rkey
         self.cfg.msg_size, self.cfg.iterations = msg_size, iterations
-        self.cfg.seed = seed
-        self.cfg.max_inline = max_inline
+        self.cfg.seed, self.cfg.max_inline = seed, max_inline
         self.cfg.initiator, self.cfg.read, self.cfg.post_recv = initiator, read, post_recv
         self.cfg.imm, self.cfg.slots, self.cfg.first = imm, slots, first
         self.cfg.stall_timeout_ns = stall_timeout_ns

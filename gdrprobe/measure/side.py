@@ -134,6 +134,35 @@ def send_source(options, endpoint: Endpoint, size: int):
                        relaxed_ordering=options.relaxed_ordering)
 
 
+class FlushTally:
+    """A receiver's flushes in one round, checked and timed: each READs the first byte of the
+    last message checked, which must be that message's (expected); the Integrity fields."""
+
+    def __init__(self, flusher):
+        self.flusher = flusher     # a measure.flush.Flusher; None: the run asks for no flush here
+        self.reads = self.bad = 0
+        self.first_bad: int | None = None
+        self.elapsed_ns: list[int] = []   # each READ's time, post to completion
+
+    def read(self, offset: int, expected: int) -> None:
+        if self.flusher is None:
+            return
+        landed = self.flusher.read_back(offset, expected)
+        self.reads += 1
+        self.elapsed_ns.append(landed.elapsed_ns)
+        if landed.byte != expected:
+            self.bad += 1
+            if self.first_bad is None:
+                self.first_bad = offset
+
+    def fields(self) -> dict:
+        """What Integrity says of the flushes."""
+        return {"flush_reads": self.reads, "flush_bad": self.bad,
+                "first_flush_bad_offset": self.first_bad,
+                "flush_us_median": (statistics.median(self.elapsed_ns) / 1000
+                                    if self.elapsed_ns else None)}
+
+
 class ImmCheck:
     """What one side of a WRITE-with-immediate latency round found in its receive slots,
     pass by pass: after each pass, with nothing in flight, every slot the pass wrote must hold
@@ -144,29 +173,17 @@ class ImmCheck:
     the first byte of the pass's last message, which must bring back that message's."""
 
     def __init__(self, memory: MemoryProvider, size: int, seed: int, flusher=None):
-        self.memory, self.size, self.seed, self.flusher = memory, size, seed, flusher
+        self.memory, self.size, self.seed = memory, size, seed
+        self.flushes = FlushTally(flusher)
         self.messages = self.bad_messages = self.bad_bytes = 0
         self.first_bad: int | None = None
-        self.flush_reads = self.flush_bad = 0
-        self.first_flush_bad: int | None = None
-        self.flush_ns: list[int] = []
-
-    def flush(self, count: int) -> None:
-        offset, expected = (count - 1) * self.size, _native.pattern_byte(self.seed, 0)
-        read = self.flusher.read_back(offset, expected)
-        self.flush_reads += 1
-        self.flush_ns.append(read.elapsed_ns)
-        if read.byte != expected:
-            self.flush_bad += 1
-            if self.first_flush_bad is None:
-                self.first_flush_bad = offset
 
     def check_pass(self, raw, count: int) -> None:
         """The pass that just ended: its loop's result and its `count` messages' slots."""
         self._found(raw.bad_messages, raw.bad_bytes,
                     raw.first_bad_offset if raw.bad_bytes else -1)
-        if self.flusher is not None and count:
-            self.flush(count)
+        if count:
+            self.flushes.read((count - 1) * self.size, _native.pattern_byte(self.seed, 0))
         self.memory.flush_remote_writes()
         for slot in range(count):
             bad, first = self.memory.verify_pattern(slot * self.size, self.size, self.seed)
@@ -186,10 +203,7 @@ class ImmCheck:
                          stray_bytes=0, first_stray_offset=None,
                          messages_checked=max(1, self.messages),
                          messages_total=max(1, self.messages), bad_messages=self.bad_messages,
-                         flush_reads=self.flush_reads, flush_bad=self.flush_bad,
-                         first_flush_bad_offset=self.first_flush_bad,
-                         flush_us_median=(statistics.median(self.flush_ns) / 1000
-                                          if self.flush_ns else None))
+                         **self.flushes.fields())
 
 
 def imm_passes(iterations: int, slots: int) -> list[tuple[int, int]]:

@@ -190,6 +190,17 @@ static struct link *handle_link(void *device, unsigned link) {
     return gpu && link < MAX_LINKS && gpu->links[link].used ? &gpu->links[link] : NULL;
 }
 
+/* One NvLink query's start, as NVML answers it: the failure a rule asks for, a bad handle or
+   output, or a link the GPU does not have (NOT_SUPPORTED); SUCCESS with *found set. */
+static int enter_link(const char *name, void *device, unsigned link, const void *out,
+                      struct link **found) {
+    int result = enter(name);
+    if (result != SUCCESS) return result;
+    if (!handle_gpu(device) || !out) return ERROR_INVALID_ARGUMENT;
+    *found = handle_link(device, link);
+    return *found ? SUCCESS : ERROR_NOT_SUPPORTED;
+}
+
 /* ---- control, for tests ---- */
 const char *standin_nvml_called(void) { return called; }
 
@@ -269,31 +280,26 @@ int nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *minor) {
 }
 
 int nvmlDeviceGetNvLinkCapability(void *device, unsigned link, int capability, unsigned *result_out) {
-    int result = enter("nvmlDeviceGetNvLinkCapability");
-    struct link *found = handle_link(device, link);
+    struct link *found;
+    int result = enter_link("nvmlDeviceGetNvLinkCapability", device, link, result_out, &found);
     if (result != SUCCESS) return result;
-    if (!handle_gpu(device) || !result_out || capability != 0) return ERROR_INVALID_ARGUMENT;
-    if (!found) return ERROR_NOT_SUPPORTED;
+    if (capability != 0) return ERROR_INVALID_ARGUMENT;
     *result_out = (unsigned)found->p2p;
     return SUCCESS;
 }
 
 int nvmlDeviceGetNvLinkState(void *device, unsigned link, int *active) {
-    int result = enter("nvmlDeviceGetNvLinkState");
-    struct link *found = handle_link(device, link);
+    struct link *found;
+    int result = enter_link("nvmlDeviceGetNvLinkState", device, link, active, &found);
     if (result != SUCCESS) return result;
-    if (!handle_gpu(device) || !active) return ERROR_INVALID_ARGUMENT;
-    if (!found) return ERROR_NOT_SUPPORTED;
     *active = found->active;
     return SUCCESS;
 }
 
 int nvmlDeviceGetNvLinkRemotePciInfo(void *device, unsigned link, nvmlPciInfo_t *pci) {
-    int result = enter("nvmlDeviceGetNvLinkRemotePciInfo");
-    struct link *found = handle_link(device, link);
+    struct link *found;
+    int result = enter_link("nvmlDeviceGetNvLinkRemotePciInfo", device, link, pci, &found);
     if (result != SUCCESS) return result;
-    if (!handle_gpu(device) || !pci) return ERROR_INVALID_ARGUMENT;
-    if (!found) return ERROR_NOT_SUPPORTED;
     memset(pci, 0, sizeof *pci);
     if (found->end[0]) {
         unsigned domain = 0, bus = 0, dev = 0, fn = 0;
@@ -307,11 +313,9 @@ int nvmlDeviceGetNvLinkRemotePciInfo(void *device, unsigned link, nvmlPciInfo_t 
 
 #ifndef STANDIN_NO_REMOTE_DEVICE_TYPE
 int nvmlDeviceGetNvLinkRemoteDeviceType(void *device, unsigned link, int *type) {
-    int result = enter("nvmlDeviceGetNvLinkRemoteDeviceType");
-    struct link *found = handle_link(device, link);
+    struct link *found;
+    int result = enter_link("nvmlDeviceGetNvLinkRemoteDeviceType", device, link, type, &found);
     if (result != SUCCESS) return result;
-    if (!handle_gpu(device) || !type) return ERROR_INVALID_ARGUMENT;
-    if (!found) return ERROR_NOT_SUPPORTED;
     *type = found->type;
     return SUCCESS;
 }
