@@ -448,36 +448,36 @@ cdef class BandwidthConfig:
 
 
 cdef class LatencyConfig:
-    """The ping-pong loop's settings in the C struct the loop reads, with the objects that
-    own what it points at (see BandwidthConfig): it sends from send_offset in memory and the
-    peer writes into memory's start; it writes to the start of remote's buffer. read: the
-    initiator READs remote's start into memory's start instead (csrc/gdr_loop.h); imm: WRITEs
-    with immediate into `slots` slots of remote's buffer, the pass after `first` messages,
-    post_recv posting the run's first receive (gdr_lat_config)."""
+    """The ping-pong loop's settings (gdr_lat_config) and the owners of what it points at: it
+    sends from send_offset in memory (in source, given: NCCL's LL send buffer), the peer writes
+    into memory's start, it into remote's. read: the initiator READs remote's start; imm: WRITEs
+    with immediate into `slots` slots, the pass after `first`, post_recv its first receive."""
 
     cdef c.gdr_lat_config cfg
-    cdef readonly object handles, memory
+    cdef readonly object handles, memory, source
 
     def __init__(self, handles, memory, remote, *, uint64_t send_offset, uint32_t msg_size,
                  uint64_t iterations, bint initiator, uint64_t stall_timeout_ns, uint64_t seed,
                  uint32_t max_inline=0, bint read=False, bint imm=False, uint32_t slots=1,
                  uint64_t first=0, bint post_recv=False, bint counter=False,
-                 double ns_per_tick=1.0):
+                 double ns_per_tick=1.0, source=None):
         if read and (imm or not initiator):
             raise ValueError("only an initiator READs, and not both READs and WRITEs with imm")
         if imm and not 1 <= <object>slots * msg_size <= remote.length:
             raise ValueError(f"{slots} slots of {msg_size} B do not fit the peer's buffer")
-        _check_inside("the message sent", <object>send_offset + msg_size, memory)
-        self.handles, self.memory = handles, memory
+        if source is not None and not imm:
+            raise ValueError("a send buffer of its own needs WRITEs with immediate")
+        sender = memory if source is None else source
+        _check_inside("the message sent", <object>send_offset + msg_size, sender)
+        self.handles, self.memory, self.source = handles, memory, source
         memset(&self.cfg, 0, sizeof(self.cfg))
         self.cfg.qp = <c.ibv_qp *><uintptr_t>handles.qps[0]
         self.cfg.cq = <c.ibv_cq *><uintptr_t>handles.cq
-        self.cfg.send_addr, self.cfg.lkey = memory.address + send_offset, memory.lkey
+        self.cfg.send_addr, self.cfg.lkey = sender.address + send_offset, sender.lkey
         self.cfg.recv_buf = <volatile uint8_t *><uintptr_t>memory.address
         self.cfg.remote_addr, self.cfg.rkey = remote.address, remote.rkey
         self.cfg.msg_size, self.cfg.iterations = msg_size, iterations
-        self.cfg.seed = seed
-        self.cfg.max_inline = max_inline
+        self.cfg.seed, self.cfg.max_inline = seed, max_inline
         self.cfg.initiator, self.cfg.read, self.cfg.post_recv = initiator, read, post_recv
         self.cfg.imm, self.cfg.slots, self.cfg.first = imm, slots, first
         self.cfg.stall_timeout_ns = stall_timeout_ns

@@ -8,8 +8,11 @@ every device gets a translated (DMA-FQ) default domain.
 
 There is no GPU and no PCI RDMA NIC in the guest: the two devices behind the ports stand in
 for them (a GPU and the NIC NCCL would use for it), so the checks' own code reads the live
-config space, ``/sys/kernel/iommu_groups`` and ``/proc/cmdline``. Emulated hardware, not
-hardware proof.
+config space, ``/sys/kernel/iommu_groups`` and ``/proc/cmdline``. Behind two root ports the
+pair meets only in the root complex, so the kernel's ACS bits are read and reported as no
+fault, whatever they say (the rule of gdrprobe/doctor/checks/acs.py); QEMU 7.2's switch ports
+(xio3130) have no ACS capability, so a switch's ports are proven by fixtures only. Emulated
+hardware, not hardware proof.
 
   python -m lab.acs_iommu findings     (in the guest) the checks' findings as JSON
 """

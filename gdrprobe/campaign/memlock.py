@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import resource
 
 from gdrprobe.doctor.checks.memlock import (effective_capabilities, has_ipc_lock,
@@ -168,7 +169,7 @@ def too_little_memlock(fewest: ProbeOptions, ends: int, memory: LockedMemory) ->
         f"{_mib(fewest.buffer_bytes)} for {max(fewest.sizes)} B messages with one integrity "
         f"slot, and {_mib(QUEUE_MARGIN_BYTES)} for the verbs queues), more than the "
         f"locked-memory limit of {_mib(memory.soft)}{already}",
-        f"raise the limit to at least {need_kib} KiB: {raise_soft}{memlock_fix(container)} "
+        f"raise the limit to at least {need_kib} KiB: {raise_soft}{memlock_fix(container, os.geteuid() == 0)} "
         "Or measure smaller messages (-s).",
         evidence=f"getrlimit(RLIMIT_MEMLOCK): soft {_mib(memory.soft)}, hard "
                  f"{_mib(memory.hard)}; CAP_IPC_LOCK not held")

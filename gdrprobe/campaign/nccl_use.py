@@ -15,7 +15,8 @@ cause, each one found by dropping it alone (a job image's ``NCCL_NET_GDR_LEVEL=L
 or stack makes NCCL refuse it (a NIC beyond NCCL's GDR level, no peer memory and no
 DMA-BUF NCCL can use, a GPU without GPUDirect support), unless a setting NCCL leaves off by
 design gives it back (an MLO partition without NCCL_NET_GDR_MLOPART): NCCL's policy, not the
-node's fault.
+node's fault; or NVLink and C2C facts NCCL reads and the doctor could not would give it back
+(:mod:`gdrprobe.nccl.unread`): not decided, evidence only, never a node fault.
 
 ``--mem gpu`` (the mechanism left to gdrprobe) follows NCCL: the GPU arm registers its
 memory as NCCL will (:func:`as_nccl_registers`); ``--mem dmabuf`` and ``--mem peermem`` stay
@@ -38,6 +39,9 @@ from gdrprobe.report import finding_ids
 from gdrprobe.report.check import NcclUse
 from gdrprobe.report.model import NcclGpuDecision
 
+# A decision resting on NVLink and C2C facts the doctor could not read (nccl/unread.py).
+UNREAD_FIX = ("let the doctor read the NVIDIA driver's libnvidia-ml.so.1 as NCCL does (see the doctor's "
+              "gpu.nvml); until then the A/B's answer stands alone")
 Decide = Callable[[Mapping[str, str]], Sequence[NcclGpuDecision]]
 WouldUse = Callable[[Mapping[str, str]], bool]
 
@@ -133,7 +137,7 @@ def decided_use(decision: NcclGpuDecision, environ: Mapping[str, str], decisions
     bdf = decision.gpu_bdf
     common = dict(gpu=bdf, nic=decision.nic, path=decision.path, via_gpu=decision.via_gpu,
                   receives=decision.gdr_write, sends=decision.gdr_read,
-                  firm=context.firm or context.refusal is not None,
+                  firm=context.firm and not decision.unread or context.refusal is not None,
                   # On a C2C system NCCL asks for the PCIe mapping type where the NIC is
                   # on a PCIe path (nccl/decision.py gdr_mode "pci").
                   pcie_mapping=decision.gdr_mode == "pci", reasons=direction_reasons(decision),
@@ -148,6 +152,8 @@ def decided_use(decision: NcclGpuDecision, environ: Mapping[str, str], decisions
     cause = why_not(decision)
     if would_use(without(environ, nccl_names(environ))) or context.refusal and not context.firm:
         return setting_caused(common, cause, culprits(environ, would_use, context.source))
+    if decision.unread:
+        return NcclUse(**common, cause=decision.unread, fix=UNREAD_FIX)
     if would_use({**environ, **OPT_IN_SETTINGS}):
         return NcclUse(**common, cause=f"NCCL's default: {cause}", fix=opt_in_fix())
     return NcclUse(**common, cause=cause, node_fault=True, fix=node_fix(bdf, context.findings))

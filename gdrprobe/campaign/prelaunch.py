@@ -25,8 +25,9 @@ move this GPU's bytes, inside the check's time budget.
   inconclusive (exit 12) instead of degraded (:func:`verdict.disturbed`).
 - **The extra answers** asked for (``check --latency``, ``--read``, ``--bidir``), on an
   engaged answer only, on the same NIC under the same lock: the latency A/B (WRITE with
-  immediate, host memory at both ends against the check's GPU memory), the A/B with RDMA
-  READ and the A/B with both ends WRITEing at once
+  immediate, sent from host memory as NCCL's LL protocol sends, received into host memory
+  against the check's GPU memory), the A/B with WRITEs out of GPU memory into host memory
+  (the NIC reading GPU memory as NCCL's sends) and the A/B with both ends WRITEing at once
   (:mod:`gdrprobe.campaign.secondary` decides; a shortfall warns, exit 13).
 - **A GPU another process holds** (``CUDA_ERROR_DEVICE_UNAVAILABLE``: exclusive-process
   compute mode with another process on it, or prohibited) is a fault the job meets, exit 11,
@@ -149,27 +150,25 @@ def planned_runs(gate: CheckPlan, two_ended: bool) -> int:
 
 def latency_options(options: ProbeOptions) -> ProbeOptions:
     """The latency A/B's runs: a ping-pong of WRITEs with immediate at small sizes, one QP,
-    a fixed count (perftest's ib_write_lat --write_with_imm), no flush (a READ of its own)."""
+    a fixed count (perftest's ib_write_lat --write_with_imm), with the buffers where NCCL's
+    LL protocol, which carries small messages, puts them (campaign/secondary.py): each side
+    sends from host memory and receives into the memory asked for, its data posted without
+    inline, and no flush (NCCL flushes SIMPLE receives only)."""
     return dataclasses.replace(options, mode="latency", opcode="write_imm",
                                sizes=defaults.CHECK_LATENCY_SIZES,
                                iterations=defaults.CHECK_LATENCY_ITERATIONS, duration_s=None,
                                window_bytes=None, qps=1, tx_depth=1, cq_moderation=1,
-                               post_list=1, flush="")
-
-
-def read_options(options: ProbeOptions) -> ProbeOptions:
-    """The READ A/B's runs: the check's, the client's NIC reading the server's buffer (a
-    READ run has no flush: that follows a WRITE)."""
-    return dataclasses.replace(options, opcode="read", flush="")
+                               post_list=1, flush="", send_memory="host", inline_size=0)
 
 
 def bidir_options(options: ProbeOptions, host_gbps: float) -> ProbeOptions:
-    """The bidirectional A/B's runs: the check's, both sides WRITEing at once for a number
-    of iterations (a bidirectional run checks every message, so it has no duration): as
-    many as the WRITE A/B's host arm moved per QP in one of its windows, at least 10."""
+    """The bidirectional A/B's runs: the check's (NCCL's flush too: each side receives into
+    GPU memory), both sides WRITEing at once for a number of iterations (a bidirectional run
+    checks every message, so it has no duration): as many as the WRITE A/B's host arm moved
+    per QP in one of its windows, at least 10."""
     size, window_s = max(options.sizes), options.duration_s or MIN_BIDIR_WINDOW_S
     iterations = int(host_gbps * 1e9 / 8 * window_s / size / options.qps)
-    return dataclasses.replace(options, bidir=True, flush="", duration_s=None,
+    return dataclasses.replace(options, bidir=True, duration_s=None,
                                window_bytes=None, iterations=max(10, iterations))
 
 
@@ -186,6 +185,7 @@ class AnswerRun:
     remote: MemorySpec
     floor: FloorCheck
     findings: tuple
+    use: NcclUse | None = None   # NCCL's decision for this GPU, where known
 
 
 def latency_answer(run: AnswerRun):
@@ -193,7 +193,9 @@ def latency_answer(run: AnswerRun):
     GPU arm cannot hold it (a corrupt payload stays the run's error)."""
     criteria = run.gate.criteria
     try:
-        report = latency_ab(run.runner_for(latency_options), run.local, run.remote,
+        # NCCL's LL placement: each side's GPU buffer is one it receives into, and receives
+        # land in the checked GPU's own memory (a PXN peer relays sends only: net.cc recvSetup).
+        report = latency_ab(run.runner_for(latency_options), run.remote, run.remote,
                             criteria.repeats)
     except (StopSampling, *ARM_ERRORS) as error:
         return latency_not_run(criteria, f"the latency runs stopped: {error}")
@@ -206,8 +208,13 @@ def latency_not_run(criteria: Criteria, why: str):
 
 
 def read_answer(run: AnswerRun):
-    """check --read: the A/B again with RDMA READ."""
-    return a_b_answer(run, read_options, secondary.READ_WHAT, opcode="read")
+    """check --read: the A/B again with WRITEs out of GPU memory into host memory (the NIC
+    reading GPU memory as the source of NCCL's sends: NCCL_NET_GDR_READ); not run where
+    NCCL's decision keeps this GPU's sends off GPUDirect."""
+    unused = secondary.sends_not_used(run.use)
+    if unused:
+        return secondary.read_not_run(unused)
+    return a_b_answer(run, lambda options: options, secondary.READ_WHAT, remote=HOST)
 
 
 def bidir_answer(run: AnswerRun):
@@ -220,15 +227,15 @@ def bidir_answer(run: AnswerRun):
 
 
 def a_b_answer(run: AnswerRun, shape: Callable[[ProbeOptions], ProbeOptions], what: str,
-               opcode: str = "write"):
-    """The A/B again with the runs shaped for an answer, as the WRITE A/B ran, and its
-    answer."""
+               remote: MemorySpec | None = None):
+    """The A/B again with the runs shaped for an answer, as the WRITE A/B ran (remote: the
+    far end's memory where the answer puts it elsewhere), and its answer."""
     criteria = run.gate.criteria
     try:
-        report = ab_test(run.runner_for(shape), run.local, run.remote,
+        report = ab_test(run.runner_for(shape), run.local, remote or run.remote,
                          repeats=criteria.repeats, threshold=criteria.threshold,
                          doctor_findings=run.findings, min_repeats=min(2, criteria.repeats),
-                         floor=run.floor, opcode=opcode)
+                         floor=run.floor)
     except StopSampling as stop:
         return secondary.read_not_run(f"the {what} runs stopped: {stop}")
     return secondary.read_check(report, what)
@@ -255,12 +262,13 @@ EXTRA_ANSWERS = {
 
 
 def extra_answers(gate: CheckPlan, write: CheckReport, runner_for, local: MemorySpec,
-                  remote: MemorySpec, floor: FloorCheck, findings) -> dict:
+                  remote: MemorySpec, floor: FloorCheck, findings,
+                  use: NcclUse | None = None) -> dict:
     """The extra answers asked for, as CheckReport fields: measured where the WRITE A/B is
     a conclusive "engaged" (write: its report, verdict as disturbed() left it), else each
-    says why not."""
+    says why not; the sends' where NCCL's decision (use) keeps them off GPUDirect."""
     blocked = secondary.blocked_by(write.verdict)
-    run = AnswerRun(gate, write, runner_for, local, remote, floor, findings)
+    run = AnswerRun(gate, write, runner_for, local, remote, floor, findings, use)
     return {name: answer.not_run(gate.criteria, blocked) if blocked else answer.measure(run)
             for name, answer in EXTRA_ANSWERS.items() if gate.criteria.asks(name)}
 
@@ -394,7 +402,7 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan, budget: Bud
             # WRITEs, and the extra answers only warn.
             extras = extra_answers(gate, write,
                                    lambda shape: budgeted(runner, shape(options), budget),
-                                   local, remote, floor, findings)
+                                   local, remote, floor, findings, use)
         except GpuUnusable as error:
             elsewhere = held_elsewhere(error, pair.gpu, plan.sender, gate)
             if elsewhere is None:

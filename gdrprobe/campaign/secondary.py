@@ -1,17 +1,31 @@
-"""check's extra answers on an engaged node: small-message latency, RDMA READ, and NCCL's
-flush. Pure logic, no I/O: :mod:`gdrprobe.campaign.prelaunch` measures, these decide.
+"""check's extra answers on an engaged node: small-message latency, the NIC reading GPU
+memory for sends, both directions at once, and NCCL's flush. Pure logic, no I/O:
+:mod:`gdrprobe.campaign.prelaunch` measures, these decide. Each is founded on the traffic
+NCCL makes (NVIDIA/nccl 2.30.7): its data goes as RDMA WRITE and WRITE with immediate
+(``src/transport/net_ib/p2p.cc`` ncclIbMultiSend), RDMA READ only in its flush of a
+GPUDirect receive (ncclIbIflush).
 
 - **latency degraded** (``check --latency``): the latency A/B (:mod:`latency_ab`: WRITE with
-  immediate, host memory at both ends against the check's GPU memory) puts the GPU arm's
-  median over the host arm's by more than a factor at some size (default
-  :data:`gdrprobe.defaults.LATENCY_FACTOR`, where its evidence is cited).
-- **GDR read degraded** (``check --read``, ``--bidir``): the A/B again with RDMA READ, whose
-  responder NIC issues PCIe reads of GPU memory under its ``max_rd_atomic`` credits, or with
-  both ends WRITEing at once (each NIC reading one GPU buffer while writing another), falls
-  short (degraded or broken) while the one-way WRITE A/B passed: PCIe peer-to-peer reads are
-  slow or refused on the platform. NCCL's own mitigation is named: NCCL_NET_GDR_READ=0.
+  immediate, host memory at both ends against the check's GPU memory, each side sending from
+  host memory as NCCL's LL protocol does: its send buffers stay in host memory even with
+  GPUDirect, its receive buffers are GPU memory, ``src/transport/net.cc``
+  NCCL_NET_MAP_ADD_POINTER in sendProxyConnect and recvProxyConnect; no flush: NCCL flushes
+  SIMPLE receives only, recvProxyProgress) puts the GPU arm's median over the host arm's by
+  more than a factor at some size (default :data:`gdrprobe.defaults.LATENCY_FACTOR`, where
+  its evidence is cited).
+- **GDR read degraded** (``check --read``): WRITEs out of GPU memory into host memory, the
+  NIC reading GPU memory as the source of its sends as NCCL's sends with GPUDirect do
+  (NCCL_NET_GDR_READ governs exactly this: ``src/graph/paths.cc`` ncclTopoCheckGdr with
+  read=1 for the send side), fall short (degraded or broken) while the two-ended WRITE A/B
+  passed. Not measured where NCCL's decision keeps this GPU's sends off GPUDirect (nothing
+  of NCCL's reads it then). NCCL's own mitigation is named: NCCL_NET_GDR_READ=0. RDMA READ
+  is no evidence here: NCCL's data never travels by it.
+- **GDR read degraded** (``check --bidir``): both ends WRITEing at once (each NIC reading
+  one GPU buffer as the source of its sends while writing another, NCCL's flush before each
+  check where NCCL flushes) falls short while the one-way WRITE A/B passed.
 - **the flush**: every flush READ of the deciding arm brought back the byte its message
-  wrote last (a wrong byte already ends the arm as a broken data path, exit 1).
+  wrote last (a wrong byte already ends the arm as a broken data path, exit 1); the READ
+  evidence the check keeps is this one.
 
 Both warnings are reported, never drained on (exit 13, :class:`gdrprobe.errors.ExitCode`),
 until hardware calibrates the bounds; neither is asked where the WRITE A/B's answer is not a
@@ -31,7 +45,7 @@ from gdrprobe.report.check import (DEGRADED, ENGAGED, GDR_READ_DEGRADED, INCONCL
                                    CheckReport, FlushCheck, LatencyCheck, ReadCheck, Verdict)
 from gdrprobe.report.model import LatencyABReport, RunReport
 
-READ_WHAT = "RDMA READ"                                   # check --read's A/B
+READ_WHAT = "WRITEs out of GPU memory"                    # check --read's A/B: NCCL's sends
 BIDIR_WHAT = "bidirectional WRITE"                        # check --bidir's A/B
 DEFAULT_FACTOR_SOURCE = ("the default: a doubling is the symptom users report "
                          "(gdrprobe.defaults.LATENCY_FACTOR); uncalibrated, so a warning")
@@ -95,15 +109,29 @@ def read_check(read: CheckReport, what: str = READ_WHAT) -> ReadCheck:
 
 
 def _read_shortfall(verdict: Verdict, what: str) -> str:
+    subject = what if what == READ_WHAT else f"{what} of GPU memory"
+    tail = ("while WRITE with GPU memory at both ends passes" if what == READ_WHAT
+            else "while one-way WRITE passes")
     if verdict.ratio is None:
-        return (f"{what} of GPU memory {verdict.classification} while one-way WRITE passes: "
+        return (f"{subject} {verdict.classification} {tail}: "
                 + (verdict.likely_causes or ("",))[0]).rstrip(": ")
-    return (f"{what} of GPU memory reaches {verdict.ratio:.2f} of host memory's, under "
-            f"the threshold {verdict.threshold:g}, while one-way WRITE passes")
+    return (f"{subject} (the NIC reading GPU memory as NCCL's sends do) reach {verdict.ratio:.2f} of host "
+            f"memory's, under the threshold {verdict.threshold:g}, {tail}" if what == READ_WHAT else
+            f"{subject} reaches {verdict.ratio:.2f} of host memory's, under the threshold "
+            f"{verdict.threshold:g}, {tail}")
 
 
 def read_not_run(why: str) -> ReadCheck:
     return ReadCheck(NOT_RUN, detail=why)
+
+
+def sends_not_used(use) -> str:
+    """Why the sends' answer is not asked ("": it is): NCCL's decision (an NcclUse, firm)
+    keeps this GPU's sends off GPUDirect, so no NIC of NCCL's reads its memory."""
+    if use is None or not use.firm or use.sends:
+        return ""
+    reason = next((r[len("send: "):] for r in use.reasons if r.startswith("send: ")), use.cause)
+    return f"NCCL sends this GPU's data from host memory, so nothing of NCCL's reads its memory: {reason}"
 
 
 def with_warnings(verdict: Verdict, latency: LatencyCheck | None,

@@ -238,7 +238,8 @@ def _is_bar1(finding_id: str) -> bool:
 # (cause, does a finding id speak to it)
 DISTANCE = ("distance: the NIC and GPU do not share a PCIe switch (the path crosses the CPU "
             "or the socket interconnect)", lambda fid: fid == finding_ids.TOPOLOGY_DISTANCE)
-ACS = ("ACS: PCIe Access Control Services redirect peer traffic up to the root complex",
+ACS = ("ACS: PCIe Access Control Services on the switch where GPU and NIC meet redirect peer "
+       "traffic up to the root complex",
        lambda fid: fid == finding_ids.ACS_BRIDGE)
 IOMMU = ("IOMMU: a translating IOMMU sits in the peer-to-peer path (GPUDirect needs 1:1 or "
          "off)", lambda fid: finding_ids.in_group(fid, finding_ids.IOMMU))
@@ -269,9 +270,9 @@ def speaks_to_verdict(finding_id: str) -> bool:
 
 
 DATA_PATH_FIX = ("run 'gdrprobe doctor' on the host that owns the GPU buffer: disable ACS "
-                 "redirection on the bridges between the GPU and the NIC, put the IOMMU in "
-                 "passthrough (iommu=pt) or off; if both are clear, pair the GPU with a NIC "
-                 "under the same PCIe switch")
+                 "redirection on the ports of the PCIe switch where the GPU and the NIC meet, "
+                 "put the IOMMU in passthrough (iommu=pt) or off; if both are clear, pair the "
+                 "GPU with a NIC under the same PCIe switch")
 FLOOR_FIX = ("check the NIC's PCIe link (lspci -vv: LnkSta against LnkCap), the IOMMU "
              "(iommu=pt) and the port's speed ('gdrprobe devices'); 'gdrprobe doctor' names "
              "what it can see")

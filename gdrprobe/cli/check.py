@@ -115,10 +115,11 @@ def register(subparsers) -> None:
                         help="the GPU/host median latency ratio --latency accepts (default "
                              f"{defaults.LATENCY_FACTOR:g}: uncalibrated; docs/check.md)")
     parser.add_argument("--read", action="store_true",
-                        help="where engaged, also the A/B with RDMA READ: 'GDR read "
-                             "degraded' where READ of GPU memory falls short while WRITE "
-                             "passes, with NCCL's mitigation NCCL_NET_GDR_READ=0; a warning "
-                             "(exit 13), never a drain")
+                        help="where engaged, also the A/B with WRITEs out of GPU memory into "
+                             "host memory (the NIC reading GPU memory as NCCL's sends do): 'GDR "
+                             "read degraded' where they fall short while GPU memory at both ends "
+                             "passes, with NCCL's mitigation NCCL_NET_GDR_READ=0; not run where "
+                             "NCCL sends from host memory; a warning (exit 13), never a drain")
     parser.add_argument("--bidir", action="store_true",
                         help="where engaged, also the A/B with both ends WRITEing at once "
                              "(perftest's -b): 'GDR read degraded' where it falls short while "

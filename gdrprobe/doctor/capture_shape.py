@@ -62,12 +62,18 @@ CUDA_GPU = Record({"pci_bus_id": str, "ordinal": int, "name": str, "total_memory
                    "gpu_direct_rdma_with_cuda_vmm_supported": NUMBER_OR_NONE}, ("pci_bus_id",))
 CUDA = (None, Record({"error": str, "result": str, "call": str, "driver_version": NUMBER_OR_NONE,
                       "gpus": [CUDA_GPU]}))
-NVML_GPU = Record({"pci_bus_id": str, "bar1_total_bytes": int, "bar1_used_bytes": int,
-                   "persistence_mode": bool, "c2c_link_count": int,
+# doctor/facts/nvml.py: NCCL's facts from the driver's library (a GPU sysfs does not show has
+# no bus id), nvidia-ml-py's extras where it is installed; earlier captures hold
+# nvlink_remote_bus_ids instead of nvlinks.
+NVLINK = Record({"link": int, "remote_type": NUMBER_OR_NONE, "remote_bus_id": (str, None)})
+NVML_GPU = Record({"pci_bus_id": (str, None), "compute_capability": ([int], None),
+                   "bar1_total_bytes": int, "bar1_used_bytes": int, "persistence_mode": bool,
+                   "c2c_link_count": int, "c2c_bw_mbps": int, "nvlinks": [NVLINK],
                    "nvlink_remote_bus_ids": [str]}, ("pci_bus_id",))
 NVML = (None, Record({"error": str}, ("error",)),
-        Record({"driver_version": str, "gpus": [NVML_GPU], "common_ancestor": Map(Map(str))},
-               ("gpus",)))
+        Record({"library": str, "device_count": int, "driver_version": str, "gpus": [NVML_GPU],
+                "unread": Map(str), "note": str, "extras_error": str,
+                "common_ancestor": Map(Map(str))}, ("gpus",)))
 NIC_PROBE = Record({"errno": NUMBER_OR_NONE, "error": str})
 DATA_DIRECT = Record({"error": str, "devices": Map((None, Record({
     "mlx5": bool, "dmabuf_errno": NUMBER_OR_NONE, "path": (str, None), "errno": NUMBER_OR_NONE,

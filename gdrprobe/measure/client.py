@@ -6,6 +6,7 @@ clear error, and every verbs object and buffer is released."""
 from __future__ import annotations
 
 import array
+import contextlib
 import functools
 import math
 import random
@@ -25,7 +26,8 @@ from gdrprobe.measure.side import (ImmCheck, Receives, check_tcp_port, check_tim
                                    endpoint_summary, exchange_passes, heartbeat_s, imm_passes,
                                    latency_config, prepare_imm_round, prepare_latency_round,
                                    receive_skipping_progress, received_integrity,
-                                   remote_buffer)
+                                   remote_buffer, send_source)
+from gdrprobe.measure.flush import Flusher, wants_flush
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.memory.spec import MemorySpec
@@ -162,6 +164,8 @@ class ProbeClient:
         self.remote_findings = ()   # the server's doctor findings about its GPU buffer
         self.receives = Receives()  # the QP's receive, posted once (WRITE with immediate)
         self.reverse: list = []     # a bidirectional run's rows of the server's WRITEs
+        self.endpoint: Endpoint | None = None   # this side's, once open
+        self.flusher = None   # NCCL's flush of this side's own GPU buffer, where it receives
 
     def connect(self) -> Channel:
         """Connect, retrying a refused connection for connect_wait_s (a server that is
@@ -211,10 +215,15 @@ class ProbeClient:
         try:
             local_ip = channel.sock.getsockname()[0]
             with Endpoint(self.endpoint_options, local_ip) as endpoint:
+                flushing = self._flushes_own_buffer()
                 with open_buffer(self.memory, endpoint, self.options.buffer_bytes,
                                  self.endpoint_options.remote_write,
-                                 self.options.relaxed_ordering) as memory:
-                    return self._run_with(channel, endpoint, memory)
+                                 self.options.relaxed_ordering, read_back=flushing) as memory:
+                    self.endpoint = endpoint
+                    with (Flusher(endpoint, memory, self.stop, port_rate_gbps(endpoint.port_attr))
+                          if flushing and memory.gpudirect_target else contextlib.nullcontext()) as flusher:
+                        self.flusher = flusher
+                        return self._run_with(channel, endpoint, memory)
         except (GdrprobeError, KeyboardInterrupt) as error:
             # Tell the server why we stop, if it still listens.
             channel.send_last("abort", **abort_message(error))
@@ -226,6 +235,12 @@ class ProbeClient:
             raise
         finally:
             channel.close()
+
+    def _flushes_own_buffer(self) -> bool:
+        """Whether this side's own buffer receives (a WRITE-with-immediate latency round, a
+        bidirectional one) and the run asks for NCCL's flush of it (measure/flush.py)."""
+        receives = self.options.bidir or (self.options.imm and self.options.mode == "latency")
+        return receives and wants_flush(self.options.flush, self.memory)
 
     def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
         # Only a WRITE latency run and a bidirectional one let the server write into this
@@ -258,7 +273,7 @@ class ProbeClient:
             if self.on_result is not None:   # a bidirectional run's with the server's row
                 self.on_result(*((result, self.reverse[-1]) if self.options.bidir else (result,)))
         channel.send(BYE)
-        flushed = any(row.integrity.flush_reads for row in bandwidth)
+        flushed = any(row.integrity.flush_reads for row in (*bandwidth, *latency, *self.reverse))
         return RunReport(
             settings=self._settings(endpoint, memory, flushed), handle_route=handles.route,
             local=endpoint_summary(endpoint, memory), remote=server.summary,
@@ -315,7 +330,7 @@ class ProbeClient:
                            clock=self.clock.description if self.clock else "",
                            integrity=integrity_method(o),
                            flush=flush_method(o) if flushed else "",
-                           opcode=o.opcode, perftest=perftest_program(o),
+                           opcode=o.opcode, perftest=perftest_program(o), send_memory=o.send_memory,
                            inline_note=("" if memory.inline_capable or not o.max_inline else
                                         f"inline off: the source is a {memory.kind} buffer "
                                         "the CPU cannot read where verbs addresses it"))
@@ -407,7 +422,7 @@ class ProbeClient:
         sources, offset = o.source_slots(size), o.source_offset(size)
         memory.fill_slots(size, sources, seed, offset)
         stage_out_s = memory.stage_out(offset, sources * size) / sources   # per message
-        check = RoundCheck(memory, size, o.slots(size), sources, seed, stray_end=offset)
+        check = RoundCheck(memory, size, o.slots(size), sources, seed, self.flusher, stray_end=offset)
         send(channel, Start(size, self.round))
         receive_skipping_progress(channel, READY)   # the server's loop is about to write
         raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
@@ -483,21 +498,28 @@ class ProbeClient:
         be GPU memory. The round runs in passes of its receive slots; after each, outside
         every sample, this side checks its slots (through the memory provider) and the
         server its own before the next pass writes them again."""
+        with send_source(self.options, self.endpoint, size) as source:
+            return self._imm_passes(channel, handles, memory, remote, size, source)
+
+    def _imm_passes(self, channel, handles, memory, remote, size, source):
+        """The passes of one WRITE-with-immediate round, sent from source where the run has
+        one of its own (NCCL's LL placement: measure/side.py send_source)."""
         o = self.options
         what = f"the {size}-byte latency round (WRITE with immediate)"
         seed = _native.pattern_seed(size, self.round)
         slots = o.slots(size)
-        prepare_imm_round(memory, size, seed, slots)
-        echo = ImmCheck(memory, size, seed)
+        prepare_imm_round(memory, size, seed, slots, source)
+        echo = ImmCheck(memory, size, seed, self.flusher)
         send(channel, Start(size, self.round))
         channel.receive(READY)
         stall_s = stall_timeout_s(latency_in_flight(size), self.port_gbps)
         samples = array.array("Q")
         for index, (first, count) in enumerate(imm_passes(o.iterations, slots)):
             config = latency_config(handles, memory, remote, size, count,
-                                    self._inline_bytes(memory), True, stall_s, self.clock, seed,
-                                    imm={"slots": slots, "first": first,
-                                         "post_recv": self.receives.first_post()})
+                                    self._inline_bytes(source or memory), True, stall_s, self.clock,
+                                    seed, imm={"slots": slots, "first": first,
+                                               "post_recv": self.receives.first_post()},
+                                    source=source)
             raw = LoopThread(functools.partial(_native.run_latency, keep_samples=True), config,
                              self.stop).wait(**self._heartbeat(channel, what))
             self._check_loop(channel, raw, what, stall_s)

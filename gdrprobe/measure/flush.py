@@ -83,3 +83,4 @@ class Flusher:
 
     def __exit__(self, *exc) -> None:
         self.close()
+

@@ -84,6 +84,11 @@ class ProbeOptions:
     # Both sides WRITE at once, each into the other's slots (perftest's -b): every message
     # checked both ways, pass by pass in step (measure/side.py exchange_passes).
     bidir: bool = False
+    # Where each side's latency messages are sent from (WRITE with immediate): "" its own
+    # buffer; "host": a host buffer apart, where NCCL's LL protocol keeps its send buffers
+    # with GPUDirect too, its receive buffers in GPU memory (src/transport/net.cc
+    # sendProxyConnect: NCCL_NET_MAP_ADD_POINTER(map, 0, p != NCCL_PROTO_LL && useGdr, ...)).
+    send_memory: str = ""
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
@@ -133,11 +138,15 @@ class ProbeOptions:
             problems.append(f"opcode {self.opcode!r} is not one of {', '.join(OPCODES)}")
         if self.opcode == "write_imm" and self.mode != "latency":
             problems.append("write_imm measures latency (--latency): a bandwidth run WRITEs")
-        if self.bidir and (self.mode != "bandwidth" or self.opcode != "write" or self.flush
+        if self.bidir and (self.mode != "bandwidth" or self.opcode != "write"
                            or self.duration_s or self.sample_integrity):
             problems.append("--bidir runs WRITE bandwidth for a number of iterations, every "
-                            "message checked (no -D, --latency, --opcode, --flush or "
-                            "--sample-integrity)")
+                            "message checked (no -D, --latency, --opcode or --sample-integrity)")
+        if self.send_memory not in ("", "host"):
+            problems.append(f"send memory {self.send_memory!r} is not '' or 'host'")
+        if self.send_memory and not self.imm:
+            problems.append("a send buffer in host memory apart is for latency with WRITE with "
+                            "immediate (the CPU writes the tag into the message otherwise)")
         if self.opcode == "read" and self.flush:
             problems.append("NCCL's flush follows a WRITE into GPU memory: a READ run has none")
         if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
@@ -218,6 +227,7 @@ class ProbeOptions:
             flush=field(message, "flush", str, default=""),
             opcode=field(message, "opcode", str),
             bidir=field(message, "bidir", bool),
+            send_memory=field(message, "send_memory", str, default=""),
         )
 
     def window_messages(self, size: int) -> int:

@@ -11,10 +11,8 @@ the byte that message put there."""
 
 from __future__ import annotations
 
-import statistics
-
 from gdrprobe import _native
-from gdrprobe.measure.side import offset_or_none
+from gdrprobe.measure.side import FlushTally, offset_or_none
 from gdrprobe.memory.provider import MemoryProvider
 from gdrprobe.report.model import Integrity
 
@@ -26,7 +24,7 @@ class RoundCheck:
                  seed: int, flusher=None, stray_end: int | None = None):
         self.memory, self.size, self.slots = memory, size, slots
         self.source_slots, self.seed = source_slots, seed
-        self.flusher = flusher     # a measure.flush.Flusher, or None: no flush
+        self.flushes = FlushTally(flusher)   # flusher: a measure.flush.Flusher, or None
         self.stray_end = stray_end  # where stray bytes stop being looked for (None: the end;
                                     # a bidirectional round's own sources start there)
         self.passes = 0            # passes checked
@@ -35,9 +33,6 @@ class RoundCheck:
         self.first_bad: int | None = None
         self._stage_s = 0.0
         self._slots_used = 0
-        self.flush_reads = self.flush_bad = 0
-        self.first_flush_bad: int | None = None
-        self.flush_ns: list[int] = []   # each flush READ's time, post to completion
 
     def next_pass(self, messages: int) -> None:
         """Check the next pass: `messages` messages from slot 0, the round's
@@ -52,8 +47,7 @@ class RoundCheck:
 
     def _check(self, first: int, count: int) -> None:
         used = min(self.slots, first % self.slots + count)
-        if self.flusher is not None:
-            self._flush(first + count - 1)
+        self._flush(first + count - 1)
         self.memory.flush_remote_writes()
         self._stage_s += self.memory.stage_in(0, used * self.size)
         bad_messages, bad, first_bad = self.memory.verify_messages(
@@ -70,13 +64,7 @@ class RoundCheck:
         the first byte of its pattern."""
         offset = (last % self.slots) * self.size
         expected = _native.pattern_byte(_native.slot_seed(self.seed, last % self.source_slots), 0)
-        read = self.flusher.read_back(offset, expected)
-        self.flush_reads += 1
-        self.flush_ns.append(read.elapsed_ns)
-        if read.byte != expected:
-            self.flush_bad += 1
-            if self.first_flush_bad is None:
-                self.first_flush_bad = offset
+        self.flushes.read(offset, expected)
 
     @property
     def stage_in_s(self) -> float:
@@ -93,7 +81,4 @@ class RoundCheck:
                          bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,
                          stray_bytes=stray, first_stray_offset=offset_or_none(first_stray),
                          messages_checked=self.messages, messages_total=posted,
-                         bad_messages=self.bad_messages, flush_reads=self.flush_reads,
-                         flush_bad=self.flush_bad, first_flush_bad_offset=self.first_flush_bad,
-                         flush_us_median=(statistics.median(self.flush_ns) / 1000
-                                          if self.flush_ns else None))
+                         bad_messages=self.bad_messages, **self.flushes.fields())

@@ -33,7 +33,7 @@ from gdrprobe.measure.side import (check_tcp_port, check_timeout, endpoint_summa
                                    heartbeat_s, imm_passes, latency_config, prepare_imm_round,
                                    prepare_latency_round, received_integrity, remote_buffer,
                                    source_integrity, ImmCheck, Receives, exchange_passes,
-                                   receive_skipping_progress)
+                                   receive_skipping_progress, send_source)
 from gdrprobe.memory.buffers import open_buffer
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import Channel
@@ -344,12 +344,12 @@ class ProbeServer:
             seed = _native.pattern_seed(start.size, start.round)
             if options.bidir:
                 self._bidir_round(channel, options, endpoint, handles, memory, setup.buffer,
-                                  start.size, seed)
+                                  start.size, seed, flusher)
             elif options.reads:
                 self._read_round(channel, options, memory, start.size, seed)
             elif options.imm:
                 self._imm_latency_round(channel, options, endpoint, handles, memory,
-                                        setup.buffer, start.size, seed, receives)
+                                        setup.buffer, start.size, seed, receives, flusher)
             elif options.mode == "bandwidth":
                 self._bandwidth_round(channel, options, memory, start.size, seed, flusher)
             else:
@@ -391,18 +391,20 @@ class ProbeServer:
         check.next_pass(landed.messages)
         send(channel, PassChecked(landed.index))
 
-    def _bidir_round(self, channel, options, endpoint, handles, memory, remote, size, seed):
+    def _bidir_round(self, channel, options, endpoint, handles, memory, remote, size, seed,
+                     flusher=None):
         """This side of a bidirectional round: its own loop WRITEs its sources (past its
         receive slots) into the client's slots while the client writes into this side's,
-        both loops pausing after each pass until both sides have checked (exchange_passes);
-        then "sent" (this loop's result) and "verified" (what landed here)."""
+        both loops pausing after each pass until both sides have checked (exchange_passes,
+        each check after NCCL's flush where the run asks for it); then "sent" (this loop's
+        result) and "verified" (what landed here)."""
         if remote is None:
             raise PeerError("a bidirectional run needs the client's buffer", SAME_VERSION_FIX)
         what = f"the {size}-byte bidirectional round (the server's WRITEs)"
         sources, offset = options.source_slots(size), options.source_offset(size)
         memory.fill_slots(size, sources, seed, offset)
         stage_out_s = memory.stage_out(offset, sources * size) / sources
-        check = RoundCheck(memory, size, options.slots(size), sources, seed, stray_end=offset)
+        check = RoundCheck(memory, size, options.slots(size), sources, seed, flusher, stray_end=offset)
         per_qp = options.iterations + options.warmup_iterations
         stall_s = stall_timeout_s(bandwidth_in_flight(size, options.qps, options.tx_depth,
                                                       per_qp), port_rate_gbps(endpoint.port_attr))
@@ -457,27 +459,34 @@ class ProbeServer:
                                stage_out_s if bandwidth else None))
 
     def _imm_latency_round(self, channel, options, endpoint, handles, memory, remote, size,
-                           seed, receives: Receives):
+                           seed, receives: Receives, flusher=None):
         """The responder of a WRITE-with-immediate ping-pong, pass by pass: each pass's
         loop answers the client's messages on its receive completions; at the client's
-        "pass" this side checks its slots (ImmCheck) and starts the next pass's loop before
-        it answers "checked"."""
+        "pass" this side checks its slots (ImmCheck, after NCCL's flush where the run asks
+        for it) and starts the next pass's loop before it answers "checked". It sends from
+        a host buffer of its own where the run asks for NCCL's LL placement (send_source)."""
         if remote is None:
             raise PeerError("a latency run needs the client's buffer", SAME_VERSION_FIX)
+        with send_source(options, endpoint, size) as source:
+            self._imm_passes(channel, options, endpoint, handles, memory, remote, size, seed,
+                             receives, flusher, source)
+
+    def _imm_passes(self, channel, options, endpoint, handles, memory, remote, size, seed,
+                    receives: Receives, flusher, source):
         slots = options.slots(size)
-        prepare_imm_round(memory, size, seed, slots)
-        check = ImmCheck(memory, size, seed)
+        prepare_imm_round(memory, size, seed, slots, source)
+        check = ImmCheck(memory, size, seed, flusher)
         what = f"the {size}-byte latency round (WRITE with immediate)"
         stall_s = stall_timeout_s(latency_in_flight(size), port_rate_gbps(endpoint.port_attr))
         passes = imm_passes(options.iterations, slots)
-        inline = options.max_inline if memory.inline_capable else 0
+        inline = options.max_inline if (source or memory).inline_capable else 0
 
         def responder(index: int) -> LoopThread:
             first, count = passes[index]
             config = latency_config(handles, memory, remote, size, count, inline, False,
                                     stall_s, loop_clock(options.clock), seed,
                                     imm={"slots": slots, "first": first,
-                                         "post_recv": receives.first_post()})
+                                         "post_recv": receives.first_post()}, source=source)
             loop = LoopThread(_native.run_latency, config, self.stop)
             loop.start()
             return loop

@@ -4,8 +4,10 @@ report), and set up and check the latency round, which both sides of its ping-po
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
+import statistics
 
 from gdrprobe import _native
 from gdrprobe.errors import UsageError
@@ -106,22 +108,73 @@ class Receives:
         return first
 
 
-def prepare_imm_round(memory: MemoryProvider, size: int, seed: int, slots: int) -> None:
+def prepare_imm_round(memory: MemoryProvider, size: int, seed: int, slots: int,
+                      source: MemoryProvider | None = None) -> None:
     """Both sides before a WRITE-with-immediate latency round: the receive slots poisoned
     (each is written once a pass: one that was not stays poison) and the round's pattern in
-    the message this side sends."""
+    the message this side sends (in source, where the run sends from a buffer of its own)."""
     memory.poison(slots * size)
-    memory.fill_pattern(send_half(memory), size, seed)
+    if source is None:
+        memory.fill_pattern(send_half(memory), size, seed)
+    else:
+        source.fill_pattern(0, size, seed)
+
+
+def send_source(options, endpoint: Endpoint, size: int):
+    """The buffer this side sends a latency round's messages from, as a context manager: a
+    host buffer of its own where the run asks for NCCL's LL placement (options.send_memory:
+    its send buffers in host memory, the receive buffer as asked); else None (the send half
+    of the side's own buffer)."""
+    from gdrprobe.memory.buffers import open_buffer
+    from gdrprobe.memory.spec import MemorySpec
+
+    if options.send_memory != "host":
+        return contextlib.nullcontext()
+    return open_buffer(MemorySpec(), endpoint, size, remote_write=False,
+                       relaxed_ordering=options.relaxed_ordering)
+
+
+class FlushTally:
+    """A receiver's flushes in one round, checked and timed: each READs the first byte of the
+    last message checked, which must be that message's (expected); the Integrity fields."""
+
+    def __init__(self, flusher):
+        self.flusher = flusher     # a measure.flush.Flusher; None: the run asks for no flush here
+        self.reads = self.bad = 0
+        self.first_bad: int | None = None
+        self.elapsed_ns: list[int] = []   # each READ's time, post to completion
+
+    def read(self, offset: int, expected: int) -> None:
+        if self.flusher is None:
+            return
+        landed = self.flusher.read_back(offset, expected)
+        self.reads += 1
+        self.elapsed_ns.append(landed.elapsed_ns)
+        if landed.byte != expected:
+            self.bad += 1
+            if self.first_bad is None:
+                self.first_bad = offset
+
+    def fields(self) -> dict:
+        """What Integrity says of the flushes."""
+        return {"flush_reads": self.reads, "flush_bad": self.bad,
+                "first_flush_bad_offset": self.first_bad,
+                "flush_us_median": (statistics.median(self.elapsed_ns) / 1000
+                                    if self.elapsed_ns else None)}
 
 
 class ImmCheck:
     """What one side of a WRITE-with-immediate latency round found in its receive slots,
     pass by pass: after each pass, with nothing in flight, every slot the pass wrote must hold
     the round's pattern (read back through the memory provider: GPU memory too), and is
-    poisoned again for the next; a message whose immediate was not its number is wrong too."""
+    poisoned again for the next; a message whose immediate was not its number is wrong too.
+    With a flusher (the run asks for NCCL's flush and the NIC writes GPU memory here), each
+    check starts with it, as a bandwidth round's does (measure/round_check.py): the READ of
+    the first byte of the pass's last message, which must bring back that message's."""
 
-    def __init__(self, memory: MemoryProvider, size: int, seed: int):
+    def __init__(self, memory: MemoryProvider, size: int, seed: int, flusher=None):
         self.memory, self.size, self.seed = memory, size, seed
+        self.flushes = FlushTally(flusher)
         self.messages = self.bad_messages = self.bad_bytes = 0
         self.first_bad: int | None = None
 
@@ -129,6 +182,8 @@ class ImmCheck:
         """The pass that just ended: its loop's result and its `count` messages' slots."""
         self._found(raw.bad_messages, raw.bad_bytes,
                     raw.first_bad_offset if raw.bad_bytes else -1)
+        if count:
+            self.flushes.read((count - 1) * self.size, _native.pattern_byte(self.seed, 0))
         self.memory.flush_remote_writes()
         for slot in range(count):
             bad, first = self.memory.verify_pattern(slot * self.size, self.size, self.seed)
@@ -147,7 +202,8 @@ class ImmCheck:
                          bad_bytes=self.bad_bytes, first_bad_offset=self.first_bad,
                          stray_bytes=0, first_stray_offset=None,
                          messages_checked=max(1, self.messages),
-                         messages_total=max(1, self.messages), bad_messages=self.bad_messages)
+                         messages_total=max(1, self.messages), bad_messages=self.bad_messages,
+                         **self.flushes.fields())
 
 
 def imm_passes(iterations: int, slots: int) -> list[tuple[int, int]]:
@@ -179,12 +235,14 @@ def exchange_passes(channel, check, index: int, messages: int) -> None:
 
 def latency_config(handles, memory: MemoryProvider, remote, size: int, iterations: int,
                    max_inline: int, initiator: bool, stall_s: float, clock: LoopClock,
-                   seed: int, read: bool = False, imm: dict | None = None):
+                   seed: int, read: bool = False, imm: dict | None = None,
+                   source: MemoryProvider | None = None):
     """The ping-pong loop's settings for one side (see send_half); read: the READ
     latency loop instead, which lands each READ at the start of memory; imm: the WRITE with
-    immediate loop's pass (slots, first, post_recv: _native.LatencyConfig)."""
+    immediate loop's pass (slots, first, post_recv: _native.LatencyConfig); source: the
+    buffer it sends from, where not its own (send_source)."""
     return _native.LatencyConfig(
-        handles, memory, remote, send_offset=send_half(memory), msg_size=size,
-        iterations=iterations, max_inline=max_inline, initiator=initiator,
+        handles, memory, remote, send_offset=send_half(memory) if source is None else 0,
+        msg_size=size, iterations=iterations, max_inline=max_inline, initiator=initiator,
         stall_timeout_ns=int(stall_s * 1e9), seed=seed, read=read, imm=imm is not None,
-        **(imm or {}), **clock.loop_args())
+        source=source, **(imm or {}), **clock.loop_args())

@@ -14,7 +14,8 @@ from gdrprobe.errors import RdmaError, RegistrationFailed, ResourceLimit, errno_
 
 MEMLOCK_FIX = ("raise the locked-memory limit: 'ulimit -l unlimited' (limits.conf: "
                "'* soft memlock unlimited' and '* hard memlock unlimited', then log in again), "
-               "or add the IPC_LOCK capability to the container")
+               "or add the IPC_LOCK capability to a container that runs as root (a non-root "
+               "one gets none that way: raise the container runtime's memlock limit)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """For every GPU: the NIC NCCL will use, through which path, and whether with GPUDirect RDMA
 for receives (the NIC writes GPU memory) and sends (the NIC reads it), decided by NCCL's
-own rules (NVIDIA/nccl 2.30.7, older releases where :mod:`gdrprobe.nccl.versions` says they
-differ) over the node's facts (:class:`NodeFacts`, which the doctor collects:
+own rules (NVIDIA/nccl 2.30.7 and 2.31, other releases where :mod:`gdrprobe.nccl.versions`
+says they differ) over the node's facts (:class:`NodeFacts`, which the doctor collects:
 :mod:`gdrprobe.doctor.facts.nccl_node`):
 
 1. Path type and bandwidth of each GPU-NIC pair (``src/graph/paths.cc`` ncclTopoSetPaths):
@@ -48,8 +48,8 @@ GPU can have to a NIC; the decision says so for every GPU, and holds where the t
 could not be read. So does a data-direct lookup error that stops NCCL's IB transport
 (:func:`gdrprobe.nccl.data_direct.ib_init_failure`, 2.28.3 on): the node's, not a setting's.
 
-NVLink and C2C come from NVML; without it there is neither PXN nor P2C to see, and the
-decision says so.
+NVLink and C2C come from NVML as NCCL reads it; where unread, a GPU whose GPUDirect RDMA
+they could give back is undecided (:mod:`gdrprobe.nccl.unread`).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ import dataclasses
 import functools
 from collections.abc import Collection, Mapping
 
-from gdrprobe.nccl import data_direct
+from gdrprobe.nccl import data_direct, unread
 from gdrprobe.nccl.cparse import atoi
 from gdrprobe.nccl import params
 from gdrprobe.nccl.env import netdevs_policy, parse_hca_filter, pxn_disabled
@@ -92,6 +92,7 @@ class GpuFacts:
     c2c_links: int = 0                     # NVML's C2C link count (Grace)
     nvlinks: tuple[str, ...] = ()          # bus id at the far end of each active NVLink
     mlo_part: int | None = None            # the MLO partition this CUDA device is (mlo_partition)
+    links_unread: str = ""                 # why NVML's NVLink and C2C facts are unknown ("": read)
 
 
 def mlo_partition(cuda_name: str | None) -> int | None:
@@ -207,7 +208,7 @@ class Machine:
     # -- facts ----------------------------------------------------------------------
     @functools.cached_property
     def inter_cpu(self) -> InterCpu:
-        return inter_cpu_bandwidth(self.facts.cpuinfo)
+        return inter_cpu_bandwidth(self.facts.cpuinfo, self.rules.inter_cpu_by_generation)
 
     def _link_gbs(self, bdf: str) -> float:
         return link_bandwidth_gbs(self.facts.links.get(bdf, PcieLink()))
@@ -233,9 +234,9 @@ class Machine:
     def nvlink_gbs(self, gpu: PcieEndpoint, peer: PcieEndpoint) -> float:
         return self.nvlink_count(gpu, peer) * nvlink_gbs_per_link(self.capability(gpu))
 
-    @property
-    def nvml_known(self) -> bool:
-        return self.facts.nvml_order is not None
+    def links_unread(self) -> str:
+        """Why the NVLink and C2C facts of some of NCCL's GPUs are unknown ("": all read)."""
+        return next(filter(None, (self.facts.gpu(g.bdf).links_unread for g in self.gpus)), "")
 
     # -- steps 1 and 2: the direct paths ----------------------------------------------
     def cpu_to_net(self, gpu: PcieEndpoint, net: Net) -> tuple[str, float]:
@@ -390,7 +391,7 @@ class Machine:
             return None
         if any(self.nvlink_count(gpu, peer) for peer in self.gpus if peer != gpu):
             return None
-        nvlink = "no NVLink peer" if self.nvml_known else "no NVLink peer known (NVML unavailable)"
+        nvlink = "no NVLink peer known (NVLink unread)" if self.links_unread() else "no NVLink peer"
         if pre_ampere_only:
             return (f"sm{cc} is older than Ampere and has {nvlink}: NCCL_NET_GDR_READ's default keeps "
                     "send-side GDR off to spare the PCIe bus")
@@ -526,8 +527,8 @@ def gpu_decision(machine: Machine, gpu: PcieEndpoint) -> NcclGpuDecision:
     if any(p.type == "SYS" for p in machine.before_pxn[gpu].values()):
         why.append(f"across sockets NCCL counts {machine.inter_cpu.gbs:g} GB/s (topo.cc ncclTopoGetInterCpuBw): "
                    + machine.inter_cpu.source)
-    if not machine.nvml_known:
-        why.append("NVLink and C2C unknown (NVML unavailable): PXN and P2C are not considered")
+    if machine.links_unread():
+        why.append(f"NVLink and C2C unknown ({machine.links_unread()}): PXN and P2C are not considered")
     if (machine.capability(gpu) is None and machine.rules.gdr_read_pre_ampere_only
             and machine.rules.gdr_read_needs_nvlink):
         why.append("compute capability unknown (no CUDA facts): the pre-Ampere send rule is not applied")
@@ -560,8 +561,10 @@ def decide(facts: NodeFacts, environ: Mapping[str, str], rules: NcclRules | None
            job_gpus: Collection[str] | None = None) -> tuple[NcclGpuDecision, ...]:
     """The decision for each of the job's GPUs (``job_gpus``: their bus ids, the
     communicator's GPUs on this node; None: every GPU of the node) under ``environ``, the
-    environment as NCCL sees it (a what-if: the same facts with a variable unset; every
-    NCCL variable, NCCL_DMABUF_ENABLE too, is read from it), by the rules of the NCCL in use
-    (None: 2.30.7)."""
-    machine = Machine(facts, environ, rules, job_gpus)
-    return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)
+    environment as NCCL sees it (every NCCL variable is read from it), by the rules of the
+    NCCL in use (None: MODELLED's), marked where unread facts could change it."""
+    def under(node: NodeFacts) -> tuple[NcclGpuDecision, ...]:
+        machine = Machine(node, environ, rules, job_gpus)
+        return tuple(gpu_decision(machine, gpu) for gpu in machine.gpus)
+    return unread.marked(under(facts), facts, under)
+

@@ -20,10 +20,11 @@ Whether NCCL flushes, by NVIDIA/nccl release (the first tag with each rule):
   sm90 and later only with ``NCCL_NET_FORCE_FLUSH`` (default 1, so still always, until
   2.19.1, which makes it 0: "Disable network flush by default on H100").
 - From 2.24.3 a network device whose properties say ``forceFlush`` is flushed whatever the
-  GPU; the IB transport sets it from 2.27.3 for mlx5 data-direct devices (``init.cc``
-  ncclIbGetPhysProperties: ``capsProvider.mlx5.dataDirect``; NCCL names such a device
-  ``<dev>_dma``, found through ``mlx5dv_get_data_direct_sysfs_path`` unless
-  ``NCCL_IB_DATA_DIRECT=0``).
+  GPU; the IB transport sets it from 2.27.3 to 2.30.7 for mlx5 data-direct devices
+  (``init.cc`` ncclIbGetPhysProperties: ``capsProvider.mlx5.dataDirect``; NCCL names such a
+  device ``<dev>_dma``, found through ``mlx5dv_get_data_direct_sysfs_path`` unless
+  ``NCCL_IB_DATA_DIRECT=0``); 2.31 no longer does (the C2C rule below still flushes a
+  Grace GPU's receives through it).
 - From 2.26.2 a GPU that reaches its CPU over C2C (Grace) and its NIC over PCIe (path type
   PXB or nearer) is flushed whatever its architecture: completions and flags travel over
   C2C while the data takes PCIe (2.30.3 names this ``ncclTopoFlushC2c``).
@@ -44,7 +45,7 @@ from collections.abc import Mapping
 from gdrprobe.nccl.decision import NodeFacts
 from gdrprobe.nccl import params
 from gdrprobe.nccl.topo import PATH_RANK
-from gdrprobe.nccl.versions import DATA_DIRECT_SINCE, MODELLED, Version
+from gdrprobe.nccl.versions import DATA_DIRECT_FORCE_FLUSH_UNTIL, DATA_DIRECT_SINCE, MODELLED, Version
 from gdrprobe.report.model import NcclGpuDecision
 
 NEED_FLUSH_SINCE: Version = (2, 15, 1)          # paths.cc ncclTopoNeedFlush
@@ -120,7 +121,7 @@ def nccl_flush(*, gdr_receive: bool, capability: int | None, gpu_c2c: bool,
     C2C; nic_path_type: NCCL's path type from the GPU to its NIC; data_direct: NCCL's network
     device for it is a data-direct one (``<dev>_dma``); peermem: a peer-memory module NCCL
     sees; nic_dmabuf: NCCL's DMA-BUF probe of the NIC passed; environ: the environment as NCCL
-    sees it; version: the NCCL the job loads (None: 2.30.7)."""
+    sees it; version: the NCCL the job loads (None: MODELLED's rules)."""
     name = _name(version)
     if not gdr_receive:
         return NcclFlush(False, False, NO_GDR, (
@@ -141,7 +142,7 @@ def _need_flush(capability: int | None, gpu_c2c: bool, nic_path_type: str | None
                 version: Version | None) -> NcclFlush:
     """paths.cc ncclTopoNeedFlush, as the release in use has it."""
     name = _name(version)
-    if data_direct and _since(version, DATA_DIRECT_FLUSH_SINCE):
+    if data_direct and _since(version, DATA_DIRECT_FLUSH_SINCE) and not _since(version, DATA_DIRECT_FORCE_FLUSH_UNTIL):
         return NcclFlush(True, True, DATA_DIRECT, (
             f"{name} flushes every receive through a data-direct NIC: its control path is "
             "C2C and its data path PCIe (net_ib init.cc forceFlush; paths.cc "

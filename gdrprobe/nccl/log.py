@@ -33,8 +33,7 @@ import re
 from collections.abc import Callable
 
 from gdrprobe.errors import UsageError
-from gdrprobe.nccl import log_formats as formats
-from gdrprobe.nccl import log_gin
+from gdrprobe.nccl import log_diag, log_gin, log_formats as formats
 from gdrprobe.nccl.log_input import (BLOCK_BYTES, MAX_LINE_BYTES, NCCL_MARK, READ_FIX, block_reader,
                                      check_text, lines_of)
 from gdrprobe.nccl.log_summary import GDR_ENV, build_report
@@ -152,6 +151,8 @@ class Scan:
     ofi_gdr_off: dict = dataclasses.field(default_factory=dict)     # host -> reason
     ofi_dmabuf: dict = dataclasses.field(default_factory=dict)      # host -> bool
     ring_gdr: dict = dataclasses.field(default_factory=dict)        # GDR 0/1 -> count
+    flush: dict = dataclasses.field(default_factory=dict)           # 2.31 "/flush=X" -> count
+    diag: dict = dataclasses.field(default_factory=dict)            # NCCL DIAG results: log_diag
     rccl: dict = dataclasses.field(default_factory=dict)            # host -> RcclTally
     rccl_version: bool = False                                      # an "RCCL version" line
     gin: dict = dataclasses.field(default_factory=dict)             # host -> log_gin.GinTally
@@ -218,6 +219,8 @@ def past_bound() -> dict[str, str]:
         "versions": f"{{n}} NCCL version line(s) naming versions past the first {MAX_FEW} are not listed",
         "channels": f"{{n}} network channel line(s) past the first {MAX_LISTED_CHANNELS} are counted, not "
                     "listed",
+        "diagnostics": f"{{n}} NCCL DIAG result line(s) past the first {log_diag.MAX_RESULTS} distinct ones "
+                       "are not listed",
     }
 
 
@@ -256,7 +259,7 @@ def read_raw(scan: Scan, number: int, raw: bytes, whole: bool) -> None:
     fields and folded onto their NICs later; any other, record by record."""
     if (whole and not scan.keep_lines and len(raw) <= FAST_LINE_BYTES
             and (match := formats.FAST_LINE.fullmatch(raw))):
-        if match.group(5):
+        if match.group(6):
             scan.local_channels += 1
             return
         key = match.groups()
@@ -297,14 +300,14 @@ def fold_fast_lines(scan: Scan) -> None:
     """Count the lines read in one match (formats.FAST_LINE), tallied by their fields, as
     their readers count the others."""
     for groups, count in scan.fast.items():
-        host, net, nic, gdrdma, _, gdr_net, state, index, name = (
+        host, net, nic, gdrdma, flush, _, gdr_net, state, index, name = (
             None if group is None else group.decode("utf-8", "replace") for group in groups)
         host = scan_host(scan, host, glued=False)
         line_format = formats.CHANNEL_FORMATS[0] if net else formats.NIC_GDR_FORMAT
         key = (line_format.name, line_format.versions)
         scan.formats[key] = scan.formats.get(key, 0) + count
         if net:
-            count_channel(scan, host, net, int(nic), bool(gdrdma), count)
+            count_channel(scan, host, net, int(nic), bool(gdrdma), count, flush=flush)
         else:
             count_nic_gdr(scan, host, gdr_net, int(index), name, state == "Enabled", None, count)
     scan.fast.clear()
@@ -375,7 +378,7 @@ def read_channel(scan: Scan, number: int, host: str, match, cut: bool, collnet: 
     # A line cut before its suffix proves nothing about GDR: "/GDR" is not host memory.
     gdrdma = True if match.group("gdr") else None if cut else False
     transport = count_channel(scan, host, match.group("net"), int(match.group("nic")), gdrdma, 1,
-                              collnet)
+                              collnet, match.groupdict().get("flush"))
     if scan.keep_lines:
         keep_channel(scan, number, host, match.groupdict(), gdrdma, collnet, transport)
 
@@ -394,13 +397,16 @@ def keep_channel(scan: Scan, number: int, host: str, fields: dict, gdrdma: bool 
         "" if collnet else (fields["peer"] + (f"[{peer_device}]" if peer_device else ""))[:END_CHARS],
         transport, scan.nets(fields["net"]), int(fields["nic"]),
         int(fields["proxy"]) if fields.get("proxy") else None, gdrdma,
-        bool(fields["pci"]), bool(fields["shared"]), collnet))
+        bool(fields["pci"]), bool(fields["shared"]), collnet, fields.get("flush")))
 
 
 def count_channel(scan: Scan, host: str, net: str, nic: int, gdrdma: bool | None, count: int,
-                  collnet: bool = False) -> str:
-    """Count channel lines on their NIC; returns their transport, normalised (a name
-    transport_of knows, or the network's name as remembered)."""
+                  collnet: bool = False, flush: str | None = None) -> str:
+    """Count channel lines on their NIC (and 2.31's flush of a GDR receive: flush); returns
+    their transport, normalised (a name transport_of knows, or the network's name as
+    remembered)."""
+    if flush:
+        scan.flush[flush] = scan.flush.get(flush, 0) + count
     net = scan.nets(net)
     transport = formats.transport_of(net, collnet)
     tally = scan.nic(host, formats.nic_space(transport), nic)
@@ -558,6 +564,7 @@ READERS = {
     "ofi-dmabuf": read_ofi, "ring-summary": read_ring_summary, "rccl-version": read_rccl_version,
     "rccl-peer-memory": read_rccl_peer_memory, "rccl-dmabuf": read_rccl_dmabuf,
     **log_gin.READERS,
+    "diag": log_diag.read_diag,
 }
 
 

@@ -1,9 +1,11 @@
 """The lines of an NCCL_DEBUG=INFO log that say something about GPUDirect RDMA, in every
-format NCCL 2.4 to 2.30 and its network plugins print them, each read by one pattern.
+format NCCL 2.4 to 2.31 and its network plugins print them, each read by one pattern.
 
 Every pattern below was written from the format string in the source that prints it
-(file and function named next to it; NCCL tags v2.4.8-1 .. v2.30.7-1, the
-nccl-rdma-sharp-plugins history, aws-ofi-nccl v1.0 .. v1.21). A line is split into records
+(file and function named next to it; NCCL tags v2.4.8-1 .. v2.30.7-1 and the dev branch at
+2.31.0a7, the nccl-rdma-sharp-plugins history, aws-ofi-nccl v1.0 .. v1.21). 2.31's
+diagnostics block (``NCCL DIAG`` lines, ``src/diagnostics.cc``) is read by
+:mod:`gdrprobe.nccl.log_diag`. A line is split into records
 first: the log prefix NCCL puts before every message (``debug.cc`` ncclDebugLog:
 ``host:pid:tid [cudaDev] NCCL INFO``) marks where a record starts, so several records glued
 on one line, and launcher prefixes before them, are read like clean lines.
@@ -48,17 +50,17 @@ MESSAGE_START = re.compile(r"NCCL version \d|RCCL version : \d|doca_gpu_verbs_ex
 KEYWORDS = re.compile(rb" via |GPU Direct RDMA|Using|DMA-BUF|NCCL version|virtual device|"
                       rb"set by environment|GDR|No device found|"
                       rb"RCCL version|memory_peers|peer_memory|mabuf|DMA_BUF|"
-                      rb"GIN|gin[: ]|Created a QP|ymmetric memory|CPU proxy mode")
+                      rb"GIN|gin[: ]|Created a QP|ymmetric memory|CPU proxy mode|NCCL DIAG ")
 # The lines a large job's log is mostly made of, with NCCL's own prefix at the line's start,
 # each read from its bytes in one match: a channel in NCCL 2.12-2.30's format (net.cc, as
-# CHANNEL_FORMATS[0]; groups net, nic, /GDRDMA), one inside the node (p2p.cc, shm.cc: group
+# CHANNEL_FORMATS[0]; groups net, nic, /GDRDMA, flush), one inside the node (p2p.cc, shm.cc: group
 # "via"), and 2.13+'s NIC verdict (topo.cc, as the last nic-gdr format; groups net, state,
 # index, name). Any other line, or one of these with anything around it, is read record by
 # record.
 FAST_LINE = re.compile(
     rb"([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO (?:"
     rb"Channel \d+/\d+ : \d+\[\w+\] -> \d+\[\w+\] (?:\[(?:send|receive)\] via NET/([^/]+?)/(\d{1,9})"
-    rb"(?:\(\d+\))?(/GDRDMA)?(?:\(PCI\))?(?:/Shared)?|(via) (?!NET/|COLLNET/).*)"
+    rb"(?:\(\d+\))?(/GDRDMA)?(?:\(PCI\))?(?:/Shared)?(?:/flush=(None|Always|C2c|Unknown))?|(via) (?!NET/|COLLNET/).*)"
     rb"|NET/([^:]+?) : GPU Direct RDMA (Enabled|Disabled) for HCA (\d{1,9}) '([^']*)')\r?")
 # Lines that look like network facts; one that no format reads is "format not recognised".
 CANDIDATE = re.compile(r"via (?:NET|COLLNET)/|GPU Direct RDMA")
@@ -83,11 +85,14 @@ def host_before(line: str, begin: int, end: int) -> tuple[str, int] | None:
 
 
 def records(line: str) -> list[Record]:
-    """The records of one log line: one per NCCL prefix, or the version line NCCL prints bare."""
+    """The records of one log line: one per NCCL prefix, or the version line NCCL prints bare,
+    or a line of 2.31's diagnostics block (diag_record)."""
     first = RECORD_MARK.search(line)
     if first is None:
         start = MESSAGE_START.search(line)
-        return [Record("", line[start.start():], False)] if start else []
+        if start is None:
+            return diag_record(line)
+        return [Record("", line[start.start():], False)]
     if RECORD_MARK.search(line, first.end()) is None:       # one record: most lines
         prefix = host_before(line, 0, first.start())
         return [Record(prefix[0] if prefix else "", line[first.end():], False)]
@@ -106,6 +111,26 @@ def records(line: str) -> list[Record]:
     ends = ends[1:] + [len(line)]
     return [Record(host, line[mark.end():end], stuck)
             for host, mark, end, stuck in zip(hosts, marks, ends, glued)]
+
+
+# 2.31's diagnostics report (NCCL_RUN_DIAGNOSTICS=1): printed to the standard output of rank
+# 0's process, outside NCCL's debug log, each line "NCCL DIAG " after "host:pid "
+# (src/diagnostics.cc ncclRunDiagnosticsActive, DIAG_PRINT; docs/userguide troubleshooting
+# "Diagnostics"). Its message keeps the mark, which its format reads.
+DIAG_MARK = "NCCL DIAG "
+HOST_PID = re.compile(r"([\w.-]+):\d+")
+
+
+def diag_record(line: str) -> list[Record]:
+    """A line of the diagnostics block as one record (the host from the "host:pid" word
+    right before the mark, "" where there is none), or none. Linear in the line."""
+    at = line.find(DIAG_MARK)
+    if at < 0:
+        return []
+    before = line[:at]
+    word = before[:-1].rsplit(None, 1)[-1] if before.endswith(" ") and before.strip() else ""
+    host = HOST_PID.fullmatch(word)
+    return [Record(host.group(1) if host else "", line[at:], False)]
 
 
 # ---- the formats ---------------------------------------------------------------------------
@@ -128,15 +153,19 @@ def fmt(name: str, versions: str, source: str, pattern: str) -> LineFormat:
 # "/GDRDMA" when the connection registered GPU memory with the NIC; "(PCI)" from 2.26 when
 # that registration maps through PCIe on a C2C platform; "/Shared" from 2.8.
 _SUFFIX = r"(?P<gdr>/GDRDMA)?(?P<pci>\(PCI\))?(?P<shared>/Shared)?"
+# 2.31, receives with GDR only: NCCL's flush of them, "/flush=" and ncclTopoFlushTypeStr's
+# None, Always, C2c (Unknown for a value it does not name) (src/transport/net.cc recvSetup).
+FLUSH_TYPES = ("None", "Always", "C2c", "Unknown")
+_FLUSH = r"(?:/flush=(?P<flush>" + "|".join(FLUSH_TYPES) + r"))?"
 _NET = r"(?P<net>[^/]+?)/(?P<nic>\d{1,9})"        # plugin names may hold spaces: "AWS Libfabric"
 
 CHANNEL_FORMATS = (   # the newest first: most logs in use today are in it
     # 2.12 adds the connection index and the PXN proxy rank "(%d)"; 2.18.3 prints nvmlDev
-    # instead of the bus id; 2.26 adds "(PCI)".
-    fmt("channel", "2.12-2.30", "src/transport/net.cc sendSetup/recvSetup",
+    # instead of the bus id; 2.26 adds "(PCI)"; 2.31 "/flush=" on a GDR receive.
+    fmt("channel", "2.12-2.31", "src/transport/net.cc sendSetup/recvSetup",
         r"Channel (?P<channel>\d{1,9})/(?P<conn>\d{1,9}) : (?P<rank>\d+)\[(?P<dev>\w+)\] -> "
         r"(?P<peer>\d+)\[(?P<pdev>\w+)\] \[(?P<dir>send|receive)\] via NET/" + _NET
-        + r"(?:\((?P<proxy>\d{1,9})\))?" + _SUFFIX),
+        + r"(?:\((?P<proxy>\d{1,9})\))?" + _SUFFIX + _FLUSH),
     fmt("channel", "2.4", "src/transport/net.cc netSendSetup/netRecvSetup",
         r"Ring (?P<channel>\d{1,9}) : (?P<rank>\d+) -> (?P<peer>\d+) \[(?P<dir>send|receive)\] "
         r"via NET/" + _NET + _SUFFIX),
@@ -152,7 +181,7 @@ CHANNEL_FORMATS = (   # the newest first: most logs in use today are in it
         r"\[(?P<dir>send|receive)\] via COLLNET/" + _NET + _SUFFIX),
 )
 
-SUFFIXES = ("/GDRDMA", "(PCI)", "/Shared")
+SUFFIXES = ("/GDRDMA", "(PCI)", "/Shared") + tuple(f"/flush={kind}" for kind in FLUSH_TYPES)
 PROXY_CUT = re.compile(r"\(\d*$")
 
 
@@ -321,14 +350,24 @@ OFI_GIN_FORMATS = (
         r"environment|not supported on this platform|createContext failed))"),
 )
 
+# 2.31's diagnostics block: the header, a check's result ("[OK]" or "[INFO]", the check's name,
+# what it found) and the closing line (src/diagnostics.cc ncclRunDiagnosticsActive,
+# src/diagnostics/p2p.cc). Read by gdrprobe.nccl.log_diag.
+DIAG_FORMATS = (
+    fmt("diag", "2.31", "src/diagnostics.cc ncclRunDiagnosticsActive, src/diagnostics/p2p.cc",
+        r"NCCL DIAG (?:(?P<header>=== NCCL Diagnostics ===)"
+        r"|\[(?P<tag>OK|INFO)\] +(?P<check>[\w-]{1,64}): (?P<text>\S(?:.*\S)?)"
+        r"|NCCL diagnostics completed in (?P<ms>\d{1,9}(?:\.\d{1,9})?) ms across (?P<ranks>\d{1,9}) ranks)"),
+)
+
 FORMATS = (CHANNEL_FORMATS + (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS + OTHER_FORMATS
-           + OFI_FORMATS + RCCL_FORMATS + GIN_FORMATS + OFI_GIN_FORMATS)
+           + OFI_FORMATS + RCCL_FORMATS + GIN_FORMATS + OFI_GIN_FORMATS + DIAG_FORMATS)
 # The formats whose messages start "NET/" (the per-pair lines of 2.4-2.6 among them) and
 # those that start "GPU " (the per-pair lines from 2.7).
 NET_FORMATS = (NIC_LIST_FORMAT,) + NIC_FORMATS + PAIR_FORMATS[:2] + OFI_FORMATS + OFI_GIN_FORMATS
 GPU_FORMATS = PAIR_FORMATS[2:]
-# The rest: NCCL's other lines, then RCCL's own, then GIN's.
-REST_FORMATS = OTHER_FORMATS + RCCL_FORMATS + GIN_FORMATS
+# The rest: NCCL's other lines, then RCCL's own, then GIN's, then 2.31's diagnostics.
+REST_FORMATS = OTHER_FORMATS + RCCL_FORMATS + GIN_FORMATS + DIAG_FORMATS
 
 
 # ---- reading one message -------------------------------------------------------------------

@@ -19,7 +19,7 @@ BLOCK_BYTES = 1 << 20        # read this much at a time
 MAX_LINE_BYTES = 64 << 10
 READ_FIX = "pass the file the job wrote with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names it)"
 
-NCCL_MARK = re.compile(rb"NCCL (?:INFO|WARN|TRACE) |NCCL version \d|RCCL version : \d")
+NCCL_MARK = re.compile(rb"NCCL (?:INFO|WARN|TRACE|DIAG) |NCCL version \d|RCCL version : \d")
 CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")   # not tab, line ends, form feed, ESC
 
 

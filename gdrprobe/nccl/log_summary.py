@@ -8,7 +8,7 @@ changed across versions).
 
 from __future__ import annotations
 
-from gdrprobe.nccl import log_formats as formats
+from gdrprobe.nccl import log_diag, log_formats as formats
 from gdrprobe.nccl.log_gin import gin_summary
 from gdrprobe.nccl.rccl import PEERMEM_LABEL
 from gdrprobe.report.nccl_log import (OTHER_NIC, OTHERS, ChannelUse, DmabufGpu, LogLine,
@@ -240,7 +240,10 @@ def conclusions(scan, nics, totals, pairs, env) -> list[str]:
     if len(scan.versions) > 1:
         said.append("the log holds several NCCL versions: " + ", ".join(
             ".".join(map(str, version)) for version in scan.versions))
-    return said + rccl_sentences(scan)
+    if scan.flush:
+        said.append("NCCL printed its flush of GDR receives (2.31+, net.cc recvSetup): " + ", ".join(
+            f"{kind} on {count} connection(s)" for kind, count in sorted(scan.flush.items())))
+    return said + rccl_sentences(scan) + log_diag.sentences(scan)
 
 
 def rccl_sentences(scan) -> list[str]:
@@ -309,9 +312,9 @@ def channel_uses(scan, nics: tuple[NicUse, ...]) -> tuple[ChannelUse, ...]:
         line=number, host=host, channel=channel, direction=direction, local=local, remote=remote,
         transport=transport, net_plugin=net, nic_index=nic,
         nic_name=names.get((host, formats.nic_space(transport), nic)), proxy_rank=proxy,
-        gdrdma=gdrdma, pci_mapping=pci, shared=shared, collnet=collnet)
+        gdrdma=gdrdma, pci_mapping=pci, shared=shared, collnet=collnet, flush=flush)
         for (number, host, channel, direction, local, remote, transport, net, nic, proxy, gdrdma,
-             pci, shared, collnet) in scan.channels)
+             pci, shared, collnet, flush) in scan.channels)
 
 
 def pair_decisions(scan) -> tuple[PairDecision, ...]:
@@ -347,4 +350,4 @@ def build_report(scan, source: str, lines: bool) -> NcclLogReport:
         cut_lines=scan.cut_lines, joined_records=scan.joined, summarised=tuple(scan.summarised),
         lines_read=scan.lines, conclusions=tuple(conclusions(scan, nics, totals, pairs, env)),
         cannot_conclude=tuple(limits(scan, nics, outcome, totals) + scan.reading_notes),
-        gin=gin_summary(scan))
+        gin=gin_summary(scan), diagnostics=log_diag.results(scan))

@@ -30,7 +30,8 @@ from gdrprobe.nccl.cparse import strtoll
 Version = tuple[int, int, int]
 Value = Union[int, str, None]
 ALWAYS: Version = (0, 0, 0)        # read at least since 2.9.6, the oldest tag the table was read from
-LATEST: Version = (2, 30, 7)       # the release whose rules gdrprobe models where none is known
+LATEST: Version = (2, 31, 0)       # the release whose rules gdrprobe models where none is known:
+#                                    the 2.31 dev line (2.31.0a7), whose defaults are 2.30.7's
 
 INT = "int"          # NCCL_PARAM / RCCL_PARAM: ncclLoadParam, strtoll(value, NULL, 0) into an int64;
 #                      unset, empty or out of range (ERANGE): the default
@@ -271,6 +272,9 @@ TOPO_FILE = _text("NCCL_TOPO_FILE", ALWAYS, "src/graph/topo.cc ncclTopoGetSystem
 DEBUG = _text("NCCL_DEBUG", ALWAYS, "src/debug.cc (DEFINE_NCCL_PARAM ncclParamDebugLevel from 2.30)")
 DEBUG_SUBSYS = _text("NCCL_DEBUG_SUBSYS", ALWAYS, "src/debug.cc (DEFINE_NCCL_PARAM ncclParamDebugSubsys from 2.30)")
 DEBUG_FILE = _text("NCCL_DEBUG_FILE", ALWAYS, "src/debug.cc (DEFINE_NCCL_PARAM ncclParamDebugFile from 2.30)")
+RUN_DIAGNOSTICS = _int("NCCL_RUN_DIAGNOSTICS", ((2, 31, 0), 0),
+                       source="src/diagnostics.cc (2.31 dev line; user guide, Troubleshooting: "
+                              "Diagnostics: active diagnostics are off by default)", library=(NCCL,))
 
 # ---- removed long ago: named by old job scripts, read by no release gdrprobe models -------------
 IB_CUDA_SUPPORT = _int("NCCL_IB_CUDA_SUPPORT", (ALWAYS, None), source="removed in 2.4.0", until=(2, 3, 7))
@@ -297,7 +301,8 @@ DECLARED: dict[str, Param] = {param.name: param for param in globals().copy().va
 NOT_VARIABLES = frozenset({
     "NCCL_PARAM", "RCCL_PARAM", "NCCL_PTR_CUDA", "NCCL_PTR_DMABUF", "NCCL_STEPS", "NCCL_NET_MAX_PLUGINS",
     "NCCL_NET_MAX_DEVS_PER_NIC", "NCCL_NET_MAX_DEVS_PER_NIC_V11", "NCCL_TOPO_XML_VERSION",
-    "NCCL_TOPO_XML_MAX_NODES", "NCCL_LOG_VERSION", "NCCL_NET_MAP_ADD_POINTER", "NCCL_CONFIG_UNDEF_INT"})
+    "NCCL_TOPO_XML_MAX_NODES", "NCCL_LOG_VERSION", "NCCL_NET_MAP_ADD_POINTER", "NCCL_CONFIG_UNDEF_INT",
+    "NCCL_PROTO_LL"})
 
 
 def declared(name: str) -> Param:

@@ -20,6 +20,8 @@ from typing import Protocol
 from gdrprobe.nccl.cparse import strtoll
 from gdrprobe.numbers import decimal
 
+# The far end of an NVLink this machine does not show (src/graph/xml.cc): NCCL takes it for an NVSwitch.
+NOT_VISIBLE = "fffffff:ffff:ff"
 # NCCL's path types, nearest first, with the rank its gates compare (src/include/graph.h).
 PATH_RANK = {"LOC": 0, "NVL": 1, "NVB": 2, "C2C": 3, "PIX": 4, "PXB": 5, "P2C": 6,
              "PXN": 7, "PHB": 8, "SYS": 9}
@@ -287,6 +289,11 @@ def nccl_ports(device: str, ports: tuple[Port, ...], hca=None) -> list[Port]:
 
 # src/graph/topo.h: the inter-socket link per CPU (GB/s), chosen by topo.cc ncclTopoGetInterCpuBw.
 LOC_BW, P9_BW, ARM_BW, AMD_BW = 5000.0, 32.0, 6.0, 16.0
+# From 2.31 (topo.h AMD_ZEN12_BW, AMD_ZEN34_BW, AMD_ZEN5_BW; topo.cc ncclTopoAddCpu): AMD by
+# CPUID family (0x17 Zen 1/2, 0x19 Zen 3/4, 0x1A Zen 5), and Intel's Granite Rapids (models
+# 0xAD, 0xAE) and Sierra Forest (0xAF), whose model numbers are below Emerald Rapids', as it.
+AMD_BW_BY_FAMILY = {25: 24.0, 26: 32.0}
+INTEL_ERP_MODELS = (0xAD, 0xAE, 0xAF)
 BDW_QPI_BW, SKL_QPI_BW, SRP_QPI_BW, ERP_QPI_BW = 6.0, 10.0, 22.0, 40.0
 ZPI_BW, YONGFENG_ZPI_BW = 6.0, 9.0
 ASSUMED_INTER_CPU_GBS = ARM_BW
@@ -316,19 +323,22 @@ def decimal_or_none(text: str) -> int | None:
     return decimal(text.strip())
 
 
-def x86_inter_cpu(fields: dict[str, str]) -> InterCpu:
+def x86_inter_cpu(fields: dict[str, str], by_generation: bool = False) -> InterCpu:
     """topo.cc ncclTopoAddCpu (Intel family 6: model >= 0xCF Emerald Rapids, >= 0x8F
     Sapphire Rapids, >= 0x55 Skylake, else Broadwell; Zhaoxin family 7 model 0x5B
-    Yongfeng). An x86 vendor NCCL does not know gets LOC_BW: no limit."""
+    Yongfeng; ``by_generation``, 2.31 on: AMD by family and Intel's Granite Rapids and Sierra
+    Forest as Emerald Rapids). An x86 vendor NCCL does not know gets LOC_BW: no limit."""
     vendor_id = fields["vendor_id"]
     vendor = next((name for prefix, name in X86_VENDORS if vendor_id.startswith(prefix)), None)
     family, model = (decimal_or_none(fields.get(key, "")) for key in ("cpu family", "model"))
     what = f"{vendor_id.strip()} family {family} model {model:#x}" if model is not None else vendor_id.strip()
-    if vendor == "Intel":
+    if vendor == "Intel" and by_generation and family == 6 and model in INTEL_ERP_MODELS:
+        gbs = ERP_QPI_BW
+    elif vendor == "Intel":
         gbs = next((bw for floor, bw in ((0xCF, ERP_QPI_BW), (0x8F, SRP_QPI_BW), (0x55, SKL_QPI_BW))
                     if family == 6 and model is not None and model >= floor), BDW_QPI_BW)
     elif vendor == "AMD":
-        gbs = AMD_BW
+        gbs = AMD_BW_BY_FAMILY.get(family, AMD_BW) if by_generation else AMD_BW
     elif vendor == "Zhaoxin":
         gbs = YONGFENG_ZPI_BW if (family, model) == (7, 0x5B) else ZPI_BW
     else:
@@ -336,13 +346,14 @@ def x86_inter_cpu(fields: dict[str, str]) -> InterCpu:
     return InterCpu(gbs, f"{what} (/proc/cpuinfo)")
 
 
-def inter_cpu_bandwidth(cpuinfo: str) -> InterCpu:
+def inter_cpu_bandwidth(cpuinfo: str, by_generation: bool = False) -> InterCpu:
     """topo.cc ncclTopoGetInterCpuBw with the CPU NCCL describes in xml.cc
     ncclTopoGetXmlFromCpu (cpuid vendor, family and model, which /proc/cpuinfo shows for
-    these families)."""
+    these families: 2.31 computes them as the kernel does, extended family and model where
+    the base family is 15, extended model for 6); ``by_generation``: 2.31's table."""
     fields = cpuinfo_fields(cpuinfo)
     if "vendor_id" in fields:
-        return x86_inter_cpu(fields)
+        return x86_inter_cpu(fields, by_generation)
     if "CPU implementer" in fields:
         return InterCpu(ARM_BW, "an Arm CPU (/proc/cpuinfo)")
     if fields.get("cpu", "").strip().startswith("POWER"):

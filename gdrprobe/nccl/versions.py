@@ -1,7 +1,10 @@
 """Which of NCCL's rules a given NCCL release follows. The decision (:mod:`gdrprobe.nccl.decision`)
-is NCCL 2.30.7's; where an older NCCL decides differently in a way that changes what the
-doctor or the check answers, the difference is named here with the first NVIDIA/nccl release
-tag whose source has the newer rule (the file and function are in each property's comment):
+is NCCL 2.31's, read from NVIDIA/nccl's dev branch at 2.31.0a7 (the newest source in reach;
+2.30.7 is its last tag); where an older NCCL decides differently in a way that changes what
+the doctor or the check answers, the difference is named here with the first NVIDIA/nccl
+release tag whose source has the newer rule (the file and function are in each property's
+comment). What a newer release changes that no source read here shows is said, not
+modelled (:meth:`NcclRules.unmodelled`: 2.32's ConnectX-9 rail and plane detection).
 
 - DMA-BUF registration: from 2.13.4 (``src/transport/net_ib.cc`` ncclIbDmaBufSupport,
   ``src/init.cc`` dmaBufSupported); before, peer memory only. In 2.13.x ``src/transport/net.cc``
@@ -49,6 +52,12 @@ tag whose source has the newer rule (the file and function are in each property'
 - NCCL_NETDEVS_POLICY and the channel spread it sets: from 2.28.3 (``topo.cc``
   ncclTopoGetLocalNetType); an older NCCL spreads channels over NICs differently, which
   the decision does not model.
+- 2.31: what is at an NVLink's far end, asked of NVML first (``src/graph/xml.cc``
+  ncclTopoGetXmlFromGpu, nvmlDeviceGetNvLinkRemoteDeviceType: a driver without it shows no
+  NVLink); the inter-CPU link of AMD CPUs by Zen generation and of Intel's Granite Rapids and
+  Sierra Forest as Emerald Rapids (``topo.cc`` ncclTopoAddCpu, ncclTopoGetInterCpuBw); a
+  data-direct NIC no longer forces the flush (``net_ib/init.cc`` ncclIbGetPhysProperties);
+  the receive channel line says NCCL's flush (``net.cc`` recvSetup: "/flush=...").
 """
 
 from __future__ import annotations
@@ -62,7 +71,13 @@ from gdrprobe.nccl.env import GdrLevel, gdr_level, gpu_allocation, relaxed_order
 from gdrprobe.nccl.topo import PATH_RANK
 
 Version = params.Version
-MODELLED: Version = params.LATEST
+MODELLED: Version = params.LATEST   # the newest source read: the dev branch at 2.31.0a7
+# Releases whose source is not in reach, what their release notes say they change in what
+# the doctor decides, and the rules it applies instead.
+UNREAD_RELEASES: tuple[tuple[Version, str], ...] = (
+    ((2, 32, 0), "2.32 adds ConnectX-9 rail and plane detection (2.32.3's release notes; its source was not "
+                 "read): on ConnectX-9 NICs NCCL may fuse them or spread channels over them otherwise than "
+                 "the doctor's 2.31 rules say"),)
 
 DMABUF_SINCE: Version = params.DMABUF_ENABLE.since
 DMABUF_NIC_PROPERTY_SINCE: Version = (2, 14, 3)
@@ -104,6 +119,9 @@ GIN_COMPUTE_GATE_SINCE: Version = (2, 30, 3)
 GIN_MLO_GATE_SINCE: Version = (2, 30, 7)
 GIN_NIC_FUSED_GATE: tuple[Version, Version] = ((2, 29, 2), (2, 30, 7))
 GIN_EFA_SINCE: Version = (2, 31, 2)
+NVLINK_REMOTE_TYPE_SINCE: Version = (2, 31, 0)
+INTER_CPU_BY_GENERATION_SINCE: Version = (2, 31, 0)
+DATA_DIRECT_FORCE_FLUSH_UNTIL: Version = (2, 31, 0)   # net_ib init.cc sets forceFlush before it
 
 # src/graph/topo.h in 2.27.3 only: PATH_PXN 6 before PATH_P2C 7 (every other release with
 # P2C numbers P2C 6, PXN 7: gdrprobe.nccl.topo.PATH_RANK).
@@ -130,7 +148,7 @@ def dotted(version: Version) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class NcclRules:
-    """The rules of one NCCL release; ``version`` None: unknown, 2.30.7's rules assumed."""
+    """The rules of one NCCL release; ``version`` None: unknown, MODELLED's rules assumed."""
 
     version: Version | None = None
 
@@ -294,6 +312,21 @@ class NcclRules:
         return "C2C" if gpu_c2c and distance == c2c_kind else distance
 
     @property
+    def nvlink_remote_type(self) -> bool:
+        """Whether NCCL asks NVML what is at an NVLink's far end before its bus id
+        (nvmlDeviceGetNvLinkRemoteDeviceType: a switch, a GPU; src/graph/xml.cc
+        ncclTopoGetXmlFromGpu, 2.31): a driver without that entry point then shows NCCL no
+        NVLink. Before, the far end's bus id alone (an empty one: an NVSwitch)."""
+        return self.since(NVLINK_REMOTE_TYPE_SINCE)
+
+    @property
+    def inter_cpu_by_generation(self) -> bool:
+        """The inter-CPU bandwidth of AMD by Zen generation, and of Intel's Granite Rapids and
+        Sierra Forest as Emerald Rapids (src/graph/topo.cc ncclTopoGetInterCpuBw, 2.31);
+        before, every AMD CPU 16 GB/s and those Intel CPUs as Sapphire Rapids."""
+        return self.since(INTER_CPU_BY_GENERATION_SINCE)
+
+    @property
     def nic_fusion(self) -> bool:
         return self.since(NIC_FUSION_SINCE)
 
@@ -312,8 +345,13 @@ class NcclRules:
             return "NCCL_CUMEM_ENABLE defaults to 0 (2.18)"
         return "no cuMem allocations (before 2.18.1)"
 
+    def unmodelled(self) -> tuple[str, ...]:
+        """What this release changes, by its release notes, that the doctor's rules (read from
+        source up to MODELLED) do not follow."""
+        return tuple(note for since, note in UNREAD_RELEASES if self.version and self.version >= since)
+
     def differences(self) -> tuple[str, ...]:
-        """What this release does differently from 2.30.7, in the rules the doctor applies."""
+        """What this release does differently from MODELLED, in the rules the doctor applies."""
         # (since, what differs before it, the rule that must be there for this one to say more)
         checks = (
             (DMABUF_SINCE, "no DMA-BUF registration: GPU memory reaches the NIC through peer memory only", None),
@@ -352,6 +390,12 @@ class NcclRules:
             (DATA_DIRECT_LOOKUP_FATAL_SINCE, "a data-direct lookup error (not ENODEV) counts as no data-direct "
                                              "device instead of stopping the IB transport", DATA_DIRECT_SINCE),
             (NETDEVS_POLICY_SINCE, "channels spread over NICs by an older rule the doctor does not model", None),
+            (NVLINK_REMOTE_TYPE_SINCE, "NVLink's far end by its bus id alone (an empty one an NVSwitch), not by "
+                                       "NVML's device type", None),
+            (INTER_CPU_BY_GENERATION_SINCE, "every AMD CPU's inter-socket link 16 GB/s, and Intel's Granite Rapids "
+                                            "and Sierra Forest rated as Sapphire Rapids", None),
+            (DATA_DIRECT_FORCE_FLUSH_UNTIL, "a data-direct NIC's receives are always flushed (forceFlush)",
+             DATA_DIRECT_SINCE),
         )
         return tuple(f"{what} (changed in {dotted(since)})" for since, what, needs in checks
                      if not self.since(since) and (needs is None or self.since(needs)))

@@ -221,12 +221,12 @@ class LatencyCheck:
 
 @dataclasses.dataclass(frozen=True)
 class ReadCheck:
-    """check --read: the A/B with RDMA READ instead of WRITE (the responder's NIC reads
-    GPU memory under max_rd_atomic credits), or check --bidir: with both ends WRITEing at
-    once; its answer against the one-way WRITE A/B's."""
+    """check --read: the A/B with WRITEs out of GPU memory into host memory (the NIC reading
+    GPU memory as the source of its sends, as NCCL's sends with GPUDirect do), or check
+    --bidir: with both ends WRITEing at once; its answer against the two-ended WRITE A/B's."""
 
     outcome: str                   # GDR read degraded | within bounds | inconclusive | not run
-    verdict: Verdict | None = None     # the READ A/B's own verdict
+    verdict: Verdict | None = None     # that A/B's own verdict
     arms: tuple[ArmReport, ...] = ()
     mitigation: str = ""           # NCCL's own, where reads fall short
     detail: str = ""

@@ -63,7 +63,7 @@ def render_extras(report: CheckReport) -> list[str]:
         lines.append(f" NCCL's flush: {report.flush.outcome}{median}")
     if report.latency is not None:
         lines += render_latency(report.latency)
-    for title, read in (("RDMA READ", report.read), ("bidirectional WRITE", report.bidir)):
+    for title, read in (("sends out of GPU memory", report.read), ("bidirectional WRITE", report.bidir)):
         if read is None:
             continue
         ratio = (f": GPU/host {read.verdict.ratio:.2f}"

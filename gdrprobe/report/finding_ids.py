@@ -64,6 +64,7 @@ MEMLOCK_CONTAINER = "memlock.container"
 IOMMU_CMDLINE = "iommu.cmdline"
 IOMMU_DOMAIN = "iommu.domain"
 ACS_BRIDGE = "acs.bridge"
+ACS_ATS = "acs.ats"
 
 # ---- nccl: NCCL's variables and its decision per GPU -----------------------------------
 NCCL_ENV = "nccl.env"

@@ -89,6 +89,8 @@ class NcclGpuDecision:
     mechanism_reason: str = ""    # the rule and the NCCL release that chose the mechanism; the other as information
     nccl_version: str | None = None  # the job's NCCL whose rules decided; None: unknown, 2.30.7's rules
     data_direct: str | None = None  # net is <dev>_dma: the bus id of the data-direct device NCCL places it at
+    unread: str = ""              # GPUDirect is off here but facts NCCL reads and the doctor could not
+                                  # (NVLink, C2C) could turn it on: not decided, never a node fault
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +316,8 @@ class RunSettings:
                                    # for it ("" where none ran)
     opcode: str = "write"          # the RDMA operation measured: write or read
     perftest: str = ""             # perftest's program for the same test (ib_read_bw ...)
+    send_memory: str = ""          # latency: "host" where each side sent from a host buffer of its
+                                   # own (NCCL's LL placement); "": from its own buffer
 
 
 @dataclasses.dataclass(frozen=True)

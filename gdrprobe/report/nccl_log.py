@@ -36,6 +36,7 @@ class ChannelUse:
     pci_mapping: bool         # "(PCI)": DMA-BUF mapped through PCIe on a C2C platform
     shared: bool
     collnet: bool
+    flush: str | None = None  # 2.31, a GDR receive: NCCL's flush of it (None, Always, C2c), as printed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,17 @@ class PairDecision:
 class DmabufGpu:
     host: str
     device: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticResult:
+    """One result of NCCL's own diagnostics (2.31+, NCCL_RUN_DIAGNOSTICS=1: nccl/log_diag.py)."""
+
+    host: str
+    tag: str                          # OK, or INFO: a failed verification or a check cut short
+    check: str                        # p2p, ...
+    text: str                         # what NCCL printed after the check's name
+    count: int                        # times the log printed it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +146,7 @@ class NcclLogReport:
     conclusions: tuple[str, ...]
     cannot_conclude: tuple[str, ...]
     gin: GinLog | None = None         # GPU-initiated networking, where the log says something of it
+    diagnostics: tuple[DiagnosticResult, ...] = ()   # NCCL's own diagnostics (2.31+), as printed
 
     @property
     def exit_code(self) -> int:

@@ -32,12 +32,18 @@ def test_both_sides_are_written_and_each_keeps_its_sources_past_its_slots():
 
 
 @pytest.mark.parametrize("settings", [{"mode": "latency"}, {"opcode": "read"},
-                                      {"duration_s": 1.0}, {"sample_integrity": True},
-                                      {"flush": "asked"}])
+                                      {"duration_s": 1.0}, {"sample_integrity": True}])
 def test_bidir_is_write_bandwidth_with_every_message_checked(settings):
     with pytest.raises(UsageError, match="--bidir runs WRITE bandwidth") as raised:
         ProbeOptions(bidir=True, sizes=(SIZE,), **settings)
     assert raised.value.exit_code == 2
+
+
+def test_bidir_rounds_take_nccls_flush_each_side_receiving_into_gpu_memory():
+    """Was: refused. Both sides receive in a bidirectional round, as NCCL's connections do
+    both ways, and NCCL flushes a GPUDirect receive where its rule says (net.cc)."""
+    options = ProbeOptions(bidir=True, sizes=(SIZE,), flush="asked")
+    assert ProbeOptions.from_message(options.to_message()).flush == "asked"
 
 
 class Peer:

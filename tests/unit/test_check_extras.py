@@ -1,7 +1,10 @@
-"""check's extra answers (issue 31): "latency degraded" from the latency A/B (a warning,
-exit 13, never a drain), "GDR read degraded" from the A/B with RDMA READ while WRITE passes
-(NCCL_NET_GDR_READ=0 named), NCCL's flush in the report; reachable from the CLI, the API and
-the JSON. The runs are recorded ones, shaped by the options each runner is made with."""
+"""check's extra answers (issue 31, re-founded on NCCL's traffic by issue 39 items 5 and 6):
+"latency degraded" from the latency A/B with the buffers where NCCL's LL protocol puts them
+(a warning, exit 13, never a drain), "GDR read degraded" from WRITEs out of GPU memory (the
+NIC reading it as the source of sends, NCCL_NET_GDR_READ=0 named) while the two-ended WRITE
+A/B passes, NCCL's flush in the report and in the bidirectional rounds; reachable from the
+CLI, the API and the JSON. The runs are recorded ones, shaped by the options each runner is
+made with."""
 
 from __future__ import annotations
 
@@ -38,25 +41,31 @@ def latency_run(median_us: float, memory: dict):
 
 @dataclasses.dataclass
 class Machine:
-    """What each kind of run measures: WRITE and READ bandwidth (Gb/s), latency (us)."""
+    """What each kind of run measures: WRITE bandwidth (Gb/s) with GPU memory at both ends,
+    out of GPU memory into host memory (the NIC reading it: NCCL's sends), READ bandwidth,
+    latency (us)."""
 
     gpu_write: float = 380.0
+    gpu_send: float = 380.0
     gpu_read: float = 380.0
     gpu_latency_us: float = 2.1
     gpu_bidir: float = 380.0
     made: list = dataclasses.field(default_factory=list)
     options: list = dataclasses.field(default_factory=list)
+    memory: list = dataclasses.field(default_factory=list)
 
     def runner(self, options, endpoint, host=None, port=None, token=None, **ignored):
         def probe(local, remote):
             self.made.append((options.mode, "bidir" if options.bidir else options.opcode))
             self.options.append(options)
+            self.memory.append((local.kind, remote.kind))
             gpu = "gpu" in (local.kind, remote.kind)
             memory = {"kind": "gpu", "mechanism": "dmabuf"} if gpu else {"kind": "host"}
             if options.mode == "latency":
                 return latency_run(self.gpu_latency_us if gpu else 2.0, memory)
-            gbps = (self.gpu_bidir if options.bidir else self.gpu_read
-                    if options.opcode == "read" else self.gpu_write) if gpu else 390.0
+            sends = (local.kind, remote.kind) == ("gpu", "host")
+            gbps = (self.gpu_bidir if options.bidir else self.gpu_read if options.opcode == "read"
+                    else self.gpu_send if sends else self.gpu_write) if gpu else 390.0
             return recorded_run(gbps, memory)
         return probe
 
@@ -70,9 +79,9 @@ def machine(monkeypatch):
     return measured
 
 
-def check(tmp_path, **asked):
+def check(tmp_path, environ=None, **asked):
     nm.hgx_8gpu_4nic(tmp_path)
-    facts = machine_facts(str(tmp_path), {})
+    facts = machine_facts(str(tmp_path), environ or {})
     answers = tuple(name for name in prelaunch.EXTRA_ANSWERS if asked.pop(name, False))
     gate = CheckPlan(options=ProbeOptions(sizes=(1 << 20,), qps=2), send=Buffer("gpu"),
                      receive=Buffer("gpu"), criteria=Criteria(answers=answers, **asked))
@@ -86,6 +95,10 @@ def test_gpu_latency_over_the_factor_is_latency_degraded_a_warning_never_a_drain
     machine.gpu_latency_us = 5.0            # 2.5x the host arm's 2.0 us
     report = check(tmp_path, latency=True)
     assert ("latency", "write_imm") in machine.made
+    # NCCL's LL protocol: send buffers in host memory, receives in GPU memory, no flush, data
+    # posted without inline (net.cc NCCL_NET_MAP_ADD_POINTER; net_ib/p2p.cc)
+    latency = [o for o in machine.options if o.mode == "latency"]
+    assert all((o.send_memory, o.flush, o.max_inline) == ("host", "", 0) for o in latency)
     assert report.latency.outcome == "latency degraded"
     assert report.latency.degraded_sizes == (8, 4096)
     assert report.latency.factor == 2.0 and "default" in report.latency.factor_source
@@ -112,16 +125,35 @@ def test_a_given_factor_bounds_the_ratio(tmp_path, machine):
     assert report.verdict.exit_code == ExitCode.OK
 
 
-def test_read_below_the_threshold_while_write_passes_is_gdr_read_degraded(tmp_path, machine):
-    machine.gpu_read = 150.0
+def test_sends_out_of_gpu_memory_below_the_threshold_are_gdr_read_degraded(tmp_path, machine):
+    """NCCL's data path is RDMA WRITE (net_ib/p2p.cc): "GDR read" is the NIC reading GPU
+    memory as the source of its WRITEs. Was: an RDMA READ A/B, which NCCL never runs."""
+    machine.gpu_send = 150.0
     report = check(tmp_path, read=True)
-    assert ("bandwidth", "read") in machine.made
+    assert ("bandwidth", "read") not in machine.made
+    assert ("gpu", "host") in machine.memory            # GPU source, host destination
     assert report.read.outcome == "GDR read degraded"
     assert "NCCL_NET_GDR_READ=0" in report.read.mitigation
+    assert "WRITEs out of GPU memory" in report.read.detail
     assert report.read.verdict.classification == "degraded"
-    assert report.verdict.classification == "engaged"       # WRITE passes
+    assert report.read.verdict.arms[0].direction == "read"
+    assert report.verdict.classification == "engaged"       # GPU memory at both ends passes
     assert report.verdict.exit_code == ExitCode.PERFORMANCE_WARNING
     assert "NCCL_NET_GDR_READ=0" in report.verdict.warnings[0]
+
+
+def test_rdma_read_evidence_does_not_make_a_gdr_read_answer(tmp_path, machine):
+    machine.gpu_read = 150.0                      # READ slow: NCCL's data never READs
+    report = check(tmp_path, read=True)
+    assert report.read.outcome == "within bounds"
+    assert report.verdict.exit_code == ExitCode.OK
+
+
+def test_sends_nccl_keeps_off_gpudirect_are_not_measured(tmp_path, machine):
+    report = check(tmp_path, environ={"NCCL_NET_GDR_READ": "0"}, read=True)
+    assert report.read.outcome == "not run"
+    assert "NCCL sends this GPU's data from host memory" in report.read.detail
+    assert ("gpu", "host") not in machine.memory
 
 
 def test_read_that_keeps_up_is_within_bounds(tmp_path, machine):
@@ -253,9 +285,10 @@ def test_both_ends_writing_at_once_below_the_threshold_is_gdr_read_degraded(tmp_
     report = check(tmp_path, bidir=True)
     assert ("bandwidth", "bidir") in machine.made
     both_ways = [o for o in machine.options if o.bidir]
-    # a bidirectional run counts iterations (no window) and checks every message instead of
-    # NCCL's flush; as many as the host arm moved per QP in one window of the WRITE A/B
-    assert all(o.duration_s is None and not o.flush and o.iterations >= 10 for o in both_ways)
+    # a bidirectional run counts iterations (no window), checks every message after NCCL's
+    # flush where the WRITE A/B flushes; as many as the host arm moved per QP in one window
+    write_flush = machine.options[0].flush
+    assert all(o.duration_s is None and o.flush == write_flush and o.iterations >= 10 for o in both_ways)
     assert report.bidir.outcome == "GDR read degraded" and report.read is None
     assert "bidirectional WRITE of GPU memory reaches 0.38" in report.bidir.detail
     assert report.verdict.exit_code == ExitCode.PERFORMANCE_WARNING
@@ -274,3 +307,12 @@ def test_the_bidir_runs_last_as_long_as_a_write_window():
     sized = prelaunch.bidir_options(options, host_gbps=80.0)
     assert sized.iterations == int(80e9 / 8 * 0.5 / (1 << 20) / 2)
     assert prelaunch.bidir_options(options, host_gbps=0.0).iterations == 10
+
+
+def test_the_bidirectional_rounds_flush_where_nccl_flushes(tmp_path, machine):
+    """Was: every bidirectional round with its flush dropped. Each side receives into GPU
+    memory there, and NCCL flushes such receives where its rule says (net.cc recvProxyProgress)."""
+    report = check(tmp_path, environ={"NCCL_NET_FORCE_FLUSH": "1"}, bidir=True)
+    both_ways = [o for o in machine.options if o.bidir]
+    assert both_ways and all(o.flush.startswith("NCCL_NET_FORCE_FLUSH") for o in both_ways)
+    assert report.bidir.outcome == "within bounds"

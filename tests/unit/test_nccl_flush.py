@@ -38,7 +38,7 @@ def rule(version=None, **change):
 ])
 def test_nccl_2_30_7_flushes_by_architecture_c2c_data_direct_and_settings(change, flushes,
                                                                           forced, name):
-    answer = rule(**change)
+    answer = rule((2, 30, 7), **change)
     assert (answer.flushes, answer.forced, answer.rule) == (flushes, forced, name), answer
     assert "paths.cc" in answer.reason or "net_ib" in answer.reason or "net.cc" in answer.reason
 

@@ -1,4 +1,4 @@
-"""`gdrprobe nccl-log` on logs in the formats of NCCL 2.4 to 2.30 and its network plugins.
+"""`gdrprobe nccl-log` on logs in the formats of NCCL 2.4 to 2.31 and its network plugins.
 
 The fixtures under fixtures/nccl_logs/ were written line by line from the format strings in
 NCCL's source (net.cc, coll_net.cc, net_ib.cc, paths.cc, topo.cc, init.cc, debug.cc at the
@@ -48,6 +48,7 @@ EXPECTED = [
     ("nccl-2.18.5-nvml.log", "2.18.5", "gdr-some", ExitCode.OK),
     ("nccl-2.21.5-merged.log", "2.21.5", "gdr-all", ExitCode.OK),
     ("nccl-2.24.3-virtual.log", "2.24.3", "gdr-all", ExitCode.OK),
+    ("nccl-2.31.2-flush-diag.log", "2.31.2", "gdr-all", ExitCode.OK),
     ("nccl-2.26.6-c2c.log", "2.26.6", "gdr-all", ExitCode.OK),
     ("nccl-2.29.7-topo-ids.log", "2.29.7", "gdr-some", ExitCode.OK),
     ("nccl-2.30.7-trace.log", "2.30.7", "gdr-all", ExitCode.OK),

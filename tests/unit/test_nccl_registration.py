@@ -41,7 +41,7 @@ def node(tmp_path, version: str | None = None, nic_dmabuf: bool = True):
     (None, {"NCCL_DMABUF_ENABLE": "0"}, "peermem", "NCCL_DMABUF_ENABLE=0 switches it off"),
     ("2.12.12", {}, "peermem", "NCCL 2.12.12 predates DMA-BUF registration"),
     ("2.21.5", {}, "dmabuf", "NCCL 2.21.5 registers GPU memory through DMA-BUF"),
-    (None, {}, "dmabuf", "NCCL (version unknown: 2.30.7's rules) registers GPU memory through DMA-BUF"),
+    (None, {}, "dmabuf", "NCCL (version unknown: 2.31.0's rules) registers GPU memory through DMA-BUF"),
 ])
 def test_the_check_registers_as_nccl_does(tmp_path, runs, locks, version, environ, mechanism, rule):  # noqa: F811
     node(tmp_path, version)

@@ -99,23 +99,41 @@ def bar1_finding(ctx: DoctorContext, bdf: str) -> Finding:
                    evidence=(evidence,))
 
 
+def nvml_gpu_line(gpu: dict[str, Any]) -> str:
+    links = len(gpu["nvlinks"]) if "nvlinks" in gpu else len(gpu.get("nvlink_remote_bus_ids", []))
+    persistence = gpu.get("persistence_mode")
+    return (f"NVLink links up {links}, C2C links active {gpu.get('c2c_link_count', 0)}"
+            + ("" if persistence is None else f", persistence {'on' if persistence else 'off'}"))
+
+
 def nvml_finding(facts: dict[str, Any] | None) -> Finding:
+    """What NVML told (NCCL's facts from the driver's libnvidia-ml.so.1, the doctor's extras
+    from nvidia-ml-py), or why it told nothing."""
     if not nvml.usable(facts):
+        # Read and failed: NCCL opens the same library the same way, and its topology detection
+        # fails without it (src/misc/nvmlwrap.cc ncclNvmlEnsureInitialized, src/graph/xml.cc
+        # ncclTopoFillGpu): a job in this environment would not start. Not captured: unknown.
+        failed = facts is not None
         reason = (facts or {}).get("error", "no NVML facts were captured with this tree")
-        return finding(id=ids.GPU_NVML, status=Status.SKIP,
-                       summary="NVML unavailable, so the doctor falls back to sysfs and CUDA: BAR1 size without "
-                               "usage, and no NVLink or C2C, so PXN and P2C paths are not judged",
-                       evidence=(Evidence("import pynvml; nvmlInit()", reason),), fix=nvml.NVML_FIX)
+        return finding(id=ids.GPU_NVML, status=Status.WARN if failed else Status.SKIP,
+                       summary="NVML unavailable: NCCL's NVLink and C2C facts are unknown, so a GPU that PXN or "
+                               "P2C could serve is not decided, and BAR1 is read from sysfs without its usage"
+                               + ("; NCCL itself fails to initialise where it cannot open and initialise NVML "
+                                  "(src/misc/nvmlwrap.cc)" if failed else ""),
+                       evidence=(Evidence("dlopen libnvidia-ml.so.1; nvmlInit_v2", reason),), fix=nvml.NVML_FIX)
     gpus = facts["gpus"]
-    persistent = sum(bool(gpu.get("persistence_mode")) for gpu in gpus)
-    return finding(id=ids.GPU_NVML, status=Status.INFO,
-                   summary=f"NVML: driver {facts.get('driver_version')}, {len(gpus)} GPU(s), persistence mode on "
-                           f"for {persistent}",
-                   evidence=tuple(Evidence(f"NVML {gpu['pci_bus_id']}",
-                                           f"NVLink links {len(gpu.get('nvlink_remote_bus_ids', []))}, "
-                                           f"C2C links {gpu.get('c2c_link_count', 0)}, "
-                                           f"persistence {'on' if gpu.get('persistence_mode') else 'off'}")
-                                  for gpu in gpus))
+    unread = facts.get("unread", {})
+    evidence = tuple(Evidence(f"NVML {gpu.get('pci_bus_id') or f'index {index}'}", nvml_gpu_line(gpu))
+                     for index, gpu in enumerate(gpus))
+    evidence += tuple(Evidence(f"NVML {bdf}", f"unread: {why}") for bdf, why in unread.items())
+    extras = facts.get("extras_error")
+    return finding(id=ids.GPU_NVML, status=Status.WARN if unread else Status.INFO,
+                   summary=f"NVML ({facts.get('library', 'nvidia-ml-py')}): {len(gpus)} GPU(s)"
+                           + (f", driver {facts['driver_version']}" if facts.get("driver_version") else "")
+                           + (f"; no handle for {len(unread)} GPU(s) sysfs lists, whose NVLink and C2C are "
+                              "unknown" if unread else ""),
+                   evidence=evidence + ((Evidence("nvidia-ml-py", extras),) if extras else ()),
+                   fix=nvml.NVML_FIX if unread else "")
 
 
 # ---- per-GPU findings from the CUDA facts -----------------------------------
@@ -211,4 +229,5 @@ def check(ctx: DoctorContext) -> list[Finding]:
             findings += [rdma_support_finding(gpu), dmabuf_finding(gpu), write_visibility_finding(gpu)]
     bdfs = gpu_bdfs(ctx, facts)
     findings += [bar1_finding(ctx, bdf) for bdf in bdfs]
-    return findings + ([nvml_finding(ctx.nvml_facts)] if bdfs else [])
+    # NVML is NVIDIA's: RCCL reads none on an AMD node.
+    return findings + ([nvml_finding(ctx.nvml_facts)] if bdfs and ctx.nccl_rules.library != "RCCL" else [])

@@ -9,7 +9,8 @@ warns and one below the probe's own need fails. The doctor is often run as root 
 CAP_IPC_LOCK, so what a non-root job gets is read too: pam_limits (limits.conf and
 limits.d, in KiB; ``*`` does not cover root), systemd's DefaultLimitMEMLOCK, else the
 kernel's default (64 KiB before Linux 5.16, 8 MiB since). In a container the container's
-limit is the doctor's own. The fix depends on where the process runs.
+limit is the doctor's own. The fix depends on where the process runs and, in a container,
+on whether it runs as root: a capability the container adds reaches only a root process.
 """
 
 from __future__ import annotations
@@ -41,9 +42,22 @@ STATUS_FILE = "/proc/self/status"
 CAP_IPC_LOCK_BIT = 14
 HEX_MASK = re.compile(r"[0-9a-fA-F]{1,16}")      # a capability set, as /proc/PID/status writes it
 
-KUBERNETES_FIX = ('Add the capability to the container: securityContext.capabilities.add: ["IPC_LOCK"] '
-                  "(the memlock limit then no longer applies to RDMA registrations).")
-DOCKER_FIX = "Run the container with `--ulimit memlock=-1:-1` or `--cap-add IPC_LOCK`."
+# A capability a container adds reaches a process running as root in it; a non-root process
+# gets it only through the ambient set (capabilities(7): execve), which Kubernetes never sets
+# (kubernetes/kubernetes#56374, open; containerd/containerd#5668, closed unmerged): in a
+# non-root pod only the memlock limit itself can rise, and Kubernetes has no field for it.
+KUBERNETES_ROOT_FIX = ('Add the capability to the container: securityContext.capabilities.add: ["IPC_LOCK"] '
+                       "(for a process running as root in it the memlock limit then no longer applies to RDMA "
+                       "registrations).")
+KUBERNETES_NON_ROOT_FIX = (
+    "Raise the memlock limit the container runtime gives its containers: a non-root container's process gets "
+    "nothing from securityContext.capabilities.add (Kubernetes sets no ambient capabilities, "
+    "kubernetes/kubernetes#56374), so IPC_LOCK does not lift the limit, and the pod spec has no field for it. "
+    "containerd: LimitMEMLOCK=infinity in a systemd drop-in for containerd.service (its containers inherit it "
+    "unless its base runtime spec sets RLIMIT_MEMLOCK); CRI-O: default_ulimits = [\"memlock=-1:-1\"] in "
+    "crio.conf; then restart the runtime and the pod.")
+DOCKER_FIX = ("Run the container with `--ulimit memlock=-1:-1` (`--cap-add IPC_LOCK` lifts the limit only for a "
+              "process running as root in the container).")
 HOST_FIX = ("Set `* soft memlock unlimited` and `* hard memlock unlimited` in /etc/security/limits.conf, "
             "then log in again (or set the Slurm/systemd launch limits); check with `ulimit -l`.")
 
@@ -85,9 +99,26 @@ def has_ipc_lock(cap_eff: int) -> bool:
     return bool(cap_eff >> CAP_IPC_LOCK_BIT & 1)
 
 
-def memlock_fix(container: Container) -> str:
+def status_field(root: SysRoot, name: str) -> list[str] | None:
+    """The values of a /proc/self/status line ("Uid", "CapBnd"), or None."""
+    for line in (root.read(STATUS_FILE) or "").splitlines():
+        if line.startswith(name + ":"):
+            return line.split()[1:]
+    return None
+
+
+def runs_as_root(root: SysRoot) -> bool | None:
+    """Whether this process's effective user is root (Uid's second field); None: unknown."""
+    uid = status_field(root, "Uid")
+    return uid[1] == "0" if uid and len(uid) > 1 else None
+
+
+def memlock_fix(container: Container, as_root: bool | None = None) -> str:
+    """Where the limit can rise for a process running as root or not (None: unknown, a job's)."""
     if container.kind == "kubernetes":
-        return KUBERNETES_FIX
+        if as_root is None:
+            return f"If the job runs as root in the container: {KUBERNETES_ROOT_FIX} If not: {KUBERNETES_NON_ROOT_FIX}"
+        return KUBERNETES_ROOT_FIX if as_root else KUBERNETES_NON_ROOT_FIX
     if container.kind is not None:
         return DOCKER_FIX
     return HOST_FIX
@@ -105,22 +136,29 @@ def container_finding(container: Container) -> Finding:
     )
 
 
-def capability_finding(cap_eff: int | None) -> Finding:
+def capability_finding(root: SysRoot, cap_eff: int | None) -> Finding:
     if cap_eff is None:
         return finding(id=ids.MEMLOCK_CAP_IPC_LOCK, status=Status.SKIP,
                        summary="effective capabilities could not be read",
                        evidence=(Evidence(STATUS_FILE + " CapEff", "absent"),))
     held = has_ipc_lock(cap_eff)
-    return finding(
-        id=ids.MEMLOCK_CAP_IPC_LOCK,
-        status=Status.INFO,
-        summary=f"CAP_IPC_LOCK is {'in' if held else 'not in'} the effective set",
-        evidence=(Evidence(STATUS_FILE + " CapEff", f"{cap_eff:016x}"),),
-    )
+    evidence = (Evidence(STATUS_FILE + " CapEff", f"{cap_eff:016x}"),)
+    bounding, as_root = status_field(root, "CapBnd"), runs_as_root(root)
+    if not held and bounding and has_ipc_lock(int(bounding[0], 16)) and as_root is False:
+        uid = status_field(root, "Uid")[1]
+        return finding(id=ids.MEMLOCK_CAP_IPC_LOCK, status=Status.INFO,
+                       summary="CAP_IPC_LOCK is in the bounding set but not the effective set: a capability the "
+                               "container adds never reaches a process running as a non-root user",
+                       evidence=evidence + (Evidence(STATUS_FILE + " CapBnd", bounding[0]),
+                                            Evidence(STATUS_FILE + " Uid", f"{uid} (not root)")))
+    return finding(id=ids.MEMLOCK_CAP_IPC_LOCK, status=Status.INFO,
+                   summary=f"CAP_IPC_LOCK is {'in' if held else 'not in'} the effective set", evidence=evidence)
 
 
-def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container: Container) -> Finding:
-    """This process's own limit, judged against what an RDMA job needs (unlimited)."""
+def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container: Container,
+                  as_root: bool | None = None) -> Finding:
+    """This process's own limit, judged against what an RDMA job needs (unlimited); as_root:
+    whether it runs as root (the fix in a container depends on it)."""
     if limits is None:
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.SKIP, summary="RLIMIT_MEMLOCK could not be read",
                        evidence=(Evidence(LIMITS_FILE, "no 'Max locked memory' line"),))
@@ -139,18 +177,18 @@ def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.WARN,
                        summary=f"memlock soft limit {soft} covers the {need} the probe pins, but not an RDMA job: "
                                "NCCL's troubleshooting guide and the NIC vendors ask for unlimited",
-                       evidence=evidence, fix=memlock_fix(container))
+                       evidence=evidence, fix=memlock_fix(container, as_root))
     if limit_bytes(hard) >= PROBE_MEMLOCK_BYTES:
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.WARN,
                        summary=f"memlock soft limit {soft} is below the {need} the probe pins; "
                                "the hard limit allows it",
                        evidence=evidence,
                        fix=f"Raise the soft limit in the launching shell (`ulimit -l {hard}`); to make it stick: "
-                           + memlock_fix(container))
+                           + memlock_fix(container, as_root))
     return finding(id=ids.MEMLOCK_LIMIT, status=Status.FAIL,
                    summary=f"memlock limit (soft {soft}, hard {hard}) is below the {need} the probe pins and "
                            "CAP_IPC_LOCK is not held: ibv_reg_mr and ibv_create_qp will fail",
-                   evidence=evidence, fix=memlock_fix(container))
+                   evidence=evidence, fix=memlock_fix(container, as_root))
 
 
 # ---- what a job without CAP_IPC_LOCK gets -------------------------------------------
@@ -262,8 +300,8 @@ def check(ctx: DoctorContext) -> list[Finding]:
     container = ctx.container
     cap_eff = effective_capabilities(ctx.root)
     own = memlock_limits(ctx.root)
-    findings = [limit_finding(own, cap_eff, container)]
+    findings = [limit_finding(own, cap_eff, container, runs_as_root(ctx.root))]
     if cap_eff is not None and has_ipc_lock(cap_eff):
         # Without the capability this process's limit is what its user's jobs get: judged above.
         findings.append(job_finding(ctx, container, own))
-    return findings + [capability_finding(cap_eff), container_finding(container)]
+    return findings + [capability_finding(ctx.root, cap_eff), container_finding(container)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from gdrprobe.doctor.facts import nvml
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.nccl import data_direct, effects, params
 from gdrprobe.nccl.decision import SOCKET_PATH, decide
@@ -32,6 +33,7 @@ from gdrprobe.nccl.env import GdrLevel, netdevs_policy, parse_hca_filter
 from gdrprobe.nccl.flush import data_direct_net
 from gdrprobe.nccl.gdr_support import dmabuf_enabled
 from gdrprobe.nccl.topo import nccl_ports
+from gdrprobe.nccl.versions import MODELLED, dotted
 from gdrprobe.report import finding_ids as ids
 from gdrprobe.report.model import Evidence, Finding, NcclGpuDecision, NcclLibrary, Status
 
@@ -300,6 +302,11 @@ def decision_finding(decision: NcclGpuDecision, names: dict[str, str], peermem_u
                            "it off where it competes with other PCIe traffic)" if "Ampere" in send_reason
                        else UNSET_FIX)
     receive_reason = next(r for r in decision.why if r.startswith("receive: "))[len("receive: "):]
+    if decision.unread:
+        return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.WARN,
+                       summary=f"{label}: {library} uses {where} without GPUDirect RDMA on the facts read "
+                               f"({receive_reason}), but {decision.unread}",
+                       evidence=evidence, fix=nvml.NVML_FIX)
     return finding(id=ids.nccl_gpu(decision.gpu_bdf), status=Status.FAIL,
                    summary=f"{label}: {library} uses {where} WITHOUT GPUDirect RDMA: {receive_reason}",
                    evidence=evidence, fix=decision_fix(receive_reason))
@@ -342,10 +349,11 @@ def library_finding(ctx: DoctorContext) -> Finding:
     library, rules = ctx.nccl_library, ctx.nccl_rules
     name, file = library.library, "librccl" if library.library == "RCCL" else "libnccl"
     rccl = rules.library == "RCCL"
-    follows = rules.described if rccl else "NCCL 2.30.7"
+    follows = rules.described if rccl else f"NCCL {dotted(MODELLED)}"
     amd = (Evidence("/sys/bus/pci/devices", f"{ctx.runtime.name}'s GPUs on the PCI bus: RCCL's "
                                             "node"),) if rccl else ()
-    differences = tuple(Evidence("differs from 2.30.7", what) for what in library.differences)
+    differences = tuple(Evidence(f"differs from {dotted(MODELLED)}", what) for what in library.differences)
+    differences += tuple(Evidence("not modelled", what) for what in rules.unmodelled())
     shadowed = tuple(Evidence("also present, not loaded", other) for other in library.shadowed)
     pythons = python_evidence(library)
     if library.path is None:
@@ -373,8 +381,8 @@ def library_finding(ctx: DoctorContext) -> Finding:
     if rccl:
         said = f"the decisions below follow {rules.described}"
     else:
-        said = ("the decisions below follow its rules where they differ from 2.30.7"
-                if differences else "its rules are 2.30.7's where the doctor applies them")
+        said = (f"the decisions below follow its rules where they differ from {dotted(MODELLED)}"
+                if differences else f"its rules are {dotted(MODELLED)}'s where the doctor applies them")
     return finding(id=ids.NCCL_LIBRARY, status=Status.INFO,
                    summary=f"the job will load {name} {library.version} from {library.path} ({library.source}); "
                            + said,

@@ -167,6 +167,10 @@ def distance_finding(gpu: PcieDevice, nic: PcieDevice, decision, nccl_class: str
         route = "through an NVLink peer (PXN)" if decision.path == "pxn" else "over C2C (P2C)"
         return Finding(ids.TOPOLOGY_DISTANCE, GROUP, Status.OK,
                        f"{summary}; NCCL reaches it {route} with GPUDirect RDMA", evidence)
+    if decision.unread:
+        return Finding(ids.TOPOLOGY_DISTANCE, GROUP, Status.WARN,
+                       f"{summary}; whether NCCL reaches it over C2C (P2C) or an NVLink peer (PXN) is unknown: "
+                       "NVLink and C2C could not be read (see nccl.gpu and gpu.nvml)", evidence, nvml.NVML_FIX)
     if distance == "PHB":
         return Finding(ids.TOPOLOGY_DISTANCE, GROUP, Status.WARN,
                        summary + "; peer traffic crosses the root complex (works, but degraded)",

@@ -123,7 +123,7 @@ class DoctorContext:
         captured."""
         if not self.live:
             return self.captured(NVML_FACTS_FILE)
-        return collect_nvml_facts()
+        return collect_nvml_facts([gpu.bdf for gpu in self.topology.gpus])
 
     @functools.cached_property
     def nic_facts(self) -> dict[str, Any] | None:

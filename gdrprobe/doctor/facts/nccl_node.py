@@ -13,11 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from gdrprobe.doctor.facts import nvml, pci
+from gdrprobe.doctor.facts.nvml_library import REMOTE_GPU, REMOTE_IBMNPU, REMOTE_SWITCH
 from gdrprobe.doctor.facts.topology import CPUINFO, LOADED, NcclTopologyFile, PcieDevice, pcie_endpoint
 from gdrprobe.nccl.data_direct import SUFFIX
 from gdrprobe.nccl.decision import GpuFacts, NodeFacts, mlo_partition
-from gdrprobe.nccl.topo import nccl_parents
+from gdrprobe.nccl.topo import NOT_VISIBLE, nccl_parents
 from gdrprobe.nccl.topo_file import Placement
+from gdrprobe.nccl.versions import NcclRules
 
 
 def cuda_gpus(cuda_facts: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -32,18 +34,43 @@ def capability(cuda_gpu: dict[str, Any]) -> int | None:
     return None if major is None else major * 10 + (minor or 0)
 
 
-def gpu_facts(cuda_gpu: dict[str, Any], nvml_gpu: dict[str, Any] | None) -> GpuFacts:
+def nvlink_ends(nvml_gpu: dict[str, Any], by_type: bool) -> tuple[str, ...]:
+    """The far end of each NVLink NCCL counts, as the release reads NVML's answers
+    (:mod:`gdrprobe.doctor.facts.nvml_library`): by nvmlDeviceGetNvLinkRemoteDeviceType from
+    2.31 (a switch is NOT_VISIBLE, a GPU or NPU its bus id, anything unread skipped); by the
+    remote bus id alone before (an empty one NOT_VISIBLE). A capture of an earlier gdrprobe
+    holds the bus ids as 2.30.7 read them."""
+    if "nvlinks" not in nvml_gpu:
+        return tuple(nvml_gpu.get("nvlink_remote_bus_ids", ()))
+    ends = []
+    for link in nvml_gpu["nvlinks"]:
+        kind, bus = link.get("remote_type"), link.get("remote_bus_id")
+        if not by_type and bus is not None:
+            ends.append(bus or NOT_VISIBLE)
+        elif by_type and kind == REMOTE_SWITCH:
+            ends.append(NOT_VISIBLE)
+        elif by_type and kind in (REMOTE_GPU, REMOTE_IBMNPU) and bus:
+            ends.append(bus)
+    return tuple(ends)
+
+
+def gpu_facts(cuda_gpu: dict[str, Any], nvml_gpu: dict[str, Any] | None, rules: NcclRules,
+              unread: str = "") -> GpuFacts:
+    """One GPU's facts: the CUDA driver's, NVML's as the release reads them, and why NVML's
+    could not be read ("" where they were)."""
     supported = cuda_gpu.get("gpu_direct_rdma_supported")
     nvml_gpu = nvml_gpu or {}
-    return GpuFacts(capability=capability(cuda_gpu),
+    nvml_sm = nvml_gpu.get("compute_capability")
+    return GpuFacts(capability=capability(cuda_gpu) or (nvml_sm[0] * 10 + nvml_sm[1] if nvml_sm else None),
                     gdr_supported=None if supported is None else bool(supported),
                     c2c_links=nvml_gpu.get("c2c_link_count") or 0,
-                    nvlinks=tuple(nvml_gpu.get("nvlink_remote_bus_ids", ())),
-                    mlo_part=mlo_partition(cuda_gpu.get("name")))
+                    nvlinks=nvlink_ends(nvml_gpu, rules.nvlink_remote_type),
+                    mlo_part=mlo_partition(cuda_gpu.get("name")), links_unread=unread)
 
 
-def nvml_order(nvml_facts: dict[str, Any] | None) -> tuple[str, ...] | None:
-    """NVML's GPUs by index (PCI bus order of every GPU of the node); None without NVML."""
+def nvml_order(nvml_facts: dict[str, Any] | None) -> tuple[str | None, ...] | None:
+    """NVML's GPUs by index (PCI bus order of every GPU of the node; None for one sysfs does
+    not show); None without NVML."""
     if not nvml.usable(nvml_facts):
         return None
     return tuple(entry.get("pci_bus_id") for entry in nvml_facts.get("gpus", []))
@@ -95,6 +122,12 @@ def data_direct_devices(ctx, nics: tuple[PcieDevice, ...]) -> dict[str, PcieDevi
     return found
 
 
+def links_unread(ctx, bdf: str) -> str:
+    """Why NCCL's NVLink and C2C facts of a GPU are unknown ("": read, or an AMD node, where
+    RCCL reads no NVML)."""
+    return "" if ctx.nccl_rules.library == "RCCL" else nvml.unread_reason(ctx.nvml_facts, bdf)
+
+
 def collect_node_facts(ctx) -> NodeFacts:
     topology = ctx.topology
     cuda = cuda_gpus(ctx.cuda_facts)
@@ -109,8 +142,8 @@ def collect_node_facts(ctx) -> NodeFacts:
         ports={nic.name: ctx.ports.get(nic.name, ()) for nic in nics},
         links={device.bdf: pci.pcie_link(ctx.root, device.bdf, placements[device.bdf].own
                                           if device.bdf in placements else None) for device in devices},
-        gpu_facts={gpu.bdf: gpu_facts(cuda.get(gpu.bdf, {}), nvml.gpu_entry(ctx.nvml_facts, gpu.bdf))
-                   for gpu in topology.gpus},
+        gpu_facts={gpu.bdf: gpu_facts(cuda.get(gpu.bdf, {}), nvml.gpu_entry(ctx.nvml_facts, gpu.bdf),
+                                      ctx.nccl_rules, links_unread(ctx, gpu.bdf)) for gpu in topology.gpus},
         nvml_order=nvml_order(ctx.nvml_facts),
         cpuinfo=ctx.root.read(CPUINFO) or "",
         gdr_support=ctx.memory_paths,

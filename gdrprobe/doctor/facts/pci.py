@@ -147,6 +147,24 @@ def extended_capabilities(config: bytes) -> dict[int, int]:
     return found
 
 
+ATS_CAPABILITY_ID = 0x000F      # PCIe Base Specification: Address Translation Services
+ATS_CONTROL_OFFSET = 6          # ATS Control Register, after the header and ATS Capability
+ATS_ENABLE_BIT = 15
+
+
+def ats_enabled(root: SysRoot, bdf: str) -> bool | None:
+    """Whether the device has ATS on (ATS Control's Enable bit); None where its config space
+    cannot be read past 64 bytes or shows no ATS capability (a guest may not see it)."""
+    config = read_config(root, bdf)
+    if config is None or config_truncated_for_user(config):
+        return None
+    offset = extended_capabilities(config).get(ATS_CAPABILITY_ID)
+    if offset is None or offset + ATS_CONTROL_OFFSET + 2 > len(config):
+        return None
+    control = int.from_bytes(config[offset + ATS_CONTROL_OFFSET:offset + ATS_CONTROL_OFFSET + 2], "little")
+    return bool(control >> ATS_ENABLE_BIT & 1)
+
+
 def iommu_group_link(bdf: str) -> str:
     return f"{device_dir(bdf)}/iommu_group"
 

@@ -75,6 +75,19 @@ class Topology:
     def nccl_class(self, a: PcieDevice, b: PcieDevice) -> str:
         return nccl_path_type(a, b)
 
+    def meeting_ports(self, a: PcieDevice, b: PcieDevice) -> tuple[str, ...]:
+        """The downstream ports of the switch where a's and b's paths meet, through which their
+        peer traffic enters it, one per side that has one; () where they meet only in the
+        root complex (other root ports, other host bridges), which the traffic crosses
+        whatever ACS says. A port below that switch forwards it upstream either way: the peer
+        is not below it."""
+        if a.host_bridge != b.host_bridge:
+            return ()
+        common = common_prefix(a.bridges, b.bridges)
+        if common == 0:
+            return ()
+        return tuple(dict.fromkeys(chain[common] for chain in (a.bridges, b.bridges) if len(chain) > common))
+
     def bridges_between(self, a: PcieDevice, b: PcieDevice) -> tuple[str, ...]:
         """Bridges a peer transaction from a to b crosses (all of both chains across host bridges)."""
         common = 0

@@ -1,14 +1,13 @@
-"""A stand-in for ``pynvml`` that answers from captured NVML facts (the JSON gdrprobe.doctor.facts.nvml
-writes), so the collector runs on a machine without a GPU. Only the calls the collector makes."""
+"""A stand-in for ``pynvml`` (nvidia-ml-py) answering what only the doctor asks it (BAR1 use,
+persistence mode, the driver version, the common PCI ancestor of each GPU pair: the extras
+of gdrprobe.doctor.facts.nvml) from a dict in the capture's shape. What NCCL reads of NVML
+comes from the stand-in libnvidia-ml.so.1 (tests/nvml_standin) instead."""
 
 from __future__ import annotations
 
 import types
 
-NVML_SUCCESS = 0
 NVML_FEATURE_ENABLED = 1
-NVML_NVLINK_MAX_LINKS = 18
-NVML_FI_DEV_C2C_LINK_COUNT = 170
 LEVELS = {"X": 0, "PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
 
 
@@ -24,10 +23,7 @@ def nvml_bus_id(bdf: str) -> str:
 
 class FakeNvml:
     NVMLError = NVMLError
-    NVML_SUCCESS = NVML_SUCCESS
     NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
-    NVML_NVLINK_MAX_LINKS = NVML_NVLINK_MAX_LINKS
-    NVML_FI_DEV_C2C_LINK_COUNT = NVML_FI_DEV_C2C_LINK_COUNT
 
     def __init__(self, facts: dict):
         self.facts = facts
@@ -58,18 +54,8 @@ class FakeNvml:
     def nvmlDeviceGetPersistenceMode(self, gpu):
         return NVML_FEATURE_ENABLED if gpu["persistence_mode"] else 0
 
-    def nvmlDeviceGetNvLinkState(self, gpu, link):
-        if link >= len(gpu["nvlink_remote_bus_ids"]):
-            raise NVMLError("Not Supported")
-        return NVML_FEATURE_ENABLED
-
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, gpu, link):
-        return types.SimpleNamespace(busId=nvml_bus_id(gpu["nvlink_remote_bus_ids"][link]))
-
-    def nvmlDeviceGetFieldValues(self, gpu, fields):
-        assert fields == [NVML_FI_DEV_C2C_LINK_COUNT]
-        value = types.SimpleNamespace(uiVal=gpu["c2c_link_count"])
-        return [types.SimpleNamespace(nvmlReturn=NVML_SUCCESS, value=value)]
-
     def nvmlDeviceGetTopologyCommonAncestor(self, first, second):
-        return LEVELS[self.facts["common_ancestor"][first["pci_bus_id"]][second["pci_bus_id"]]]
+        level = self.facts["common_ancestor"].get(first["pci_bus_id"], {}).get(second["pci_bus_id"])
+        if level is None:
+            raise NVMLError("Not Supported")
+        return LEVELS[level]

@@ -9,8 +9,12 @@ The expected answers, and the NCCL source each comes from, are in the tests that
 from __future__ import annotations
 
 import json
+import os
 
+from gdrprobe.doctor.facts import nvml
+from tests.nvml_standin import build as nvml_standin
 from tests.unit.doctor import machines
+from tests.unit.doctor.fake_nvml import FakeNvml
 
 CAPTURE = "/gdrprobe-capture"
 OPEN_DRIVER = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  "
@@ -81,14 +85,31 @@ def nic_probe(tree: machines.SysfsTree, results: dict[str, int | None]) -> None:
         dev: {"errno": err} for dev, err in results.items()}}))
 
 
+def standin_settings(gpus: list[str], nvlink: dict[str, list[str]] | None, c2c: bool, sm: int) -> dict:
+    """The stand-in libnvidia-ml.so.1's settings for these GPUs: each far end that is one of
+    them a GPU, any other an NVSwitch at that bus id."""
+    links = [f"{bdf}>{end if end in gpus else 'switch=' + end}*1"
+             for bdf, ends in (nvlink or {}).items() for end in ends]
+    return nvml_standin.settings(gpus=[(bdf, sm) for bdf in gpus], nvlinks=links,
+                                 c2c=[f"{bdf}=10" for bdf in gpus] if c2c else ())
+
+
 def nvml_facts(tree: machines.SysfsTree, gpus: list[str], nvlink: dict[str, list[str]] | None = None,
-               c2c: bool = False, bar1_total: int = 128 << 30, ancestors: dict | None = None) -> dict:
-    """What nvidia-ml-py reads, in the shape the capture stores (see gdrprobe.doctor.facts.nvml)."""
-    entries = [{"pci_bus_id": bdf, "bar1_total_bytes": bar1_total, "bar1_used_bytes": 64 << 20,
-                "persistence_mode": True, "c2c_link_count": 10 if c2c else 0,
-                "nvlink_remote_bus_ids": (nvlink or {}).get(bdf, [])}
-               for bdf in gpus]
-    facts = {"driver_version": "570.86.15", "gpus": entries, "common_ancestor": ancestors or {}}
+               c2c: bool = False, bar1_total: int = 128 << 30, ancestors: dict | None = None,
+               sm: int = 90) -> dict:
+    """What the doctor reads of NVML, in the shape the capture stores: NCCL's facts read by
+    gdrprobe's reader from the stand-in libnvidia-ml.so.1 set up with these links, and
+    nvidia-ml-py's extras from a fake (gdrprobe.doctor.facts.nvml)."""
+    extras = {"driver_version": "570.86.15", "common_ancestor": ancestors or {},
+              "gpus": [{"pci_bus_id": bdf, "bar1_total_bytes": bar1_total, "bar1_used_bytes": 64 << 20,
+                        "persistence_mode": True} for bdf in gpus]}
+    saved = dict(os.environ)
+    os.environ.update(standin_settings(gpus, nvlink, c2c, sm))
+    try:
+        facts = nvml.collect_nvml_facts(gpus, library=str(nvml_standin.build()), extras=FakeNvml(extras))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     tree.write(f"{CAPTURE}/nvml.json", json.dumps(facts))
     return facts
 
@@ -97,10 +118,12 @@ def nvml_facts(tree: machines.SysfsTree, gpus: list[str], nvlink: dict[str, list
 
 
 def healthy_stack(tree: machines.SysfsTree, gpus: list[str], nics: list[str]) -> None:
-    """DMA-BUF on a modern host: open module, kernel 6.8, every NIC passes NCCL's probe."""
+    """DMA-BUF on a modern host: open module, kernel 6.8, every NIC passes NCCL's probe; NVML
+    answers, without NVLink or C2C."""
     stack(tree)
     cuda_facts(tree, gpus)
     nic_probe(tree, {nic: EBADF for nic in nics})
+    nvml_facts(tree, gpus)
 
 
 def hgx_8gpu_4nic(root) -> machines.SysfsTree:

@@ -31,6 +31,33 @@ def test_low_memlock_in_a_pod_gets_the_ipc_lock_fix(tmp_path):
     assert found["memlock.container"].summary == "running in a kubernetes container"
 
 
+def pod(tmp_path, uid: int, cap_bnd: str, cap_eff: str = "0000000000000000"):
+    ctx = memlock_machine(tmp_path, "8388608", "8388608", environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+                          cgroup="12:memory:/kubepods/burstable/pod1234/abcd\n", cap_eff=cap_eff)
+    write(tmp_path, "/proc/self/status", f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+                                         f"CapInh:\t0000000000000000\nCapEff:\t{cap_eff}\nCapBnd:\t{cap_bnd}\n")
+    return ctx
+
+
+def test_a_non_root_pod_is_told_to_raise_the_runtimes_limit_not_to_add_ipc_lock(tmp_path):
+    """Was: add IPC_LOCK, which a non-root container's process never gets: Kubernetes sets no
+    ambient capabilities (kubernetes/kubernetes#56374), so it stays in the bounding set only."""
+    found = by_id(memlock.check(pod(tmp_path, uid=1000, cap_bnd=CAP_IPC_LOCK_ONLY)))
+    limit = found["memlock.limit"]
+    assert limit.status is Status.FAIL
+    assert "non-root" in limit.fix and "LimitMEMLOCK=infinity" in limit.fix and "default_ulimits" in limit.fix
+    assert 'capabilities.add: ["IPC_LOCK"]' not in limit.fix
+    capability = found["memlock.cap_ipc_lock"]
+    assert "in the bounding set but not the effective set" in capability.summary
+    assert ("/proc/self/status Uid", "1000 (not root)") in [(e.source, e.value) for e in capability.evidence]
+
+
+def test_a_root_pod_still_gets_the_ipc_lock_fix(tmp_path):
+    found = by_id(memlock.check(pod(tmp_path, uid=0, cap_bnd="00000000a80425fb")))
+    assert 'capabilities.add: ["IPC_LOCK"]' in found["memlock.limit"].fix
+    assert "LimitMEMLOCK" not in found["memlock.limit"].fix
+
+
 def test_docker_container_gets_the_ulimit_fix(tmp_path):
     ctx = memlock_machine(tmp_path, "65536", "65536")
     write(tmp_path, "/.dockerenv")

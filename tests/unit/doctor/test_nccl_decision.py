@@ -19,7 +19,6 @@ from gdrprobe.report.model import Status, to_dict
 from gdrprobe.report.text import render_doctor
 from gdrprobe.sysroot import SysRoot
 from tests.unit.doctor import nccl_machines
-from tests.unit.doctor.fake_nvml import FakeNvml
 
 
 def decisions(tmp_path, **environ):
@@ -119,7 +118,7 @@ def test_report_json_and_text_carry_the_decision_per_gpu(tmp_path):
                       "via_gpu": via, "gdr_write": True, "gdr_read": True}
                      for k, via in enumerate(("0000:1b:00.0", "0000:3d:00.0", "0000:9d:00.0", "0000:bd:00.0"))],
         "detour_from": None, "mechanism_reason": report.nccl[1].mechanism_reason, "nccl_version": None,
-        "data_direct": None}
+        "data_direct": None, "unread": ""}
     text = render_doctor(report)
     assert "== what NCCL will do, per GPU ==" in text
     row = next(line for line in text.splitlines() if line.startswith("GPU1 "))
@@ -130,9 +129,11 @@ def test_without_nvml_there_is_no_pxn_and_the_doctor_says_so(tmp_path):
     nccl_machines.hgx_8gpu_4nic(tmp_path)
     (tmp_path / "gdrprobe-capture/nvml.json").unlink()
     report = run_doctor(str(tmp_path), environ={})
-    assert "NVLink and C2C unknown (NVML unavailable): PXN and P2C are not considered" in report.nccl[1].why
+    assert ("NVLink and C2C unknown (no NVML facts were captured with this tree): PXN and P2C are not considered"
+            in report.nccl[1].why)
+    assert report.nccl[1].unread.startswith("not decided")
     nvml_finding = next(f for f in report.findings if f.id == "gpu.nvml")
-    assert nvml_finding.status is Status.SKIP and "nvidia-ml-py" in nvml_finding.fix
+    assert nvml_finding.status is Status.SKIP and "libnvidia-ml.so.1" in nvml_finding.fix
 
 
 @pytest.mark.parametrize("value, pow2, mirrored", [(0, 4, 0), (1, 4, 2), (2, 4, 1), (3, 4, 3), (1, 8, 4), (6, 8, 3)])
@@ -140,10 +141,10 @@ def test_mirror_bits(value, pow2, mirrored):
     assert mirror_bits(value, pow2) == mirrored
 
 
-# ---- NVML: collected through nvidia-ml-py, captured, replayed ------------------------------
+# ---- NVML: NCCL's facts from the driver's library, nvidia-ml-py's extras, captured, replayed --
 
 
-def test_nvml_facts_are_collected_from_pynvml_and_replayed(tmp_path):
+def test_nvml_facts_are_collected_and_replayed_with_nvidia_ml_pys_extras(tmp_path):
     tree = nccl_machines.hgx_8gpu_4nic(tmp_path / "node")
     gpus = nccl_machines.gpu_bdfs(tree)
     topology = build_topology(SysRoot(str(tmp_path / "node")))
@@ -152,9 +153,7 @@ def test_nvml_facts_are_collected_from_pynvml_and_replayed(tmp_path):
     ancestors[gpus[0]][gpus[1]] = "PIX"          # sysfs says PHB: NVML sees another tree
     expected = nccl_machines.nvml_facts(tree, gpus, nvlink={gpus[0]: [gpus[1]] * 2}, c2c=False,
                                         ancestors=ancestors)
-    fake = FakeNvml(expected)
-    assert nvml.collect_nvml_facts(fake) == expected
-    assert fake.initialised == 0                     # nvmlShutdown ran
+    assert [len(gpu["nvlinks"]) for gpu in expected["gpus"]] == [2] + [0] * 7
     capture(str(tmp_path / "copy"), root=str(tmp_path / "node"), environ={})
     assert json.loads((tmp_path / "copy/gdrprobe-capture/nvml.json").read_text()) == expected
     replay = run_doctor(str(tmp_path / "copy"))
@@ -166,10 +165,10 @@ def test_nvml_facts_are_collected_from_pynvml_and_replayed(tmp_path):
     assert bar1.evidence[0].source == "nvmlDeviceGetBAR1MemoryInfo" and "(64 MiB in use)" in bar1.summary
 
 
-def test_nvml_missing_is_an_error_fact_with_the_fix(monkeypatch):
+def test_nvidia_ml_pys_extras_are_extras_their_absence_is_said(monkeypatch):
     def missing():
-        raise ImportError(f"nvidia-ml-py is not installed (No module named 'pynvml'); {nvml.NVML_FIX}")
+        raise ImportError("nvidia-ml-py is not installed (No module named 'pynvml')")
 
     monkeypatch.setattr(nvml, "import_nvml", missing)
-    facts = nvml.collect_nvml_facts()
-    assert "gdrprobe[nvml]" in facts["error"] and not nvml.usable(facts)
+    facts = nvml.with_extras({"library": "libnvidia-ml.so.1", "gpus": [{"pci_bus_id": "0000:1b:00.0"}]})
+    assert nvml.usable(facts) and "nvidia-ml-py is not installed" in facts["extras_error"]

@@ -119,7 +119,7 @@ def test_the_version_string_is_found_across_a_chunk_boundary(tmp_path, monkeypat
 def test_nothing_found_is_a_skip_that_names_the_flag(tmp_path):
     nccl_machines.pix_and_pxb(tmp_path)
     finding = findings(run_doctor(str(tmp_path), environ={}))["nccl.library"]
-    assert finding.status is Status.SKIP and "NCCL 2.30.7" in finding.summary and "--nccl PATH" in finding.fix
+    assert finding.status is Status.SKIP and "NCCL 2.31.0" in finding.summary and "--nccl PATH" in finding.fix
 
 
 # ---- the rules of the release ------------------------------------------------------------------
@@ -184,15 +184,23 @@ def test_doctor_nccl_flag_json_and_capture_replay(tmp_path, capsys):
     assert (replay.nccl_library.path, replay.nccl_library.version) == ("/scratch/libnccl.so.2", "2.21.5")
 
 
+# 2.31's changes (an NVLink's far end by type, the inter-CPU table, no data-direct forceFlush),
+# which every release before it differs by.
+UNTIL_2_31 = ("NVLink's far end by its bus id alone", "every AMD CPU's inter-socket link")
+
+
 @pytest.mark.parametrize("version, expected", [
-    ((2, 30, 7), ()),
+    ((2, 31, 2), ()),
+    ((2, 30, 7), UNTIL_2_31 + ("a data-direct NIC's receives are always flushed",)),
     ((2, 28, 9), ("PXN relays through an NVLink peer even where that peer has no GPUDirect RDMA",
                   "NCCL_NET_GDR_LEVEL defaults to PXB (changed in 2.29.2)", "P2C to every NIC of a C2C GPU's CPU",
-                  "MLO partitions use GPUDirect RDMA like whole GPUs")),
+                  "MLO partitions use GPUDirect RDMA like whole GPUs") + UNTIL_2_31
+     + ("a data-direct NIC's receives are always flushed",)),
     ((2, 8, 4), ("no DMA-BUF", "peer memory counts only", "no PXN", "no GPUDirect RDMA to NICs behind",
                  "NCCL_NET_GDR_LEVEL defaults to PXB", "NCCL_NET_GDR_READ's default keeps sends off",
                  "MLO partitions", "no PCIe relaxed ordering", "NCCL_NET is matched case-sensitively",
-                 "no NIC fusion", "no Broadcom switch", "no mlx5 data-direct devices", "channels spread"))])
-def test_differences_from_2_30_7_name_each_rule_once(version, expected):
+                 "no NIC fusion", "no Broadcom switch", "no mlx5 data-direct devices", "channels spread")
+     + UNTIL_2_31)])
+def test_differences_from_the_modelled_release_name_each_rule_once(version, expected):
     found = NcclRules(version).differences()
     assert len(found) == len(expected) and all(f.startswith(e) for f, e in zip(found, expected))

@@ -52,7 +52,7 @@ def test_findings_follow_flowchart_order_and_first_blocker_leads(tmp_path, monke
     text = render.render_doctor(report)
     assert text.splitlines()[0].startswith("First blocker: acs.bridge: ACS on bridge 0000:1a:00.0")
     assert "[FAIL] acs.bridge" in text and "[ OK ] topology.distance" in text
-    assert "\n       fix: Disable ACS in the BIOS" in text
+    assert "\n       fix: Disable ACS on the switch in the BIOS" in text
     assert text.index("== topology ==") < text.index("== iommu ==") < text.index("== acs ==")
     assert report.exit_code == ExitCode.VERDICT_NOT_OK == 1
 
