@@ -91,3 +91,12 @@ def api(monkeypatch):
     monkeypatch.setattr(gdrprobe, "check", check)
     monkeypatch.setattr(gdrprobe, "check_node", check_node)
     return calls
+
+
+@pytest.fixture
+def node(tmp_path):
+    """deploy/slurm/gdrprobe-prolog.sh over fakes in a scratch directory: node(code) runs it
+    with gdrprobe exiting code (tests/unit/fakes/prolog.py)."""
+    from tests.unit.fakes.prolog import PrologNode
+
+    return PrologNode(tmp_path)
