@@ -27,7 +27,7 @@ def test_slurm_conf_runs_the_repository_prolog_at_allocation():
     conf = settings(slurm.slurm_conf())
     assert conf["Prolog"] == [slurm.PROLOG]
     assert os.access(slurm.PROLOG, os.X_OK), "slurmd runs the prolog as an executable"
-    assert conf["PrologFlags"] == ["Alloc"]
+    assert conf["PrologFlags"] == ["Alloc,DeferBatch"]
     assert conf["MpiDefault"] == ["pmix"]
 
 

@@ -215,8 +215,8 @@ def test_a_stuck_check_is_killed_by_the_prologs_own_limit_and_drains(node, body)
     assert done.returncode == 1, done.stderr
     assert read(node.dir / "scontrol.args").splitlines() == [
         "update", f"nodename={NODE}", "state=drain", "reason=gdrprobe: check stuck past 1 s"]
-    assert ("drain, the job is requeued and held: gdrprobe check stuck past 1 s, killed by the prolog's own limit: waiting "
-            "for the driver") in read(node.dir / "prolog.log")
+    assert ("drain, the job is requeued and held: gdrprobe check stuck past 1 s, killed by "
+            "the prolog's own limit: waiting for the driver") in read(node.dir / "prolog.log")
 
 
 def test_a_check_not_even_sigkill_ends_is_left_behind_and_drains(node):
