@@ -460,9 +460,10 @@ drain() {
 # end_job: the job turned away before the prolog returns, which is what makes the drain a
 # gate (docs/slurm.md, "A hard gate"): a batch job requeued as slurmd would (held unless
 # SchedulerParameters has nohold_on_prolog_fail), any other job, or one that may not be
-# requeued, cancelled; `ended` says which for the log record.
+# requeued, cancelled; `ended` says which for the log record, `cancelled` whether it was.
 end_job() {
     ended=
+    cancelled=0
     [ -n "${SLURM_JOB_ID:-}" ] || return 0
     requeue=requeuehold
     slurm_conf_names SchedulerParameters nohold_on_prolog_fail && requeue=requeue
@@ -470,6 +471,7 @@ end_job() {
         ended="the job is requeued$([ "$requeue" = requeuehold ] && printf ' and held')"
     elif cancel_said=$(scancel "$SLURM_JOB_ID" 2>&1); then
         ended="the job is cancelled ($(last_line "$refused" "not requeued"))"
+        cancelled=1
     else
         ended="the job is left to Slurm (scontrol $requeue: $(last_line "$refused" failed);\
  scancel: $(last_line "$cancel_said" failed))"
@@ -481,8 +483,13 @@ last_line() {
     printf '%s\n' "${1:-$2}" | tail -n 1
 }
 
-# turn_away REASON MESSAGE: the node drained with REASON, the job ended, one record, exit 1
-# (a health check: the drain and the record, exit 0).
+# turn_away REASON MESSAGE: the node drained with REASON, the job ended, one record, and
+# the exit status slurmd acts on (a health check: the drain and the record, exit 0). 1 is
+# a failed prolog: slurmd revokes the job's credentials on this node, then has the job
+# requeued or killed. A job this prolog cancelled itself gets 0: slurmd's kill would find
+# it ended and retry every 15 s until slurmctld forgets the job (MinJobAge), holding
+# slurmd's shutdown; the cancel's own kill request revokes the credentials instead. Where
+# the drain or the end of the job failed, 1 leaves both to Slurm.
 turn_away() {
     drain "$1"
     if [ "$health_check" = 1 ]; then
@@ -491,6 +498,7 @@ turn_away() {
     fi
     end_job
     log "$drained${ended:+, $ended}: $2"
+    [ "$cancelled" = 1 ] && [ "$drained" = drain ] && exit 0
     exit 1
 }
 

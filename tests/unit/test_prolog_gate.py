@@ -1,4 +1,4 @@
-"""The prolog's drain is a hard gate (issue 41 item 1): before it exits 1 it ends the job
+"""The prolog's drain is a hard gate (issue 41 item 1): before it exits it ends the job
 itself, while slurmctld still holds the job in its prolog wait, so that no srun or salloc
 polling for the prolog's end can start a step on the node (docs/slurm.md, "A hard gate").
 A batch job is requeued as slurmd would requeue it (held, unless SchedulerParameters has
@@ -26,10 +26,19 @@ def test_a_batch_job_is_requeued_and_held_before_the_prolog_exits(node, code):
 
 
 def test_an_srun_or_salloc_job_which_slurm_cannot_requeue_is_cancelled(node):
+    """The prolog exits 0 for a job it cancelled: slurmd's own kill of a failed prolog's
+    job would find it ended and retry every 15 s until slurmctld purges the job."""
     done = node(1, FAKE_REQUEUE_CODE="1")
-    assert done.returncode == 1
+    assert done.returncode == 0
+    assert node.drained()[:3] == ["update", "nodename=node17", "state=drain"]
     assert node.requeued() == [f"requeuehold {JOB}"] and node.cancelled() == [JOB]
     assert f"drain, the job is cancelled ({NOT_A_BATCH_JOB}): gdrprobe check:" in node.log()
+
+
+def test_a_job_cancelled_on_a_node_scontrol_could_not_drain_still_fails_the_prolog(node):
+    """Slurm's own drain ("Prolog error") is then the only one: the prolog fails."""
+    done = node(1, FAKE_REQUEUE_CODE="1", FAKE_SCONTROL_CODE="1")
+    assert done.returncode == 1 and node.cancelled() == [JOB]
 
 
 def test_nohold_on_prolog_fail_requeues_without_a_hold_as_slurmd_would(node):

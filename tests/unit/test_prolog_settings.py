@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSI
 BROKEN = [
     ('GDRPROBE_CHECK_ARGS="--time-budget 6', "line 3: a double quote left open"),
     ("GDRPROBE_CHECK_ARGS='--time-budget 6", "line 3: a single quote left open"),
-    ("GDRPROBE=$(touch /tmp/gdrprobe-prolog-ran)", "line 3: $(...) would run a command"),
+    ("GDRPROBE=$(touch {ran})", "line 3: $(...) would run a command"),
     ("GDRPROBE=`id`", '"`" is shell syntax'),
     ("GDRPROBE_PROLOG_STRICT=0; rm -rf /", '";" is shell syntax'),
     ("GDRPROBE_PROLOG_TIMEOUT=8 seconds", "line 3: one setting a line"),
@@ -38,11 +38,11 @@ BROKEN = [
 
 @pytest.mark.parametrize("line, named", BROKEN, ids=[line for line, _ in BROKEN])
 def test_a_settings_error_is_logged_with_its_line_and_nothing_runs(node, line, named):
-    node.settings(line)
+    node.settings(line.replace("{ran}", str(node.dir / "ran")))
     done = node(1)                          # the check would drain: it must not run
     assert done.returncode == 0 and done.stderr == ""
     assert node.checked() == [] and node.drained() == []
-    assert not os.path.exists("/tmp/gdrprobe-prolog-ran")
+    assert not (node.dir / "ran").exists()
     [record] = node.log().splitlines()
     assert (f"node {NODE}, job 42: gdrprobe cannot check (a settings error, nothing checked), "
             f"the job starts (GDRPROBE_PROLOG_STRICT=1 drains): {node.conf}: ") in record
