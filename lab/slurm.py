@@ -384,9 +384,9 @@ def settled_batch_job(job: str) -> str:
     """What batch job `job` printed once its prolog's answer is in (requeued and held, or
     ended: BATCH_SETTLED), then the job cancelled, held or not, so that nothing waits."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    state = ""
+    fields: dict[str, str] = {}
     while time.monotonic() < deadline:
-        shown = sh(f"scontrol show job -o {shlex.quote(job)}", 60).stdout
+        shown = run(["scontrol", "show", "job", "-o", job], 60)
         fields = dict(field.partition("=")[::2] for field in shown.split())
         state = fields.get("JobState", "")
         if state in BATCH_SETTLED and (fields.get("Restarts", "0") != "0"
@@ -394,7 +394,9 @@ def settled_batch_job(job: str) -> str:
             break
         time.sleep(2)
     else:
-        raise LabError(f"batch job {job} did not settle in {JOB_TIMEOUT_S} s: {state}")
+        raise LabError(f"batch job {job} did not settle in {JOB_TIMEOUT_S} s: {fields}")
+    print(f"batch job {job}: " + " ".join(f"{key}={fields.get(key, '')}" for key in
+                                          ("JobState", "Reason", "Restarts", "BatchHost")))
     sh(f"scancel {shlex.quote(job)}", 60)
     return tail(os.path.join(LOG_DIR, f"batch-{job}.out"))
 
