@@ -11,12 +11,13 @@
 #   drain  the node cannot do GPUDirect RDMA: `scontrol update ... state=drain` with the
 #          gate's own one-line reason (what `sinfo -R` shows); then the prolog ends the job
 #          itself (end_job below: a batch job requeued, held unless SchedulerParameters has
-#          nohold_on_prolog_fail, as slurmd would; any other job, or one that may not be
-#          requeued, cancelled) and exits 1. Slurm's own reaction to a failed prolog comes
-#          too late to be a gate: slurmd reports the prolog over to slurmctld before it asks
-#          for the requeue or the kill, and in between an srun or salloc waiting for the
-#          prolog may start a step here (docs/slurm.md). Slurm never requeues an srun or
-#          salloc job: their allocation is cancelled.
+#          nohold_on_prolog_fail, as slurmd would, and exit 1; any other job, or one that
+#          may not be requeued, cancelled, and exit 0: turn_away says why). Slurm's own
+#          reaction to a failed prolog comes too late to be a gate: slurmd reports the
+#          prolog over to slurmctld before it asks for the requeue or the kill, and in
+#          between an srun or salloc waiting for the prolog may start a step here
+#          (docs/slurm.md, "A hard gate"). Slurm never requeues an srun or salloc job: it
+#          cancels it.
 #   warn   any other code (not testable, inconclusive, an NCCL setting of the job...): log
 #          why and exit 0, so the job starts
 # except where the check could not run at all: a usage error, a missing extra or a bug in
