@@ -12,6 +12,7 @@ import sys
 
 import gdrprobe
 from gdrprobe import defaults
+from gdrprobe.errors import extra_fix
 from gdrprobe.cli.common import (add_bidir_flag, add_opcode_flag, add_qps_flag,
                                  add_timeout_flag, add_verdict_flags, notice,
                                  size_list, terminate_as_interrupt)
@@ -100,7 +101,7 @@ class Progress:
                 from tqdm import tqdm
                 self.tqdm = tqdm
             except ImportError:
-                notice("pip install 'gdrprobe[progress]' (tqdm) for a progress bar")
+                notice(f"for a progress bar: {extra_fix('progress')}")
 
     def __call__(self, row, done: int, total: int) -> None:
         if self.tqdm is None:

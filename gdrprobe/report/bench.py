@@ -14,15 +14,15 @@ import math
 import os
 from collections import defaultdict
 
-from gdrprobe.errors import MissingDependency, UsageError
+from gdrprobe.errors import MissingDependency, UsageError, extra_fix
 from gdrprobe.report.check import ENGAGED
 from gdrprobe.report.check_text import render_rails
 from gdrprobe.report.model import BenchReport, BenchRow, to_json
 from gdrprobe.report.text import RULE, answer_and_causes, rate
 
 CSV_FIELDS = tuple(field.name for field in dataclasses.fields(BenchRow))
-PLOT_FIX = "pip install 'gdrprobe[plot]' (matplotlib)"
-PROMETHEUS_FIX = "pip install 'gdrprobe[prometheus]' (prometheus_client)"
+PLOT_FIX = extra_fix("plot")
+PROMETHEUS_FIX = extra_fix("prometheus")
 LATENCY_PERCENTILES = ("min", "median", "p99", "p999", "max")
 WRITABLE_FIX = "pass a path this user may write, or run as a user who may write it"
 

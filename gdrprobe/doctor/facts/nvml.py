@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gdrprobe.errors import extra_fix
 from gdrprobe.sysroot import pci_bus_id
 
-NVML_FIX = "install the optional extra: pip install 'gdrprobe[nvml]' (nvidia-ml-py)"
+NVML_FIX = f"install the optional extra: {extra_fix('nvml')}"
 # nvmlGpuTopologyLevel_t -> the nvidia-smi topo -m name of the common ancestor.
 TOPOLOGY_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 NVML_NVLINK_MAX_LINKS = 18
