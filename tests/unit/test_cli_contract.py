@@ -1,0 +1,104 @@
+"""One text contract on every path, errors included (issue 41 item 4), each case as the
+walkthrough met it, run as an operator runs the command: a process, its output and exit
+code. Network cases talk to loopback servers of this test only."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def gdrprobe(*argv: str, stdin: str | None = None, timeout: float = 120,
+             **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gdrprobe", *argv], capture_output=True,
+                          text=True, timeout=timeout, input=stdin,
+                          env={**os.environ, "PYTHONPATH": ROOT, **env})
+
+
+# ---- a port that is not gdrprobe's is recognised in the first exchange --------------------
+
+
+class LineServer(socketserver.StreamRequestHandler):
+    """A line-based protocol (memcached's text protocol, Redis's inline commands): it reads
+    a line, answers a short error, and waits for the next line."""
+
+    def handle(self):
+        while self.rfile.readline():
+            self.wfile.write(b"ERROR\r\n")
+
+
+class BannerServer(socketserver.BaseRequestHandler):
+    """A protocol whose server speaks first, shorter than gdrprobe's header, then waits."""
+
+    def handle(self):
+        self.request.sendall(b"+OK\r\n")
+        self.request.recv(65536)
+        self.request.recv(65536)
+
+
+class QuietHttp(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(params=["http", "line", "banner"])
+def stranger(request):
+    """A loopback TCP server that speaks something else; yields its port."""
+    handler = {"http": QuietHttp, "line": LineServer, "banner": BannerServer}[request.param]
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_port_that_is_not_gdrprobe_is_recognised_in_the_first_exchange(stranger):
+    """Not a wait for the time-out (a 30 s "did not answer"): the first bytes it sends, or
+    its answer to a hello that ends its line, are not gdrprobe's frame."""
+    import gdrprobe as api
+
+    done = gdrprobe("run", "127.0.0.1", "-p", str(stranger), "--token", api.new_token(),
+                    "--timeout", "600", timeout=60)
+    assert done.returncode == ExitCode.PEER, done.stderr
+    assert "does not speak the gdrprobe protocol" in done.stderr
+    assert "did not answer" not in done.stderr
+
+
+def test_a_gdrprobe_hello_is_still_one_line_a_json_parser_takes():
+    """The hello's JSON ends with CRLF, JSON's own whitespace: every gdrprobe reads it."""
+    from gdrprobe.protocol.channel import HEADER, line_frame, parse_message
+
+    frame = line_frame("hello", nonce="00" * 32)
+    assert frame.endswith(b"\r\n")
+    assert parse_message(frame[HEADER.size:], "client")["type"] == "hello"
+
+
+def silent_port() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    return listener
+
+
+def test_a_silent_port_still_times_out_with_its_own_words():
+    """A server that accepts and says nothing cannot be told from a slow gdrprobe."""
+    import gdrprobe as api
+
+    with silent_port() as listener:
+        done = gdrprobe("run", "127.0.0.1", "-p", str(listener.getsockname()[1]), "--token",
+                        api.new_token(), "--timeout", "5", timeout=60)
+    assert done.returncode == ExitCode.PEER
+    assert "did not answer within 5 s" in done.stderr
