@@ -64,9 +64,10 @@ def capture(dest: str, root: str = "/", replace: bool = False, nccl: str | None 
 
 
 def read_nccl_log(path: str, lines: bool = False):
-    """What an NCCL_DEBUG=INFO log proves: a :class:`gdrprobe.report.nccl_log.NcclLogReport`
-    (its ``exit_code`` is 1 when network channels ran and none used GPUDirect RDMA, or GDR
-    was off on every NIC; 9 when its network lines could not be read). The file is streamed;
+    """What an NCCL_DEBUG=INFO log at path ("-": standard input) proves: a
+    :class:`gdrprobe.report.nccl_log.NcclLogReport` (its ``exit_code`` is 1 when network
+    channels ran and none used GPUDirect RDMA, or GDR was off on every NIC; 9 when its
+    network lines could not be read). The file is streamed;
     ``lines=True`` keeps every network channel line in the report. Raises UsageError for a
     file that cannot be read, is empty or binary, or holds no NCCL line."""
     from gdrprobe.nccl.log import read_nccl_log as _read_nccl_log

@@ -102,3 +102,26 @@ def test_a_silent_port_still_times_out_with_its_own_words():
                         api.new_token(), "--timeout", "5", timeout=60)
     assert done.returncode == ExitCode.PEER
     assert "did not answer within 5 s" in done.stderr
+
+
+# ---- nccl-log - reads standard input -------------------------------------------------------
+
+NCCL_LOGS = os.path.join(ROOT, "tests", "unit", "fixtures", "nccl_logs")
+
+
+def test_nccl_log_dash_reads_standard_input():
+    with open(os.path.join(NCCL_LOGS, "gdr-off-every-nic-nccl-2.18.5.log")) as log:
+        text = log.read()
+    path = os.path.join(NCCL_LOGS, "gdr-off-every-nic-nccl-2.18.5.log")
+    piped = gdrprobe("nccl-log", "-", "--json", stdin=text)
+    named = gdrprobe("nccl-log", path, "--json")
+    assert piped.returncode == named.returncode == 1, piped.stderr
+    assert '"source": "-"' in piped.stdout
+    assert piped.stdout.replace('"source": "-"', "") == named.stdout.replace(
+        f'"source": "{path}"', "")
+
+
+def test_nccl_log_dash_with_nothing_on_standard_input_says_so():
+    done = gdrprobe("nccl-log", "-", stdin="")
+    assert done.returncode == ExitCode.USAGE
+    assert "NCCL log on standard input is empty" in done.stderr
