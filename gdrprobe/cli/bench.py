@@ -61,9 +61,12 @@ def register(subparsers) -> None:
     add_opcode_flag(parser)
     add_bidir_flag(parser, "every bandwidth row gets the other direction and the sum "
                            "(a number of iterations: no -D)")
-    parser.add_argument("--latency-iters", type=int, default=defaults.LATENCY_ITERATIONS,
-                        help="latency round trips per size, host memory (0: no latency rows; "
-                             f"default {defaults.LATENCY_ITERATIONS})")
+    latency = parser.add_mutually_exclusive_group()
+    latency.add_argument("--latency-iters", type=int, default=defaults.LATENCY_ITERATIONS,
+                         metavar="N", help="latency round trips per size, host memory, 1 or "
+                         f"more (default {defaults.LATENCY_ITERATIONS})")
+    latency.add_argument("--no-latency", dest="latency_iters", action="store_const",
+                         const=None, help="no latency rows")
     add_verdict_flags(parser, None)
     add_timeout_flag(parser)
     parser.add_argument("--all-rails", action="store_true",

@@ -125,3 +125,41 @@ def test_nccl_log_dash_with_nothing_on_standard_input_says_so():
     done = gdrprobe("nccl-log", "-", stdin="")
     assert done.returncode == ExitCode.USAGE
     assert "NCCL log on standard input is empty" in done.stderr
+
+
+# ---- usage errors before any probing -------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["bench", "-q", "0"], "QPs must be 1 to"),
+    (["bench", "--qp", "0"], "QPs must be 1 to"),
+    (["bench", "-q", "1,0"], "QPs must be 1 to"),
+    (["bench", "--latency-iters", "0"], "--latency-iters 0"),
+    (["bench", "--latency-iters", "-5"], "--latency-iters -5"),
+    (["bench", "--timeout", "0"], "time-out must be"),
+    (["bench", "-i", "0"], "--ib-port 0"),
+    (["bench", "-x", "-1"], "--gid-index -1"),
+    (["check", "-x", "-1"], "--gid-index -1"),
+    (["check", "--node", "-x", "-1"], "--gid-index -1"),
+    (["run", "--loopback", "-x", "-1"], "--gid-index -1"),
+])
+def test_a_usage_error_is_exit_2_before_any_device_is_looked_for(argv, named):
+    """Not the device probe's exit 4 (drain) on a machine without RDMA, nor a run."""
+    done = gdrprobe(*argv)
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    assert named in done.stderr
+    assert "RDMA device" not in done.stderr
+
+
+def test_the_api_refuses_the_same_before_probing():
+    import gdrprobe as api
+
+    for call in (lambda: api.bench(qps=(0,)), lambda: api.bench(latency_iterations=0),
+                 lambda: api.bench(timeout_s=0), lambda: api.check(gid_index=-1)):
+        with pytest.raises(api.UsageError):
+            call()
+
+
+def test_no_latency_rows_is_its_own_flag():
+    done = gdrprobe("bench", "--no-latency", "--latency-iters", "5")
+    assert done.returncode == ExitCode.USAGE and "not allowed with" in done.stderr
