@@ -163,3 +163,66 @@ def test_the_api_refuses_the_same_before_probing():
 def test_no_latency_rows_is_its_own_flag():
     done = gdrprobe("bench", "--no-latency", "--latency-iters", "5")
     assert done.returncode == ExitCode.USAGE and "not allowed with" in done.stderr
+
+
+# ---- check's exit line and --quiet's one line, on error paths too ------------------------
+
+
+@pytest.fixture
+def low_memlock(engine, monkeypatch):
+    """A container without IPC_LOCK: 64 KiB of locked memory, under the 8 MiB the check
+    needs at least; one GPU and its NIC (the engine's recorders)."""
+    from gdrprobe.campaign import memlock
+    from tests.unit.fakes.engine import one_gpu_machine
+
+    one_gpu_machine(monkeypatch)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(memlock, "locked_memory",
+                        lambda root=None: memlock.LockedMemory(64 << 10, 64 << 10))
+    return engine
+
+
+DRAIN_LINE = f" exit {int(ExitCode.RESOURCE_LIMIT)}: {SCHEDULER_ACTION[ExitCode.RESOURCE_LIMIT]}"
+
+
+@pytest.mark.parametrize("node", [[], ["--node"]], ids=["gpu", "node"])
+def test_an_error_ends_with_the_exit_line_as_every_answer_does(low_memlock, capsys, node):
+    from gdrprobe.cli import main
+
+    assert main(["check", *node]) == ExitCode.RESOURCE_LIMIT
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("gdrprobe: error: this run pins 8.0 MiB")
+    assert err[-1] == DRAIN_LINE
+
+
+@pytest.mark.parametrize("node", [[], ["--node"]], ids=["gpu", "node"])
+def test_an_error_under_quiet_is_one_line_with_its_exit_and_fix(low_memlock, capsys, node):
+    from gdrprobe.cli import main
+
+    assert main(["check", "--quiet", *node]) == ExitCode.RESOURCE_LIMIT
+    out = capsys.readouterr()
+    [line] = out.err.splitlines()
+    assert out.out == ""
+    assert line.startswith("gdrprobe check: error (exit 8: drain): this run pins 8.0 MiB")
+    assert "; fix: raise the limit to at least 8192 KiB" in line
+
+
+def test_a_refused_command_line_of_check_says_its_exit_too(capsys):
+    from gdrprobe.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["check", "--no-such-flag"])
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2] == "gdrprobe check: error: unrecognized arguments: --no-such-flag"
+    assert err[-1] == " exit 2: warn"
+    with pytest.raises(SystemExit):
+        main(["check", "--quiet", "--no-such-flag"])
+    assert capsys.readouterr().err.splitlines() == [
+        "gdrprobe check: error (exit 2: warn): unrecognized arguments: --no-such-flag"]
+
+
+def test_another_commands_error_keeps_its_own_text(capsys):
+    from gdrprobe.cli import main
+
+    assert main(["bench", "-q", "0"]) == ExitCode.USAGE
+    assert "exit 2" not in capsys.readouterr().err
