@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
+from tests.unit.machine import no_cuda_driver_only, no_rdma_device_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -226,3 +227,23 @@ def test_another_commands_error_keeps_its_own_text(capsys):
 
     assert main(["bench", "-q", "0"]) == ExitCode.USAGE
     assert "exit 2" not in capsys.readouterr().err
+
+
+# ---- check --node --all-rails with no GPU -----------------------------------------------------
+
+
+@no_rdma_device_only
+@no_cuda_driver_only
+def test_all_rails_with_no_gpu_says_no_gpu_and_no_rail_under_its_exit_9():
+    """Was: "1 GPU(s)" and "rails: one rail (exit 0: start the job)" under an exit 9: a node
+    with no GPU has no rail to run, which is its own not-testable answer."""
+    environ = {name: "" for name in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS",
+                                     "SLURM_STEP_GPUS", "NVIDIA_VISIBLE_DEVICES")}
+    done = subprocess.run([sys.executable, "-m", "gdrprobe", "check", "--node", "--all-rails"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if k not in environ},
+                               "PYTHONPATH": ROOT})
+    assert done.returncode == ExitCode.NOT_TESTABLE, done.stderr
+    assert "1 GPU(s)" not in done.stdout and "exit 0" not in done.stdout
+    assert "rails: no rail (exit 9: warn): no rail engaged alone" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].startswith("node: no GPU in ")
