@@ -5,6 +5,7 @@ code. Network cases talk to loopback servers of this test only."""
 from __future__ import annotations
 
 import http.server
+import shutil
 import os
 import socket
 import socketserver
@@ -247,3 +248,44 @@ def test_all_rails_with_no_gpu_says_no_gpu_and_no_rail_under_its_exit_9():
     assert "1 GPU(s)" not in done.stdout and "exit 0" not in done.stdout
     assert "rails: no rail (exit 9: warn): no rail engaged alone" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1].startswith("node: no GPU in ")
+
+
+# ---- every rank's error names its rank and host ----------------------------------------------
+
+
+def launched_as(rank: str, size: str) -> dict:
+    return {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": size, "PMIX_RANK": rank}
+
+
+def test_a_cluster_ranks_error_names_its_rank_and_host():
+    done = gdrprobe("cluster", "--slow-fraction", "5", **launched_as("3", "16"))
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr.startswith(
+        f"gdrprobe: error on rank 3 of 16 ({socket.gethostname()}): --slow-fraction 5")
+
+
+@pytest.mark.parametrize("variables, named", [
+    ({"PMI_RANK": "5", "PMI_SIZE": "8"}, "rank 5 of 8"),          # MPICH's Hydra
+    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}, "rank 2 of 4"),  # srun
+    ({}, "error on this rank"),                                   # no launcher said
+])
+def test_each_launchers_rank_is_read(variables, named):
+    environ = {key: value for key, value in os.environ.items()
+               if not key.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    done = subprocess.run([sys.executable, "-m", "gdrprobe", "cluster", "--slow-fraction", "5"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**environ, **variables, "PYTHONPATH": ROOT})
+    assert done.returncode == ExitCode.USAGE
+    assert named in done.stderr.splitlines()[0]
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun "
+                    "(./dev setup installs openmpi-bin)")
+def test_under_mpirun_each_rank_says_which_it_is():
+    done = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                           "--mca", "btl", "self,tcp", sys.executable, "-m", "gdrprobe",
+                           "cluster", "--slow-fraction", "5"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("gdrprobe: error")]
+    assert sorted(line.split(" (")[0] for line in errors) == [
+        "gdrprobe: error on rank 0 of 2", "gdrprobe: error on rank 1 of 2"]
