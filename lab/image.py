@@ -30,7 +30,8 @@ from packaging.requirements import Requirement
 
 from lab import package
 from lab.kernel import CACHE, REPO
-from lab.package import BuildError, cache_key, run_step, version, wheel_source_files
+from lab.package import (BuildError, cache_key, point_latest_at, run_step, version,
+                         wheel_source_files)
 
 SUITE = "bookworm"
 # The suite with its point-release updates and security fixes, as Debian's own images and a
@@ -271,18 +272,6 @@ def build(key: str) -> str:
     return final
 
 
-def point_latest_at(key: str) -> None:
-    """`latest` names the newest image; older ones are removed (each is about 400 MB)."""
-    link = LATEST + ".new"
-    if os.path.lexists(link):
-        os.remove(link)
-    os.symlink(key, link)
-    os.replace(link, LATEST)
-    for entry in os.listdir(IMAGE_DIR):
-        if entry not in (key, "latest") and not entry.endswith(".new"):
-            shutil.rmtree(os.path.join(IMAGE_DIR, entry), ignore_errors=True)
-
-
 def ensure_image() -> str:
     """The archive's path, built unless this checkout's image is in the cache."""
     key = current_key()
@@ -292,7 +281,7 @@ def ensure_image() -> str:
         print(f"image: cached ({key})", flush=True)
     else:
         build(key)
-    point_latest_at(key)
+    point_latest_at(IMAGE_DIR, key)
     return archive
 
 

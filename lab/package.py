@@ -35,7 +35,6 @@ import time
 from lab.kernel import CACHE, REPO, LabError
 
 DIST_DIR = os.path.join(CACHE, "dist")
-LATEST = os.path.join(DIST_DIR, "latest")
 # The files the package is built from (pyproject.toml's metadata names the README;
 # MANIFEST.in says what the sdist carries).
 WHEEL_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE*",
@@ -147,16 +146,18 @@ def build(key: str) -> str:
     return final
 
 
-def point_latest_at(key: str) -> None:
-    """`latest` names the newest build; older ones are removed."""
-    link = LATEST + ".new"
+def point_latest_at(directory: str, key: str) -> None:
+    """`latest` in a cache directory (the package's, the image's) names its newest build;
+    older ones are removed (an image is about 400 MB)."""
+    latest = os.path.join(directory, "latest")
+    link = latest + ".new"
     if os.path.lexists(link):
         os.remove(link)
     os.symlink(key, link)
-    os.replace(link, LATEST)
-    for entry in os.listdir(DIST_DIR):
+    os.replace(link, latest)
+    for entry in os.listdir(directory):
         if entry not in (key, "latest") and not entry.endswith(".new"):
-            shutil.rmtree(os.path.join(DIST_DIR, entry), ignore_errors=True)
+            shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
 
 
 def ensure_dist() -> tuple[str, str]:
@@ -168,7 +169,7 @@ def ensure_dist() -> tuple[str, str]:
         found = artifacts(build(key))
     else:
         print(f"package: cached ({key})", flush=True)
-    point_latest_at(key)
+    point_latest_at(DIST_DIR, key)
     return found
 
 
