@@ -21,11 +21,17 @@ from tests.unit.machine import no_cuda_driver_only, no_rdma_device_only
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def with_root(environ) -> dict:
+    """environ with this checkout first on PYTHONPATH (and what was there kept: a suite run
+    without a dependency puts its blocker there)."""
+    path = os.pathsep.join(filter(None, [ROOT, environ.get("PYTHONPATH")]))
+    return {**environ, "PYTHONPATH": path}
+
+
 def gdrprobe(*argv: str, stdin: str | None = None, timeout: float = 120,
              **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gdrprobe", *argv], capture_output=True,
-                          text=True, timeout=timeout, input=stdin,
-                          env={**os.environ, "PYTHONPATH": ROOT, **env})
+                          text=True, timeout=timeout, input=stdin, env=with_root({**os.environ, **env}))
 
 
 # ---- a port that is not gdrprobe's is recognised in the first exchange --------------------
@@ -242,8 +248,8 @@ def test_all_rails_with_no_gpu_says_no_gpu_and_no_rail_under_its_exit_9():
                                      "SLURM_STEP_GPUS", "NVIDIA_VISIBLE_DEVICES")}
     done = subprocess.run([sys.executable, "-m", "gdrprobe", "check", "--node", "--all-rails"],
                           capture_output=True, text=True, timeout=120,
-                          env={**{k: v for k, v in os.environ.items() if k not in environ},
-                               "PYTHONPATH": ROOT})
+                          env=with_root({k: v for k, v in os.environ.items()
+                                         if k not in environ}))
     assert done.returncode == ExitCode.NOT_TESTABLE, done.stderr
     assert "1 GPU(s)" not in done.stdout and "exit 0" not in done.stdout
     assert "rails: no rail (exit 9: warn): no rail engaged alone" in done.stdout
@@ -274,7 +280,7 @@ def test_each_launchers_rank_is_read(variables, named):
                if not key.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
     done = subprocess.run([sys.executable, "-m", "gdrprobe", "cluster", "--slow-fraction", "5"],
                           capture_output=True, text=True, timeout=60,
-                          env={**environ, **variables, "PYTHONPATH": ROOT})
+                          env=with_root({**environ, **variables}))
     assert done.returncode == ExitCode.USAGE
     assert named in done.stderr.splitlines()[0]
 
@@ -285,7 +291,7 @@ def test_under_mpirun_each_rank_says_which_it_is():
     done = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
                            "--mca", "btl", "self,tcp", sys.executable, "-m", "gdrprobe",
                            "cluster", "--slow-fraction", "5"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+                          timeout=120, env=with_root(dict(os.environ)))
     errors = [line for line in done.stderr.splitlines() if line.startswith("gdrprobe: error")]
     assert sorted(line.split(" (")[0] for line in errors) == [
         "gdrprobe: error on rank 0 of 2", "gdrprobe: error on rank 1 of 2"]
