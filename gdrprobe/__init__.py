@@ -17,7 +17,8 @@ import os
 
 from gdrprobe import defaults
 from gdrprobe.campaign.arguments import (check_gpus, check_nccl, check_threshold_given,
-                                         check_token, check_verdict, percent_habit)
+                                         check_token, check_verdict, latency_rows,
+                                         percent_habit)
 from gdrprobe.defaults import TOKEN_ENV
 from gdrprobe.errors import ExitCode, GdrprobeError, UsageError
 
@@ -64,9 +65,10 @@ def capture(dest: str, root: str = "/", replace: bool = False, nccl: str | None 
 
 
 def read_nccl_log(path: str, lines: bool = False):
-    """What an NCCL_DEBUG=INFO log proves: a :class:`gdrprobe.report.nccl_log.NcclLogReport`
-    (its ``exit_code`` is 1 when network channels ran and none used GPUDirect RDMA, or GDR
-    was off on every NIC; 9 when its network lines could not be read). The file is streamed;
+    """What an NCCL_DEBUG=INFO log at path ("-": standard input) proves: a
+    :class:`gdrprobe.report.nccl_log.NcclLogReport` (its ``exit_code`` is 1 when network
+    channels ran and none used GPUDirect RDMA, or GDR was off on every NIC; 9 when its
+    network lines could not be read). The file is streamed;
     ``lines=True`` keeps every network channel line in the report. Raises UsageError for a
     file that cannot be read, is empty or binary, or holds no NCCL line."""
     from gdrprobe.nccl.log import read_nccl_log as _read_nccl_log
@@ -300,13 +302,13 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
           gid_index: int | None = None, iterations: int = defaults.ITERATIONS,
           duration_s: float | None = None, warmup_s: float = defaults.WARMUP_S,
           tx_depth: int = defaults.TX_DEPTH, cq_moderation: int = defaults.CQ_MODERATION,
-          latency_iterations: int = defaults.LATENCY_ITERATIONS,
+          latency_iterations: int | None = defaults.LATENCY_ITERATIONS,
           threshold: float = defaults.THRESHOLD, timeout_s: float = defaults.TIMEOUT_S,
           baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None,
           opcode: str = "write", bidir: bool = False, all_rails: bool = False):
     """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
     kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
-    every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=0: none).
+    every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=None: none).
     A kind that cannot run here becomes rows with its outcome. on_row(row, rows_done,
     rows_planned) sees each :class:`gdrprobe.report.model.BenchRow` as it is measured;
     Ctrl-C ends the sweep with the rows so far (``report.interrupted``). baseline: an
@@ -329,8 +331,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
         sizes_bytes=_as_tuple(sizes or defaults.SWEEP_SIZES), memory_kinds=_as_tuple(memory),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
-        latency_iterations=latency_iterations, threshold=threshold, ib_port=ib_port,
-        opcode=opcode, bidir=bidir, all_rails=all_rails)
+        latency_iterations=latency_rows(latency_iterations), threshold=threshold,
+        ib_port=ib_port, opcode=opcode, bidir=bidir, all_rails=all_rails)
     return sweep(settings, __version__, gpus=_as_tuple(gpus), devices=_as_tuple(devices),
                  gid_index=gid_index, timeout_s=timeout_s, on_row=on_row, baseline=baseline,
                  max_drop=max_drop)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import errno
+import shlex
+import sys
 import unicodedata
 
 
@@ -238,6 +240,31 @@ class UsageError(GdrprobeError):
 
 class MissingDependency(GdrprobeError):
     exit_code = ExitCode.MISSING_DEPENDENCY
+
+
+# The optional extras a user installs (pyproject.toml's [project.optional-dependencies], less
+# the developers' test and lab): the distribution each adds, and the Debian 12 (and Ubuntu)
+# package that provides it where there is one at the extra's version rule (docs/install.md).
+EXTRAS = {"nvml": ("nvidia-ml-py", None),
+          "rocm": ("hip-python", None),
+          "plot": ("matplotlib", "python3-matplotlib"),
+          "prometheus": ("prometheus-client", "python3-prometheus-client"),
+          "progress": ("tqdm", "python3-tqdm")}
+
+
+def pip_install(requirement: str) -> str:
+    """The command that installs `requirement` for the Python gdrprobe runs on: its own
+    interpreter's pip (a bare `pip` may be another Python's, or none at all)."""
+    return f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(requirement)}"
+
+
+def extra_fix(extra: str) -> str:
+    """How to install an optional extra: this interpreter's pip, or the distribution's
+    package where it has one (a system Python that refuses pip, PEP 668)."""
+    distribution, debian = EXTRAS[extra]
+    fix = f"{pip_install(f'gdrprobe[{extra}]')} ({distribution})"
+    return fix + (f", or the distribution's package (Debian, Ubuntu): apt-get install {debian}"
+                  if debian else "")
 
 
 class NoDevice(GdrprobeError):

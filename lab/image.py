@@ -1,13 +1,13 @@
 """`./dev image`: gdrprobe in an OCI image built from Debian's packages, with no registry.
 
 The root filesystem is Debian 12 made by mmdebstrap from Debian's mirror; gdrprobe goes in as
-the wheel built from this checkout, with its one Python dependency (cuda-python) at the
-versions this checkout's venv runs its tests with, from PyPI. umoci makes the OCI image
+the wheel `./dev package` builds from its sdist (lab/package.py), with its one Python
+dependency (cuda-python) at the versions this checkout's venv runs its tests with, from PyPI. umoci makes the OCI image
 layout and sets its configuration; the layout is written as an oci-archive: a tar of the
 layout directory, which is what skopeo's `oci-archive:` transport reads (containers-
 transports(5); the layout itself: the OCI image spec's image-layout.md).
 
-The result is cached in .lab-cache/image/KEY/, KEY a hash of every input (below), so a second
+The result is cached in .lab-cache/image/KEY/, KEY a hash of every input (current_key), so a second
 build of the same checkout is a look-up. KEY/bundle/rootfs is the image unpacked again by
 `umoci unpack` from the layout that went into the archive: the lab runs gdrprobe there
 (tests/lab/loopback/test_image_lab.py). docs/image.md.
@@ -18,7 +18,6 @@ build of the same checkout is a look-up. KEY/bundle/rootfs is the image unpacked
 from __future__ import annotations
 
 import glob
-import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -29,7 +28,10 @@ import time
 
 from packaging.requirements import Requirement
 
-from lab.kernel import CACHE, REPO, LabError
+from lab import package
+from lab.kernel import CACHE, REPO
+from lab.package import (BuildError, cache_key, point_latest_at, run_step, version,
+                         wheel_source_files)
 
 SUITE = "bookworm"
 # The suite with its point-release updates and security fixes, as Debian's own images and a
@@ -55,7 +57,8 @@ DPKG_OPTIONS = ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/
 # perl (50 MB) into the image (mmdebstrap(1), --hook-dir; /usr/share/mmdebstrap/hooks/).
 MERGED_USR_HOOKS = "/usr/share/mmdebstrap/hooks/merged-usr"
 # The files the gdrprobe wheel is built from (pyproject.toml's metadata names the README).
-WHEEL_SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE*", "gdrprobe", "csrc")
+WHEEL_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE*", "gdrprobe",
+                 "csrc")
 # Where the wheels go: Debian's python3 installs into its default scheme, "posix_local"
 # (Debian's sysconfig patch), as pip would in the image: /usr/local/lib/python3.X/dist-packages
 # and /usr/local/bin. The installer is Debian's python3 itself, whose scheme is the image's.
@@ -73,13 +76,13 @@ TOOLS = {"mmdebstrap": "mmdebstrap", "umoci": "umoci"}
 INSTALLER = ("/usr/bin/python3", "python3-installer")
 
 
-class ImageError(LabError):
+class ImageError(BuildError):
     """The image could not be built; the message names the cause and the fix."""
 
 
-def version() -> str:
-    """gdrprobe's version as this checkout's venv installed it: the image's tag."""
-    return importlib.metadata.version("gdrprobe")
+def step(argv: list[str], what: str, timeout: float = STEP_TIMEOUT_S, **kwargs) -> str:
+    """One build step, bounded; its failure raises ImageError with the tail of its output."""
+    return run_step(argv, what, timeout, ImageError, **kwargs)
 
 
 def archive_name(tag: str) -> str:
@@ -109,20 +112,6 @@ def require_tools() -> None:
                          f"'./dev setup' (or 'apt-get install {' '.join(missing)}')")
 
 
-def wheel_source_files(repo: str = REPO) -> list[str]:
-    """Every file the wheel is built from, relative to the checkout: git's tracked and
-    untracked-but-not-ignored files under WHEEL_SOURCES, so build outputs (the .so, the
-    generated C) are never an input."""
-    listing = subprocess.run(["git", "-C", repo, "ls-files", "-z", "--cached", "--others",
-                              "--exclude-standard", "--", *WHEEL_SOURCES],
-                             capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
-    if listing.returncode != 0:
-        raise ImageError(f"'git ls-files' failed in {repo}: {listing.stderr.strip()}; the "
-                         "image is built from a git checkout of gdrprobe")
-    files = sorted({name for name in listing.stdout.split("\0") if name})
-    return [name for name in files if os.path.isfile(os.path.join(repo, name))]
-
-
 def pinned_dependencies(name: str = "gdrprobe", requires=importlib.metadata.requires,
                         installed=importlib.metadata.version) -> list[str]:
     """`name`'s run-time dependency closure (no extras) as `dist==version`, at the versions
@@ -149,25 +138,17 @@ def installed_version(installed, dist: str) -> str:
                          "'./dev setup'") from error
 
 
-def cache_key(sources: dict[str, bytes], pins: list[str], recipe: bytes) -> str:
-    """A hash of every input: the recipe (this file: the suite, packages, options, labels),
-    the pinned Python dependencies, and the wheel's source files, each name with a hash of its
-    content (a newline ends a pin and a NUL a name: neither can hold one)."""
-    digest = hashlib.sha256(hashlib.sha256(recipe).digest())
-    for pin in pins:
-        digest.update(pin.encode() + b"\n")
-    for name in sorted(sources):
-        digest.update(name.encode() + b"\0" + hashlib.sha256(sources[name]).digest())
-    return digest.hexdigest()[:16]
-
-
 def current_key(repo: str = REPO) -> str:
+    """The image's inputs: the wheel's (its sources and how lab/package.py builds it), the
+    pinned dependencies and this recipe."""
     sources = {}
     for name in wheel_source_files(repo):
         with open(os.path.join(repo, name), "rb") as handle:
             sources[name] = handle.read()
-    with open(os.path.abspath(__file__), "rb") as handle:
-        recipe = handle.read()
+    recipe = b""
+    for module in (__file__, package.__file__):
+        with open(os.path.abspath(module), "rb") as handle:
+            recipe += handle.read()
     return cache_key(sources, pinned_dependencies(), recipe)
 
 
@@ -196,18 +177,6 @@ def umoci_config_argv(image: str, tag: str) -> list[str]:
     return argv
 
 
-def step(argv: list[str], what: str, timeout: float = STEP_TIMEOUT_S, **kwargs) -> str:
-    """One build step, bounded; its failure raises with the tail of its output."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
-    except subprocess.TimeoutExpired as error:
-        raise ImageError(f"{what}: '{argv[0]}' did not end within {timeout:.0f} s") from error
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise ImageError(f"{what}: '{' '.join(argv[:3])} ...' exited {done.returncode}:\n{tail}")
-    return done.stdout
-
-
 def make_rootfs(rootfs: str) -> None:
     try:
         step(mmdebstrap_argv(rootfs), "the Debian root filesystem", MMDEBSTRAP_TIMEOUT_S)
@@ -229,20 +198,17 @@ def check_same_python(rootfs: str) -> None:
 
 
 def build_wheels(work: str, pins: list[str]) -> list[str]:
-    """gdrprobe's wheel, built from a copy of its sources (so the build leaves nothing in the
-    checkout), and the pinned dependencies' wheels for this Python, from PyPI."""
-    source = os.path.join(work, "src")
+    """gdrprobe's wheel as `./dev package` builds it (lab/package.py: from its sdist, the one
+    an operator installs), and the pinned dependencies' wheels for this Python, from PyPI."""
     wheels = os.path.join(work, "wheels")
-    for name in wheel_source_files():
-        os.makedirs(os.path.dirname(os.path.join(source, name)), exist_ok=True)
-        shutil.copy2(os.path.join(REPO, name), os.path.join(source, name))
-    pip = [sys.executable, "-m", "pip"]
-    step([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels, source],
-         "building the gdrprobe wheel")
+    os.makedirs(wheels)
+    wheel, _sdist = package.ensure_dist()
+    shutil.copy2(wheel, wheels)
     if pins:
         try:
-            step([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "-d", wheels,
-                  *pins], "downloading the Python dependencies")
+            step([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                  "--only-binary=:all:", "-d", wheels, *pins],
+                 "downloading the Python dependencies")
         except ImageError as error:
             raise ImageError(f"{error}\nis PyPI (or pip's configured index) reachable?") from error
     return sorted(glob.glob(os.path.join(wheels, "*.whl")))
@@ -306,18 +272,6 @@ def build(key: str) -> str:
     return final
 
 
-def point_latest_at(key: str) -> None:
-    """`latest` names the newest image; older ones are removed (each is about 400 MB)."""
-    link = LATEST + ".new"
-    if os.path.lexists(link):
-        os.remove(link)
-    os.symlink(key, link)
-    os.replace(link, LATEST)
-    for entry in os.listdir(IMAGE_DIR):
-        if entry not in (key, "latest") and not entry.endswith(".new"):
-            shutil.rmtree(os.path.join(IMAGE_DIR, entry), ignore_errors=True)
-
-
 def ensure_image() -> str:
     """The archive's path, built unless this checkout's image is in the cache."""
     key = current_key()
@@ -327,7 +281,7 @@ def ensure_image() -> str:
         print(f"image: cached ({key})", flush=True)
     else:
         build(key)
-    point_latest_at(key)
+    point_latest_at(IMAGE_DIR, key)
     return archive
 
 

@@ -8,7 +8,8 @@ boot; both guests see it through their read-only view of the host's /tmp:
                  each other and nothing else (1024 bits, as Debian's package makes one;
                  mungekey(8) takes 256 to 8192)
   slurm.conf     two nodes, gdr-a (10.77.0.1, also the controller) and gdr-b (10.77.0.2),
-                 the repository's prolog (deploy/slurm/gdrprobe-prolog.sh) as Prolog=
+                 the repository's prolog (deploy/slurm/gdrprobe-prolog.sh) as Prolog=,
+                 with the PrologFlags that make it a hard gate (docs/slurm.md)
   cgroup.conf    slurmd's cgroup settings for guests without systemd
   prolog-NODE    what the prolog reads as /etc/default/gdrprobe-prolog on that node
 
@@ -16,7 +17,8 @@ Each guest copies them into its writable /etc overlay, where Slurm's commands lo
 default (/etc/slurm/slurm.conf), and keeps state and logs under /var/spool and /var/log.
 
   python -m lab.slurm node RUN_DIR NAME            munged and slurmd -D until slurmctld says
-                                                   to shut down (host b)
+                                                   to shut down, then whether a task of a
+                                                   job turned away ran here (host b)
   python -m lab.slurm demo RUN_DIR                 munged, slurmctld and slurmd; the demo's
                                                    jobs once both nodes are idle; then the
                                                    cluster shut down (host a)
@@ -25,6 +27,7 @@ default (/etc/slurm/slurm.conf), and keeps state and logs under /var/spool and /
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shlex
 import shutil
@@ -74,6 +77,24 @@ SINFO_REASONS = "%N %T %E"
 # (a device taken away altogether is "not testable" under the GPU arm, a warning).
 FAULT = ("ip link add gdr-nolink type dummy && rdma link delete rxe0 && "
          "rdma link add rxe0 type rxe netdev gdr-nolink")
+# The three ways a job starts, each turned away from host b once its port is down, across
+# both nodes (host a's prolog lets a job without GPUs start at once): no task of any may run
+# on host b (docs/slurm.md, "A hard gate"). Each task leaves a mark on the node it ran on;
+# host b's own process looks for marks once its slurmd has stopped.
+REFUSED_MARK = os.path.join(LOG_DIR, "turned-away-task-ran")
+MARK_TASK = ("sh -c " + shlex.quote(f"touch {REFUSED_MARK}-$SLURM_JOB_ID-$SLURMD_NODENAME; "
+                                    "echo task ran on $SLURMD_NODENAME"))
+BOTH_NODES = "-N2 -w gdr-a,gdr-b"
+TURNED_AWAY = {
+    "sbatch": (f"sbatch --parsable {BOTH_NODES} -o {LOG_DIR}/batch-%j.out --wrap "
+               + shlex.quote(f"srun {BOTH_NODES} {MARK_TASK}")),
+    "salloc": f"salloc {BOTH_NODES} --immediate={JOB_TIMEOUT_S} srun {BOTH_NODES} {MARK_TASK}",
+    "srun": f"srun {BOTH_NODES} --immediate={JOB_TIMEOUT_S} {MARK_TASK}",
+}
+# A batch job's states once its prolog failed: requeued (and held), or ended; while RUNNING,
+# CONFIGURING or COMPLETING it may still be on the node.
+BATCH_SETTLED = ("PENDING", "REQUEUE_HOLD", "REQUEUED", "SPECIAL_EXIT", "CANCELLED", "FAILED",
+                 "COMPLETED", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE")
 DAEMON_START_TIMEOUT_S = 30
 # The prolog's own limit in the demo's stuck check: a gdrprobe that never answers (as a
 # driver call that never returns) is killed after this, and the node drains with that reason.
@@ -96,8 +117,10 @@ def slurm_conf(prolog: str = PROLOG, nodes: dict[str, str] = NODES,
                controller: str = CONTROLLER) -> str:
     """slurm.conf for the lab (slurm.conf(5) of Slurm 22.05): root runs every daemon, no
     cgroups or accounting (the guests have neither), one CPU per node, the gdrprobe prolog
-    at allocation (PrologFlags=Alloc), PMIx as srun's default MPI wiring (mpi_pmix from
-    slurm-wlm-basic-plugins, the PMIx Debian's Open MPI 4.1 is built with)."""
+    at allocation with a batch script held until every node's prolog is over
+    (PrologFlags=Alloc,DeferBatch: docs/slurm.md, "A hard gate"), PMIx as srun's default MPI
+    wiring (mpi_pmix from slurm-wlm-basic-plugins, the PMIx Debian's Open MPI 4.1 is built
+    with)."""
     lines = [
         f"ClusterName={CLUSTER_NAME}",
         f"SlurmctldHost={controller}({nodes[controller]})",
@@ -125,7 +148,7 @@ def slurm_conf(prolog: str = PROLOG, nodes: dict[str, str] = NODES,
         # no gpu GRES (they have no GPU): their prolog settings check the whole node.
         "GresTypes=gpu",
         f"Prolog={prolog}",
-        "PrologFlags=Alloc",
+        "PrologFlags=Alloc,DeferBatch",
         # A node drained by the prolog stays drained; one that was only down comes back.
         "ReturnToService=2",
         # Emulated guests answer slowly: give slurmd time before it is declared down.
@@ -269,7 +292,8 @@ def wait_for_idle_nodes(daemons: list[subprocess.Popen],
 
 
 def serve_node(run_dir: str, name: str) -> int:
-    """Host b: slurmd in the foreground until slurmctld shuts the cluster down."""
+    """Host b: slurmd in the foreground until slurmctld shuts the cluster down; then its
+    prolog's log, and whether a task of a job its prolog turned away ran here."""
     configure_node(run_dir, name)
     start_munge()
     slurmd = start_slurmd(name)
@@ -277,7 +301,11 @@ def serve_node(run_dir: str, name: str) -> int:
     print(f"slurmd on {name} exited {code}")
     if code != 0:
         print(tail(f"{LOG_DIR}/slurmd.log"))
-    return code
+    print(f"the prolog's log on {name}:\n{tail(PROLOG_LOG)}")
+    ran = sorted(glob.glob(f"{REFUSED_MARK}-*"))
+    print(f"demo-slurm: {'FAIL' if ran else 'ok  '} no task of a job turned away from {name} "
+          f"ran there{': ' + ', '.join(ran) if ran else ''}")
+    return code or int(bool(ran))
 
 
 def run_controller(run_dir: str, body: Callable[[], int]) -> int:
@@ -304,28 +332,73 @@ def demo() -> int:
     """One allocation on both nodes, whose prolog checks each node (host a has no GPU and
     no stand-in: not testable, a warning, the job starts; host b checks over the stand-in:
     engaged); in it the node x node matrix under srun and under mpirun, then host b's RDMA
-    port loses its link (FAULT). The next job on host b meets a failing check:
-    the prolog drains the node with the gate's reason, which `sinfo -R` shows. Then on
-    host a, what reaches the operator (operator_cases): a stuck check and a configuration
-    error."""
+    port loses its link (FAULT). The next job of each kind (sbatch, salloc, srun) meets a
+    failing check on host b: the prolog drains the node with the gate's reason, which
+    `sinfo -R` shows, and turns the job away before any task runs there (turned_away). Then
+    on host a, what reaches the operator (operator_cases): a stuck check and a
+    configuration error."""
     steps = f"{MATRIX_SRUN} && {MATRIX_MPIRUN} && srun -N1 -w gdr-b sh -c {shlex.quote(FAULT)}"
     matrix = sh(f"salloc -N2 sh -c {shlex.quote(steps)}", JOB_TIMEOUT_S)
-    refused = not job_ran_on("gdr-b")
-    drained = sh(f"sinfo -R -o {shlex.quote(SINFO_REASONS)}", 60)
-    outcomes = operator_cases()
+    warned = "warn (exit 9)" in tail(PROLOG_LOG)
+    outcomes = turned_away("gdr-b")
+    outcomes |= operator_cases()
     sh(f"cat {PROLOG_LOG}", 10)
     outcomes |= {
         "the matrix ran across both guests under srun and mpirun": matrix.returncode == 0
         and matrix.stdout.count("every pair measured") == 2,
-        "host a's check warned and its job started": "warn (exit 9)" in tail(PROLOG_LOG),
-        "the job on host b was refused": refused,
-        "host b drained with gdrprobe's reason": any(
-            line.split()[:3] == ["gdr-b", "drained", "gdrprobe:"]
-            for line in drained.stdout.splitlines()),
+        "host a's check warned and its job started": warned,
     }
     for outcome, held in outcomes.items():
         print(f"demo-slurm: {'ok  ' if held else 'FAIL'} {outcome}")
     return 0 if all(outcomes.values()) else 1
+
+
+def turned_away(node: str) -> dict[str, bool]:
+    """A job of each kind across both nodes, `node`'s port down: its prolog drains it with
+    gdrprobe's reason and turns the job away, no task starts there (the marks: serve_node),
+    and the node is resumed for the next kind. Host a lets jobs without GPUs start unchecked,
+    so that the demo waits on host b's prolog alone."""
+    with_prolog_settings("GDRPROBE_JOB_WITHOUT_GPUS=auto\n")
+    outcomes = {}
+    for kind, command in TURNED_AWAY.items():
+        done = sh(command, JOB_TIMEOUT_S)
+        ran = done.stdout + done.stderr
+        if kind == "sbatch":
+            ran += settled_batch_job(done.stdout.strip().split(";")[0])
+        drained = sh(f"sinfo -R -h -n {node} -o {shlex.quote(SINFO_REASONS)}", 60)
+        sh(f"scontrol update nodename={node} state=resume", 60)
+        outcomes[f"{kind}: no task ran on {node}, drained with gdrprobe's reason"] = (
+            f"task ran on {node}" not in ran and drained_by_gdrprobe(drained.stdout, node))
+    return outcomes
+
+
+def drained_by_gdrprobe(sinfo: str, node: str) -> bool:
+    """Whether `sinfo -R -o SINFO_REASONS` says `node` is drained (or draining, while the
+    job turned away completes) with a reason of gdrprobe's."""
+    fields = sinfo.split()
+    return (fields[:1] == [node] and fields[1:2] in (["drained"], ["draining"])
+            and fields[2:3] == ["gdrprobe:"])
+
+
+def settled_batch_job(job: str) -> str:
+    """What batch job `job` printed once its prolog's answer is in (requeued and held, or
+    ended: BATCH_SETTLED), then the job cancelled, held or not, so that nothing waits."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        shown = run(["scontrol", "show", "job", "-o", job], 60)
+        fields = dict(field.partition("=")[::2] for field in shown.split())
+        state = fields.get("JobState", "")
+        if state in BATCH_SETTLED and (fields.get("Restarts", "0") != "0"
+                                       or state != "PENDING"):
+            break
+        time.sleep(2)
+    else:
+        raise LabError(f"batch job {job} did not settle in {JOB_TIMEOUT_S} s: {fields}")
+    print(f"batch job {job}: " + " ".join(f"{key}={fields.get(key, '')}" for key in
+                                          ("JobState", "Reason", "Restarts", "BatchHost")))
+    sh(f"scancel {shlex.quote(job)}", 60)
+    return tail(os.path.join(LOG_DIR, f"batch-{job}.out"))
 
 
 def stuck_settings() -> str:

@@ -101,3 +101,30 @@ def check_latency_a_b(opcode: str, local, remote) -> None:
                          "add --opcode write_imm (perftest's --write_with_imm), or --opcode "
                          "read with --remote-mem, or drop --mem/--remote-mem")
     check_latency_memory(ProbeOptions(mode="latency", opcode=opcode), local, remote)
+
+
+def check_endpoint(ib_port: int, gid_index: int | None) -> None:
+    """The port and GID index as verbs numbers them: ports from 1 (ibv_query_port), a GID
+    table's entries from 0 (ibv_query_gid); a negative index would reach the driver as a
+    huge unsigned one."""
+    if not 1 <= ib_port <= 255:
+        raise UsageError(f"--ib-port {ib_port} is not a port number", "use 1 or 2")
+    if gid_index is not None and gid_index < 0:
+        raise UsageError(f"--gid-index {gid_index} is not a GID index: a port's GID table "
+                         "counts from 0",
+                         "give an index 'gdrprobe devices' lists, or leave -x out to take "
+                         "the GID as NCCL does")
+
+
+def latency_rows(latency_iterations: int | None) -> int:
+    """A sweep's latency round trips per size: None leaves the latency rows out (0 in the
+    report's settings); a number must be a count of round trips, at least one."""
+    if latency_iterations is None:
+        return 0
+    if latency_iterations < 1:
+        raise UsageError(f"--latency-iters {latency_iterations}: a latency row needs at "
+                         "least one round trip",
+                         "give 1 or more, or leave the latency rows out: --no-latency "
+                         "(latency_iterations=None)")
+    return latency_iterations
+

@@ -26,6 +26,7 @@ from gdrprobe import defaults
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
                              UsageError)
 from gdrprobe.campaign import machine
+from gdrprobe.campaign.arguments import check_endpoint
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
 from gdrprobe.campaign.bench_plan import MEASURED, BenchPlan, Execute, PairPlan, RunPlan
 from gdrprobe.campaign.bench_rails import bench_rails
@@ -353,7 +354,11 @@ def bench(settings: BenchSettings, version: str, *, gpus: Sequence[str] = (),
           baseline: str | None = None, max_drop: float = defaults.MAX_DROP) -> BenchReport:
     """bench(): the sweep on this machine's facts (one doctor), each row that fell by more
     than max_drop against an earlier sweep's JSON file (baseline: read before anything is
-    measured) flagged."""
+    measured) flagged. Every run's settings are refused first, before the machine is read
+    or a device listed: a QP count, a time-out, a port or GID index out of range is the
+    user's, never the node's (a device error would be taken for)."""
+    check_endpoint(settings.ib_port, gid_index)
+    check_sweep(settings, timeout_s)
     before = read_baseline(baseline) if baseline else None
     check_max_drop(max_drop)
     report = run_bench(settings, machine.machine_facts(), version, gpus=gpus, devices=devices,
@@ -373,14 +378,36 @@ def select_nics(listed: Mapping[str, object], devices: Sequence[str]) -> list[st
     return list(devices) or list(listed)
 
 
-def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str],
-               nics: Sequence[str], timeout_s: float) -> BenchPlan:
-    """The runs of a sweep, every one's options checked before the first run starts."""
+def sweep_options(settings: BenchSettings, timeout_s: float,
+                  relaxed_ordering: bool = True) -> ProbeOptions:
+    """The options every run of the sweep starts from (BenchPlan.run_options varies them)."""
+    return ProbeOptions(sizes=settings.sizes_bytes, iterations=settings.iterations,
+                        duration_s=settings.duration_s, warmup_s=settings.warmup_s,
+                        tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
+                        timeout_s=timeout_s, opcode=settings.opcode, bidir=settings.bidir,
+                        relaxed_ordering=relaxed_ordering)
+
+
+def check_sweep(settings: BenchSettings, timeout_s: float) -> None:
+    """Every run a sweep of these settings makes, its options refused (UsageError) as the
+    plan would refuse them, but before the machine is read: one stand-in pair per NIC."""
     check_threshold(settings.threshold)
     unknown = [kind for kind in settings.memory_kinds if kind not in BENCH_KINDS]
     if unknown or not settings.memory_kinds:
         raise UsageError(f"memory kinds {', '.join(unknown) or '(none)'}: use "
                          f"{', '.join(BENCH_KINDS)}", "e.g. --mem host,dmabuf")
+    if not settings.qps:
+        raise UsageError("no QP count to run", "e.g. -q 1,4")
+    plan = BenchPlan((PairPlan("0", "any NIC", ""),), settings.memory_kinds, settings.qps,
+                     sweep_options(settings, timeout_s), settings.latency_iterations)
+    for run in plan.runs():
+        plan.run_options(run)
+
+
+def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str],
+               nics: Sequence[str], timeout_s: float) -> BenchPlan:
+    """The runs of a sweep, every one's options checked before the first run starts."""
+    check_sweep(settings, timeout_s)
     if settings.memory_kinds == ("host",):
         pairs = tuple(PairPlan("", nic, "host memory only") for nic in nics)
     else:
@@ -393,11 +420,8 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
         raise UsageError(f"NCCL pairs no GPU with {', '.join(nics)}",
                          "add --matrix to pair every GPU with every NIC")
     # Registered as NCCL registers (NCCL_IB_PCI_RELAXED_ORDERING, as check and run read it).
-    options = ProbeOptions(sizes=settings.sizes_bytes, iterations=settings.iterations,
-                           duration_s=settings.duration_s, warmup_s=settings.warmup_s,
-                           tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
-                           timeout_s=timeout_s, opcode=settings.opcode, bidir=settings.bidir,
-                           relaxed_ordering=facts.nccl_rules.relaxed_ordering(facts.nccl_environ))
+    options = sweep_options(settings, timeout_s,
+                            facts.nccl_rules.relaxed_ordering(facts.nccl_environ))
     flushes = {pair.gpu: receive_flush(facts.nccl.get(pair.gpu)) for pair in pairs if pair.gpu}
     plan = BenchPlan(pairs, settings.memory_kinds, settings.qps, options,
                      settings.latency_iterations, flushes)

@@ -44,8 +44,8 @@ from gdrprobe.campaign.prelaunch import check_pair, rail_loop
 from gdrprobe.campaign.rails import RailLoop, check_rails, rails_of
 from gdrprobe.errors import ExitCode, GdrprobeError, worst_exit_code
 from gdrprobe.measure.options import MIN_TIMEOUT_S
-from gdrprobe.report.check import (INCONCLUSIVE, NodeCheckReport, NodeGpuCheck, RailsReport,
-                                   RankPair)
+from gdrprobe.report.check import (INCONCLUSIVE, NO_GPU_LABEL, NodeCheckReport, NodeGpuCheck,
+                                   RailsReport, RankPair)
 
 CheckPair = Callable[[RankPair, MachineFacts, CheckPlan, Budget, Mapping[str, str]], object]
 # (facts, gate, seconds for one run, environ) -> the loop of one rail (prelaunch.rail_loop)
@@ -76,7 +76,7 @@ def check_one(pair: RankPair, facts: MachineFacts, gate: CheckPlan, seconds: flo
     """One GPU's check on its share of the budget; an error is its answer, not the node's."""
     checked = checking(pair, facts, gate, seconds, environ, check)
     if pair.gpu_reason == NO_GPU_FOUND:
-        return dataclasses.replace(checked, label="no GPU found")
+        return dataclasses.replace(checked, label=NO_GPU_LABEL)
     return checked
 
 

@@ -31,7 +31,8 @@ from collections.abc import Mapping
 
 from gdrprobe import defaults
 from gdrprobe.campaign import machine, secondary
-from gdrprobe.campaign.arguments import check_floor, check_host, check_token, check_verdict, percent_habit
+from gdrprobe.campaign.arguments import (check_endpoint, check_floor, check_host, check_token,
+                                         check_verdict, percent_habit)
 from gdrprobe.campaign.communicator import Communicator
 from gdrprobe.campaign.gate import MachineFacts, check_time_budget
 from gdrprobe.errors import UsageError
@@ -102,8 +103,7 @@ def peer(host: str | None, port: int | None, token: str | None) -> Peer:
 
 def endpoint(device: str | None, ib_port: int, gid_index: int | None) -> EndpointOptions:
     """The RDMA endpoint asked for: the device (None: chosen), the port, the GID index."""
-    if not 1 <= ib_port <= 255:
-        raise UsageError(f"--ib-port {ib_port} is not a port number", "use 1 or 2")
+    check_endpoint(ib_port, gid_index)
     return EndpointOptions(device=device, port=ib_port, gid_index=gid_index)
 
 

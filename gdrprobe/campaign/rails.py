@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from gdrprobe import defaults
 from gdrprobe.campaign.gate import MachineFacts
 from gdrprobe.campaign.verdict import DECIDES
-from gdrprobe.report.check import (CONTENTION, INCONCLUSIVE, ONE_RAIL, TOGETHER, LoopWindow,
+from gdrprobe.report.check import (CONTENTION, INCONCLUSIVE, NO_RAIL, ONE_RAIL, TOGETHER, LoopWindow,
                                    NodeGpuCheck, Overlap, RailResult, RailsReport, RankPair,
                                    ratio_of)
 
@@ -144,9 +144,12 @@ def check_rails(rails: Sequence[Solo], facts: MachineFacts, loop: RailLoop,
                 timeout_s: float, port: int = 1,
                 threshold: float = defaults.RAIL_RATIO) -> RailsReport:
     """Every rail at once after each alone (``rails``: one per NIC, as measured alone)."""
+    if not rails:
+        return RailsReport.of(NO_RAIL, (), ratio_threshold=threshold,
+                              detail="no rail engaged alone: nothing to run together")
     if len(rails) < 2:
         return RailsReport.of(ONE_RAIL, (), ratio_threshold=threshold,
-                              detail=f"{len(rails)} rail engaged alone: nothing to run together")
+                              detail="one rail engaged alone: nothing to run together")
     pairs = [alone.pair for alone in rails]
     gpu_pass = together(pairs, loop, False, timeout_s)
     host_pass = together(pairs, loop, True, timeout_s)

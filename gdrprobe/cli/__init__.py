@@ -39,11 +39,15 @@ class UsageExit(SystemExit):
 class Parser(argparse.ArgumentParser):
     """argparse's parser, refusing an argument a command does not take with that command's
     usage (argparse's own names the top level's), and a perftest spelling with gdrprobe's
-    equivalent (:mod:`gdrprobe.cli.perftest`); a refusal is a :class:`UsageExit`."""
+    equivalent (:mod:`gdrprobe.cli.perftest`); a refusal is a :class:`UsageExit`, written
+    as the command's error texts are (its ``render_error``, below) where it has its own."""
+
+    command_line: list[str] = []       # what is being parsed, for a refusal's render_error
 
     def parse_args(self, args=None, namespace=None):
         from gdrprobe.cli.perftest import perftest_hint
 
+        Parser.command_line = list(sys.argv[1:] if args is None else args)
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             hint = perftest_hint(extras)
@@ -59,9 +63,21 @@ class Parser(argparse.ArgumentParser):
         return self
 
     def error(self, message: str):
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        text = f"{self.prog}: error: {message}"
+        render = self._defaults.get(RENDER_ERROR)
+        if render is None:
+            self.print_usage(sys.stderr)
+            print(text, file=sys.stderr)
+        else:
+            print(render(self.command_line, int(ExitCode.USAGE), self.format_usage() + text,
+                         message, ""), file=sys.stderr)
         raise UsageExit(self.prog, message)
+
+
+# A command whose text has a contract on every path (check: the exit line, --quiet's one
+# line) sets this default to render_error(parsed, code, message, cause, fix) -> the text
+# to print for an error; parsed: its arguments, or the command line argparse refused.
+RENDER_ERROR = "render_error"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def failed(args, argv, code: int, message: str, cause: str, evidence: str = "", fix: str = "",
            error: GdrprobeError | None = None) -> int:
-    """An error's message on stderr and, with --json, its document on stdout; returns its
-    exit code (141 where the output is gone)."""
+    """An error's message on stderr (as the command renders its errors, where it does:
+    RENDER_ERROR) and, with --json, its document on stdout; returns its exit code (141
+    where the output is gone)."""
+    render = getattr(args, RENDER_ERROR, None)
+    if render is not None:
+        message = render(args, int(code), message, cause, fix)
     try:
         print(message, file=sys.stderr, flush=True)
         json_error(args, argv, int(code), cause, evidence, fix, error=error)

@@ -12,6 +12,7 @@ import sys
 
 import gdrprobe
 from gdrprobe import defaults
+from gdrprobe.errors import extra_fix
 from gdrprobe.cli.common import (add_bidir_flag, add_opcode_flag, add_qps_flag,
                                  add_timeout_flag, add_verdict_flags, notice,
                                  size_list, terminate_as_interrupt)
@@ -61,9 +62,12 @@ def register(subparsers) -> None:
     add_opcode_flag(parser)
     add_bidir_flag(parser, "every bandwidth row gets the other direction and the sum "
                            "(a number of iterations: no -D)")
-    parser.add_argument("--latency-iters", type=whole, default=defaults.LATENCY_ITERATIONS,
-                        help="latency round trips per size, host memory (0: no latency rows; "
-                             f"default {defaults.LATENCY_ITERATIONS})")
+    latency = parser.add_mutually_exclusive_group()
+    latency.add_argument("--latency-iters", type=whole, default=defaults.LATENCY_ITERATIONS,
+                         metavar="N", help="latency round trips per size, host memory, 1 or "
+                         f"more (default {defaults.LATENCY_ITERATIONS})")
+    latency.add_argument("--no-latency", dest="latency_iters", action="store_const",
+                         const=None, help="no latency rows")
     add_verdict_flags(parser, None)
     add_timeout_flag(parser)
     parser.add_argument("--all-rails", action="store_true",
@@ -101,7 +105,7 @@ class Progress:
                 from tqdm import tqdm
                 self.tqdm = tqdm
             except ImportError:
-                notice("pip install 'gdrprobe[progress]' (tqdm) for a progress bar")
+                notice(f"for a progress bar: {extra_fix('progress')}")
 
     def __call__(self, row, done: int, total: int) -> None:
         if self.tqdm is None:

@@ -28,7 +28,7 @@ from gdrprobe import defaults
 from gdrprobe.cli.common import (add_device_flags, add_verdict_flags, size,
                                  terminate_as_interrupt, with_range)
 from gdrprobe.cli.common import real_number, whole
-from gdrprobe.errors import (SCHEDULER_ACTION, ExitCode, GdrprobeError, UsageError,
+from gdrprobe.errors import (SCHEDULER_ACTION, WARN, ExitCode, GdrprobeError, UsageError,
                              exit_codes_epilog, printable, quoted)
 from gdrprobe.report.check_metrics import (check_prometheus_file, write_check_error,
                                            write_check_prometheus)
@@ -138,8 +138,22 @@ def register(subparsers) -> None:
     output.add_argument("--json", action="store_true", help="print the JSON document")
     output.add_argument("--quiet", action="store_true",
                         help="print nothing when engaged, one line on stderr otherwise "
-                             "(--node: one per GPU that is not engaged)")
-    parser.set_defaults(handler=run)
+                             "(--node: one per GPU that is not engaged; an error: one line)")
+    parser.set_defaults(handler=run, render_error=render_error)
+
+
+def render_error(parsed, code: int, message: str, cause: str, fix: str) -> str:
+    """check's text contract on an error path as on every answer: the message, then the
+    exit line; with --quiet one line, the exit and action first (a prolog's drain reason is
+    that line's start), then the cause and the fix. parsed: the parsed arguments, or the
+    command line where argparse refused it (never --json here: that prints a document)."""
+    quiet = ("--quiet" in parsed if isinstance(parsed, list)
+             else parsed.quiet or parsed.qps is BARE_Q)
+    action = f"exit {code}: {SCHEDULER_ACTION.get(code, WARN)}"
+    if not quiet:
+        return f"{message}\n {action}"
+    said = " ".join(cause.split()) + (f"; fix: {' '.join(fix.split())}" if fix else "")
+    return f"gdrprobe check: error ({action}): {said}"
 
 
 def output_mode(args) -> tuple[bool, int | None]:

@@ -7,6 +7,10 @@ it failed itself.
 
 from __future__ import annotations
 
+import os
+import re
+import socket
+
 import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli.common import (add_bidir_flag, add_device_flags, add_memory_flags,
@@ -47,7 +51,35 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="rank 0 prints the JSON document")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="rank 0 also writes the JSON here")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, render_error=render_error)
+
+
+# Where each MPI launcher puts a process's rank and the job's size: Open MPI's mpirun, PMIx
+# (Open MPI 5, srun --mpi=pmix), MPICH's Hydra (PMI), Slurm's srun.
+LAUNCHER_RANKS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMIX_RANK", None),
+                  ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"))
+
+
+def this_rank(environ=os.environ) -> str:
+    """The rank the launcher gave this process, with the job's size and the host: which of
+    the N copies of an error this one is."""
+    host = socket.gethostname()
+    for rank, ranks in LAUNCHER_RANKS:
+        if environ.get(rank, "").isdigit():
+            of = f" of {environ[ranks]}" if ranks and environ.get(ranks, "").isdigit() else ""
+            return f"rank {environ[rank]}{of} ({host})"
+    return f"this rank ({host})"
+
+
+def render_error(parsed, code: int, message: str, cause: str, fix: str) -> str:
+    """Every rank of the job prints its own error: each names its rank and host, so that
+    the one that failed first is told from the ranks that only lost their peer."""
+    rank = this_rank()
+
+    def named(said: re.Match) -> str:
+        return f"{said[1]}error on {rank}: " if said[2] else f"{said[1]}on {rank}: "
+
+    return re.sub(r"^(gdrprobe[^:\n]*: )(error: )?", named, message, count=1, flags=re.M)
 
 
 def run(args) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from gdrprobe.errors import MissingDependency, NotTestable
+from gdrprobe.errors import MissingDependency, NotTestable, pip_install
 from gdrprobe.memory.cuda_results import UPGRADE_DRIVER_FIX, result_error, result_name, unknown_result
 
 # The GPU's page: nvidia-peermem pins whole 64 KiB pages (GPU_PAGE_SIZE in the driver's
@@ -30,8 +30,8 @@ from gdrprobe.memory.cuda_results import UPGRADE_DRIVER_FIX, result_error, resul
 # needs, so a registration never reaches past the allocation.
 GPU_PAGE_BYTES = 64 << 10
 
-CUDA_PYTHON_FIX = ("pip install 'cuda-python>=12.6.2.post1,<13' into the environment gdrprobe "
-                   "runs from (the 13.x line needs driver 580.65.06 or newer)")
+CUDA_PYTHON_FIX = (f"{pip_install('cuda-python>=12.6.2.post1,<13')} (the 13.x line needs "
+                   "driver 580.65.06 or newer)")
 NO_DRIVER_FIX = ("install the NVIDIA driver (libcuda.so.1) on a machine with a GPU, and in a "
                  "container run with the NVIDIA container runtime (--gpus all); without a GPU "
                  "only the host arm can run")

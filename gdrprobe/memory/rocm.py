@@ -22,7 +22,7 @@ import os
 from typing import ClassVar
 
 from gdrprobe.errors import (GdrprobeError, GpuOutOfMemory, HipError, MissingDependency,
-                             NotTestable, UsageError)
+                             NotTestable, UsageError, pip_install)
 from gdrprobe.numbers import decimal, is_decimal
 from gdrprobe.memory.causes import dmabuf_export_refused
 from gdrprobe.memory.runtime import GpuRuntime, check_gpu_selector, dmabuf_range, is_bus_id
@@ -31,8 +31,8 @@ from gdrprobe.sysroot import AMD_GPU_CLASSES, AMD_VENDOR_ID, pci_bus_id
 
 HIP_LIBRARY = "libamdhip64.so"          # the name hip-python's chip module dlopens
 HSA_DMABUF_SUPPORTED = 0x204            # HSA_AMD_SYSTEM_INFO_DMABUF_SUPPORTED
-HIP_PYTHON_FIX = ("pip install 'gdrprobe[rocm]' 'hip-python==X.Y.*' (X.Y: the node's ROCm release, "
-                  "/opt/rocm/.info/version) into the environment gdrprobe runs from")
+HIP_PYTHON_FIX = (f"{pip_install('gdrprobe[rocm]')} 'hip-python==X.Y.*' (X.Y: the node's ROCm "
+                  "release, /opt/rocm/.info/version)")
 NO_ROCM_FIX = ("install ROCm (libamdhip64.so) on a machine with an AMD GPU, and in a container "
                "pass /dev/kfd and /dev/dri; without a GPU only the host arm can run")
 GENERIC_FIX = "check dmesg for amdgpu errors and 'rocm-smi' for the GPU's state"
@@ -128,8 +128,8 @@ def require_matching_line(module, installed: str | None) -> None:
         wanted = f"{line[0]}.{line[1]}"
         raise MissingDependency(
             f"hip-python {installed} does not match the HIP runtime of ROCm {wanted}",
-            f"pip install 'hip-python=={wanted}.*' into the environment gdrprobe runs from "
-            "(docs/install.md: the hip-python line is the node's ROCm release)",
+            f"{pip_install(f'hip-python=={wanted}.*')} (docs/install.md: the hip-python line "
+            "is the node's ROCm release)",
             evidence=f"hip-python {installed}; hipRuntimeGetVersion: ROCm {wanted}")
 
 

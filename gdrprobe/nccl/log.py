@@ -35,7 +35,7 @@ from collections.abc import Callable
 from gdrprobe.errors import UsageError
 from gdrprobe.nccl import log_diag, log_gin, log_formats as formats
 from gdrprobe.nccl.log_input import (BLOCK_BYTES, MAX_LINE_BYTES, NCCL_MARK, READ_FIX, block_reader,
-                                     check_text, lines_of)
+                                     check_text, lines_of, log_name, open_log)
 from gdrprobe.nccl.log_summary import GDR_ENV, build_report
 from gdrprobe.report.nccl_log import OTHER_NIC, OTHERS, NcclLogReport
 
@@ -580,11 +580,12 @@ def parse_nccl_log(text: str, source: str = "", lines: bool = True) -> NcclLogRe
 
 
 def read_nccl_log(path: str, lines: bool = False) -> NcclLogReport:
-    """What the log at path proves, read as a stream; lines=True keeps every channel line
-    (up to MAX_LISTED_CHANNELS)."""
+    """What the log at path ("-": standard input) proves, read as a stream; lines=True keeps
+    every channel line (up to MAX_LISTED_CHANNELS)."""
     try:
-        with open(path, "rb", buffering=0) as handle:
-            scan = scan_file(block_reader(handle), path, keep_lines=lines)
+        with open_log(path) as handle:
+            scan = scan_file(block_reader(handle), log_name(path), keep_lines=lines)
     except OSError as error:
-        raise UsageError(f"cannot read NCCL log {path}: {error.strerror}", fix=READ_FIX) from None
+        raise UsageError(f"cannot read NCCL log {log_name(path)}: {error.strerror}",
+                         fix=READ_FIX) from None
     return build_report(scan, path, lines)

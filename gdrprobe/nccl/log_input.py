@@ -19,6 +19,22 @@ BLOCK_BYTES = 1 << 20        # read this much at a time
 MAX_LINE_BYTES = 64 << 10
 READ_FIX = "pass the file the job wrote with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names it)"
 
+STDIN = "-"            # the name of standard input: ... 2>&1 | gdrprobe nccl-log -
+
+
+def open_log(path: str):
+    """The log's file, unbuffered: path, or for STDIN standard input (its descriptor
+    duplicated, so that closing the log leaves sys.stdin open)."""
+    if path == STDIN:
+        return os.fdopen(os.dup(0), "rb", buffering=0)
+    return open(path, "rb", buffering=0)
+
+
+def log_name(path: str) -> str:
+    """How a message names the log."""
+    return "on standard input" if path == STDIN else path
+
+
 NCCL_MARK = re.compile(rb"NCCL (?:INFO|WARN|TRACE|DIAG) |NCCL version \d|RCCL version : \d")
 CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")   # not tab, line ends, form feed, ESC
 

@@ -42,6 +42,7 @@ HEADER = struct.Struct(">4sHI")
 SEQUENCE = struct.Struct(">Q")
 TAG_BYTES = 32               # HMAC-SHA256
 MAX_MESSAGE_BYTES = 64 * 1024
+LINE_END = b"\r\n"
 TOKEN_FIX = ("give the client the token the server printed: --token TOKEN or the "
              "GDRPROBE_TOKEN environment variable")
 
@@ -52,7 +53,18 @@ def frame_tag(key: bytes, header: bytes, sequence: bytes, body: bytes) -> bytes:
 
 def plain_frame(kind: str, **fields) -> bytes:
     """The bytes of one unsealed message (the handshake's)."""
-    body = _json(kind, fields)
+    return _plain(_json(kind, fields), kind)
+
+
+def line_frame(kind: str, **fields) -> bytes:
+    """An unsealed message whose JSON ends with CRLF, JSON's own whitespace (RFC 8259): the
+    client's hello, so that a line-based server that is no gdrprobe (HTTP, Redis, memcached)
+    answers it at once instead of waiting for the rest of a line, and the client knows that
+    server by the first byte of its answer (Channel._read_frame)."""
+    return _plain(_json(kind, fields) + LINE_END, kind)
+
+
+def _plain(body: bytes, kind: str) -> bytes:
     if len(body) > MAX_MESSAGE_BYTES:
         raise ValueError(f"message {kind} is {len(body)} bytes, over the limit")
     return HEADER.pack(MAGIC, PROTOCOL_VERSION, len(body)) + body
@@ -63,12 +75,18 @@ def _json(kind: str, fields: dict) -> bytes:
                       allow_nan=False).encode()
 
 
+def check_magic(start: bytes, peer: str) -> None:
+    """The first bytes of a frame, as many as have arrived, must begin gdrprobe's magic: a
+    peer that speaks another protocol is known by its first byte, not after a time-out."""
+    if MAGIC[:len(start)] != start[:len(MAGIC)]:
+        raise PeerError(f"the {peer} does not speak the gdrprobe protocol",
+                        "point the client at a 'gdrprobe serve' port")
+
+
 def frame_length(header: bytes, peer: str) -> int:
     """The body length a frame header announces, once magic, version and limit are right."""
     magic, version, length = HEADER.unpack(header)
-    if magic != MAGIC:
-        raise PeerError(f"the {peer} does not speak the gdrprobe protocol",
-                        "point the client at a 'gdrprobe serve' port")
+    check_magic(magic, peer)
     if version != PROTOCOL_VERSION:
         raise PeerError(f"the {peer} speaks protocol {version}, this gdrprobe "
                         f"speaks {PROTOCOL_VERSION}", SAME_VERSION_FIX)
@@ -133,18 +151,26 @@ class Channel:
 
     def send(self, kind: str, **fields) -> None:
         with self._send_lock:
-            data = self.frame(kind, **fields)
-            try:
-                self.sock.settimeout(self.timeout)   # not what a receive's deadline left
-                self.sock.sendall(data)
-            except OSError as error:
-                raise PeerError(f"lost the connection to the {self.peer} while sending "
-                                f"{kind}: {error}", "check that the other side is still "
-                                "running") from error
+            self._send_bytes(self.frame(kind, **fields), kind)
 
-    def _read_exact(self, count: int, deadline: float, timeout: float) -> bytes:
+    def send_line(self, kind: str, **fields) -> None:
+        """An unsealed message ending its line (line_frame): the client's first."""
+        with self._send_lock:
+            self._send_bytes(line_frame(kind, **fields), kind)
+
+    def _send_bytes(self, data: bytes, kind: str) -> None:
+        try:
+            self.sock.settimeout(self.timeout)   # not what a receive's deadline left
+            self.sock.sendall(data)
+        except OSError as error:
+            raise PeerError(f"lost the connection to the {self.peer} while sending "
+                            f"{kind}: {error}", "check that the other side is still "
+                            "running") from error
+
+    def _read_exact(self, count: int, deadline: float, timeout: float,
+                    check=None) -> bytes:
         """count bytes, all of them before the deadline: a peer that trickles bytes is as
-        slow as one that sends nothing."""
+        slow as one that sends nothing. check(what arrived so far) may refuse them early."""
         chunks, remaining = [], count
         while remaining:
             left = deadline - time.monotonic()
@@ -165,6 +191,8 @@ class Channel:
                                 "look at the other side's output for its reason")
             chunks.append(chunk)
             remaining -= len(chunk)
+            if check is not None:          # only on a header: a join per chunk of a body is quadratic
+                check(b"".join(chunks))
         return b"".join(chunks)
 
     def _silence(self) -> str:
@@ -176,9 +204,11 @@ class Channel:
 
     def _read_frame(self, deadline: float, timeout: float) -> bytes:
         """The JSON of the next frame, its seal checked once the channel is sealed."""
-        header = self._read_exact(HEADER.size, deadline, timeout)
         if self._receive_key is None:
+            header = self._read_exact(HEADER.size, deadline, timeout,
+                                      lambda start: check_magic(start, self.peer))
             return self._read_exact(frame_length(header, self.peer), deadline, timeout)
+        header = self._read_exact(HEADER.size, deadline, timeout)
         return self._open(header, self._read_exact(self._sealed_length(header), deadline, timeout))
 
     def _sealed_length(self, header: bytes) -> int:

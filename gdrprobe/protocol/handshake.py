@@ -218,10 +218,11 @@ def _reply(channel: Channel, expected: str) -> dict:
     return reply
 
 
-def _send(channel: Channel, kind: str, **fields) -> None:
-    """Send; a server that has hung up on us may have said why first."""
+def _send(channel: Channel, kind: str, first: bool = False, **fields) -> None:
+    """Send (the first message ending its line: Channel.send_line); a server that has hung
+    up on us may have said why first."""
     try:
-        channel.send(kind, **fields)
+        (channel.send_line if first else channel.send)(kind, **fields)
     except PeerError as error:
         refusal = _refusal_waiting(channel)
         if refusal is None:
@@ -241,7 +242,7 @@ def authenticate_as_client(channel: Channel, credential: str | ServerSecret,
     """Prove the token first, then check that the server knows it too; then seal.
     notice(text) hears when the server asked for more work than it does when quiet."""
     mine = secrets.token_bytes(NONCE_BYTES)
-    _send(channel, HELLO, nonce=mine.hex())
+    _send(channel, HELLO, first=True, nonce=mine.hex())
     challenge = _reply(channel, CHALLENGE)
     theirs = hex_field(challenge, "nonce", NONCE_BYTES)
     bits = field(challenge, "puzzle_bits", int, low=0, high=MAX_PUZZLE_BITS)

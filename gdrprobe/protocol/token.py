@@ -44,8 +44,11 @@ TOKEN_FIX = ("use the token 'gdrprobe serve' prints, or draw one at random: pyth
 
 def new_token() -> str:
     """24 URL-safe characters, 144 random bits; always over the floor (one drawn from too
-    few classes to show it, a chance under 2^-60, is drawn again)."""
-    while token_bits(token := secrets.token_urlsafe(GENERATED_BYTES)) < FLOOR_BITS:
+    few classes to show it, a chance under 2^-60, is drawn again), and never starting with
+    "-", which a command line would take for an option (`--token -x...`: argparse's
+    "expected one argument"; 1 in 64 draws, drawn again)."""
+    while (token_bits(token := secrets.token_urlsafe(GENERATED_BYTES)) < FLOOR_BITS
+           or token.startswith("-")):
         pass
     return token
 

@@ -14,7 +14,7 @@ import math
 import os
 from collections import defaultdict
 
-from gdrprobe.errors import MissingDependency, UsageError
+from gdrprobe.errors import MissingDependency, UsageError, extra_fix
 from gdrprobe.files import (NotRegularFile, check_output_path, parse_json, read_bounded,
                             replace_file, unwritable)
 from gdrprobe.report.check import ENGAGED
@@ -23,8 +23,8 @@ from gdrprobe.report.model import BenchReport, BenchRow, to_json
 from gdrprobe.report.text import RULE, answer_and_causes, rate
 
 CSV_FIELDS = tuple(field.name for field in dataclasses.fields(BenchRow))
-PLOT_FIX = "pip install 'gdrprobe[plot]' (matplotlib)"
-PROMETHEUS_FIX = "pip install 'gdrprobe[prometheus]' (prometheus_client)"
+PLOT_FIX = extra_fix("plot")
+PROMETHEUS_FIX = extra_fix("prometheus")
 LATENCY_PERCENTILES = ("min", "median", "p99", "p999", "max")
 PLOT_FILES = ("bandwidth.png", "matrix.png", "latency.png")   # what --plot DIR writes
 # An earlier sweep's JSON document, at most (a sweep of 8 GPUs, 8 NICs and 20 sizes, both

@@ -297,7 +297,15 @@ class NodeGpuCheck:
     report: CheckReport | None = None
     error: str = ""
     fix: str = ""
-    label: str = ""                # how a person names it ("": "GPU <gpu>")
+    label: str = ""                # how a person names it ("": "GPU <gpu>"; NO_GPU_LABEL)
+
+    @property
+    def found(self) -> bool:
+        """A GPU of the node, not the stand-in for none found."""
+        return self.label != NO_GPU_LABEL
+
+
+NO_GPU_LABEL = "no GPU found"      # the one entry of a node check that found no GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,9 +329,11 @@ TOGETHER = "together"              # every rail keeps its solo bandwidth with al
 CONTENTION = "contention"          # rails fine alone fall only together
 INCONCLUSIVE = "inconclusive"      # the rails did not measure together, or a rail failed
 ONE_RAIL = "one rail"              # nothing to run together
+NO_RAIL = "no rail"                # no rail engaged alone: the rails cannot be judged
 
 RAILS_EXIT_CODES = {TOGETHER: ExitCode.OK, ONE_RAIL: ExitCode.OK,
-                    CONTENTION: ExitCode.PERFORMANCE_WARNING, INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+                    CONTENTION: ExitCode.PERFORMANCE_WARNING, INCONCLUSIVE: ExitCode.INCONCLUSIVE,
+                    NO_RAIL: ExitCode.NOT_TESTABLE}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -209,9 +209,9 @@ def rails_line(rails: RailsReport) -> str:
 
 def render_rails(rails: RailsReport) -> list[str]:
     """Each rail alone against together, the node's aggregate, the windows' overlap."""
-    lines = ["all rails at once:",
-             f" {'GPU':<14} {'NIC':<10} {'alone':>8} {'together':>9} {'ratio':>6} "
-             f"{'host ratio':>10}  Gb/s"]
+    lines = ["all rails at once:"] + ([
+        f" {'GPU':<14} {'NIC':<10} {'alone':>8} {'together':>9} {'ratio':>6} "
+        f"{'host ratio':>10}  Gb/s"] if rails.rails else [])
     for rail in rails.rails:
         lines.append(f" {rail.gpu:<14} {rail.nic:<10} {gbps(rail.solo_gbps):>8} "
                      f"{gbps(rail.concurrent_gbps):>9} {ratio_text(rail.ratio):>6} "
@@ -235,6 +235,12 @@ def render_node_check(report: NodeCheckReport) -> str:
     return "\n".join(job + [node_line(check) for check in report.gpus]
                      + (render_rails(report.rails) if report.rails else [])
                      + ([f"memlock: {report.memlock}"] if report.memlock else [])
-                     + [f"node: {len(report.gpus)} GPU(s) in {report.elapsed_s:.1f} s{budget}; "
+                     + [f"node: {gpu_count(report)} in {report.elapsed_s:.1f} s{budget}; "
                         f"exit {report.exit_code}: {SCHEDULER_ACTION[report.exit_code]}"])
+
+
+def gpu_count(report: NodeCheckReport) -> str:
+    """How many GPUs the node check checked: the stand-in for none found is none."""
+    found = sum(check.found for check in report.gpus)
+    return f"{found} GPU(s)" if found else "no GPU"
 

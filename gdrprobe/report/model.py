@@ -472,7 +472,7 @@ class BenchSettings:
     warmup_s: float
     tx_depth: int
     cq_moderation: int
-    latency_iterations: int        # 0: no latency rows
+    latency_iterations: int        # 0: no latency rows (bench(latency_iterations=None))
     threshold: float
     ib_port: int
     opcode: str = "write"          # the RDMA operation every run measures: write or read

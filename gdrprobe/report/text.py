@@ -204,13 +204,19 @@ MARKS = {Status.OK: "[ OK ]", Status.WARN: "[WARN]", Status.FAIL: "[FAIL]",
 INDENT = " " * 7
 
 
+# A failure that makes every other one moot: no RDMA device to register anything with, so
+# a memlock limit or an IOMMU setting before it in the flowchart cannot be what stops a job.
+MOOT_ALL = (ids.NIC_DEVICES,)
+
+
 def first_blocker(report: DoctorReport) -> Finding | None:
-    """What stops GPUDirect RDMA first: the first failure in flowchart order (the order the
-    doctor produced the findings in), the one the exit code 1 is about. Without a failure,
-    a machine with no NVIDIA GPU or no PCI RDMA NIC (a software RDMA device, rxe or siw, has
-    no PCI function and can never do GPUDirect) is blocked all the same, although that
-    finding is only a warning."""
-    failure = next((f for f in report.findings if f.status is Status.FAIL), None)
+    """What stops GPUDirect RDMA first: no RDMA device where that failed (MOOT_ALL), else
+    the first failure in flowchart order (the order the doctor produced the findings in),
+    the one the exit code 1 is about. Without a failure, a machine with no NVIDIA GPU or no
+    PCI RDMA NIC (a software RDMA device, rxe or siw, has no PCI function and can never do
+    GPUDirect) is blocked all the same, although that finding is only a warning."""
+    failures = [f for f in report.findings if f.status is Status.FAIL]
+    failure = next((f for f in failures if f.id in MOOT_ALL), None) or next(iter(failures), None)
     return failure or next((f for f in report.findings if f.id == ids.TOPOLOGY_DEVICES
                             and f.status is Status.WARN), None)
 

@@ -91,3 +91,21 @@ def api(monkeypatch):
     monkeypatch.setattr(gdrprobe, "check", check)
     monkeypatch.setattr(gdrprobe, "check_node", check_node)
     return calls
+
+
+@pytest.fixture
+def engine(monkeypatch, tmp_path):
+    """Recorders in place of the run engine, the server, the machine's facts and MPI
+    (tests/unit/fakes/engine.py); the calls they recorded."""
+    from tests.unit.fakes.engine import install_engine
+
+    return install_engine(monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """deploy/slurm/gdrprobe-prolog.sh over fakes in a scratch directory: node(code) runs it
+    with gdrprobe exiting code (tests/unit/fakes/prolog.py)."""
+    from tests.unit.fakes.prolog import PrologNode
+
+    return PrologNode(tmp_path)

@@ -61,6 +61,16 @@ def test_the_doctor_compares_with_what_a_sweep_really_pins():
     assert probe_needs.PROBE_MEMLOCK_BYTES == 2 * probe_needs.PROBE_ARM_PINNED_BYTES + (4 << 20)
 
 
+def test_the_doctor_and_the_check_agree_on_the_least_memlock_the_check_needs():
+    """What the doctor calls enough for gdrprobe check is what the check pins with one
+    integrity slot at its message size, both ends in loopback (campaign/memlock.py)."""
+    from gdrprobe.campaign.memlock import fewest_slots, pinned_bytes
+    from gdrprobe.measure.options import ProbeOptions
+
+    check = fewest_slots(ProbeOptions(sizes=(defaults.A_B_SIZE,)))
+    assert probe_needs.CHECK_MEMLOCK_BYTES == pinned_bytes(check, ends=2) == 8 << 20
+
+
 # ---- a PCI bus id ---------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ def test_slurm_conf_runs_the_repository_prolog_at_allocation():
     conf = settings(slurm.slurm_conf())
     assert conf["Prolog"] == [slurm.PROLOG]
     assert os.access(slurm.PROLOG, os.X_OK), "slurmd runs the prolog as an executable"
-    assert conf["PrologFlags"] == ["Alloc"]
+    assert conf["PrologFlags"] == ["Alloc,DeferBatch"]
     assert conf["MpiDefault"] == ["pmix"]
 
 
@@ -148,3 +148,27 @@ def test_the_lab_allocates_gpus_as_gres_and_its_gpu_less_nodes_are_checked_whole
     extra = slurm.prolog_conf() + slurm.without_gpus_settings()
     assert sourced(extra, tmp_path, "GDRPROBE_JOB_WITHOUT_GPUS") == "auto"
     assert sourced(extra, tmp_path, "GDRPROBE") == slurm.MARKING_GDRPROBE
+
+
+def test_the_demo_turns_away_a_job_of_each_kind_across_both_nodes():
+    """sbatch (its script's srun), salloc (its srun) and srun each start tasks on both
+    guests, and each task leaves the mark host b looks for (docs/slurm.md, "A hard gate")."""
+    assert set(slurm.TURNED_AWAY) == {"sbatch", "salloc", "srun"}
+    for kind, command in slurm.TURNED_AWAY.items():
+        assert command.split()[0] == kind and slurm.BOTH_NODES in command
+        assert "srun" in command and "turned-away-task-ran" in command
+    marked = subprocess.run(["sh", "-c", slurm.MARK_TASK.replace(
+        slurm.REFUSED_MARK, "/dev/null/never")], capture_output=True, text=True, timeout=30,
+        env={"SLURMD_NODENAME": "gdr-b", "SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"})
+    assert marked.stdout == "task ran on gdr-b\n"
+
+
+@pytest.mark.parametrize("line, drained", [
+    ("gdr-b drained gdrprobe: exit 4: rxe0 port 1 is DOWN", True),
+    ("gdr-b draining gdrprobe: exit 4: rxe0 port 1 is DOWN", True),
+    ("gdr-b drained Prolog error", False),
+    ("gdr-a drained gdrprobe: exit 4: ...", False),
+    ("", False),
+])
+def test_sinfo_says_whether_the_node_drained_with_gdrprobes_reason(line, drained):
+    assert slurm.drained_by_gdrprobe(line, "gdr-b") is drained

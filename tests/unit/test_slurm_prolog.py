@@ -4,69 +4,17 @@ the README's table gets the prolog action gdrprobe/errors.py gives it."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from gdrprobe.errors import (CANNOT_CHECK_CODES, DRAIN, DRAIN_CODES, EXIT_CODES, START, WARN,
                              ExitCode)
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROLOG = os.path.join(REPO, "deploy", "slurm", "gdrprobe-prolog.sh")
-NODE = "node17"
-MESSAGE = "gdrprobe check: GPUDirect RDMA not engaged on GPU 0000:3b:00.0 via mlx5_1"
+from tests.unit.fakes.prolog import HEALTH_CHECK, MESSAGE, NODE, PROLOG, executable, read
 
 pytestmark = pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
-
-
-def executable(path, text: str) -> str:
-    path.write_text(textwrap.dedent(text))
-    path.chmod(0o755)
-    return str(path)
-
-
-@pytest.fixture
-def node(tmp_path):
-    """A directory with the fakes, and run(code) running the prolog against them."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    executable(bin_dir / "gdrprobe", f"""\
-        #!/bin/sh
-        echo "$@" >> {tmp_path}/gdrprobe.args
-        echo "${{SLURM_JOB_GPUS-unset}}" >> {tmp_path}/gdrprobe.gpus
-        echo "this goes to stdout, which the prolog drops"
-        [ "$FAKE_CODE" = 0 ] || {{ echo "{MESSAGE}"; echo "a second line"; }} >&2
-        exit "$FAKE_CODE"
-        """)
-    executable(bin_dir / "scontrol", f"""\
-        #!/bin/sh
-        printf '%s\n' "$@" >> {tmp_path}/scontrol.args
-        exit "${{FAKE_SCONTROL_CODE:-0}}"
-        """)
-    conf = tmp_path / "gdrprobe-prolog"
-    (tmp_path / "textfile").mkdir()
-    conf.write_text(f"GDRPROBE_PROLOG_LOG={tmp_path}/prolog.log\n"
-                    f"GDRPROBE_PROLOG_METRICS_DIR={tmp_path}/textfile\n")
-
-    def run(code: int, **env: str) -> subprocess.CompletedProcess:
-        environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": NODE,
-                       "SLURM_JOB_ID": "42", "GDRPROBE_PROLOG_CONF": str(conf),
-                       "SLURM_CONF": str(tmp_path / "slurm.conf"),
-                       "FAKE_CODE": str(code), **env}
-        return subprocess.run(["sh", PROLOG], env=environment, capture_output=True,
-                              text=True, timeout=30)
-
-    run.dir = tmp_path
-    run.conf = conf
-    return run
-
-
-def read(path) -> str:
-    return path.read_text() if path.exists() else ""
 
 
 @pytest.mark.parametrize("row", EXIT_CODES, ids=lambda row: f"exit{int(row.code)}")
@@ -81,7 +29,7 @@ def test_each_exit_code_gets_the_action_errors_py_gives_it(node, row):
         assert scontrol == ["update", f"nodename={NODE}", "state=drain",
                             f"reason=gdrprobe: exit {int(row.code)}: "
                             "GPUDirect RDMA not engaged on GPU 0000:3b:00.0 via mlx5_1"]
-        assert f"node {NODE}, job 42: drain: {MESSAGE}" in log
+        assert f"node {NODE}, job 42: drain, the job is requeued and held: {MESSAGE}" in log
     elif row.code in CANNOT_CHECK_CODES:
         assert done.returncode == 0 and scontrol == []
         assert (f"gdrprobe cannot check (exit {int(row.code)}), the job starts "
@@ -217,7 +165,7 @@ def test_the_drain_reason_has_no_control_characters(node):
     reason = read(node.dir / "scontrol.args").splitlines()[-1]
     assert reason == "reason=gdrprobe: exit 1: GPU 0 [31mred[0m \\c glued over  2J café"
     [record] = records(node)
-    assert "drain: GPU 0 \\x1b[31mred" in record
+    assert "drain, the job is requeued and held: GPU 0 \\x1b[31mred" in record
 
 
 # What a terminal, a log reader or sinfo takes for a line break, hides or reorders text,
@@ -254,7 +202,7 @@ def test_output_past_what_logger_takes_still_logs_one_bounded_record(node):
     assert read(node.dir / "scontrol.args").splitlines()[0] == "update"
     *options, record = logged.read_bytes().splitlines()
     assert options == [b"-t", b"gdrprobe-prolog", b"--"]
-    assert record.startswith(b"gdrprobe-prolog: node node17, job 42: drain: xxx")
+    assert record.startswith(b"gdrprobe-prolog: node node17, job 42: drain, the job is requeued and held: xxx")
     assert record.endswith(b"x...") and len(record) <= 1024
 
 
@@ -268,9 +216,6 @@ def test_utf8_is_cut_on_a_character_boundary(node):
 
 
 # ---- no search path, its own time limit, the health check (issue 29 item 4) ---------------
-
-HEALTH_CHECK = os.path.join(REPO, "deploy", "slurm", "gdrprobe-healthcheck.sh")
-
 
 def limited(node, seconds: int = 1, kill_after: int = 1) -> None:
     with node.conf.open("a") as conf:
@@ -290,8 +235,8 @@ def test_a_stuck_check_is_killed_by_the_prologs_own_limit_and_drains(node, body)
     assert done.returncode == 1, done.stderr
     assert read(node.dir / "scontrol.args").splitlines() == [
         "update", f"nodename={NODE}", "state=drain", "reason=gdrprobe: check stuck past 1 s"]
-    assert ("drain: gdrprobe check stuck past 1 s, killed by the prolog's own limit: waiting "
-            "for the driver") in read(node.dir / "prolog.log")
+    assert ("drain, the job is requeued and held: gdrprobe check stuck past 1 s, killed by "
+            "the prolog's own limit: waiting for the driver") in read(node.dir / "prolog.log")
 
 
 def test_a_check_not_even_sigkill_ends_is_left_behind_and_drains(node):
@@ -383,18 +328,6 @@ def test_the_prologs_codes_are_errors_py():
     assert f"NOT_STARTED={int(ExitCode.INTERNAL)}" in text
 
 
-def metrics(node, kind: str = "prolog") -> dict[str, str]:
-    """The textfile's samples by metric name (labels checked here: check="KIND")."""
-    found = {}
-    for line in (node.dir / "textfile" / f"gdrprobe_{kind}.prom").read_text().splitlines():
-        if not line.startswith("#"):
-            name, value = line.split(" ")
-            metric, labels = name.split("{")
-            assert labels == f'check="{kind}"}}'
-            found[metric] = value
-    return found
-
-
 @pytest.mark.parametrize("code", [2, 3, 70, 126, 127])
 def test_strict_mode_drains_a_check_that_cannot_run_with_its_own_reason(node, code):
     with node.conf.open("a") as conf:
@@ -404,13 +337,13 @@ def test_strict_mode_drains_a_check_that_cannot_run_with_its_own_reason(node, co
     assert read(node.dir / "scontrol.args").splitlines()[-1] == (
         f"reason=gdrprobe cannot check: exit {code}: GPUDirect RDMA not engaged on GPU "
         "0000:3b:00.0 via mlx5_1")
-    assert metrics(node)["gdrprobe_prolog_cannot_check"] == "1"
+    assert node.metrics()["gdrprobe_prolog_cannot_check"] == "1"
 
 
 @pytest.mark.parametrize("code, cannot", [(70, "1"), (0, "0"), (1, "0"), (12, "0")])
 def test_every_check_leaves_its_code_in_the_textfile_metric(node, code, cannot):
     node(code)
-    found = metrics(node)
+    found = node.metrics()
     assert found["gdrprobe_prolog_exit_code"] == str(code)
     assert found["gdrprobe_prolog_cannot_check"] == cannot
     assert int(found["gdrprobe_prolog_timestamp_seconds"]) > 1_600_000_000
@@ -421,7 +354,7 @@ def test_gdrprobe_missing_is_a_metric_even_where_nothing_drains(node):
     with node.conf.open("a") as conf:
         conf.write(f"GDRPROBE={node.dir}/not-installed/gdrprobe\n")
     assert node(0).returncode == 0
-    assert metrics(node) | {"gdrprobe_prolog_timestamp_seconds": "-"} == {
+    assert node.metrics() | {"gdrprobe_prolog_timestamp_seconds": "-"} == {
         "gdrprobe_prolog_exit_code": "127", "gdrprobe_prolog_cannot_check": "1",
         "gdrprobe_prolog_timestamp_seconds": "-"}
 
@@ -430,13 +363,13 @@ def test_a_stuck_check_is_a_metric_too(node):
     executable(node.dir / "bin" / "gdrprobe", "#!/bin/sh\nexec sleep 30\n")
     limited(node)
     node(0)
-    assert metrics(node)["gdrprobe_prolog_exit_code"] == "124"
-    assert metrics(node)["gdrprobe_prolog_cannot_check"] == "1"
+    assert node.metrics()["gdrprobe_prolog_exit_code"] == "124"
+    assert node.metrics()["gdrprobe_prolog_cannot_check"] == "1"
 
 
 def test_the_health_check_has_its_own_metric_file(node):
     subprocess.run(["sh", HEALTH_CHECK], capture_output=True, text=True, timeout=30,
                    env={"PATH": f"{node.dir}/bin:/usr/bin:/bin", "FAKE_CODE": "3",
                         "SLURMD_NODENAME": NODE, "GDRPROBE_PROLOG_CONF": str(node.conf)})
-    assert metrics(node, "health_check")["gdrprobe_prolog_cannot_check"] == "1"
+    assert node.metrics("health_check")["gdrprobe_prolog_cannot_check"] == "1"
     assert not (node.dir / "textfile" / "gdrprobe_prolog.prom").exists()

@@ -74,3 +74,11 @@ def no_doctor(monkeypatch):
 def test_inputs_that_once_raised_a_traceback_are_usage_errors(no_doctor, capsys, argv, words):
     assert main(argv) == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_new_token_never_reads_as_an_option():
+    """1 draw in 64 started with "-": `gdrprobe run HOST --token <it>` was argparse's
+    "expected one argument" (issue 41's walkthrough met it)."""
+    from gdrprobe.protocol.token import new_token
+
+    assert not any(new_token().startswith("-") for _ in range(2000))

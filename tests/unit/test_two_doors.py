@@ -5,70 +5,14 @@ nothing here opens a device."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 import gdrprobe
 from gdrprobe import defaults
 from gdrprobe.cli import main
-from tests.unit.fakes.runs import fake_probe
-FINDINGS = ("a finding of this host",)
+from tests.unit.fakes.engine import BUS, FINDINGS, one_gpu_machine
+
 TOKEN = "a-token-of-32-characters-or-more-0123"
-
-
-@pytest.fixture
-def engine(monkeypatch, tmp_path):
-    """Recorders in place of the run engine, the server, the doctor and MPI; the A/B's
-    prerequisites (an RDMA device, the CUDA driver) are met."""
-    from gdrprobe.campaign import cluster, machine
-    from gdrprobe.campaign.gate import GpuFacts, MachineFacts
-    from gdrprobe.measure import loopback, server
-    from gdrprobe.nccl.versions import NcclRules
-    from gdrprobe.memory import cuda_driver
-    from gdrprobe.rdma import verbs
-
-    calls: list[tuple] = []
-    run_once, _ = fake_probe(gpu_gbps=97.0)
-    monkeypatch.setenv("GDRPROBE_LOCK_DIR", str(tmp_path))   # check's NIC lock files
-
-    def runner(options, endpoint, host=None, port=None, token=None, connect_wait_s=0.0,
-               on_result=None, notice=None):
-        calls.append(("runner", options, endpoint, host, port, token, connect_wait_s))
-
-        def probe(local, remote):
-            calls.append(("probe", local, remote))
-            return run_once(local, remote)
-        return probe
-
-    class Server:
-        port = 18750
-
-        def __init__(self, token, endpoint, **kwargs):
-            calls.append(("server", token, endpoint, kwargs))
-
-        def serve(self, runs=None):
-            calls.append(("serve", runs))
-
-        def close(self):
-            pass
-
-    def run_cluster(comm, pattern, serve, find_address, measure, slow_fraction):
-        calls.append(("cluster", pattern, slow_fraction))
-        return None
-
-    monkeypatch.setattr(loopback, "runner", runner)
-    monkeypatch.setattr(verbs, "devices", lambda: {"mlx5_0": None})
-    monkeypatch.setattr(cuda_driver, "require_driver_library", lambda: None)
-    monkeypatch.setattr(server, "ProbeServer", Server)
-    monkeypatch.setattr(machine, "run_facts", lambda local, loopback: MachineFacts(
-        GpuFacts(None, ()), {}, findings=FINDINGS) if local.kind == "gpu" else None)
-    monkeypatch.setattr(machine, "nccl_view", lambda: ({}, NcclRules()))
-    monkeypatch.setattr(machine, "served_findings", lambda: FINDINGS)
-    monkeypatch.setattr(cluster, "world", lambda: types.SimpleNamespace())
-    monkeypatch.setattr(cluster, "run_cluster", run_cluster)
-    monkeypatch.setattr(cluster, "pair_probe", lambda *args: ("pair_probe", *args))
-    return calls
 
 
 def through_cli(engine, argv: list[str], capsys) -> list[tuple]:
@@ -136,19 +80,6 @@ def test_every_default_the_cli_shows_is_the_table_s(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert shown in " ".join(capsys.readouterr().out.split()), command
-
-
-BUS = "0000:3b:00.0"
-
-
-def one_gpu_machine(monkeypatch, **facts) -> None:
-    """machine_facts() answers one GPU (BUS) and the NIC NCCL gives it, with these facts."""
-    from gdrprobe.campaign import machine
-    from gdrprobe.campaign.gate import GpuFacts, MachineFacts, NicChoice
-
-    found = MachineFacts(GpuFacts((BUS,), (BUS,)), {BUS: NicChoice("mlx5_0", "NCCL's")},
-                         **facts)
-    monkeypatch.setattr(machine, "machine_facts", lambda **_: found)
 
 
 def test_the_gate_is_the_same_through_both_doors(engine, capsys, monkeypatch):

@@ -3,9 +3,11 @@
 Registering host memory, and creating queue pairs and completion queues, pins pages that
 the kernel charges to RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK. A low limit
 shows up as "ibv_reg_mr failed" or "ibv_create_qp failed" (NCCL prints both). What a job
-needs is not what the probe pins (:mod:`gdrprobe.doctor.checks.probe_needs`): NCCL's
+needs is not what gdrprobe pins (:mod:`gdrprobe.doctor.checks.probe_needs`): NCCL's
 troubleshooting guide and the NIC vendors ask for ``memlock unlimited``, so a finite limit
-warns and one below the probe's own need fails. The doctor is often run as root (the ACS check needs it), and root holds
+warns, and one below the least `gdrprobe check` runs with (8 MiB: one integrity slot a
+side, the queues; the kernel's default since 5.16) fails, as the check itself refuses to
+start there (campaign/memlock.py). The doctor is often run as root (the ACS check needs it), and root holds
 CAP_IPC_LOCK, so what a non-root job gets is read too: pam_limits (limits.conf and
 limits.d, in KiB; ``*`` does not cover root), systemd's DefaultLimitMEMLOCK, else the
 kernel's default (64 KiB before Linux 5.16, 8 MiB since). In a container the container's
@@ -18,7 +20,8 @@ from __future__ import annotations
 import functools
 import re
 
-from gdrprobe.doctor.checks.probe_needs import PROBE_MEMLOCK_BYTES, MiB, format_mib
+from gdrprobe.doctor.checks.probe_needs import (CHECK_MEMLOCK_BYTES, PROBE_MEMLOCK_BYTES, MiB,
+                                                format_mib)
 from gdrprobe.doctor.facts.container import Container
 from gdrprobe.doctor.facts.context import DoctorContext
 from gdrprobe.doctor.facts.memory_path import KERNEL_RELEASE_FILE, kernel_version
@@ -164,7 +167,7 @@ def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container
                        evidence=(Evidence(LIMITS_FILE, "no 'Max locked memory' line"),))
     soft, hard = limits
     evidence = (Evidence(LIMITS_FILE + " Max locked memory", f"soft {soft}, hard {hard}"),)
-    need = format_mib(PROBE_MEMLOCK_BYTES)
+    need = f"{format_mib(CHECK_MEMLOCK_BYTES)} gdrprobe check pins at least"
     if cap_eff is not None and has_ipc_lock(cap_eff):
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.OK,
                        summary=f"memlock soft limit {soft}, but this process holds CAP_IPC_LOCK, which lifts it "
@@ -173,22 +176,29 @@ def limit_finding(limits: tuple[str, str] | None, cap_eff: int | None, container
     if limit_bytes(soft) == UNLIMITED:
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.OK,
                        summary="memlock soft limit is unlimited, as RDMA jobs need", evidence=evidence)
-    if limit_bytes(soft) >= PROBE_MEMLOCK_BYTES:
+    if limit_bytes(soft) >= CHECK_MEMLOCK_BYTES:
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.WARN,
-                       summary=f"memlock soft limit {soft} covers the {need} the probe pins, but not an RDMA job: "
-                               "NCCL's troubleshooting guide and the NIC vendors ask for unlimited",
+                       summary=f"memlock soft limit {soft} covers the {need} ({sweep_need()}), but "
+                               "not an RDMA job: NCCL's troubleshooting guide and the NIC vendors ask "
+                               "for unlimited",
                        evidence=evidence, fix=memlock_fix(container, as_root))
-    if limit_bytes(hard) >= PROBE_MEMLOCK_BYTES:
+    if limit_bytes(hard) >= CHECK_MEMLOCK_BYTES:
         return finding(id=ids.MEMLOCK_LIMIT, status=Status.WARN,
-                       summary=f"memlock soft limit {soft} is below the {need} the probe pins; "
+                       summary=f"memlock soft limit {soft} is below the {need}; "
                                "the hard limit allows it",
                        evidence=evidence,
                        fix=f"Raise the soft limit in the launching shell (`ulimit -l {hard}`); to make it stick: "
                            + memlock_fix(container, as_root))
     return finding(id=ids.MEMLOCK_LIMIT, status=Status.FAIL,
-                   summary=f"memlock limit (soft {soft}, hard {hard}) is below the {need} the probe pins and "
+                   summary=f"memlock limit (soft {soft}, hard {hard}) is below the {need} and "
                            "CAP_IPC_LOCK is not held: ibv_reg_mr and ibv_create_qp will fail",
                    evidence=evidence, fix=memlock_fix(container, as_root))
+
+
+def sweep_need() -> str:
+    """What a whole `gdrprobe bench` sweep pins: more than the check, which a limit between
+    the two serves with fewer integrity slots."""
+    return f"a full bench sweep pins {format_mib(PROBE_MEMLOCK_BYTES)}"
 
 
 # ---- what a job without CAP_IPC_LOCK gets -------------------------------------------
@@ -279,20 +289,21 @@ def job_limit(ctx: DoctorContext, container: Container,
 
 def job_finding(ctx: DoctorContext, container: Container, own: tuple[str, str] | None) -> Finding:
     soft, source, evidence = job_limit(ctx, container, own)
-    need = format_mib(PROBE_MEMLOCK_BYTES)
+    need = format_mib(CHECK_MEMLOCK_BYTES)
     if soft is None:
         return finding(id=ids.MEMLOCK_JOBS, status=Status.SKIP,
                        summary="the memlock limit of a job without CAP_IPC_LOCK could not be read", evidence=evidence)
     got = f"a job without CAP_IPC_LOCK gets memlock {format_bytes(soft)} from {source}"
     if soft == UNLIMITED:
         return finding(id=ids.MEMLOCK_JOBS, status=Status.OK, summary=got, evidence=evidence)
-    if soft >= PROBE_MEMLOCK_BYTES:
+    if soft >= CHECK_MEMLOCK_BYTES:
         return finding(id=ids.MEMLOCK_JOBS, status=Status.WARN,
-                       summary=got + f": enough for the probe's {need}, not for NCCL (vendors ask for unlimited)",
+                       summary=got + f": enough for gdrprobe check's {need}, not for NCCL (vendors ask for "
+                                     "unlimited)",
                        evidence=evidence, fix=memlock_fix(container))
     return finding(id=ids.MEMLOCK_JOBS, status=Status.FAIL,
-                   summary=got + f", below even the probe's {need}: its ibv_reg_mr and ibv_create_qp will fail "
-                                 "although this doctor, holding CAP_IPC_LOCK, is not limited",
+                   summary=got + f", below even gdrprobe check's {need}: its ibv_reg_mr and ibv_create_qp will "
+                                 "fail although this doctor, holding CAP_IPC_LOCK, is not limited",
                    evidence=evidence, fix=memlock_fix(container))
 
 

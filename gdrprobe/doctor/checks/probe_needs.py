@@ -18,6 +18,10 @@ PROBE_ARM_PINNED_BYTES = 2 * SWEEP_BUFFER_BYTES
 # through DMA-BUF or peermem is not charged to RLIMIT_MEMLOCK.
 QUEUE_MARGIN_BYTES = 4 * MiB
 PROBE_MEMLOCK_BYTES = 2 * PROBE_ARM_PINNED_BYTES + QUEUE_MARGIN_BYTES
+# The least `gdrprobe check` pins: one integrity slot at its message size at each end of the
+# loopback A/B, and the queues (campaign/memlock.py fits a run down to this before it
+# refuses one). The kernel's default limit since Linux 5.16, 8 MiB, holds it.
+CHECK_MEMLOCK_BYTES = 2 * defaults.buffer_bytes(defaults.A_B_SIZE, 1) + QUEUE_MARGIN_BYTES
 
 
 def format_mib(size: int) -> str:

@@ -28,12 +28,13 @@ import threading
 from typing import Any
 
 from gdrprobe.doctor.facts import nvml_library
+from gdrprobe.errors import extra_fix
 from gdrprobe.sysroot import pci_bus_id
 
 NVML_FIX = ("NCCL reads NVLink and C2C from the NVIDIA driver's libnvidia-ml.so.1: install the driver's "
             "user-space libraries (in a container: NVIDIA_DRIVER_CAPABILITIES with 'utility', or the "
             "driver's libraries mounted by the NVIDIA container toolkit)")
-EXTRAS_FIX = "install the optional extra for BAR1 use and persistence mode: pip install 'gdrprobe[nvml]'"
+EXTRAS_FIX = f"install the optional extra for BAR1 use and persistence mode: {extra_fix('nvml')}"
 # NVML's own calls answer in milliseconds; a driver that does not answer in this long is
 # wedged, and the doctor goes on without its facts (the reading thread is left behind).
 NVML_TIMEOUT_S = 15.0

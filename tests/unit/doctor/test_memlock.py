@@ -23,7 +23,7 @@ def test_low_memlock_without_cap_on_host_fails_with_limits_conf(tmp_path):
 
 
 def test_low_memlock_in_a_pod_gets_the_ipc_lock_fix(tmp_path):
-    ctx = memlock_machine(tmp_path, "8388608", "8388608", environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+    ctx = memlock_machine(tmp_path, "4194304", "4194304", environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
                           cgroup="12:memory:/kubepods/burstable/pod1234/abcd\n")
     found = by_id(memlock.check(ctx))
     assert found["memlock.limit"].status is Status.FAIL
@@ -32,7 +32,7 @@ def test_low_memlock_in_a_pod_gets_the_ipc_lock_fix(tmp_path):
 
 
 def pod(tmp_path, uid: int, cap_bnd: str, cap_eff: str = "0000000000000000"):
-    ctx = memlock_machine(tmp_path, "8388608", "8388608", environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+    ctx = memlock_machine(tmp_path, "4194304", "4194304", environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
                           cgroup="12:memory:/kubepods/burstable/pod1234/abcd\n", cap_eff=cap_eff)
     write(tmp_path, "/proc/self/status", f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
                                          f"CapInh:\t0000000000000000\nCapEff:\t{cap_eff}\nCapBnd:\t{cap_bnd}\n")
@@ -56,6 +56,23 @@ def test_a_root_pod_still_gets_the_ipc_lock_fix(tmp_path):
     found = by_id(memlock.check(pod(tmp_path, uid=0, cap_bnd="00000000a80425fb")))
     assert 'capabilities.add: ["IPC_LOCK"]' in found["memlock.limit"].fix
     assert "LimitMEMLOCK" not in found["memlock.limit"].fix
+
+
+def test_the_kernels_8_mib_is_what_the_check_needs_so_it_warns_not_fails(tmp_path):
+    """Was: FAIL "below even the probe's 68 MiB" (a whole sweep's), while `gdrprobe check`
+    pins 8 MiB at least and runs there (issue 41): the doctor and the check agree."""
+    ctx = memlock_machine(tmp_path, "8388608", "8388608",
+                          environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+                          cgroup="12:memory:/kubepods/burstable/pod1234/abcd\n")
+    limit = by_id(memlock.check(ctx))["memlock.limit"]
+    assert limit.status is Status.WARN
+    assert "covers the 8 MiB gdrprobe check pins at least" in limit.summary
+    assert 'capabilities.add: ["IPC_LOCK"]' in limit.fix
+    ctx = memlock_machine(tmp_path, "unlimited", "unlimited", cap_eff=CAP_IPC_LOCK_ONLY)
+    write(tmp_path, "/proc/sys/kernel/osrelease", "6.1.0-28-amd64")        # 8 MiB by default
+    jobs = by_id(memlock.check(ctx))["memlock.jobs"]
+    assert jobs.status is Status.WARN
+    assert "enough for gdrprobe check's 8 MiB, not for NCCL" in jobs.summary
 
 
 def test_docker_container_gets_the_ulimit_fix(tmp_path):
@@ -104,7 +121,8 @@ def test_a_limit_that_covers_the_probe_is_not_enough_for_an_rdma_job(tmp_path):
     found = by_id(memlock.check(memlock_machine(tmp_path, str(128 << 20), str(128 << 20))))
     limit = found["memlock.limit"]
     assert limit.status is Status.WARN
-    assert f"covers the {memlock.PROBE_MEMLOCK_BYTES >> 20} MiB the probe pins, but not an RDMA job" in limit.summary
+    assert f"covers the {memlock.CHECK_MEMLOCK_BYTES >> 20} MiB gdrprobe check pins at least" \
+        in limit.summary and "but not an RDMA job" in limit.summary
     assert "memlock.jobs" not in found      # without the capability, this limit is the jobs' limit
 
 

@@ -303,3 +303,13 @@ def test_a_failure_leads_and_no_gpu_with_a_software_nic_leads_only_without_one(t
     assert failing.exit_code == 1
     assert render.doctor_headline(failing) == "First blocker: memlock.limit: memlock limit 8 MiB"
     assert render.first_blocker(DoctorReport("/", (memlock,))) == memlock
+
+
+def test_no_rdma_device_leads_a_memlock_failure_before_it_in_the_flowchart():
+    """Issue 41: a memlock limit matters only once there is a device to register with; with
+    none, "no RDMA device" is the first thing to fix, whatever failed before it."""
+    memlock = Finding("memlock.jobs", "memlock", Status.FAIL, "a job gets memlock 64 KiB")
+    no_device = Finding("nic.devices", "nic", Status.FAIL, "no RDMA devices are visible")
+    report = DoctorReport("/", (memlock, no_device))
+    assert render.first_blocker(report) == no_device
+    assert render.doctor_headline(report) == "First blocker: nic.devices: no RDMA devices are visible"
