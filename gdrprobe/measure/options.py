@@ -161,7 +161,8 @@ class ProbeOptions:
         if not 1 <= self.integrity_bytes <= INTEGRITY_CAP_BYTES:
             problems.append(f"integrity bytes must be 1 to {INTEGRITY_CAP_BYTES}")
         if problems:
-            raise UsageError("; ".join(problems), "see 'gdrprobe run --help'")
+            raise UsageError("; ".join(problems), "each option's range is in the --help of the "
+                             "command run ('gdrprobe bench --help', 'gdrprobe run --help')")
 
     def slots(self, size: int) -> int:
         """How many messages of this size each land in a slot of their own: as many as a
