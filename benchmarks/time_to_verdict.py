@@ -57,7 +57,7 @@ run's set-up and handshakes, the windows, the rows) and `measured_s` (the sum of
 measurement windows). Overhead = wall_s / measured_s - 1 (target <= 0.05), and also the
 whole process from spawn to exit (doctor and interpreter included) / measured_s - 1.
 Latency rows have no window in `measured_s`, so the default sweeps here have
-`--latency-iters 0`.
+`--no-latency`.
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ MIB = 1 << 20
 # "all-sizes" is the default sweep's sizes (2 B to 8 MiB) with fewer messages per size than
 # the default 1000, so one sweep fits a few minutes of the emulated lab.
 BENCH_SWEEPS = {
-    "all-sizes": "--mem host -q 1 -n 200 --latency-iters 0",
-    "iters": "--mem host --sizes 4K,64K,1M -q 1 -n 1000 --latency-iters 0",
-    "duration": "--mem host --sizes 4K,64K,1M -q 1 -D 2 --latency-iters 0",
+    "all-sizes": "--mem host -q 1 -n 200 --no-latency",
+    "iters": "--mem host --sizes 4K,64K,1M -q 1 -n 1000 --no-latency",
+    "duration": "--mem host --sizes 4K,64K,1M -q 1 -D 2 --no-latency",
 }
 
 

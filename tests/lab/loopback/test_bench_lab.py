@@ -82,13 +82,13 @@ def test_the_plots_carry_the_measured_rows():
 
 def test_a_baseline_flags_an_injected_drop(tmp_path):
     before = tmp_path / "before.json"
-    run_cli("bench", "--sizes", "64K", "--mem", "host", "-n", "200", "--latency-iters", "0",
+    run_cli("bench", "--sizes", "64K", "--mem", "host", "-n", "200", "--no-latency",
             "--output", str(before), check=True)
     document = json.loads(before.read_text())
     document["rows"][0]["bandwidth_avg_gbps"] *= 10   # as if it had been ten times faster
     before.write_text(json.dumps(document))
     done = run_cli("bench", "--sizes", "64K", "--mem", "host", "-n", "200",
-                   "--latency-iters", "0", "--baseline", str(before), "--max-drop", "0.5",
+                   "--no-latency", "--baseline", str(before), "--max-drop", "0.5",
                    "--json")
     assert done.returncode == 1, done.stderr
     (change,) = json.loads(done.stdout)["baseline"]["changes"]
@@ -100,7 +100,7 @@ def test_ctrl_c_keeps_the_rows_measured_so_far(baseline):
     sizes = ",".join(str(4096 << k) for k in range(12))     # twelve 3-second windows
     sweep = subprocess.Popen(
         [sys.executable, "-m", "gdrprobe", "bench", "--sizes", sizes, "--mem", "host", "-D", "3",
-         "--warmup", "0.1", "--latency-iters", "0", "--json"],
+         "--warmup", "0.1", "--no-latency", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     deadline = time.monotonic() + 120
     while rdma_resources()["qp"] <= baseline["qp"] and time.monotonic() < deadline:
@@ -167,7 +167,7 @@ def test_bench_bidir_rows_carry_both_directions_and_the_sum(baseline):
     """issue 31: bench -b in loopback on rxe, host memory: both sides WRITE at once, every
     message checked both ways; each row has the other direction and the sum."""
     done = run_cli("bench", "--sizes", "64K", "--mem", "host", "-n", "200",
-                   "--latency-iters", "0", "-b", "--json", timeout=300)
+                   "--no-latency", "-b", "--json", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = json.loads(done.stdout)["rows"]
     assert row["outcome"] == "measured" and row["reverse_gbps"] > 0
