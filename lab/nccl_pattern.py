@@ -7,7 +7,7 @@ lab's rdma_rxe and the dma-buf exporter, its loopback a wire of RAIL_MBIT, three
    stream, answer "sustains".
 2. **a delayed wire**: the lab rxe's ``delay_us`` holds every packet DELAY_US on its way
    (a round trip of twice that), chosen so that NCCL's ceiling (8 steps of 128 KiB per step
-   time) is at most half the stream; the stream, its queue (128 messages of 128 KiB, 16 MiB,
+   time) is at most half the stream; the stream, its queue (256 messages of 128 KiB, 32 MiB,
    in one pass of --integrity-bytes) past the bandwidth-delay product, keeps at least 0.8 of
    its undelayed rate; the pattern falls within 15 % of the
    printed prediction; the answer is "round-trip bound" and names the ceiling.
@@ -33,31 +33,37 @@ from collections.abc import Callable
 from lab.dmabuf_guest import Built, dmabuf_environment, guest_main, write_rxe_knob
 from lab.kernel import REPO, LabError
 
-# The wire's rate (rxe's rail_mbit): under what the emulated CPUs copy on one QP (0.3 to
-# 0.45 Gb/s measured, and less for a lone 512 KiB message), so the wire, not the CPUs, sets
-# the stream's rate and a step's bytes in every case.
-RAIL_MBIT = 200
+# The wire's rate (rxe's rail_mbit): well under what the emulated CPUs move, so the wire,
+# not the CPUs, sets the stream's rate and a step's bytes in every case. NCCL's pattern in
+# loopback costs the guest's two CPUs more than the stream (both its loops poll, as NCCL's
+# proxy does, where the stream has one): unshaped, 512 KiB steps reached 0.34 Gb/s against
+# the stream's 0.55, so at 200 Mbit/s a busy host's stalls left the pattern 0.84 to 0.88 of
+# the stream; at 100 Mbit/s it has three times the wire in CPU.
+RAIL_MBIT = 100
 # The wire's one-way delay: NCCL's 8 steps of 128 KiB per step time must fall to half the
-# stream or less. A 128 KiB step's bytes take 5.2 ms at 200 Mbit/s, and a step alone takes
+# stream or less. A 128 KiB step's bytes take 10.5 ms at 100 Mbit/s, and a step alone takes
 # them and a round trip and a few ms more: 8 x 128 KiB per step is at most half the stream
-# from 38 ms each way on.
-DELAY_US = 50000
-# A packet window past the bandwidth-delay product (25 MB/s x 100 ms is 2.5 MB, 610 packets
+# from some 80 ms each way on; 100 ms leaves room (a ceiling of 0.4 of the wire).
+DELAY_US = 100000
+# A packet window past the bandwidth-delay product (12.5 MB/s x 200 ms is 2.5 MB, 610 packets
 # of rxe's 4 KiB): Debian's 128 would cap the stream's QP at 512 KiB a round trip and keep the
 # pattern's 8 steps of 128 KiB (256 packets) from one QP's window.
 UNACKED_PSNS = 2048
-# The emulated guest stalls for tens of milliseconds now and then, and a 100 ms round trip is
+# The emulated guest stalls for tens of milliseconds now and then, and a 200 ms round trip is
 # past the QPs' 67 ms retransmit time-out: 8 x 67 ms (as demo-rails).
 TIMEOUT_SCALE = 8
 FLUSH_DELAY_US = 2000          # every flush READ of a dma-buf MR: rxe's most (RXE_DMABUF_MAX_DELAY_US)
-# The slow flush's steps: small enough that 8 of them take less than a step alone and its
-# flush (8 KiB at 200 Mbit/s: 0.33 ms each), so the flush sets the step time and NCCL's
-# pattern falls with it; at 128 KiB the 8 steps in flight would hide 2 ms a step.
+# The slow flush's steps: small, so that a step's bytes (8 KiB at 100 Mbit/s: 0.66 ms) are
+# short against its flush, which the flush QP answers one READ at a time, each 2 ms late: the
+# flush sets the step time and NCCL's pattern falls with it; at 128 KiB the 8 steps in
+# flight would hide 2 ms a step.
 FLUSH_STEP = 8192
-# Each pass of the stream drains its queue once, a round trip lost: a pass of 16 MiB (128
-# messages of 128 KiB, -n) takes some 0.7 s, past the delayed wire's 0.1 s round trip. The
-# same in every case, so the undelayed stream is the same stream.
+# Each pass of the stream drains its queue once, a round trip lost. Without a delay, 128
+# messages at each of NCCL's step sizes (16 and 64 MiB) reach the wire's rate; on the delayed
+# wire a pass of 256 messages of 128 KiB (32 MiB, one pass of --integrity-bytes) takes some
+# 2.7 s, past the 0.2 s round trip many times over.
 RUN_ARGS = ("-n", "128", "--integrity-bytes", "32M")
+DELAYED_ARGS = ("-n", "256", "--integrity-bytes", "32M")
 RUN_TIMEOUT_S = 600
 P2P, COLLECTIVE = 131072, 524288
 
@@ -130,7 +136,7 @@ class Demo:
     def delayed(self) -> None:
         write_rxe_knob("delay_us", DELAY_US)
         try:
-            _, report = gdrprobe_json(self.built, "-s", str(P2P), *RUN_ARGS)
+            _, report = gdrprobe_json(self.built, "-s", str(P2P), *DELAYED_ARGS)
         finally:
             write_rxe_knob("delay_us", 0)
         print(f"== a wire of {DELAY_US / 1000:g} ms each way (rxe delay_us)")

@@ -17,7 +17,7 @@ def test_the_delayed_wire_puts_ncclS_ceiling_under_half_the_wires_rate():
     ceiling_bps = 8 * step_bits / fastest_step_s
     assert ceiling_bps <= 0.5 * wire_bps
     # and the stream's queue (a pass of -n messages) outlasts the round trip many times
-    messages = int(nccl_pattern.RUN_ARGS[nccl_pattern.RUN_ARGS.index("-n") + 1])
+    messages = int(nccl_pattern.DELAYED_ARGS[nccl_pattern.DELAYED_ARGS.index("-n") + 1])
     assert messages * step_bits / wire_bps >= 5 * 2 * nccl_pattern.DELAY_US * 1e-6
 
 
