@@ -10,15 +10,22 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CSRC = ["csrc/gdr_clock.c", "csrc/gdr_stats.c", "csrc/gdr_pattern.c", "csrc/gdr_hostmem.c",
-        "csrc/gdr_peek.c", "csrc/gdr_loop.c", "csrc/gdr_dmabuf.c", "csrc/gdr_flush.c"]
+        "csrc/gdr_peek.c", "csrc/gdr_wait.c", "csrc/gdr_loop.c", "csrc/gdr_dmabuf.c",
+        "csrc/gdr_flush.c"]
 WARNINGS = ["-Wall", "-Wextra"]
 
-native = Extension(
-    "gdrprobe._native",
-    sources=["gdrprobe/_native.pyx", *CSRC],
-    include_dirs=["csrc"],
-    libraries=["ibverbs", "m", "dl"],   # dl: dlvsym before glibc 2.34 moved it into libc
-    extra_compile_args=["-O2", *WARNINGS],
-)
 
-setup(ext_modules=cythonize([native], compiler_directives={"language_level": "3"}))
+def extension(name: str, sources: list[str]) -> Extension:
+    return Extension(name, sources=sources, include_dirs=["csrc"],
+                     libraries=["ibverbs", "m", "dl"],   # dl: dlvsym before glibc 2.34 moved it into libc
+                     extra_compile_args=["-O2", *WARNINGS])
+
+
+native = extension("gdrprobe._native", ["gdrprobe/_native.pyx", *CSRC])
+# NCCL's traffic pattern: its own module beside _native (which it cimports for the stop flag
+# and the loop clock), the C it runs linked in again
+nccl = extension("gdrprobe._nccl", ["gdrprobe/_nccl.pyx", "csrc/gdr_nccl.c",
+                                    "csrc/gdr_nccl_schedule.c", "csrc/gdr_wait.c",
+                                    "csrc/gdr_clock.c", "csrc/gdr_pattern.c"])
+
+setup(ext_modules=cythonize([native, nccl], compiler_directives={"language_level": "3"}))

@@ -4,14 +4,9 @@
 #include <string.h>
 
 #include "gdr_pattern.h"
+#include "gdr_wait.h"
 
 #define POLL_BATCH 16
-/* Busy waits look at the stop flag (a memory read) every SPINS_BETWEEN_STOP_CHECKS empty
- * polls or spins, and at the clock, for the stall deadline, only every
- * SPINS_BETWEEN_CLOCK_CHECKS: the deadline is seconds, and with CLOCK_MONOTONIC on a
- * clocksource without a vDSO path each read is a system call. */
-#define SPINS_BETWEEN_STOP_CHECKS 1024
-#define SPINS_BETWEEN_CLOCK_CHECKS 65536
 
 /* wr_id of a signalled request: the QP index and how many messages it completes. */
 #define WR_ID(qp_index, covered) (((uint64_t)(qp_index) << 32) | (uint32_t)(covered))
@@ -36,59 +31,6 @@ struct bw_window {
     uint64_t peak_start, peak_msgs;
 };
 
-/* The stall deadline of a busy wait: progress only sets a flag; the clock is read every
- * SPINS_BETWEEN_CLOCK_CHECKS idle spins, which then either restarts the deadline (there was
- * progress since the last look) or compares against it. */
-struct watchdog {
-    uint64_t stall_ticks;
-    uint64_t spins;
-    uint64_t last_progress;    /* 0: not looked at the clock yet */
-    int progressed;
-};
-
-static void watchdog_init(struct watchdog *w, uint64_t stall_ticks)
-{
-    memset(w, 0, sizeof(*w));
-    w->stall_ticks = stall_ticks;
-}
-
-/* One idle spin: GDR_OK to go on, or the status that ends the wait. */
-static int watchdog_spin(struct watchdog *w, const struct gdr_clock *clock, volatile int *stop)
-{
-    uint64_t now;
-
-    if (++w->spins % SPINS_BETWEEN_STOP_CHECKS)
-        return GDR_OK;
-    if (*stop)
-        return GDR_ERR_STOPPED;
-    if (w->spins % SPINS_BETWEEN_CLOCK_CHECKS)
-        return GDR_OK;
-    now = gdr_clock_ticks(clock);
-    if (!w->last_progress || w->progressed) {
-        w->last_progress = now;
-        w->progressed = 0;
-        return GDR_OK;
-    }
-    return now - w->last_progress > w->stall_ticks ? GDR_ERR_STALL : GDR_OK;
-}
-
-static void check_clock(const struct gdr_clock *clock, const struct gdr_clock_mark *start,
-                        struct gdr_clock_check *check)
-{
-    struct gdr_clock_mark end;
-
-    gdr_clock_mark(clock, &end);
-    check->agreement = gdr_clock_agreement(clock, start, &end);
-    check->span_ns = end.ns - start->ns;
-}
-
-static int clock_valid(const struct gdr_clock *clock)
-{
-    return (clock->source == GDR_CLOCK_MONOTONIC ||
-            (clock->source == GDR_CLOCK_COUNTER && GDR_HAVE_COUNTER)) &&
-           clock->ns_per_tick > 0;
-}
-
 static int bw_config_valid(const struct gdr_bw_config *cfg)
 {
     return cfg->num_qps >= 1 && cfg->num_qps <= GDR_MAX_QPS && cfg->cq && cfg->msg_size > 0 &&
@@ -96,7 +38,7 @@ static int bw_config_valid(const struct gdr_bw_config *cfg)
            cfg->post_list >= 1 && cfg->post_list <= GDR_MAX_POST_LIST &&
            cfg->post_list <= cfg->tx_depth && (cfg->duration_ns > 0 || cfg->iterations > 0) &&
            cfg->slots >= 1 && cfg->src_slots >= cfg->slots && cfg->stop &&
-           clock_valid(&cfg->clock);
+           gdr_clock_valid(&cfg->clock);
 }
 
 static void fail_wc(struct gdr_bw_result *res, const struct ibv_wc *wc)
@@ -297,7 +239,7 @@ static void track_window(const struct gdr_bw_config *cfg, struct bw_window *w, s
 /* The pass check, between passes with nothing in flight. Its time is the check's, not the
  * link's: the warm-up and the window go on where they stopped, and the peak window starts
  * afresh (the queues drained for the check). */
-static int end_pass(const struct gdr_bw_config *cfg, struct bw_window *w, struct watchdog *watch,
+static int end_pass(const struct gdr_bw_config *cfg, struct bw_window *w, struct gdr_watchdog *watch,
                     uint64_t *t0, uint64_t pass, uint64_t messages, uint64_t total,
                     struct gdr_bw_result *res)
 {
@@ -329,7 +271,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
     struct ibv_sge sges[GDR_MAX_POST_LIST];
     struct slot_cursor slot = {0, 0};
     struct bw_window w;
-    struct watchdog watch;
+    struct gdr_watchdog watch;
     struct gdr_clock_mark mark;
     uint64_t total = 0, t0, pass = 0, pass_first = 0;
     uint32_t q;
@@ -348,7 +290,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
     open_pass(cfg, qps, pass);
     w.warmup_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->warmup_ns);
     w.duration_ticks = gdr_clock_ticks_in(&cfg->clock, cfg->duration_ns);
-    watchdog_init(&watch, gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns));
+    gdr_watchdog_init(&watch, gdr_clock_ticks_in(&cfg->clock, cfg->stall_timeout_ns));
 
     gdr_clock_mark(&cfg->clock, &mark);
     t0 = mark.ticks;
@@ -388,7 +330,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
             return res->status;
         }
         if (n == 0) {
-            if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
+            if ((res->status = gdr_watchdog_spin(&watch, &cfg->clock, cfg->stop)))
                 return res->status;
             continue;
         }
@@ -404,7 +346,7 @@ int gdr_bw_run(const struct gdr_bw_config *cfg, struct gdr_bw_result *res)
         track_window(cfg, &w, qps, t0, total, &res->peak_bytes_per_s);
     }
 
-    check_clock(&cfg->clock, &mark, &res->clock_check);
+    gdr_check_clock(&cfg->clock, &mark, &res->clock_check);
     res->messages = w.end_msgs - w.start_msgs;
     res->posted = total_posted(qps, cfg->num_qps);
     res->elapsed_ns = (uint64_t)gdr_clock_ns(&cfg->clock, w.end - w.start);
@@ -421,7 +363,7 @@ static int lat_config_valid(const struct gdr_lat_config *cfg)
     return cfg->qp && cfg->cq && (cfg->recv_buf || cfg->imm) && cfg->msg_size > 0 &&
            cfg->iterations > 0 &&
            cfg->stop && (!cfg->initiator || cfg->samples_ns) && (!cfg->read || cfg->initiator) &&
-           !(cfg->read && cfg->imm) && (!cfg->imm || cfg->slots >= 1) && clock_valid(&cfg->clock);
+           !(cfg->read && cfg->imm) && (!cfg->imm || cfg->slots >= 1) && gdr_clock_valid(&cfg->clock);
 }
 
 /* Spin until the last byte of the receive buffer carries tag. */
@@ -429,11 +371,11 @@ static int wait_for_tag(const struct gdr_lat_config *cfg, uint64_t stall_ticks, 
                         struct gdr_lat_result *res)
 {
     volatile uint8_t *last = cfg->recv_buf + cfg->msg_size - 1;
-    struct watchdog watch;
+    struct gdr_watchdog watch;
 
-    watchdog_init(&watch, stall_ticks);
+    gdr_watchdog_init(&watch, stall_ticks);
     while (*last != tag) {
-        if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
+        if ((res->status = gdr_watchdog_spin(&watch, &cfg->clock, cfg->stop)))
             return -1;
     }
     return 0;
@@ -443,12 +385,12 @@ static int wait_for_send(const struct gdr_lat_config *cfg, uint64_t stall_ticks,
                          struct gdr_lat_result *res)
 {
     struct ibv_wc wc;
-    struct watchdog watch;
+    struct gdr_watchdog watch;
     int n;
 
-    watchdog_init(&watch, stall_ticks);
+    gdr_watchdog_init(&watch, stall_ticks);
     while ((n = ibv_poll_cq(cfg->cq, 1, &wc)) == 0) {
-        if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
+        if ((res->status = gdr_watchdog_spin(&watch, &cfg->clock, cfg->stop)))
             return -1;
     }
     if (n < 0) {
@@ -604,10 +546,10 @@ static int imm_wait(const struct gdr_lat_config *cfg, uint64_t stall_ticks, uint
                     uint64_t recvs, struct imm_progress *p, struct gdr_lat_result *res)
 {
     struct ibv_wc wc[2];
-    struct watchdog watch;
+    struct gdr_watchdog watch;
     int n, i;
 
-    watchdog_init(&watch, stall_ticks);
+    gdr_watchdog_init(&watch, stall_ticks);
     while (p->sends < sends || p->recvs < recvs) {
         n = ibv_poll_cq(cfg->cq, 2, wc);
         if (n < 0) {
@@ -615,7 +557,7 @@ static int imm_wait(const struct gdr_lat_config *cfg, uint64_t stall_ticks, uint
             return -1;
         }
         if (n == 0) {
-            if ((res->status = watchdog_spin(&watch, &cfg->clock, cfg->stop)))
+            if ((res->status = gdr_watchdog_spin(&watch, &cfg->clock, cfg->stop)))
                 return -1;
             continue;
         }
@@ -705,7 +647,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
         if (cfg->read ? read_lat_run(cfg, &wr, stall_ticks, res)
                       : imm_lat_run(cfg, &wr, stall_ticks, res))
             return res->status;
-        check_clock(&cfg->clock, &mark, &res->clock_check);
+        gdr_check_clock(&cfg->clock, &mark, &res->clock_check);
         samples_to_ns(cfg);
         res->status = GDR_OK;
         return res->status;
@@ -740,7 +682,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
         }
         res->completed = i + 1;
     }
-    check_clock(&cfg->clock, &mark, &res->clock_check);
+    gdr_check_clock(&cfg->clock, &mark, &res->clock_check);
     samples_to_ns(cfg);
     res->status = GDR_OK;
     return res->status;

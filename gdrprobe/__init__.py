@@ -113,7 +113,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         pcie_mapping: bool = False, huge_pages: bool = False, staged: bool = False,
         repeats: int = defaults.REPEATS, threshold: float = defaults.THRESHOLD,
         size: int | None = None, connect_wait_s: float = 0.0, on_result=None, notice=None,
-        gpu_alloc: str = defaults.GPU_ALLOCATION, flush: bool = False, **settings):
+        gpu_alloc: str = defaults.GPU_ALLOCATION, flush: bool = False,
+        pattern: str | None = None, **settings):
     """A probe against ``gdrprobe serve`` on host (or, with loopback=True, both ends in
     this process). mem and remote_mem are host, gpu, dmabuf, peermem or staged; gpu
     registers a buffer of this host as NCCL registers that GPU's memory (DMA-BUF or peer
@@ -134,7 +135,8 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
     mode="latency" with a GPU buffer and opcode="write_imm" (or opcode="read" with the GPU
     buffer at the remote end) is the latency A/B instead
     (:class:`gdrprobe.report.model.LatencyABReport`: each size's GPU/host median ratio).
-    Raises :class:`GdrprobeError`."""
+    pattern="nccl": each size's stream, then NCCL's pattern (``nccl``, ``nccl_answers``; an
+    A/B's ``pattern`` joins its verdict: docs/method.md). Raises :class:`GdrprobeError`."""
     from gdrprobe.campaign import probe
     from gdrprobe.campaign.plan import Buffer, endpoint, peer
 
@@ -150,7 +152,7 @@ def run(host: str | None = None, *, token: str | None = None, loopback: bool = F
         remote=Buffer(remote_mem, **details).spec(gpu) if remote_mem else None,
         endpoint=endpoint(device, ib_port, gid_index), peer=peer(host, port, token),
         settings=settings, size=size, repeats=repeats, threshold=threshold, staged=staged,
-        connect_wait_s=connect_wait_s, flush=flush), on_result, notice)
+        connect_wait_s=connect_wait_s, flush=flush, pattern=pattern), on_result, notice)
 
 
 # ---- serving ------------------------------------------------------------------------------
@@ -201,7 +203,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
           floor: float = defaults.FLOOR,
           time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S, size: int | None = None,
           latency: bool = False, read: bool = False, bidir: bool = False,
-          latency_factor: float | None = None, gin: bool = False, **settings):
+          latency_factor: float | None = None, gin: bool = False, pattern: str | None = None,
+          **settings):
     """The A/B and its verdict as NCCL will move this GPU's bytes: GPU memory at both ends
     on the local NIC in loopback (the NIC reads one GPU buffer and writes another; where
     that falls short, one arm per direction names the one that fails), or against host.
@@ -228,7 +231,9 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     shortfall is a warning in ``verdict.warnings`` (exit 13), never a drain. gin=True adds,
     whatever the A/B's answer, the registration NCCL's GIN makes of the NIC's doorbell page
     for the GPU (``report.gin``: refused is exit 13, or 1 where the job asked for GIN
-    explicitly; docs/check.md). NCCL's flush, where it ran, is ``report.flush``. Returns a
+    explicitly; docs/check.md). pattern="nccl", where engaged, the A/B in NCCL's own traffic
+    pattern (``report.pattern``), a GPU arm whose pattern falls below the host arm's degraded.
+    NCCL's flush, where it ran, is ``report.flush``. Returns a
     :class:`gdrprobe.report.model.CheckReport`."""
     from gdrprobe.campaign.plan import Buffer, CheckPlan, Criteria, endpoint, gate_options, peer
     from gdrprobe.campaign.prelaunch import check_rank
@@ -240,7 +245,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
         receive=Buffer(remote_mem or (mem if host is None else "host"), gpu_mem_type, gpu_alloc),
         criteria=Criteria.asked(threshold=threshold, floor=floor, repeats=repeats,
                                 latency_factor=latency_factor,
-                                latency=latency, read=read, bidir=bidir, gin=gin),
+                                latency=latency, read=read, bidir=bidir, gin=gin,
+                                pattern=pattern),
         endpoint=endpoint(device, ib_port, gid_index), peer=peer(host, port, token),
         staged=staged, time_budget_s=time_budget_s), gpu, os.environ)
 
@@ -253,12 +259,12 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
                time_budget_s: float | None = defaults.CHECK_TIME_BUDGET_S,
                size: int | None = None, all_rails: bool = False, latency: bool = False,
                read: bool = False, bidir: bool = False, latency_factor: float | None = None,
-               gin: bool = False, **settings):
+               gin: bool = False, pattern: str | None = None, **settings):
     """:func:`check` for every GPU of the job with the NIC NCCL will use for it, in one
     process (one doctor, one CUDA start-up): GPUs sharing a NIC one after the other, NICs in
     parallel as far as the locked-memory limit holds them (``report.memlock`` says how it
-    fitted them), all inside time_budget_s; latency, read, bidir, latency_factor and gin as
-    in check().
+    fitted them), all inside time_budget_s; latency, read, bidir, latency_factor, gin and
+    pattern as in check().
     The job's GPUs: gpus (comma-separated CUDA
     ordinals, bus ids or UUIDs), else SLURM_STEP_GPUS, SLURM_JOB_GPUS,
     NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set; else every GPU of the
@@ -277,7 +283,8 @@ def check_node(*, gpus: str | None = None, ib_port: int = 1, gid_index: int | No
         receive=Buffer(mem, gpu_mem_type, gpu_alloc),
         criteria=Criteria.asked(threshold=threshold, floor=floor, repeats=repeats,
                                 latency_factor=latency_factor,
-                                latency=latency, read=read, bidir=bidir, gin=gin),
+                                latency=latency, read=read, bidir=bidir, gin=gin,
+                                pattern=pattern),
         endpoint=endpoint(None, ib_port, gid_index), staged=staged,
         time_budget_s=time_budget_s), gpus, all_rails, os.environ)
 
@@ -305,7 +312,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
           latency_iterations: int | None = defaults.LATENCY_ITERATIONS,
           threshold: float = defaults.THRESHOLD, timeout_s: float = defaults.TIMEOUT_S,
           baseline: str | None = None, max_drop: float = defaults.MAX_DROP, on_row=None,
-          opcode: str = "write", bidir: bool = False, all_rails: bool = False):
+          opcode: str = "write", bidir: bool = False, all_rails: bool = False,
+          pattern: str | None = None):
     """The microbenchmark sweep in loopback: message sizes (default 2 B to 8 MiB) x memory
     kinds x QP counts x GPU-NIC pairs (each GPU with the NIC NCCL gives it; matrix=True:
     every GPU with every NIC), plus host-memory latency per NIC (latency_iterations=None: none).
@@ -319,7 +327,8 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     duration_s): each row's ``reverse_gbps`` and ``bidir_sum_gbps``. all_rails (an idle
     node): after the sweep, every rail's GPU kind and host memory at once at the largest
     size and QP count, each against its own sweep row (``report.rails``; docs/check.md).
-    Returns a :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row
+    pattern="nccl": each bandwidth size also as NCCL's steps (rows' ``nccl_*``; NCCL's step
+    sizes unless given). Returns a :class:`gdrprobe.report.model.BenchReport`; its ``exit_code`` is 1 when a row
     fell, else with all_rails the rails' (13 contention, 12 inconclusive)."""
     from gdrprobe.campaign.bench import bench as sweep
     from gdrprobe.report.model import BenchSettings
@@ -328,11 +337,12 @@ def bench(*, sizes=None, memory=defaults.BENCH_MEMORY, qps=(defaults.QPS,),
     percent_habit("--max-drop", max_drop)
     check_gpus(*_as_tuple(gpus))
     settings = BenchSettings(
-        sizes_bytes=_as_tuple(sizes or defaults.SWEEP_SIZES), memory_kinds=_as_tuple(memory),
+        sizes_bytes=_as_tuple(sizes or (() if pattern else defaults.SWEEP_SIZES)),
+        memory_kinds=_as_tuple(memory),
         qps=_as_tuple(qps), matrix=matrix, iterations=iterations, duration_s=duration_s,
         warmup_s=warmup_s, tx_depth=tx_depth, cq_moderation=cq_moderation,
         latency_iterations=latency_rows(latency_iterations), threshold=threshold,
-        ib_port=ib_port, opcode=opcode, bidir=bidir, all_rails=all_rails)
+        ib_port=ib_port, opcode=opcode, bidir=bidir, all_rails=all_rails, pattern=pattern or "")
     return sweep(settings, __version__, gpus=_as_tuple(gpus), devices=_as_tuple(devices),
                  gid_index=gid_index, timeout_s=timeout_s, on_row=on_row, baseline=baseline,
                  max_drop=max_drop)

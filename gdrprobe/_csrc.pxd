@@ -187,3 +187,97 @@ cdef extern from "gdr_flush.h" nogil:
 
     int gdr_flush(const gdr_flush_target *target, uint8_t fill, const gdr_clock *clock,
                   uint64_t stall_timeout_ns, volatile int *stop, gdr_flush_result *res)
+
+
+cdef extern from "gdr_nccl.h" nogil:
+    enum:
+        GDR_NCCL_STEPS
+        GDR_NCCL_FIFO_SLOTS
+        GDR_NCCL_FIFO_BYTES
+        GDR_NCCL_MAX_CHANNELS
+        GDR_NCCL_MAX_POSTS
+        GDR_ERR_PROTOCOL
+    enum gdr_nccl_verb:
+        GDR_NCCL_RECV, GDR_NCCL_CTS, GDR_NCCL_DATA, GDR_NCCL_DATA_IMM, GDR_NCCL_FLUSH
+
+    struct gdr_nccl_shape:
+        uint32_t channels
+        uint32_t qps_per_conn
+        int split
+        int adaptive_routing
+        uint64_t ar_threshold
+        int inline_cts
+        uint32_t step_bytes
+        uint32_t ring_slots
+
+    struct gdr_nccl_post:
+        uint32_t verb
+        uint32_t qp
+        uint32_t length
+        uint32_t signaled
+        uint32_t inline_
+        uint32_t imm
+
+    struct gdr_nccl_recv_config:
+        gdr_nccl_shape shape
+        ibv_qp *qps[GDR_MAX_QPS]
+        ibv_cq *cq
+        uint64_t ring_addr
+        uint32_t ring_rkey
+        uint64_t cts_addr
+        uint32_t cts_lkey
+        uint64_t fifo_addr
+        uint32_t fifo_rkey
+        ibv_qp *flush_qp
+        ibv_cq *flush_cq
+        volatile uint8_t *flush_landing
+        uint32_t flush_lkey
+        uint64_t seed
+        uint64_t first_id
+        uint64_t first_message
+        uint64_t steps
+        uint32_t window
+        uint64_t *step_ns
+        uint64_t *recv_ns
+        uint64_t *flush_ns
+        uint64_t stall_timeout_ns
+        gdr_clock clock
+        volatile int *stop
+
+    struct gdr_nccl_send_config:
+        gdr_nccl_shape shape
+        ibv_qp *qps[GDR_MAX_QPS]
+        ibv_cq *cq
+        uint64_t src_addr
+        uint32_t src_lkey
+        volatile uint8_t *fifo
+        uint64_t remote_addr
+        uint64_t remote_length
+        uint64_t first_id
+        uint64_t first_message
+        uint64_t steps
+        uint64_t *wait_ns
+        uint64_t *data_ns
+        uint64_t stall_timeout_ns
+        gdr_clock clock
+        volatile int *stop
+
+    struct gdr_nccl_result:
+        int status
+        int err_errno
+        int wc_status
+        uint32_t wc_vendor_err
+        uint32_t wc_qp_num
+        uint64_t steps
+        uint64_t elapsed_ns
+        uint64_t bad_imm
+        uint64_t flush_bad
+        uint64_t first_flush_bad
+        gdr_clock_check clock_check
+
+    size_t gdr_nccl_step_posts(const gdr_nccl_shape *shape, uint64_t id, int flush,
+                               gdr_nccl_post *out, size_t max)
+    uint64_t gdr_nccl_message(uint64_t first_message, uint64_t steps, uint32_t channel,
+                              uint64_t k)
+    int gdr_nccl_recv_run(const gdr_nccl_recv_config *cfg, gdr_nccl_result *res)
+    int gdr_nccl_send_run(const gdr_nccl_send_config *cfg, gdr_nccl_result *res)

@@ -42,9 +42,8 @@ HAVE_COUNTER = bool(c.GDR_HAVE_COUNTER)
 
 
 cdef class StopFlag:
-    """A flag the C loops poll: setting it from another thread ends a run early."""
-
-    cdef int value
+    """A flag the C loops poll: setting it from another thread ends a run early (its int
+    is declared in _native.pxd, for gdrprobe._nccl's loops too)."""
 
     def set(self):
         self.value = 1

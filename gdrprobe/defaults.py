@@ -34,6 +34,9 @@ SWEEP_SIZES = tuple(1 << k for k in range(1, 24))   # 2 B .. 8 MiB, perftest's -
 # the BAR1 aperture and the memlock limit with what a sweep pins by the same rules.
 PAGE = 4096
 INTEGRITY_CAP_BYTES = 4 << 20
+# ... unless asked for more (run --integrity-bytes): each pass drains the queue once, a round
+# trip the stream loses, which a long round trip makes dear (NCCL's pattern on a long wire)
+MAX_INTEGRITY_BYTES = 1 << 30
 MAX_SLOTS = 1024
 
 
@@ -73,6 +76,9 @@ OPCODES = ("write", "write_imm", "read")
 # memory for WRITE with immediate, the READ's remote (fetched) end for READ (ib_read_lat).
 LATENCY_A_B_OPCODES = ("write_imm", "read")
 OPCODE = "write"
+# --pattern: after each size's stream, the same size as NCCL's steps over its IB transport
+# (measure/nccl_sender.py, gdrprobe.nccl.pattern).
+PATTERNS = ("nccl",)
 
 # ---- the A/B and its verdict ------------------------------------------------------------
 A_B_SIZE = 1 << 20                 # the verdict compares bandwidth at large messages

@@ -12,6 +12,8 @@
                                                then ACS and IOMMU read live, in one q35 guest
   python -m lab demo-rails                     all rails at once, uncapped and behind a shared
                                                uplink, in one q35 guest
+  python -m lab demo-nccl-pattern              NCCL's pattern: sustained, round-trip bound on a
+                                               delayed wire, a slow flush named, in one guest
   python -m lab test                           the lab test suites
 """
 
@@ -22,8 +24,8 @@ import sys
 
 from lab import vm
 from lab.kernel import LabError, ensure_kernel
-from lab.suites import (demo, demo_dmabuf, demo_platform, demo_rails, demo_rocm, demo_slurm,
-                        run_suites)
+from lab.suites import (demo, demo_dmabuf, demo_nccl_pattern, demo_platform, demo_rails,
+                        demo_rocm, demo_slurm, run_suites)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo-rails", help="check --node --all-rails on two Soft-RoCE rails under one "
                                       "PCIe switch, uncapped and behind a shared uplink, in one "
                                       "q35 guest (docs/lab.md)")
+    sub.add_parser("demo-nccl-pattern", help="NCCL's pattern: sustained without delay, "
+                                             "round-trip bound on a delayed wire, a slow flush "
+                                             "named, in one loopback guest (docs/lab.md)")
     tests = sub.add_parser("test", help="run the lab test suites in guests")
     tests.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k NAME)")
     args = parser.parse_args(argv)
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             return demo_platform()
         if args.action == "demo-rails":
             return demo_rails()
+        if args.action == "demo-nccl-pattern":
+            return demo_nccl_pattern()
         return run_suites(args.pytest_args)
     except LabError as error:
         print(f"lab: {error}", file=sys.stderr)

@@ -144,3 +144,12 @@ def answered_by_dmabuf(report: dict) -> bool:
     verdict = report.get("verdict") or {}
     return (verdict.get("mechanism") == "dmabuf"
             and verdict.get("exit_code") in (ExitCode.OK, ExitCode.INCONCLUSIVE))
+
+
+def guest_main(doc: str | None, guest, argv: list[str]) -> int:
+    """A demo's guest side (``python -m lab.<demo> guest BUILT``): ``guest(BUILT)``'s exit
+    status, or the module's usage (exit 2)."""
+    if len(argv) != 2 or argv[0] != "guest":
+        print(doc, file=sys.stderr)
+        return 2
+    return guest(argv[1])

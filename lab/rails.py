@@ -31,7 +31,8 @@ import subprocess
 import sys
 
 from lab.kernel import REPO, LabError
-from lab.dmabuf_guest import GUEST_SCRIPT, Built, dmabuf_environment, write_rxe_knob
+from lab.dmabuf_guest import (GUEST_SCRIPT, Built, dmabuf_environment, guest_main,
+                              write_rxe_knob)
 
 GPU_BUS_IDS = ("0000:03:00.0", "0000:04:00.0")
 NIC_BUS_IDS = ("0000:05:00.0", "0000:06:00.0")
@@ -185,12 +186,5 @@ def guest(folder: str) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "guest":
-        print(__doc__, file=sys.stderr)
-        return 2
-    return guest(argv[1])
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(guest_main(__doc__, guest, sys.argv[1:]))

@@ -25,6 +25,7 @@ DEMO_DMABUF_TIMEOUT_S = 600
 DEMO_PLATFORM_TIMEOUT_S = 900
 ACS_IOMMU_TESTS = "tests/lab/acs_iommu"
 DEMO_RAILS_TIMEOUT_S = 1200
+DEMO_NCCL_PATTERN_TIMEOUT_S = 1200
 RAILS_TESTS = "tests/lab/rails"
 
 
@@ -113,6 +114,17 @@ def demo_rails() -> int:
                f"env {rails.REPORTS}={kept} {pytest_command(RAILS_TESTS, [])}")
     return one_boot_demo("demo-rails", vm.Guest("gdr-rails", command, qemu_opts=rails.QEMU_OPTS),
                          DEMO_RAILS_TIMEOUT_S)
+
+
+def demo_nccl_pattern() -> int:
+    """NCCL's pattern (issue 40) in one loopback guest boot with the lab's rxe
+    (lab/nccl_pattern.py): no delay ("sustains"), a delayed wire ("round-trip bound", within
+    15 % of the prediction) and a slow flush (the GPU arm's flush phase named)."""
+    built = modules.ensure_modules()
+    command = (f"bash {dmabuf_guest.GUEST_SCRIPT} load {built.folder} && "
+               f"{PYTHON} -m lab.nccl_pattern guest {built.folder}")
+    return one_boot_demo("demo-nccl-pattern", vm.Guest("gdr-lo", command),
+                         DEMO_NCCL_PATTERN_TIMEOUT_S)
 
 
 def one_boot_demo(name: str, guest: vm.Guest, timeout_s: float) -> int:

@@ -28,6 +28,7 @@ from gdrprobe.errors import (CompletionError, GdrprobeError, GpuRuntimeError, In
 from gdrprobe.sysroot import SysRoot
 from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, FloorCheck
 from gdrprobe.report.model import RunReport
+from gdrprobe.campaign import nccl_pattern
 from gdrprobe.campaign.secondary import flush_check
 from gdrprobe.campaign.verdict import (check_repeats, DECIDES, DIAGNOSES, STAGED_ARM, ArmMeasurement,
                                       arm_ratio, check_threshold, classify,
@@ -210,7 +211,7 @@ def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
            threshold: float = defaults.THRESHOLD, doctor_findings=(),
            min_repeats: int | None = None, floor: FloorCheck | None = None,
            settle_repeats: int | None = None,
-           disturbed: Callable[[], bool] | None = None) -> CheckReport:
+           disturbed: Callable[[], bool] | None = None, pattern=None) -> CheckReport:
     """Alternate the arms `repeats` times and classify. run_once(local, remote) runs one
     probe; errors of the host arm are the run's errors and propagate. Sampling stops as soon
     as the answer is known: when no GPU arm that could prove GPUDirect can run (after one
@@ -240,10 +241,14 @@ def run_ab(run_once: RunOnce, arms: list[ArmPlan], repeats: int,
     verdict = classify(host.measurement(size), [r.measurement(size) for r in shown[1:]],
                        threshold, owner_findings(shown[1:], doctor_findings), floor)
     deciding = next((r for r in main if r.runs), None)
-    return CheckReport(verdict=verdict, arms=tuple(r.report(size, floor) for r in shown),
+    nccl = None if pattern is None else nccl_pattern.pattern_check(
+        host.runs, deciding.runs if deciding else [], pattern, threshold)
+    return CheckReport(verdict=nccl_pattern.join(verdict, nccl),
+                       arms=tuple(r.report(size, floor) for r in shown),
                        settings=host.runs[-1].settings, repeats=len(host.runs), floor=floor,
                        gpu_settings=deciding.runs[-1].settings if deciding else None,
-                       flush=flush_check(main[0].runs, main[0].error) if main else None)
+                       flush=flush_check(main[0].runs, main[0].error) if main else None,
+                       pattern=nccl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,14 +373,16 @@ def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = No
             staged: bool = False, repeats: int = 3, threshold: float = defaults.THRESHOLD,
             doctor_findings=(), min_repeats: int | None = None,
             floor: FloorCheck | None = None, settle_repeats: int | None = None,
-            disturbed: Callable[[], bool] | None = None, opcode: str = "write") -> CheckReport:
+            disturbed: Callable[[], bool] | None = None, opcode: str = "write",
+            pattern=None) -> CheckReport:
     """The whole A/B: plan the arms, run them, and classify. doctor_findings are the
     findings of the host that owns the GPU buffer (the caller runs the doctor there); they
     confirm or rule out the likely causes of a degraded result. With min_repeats, sampling
     stops once the answer is conclusive; an answer still inconclusive after `repeats`
     samples on up to settle_repeats unless disturbed() (see :func:`run_ab`). floor: the
     port's line rate and the fraction of it the deciding arm must reach. opcode: the RDMA
-    operation run_once measures (write or read), which names each arm's direction."""
+    operation run_once measures (write or read), which names each arm's direction. pattern:
+    the job's NCCL transport where the runs measure NCCL's pattern (see :func:`run_ab`)."""
     check_repeats(repeats)
     check_threshold(threshold)
     remote = remote or HOST
@@ -383,4 +390,4 @@ def ab_test(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None = No
         raise UsageError("an A/B needs a GPU buffer on one side", "e.g. --mem gpu")
     arms = plan_arms(local, remote, staged, opcode)
     return run_ab(run_once, arms, repeats, threshold, doctor_findings, min_repeats, floor,
-                  settle_repeats, disturbed)
+                  settle_repeats, disturbed, pattern)

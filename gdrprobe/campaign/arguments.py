@@ -128,3 +128,9 @@ def latency_rows(latency_iterations: int | None) -> int:
                          "(latency_iterations=None)")
     return latency_iterations
 
+
+def check_pattern_name(pattern) -> None:
+    """--pattern: one of defaults.PATTERNS, or none."""
+    if pattern and pattern not in defaults.PATTERNS:
+        raise UsageError(f"--pattern {pattern!r}: the patterns are {', '.join(defaults.PATTERNS)}",
+                         "e.g. --pattern nccl: NCCL's own traffic over its IB transport")

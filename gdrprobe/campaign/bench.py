@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from gdrprobe import defaults
 from gdrprobe.errors import (GdrprobeError, Interrupted, NoDevice, RegistrationFailed,
                              UsageError)
-from gdrprobe.campaign import machine
+from gdrprobe.campaign import machine, nccl_pattern
 from gdrprobe.campaign.arguments import check_endpoint
 from gdrprobe.campaign.ab import ARM_ERRORS, is_data_path_error
 from gdrprobe.campaign.bench_plan import MEASURED, BenchPlan, Execute, PairPlan, RunPlan
@@ -34,6 +34,7 @@ from gdrprobe.campaign.gate import MachineFacts, NicChoice
 from gdrprobe.campaign.nccl_use import receive_flush
 from gdrprobe.measure.loops import bidir_result
 from gdrprobe.measure.options import ProbeOptions
+from gdrprobe.nccl.pattern import NcclTransport, transport_settings
 from gdrprobe.campaign.verdict import ArmMeasurement, check_threshold, classify
 from gdrprobe.report.bench import read_baseline
 from gdrprobe.report.model import (BaselineChange, BaselineComparison, BenchEnvironment,
@@ -64,9 +65,10 @@ def bench_pairs(gpus: Sequence[str], nics: Sequence[str], decisions: Mapping[str
 # ---- rows ----------------------------------------------------------------------------
 
 
-def measured_row(run: RunPlan, result, reverse=None) -> BenchRow:
+def measured_row(run: RunPlan, result, reverse=None, nccl=None, transport=None) -> BenchRow:
     """A size's row; reverse: in a bidirectional run, the other side's WRITEs of the same
-    window (the sum is both directions')."""
+    window (the sum is both directions'); nccl: NCCL's pattern after the stream, answered
+    against it with the job's transport settings."""
     common = dict(mode=run.mode, gpu=run.gpu, nic=run.nic, memory=run.memory, qps=run.qps,
                   size_bytes=result.size_bytes, outcome=MEASURED, iterations=result.iterations,
                   elapsed_s=result.elapsed_s)
@@ -82,6 +84,10 @@ def measured_row(run: RunPlan, result, reverse=None) -> BenchRow:
     if reverse is not None:
         pair = bidir_result(result, reverse)
         both = dict(reverse_gbps=pair.server_to_client_gbps, bidir_sum_gbps=pair.sum_gbps)
+    if nccl is not None:
+        both = dict(nccl_gbps=nccl.rate_gbps, nccl_ceiling_gbps=nccl.ceiling_gbps,
+                    nccl_step_us=nccl.alone.step_us, nccl_answer=nccl_pattern.answer(
+                        result.bandwidth_avg_gbps, nccl, transport).outcome)
     return BenchRow(**common, bandwidth_avg_gbps=result.bandwidth_avg_gbps,
                     bandwidth_peak_gbps=result.bandwidth_peak_gbps,
                     message_rate_mpps=result.message_rate_mpps, **both)
@@ -221,8 +227,8 @@ def run_sweep(plan: BenchPlan, execute: Execute,
                     keep(row)
                 continue
             try:
-                execute(run, options, lambda measured, reverse=None, run=run:
-                        keep(measured_row(run, measured, reverse)))
+                execute(run, options, lambda measured, reverse=None, nccl=None, run=run:
+                        keep(measured_row(run, measured, reverse, nccl, plan.transport)))
             except Interrupted:
                 raise            # a stopped loop: the sweep ends as at Ctrl-C
             except GdrprobeError as error:
@@ -331,7 +337,7 @@ def run_bench(settings: BenchSettings, facts: MachineFacts, version: str, *,
 
     started = time.monotonic()
     listed = {device.name: device for device in list_devices().devices}
-    plan = bench_plan(settings, facts, gpus, select_nics(listed, devices), timeout_s)
+    plan = bench_plan(settings, facts, gpus, select_nics(listed, devices), timeout_s, listed)
     line_rates = {name: port_rate(listed[name], settings.ib_port) for name in plan.nics()}
     execute = loopback_executor(settings.ib_port, gid_index)
     sweep = run_sweep(plan, execute, ratios_as_measured(on_row, line_rates))
@@ -378,10 +384,13 @@ def select_nics(listed: Mapping[str, object], devices: Sequence[str]) -> list[st
     return list(devices) or list(listed)
 
 
-def sweep_options(settings: BenchSettings, timeout_s: float,
-                  relaxed_ordering: bool = True) -> ProbeOptions:
-    """The options every run of the sweep starts from (BenchPlan.run_options varies them)."""
-    return ProbeOptions(sizes=settings.sizes_bytes, iterations=settings.iterations,
+def sweep_options(settings: BenchSettings, timeout_s: float, relaxed_ordering: bool = True,
+                  transport: NcclTransport | None = None) -> ProbeOptions:
+    """The options every run of the sweep starts from (BenchPlan.run_options varies them):
+    with --pattern nccl and no sizes given, NCCL's step sizes (transport: the job's settings;
+    None: NCCL's defaults)."""
+    sizes = settings.sizes_bytes or nccl_pattern.pattern_sizes(transport or NcclTransport())
+    return ProbeOptions(sizes=sizes, iterations=settings.iterations,
                         duration_s=settings.duration_s, warmup_s=settings.warmup_s,
                         tx_depth=settings.tx_depth, cq_moderation=settings.cq_moderation,
                         timeout_s=timeout_s, opcode=settings.opcode, bidir=settings.bidir,
@@ -405,8 +414,9 @@ def check_sweep(settings: BenchSettings, timeout_s: float) -> None:
 
 
 def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str],
-               nics: Sequence[str], timeout_s: float) -> BenchPlan:
-    """The runs of a sweep, every one's options checked before the first run starts."""
+               nics: Sequence[str], timeout_s: float, listed=None) -> BenchPlan:
+    """The runs of a sweep, every one's options checked before the first run starts;
+    listed: the devices by name (their ports: NCCL's connections for --pattern nccl)."""
     check_sweep(settings, timeout_s)
     if settings.memory_kinds == ("host",):
         pairs = tuple(PairPlan("", nic, "host memory only") for nic in nics)
@@ -420,11 +430,14 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
         raise UsageError(f"NCCL pairs no GPU with {', '.join(nics)}",
                          "add --matrix to pair every GPU with every NIC")
     # Registered as NCCL registers (NCCL_IB_PCI_RELAXED_ORDERING, as check and run read it).
+    transport = transport_settings(facts.nccl_environ) if settings.pattern else None
     options = sweep_options(settings, timeout_s,
-                            facts.nccl_rules.relaxed_ordering(facts.nccl_environ))
+                            facts.nccl_rules.relaxed_ordering(facts.nccl_environ), transport)
     flushes = {pair.gpu: receive_flush(facts.nccl.get(pair.gpu)) for pair in pairs if pair.gpu}
+    shapes = {nic: nccl_pattern.pattern_shape(transport, *nccl_pattern.port_of(
+        (listed or {}).get(nic), settings.ib_port)) for nic in nics} if transport else {}
     plan = BenchPlan(pairs, settings.memory_kinds, settings.qps, options,
-                     settings.latency_iterations, flushes)
+                     settings.latency_iterations, flushes, shapes, transport)
     for run in plan.runs():
         plan.run_options(run)   # raises UsageError now rather than mid-sweep
     return plan

@@ -40,6 +40,9 @@ class BenchPlan:
     latency_iterations: int = 1000  # 0: no latency rows
     # GPU -> what asks its receive buffer for NCCL's flush ("": nothing; see nccl_use)
     flushes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # --pattern nccl: NIC -> the connections NCCL opens on it; the job's transport settings
+    shapes: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    transport: object = None
 
     def nics(self) -> list[str]:
         return list(dict.fromkeys(pair.nic for pair in self.pairs))
@@ -67,8 +70,10 @@ class BenchPlan:
         # NCCL flushes what its NIC wrote into GPU memory: a READ run writes nothing there;
         # a bidirectional one checks every message both ways instead (measure/options.py).
         flushed = run.gpu and not self.options.reads and not self.options.bidir
+        pattern = {"pattern": "nccl", "nccl": self.shapes[run.nic]} if self.shapes else {}
         return dataclasses.replace(self.options, qps=run.qps,
-                                   flush=self.flushes.get(run.gpu, "") if flushed else "")
+                                   flush=self.flushes.get(run.gpu, "") if flushed else "",
+                                   **pattern)
 
     def row_count(self) -> int:
         """How many rows the sweep will produce: the length of its progress bar."""

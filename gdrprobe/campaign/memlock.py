@@ -68,8 +68,9 @@ def _limit(value: int) -> float:
 
 
 def pinned_bytes(options: ProbeOptions, ends: int) -> int:
-    """What a run pins in this process: a buffer per end here and the verbs queues."""
-    return ends * options.buffer_bytes + QUEUE_MARGIN_BYTES
+    """What a run pins in this process: a buffer per end here (and NCCL's FIFO or
+    clear-to-send elements, with --pattern nccl) and the verbs queues."""
+    return ends * (options.buffer_bytes + options.pattern_bytes) + QUEUE_MARGIN_BYTES
 
 
 def fewest_slots(options: ProbeOptions) -> ProbeOptions:

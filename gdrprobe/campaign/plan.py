@@ -31,8 +31,9 @@ from collections.abc import Mapping
 
 from gdrprobe import defaults
 from gdrprobe.campaign import machine, secondary
-from gdrprobe.campaign.arguments import (check_endpoint, check_floor, check_host, check_token,
-                                         check_verdict, percent_habit)
+from gdrprobe.campaign.arguments import (check_endpoint, check_floor, check_host,
+                                         check_pattern_name, check_token, check_verdict,
+                                         percent_habit)
 from gdrprobe.campaign.communicator import Communicator
 from gdrprobe.campaign.gate import MachineFacts, check_time_budget
 from gdrprobe.errors import UsageError
@@ -130,6 +131,7 @@ class Criteria:
         keyword (latency=True, read=False, ...)."""
         if latency_factor is not None:
             secondary.check_latency_factor(latency_factor, answers.get("latency", False))
+        check_pattern_name(answers.get("pattern"))
         check_verdict(threshold, repeats)
         percent_habit("--floor", floor)
         check_floor(floor)

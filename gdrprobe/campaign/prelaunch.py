@@ -50,7 +50,7 @@ from gdrprobe.campaign.ab import ARM_ERRORS, HOST, StopSampling, ab_test, no_dev
 from gdrprobe.campaign.gate import Budget, MachineFacts, RunOnce, budgeted, rank_pair, sized_for_budget
 from gdrprobe.campaign.communicator import communicator
 from gdrprobe.campaign.latency_ab import latency_ab
-from gdrprobe.campaign import memlock, secondary
+from gdrprobe.campaign import memlock, nccl_pattern, secondary
 from gdrprobe.campaign.machine import NCCL_CHOICE, holds_gpu_buffer, nccl_use_of
 from gdrprobe.campaign.nccl_use import as_nccl_registers, receive_flush
 from gdrprobe.campaign.nic_lock import nic_lock
@@ -62,9 +62,11 @@ from gdrprobe.errors import (ExitCode, GdrprobeError, GpuUnusable, Inconclusive,
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.nccl import gid as gids
+from gdrprobe.nccl.pattern import transport_settings
 from gdrprobe.rdma.endpoint import EndpointOptions
 from gdrprobe.report.check import (NOT_TESTABLE, CheckReport, FloorCheck, LoopWindow, NcclUse,
                                    RankPair, Verdict, main_cause)
+from gdrprobe.report.nccl_pattern import NcclPatternCheck
 from gdrprobe.sysroot import PCI_BUS_ID
 
 MIN_BIDIR_WINDOW_S = 0.1   # a window for the bidirectional runs where the check set none
@@ -176,7 +178,8 @@ def bidir_options(options: ProbeOptions, host_gbps: float) -> ProbeOptions:
 class AnswerRun:
     """What every extra answer is measured from, after the WRITE A/B: the plan, the WRITE
     A/B's report, a runner for the check's options shaped for the answer's runs, the memory
-    at both ends, the floor and the findings."""
+    at both ends, the floor and the findings; the machine and the NIC (NCCL's pattern: the
+    connections NCCL opens on it)."""
 
     gate: CheckPlan
     write: CheckReport
@@ -186,6 +189,8 @@ class AnswerRun:
     floor: FloorCheck
     findings: tuple
     use: NcclUse | None = None   # NCCL's decision for this GPU, where known
+    facts: MachineFacts | None = None
+    nic: str = ""
 
 
 def latency_answer(run: AnswerRun):
@@ -217,13 +222,45 @@ def read_answer(run: AnswerRun):
     return a_b_answer(run, lambda options: options, secondary.READ_WHAT, remote=HOST)
 
 
+def host_arm_gbps(write: CheckReport) -> float:
+    """The WRITE A/B's host arm: the median of its repeats (0.0 where it measured none)."""
+    return statistics.median(next((arm.bandwidths_gbps for arm in write.arms
+                                   if arm.arm == "host" and arm.bandwidths_gbps), (0.0,)))
+
+
 def bidir_answer(run: AnswerRun):
     """check --bidir: the A/B again with both ends WRITEing at once, each side as many
     messages as the WRITE A/B's host arm moved in one window."""
-    host_gbps = statistics.median(next((arm.bandwidths_gbps for arm in run.write.arms
-                                        if arm.arm == "host" and arm.bandwidths_gbps), (0.0,)))
+    host_gbps = host_arm_gbps(run.write)
     return a_b_answer(run, lambda options: bidir_options(options, host_gbps),
                       secondary.BIDIR_WHAT)
+
+
+def pattern_answer(run: AnswerRun) -> NcclPatternCheck:
+    """check --pattern nccl: the A/B again, each run NCCL's pattern after its stream at
+    NCCL's step sizes, in the connections the job's NCCL settings open on this NIC
+    (campaign.nccl_pattern); its GPU arm's pattern against the host arm's."""
+    criteria, port = run.gate.criteria, run.gate.endpoint.port
+    transport = transport_settings(run.facts.nccl_environ)
+    stated = run.facts.ports.get((run.nic, port))
+    shape = nccl_pattern.pattern_shape(transport,
+                                       stated is not None and stated.link_layer == "InfiniBand",
+                                       run.facts.line_rate(run.nic, port))
+    host_gbps = host_arm_gbps(run.write)
+    try:
+        report = ab_test(run.runner_for(lambda options: nccl_pattern.check_options(
+                             options, host_gbps, shape, transport)),
+                         run.local, run.remote, repeats=criteria.repeats,
+                         threshold=criteria.threshold, doctor_findings=run.findings,
+                         min_repeats=min(2, criteria.repeats), floor=run.floor,
+                         pattern=transport)
+    except StopSampling as stop:
+        return pattern_not_run(criteria, f"the NCCL-pattern runs stopped: {stop}")
+    return report.pattern or pattern_not_run(criteria, report.verdict.classification)
+
+
+def pattern_not_run(criteria: Criteria, why: str) -> NcclPatternCheck:
+    return NcclPatternCheck(nccl_pattern.NOT_RUN, why)
 
 
 def a_b_answer(run: AnswerRun, shape: Callable[[ProbeOptions], ProbeOptions], what: str,
@@ -258,17 +295,19 @@ EXTRA_ANSWERS = {
     "latency": ExtraAnswer(latency_answer, latency_not_run),
     "read": ExtraAnswer(read_answer, a_b_not_run),
     "bidir": ExtraAnswer(bidir_answer, a_b_not_run),
+    "pattern": ExtraAnswer(pattern_answer, pattern_not_run),   # joins the verdict
 }
 
 
 def extra_answers(gate: CheckPlan, write: CheckReport, runner_for, local: MemorySpec,
                   remote: MemorySpec, floor: FloorCheck, findings,
-                  use: NcclUse | None = None) -> dict:
+                  use: NcclUse | None = None, facts: MachineFacts | None = None,
+                  nic: str = "") -> dict:
     """The extra answers asked for, as CheckReport fields: measured where the WRITE A/B is
     a conclusive "engaged" (write: its report, verdict as disturbed() left it), else each
     says why not; the sends' where NCCL's decision (use) keeps them off GPUDirect."""
     blocked = secondary.blocked_by(write.verdict)
-    run = AnswerRun(gate, write, runner_for, local, remote, floor, findings, use)
+    run = AnswerRun(gate, write, runner_for, local, remote, floor, findings, use, facts, nic)
     return {name: answer.not_run(gate.criteria, blocked) if blocked else answer.measure(run)
             for name, answer in EXTRA_ANSWERS.items() if gate.criteria.asks(name)}
 
@@ -402,7 +441,7 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan, budget: Bud
             # WRITEs, and the extra answers only warn.
             extras = extra_answers(gate, write,
                                    lambda shape: budgeted(runner, shape(options), budget),
-                                   local, remote, floor, findings, use)
+                                   local, remote, floor, findings, use, facts, nic)
         except GpuUnusable as error:
             elsewhere = held_elsewhere(error, pair.gpu, plan.sender, gate)
             if elsewhere is None:
@@ -413,8 +452,10 @@ def check_pair(pair: RankPair, facts: MachineFacts, gate: CheckPlan, budget: Bud
         elapsed_s=round(budget.elapsed(), 3), send_gpu=plan.sender,
         send_gpu_reason=plan.sender_why,
         lock=held.describe(why), port_traffic=watch.describe())
-    verdict = secondary.with_warnings(with_nccl(verdict, use), extras.get("latency"),
-                                      extras.get("read"), extras.get("bidir"))
+    verdict = nccl_pattern.join(
+        secondary.with_warnings(with_nccl(verdict, use), extras.get("latency"),
+                                extras.get("read"), extras.get("bidir")),
+        extras.get("pattern"))
     if criteria.asks("gin"):
         extras["gin"] = gin_answer(pair.gpu, nic, facts, environ)
         verdict = dataclasses.replace(verdict, gin=extras["gin"], fix=verdict.fix or extras["gin"].fix)

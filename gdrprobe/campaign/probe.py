@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from gdrprobe import defaults
-from gdrprobe.campaign import machine, memlock
+from gdrprobe.campaign import machine, memlock, nccl_pattern
 from gdrprobe.campaign.ab import ab_test, no_device_not_testable
 from gdrprobe.campaign.arguments import check_latency_a_b
 from gdrprobe.campaign.latency_ab import latency_ab
@@ -45,6 +45,7 @@ class RunPlan:
     staged: bool = False
     connect_wait_s: float = 0.0
     flush: bool = False
+    pattern: str | None = None               # "nccl": NCCL's pattern after each stream
 
     def __post_init__(self):
         if not 0 <= self.connect_wait_s <= 3600:
@@ -70,12 +71,15 @@ def run(plan: RunPlan, on_result=None, notice=None):
         require_gpu_arm(plan.local, plan.remote if plan.peer.loopback else None)
     if plan.flush:
         settings["flush"] = FLUSH_ASKED
+    nccl_pattern.check_pattern(plan.pattern, settings)
     # This host's facts where a GPU buffer is here: --mem gpu registers as NCCL does.
     facts = machine.run_facts(plan.local, plan.peer.loopback) if plan.a_b else None
     local = machine.follow_nccl(plan.local, facts)
     remote = (machine.follow_nccl(plan.remote, facts)
               if plan.peer.loopback and plan.remote is not None else plan.remote)
     view = (facts.nccl_environ, facts.nccl_rules) if facts else machine.nccl_view()
+    settings, transport = nccl_pattern.pattern_settings(
+        plan.pattern, view[0], plan.endpoint.device, plan.endpoint.port, plan.size, settings)
     # The bandwidth A/B's default size is a large message's; latency keeps a run's default.
     large = plan.a_b and not plan.latency_a_b
     options = probe_options(settings, defaults.A_B_SIZE if large else defaults.SIZE,
@@ -86,12 +90,12 @@ def run(plan: RunPlan, on_result=None, notice=None):
     probe = loopback.runner(options, plan.endpoint, *plan.peer.address, plan.connect_wait_s,
                             on_result=None if plan.a_b else on_result, notice=notice)
     if not plan.a_b:
-        return probe(local, remote)
+        return nccl_pattern.answered(probe(local, remote), transport, plan.threshold)
     if plan.latency_a_b:
         return latency_ab(probe, local, remote, plan.repeats)
     return ab_test(probe, local, remote, staged=plan.staged, repeats=plan.repeats,
                    threshold=plan.threshold, doctor_findings=facts.findings if facts else (),
-                   opcode=options.opcode)
+                   opcode=options.opcode, pattern=transport)
 
 
 def require_gpu_arm(*in_process: MemorySpec | None) -> None:

@@ -62,6 +62,11 @@ def register(subparsers) -> None:
     add_opcode_flag(parser)
     add_bidir_flag(parser, "every bandwidth row gets the other direction and the sum "
                            "(a number of iterations: no -D)")
+    parser.add_argument("--pattern", choices=defaults.PATTERNS, default=None,
+                        help="nccl: each bandwidth size also as NCCL's steps over its IB "
+                             "transport (the job's NCCL_* settings): the row's NCCL-pattern "
+                             "rate, its ceiling per connection and answer (NCCL's step sizes "
+                             "unless --sizes)")
     latency = parser.add_mutually_exclusive_group()
     latency.add_argument("--latency-iters", type=whole, default=defaults.LATENCY_ITERATIONS,
                          metavar="N", help="latency round trips per size, host memory, 1 or "
@@ -166,7 +171,8 @@ def run(args) -> int:
             warmup_s=args.warmup, tx_depth=args.tx_depth, cq_moderation=args.cq_mod,
             latency_iterations=args.latency_iters, threshold=args.threshold,
             timeout_s=args.timeout, baseline=args.baseline, max_drop=args.max_drop,
-            on_row=on_row, opcode=args.opcode, bidir=args.bidir, all_rails=args.all_rails)
+            on_row=on_row, opcode=args.opcode, bidir=args.bidir, all_rails=args.all_rails,
+            pattern=args.pattern)
     finally:
         progress.close()
     print(to_json(report) if args.json else outputs.render_bench_summary(report), flush=True)

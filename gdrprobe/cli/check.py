@@ -130,6 +130,11 @@ def register(subparsers) -> None:
                              "map the NIC's doorbell', or GIN runs CPU-proxied: a warning (exit "
                              "13), a drain (1) where the job asked for GIN explicitly "
                              "(NCCL_GIN_ENABLE=1, NCCL_GIN_TYPE, NVSHMEM_IB_ENABLE_IBGDA=1)")
+    parser.add_argument("--pattern", choices=defaults.PATTERNS, default=None,
+                        help="nccl: where engaged, also the A/B in NCCL's own traffic pattern "
+                             "(clear-to-send, data, flush; 8 steps in flight; the job's NCCL_* "
+                             "settings) at NCCL's step sizes: a GPU arm whose pattern falls "
+                             "below the host arm's is degraded, the phase named (exit 1)")
     parser.add_argument("--prometheus", metavar="FILE",
                         help="also write node-exporter text-file metrics to FILE, atomically: "
                              "bench's metrics, the exit code and time stamp, per GPU "
@@ -177,7 +182,8 @@ def run(args) -> int:
                   repeats=args.repeats, threshold=args.threshold, floor=args.floor,
                   time_budget_s=args.time_budget, size=args.size, qps=qps,
                   latency=args.latency, read=args.read, bidir=args.bidir,
-                  latency_factor=args.latency_factor, gin=args.gin)
+                  latency_factor=args.latency_factor, gin=args.gin,
+                  pattern=args.pattern)
     if args.all_rails and not args.node:
         raise UsageError("--all-rails runs every rail of the node at once", "add --node")
     if args.node:

@@ -69,11 +69,21 @@ def register(subparsers) -> None:
                         help="check only the messages the receiver's slots hold at the end of "
                              "each size, not every message (no pauses between passes; "
                              "corruption that comes and goes can be missed)")
+    parser.add_argument("--integrity-bytes", type=size, default=None, metavar="SIZE",
+                        help="the bytes of a pass's slots, each message checked before its "
+                             "slot is written again (default 4M): every pass drains the queue "
+                             "once, a round trip lost; a long round trip (a delayed wire) "
+                             f"wants more, up to {defaults.MAX_INTEGRITY_BYTES >> 20}M")
     parser.add_argument("--flush", action="store_true",
                         help="with a GPU receive buffer: read back the last message's first "
                              "byte with an RDMA READ on a loopback QP before each check, as "
                              "NCCL flushes every GPUDirect receive where its rules ask for it "
                              "('gdrprobe check' follows those rules by itself)")
+    parser.add_argument("--pattern", choices=defaults.PATTERNS, default=None,
+                        help="nccl: after each size's stream, the size as NCCL's steps over its "
+                             "IB transport (clear-to-send, data, flush; 8 in flight; the "
+                             "job's NCCL_* settings), and whether the path sustains it or the "
+                             "round trip caps NCCL (sizes: NCCL's step sizes unless -s)")
     parser.add_argument("--report-gbits", action="store_true", help="bandwidth in Gb/s")
     parser.add_argument("--connect-wait", type=real_number, default=0.0, metavar="SECONDS",
                         help="keep retrying a refused connection this long (a server that "
@@ -111,6 +121,7 @@ def probe_settings(args) -> dict:
         else args.relaxed_ordering == "on",
         "clock": args.clock,
         "sample_integrity": args.sample_integrity or None,
+        "integrity_bytes": args.integrity_bytes,
     }
 
 
@@ -125,7 +136,7 @@ def run(args) -> int:
                      token=None if args.loopback else token_from(args),
                      remote_mem=args.remote_mem, staged=args.staged, repeats=args.repeats,
                      threshold=args.threshold, connect_wait_s=args.connect_wait,
-                     flush=args.flush,
+                     flush=args.flush, pattern=args.pattern,
                      notice=notice, **endpoint_arguments(args), **memory_arguments(args),
                      **probe_settings(args))
     report = run_rows_as_measured(arguments, args.json, args.report_gbits)
@@ -150,7 +161,7 @@ def run_rows_as_measured(arguments: dict, as_json: bool, gbits: bool):
 
     rows = []
 
-    def on_result(result, reverse=None) -> None:   # -b: the server's row is in the report
+    def on_result(result, reverse=None, nccl=None) -> None:   # -b, --pattern: in the report
         if not as_json:
             if not rows:
                 print(result_columns(result, gbits))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import functools
 import math
 import random
@@ -21,6 +22,7 @@ from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, b
                                     latency_result, stall_timeout_s)
 from gdrprobe.measure.options import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, ProbeOptions,
                                       check_latency_memory)
+from gdrprobe.measure.nccl_sender import NcclSender
 from gdrprobe.measure.round_check import RoundCheck
 from gdrprobe.measure.side import (ImmCheck, Receives, check_tcp_port, check_timeout,
                                    endpoint_summary, exchange_passes, heartbeat_s, imm_passes,
@@ -218,12 +220,13 @@ class ProbeClient:
                 flushing = self._flushes_own_buffer()
                 with open_buffer(self.memory, endpoint, self.options.buffer_bytes,
                                  self.endpoint_options.remote_write,
-                                 self.options.relaxed_ordering, read_back=flushing) as memory:
+                                 self.options.relaxed_ordering, read_back=flushing) as memory, \
+                        self._sender(endpoint) as sender:
                     self.endpoint = endpoint
                     with (Flusher(endpoint, memory, self.stop, port_rate_gbps(endpoint.port_attr))
                           if flushing and memory.gpudirect_target else contextlib.nullcontext()) as flusher:
                         self.flusher = flusher
-                        return self._run_with(channel, endpoint, memory)
+                        return self._run_with(channel, endpoint, memory, sender)
         except (GdrprobeError, KeyboardInterrupt) as error:
             # Tell the server why we stop, if it still listens.
             channel.send_last("abort", **abort_message(error))
@@ -242,12 +245,20 @@ class ProbeClient:
         receives = self.options.bidir or (self.options.imm and self.options.mode == "latency")
         return receives and wants_flush(self.options.flush, self.memory)
 
-    def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider) -> RunReport:
+    def _sender(self, endpoint: Endpoint):
+        """NCCL's sender and its FIFO for an NCCL-pattern run (measure/nccl_sender.py)."""
+        if not self.options.pattern:
+            return contextlib.nullcontext()
+        return NcclSender(self.options, endpoint, self.stop)
+
+    def _run_with(self, channel: Channel, endpoint: Endpoint, memory: MemoryProvider,
+                  sender: NcclSender | None = None) -> RunReport:
         # Only a WRITE latency run and a bidirectional one let the server write into this
         # side's buffer.
         written = self.options.mode == "latency" and not self.options.reads
         own_buffer = remote_buffer(memory) if written or self.options.bidir else None
-        send(channel, Setup(self.options, endpoint.address(), own_buffer, self.remote_memory))
+        send(channel, Setup(self.options, endpoint.address(), own_buffer, self.remote_memory,
+                            sender.fifo_buffer() if sender else None))
         server = self._await_turn(channel)
         if server.buffer.length < self.options.buffer_bytes:
             raise PeerError("the server's buffer is smaller than the largest message",
@@ -267,11 +278,22 @@ class ProbeClient:
         rows = bandwidth if self.options.mode == "bandwidth" else latency
         if self.on_ready is not None:
             self.on_ready()
+        # The stream uses the run's QPs; NCCL's pattern, the first of them its connections
+        # have (the endpoint has as many as the larger needs).
+        stream = dataclasses.replace(handles, qps=handles.qps[:self.options.qps])
+        patterns = []
         for size in self.options.sizes:
-            result = self._measured_round(channel, handles, memory, server.buffer, size)
+            result = self._measured_round(channel, stream, memory, server.buffer, size)
             rows.append(result)
+            pattern = {}
+            if sender is not None:   # NCCL's pattern after the stream, with its row
+                patterns.append(self._measured_round(
+                    channel, handles, memory, server.buffer, size,
+                    functools.partial(self._nccl_round, sender)))
+                pattern = {"nccl": patterns[-1]}
             if self.on_result is not None:   # a bidirectional run's with the server's row
-                self.on_result(*((result, self.reverse[-1]) if self.options.bidir else (result,)))
+                self.on_result(*((result, self.reverse[-1]) if self.options.bidir else (result,)),
+                               **pattern)
         channel.send(BYE)
         flushed = any(row.integrity.flush_reads for row in (*bandwidth, *latency, *self.reverse))
         return RunReport(
@@ -279,20 +301,14 @@ class ProbeClient:
             local=endpoint_summary(endpoint, memory), remote=server.summary,
             bandwidth=tuple(bandwidth), latency=tuple(latency),
             remote_findings=self.remote_findings, reverse=tuple(self.reverse),
-            bidirectional=tuple(bidir_result(*pair) for pair in zip(bandwidth, self.reverse)))
+            bidirectional=tuple(bidir_result(*pair) for pair in zip(bandwidth, self.reverse)),
+            nccl=tuple(patterns))
 
-    def _measured_round(self, channel, handles, memory, remote, size):
-        """One size's round; measured again with CLOCK_MONOTONIC, which this run then
-        keeps, when the cycle counter disagreed with it over the round."""
-        bandwidth = self.options.mode == "bandwidth"
-        if self.options.bidir:
-            measure = self._bidir_round
-        elif self.options.imm:
-            measure = self._imm_latency_round
-        elif self.options.reads:
-            measure = self._read_bandwidth_round if bandwidth else self._read_latency_round
-        else:
-            measure = self._bandwidth_round if bandwidth else self._latency_round
+    def _measured_round(self, channel, handles, memory, remote, size, measure=None):
+        """One size's round (measure: the run's own kind, else that one); measured again
+        with CLOCK_MONOTONIC, which this run then keeps, when the cycle counter disagreed
+        with it over the round."""
+        measure = measure or self._round_kind()
         while True:
             self.round += 1
             result, clock_check = measure(channel, handles, memory, remote, size)
@@ -302,6 +318,17 @@ class ProbeClient:
             self.clock = monotonic(doubt)
             self.notice(f"{doubt}: measuring the {size}-byte round again with CLOCK_MONOTONIC")
 
+    def _round_kind(self):
+        """The round this run measures at each size."""
+        bandwidth = self.options.mode == "bandwidth"
+        if self.options.bidir:
+            return self._bidir_round
+        if self.options.imm:
+            return self._imm_latency_round
+        if self.options.reads:
+            return self._read_bandwidth_round if bandwidth else self._read_latency_round
+        return self._bandwidth_round if bandwidth else self._latency_round
+
     def _await_turn(self, channel: Channel) -> SetupOk:
         """The server's setup_ok, after any number of 'queued' messages while other runs
         hold its NIC: each is a heartbeat, so waiting is never a time-out."""
@@ -309,7 +336,7 @@ class ProbeClient:
         while True:
             reply = channel.receive(SetupOk.KIND, Queued.KIND)
             if reply["type"] == SetupOk.KIND:
-                return SetupOk.from_message(reply, self.options.qps,
+                return SetupOk.from_message(reply, self.options.endpoint_qps,
                                             (MIN_TIMEOUT_S, MAX_TIMEOUT_S))
             queued = Queued.from_message(reply)
             if queued.position != shown:
@@ -331,6 +358,7 @@ class ProbeClient:
                            integrity=integrity_method(o),
                            flush=flush_method(o) if flushed else "",
                            opcode=o.opcode, perftest=perftest_program(o), send_memory=o.send_memory,
+                           pattern=f"nccl: {o.nccl.describe()}" if o.pattern else "",
                            inline_note=("" if memory.inline_capable or not o.max_inline else
                                         f"inline off: the source is a {memory.kind} buffer "
                                         "the CPU cannot read where verbs addresses it"))
@@ -438,6 +466,13 @@ class ProbeClient:
         return (bandwidth_result(size, raw, verified.integrity,
                                  stage_s_per_message=stage_out_s + verified.stage_in_s),
                 raw.clock_check)
+
+    def _nccl_round(self, sender: NcclSender, channel, handles, memory, remote, size):
+        """NCCL's pattern at this size after its stream (measure/nccl_sender.py)."""
+        result, clock_check = sender.round(channel, handles, memory, remote, size, self.round,
+                                           self.clock, self.port_gbps, self.heartbeat_s)
+        raise_if_corrupt(result.integrity, size, "the server (NCCL's pattern)")
+        return result, clock_check
 
     @staticmethod
     def _pass_checked(channel: Channel, index: int, messages: int) -> None:

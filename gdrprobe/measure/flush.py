@@ -47,17 +47,20 @@ class Flusher:
     a context manager (both are released on every path)."""
 
     def __init__(self, endpoint: Endpoint, memory: MemoryProvider, stop: _native.StopFlag,
-                 port_gbps: float | None = None):
+                 port_gbps: float | None = None, depth: int = 1):
         self.stall_s = stall_timeout_s(FLUSH_BYTES, port_gbps)
         self.stop = stop
         self._resources = contextlib.ExitStack()
         try:
-            landing = self._resources.enter_context(
+            # depth READs may be in flight (NCCL's pattern: one per step in flight), each
+            # landing in a byte of its own
+            self.landing = self._resources.enter_context(
                 open_buffer(MemorySpec(), endpoint, LANDING_BYTES, remote_write=False,
                             relaxed_ordering=False))
-            loopback = endpoint.loopback_qp()
+            loopback = endpoint.loopback_qp(depth)
             self._resources.callback(loopback.close)
-            self.config = _native.FlushConfig(loopback.handles(), memory, landing,
+            self.handles = loopback.handles()
+            self.config = _native.FlushConfig(self.handles, memory, self.landing,
                                               length=FLUSH_BYTES,
                                               stall_timeout_ns=int(self.stall_s * 1e9))
         except BaseException:

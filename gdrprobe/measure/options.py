@@ -7,6 +7,7 @@ import dataclasses
 
 from gdrprobe import _native, defaults
 from gdrprobe.measure.clock import CLOCK_CHOICES
+from gdrprobe.measure.nccl_shape import CTS_QP_SEND_WRS, FIFO_BYTES, RECV_WRS, NcclShape
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.rdma.endpoint import LATENCY_MAX_INLINE, EndpointOptions
 from gdrprobe.rdma.verbs import MTUS
@@ -33,6 +34,7 @@ INTEGRITY_CAP_BYTES = defaults.INTEGRITY_CAP_BYTES
 MAX_SLOTS = defaults.MAX_SLOTS
 MAX_FLUSH_RULE_CHARS = 1000
 OPCODES = defaults.OPCODES
+PATTERNS = defaults.PATTERNS
 
 
 def dependent_settings(options: ProbeOptions) -> dict:
@@ -70,8 +72,9 @@ class ProbeOptions:
     inline_size: int | None = None   # None: perftest's defaults (220 B latency, 0 bandwidth)
     relaxed_ordering: bool = True    # register with IBV_ACCESS_RELAXED_ORDERING, as NCCL does
     clock: str = defaults.CLOCK      # the loops' clock: measure/clock.py
-    # The bytes one size's integrity slots may take: less than the cap only where the
-    # locked-memory limit asks for less (campaign/memlock.py); both sides size by it.
+    # The bytes one size's integrity slots may take: less than the cap where the
+    # locked-memory limit asks for less (campaign/memlock.py), more where asked (a long
+    # round trip: each pass drains the queue once); both sides size by it.
     integrity_bytes: int = INTEGRITY_CAP_BYTES
     # Check only the messages the slots hold at the end of each size, not every one: no
     # pauses between passes, at the price of missing corruption that comes and goes.
@@ -89,10 +92,16 @@ class ProbeOptions:
     # with GPUDirect too, its receive buffers in GPU memory (src/transport/net.cc
     # sendProxyConnect: NCCL_NET_MAP_ADD_POINTER(map, 0, p != NCCL_PROTO_LL && useGdr, ...)).
     send_memory: str = ""
+    # "nccl": after each size's stream, the same size as NCCL's steps over its IB transport
+    # (measure/nccl_sender.py, nccl_receiver.py), in the connections `nccl` describes.
+    pattern: str = ""
+    nccl: NcclShape | None = None
 
     def __post_init__(self):
         for name, value in dependent_settings(self).items():
             object.__setattr__(self, name, value)
+        if self.pattern and self.nccl is None:
+            object.__setattr__(self, "nccl", NcclShape())
         self.validate()
         if self.duration_s is None:
             # perftest clamps both to the iteration count (perftest_parameters.c): with more
@@ -149,6 +158,8 @@ class ProbeOptions:
                             "immediate (the CPU writes the tag into the message otherwise)")
         if self.opcode == "read" and self.flush:
             problems.append("NCCL's flush follows a WRITE into GPU memory: a READ run has none")
+        if self.pattern:
+            problems += self._pattern_problems()
         if self.inline_size is not None and not 0 <= self.inline_size <= MAX_INLINE:
             problems.append(f"inline size must be 0 to {MAX_INLINE} bytes")
         if not MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S:   # NaN fails this too
@@ -158,11 +169,26 @@ class ProbeOptions:
         if not isinstance(self.flush, str) or len(self.flush) > MAX_FLUSH_RULE_CHARS:
             problems.append(f"the flush rule must be text of at most {MAX_FLUSH_RULE_CHARS} "
                             "characters")
-        if not 1 <= self.integrity_bytes <= INTEGRITY_CAP_BYTES:
-            problems.append(f"integrity bytes must be 1 to {INTEGRITY_CAP_BYTES}")
+        if not 1 <= self.integrity_bytes <= defaults.MAX_INTEGRITY_BYTES:
+            problems.append(f"integrity bytes must be 1 to {defaults.MAX_INTEGRITY_BYTES}")
         if problems:
             raise UsageError("; ".join(problems), "each option's range is in the --help of the "
                              "command run ('gdrprobe bench --help', 'gdrprobe run --help')")
+
+    def _pattern_problems(self) -> list[str]:
+        if self.pattern not in PATTERNS:
+            return [f"pattern {self.pattern!r} is not one of {', '.join(PATTERNS)}"]
+        found = self.nccl.problems()
+        if self.mode != "bandwidth" or self.opcode != "write" or self.bidir or self.duration_s \
+                or self.sample_integrity:
+            found.append("--pattern nccl measures WRITE bandwidth for a number of iterations, "
+                         "every message checked (no -D, --latency, --opcode, --bidir or "
+                         "--sample-integrity)")
+        return found
+
+    def nccl_ring(self, size: int) -> int:
+        """An NCCL-pattern round's receive slots per channel (a pass of steps)."""
+        return self.nccl.ring(size, self.integrity_bytes)
 
     def slots(self, size: int) -> int:
         """How many messages of this size each land in a slot of their own: as many as a
@@ -187,7 +213,20 @@ class ProbeOptions:
         writes show up), each page-rounded. Latency: the receive half and the send half
         (with immediate, the receive half holds the slots: twice the room)."""
         halves = 2 if self.imm or self.bidir else 1
-        return max(halves * defaults.buffer_bytes(size, self.slots(size)) for size in self.sizes)
+        return max(halves * defaults.buffer_bytes(size, self._slots_held(size))
+                   for size in self.sizes)
+
+    def _slots_held(self, size: int) -> int:
+        """The most slots a size's rounds use: the stream's, or the NCCL pattern's rings."""
+        if not self.pattern:
+            return self.slots(size)
+        return max(self.slots(size), self.nccl.channels * self.nccl_ring(size))
+
+    @property
+    def pattern_bytes(self) -> int:
+        """Each side's host buffer for NCCL's pattern: the sender's FIFO, the receiver's
+        clear-to-send elements (one connection's each, per channel)."""
+        return self.nccl.channels * FIFO_BYTES if self.pattern else 0
 
     def source_offset(self, size: int) -> int:
         """Where a side's source slots start: at 0, but in a bidirectional round, where each
@@ -195,7 +234,8 @@ class ProbeOptions:
         return defaults.buffer_bytes(size, self.slots(size)) if self.bidir else 0
 
     def to_message(self) -> dict:
-        return dataclasses.asdict(self) | {"sizes": list(self.sizes)}
+        return dataclasses.asdict(self) | {"sizes": list(self.sizes),
+                                           "nccl": self.nccl and self.nccl.to_message()}
 
     @classmethod
     def from_message(cls, message: dict) -> ProbeOptions:
@@ -223,12 +263,15 @@ class ProbeOptions:
             relaxed_ordering=field(message, "relaxed_ordering", bool),
             clock=field(message, "clock", str),
             integrity_bytes=field(message, "integrity_bytes", int, low=1,
-                                  high=INTEGRITY_CAP_BYTES),
+                                  high=defaults.MAX_INTEGRITY_BYTES),
             sample_integrity=field(message, "sample_integrity", bool),
             flush=field(message, "flush", str, default=""),
             opcode=field(message, "opcode", str),
             bidir=field(message, "bidir", bool),
             send_memory=field(message, "send_memory", str, default=""),
+            pattern=field(message, "pattern", str, default=""),
+            nccl=(None if message.get("nccl") is None else
+                  NcclShape.from_message(field(message, "nccl", dict))),
         )
 
     def window_messages(self, size: int) -> int:
@@ -245,9 +288,21 @@ class ProbeOptions:
                                        max_inline=0, mtu=self.mtu, remote_write=False,
                                        remote_read=server)
         written = server or self.mode == "latency" or self.bidir
+        if self.pattern:   # NCCL's QPs: its queue depths, the clear-to-send inline or not
+            # and written into the client's FIFO
+            return dataclasses.replace(
+                base, num_qps=self.endpoint_qps,
+                tx_depth=max(self.tx_depth, CTS_QP_SEND_WRS), rx_depth=RECV_WRS,
+                max_inline=max(self.max_inline, 64 if self.nccl.inline_cts else 0),
+                mtu=self.mtu, remote_write=True)
         return dataclasses.replace(base, num_qps=self.qps, tx_depth=self.tx_depth,
                                    max_inline=self.max_inline, mtu=self.mtu,
                                    remote_write=written)
+
+    @property
+    def endpoint_qps(self) -> int:
+        """Each side's QPs: the stream's, or NCCL's pattern's connections where more."""
+        return max(self.qps, self.nccl.qps) if self.pattern else self.qps
 
     @property
     def imm(self) -> bool:

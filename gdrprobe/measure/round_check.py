@@ -35,9 +35,9 @@ class RoundCheck:
         self._slots_used = 0
 
     def next_pass(self, messages: int) -> None:
-        """Check the next pass: `messages` messages from slot 0, the round's
-        passes * slots to passes * slots + messages - 1."""
-        self._check(self.passes * self.slots, messages)
+        """Check the next pass: `messages` messages, the round's next ones (a pass before
+        the last is `slots` messages, except NCCL's pattern's first: its steps alone)."""
+        self._check(self.messages, messages)
         self.passes += 1
 
     def last(self, posted: int) -> None:

@@ -24,6 +24,8 @@ from gdrprobe import _native, defaults
 from gdrprobe.errors import GdrprobeError, PeerError, UsageError
 from gdrprobe.measure.clock import loop_clock
 from gdrprobe.measure.flush import Flusher, wants_flush
+from gdrprobe.measure.nccl_receiver import NcclReceiver
+from gdrprobe.measure.nccl_shape import STEPS
 from gdrprobe.measure.loops import (LoopThread, PassGate, bandwidth_in_flight, check_status,
                                     latency_in_flight, stall_timeout_s)
 from gdrprobe.measure.nic_queue import NicQueue
@@ -44,7 +46,7 @@ from gdrprobe.protocol.messages import (BYE, PROGRESS, READY, Done, PassChecked,
                                         Queued, Sent, Setup, SetupOk, Start, Verified,
                                         error_with_findings, send)
 from gdrprobe.protocol.serverlog import LineLog
-from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions
+from gdrprobe.rdma.endpoint import Endpoint, EndpointOptions, cq_entries
 from gdrprobe.rdma.verbs import port_rate_gbps
 
 PREFLIGHT_BYTES = 2 * 4096     # the smallest buffer: a page for the message, a page past it
@@ -69,10 +71,10 @@ def _power_of_two(value: int) -> int:
 
 def queue_bytes(endpoint: EndpointOptions) -> int:
     """The most a run's QPs and CQ take (see SEND_ENTRY_HEADER_BYTES): each QP's send queue
-    and its one-entry receive queue, and the CQ of every send."""
+    and its receive queue (one entry, NCCL's pattern 256), and the CQ of both."""
     entry = _power_of_two(SEND_ENTRY_HEADER_BYTES + max(endpoint.max_inline, SGE_BYTES))
-    per_qp = (_power_of_two(endpoint.tx_depth + 1) + _power_of_two(2)) * entry
-    completions = _power_of_two(endpoint.tx_depth * endpoint.num_qps + 2) * CQE_BYTES
+    per_qp = (_power_of_two(endpoint.tx_depth + 1) + _power_of_two(endpoint.rx_depth + 1)) * entry
+    completions = _power_of_two(cq_entries(endpoint) + 1) * CQE_BYTES
     return endpoint.num_qps * per_qp + completions
 
 
@@ -301,7 +303,7 @@ class ProbeServer:
     def _check_max_buffer(self, options: ProbeOptions) -> None:
         """--max-buffer bounds the memory a run makes this server allocate: its registered
         buffer and, at most, its queues (queue_bytes)."""
-        buffer = options.buffer_bytes
+        buffer = options.buffer_bytes + options.pattern_bytes
         queues = queue_bytes(options.endpoint_options(self.endpoint_options, server=True))
         if buffer + queues <= self.max_buffer:
             return
@@ -321,28 +323,45 @@ class ProbeServer:
         handles = endpoint.handles()
         if options.mode == "bandwidth" and not options.reads:
             memory.poison()   # for the first round (see _bandwidth_round; bidir: its slots)
-        with self._flusher(endpoint, memory, flushing) as flusher:
+        port_gbps = port_rate_gbps(endpoint.port_attr)
+        with self._flusher(endpoint, memory, flushing, options) as flusher, \
+                self._receiver(options, endpoint, memory, setup, flusher, port_gbps) as receiver:
             send(channel, SetupOk(endpoint.address(), remote_buffer(memory),
                                   endpoint_summary(endpoint, memory), self.timeout_s,
                                   self.findings if memory.kind == "gpu" else ()))
-            self._rounds(channel, options, endpoint, handles, memory, setup, flusher, Receives())
+            self._rounds(channel, options, endpoint, handles, memory, setup, flusher, Receives(),
+                         receiver)
 
-    def _flusher(self, endpoint, memory, flushing: bool):
+    def _flusher(self, endpoint, memory, flushing: bool, options: ProbeOptions):
         """NCCL's flush QP for this receive buffer where the run asks for the flush and the
-        NIC writes GPU memory directly (measure/flush.py); else nothing."""
+        NIC writes GPU memory directly (measure/flush.py); else nothing. NCCL's pattern
+        flushes every step in flight of every channel."""
         if not (flushing and memory.gpudirect_target):
             return contextlib.nullcontext()
-        return Flusher(endpoint, memory, self.stop, port_rate_gbps(endpoint.port_attr))
+        depth = options.nccl.channels * STEPS if options.pattern else 1
+        return Flusher(endpoint, memory, self.stop, port_rate_gbps(endpoint.port_attr), depth)
+
+    def _receiver(self, options, endpoint, memory, setup: Setup, flusher, port_gbps):
+        """NCCL's receiver of an NCCL-pattern run (measure/nccl_receiver.py); else nothing."""
+        if not options.pattern:
+            return contextlib.nullcontext()
+        return NcclReceiver(options, endpoint, memory, setup.fifo, flusher, self.stop,
+                            port_gbps)
 
     def _rounds(self, channel, options, endpoint, handles, memory, setup: Setup, flusher,
-                receives: Receives):
+                receives: Receives, receiver):
         while True:
             message = channel.receive(Start.KIND, BYE)
             if message["type"] == BYE:
                 return
             start = Start.from_message(message, max(options.sizes))
             seed = _native.pattern_seed(start.size, start.round)
-            if options.bidir:
+            if start.pattern:
+                if receiver is None:
+                    raise PeerError("the client asked for an NCCL-pattern round in a run that "
+                                    "has none", SAME_VERSION_FIX)
+                receiver.round(channel, handles, start, seed)
+            elif options.bidir:
                 self._bidir_round(channel, options, endpoint, handles, memory, setup.buffer,
                                   start.size, seed, flusher)
             elif options.reads:

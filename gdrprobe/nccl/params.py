@@ -234,6 +234,9 @@ MAX_NCHANNELS = _int("NCCL_MAX_NCHANNELS", (ALWAYS, -2), source="src/graph/conne
 # NCCL_CONFIG_UNDEF_INT (INT_MIN) from 2.28.3: the communicator's config decides
 NCHANNELS_PER_NET_PEER = _int("NCCL_NCHANNELS_PER_NET_PEER", ((2, 12, 7), 2), ((2, 20, 3), -1),
                               ((2, 28, 3), -(1 << 31)), source="src/init.cc NCCL_PARAM NChannelsPerNetPeer")
+P2P_PER_CHANNEL_NET_BW = _int("NCCL_P2P_PER_CHANNEL_NET_BW", ((2, 29, 2), 14), library=(NCCL,),
+                              source="src/graph/paths.cc NCCL_PARAM P2pPerChannelNetBw",
+                              meaning="GB/s a point-to-point channel to a peer over the network carries")
 PROTO = _text("NCCL_PROTO", ALWAYS, "src/enqueue.cc, src/graph/tuning.cc (ncclGetEnv)")
 ALGO = _text("NCCL_ALGO", ALWAYS, "src/enqueue.cc, src/graph/tuning.cc (ncclGetEnv)")
 
@@ -302,7 +305,7 @@ NOT_VARIABLES = frozenset({
     "NCCL_PARAM", "RCCL_PARAM", "NCCL_PTR_CUDA", "NCCL_PTR_DMABUF", "NCCL_STEPS", "NCCL_NET_MAX_PLUGINS",
     "NCCL_NET_MAX_DEVS_PER_NIC", "NCCL_NET_MAX_DEVS_PER_NIC_V11", "NCCL_TOPO_XML_VERSION",
     "NCCL_TOPO_XML_MAX_NODES", "NCCL_LOG_VERSION", "NCCL_NET_MAP_ADD_POINTER", "NCCL_CONFIG_UNDEF_INT",
-    "NCCL_PROTO_LL"})
+    "NCCL_PROTO_LL", "NCCL_SHARED_STEPS"})
 
 
 def declared(name: str) -> Param:

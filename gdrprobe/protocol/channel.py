@@ -36,7 +36,9 @@ from gdrprobe.protocol.fields import SAME_VERSION_FIX, field, peer_text
 #    "overloaded" (a proof dropped unchecked)
 # 7: a run's opcode (RDMA WRITE or READ: measure/options.py) and each side's READ credits
 #    (its max_dest_rd_atomic, in the endpoint address)
-PROTOCOL_VERSION = 7
+# 8: NCCL's pattern (--pattern nccl): the client's FIFO in "setup", "start" with its pattern
+#    and first step, and "received", the receiver's measurements (messages.py)
+PROTOCOL_VERSION = 8
 MAGIC = b"GDRP"
 HEADER = struct.Struct(">4sHI")
 SEQUENCE = struct.Struct(">Q")

@@ -7,6 +7,10 @@ A run's conversation, client to server unless marked (<-)::
     (pass, checked <-)*, done, sent <- (bidirectional), verified <-,
     and at the end: bye
 
+An NCCL-pattern round (start with pattern "nccl"): ready <- (the receiver is set up), then
+per pass: ready (the sender's loop runs), progress* both ways, pass, checked <-; then done,
+received <- (what the receiver measured), verified <-.
+
 A message with fields is a frozen dataclass: ``KIND`` is its type on the wire,
 ``to_message()`` its fields in the order they are sent, and ``from_message()`` rebuilds it
 from what a peer sent, every field checked before it is used. :func:`send` puts one on a
@@ -229,42 +233,49 @@ class WireForm(Protocol):
 
 
 class Settings(WireForm, Protocol):
-    """The run's settings (ProbeOptions): setup's endpoint has one QP number per QP."""
+    """The run's settings (ProbeOptions): setup's endpoint has one QP number per QP of the
+    run's endpoint (the stream's, or NCCL's pattern's connections where they need more)."""
 
-    qps: int
+    endpoint_qps: int
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
     """The client's request: the run's settings, its endpoint, its buffer (a latency run
-    only: the server writes back) and its choice of the server's memory (None: the
-    server's own)."""
+    only: the server writes back), its choice of the server's memory (None: the
+    server's own) and, for NCCL's pattern, its FIFO (where the server's clear-to-send go)."""
 
     KIND: ClassVar[str] = "setup"
     settings: Settings
     endpoint: EndpointAddress
     buffer: RemoteBuffer | None
     server_memory: WireForm | None   # MemorySpec
+    fifo: RemoteBuffer | None = None
 
     def to_message(self) -> dict:
         return {"settings": self.settings.to_message(),
                 "endpoint": address_message(self.endpoint),
                 "buffer": None if self.buffer is None else self.buffer.to_message(),
                 "server_memory": (None if self.server_memory is None else
-                                  self.server_memory.to_message())}
+                                  self.server_memory.to_message())} | (
+                {} if self.fifo is None else {"fifo": self.fifo.to_message()})
 
     @classmethod
     def from_message(cls, message: dict, read_settings: Callable[[dict], Settings],
                      read_memory: Callable[[dict], WireForm]) -> Setup:
         """read_settings and read_memory rebuild the blocks this layer carries but does
-        not own, each raising PeerError; the settings say how many QPs the endpoint has."""
+        not own, each raising PeerError; the settings say how many QPs the endpoint has
+        (endpoint_qps)."""
         settings = read_settings(field(message, "settings", dict))
         return cls(settings,
-                   address_from_message(field(message, "endpoint", dict), settings.qps),
+                   address_from_message(field(message, "endpoint", dict),
+                                        settings.endpoint_qps),
                    None if message.get("buffer") is None else
                    RemoteBuffer.from_message(field(message, "buffer", dict)),
                    None if message.get("server_memory") is None else
-                   read_memory(field(message, "server_memory", dict)))
+                   read_memory(field(message, "server_memory", dict)),
+                   None if message.get("fifo") is None else
+                   RemoteBuffer.from_message(field(message, "fifo", dict)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,21 +328,33 @@ class SetupOk:
                    findings_from_message(message))
 
 
+PATTERNS = ("", "nccl")   # a round's traffic: the stream, or NCCL's pattern
+
+
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """A round of one size; its number seeds the pattern both sides fill and check."""
+    """A round of one size; its number seeds the pattern both sides fill and check; pattern
+    "nccl": the size as NCCL's steps, from step `first_step` of each connection."""
 
     KIND: ClassVar[str] = "start"
     size: int
     round: int
+    pattern: str = ""
+    first_step: int = 0
 
     def to_message(self) -> dict:
-        return {"size": self.size, "round": self.round}
+        nccl = {"pattern": self.pattern, "first_step": self.first_step} if self.pattern else {}
+        return {"size": self.size, "round": self.round} | nccl
 
     @classmethod
     def from_message(cls, message: dict, max_size: int) -> Start:
+        pattern = field(message, "pattern", str, default="")
+        if pattern not in PATTERNS:
+            raise PeerError(f"the client asked for a round of pattern {peer_text(pattern, 16)!r}",
+                            SAME_VERSION_FIX)
         return cls(field(message, "size", int, low=1, high=max_size),
-                   field(message, "round", int, low=0, high=MAX_ROUND))
+                   field(message, "round", int, low=0, high=MAX_ROUND), pattern,
+                   field(message, "first_step", int, low=0, high=MAX_ROUND, default=0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -441,3 +464,30 @@ class Verified:
             return cls(integrity)
         return cls(integrity, field(message, "stage_in_s", (int, float), low=0,
                                     high=MAX_STAGE_S))
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    """<- What the receiver of an NCCL-pattern round measured (measure/nccl_receiver.py), in
+    ns: its steps consumed in the loaded passes and their time, the medians of a step alone
+    (clear-to-send posted to consumed, to every immediate in, its flush) and in the loaded
+    passes, and the flush READs made and how many brought back another byte."""
+
+    KIND: ClassVar[str] = "received"
+    steps: int
+    elapsed_ns: int
+    alone_step_ns: int
+    alone_recv_ns: int
+    alone_flush_ns: int
+    loaded_step_ns: int
+    loaded_flush_ns: int
+    flush_reads: int
+    flush_bad: int
+
+    def to_message(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_message(cls, message: dict) -> Received:
+        return cls(*(field(message, name.name, int, low=0, high=MAX_MESSAGES)
+                     for name in dataclasses.fields(cls)))

@@ -32,6 +32,7 @@ class EndpointOptions:
     gid_index: int | None = None
     num_qps: int = 1
     tx_depth: int = 128
+    rx_depth: int = 1        # receives a QP may have posted (NCCL's pattern: 256, as NCCL)
     max_inline: int = 0
     mtu: int | None = None   # bytes; None: the port's active MTU
     remote_write: bool = True   # may the peer write through these QPs
@@ -106,16 +107,21 @@ def read_credits(device_attr) -> tuple[int, int]:
     return credits(device_attr.max_qp_init_rd_atom), credits(device_attr.max_qp_rd_atom)
 
 
+def cq_entries(options: EndpointOptions) -> int:
+    """The shared CQ: every send a QP may have outstanding, its receives, one spare."""
+    return (options.tx_depth + options.rx_depth - 1) * options.num_qps + 1
+
+
 def check_queue_limits(device: str, device_attr, options: EndpointOptions) -> None:
     """The queue depths against the device's limits (ibv_query_device), before any object
     is created, naming the limit that is exceeded."""
-    entries = options.tx_depth * options.num_qps + 1   # the shared CQ, one spare
+    entries = cq_entries(options)
     problems = []
     if options.tx_depth > device_attr.max_qp_wr:
         problems.append(f"TX depth {options.tx_depth} is over {device}'s max_qp_wr "
                         f"{device_attr.max_qp_wr}")
     if entries > device_attr.max_cqe:
-        problems.append(f"TX depth x QPs + 1 = {entries} completion entries is over "
+        problems.append(f"(TX depth + RX depth - 1) x QPs + 1 = {entries} completion entries is over "
                         f"{device}'s max_cqe {device_attr.max_cqe}")
     if options.num_qps > device_attr.max_qp:
         problems.append(f"{options.num_qps} QPs is over {device}'s max_qp {device_attr.max_qp}")
@@ -201,13 +207,14 @@ class Endpoint:
         self.reads_out, self.reads_in = read_credits(device_attr)
         self.pd = self._keep(self._verbs(pv, "allocating a protection domain",
                                          lambda: pv.pd.PD(self.ctx)))
-        entries = options.tx_depth * options.num_qps + 1
+        entries = cq_entries(options)
         self.cq = self._keep(self._verbs(
             pv, f"creating a CQ of {entries} entries", lambda: pv.cq.CQ(self.ctx, entries),
             "check the locked-memory limit ('gdrprobe doctor') and 'dmesg'"))
         try:
             for _ in range(options.num_qps):
-                self.qps.append(self._keep(self._create_qp(pv, options.max_inline)))
+                self.qps.append(self._keep(self._create_qp(pv, options.max_inline,
+                                                           rx_depth=options.rx_depth)))
         except pv.PyverbsRDMAError as error:
             if options.max_inline and not self._takes_inline(pv, options.max_inline):
                 largest = self._largest_inline(pv, options.max_inline)
@@ -237,10 +244,11 @@ class Endpoint:
         return low
 
     def _create_qp(self, pv, max_inline: int, tx_depth: int | None = None, cq=None,
-                   access: int | None = None):
+                   access: int | None = None, rx_depth: int = 1):
         e = pv.enums
         cq = cq or self.cq
-        cap = pv.qp.QPCap(max_send_wr=tx_depth or self.options.tx_depth, max_recv_wr=1,
+        cap = pv.qp.QPCap(max_send_wr=tx_depth or self.options.tx_depth,
+                          max_recv_wr=rx_depth,
                           max_send_sge=1, max_recv_sge=1, max_inline_data=max_inline)
         init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=0)
         attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT, port_num=self.options.port)
@@ -253,16 +261,17 @@ class Endpoint:
             remote |= pv.enums.IBV_ACCESS_REMOTE_READ
         return pv.enums.IBV_ACCESS_LOCAL_WRITE | remote
 
-    def loopback_qp(self) -> LoopbackQp:
+    def loopback_qp(self, depth: int = FLUSH_QP_DEPTH) -> LoopbackQp:
         """NCCL's flush QP (net_ib connect.cc gpuFlush.qp): an RC QP on this endpoint's PD,
         allowed remote reads and connected to itself, with a CQ of its own so that nothing
-        else completes there. Released with the endpoint (or before, by its close())."""
+        else completes there; depth READs may be in flight on it (NCCL's pattern: one per
+        step in flight). Released with the endpoint (or before, by its close())."""
         pv = verbs.pyverbs()
         cq = self._keep(self._verbs(pv, "creating the flush QP's CQ",
-                                    lambda: pv.cq.CQ(self.ctx, FLUSH_QP_DEPTH + 1)))
+                                    lambda: pv.cq.CQ(self.ctx, depth + 1)))
         access = pv.enums.IBV_ACCESS_LOCAL_WRITE | pv.enums.IBV_ACCESS_REMOTE_READ
         qp = self._keep(self._verbs(pv, "creating the flush QP", lambda: self._create_qp(
-            pv, 0, tx_depth=FLUSH_QP_DEPTH, cq=cq, access=access)))
+            pv, 0, tx_depth=depth, cq=cq, access=access)))
         psn = secrets.randbelow(1 << 24)
         self._to_rts(pv, qp, psn, qp.qp_num, psn, self.gid, self.port_attr.lid,
                      verbs.mtu_enum(self.mtu), access)

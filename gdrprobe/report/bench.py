@@ -80,7 +80,11 @@ class BenchTable:
 
 
 def _both_ways(row: BenchRow) -> str:
-    """A bidirectional row's other direction and the sum, Gb/s ("" for one way)."""
+    """A bidirectional row's other direction and the sum, Gb/s, or its NCCL pattern ("" for
+    neither)."""
+    if row.nccl_gbps is not None:
+        return (f"  (NCCL pattern {_number(row.nccl_gbps)} Gb/s, ceiling "
+                f"{_number(row.nccl_ceiling_gbps)} per connection: {row.nccl_answer})")
     if row.bidir_sum_gbps is None:
         return ""
     return (f"  (-b: reverse {_number(row.reverse_gbps)}, sum "

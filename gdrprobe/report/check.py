@@ -10,6 +10,7 @@ from gdrprobe import defaults
 from gdrprobe.errors import DRAIN_CODES, ExitCode
 from gdrprobe.report.gin import GinCheck
 from gdrprobe.report.model import BidirResult, LatencyRatio, RunSettings
+from gdrprobe.report.nccl_pattern import NcclPatternCheck
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +262,8 @@ class CheckReport:
     read: ReadCheck | None = None              # check --read
     bidir: ReadCheck | None = None             # check --bidir: both ends WRITEing at once
     gin: GinCheck | None = None                # check --gin: can this GPU ring this NIC's doorbell
+    # --pattern nccl: the GPU arm's NCCL pattern against the host arm's (report.nccl_pattern)
+    pattern: NcclPatternCheck | None = None
 
 
 # ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------

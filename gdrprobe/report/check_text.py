@@ -4,6 +4,7 @@ Renderers format; they never decide."""
 from __future__ import annotations
 
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode
+from gdrprobe.report.nccl_pattern import render_check_pattern
 from gdrprobe.report.check import (DIRECTION_WORDS, NOT_TESTABLE, ArmReport, CheckReport,
                                    FloorCheck, LatencyCheck, NodeCheckReport, NodeGpuCheck,
                                    RailsReport, RankPair, Verdict, main_cause)
@@ -70,6 +71,7 @@ def render_extras(report: CheckReport) -> list[str]:
                  if read.verdict is not None and read.verdict.ratio is not None else "")
         lines.append(f" {title} A/B: {read.outcome}{ratio}"
                      + (f" ({read.detail})" if read.detail else ""))
+    lines += [f" {line}" for line in render_check_pattern(report.pattern)]
     lines += [f" warning: {line}" for line in report.verdict.warnings]
     if report.gin is not None:
         lines += render_gin(report.gin)

@@ -18,6 +18,7 @@ from gdrprobe.report import finding_ids
 
 if TYPE_CHECKING:   # the bench's pairs hold the A/B's verdict; report.check imports this module
     from gdrprobe.report.check import RailsReport, Verdict
+    from gdrprobe.report.nccl_pattern import NcclAnswer, NcclPatternResult
 
 SCHEMA_VERSION = 1
 
@@ -318,6 +319,7 @@ class RunSettings:
     perftest: str = ""             # perftest's program for the same test (ib_read_bw ...)
     send_memory: str = ""          # latency: "host" where each side sent from a host buffer of its
                                    # own (NCCL's LL placement); "": from its own buffer
+    pattern: str = ""              # --pattern nccl: its connections (measure.nccl_shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +347,10 @@ class RunReport:
     # directions with their sum
     reverse: tuple[BandwidthResult, ...] = ()
     bidirectional: tuple[BidirResult, ...] = ()
+    # --pattern nccl: per size, NCCL's pattern after the stream (report.nccl_pattern), and
+    # its answer against the stream of the same size
+    nccl: tuple[NcclPatternResult, ...] = ()
+    nccl_answers: tuple[NcclAnswer, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,6 +440,12 @@ class BenchRow:
     # other, reverse_gbps the other side's into this one, in the same window, and the sum.
     reverse_gbps: float | None = None
     bidir_sum_gbps: float | None = None
+    # --pattern nccl: NCCL's pattern after the stream at this size (report.nccl_pattern):
+    # its rate, its ceiling per connection, a step alone and the answer
+    nccl_gbps: float | None = None
+    nccl_ceiling_gbps: float | None = None
+    nccl_step_us: float | None = None
+    nccl_answer: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,6 +490,7 @@ class BenchSettings:
     opcode: str = "write"          # the RDMA operation every run measures: write or read
     bidir: bool = False            # both sides WRITE at once in every bandwidth run (perftest -b)
     all_rails: bool = False        # after the sweep, every rail at once (campaign.rails)
+    pattern: str = ""              # nccl: each bandwidth size also as NCCL's steps
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ from gdrprobe.report.model import (BandwidthResult, ClusterPair, ClusterReport,
                                    DeviceReport, DoctorReport, Finding, LatencyABReport,
                                    LatencyResult, RunReport, Status)
 from gdrprobe.report.nccl_log import ChannelUse, GinLog, NcclLogReport, NicUse
+from gdrprobe.report.nccl_pattern import render_run_pattern
 
 
 def render_devices(report: DeviceReport) -> str:
@@ -84,6 +85,8 @@ def render_run_settings(report: RunReport) -> str:
         *[f" bidirectional {r.size_bytes} B: client to server {r.client_to_server_gbps:.2f}"
           f" Gb/s, server to client {r.server_to_client_gbps:.2f} Gb/s, sum "
           f"{r.sum_gbps:.2f} Gb/s" for r in report.bidirectional],
+        *([f" pattern: {s.pattern}"] if s.pattern else []),
+        *[f" {line}" for line in render_run_pattern(report.nccl, report.nccl_answers)],
         *render_endpoints(report), RULE])
 
 

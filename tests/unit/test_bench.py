@@ -335,3 +335,26 @@ def test_the_engine_hands_each_row_over_with_its_ratios():
     bench.run_sweep(PLAN, execute, report)
     assert seen == bench.with_ratios(seen, {"mlx5_0": 100.0})
     assert any(row.gpu_host_ratio == pytest.approx(0.95) for row in seen)
+
+
+def test_a_pattern_sweep_runs_ncclS_steps_and_each_row_gets_its_pattern():
+    from gdrprobe.report.model import DeviceInfo, PortInfo
+    from gdrprobe.report.nccl_pattern import NcclPatternResult, StepPhases
+    from gdrprobe.report.model import Integrity
+
+    facts = MachineFacts(GpuFacts((GPU,), (GPU,)), {GPU: NicChoice("mlx5_0", "NCCL: PIX")})
+    port = PortInfo(1, "ACTIVE", "LINK_UP", "InfiniBand", 4096, 4096, "100.0 Gbps", "4X", 400.0,
+                    0, ())
+    listed = {"mlx5_0": DeviceInfo("mlx5_0", "", "InfiniBand", "CA", "", 0, 0, (port,))}
+    plan = bench.bench_plan(settings(sizes_bytes=(), pattern="nccl"), facts, (), ("mlx5_0",),
+                            30.0, listed)
+    assert plan.options.sizes == (131072, 524288)
+    shaped = plan.run_options(plan.runs()[0])
+    assert shaped.pattern == "nccl" and shaped.nccl.channels == 4 and shaped.nccl.adaptive_routing
+    alone = StepPhases(100.0, 10.0, 90.0, 0.0)
+    found = NcclPatternResult(131072, 4, 1, False, True, 8, 100, 1.0, 20.0, 5.0, alone, alone,
+                              83.9, Integrity(True, 1, 0, None, 0, None))
+    row = bench.measured_row(plan.runs()[0], bw(131072, 21.0), nccl=found,
+                             transport=plan.transport)
+    assert (row.nccl_gbps, row.nccl_answer) == (20.0, "sustains")
+    assert "NCCL pattern 20.0" in outputs.BenchTable().lines(row)[-1]

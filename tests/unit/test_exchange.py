@@ -214,13 +214,14 @@ def test_an_altered_frame_is_refused(sealed, byte):
 
 @pytest.mark.parametrize("byte, flip, evidence", [
     (0, 0x01, "header was altered: magic b'FDRP'"),      # the magic
-    (4, 0x01, "and protocol 263 where the handshake agreed on b'GDRP' and"),   # the version's
-    (5, 0x02, "and protocol 5 where the handshake agreed"),                    # two bytes
+    (4, 0x01, f"and protocol {PROTOCOL_VERSION ^ 0x100} where the handshake agreed on b'GDRP'"),
+    (5, 0x02, f"and protocol {PROTOCOL_VERSION ^ 0x02} where the handshake agreed"),  # two bytes
     (6, 0x01, "over the limit"),                                               # the length
 ])
 def test_an_altered_header_of_a_sealed_frame_is_tampering_not_a_version(sealed, byte, flip, evidence):
-    """Both ends proved protocol 7 in the handshake: another version on a sealed frame was
-    said as "the peer speaks protocol 263" (issue 43 item 6)."""
+    """Both ends proved the protocol in the handshake: another version on a sealed frame was
+    said as "the peer speaks protocol 263" (issue 43 item 6; 263 was protocol 7's byte 4
+    flipped)."""
     a, b = sealed
     raw = bytearray(a.frame("verified", bad_bytes=0))
     raw[byte] ^= flip

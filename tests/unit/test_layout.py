@@ -37,7 +37,7 @@ BASE = ("gdrprobe.errors", "gdrprobe.sysroot", "gdrprobe.defaults", "gdrprobe.nu
         "gdrprobe.files")
 REPORT = BASE
 NCCL = BASE + ("gdrprobe.report",)
-RDMA = NCCL + ("gdrprobe.nccl", "gdrprobe._native")
+RDMA = NCCL + ("gdrprobe.nccl", "gdrprobe._native", "gdrprobe._nccl")
 PROTOCOL = RDMA + ("gdrprobe.rdma",)
 # memory borrows protocol's pure field validators, not its channel or messages
 MEMORY = RDMA + ("gdrprobe.rdma", "gdrprobe.protocol.fields")
@@ -87,8 +87,9 @@ KNOWN_CYCLES = {
     # memory/runtime.py's registry imports each runtime by name; each builds its record from
     # runtime.GpuRuntime
     ("gdrprobe.memory.cuda", "gdrprobe.memory.rocm", "gdrprobe.memory.runtime"),
-    # the bench's pairs in report/model.py name report/check.py's Verdict (types only)
-    ("gdrprobe.report.check", "gdrprobe.report.model"),
+    # the bench's pairs in report/model.py name report/check.py's Verdict and the run's NCCL
+    # pattern rows report/nccl_pattern.py's results (types only)
+    ("gdrprobe.report.check", "gdrprobe.report.model", "gdrprobe.report.nccl_pattern"),
     # the doctor's runtime collectors: doctor/facts/runtimes.py finds each by name, the
     # context holds them, and each names DoctorContext for its types; topology asks them
     ("gdrprobe.doctor.facts.context", "gdrprobe.doctor.facts.cuda",

@@ -10,7 +10,7 @@ from gdrprobe.errors import PeerError
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.memory.spec import MemorySpec
 from gdrprobe.protocol.channel import HEADER, Channel
-from gdrprobe.protocol.messages import (Done, Queued, RemoteBuffer, Setup, SetupOk, Start,
+from gdrprobe.protocol.messages import (Done, Queued, Received, RemoteBuffer, Setup, SetupOk, Start,
                                         Verified, address_from_message, address_message,
                                         integrity_from_message, send)
 from gdrprobe.rdma.endpoint import EndpointAddress
@@ -90,7 +90,7 @@ class Block:
     body: dict
 
     @property
-    def qps(self) -> int:
+    def endpoint_qps(self) -> int:
         return self.body["qps"]
 
     def to_message(self) -> dict:
@@ -120,7 +120,17 @@ MESSAGES = [
      '"mtu_bytes":1024,"qp_numbers":[17],"memory":{"kind":"host"}},"timeout_s":30.0,'
      '"findings":[{"id":"acs.bridge","group":"acs","status":"fail",'
      '"summary":"ACS redirects peer traffic","fix":"setpci ..."}]}'),
+    (Setup(SETTINGS, ADDRESS, None, None, BUFFER), {"read_settings": Block, "read_memory": Block},
+     '{"type":"setup","settings":{"mode":"bandwidth","qps":1},"endpoint":{"gid":"' + GID +
+     '","lid":0,"mtu":4096,"qp_numbers":[17],"psns":[5],"read_credits":1},"buffer":null,'
+     '"server_memory":null,"fifo":{"address":4096,"rkey":7,"length":8192}}'),
     (Start(64, 3), {"max_size": 64}, '{"type":"start","size":64,"round":3}'),
+    (Start(64, 3, "nccl", 96), {"max_size": 64},
+     '{"type":"start","size":64,"round":3,"pattern":"nccl","first_step":96}'),
+    (Received(64, 1000, 90, 80, 5, 700, 6, 72, 0), {},
+     '{"type":"received","steps":64,"elapsed_ns":1000,"alone_step_ns":90,"alone_recv_ns":80,'
+     '"alone_flush_ns":5,"loaded_step_ns":700,"loaded_flush_ns":6,"flush_reads":72,'
+     '"flush_bad":0}'),
     (Done(10), {"bandwidth": True}, '{"type":"done","messages":10}'),
     (Done(), {"bandwidth": False}, '{"type":"done"}'),
     (Verified(CLEAN, 0.25), {"bandwidth": True},

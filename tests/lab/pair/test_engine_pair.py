@@ -88,3 +88,20 @@ def test_wrong_token_across_hosts(server_on_b):
     done = gdrprobe("run", HOST_B, "--token", "wrong-token-000-0123456789", "-n", "5",
                     timeout=120)
     assert done.returncode == 5 and "token" in done.stderr
+
+
+def test_ncclS_pattern_against_a_server_that_takes_the_receivers_part(server_on_b):
+    """--pattern nccl across the wire: the server on host b posts the clear-to-send and
+    checks every step; the client's stream and NCCL pattern at NCCL's two step sizes."""
+    report = gdrprobe_json("run", HOST_B, "--token", TOKEN, "--pattern", "nccl", "-n", "40",
+                           timeout=600)
+    sizes = [row["size_bytes"] for row in report["nccl"]]
+    assert sizes == [131072, 524288] == [row["size_bytes"] for row in report["bandwidth"]]
+    for row in report["nccl"]:
+        integrity = row["integrity"]
+        assert integrity["bad_bytes"] == 0 and integrity["stray_bytes"] == 0, row
+        assert integrity["messages_checked"] == integrity["messages_total"] >= 40, row
+        assert row["rate_gbps"] > 0 and row["alone"]["step_us"] > 0, row
+    assert {answer["outcome"] for answer in report["nccl_answers"]} <= {
+        "sustains", "round-trip bound", "below prediction"}
+    assert report["settings"]["pattern"].startswith("nccl: 1 channel(s) x 1 QP(s)")
