@@ -1,6 +1,7 @@
 #include "gdr_clock.h"
 
 #define MARK_TRIES 5
+#define READ_COST_TRIES 32
 
 void gdr_clock_mark(const struct gdr_clock *clock, struct gdr_clock_mark *mark)
 {
@@ -44,4 +45,19 @@ double gdr_clock_agreement(const struct gdr_clock *clock, const struct gdr_clock
     /* Signed: a counter that went backwards gives a negative agreement, never a huge one. */
     return (double)(int64_t)(end->ticks - start->ticks) * clock->ns_per_tick /
            (double)(end->ns - start->ns);
+}
+
+uint64_t gdr_clock_read_ticks(const struct gdr_clock *clock)
+{
+    uint64_t best = UINT64_MAX, before = gdr_clock_ticks(clock);
+    int i;
+
+    for (i = 0; i < READ_COST_TRIES; i++) {
+        uint64_t after = gdr_clock_ticks(clock);
+
+        if (after - before < best)
+            best = after - before;
+        before = after;
+    }
+    return best;
 }

@@ -77,6 +77,14 @@ static inline double gdr_clock_ns(const struct gdr_clock *clock, uint64_t ticks)
  * the tightest bracket of a few tries, so a preemption does not skew the pair. */
 void gdr_clock_mark(const struct gdr_clock *clock, struct gdr_clock_mark *mark);
 
+/* The cost of one read of the run's clock, in its ticks: the least of a few back-to-back
+ * reads' differences. Every interval the loops time runs from one read's latch to another's,
+ * so it holds the end of the first read and the start of the second: one whole read. With
+ * the cycle counter that is a few nanoseconds; with CLOCK_MONOTONIC on a clocksource without
+ * a vDSO path (HPET in the lab's guests) it is a system call of about a microsecond, which
+ * the latency loops take back out of each sample (perftest reads the cycle counter). */
+uint64_t gdr_clock_read_ticks(const struct gdr_clock *clock);
+
 /* The counter's ns per tick over a busy window of window_ns; 0 where there is no counter. */
 double gdr_counter_calibrate(uint64_t window_ns);
 

@@ -442,15 +442,21 @@ static void verify_received(const struct gdr_lat_config *cfg, size_t length,
 }
 
 /* The initiator's samples, taken in ticks of the run's clock, in nanoseconds (the
- * responder takes none). */
-static void samples_to_ns(const struct gdr_lat_config *cfg)
+ * responder takes none), less the one read of the clock each holds (read_ticks,
+ * gdr_clock_read_ticks), which is the clock's time, not the path's. */
+static void samples_to_ns(const struct gdr_lat_config *cfg, uint64_t read_ticks,
+                          struct gdr_lat_result *res)
 {
     uint64_t i;
 
     if (!cfg->initiator)
         return;
-    for (i = 0; i < cfg->iterations; i++)
-        cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, cfg->samples_ns[i]) + 0.5);
+    res->clock_read_ns = (uint64_t)(gdr_clock_ns(&cfg->clock, read_ticks) + 0.5);
+    for (i = 0; i < cfg->iterations; i++) {
+        uint64_t ticks = cfg->samples_ns[i] > read_ticks ? cfg->samples_ns[i] - read_ticks : 0;
+
+        cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, ticks) + 0.5);
+    }
 }
 
 /* READ latency as perftest's ib_read_lat measures it (run_iter_lat in perftest_resources.c:
@@ -622,13 +628,14 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
     struct ibv_sge sge = {.addr = cfg->send_addr, .length = cfg->msg_size, .lkey = cfg->lkey};
     struct ibv_send_wr wr;
     struct gdr_clock_mark mark;
-    uint64_t i, last_post, stall_ticks;
+    uint64_t i, last_post, stall_ticks, read_ticks;
 
     memset(res, 0, sizeof(*res));
     if (!lat_config_valid(cfg)) {
         res->status = GDR_ERR_ARGS;
         return res->status;
     }
+    read_ticks = cfg->initiator ? gdr_clock_read_ticks(&cfg->clock) : 0;
     memset(&wr, 0, sizeof(wr));
     wr.sg_list = &sge;
     wr.num_sge = 1;
@@ -648,7 +655,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
                       : imm_lat_run(cfg, &wr, stall_ticks, res))
             return res->status;
         gdr_check_clock(&cfg->clock, &mark, &res->clock_check);
-        samples_to_ns(cfg);
+        samples_to_ns(cfg, read_ticks, res);
         res->status = GDR_OK;
         return res->status;
     }
@@ -683,7 +690,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
         res->completed = i + 1;
     }
     gdr_check_clock(&cfg->clock, &mark, &res->clock_check);
-    samples_to_ns(cfg);
+    samples_to_ns(cfg, read_ticks, res);
     res->status = GDR_OK;
     return res->status;
 }

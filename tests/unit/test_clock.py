@@ -3,6 +3,7 @@ cross-check that sends a round back to CLOCK_MONOTONIC."""
 
 import ctypes
 import platform
+import time
 
 import pytest
 
@@ -119,6 +120,24 @@ def test_agreement_is_the_counters_span_over_the_monotonic_span():
     assert agreement(0.5, (1000, 10_000), (3000, 14_400)) == pytest.approx(1.1)
     assert agreement(0.5, (1000, 10_000), (3000, 6_000)) == -1.0   # backwards: never huge
     assert agreement(0.5, (1000, 10_000), (1000, 99_999)) == 1.0   # no span: nothing to say
+
+
+def read_ticks(source: int) -> tuple[int, int]:
+    """gdr_clock_read_ticks for a clock of this source, and CLOCK_MONOTONIC's ns around it."""
+    library = ctypes.CDLL(native.__file__)
+    library.gdr_clock_read_ticks.restype = ctypes.c_uint64
+    ns_per_tick = native.calibrate_counter(1_000_000) if source else 1.0
+    before = time.monotonic_ns()
+    ticks = library.gdr_clock_read_ticks(ctypes.byref(Clock(source, ns_per_tick)))
+    return ticks * ns_per_tick, time.monotonic_ns() - before
+
+
+@pytest.mark.parametrize("source", [0, 1] if native.HAVE_COUNTER else [0])
+def test_a_reads_cost_is_the_least_of_its_back_to_back_reads(source):
+    # The least of 32 back-to-back differences is at most their mean, so within the span
+    # around the call over 32 (plus the counter's calibration rounding), whatever the load.
+    cost_ns, span_ns = read_ticks(source)
+    assert 0 <= cost_ns <= span_ns / 32 * 1.01 + 1
 
 
 def test_the_clock_choice_is_checked_and_travels_in_the_handshake():
