@@ -22,6 +22,7 @@ import sys
 import traceback
 
 from gdrprobe import __version__
+from gdrprobe.cli.common import to_stderr
 from gdrprobe.cli.signals import INTERRUPTS
 from gdrprobe.errors import SCHEDULER_ACTION, ExitCode, GdrprobeError
 
@@ -146,7 +147,7 @@ def failed(args, argv, code: int, message: str, cause: str, evidence: str = "", 
     if render is not None:
         message = render(args, int(code), message, cause, fix)
     try:
-        print(message, file=sys.stderr, flush=True)
+        to_stderr(message)
         json_error(args, argv, int(code), cause, evidence, fix, error=error)
         sys.stdout.flush()
     except BrokenPipeError:

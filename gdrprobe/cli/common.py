@@ -155,9 +155,16 @@ def tcp_port(text: str) -> int:
     return port
 
 
+def to_stderr(text: str) -> None:
+    """text and its newline in one write: where ranks share one stderr (mpirun, srun) a
+    print's two writes let another rank's message land before this one's newline."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def notice(text: str) -> None:
     """A line for the person at the terminal while a command runs."""
-    print(f"gdrprobe: {text}", file=sys.stderr, flush=True)
+    to_stderr(f"gdrprobe: {text}")
 
 
 def endpoint_arguments(args) -> dict:
