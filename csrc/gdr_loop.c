@@ -444,14 +444,12 @@ static void verify_received(const struct gdr_lat_config *cfg, size_t length,
 /* The initiator's samples, taken in ticks of the run's clock, in nanoseconds (the
  * responder takes none), less the one read of the clock each holds (read_ticks,
  * gdr_clock_read_ticks), which is the clock's time, not the path's. */
-static void samples_to_ns(const struct gdr_lat_config *cfg, uint64_t read_ticks,
-                          struct gdr_lat_result *res)
+static void samples_to_ns(const struct gdr_lat_config *cfg, uint64_t read_ticks)
 {
     uint64_t i;
 
     if (!cfg->initiator)
         return;
-    res->clock_read_ns = (uint64_t)(gdr_clock_ns(&cfg->clock, read_ticks) + 0.5);
     for (i = 0; i < cfg->iterations; i++) {
         uint64_t ticks = cfg->samples_ns[i] > read_ticks ? cfg->samples_ns[i] - read_ticks : 0;
 
@@ -655,7 +653,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
                       : imm_lat_run(cfg, &wr, stall_ticks, res))
             return res->status;
         gdr_check_clock(&cfg->clock, &mark, &res->clock_check);
-        samples_to_ns(cfg, read_ticks, res);
+        samples_to_ns(cfg, read_ticks);
         res->status = GDR_OK;
         return res->status;
     }
@@ -690,7 +688,7 @@ int gdr_lat_run(const struct gdr_lat_config *cfg, struct gdr_lat_result *res)
         res->completed = i + 1;
     }
     gdr_check_clock(&cfg->clock, &mark, &res->clock_check);
-    samples_to_ns(cfg, read_ticks, res);
+    samples_to_ns(cfg, read_ticks);
     res->status = GDR_OK;
     return res->status;
 }

@@ -132,8 +132,6 @@ struct gdr_lat_result {
     uint64_t bad_messages;        /* messages received with a byte off the pattern */
     uint64_t bad_bytes;           /* such bytes over all messages received */
     uint64_t first_bad_offset;    /* in the first bad message; valid when bad_bytes > 0 */
-    uint64_t clock_read_ns;       /* initiator: one read of the clock, taken out of each
-                                   * sample (gdr_clock_read_ticks) */
     struct gdr_clock_check clock_check;
 };
 
