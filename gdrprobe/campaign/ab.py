@@ -26,7 +26,7 @@ from gdrprobe.errors import (CompletionError, GdrprobeError, GpuRuntimeError, In
                              NoDevice, NoRdmaDevice, NotTestable, RegistrationFailed,
                              UsageError)
 from gdrprobe.sysroot import SysRoot
-from gdrprobe.report.check import BOTH, READ, WRITE, ArmReport, CheckReport, FloorCheck
+from gdrprobe.report.check import BOTH, HOST_ARM, READ, WRITE, ArmReport, CheckReport, FloorCheck
 from gdrprobe.report.model import RunReport
 from gdrprobe.campaign import nccl_pattern
 from gdrprobe.campaign.secondary import flush_check
@@ -74,7 +74,7 @@ def plan_arms(local: MemorySpec, remote: MemorySpec, with_staged: bool,
         return ArmPlan(name, arm_local, arm_remote, role, opcode)
 
     gpu_side = local if local.kind == "gpu" else remote
-    arms = [arm("host", HOST, HOST, role=""), arm(gpu_side.label, local, remote)]
+    arms = [arm(HOST_ARM, HOST, HOST, role=""), arm(gpu_side.label, local, remote)]
     if with_staged and gpu_side.mechanism != "staged":
         staged = dataclasses.replace(gpu_side, mechanism="staged")
         arms.append(arm("staged", staged if local.kind == "gpu" else HOST,
@@ -123,8 +123,8 @@ class ArmRecord:
         # Who resolved the GPU's addresses for peermem: from the buffer, else its refusal.
         peer_memory = self.gpu_memory().get("peer_memory") or getattr(self.error, "peer_memory", "")
         common = dict(arm=self.arm,
-                      mechanism=None if self.arm == "host" else reported_mechanism(self.arm, peer_memory),
-                      memory_kind="host" if self.plan.name == "host" else spec.memory_type,
+                      mechanism=None if self.arm == HOST_ARM else reported_mechanism(self.arm, peer_memory),
+                      memory_kind="host" if self.plan.name == HOST_ARM else spec.memory_type,
                       message_bytes=size, mechanism_reason=reason,
                       direction=self.plan.direction, role=self.role or DECIDES,
                       host_gbps=tuple(self.host_gbps))
@@ -324,7 +324,7 @@ def run_repeat(run_once: RunOnce, records: list[ArmRecord]) -> None:
         except NoRdmaDevice as error:
             raise no_device_not_testable(error) from error
         except (*ARM_ERRORS, IntegrityError, CompletionError) as error:
-            if record.plan.name == "host" or (isinstance(error, CompletionError)
+            if record.plan.name == HOST_ARM or (isinstance(error, CompletionError)
                                               and not is_data_path_error(error)):
                 raise
             record.error = error

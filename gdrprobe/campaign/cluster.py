@@ -197,15 +197,13 @@ def pair_row(client: int, server: int, client_node: str, server_node: str,
     if isinstance(outcome, RunReport):
         return ClusterPair(**common, host_gbps=outcome.bandwidth[-1].bandwidth_avg_gbps,
                            bidirectional=both_ways({"host": outcome.bidirectional[-1:]}))
-    host = next(arm for arm in outcome.arms if arm.arm == "host")
-    gpu = [arm for arm in outcome.arms if arm.arm != "host"]
+    host, gpu = outcome.host_arm(), outcome.deciding_arm()
     verdict = outcome.verdict
     return ClusterPair(
-        **common, bidirectional=both_ways({"host": host.bidirectional,
-                                           "gpu": gpu[0].bidirectional if gpu else ()}),
-        host_gbps=statistics.median(host.bandwidths_gbps) if host.bandwidths_gbps else None,
-        gpu_gbps=(statistics.median(gpu[0].bandwidths_gbps)
-                  if gpu and gpu[0].bandwidths_gbps else None),
+        **common, bidirectional=both_ways({"host": host.bidirectional if host else (),
+                                           "gpu": gpu.bidirectional if gpu else ()}),
+        host_gbps=host.median_gbps if host else None,
+        gpu_gbps=gpu.median_gbps if gpu else None,
         ratio=verdict.ratio, verdict=verdict.classification,
         likely_causes=verdict.likely_causes, fix=verdict.fix, exit_code=verdict.exit_code)
 

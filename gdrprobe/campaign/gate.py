@@ -27,6 +27,7 @@ from gdrprobe.numbers import decimal, is_decimal
 from gdrprobe.campaign.ab import StopSampling
 from gdrprobe.campaign.gpus import GpuFacts, visible_entries
 from gdrprobe.campaign.job_gpus import JobGpuSet
+from gdrprobe.doctor.facts.pci import line_rate_gbps
 from gdrprobe.measure.options import MIN_TIMEOUT_S, ProbeOptions
 from gdrprobe.nccl.gin import GinMode
 from gdrprobe.nccl.versions import NcclRules
@@ -96,9 +97,10 @@ class MachineFacts:
     ibgda: Mapping[str, GinMode] = dataclasses.field(default_factory=dict)
 
     def line_rate(self, nic: str, port: int) -> float | None:
-        """The port's line rate as the kernel states it (Gb/s); None where it states none."""
+        """The port's line rate as the kernel states it (Gb/s; the doctor's reading,
+        :func:`gdrprobe.doctor.facts.pci.line_rate_gbps`); None where it states none."""
         stated = self.ports.get((nic, port))
-        return stated.rate_gbps if stated else None
+        return line_rate_gbps((stated,) if stated else ())
 
 
 # ---- rank -> CUDA ordinal -> GPU -----------------------------------------------------

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from typing import Callable
 from collections.abc import Mapping
@@ -224,8 +223,8 @@ def read_answer(run: AnswerRun):
 
 def host_arm_gbps(write: CheckReport) -> float:
     """The WRITE A/B's host arm: the median of its repeats (0.0 where it measured none)."""
-    return statistics.median(next((arm.bandwidths_gbps for arm in write.arms
-                                   if arm.arm == "host" and arm.bandwidths_gbps), (0.0,)))
+    host = write.host_arm()
+    return (host.median_gbps if host else None) or 0.0
 
 
 def bidir_answer(run: AnswerRun):

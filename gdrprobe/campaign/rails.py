@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import statistics
 import threading
 from collections.abc import Callable, Sequence
 
 from gdrprobe import defaults
 from gdrprobe.campaign.gate import MachineFacts
-from gdrprobe.campaign.verdict import DECIDES
-from gdrprobe.report.check import (CONTENTION, INCONCLUSIVE, NO_RAIL, ONE_RAIL, TOGETHER, LoopWindow,
-                                   NodeGpuCheck, Overlap, RailResult, RailsReport, RankPair,
-                                   ratio_of)
+from gdrprobe.report.check import (CONTENTION, INCONCLUSIVE, NO_RAIL, ONE_RAIL, TOGETHER,
+                                   LoopWindow, NodeGpuCheck, Overlap, RailResult, RailsReport,
+                                   RankPair, ratio_of)
 
 # loop(pair, host, ready) -> LoopWindow: one run of the rail's GPU arm (host: its host arm)
 # that calls ready() once set up, just before its loop (campaign.prelaunch.rail_loop).
@@ -55,15 +53,14 @@ class Solo:
     host_gbps: float | None
 
 
-def solo_gbps(check: NodeGpuCheck, arm_name: str | None = None) -> float | None:
-    """The median of the deciding GPU arm alone (arm_name "host": the host arm's); None
-    where that arm measured nothing."""
+def solo_gbps(check: NodeGpuCheck, host: bool = False) -> float | None:
+    """The median of the deciding GPU arm alone (host: the host arm's); None where that arm
+    measured nothing. Each arm is found by what it is, not by its place among the arms."""
     report = check.report
     if report is None:
         return None
-    arms = [arm for arm in report.arms if arm.bandwidths_gbps and arm.outcome == "measured"
-            and (arm.arm == arm_name if arm_name else arm.role == DECIDES)]
-    return statistics.median(arms[0].bandwidths_gbps) if arms else None
+    arm = report.host_arm() if host else report.deciding_arm()
+    return arm.median_gbps if arm is not None and arm.outcome == "measured" else None
 
 
 def rails_of(checks: Sequence[NodeGpuCheck]) -> list[Solo]:
@@ -72,7 +69,7 @@ def rails_of(checks: Sequence[NodeGpuCheck]) -> list[Solo]:
     for check in checks:
         if check.nic and check.exit_code == 0 and check.nic not in first and (
                 gbps := solo_gbps(check)):
-            first[check.nic] = Solo(check.report.placement, gbps, solo_gbps(check, "host"))
+            first[check.nic] = Solo(check.report.placement, gbps, solo_gbps(check, host=True))
     return list(first.values())
 
 
@@ -109,6 +106,11 @@ def rail_result(alone: Solo, gpu: LoopWindow | Exception, host: LoopWindow | Exc
                       ratio_of(host_concurrent, host_solo), line_rate,
                       contending=ratio is not None and ratio < threshold,
                       error=failure(gpu) or failure(host))
+
+
+def overlap_of(outcomes: Sequence[LoopWindow | Exception]) -> Overlap | None:
+    """How far a pass's windows ran at once; None where a rail's loop failed in it."""
+    return Overlap.of(outcomes) if all(isinstance(outcome, LoopWindow) for outcome in outcomes) else None
 
 
 def windows_apart(overlaps: Sequence[Overlap]) -> str:
@@ -156,14 +158,12 @@ def check_rails(rails: Sequence[Solo], facts: MachineFacts, loop: RailLoop,
     results = tuple(rail_result(alone, gpu, host, facts.line_rate(alone.pair.nic, port), threshold)
                     for alone, gpu, host in zip(rails, gpu_pass, host_pass))
     failed = [f"{result.gpu} ({result.nic}): {result.error}" for result in results if result.error]
-    overlaps = [Overlap.of(outcomes) for outcomes in (gpu_pass, host_pass)
-                if all(isinstance(outcome, LoopWindow) for outcome in outcomes)]
-    measured = dict(ratio_threshold=threshold, overlap=overlaps[0] if overlaps else None,
-                    host_overlap=overlaps[1] if len(overlaps) > 1 else None)
+    overlap, host_overlap = overlap_of(gpu_pass), overlap_of(host_pass)
+    measured = dict(ratio_threshold=threshold, overlap=overlap, host_overlap=host_overlap)
     if failed:
         return RailsReport.of(INCONCLUSIVE, results, detail="a rail's run failed together, though "
                               "it ran alone: " + "; ".join(failed), **measured)
-    apart = windows_apart(overlaps)
+    apart = windows_apart([found for found in (overlap, host_overlap) if found is not None])
     if apart:
         return RailsReport.of(INCONCLUSIVE, results, detail=apart, **measured)
     contending = [result for result in results if result.contending]

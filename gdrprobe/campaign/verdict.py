@@ -65,14 +65,13 @@ from gdrprobe.errors import UsageError
 from gdrprobe.memory.causes import errno_name, registration_cause
 from gdrprobe.memory.spec import peer_memory_of
 from gdrprobe.report import finding_ids
-from gdrprobe.report.check import (BOTH, DEGRADED, DIRECTION_WORDS, ENGAGED, NOT_ENGAGED,
-                                   NOT_TESTABLE, NOT_USED, READ, WRITE, ArmRatio, FloorCheck,
-                                   NcclUse, Verdict)
+from gdrprobe.report.check import (BOTH, DECIDES, DEGRADED, DIRECTION_WORDS, ENGAGED,
+                                   NOT_ENGAGED, NOT_TESTABLE, NOT_USED, READ, WRITE, ArmRatio,
+                                   FloorCheck, NcclUse, Verdict)
 
 DIRECT_ARMS = ("dmabuf", "peermem")   # arms whose speed proves or disproves GPUDirect
 STAGED_ARM = "staged"                 # the bounce through host memory: a reference only
 PROOF_MEMORY_KIND = "device"          # managed and pinned-host memory prove nothing
-DECIDES = "decides"                   # an arm whose result is the verdict's
 DIAGNOSES = "diagnoses"               # a one-direction arm run to name the failing direction
 UNKNOWN = "unknown"                   # a direction the arms could not isolate
 

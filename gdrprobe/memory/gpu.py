@@ -23,7 +23,7 @@ import time
 
 from gdrprobe.defaults import GPU_ALLOCATION
 from gdrprobe.errors import UsageError
-from gdrprobe.memory.causes import gpu_registration_failed, host_registration_error
+from gdrprobe.memory.causes import gpu_registration_failed
 from gdrprobe.memory import rungs
 from gdrprobe.nccl.data_direct import REFUSED_CAUSE as DATA_DIRECT_REFUSED
 from gdrprobe.nccl.data_direct import REFUSED_FIX as DATA_DIRECT_REFUSED_FIX
@@ -79,10 +79,21 @@ class GpuMemory(MemoryProvider):
     # perftest forces inline off for CUDA buffers for the same reason (ctx_set_max_inline).
     inline_capable = False
     gpudirect_target = True
+    registered_memory = "GPU memory"
+
+    @property
+    def peer_memory(self) -> str:
+        """The peer-memory client that resolves the GPU's addresses for the NIC; "": none
+        is asked (DMA-BUF hands the NIC the pages itself)."""
+        return ""
 
     def _refused(self, error: Exception) -> Exception:
-        return gpu_registration_failed(error, self.mechanism,
-                                       f"{self.length} bytes of GPU memory")
+        """A refused registration of GPU memory, with the cause and fix its errno means for
+        this mechanism and peer-memory client."""
+        failed = gpu_registration_failed(error, self.mechanism, self._registered_what(),
+                                         self.peer_memory)
+        failed.peer_memory = self.peer_memory    # the verdict names it: "peermem (amdkfd)"
+        return failed
 
     # -- description and cleanup --
 
@@ -166,7 +177,7 @@ class DmaBufGpuMemory(GpuMemory):
             return climbed.region
 
         try:
-            self._register_with(create, self._refused)
+            self._register_with(create)
         finally:
             # The MR holds its own reference to the DMA-BUF.
             os.close(fd)
@@ -201,19 +212,15 @@ class PeermemGpuMemory(GpuMemory):
     def address(self) -> int:
         return self.buffer.ptr
 
-    def register(self, pd, access: int = PROBE_ACCESS) -> None:
-        self._register_with(
-            lambda pv: pv.mr.MR(pd, self.length, access, address=self.buffer.ptr),
-            self._refused)
+    @property
+    def peer_memory(self) -> str:
+        return self.gpu.attributes.peer_memory
 
-    def _refused(self, error: Exception) -> Exception:
-        client = self.gpu.attributes.peer_memory
-        failed = gpu_registration_failed(error, self.mechanism, f"{self.length} bytes of GPU memory", client)
-        failed.peer_memory = client    # the verdict names it
-        return failed
+    def register(self, pd, access: int = PROBE_ACCESS) -> None:
+        self._register_with(lambda pv: pv.mr.MR(pd, self.length, access, address=self.buffer.ptr))
 
     def describe(self) -> dict:
-        return {**super().describe(), "peer_memory": self.gpu.attributes.peer_memory}
+        return {**super().describe(), "peer_memory": self.peer_memory}
 
 
 class StagedGpuMemory(GpuMemory):
@@ -229,6 +236,10 @@ class StagedGpuMemory(GpuMemory):
     mechanism = "staged"
     inline_capable = True     # the NIC sends from the pinned host copy
     gpudirect_target = False  # ... and writes into it: the CPU copies it home
+    # The NIC registers the pinned host copy: a refusal is host memory's (a locked-memory
+    # limit or a verbs error), not a GPU registration's.
+    registered_memory = "pinned host memory"
+    _refused = MemoryProvider._refused
 
     @property
     def address(self) -> int:
@@ -239,17 +250,11 @@ class StagedGpuMemory(GpuMemory):
         return False
 
     def register(self, pd, access: int = PROBE_ACCESS) -> None:
-        self._register_with(
-            lambda pv: pv.mr.MR(pd, self.length, access, address=self.staging.ptr),
-            lambda error: host_registration_error(
-                error, f"{self.length} bytes of pinned host memory"))
+        self._register_with(lambda pv: pv.mr.MR(pd, self.length, access, address=self.staging.ptr))
 
-    def verify_poison(self, start: int, end: int | None = None) -> tuple[int, int]:
-        # Stray writes land in the staging buffer, the only memory the NIC can reach.
-        end = self.length if end is None else end
-        if start >= end:
-            return 0, -1
-        return self._poison_in_view(start, end)
+    def _pull_nic_writes(self, offset: int, length: int) -> None:
+        """Nothing to pull: the NIC writes the staging buffer, the CPU's view itself, and
+        pulling the GPU's copy over it would hide the stray writes there."""
 
     def flush_remote_writes(self) -> None:
         """Nothing to flush: the writes landed in host memory; stage_in moves them."""

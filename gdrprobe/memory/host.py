@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gdrprobe import _native
 from gdrprobe.errors import ResourceLimit
-from gdrprobe.memory.causes import host_registration_error
 from gdrprobe.memory.provider import PROBE_ACCESS, MemoryProvider
 
 
@@ -31,9 +30,7 @@ class HostMemory(MemoryProvider):
         return self._buffer.address
 
     def register(self, pd, access: int = PROBE_ACCESS) -> None:
-        self._register_with(
-            lambda pv: pv.mr.MR(pd, self.length, access, address=self.address),
-            lambda error: host_registration_error(error, f"{self.length} bytes of host memory"))
+        self._register_with(lambda pv: pv.mr.MR(pd, self.length, access, address=self.address))
 
     def describe(self) -> dict:
         return {"kind": self.kind, "length_bytes": self.length, "numa_node": self.numa_node,

@@ -12,6 +12,7 @@ import abc
 from typing import Callable
 
 from gdrprobe import _native
+from gdrprobe.memory.causes import host_registration_error
 from gdrprobe.rdma import verbs
 
 ACCESS_LOCAL_WRITE = 1
@@ -90,12 +91,14 @@ class MemoryProvider(abc.ABC):
         end = self.length if end is None else end
         if start >= end:
             return 0, -1
-        self.pull(start, end - start)
-        return self._poison_in_view(start, end)
-
-    def _poison_in_view(self, start: int, end: int) -> tuple[int, int]:
+        self._pull_nic_writes(start, end - start)
         bad, first = _native.poison_verify(self.cpu_view + start, end - start)
         return bad, (first + start if bad else -1)
+
+    def _pull_nic_writes(self, offset: int, length: int) -> None:
+        """Bring what the NIC wrote (stray writes too) into the CPU's view: the buffer is
+        where the NIC writes, unless it registered the CPU's view itself."""
+        self.pull(offset, length)
 
     def zero(self) -> None:
         """Clear the whole buffer."""
@@ -141,15 +144,26 @@ class MemoryProvider(abc.ABC):
     # receives NCCL flushes with an RDMA READ (gdrprobe.measure.flush).
     gpudirect_target: bool = False
 
-    def _register_with(self, create_mr: Callable, failure: Callable[[Exception], Exception]) -> None:
+    # What a refused registration calls the registered memory: "4096 bytes of host memory".
+    registered_memory: str = "host memory"
+
+    def _register_with(self, create_mr: Callable) -> None:
         """Register through create_mr(pyverbs) and keep the MR and its keys; a refusal
-        becomes failure(error), the error a person can act on."""
+        becomes :meth:`_refused`'s error, the one a person can act on."""
         pv = verbs.pyverbs()
         try:
             self.mr = create_mr(pv)
         except pv.PyverbsRDMAError as error:
-            raise failure(error) from error
+            raise self._refused(error) from error
         self.lkey, self.rkey = self.mr.lkey, self.mr.rkey
+
+    def _refused(self, error: Exception) -> Exception:
+        """A refused registration of host memory: a resource limit (the locked-memory
+        limit), or a verbs error (:func:`gdrprobe.memory.causes.host_registration_error`)."""
+        return host_registration_error(error, self._registered_what())
+
+    def _registered_what(self) -> str:
+        return f"{self.length} bytes of {self.registered_memory}"
 
     def __enter__(self):
         return self

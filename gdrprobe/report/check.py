@@ -5,12 +5,16 @@ floor), the pair a check measured, and the node check. Part of the one report mo
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 from gdrprobe import defaults
 from gdrprobe.errors import DRAIN_CODES, ExitCode
 from gdrprobe.report.gin import GinCheck
 from gdrprobe.report.model import BidirResult, LatencyRatio, RunSettings
 from gdrprobe.report.nccl_pattern import NcclPatternCheck
+
+HOST_ARM = "host"       # the A/B's reference: host memory at both ends
+DECIDES = "decides"     # the role of the one GPU arm whose result is the verdict's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +40,11 @@ class ArmReport:
     line_rate_fraction: float | None = None   # median bandwidth over the port's line rate
     # A bidirectional run (-b): per repeat, each direction and the sum at size_bytes.
     bidirectional: tuple[BidirResult, ...] = ()
+
+    @property
+    def median_gbps(self) -> float | None:
+        """The median of its repeats' bandwidths; None where it measured none."""
+        return statistics.median(self.bandwidths_gbps) if self.bandwidths_gbps else None
 
 
 # ---- the A/B's verdict -----------------------------------------------------------
@@ -73,7 +82,7 @@ class ArmRatio:
     repeats: int
     direction: str = ""
     outcome: str = "measured"      # measured | registration failed | data path broken | not testable
-    role: str = "decides"          # decides | reference | diagnoses
+    role: str = DECIDES            # decides | reference | diagnoses
     line_rate_fraction: float | None = None   # median bandwidth over the port's line rate
     # The median's confidence interval (campaign.verdict.median_interval) of the per-repeat
     # ratios, and of the per-repeat shares of line rate: what decides "conclusive".
@@ -264,6 +273,18 @@ class CheckReport:
     gin: GinCheck | None = None                # check --gin: can this GPU ring this NIC's doorbell
     # --pattern nccl: the GPU arm's NCCL pattern against the host arm's (report.nccl_pattern)
     pattern: NcclPatternCheck | None = None
+
+    # The arms by what they are, never by their place in ``arms``: the order is the
+    # order they were planned in, which says nothing about which is which.
+
+    def host_arm(self) -> ArmReport | None:
+        """The host arm, by its name; None where no run could start."""
+        return next((arm for arm in self.arms if arm.arm == HOST_ARM), None)
+
+    def deciding_arm(self) -> ArmReport | None:
+        """The GPU arm whose result is the verdict's, by its role (the staged arm is a
+        reference, the one-direction arms diagnose); None where no run could start."""
+        return next((arm for arm in self.arms if arm.role == DECIDES), None)
 
 
 # ---- the pair a rank will use (gdrprobe.campaign.gate) --------------------------------

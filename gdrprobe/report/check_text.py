@@ -182,7 +182,7 @@ def node_line(check: NodeGpuCheck) -> str:
              + (" (inconclusive)" if v.exit_code == ExitCode.INCONCLUSIVE else "")]
     if v.ratio is not None:
         parts.append(f"GPU/host {v.ratio:.2f}")
-    deciding = next((arm for arm in check.report.arms if arm.role == "decides"), None)
+    deciding = check.report.deciding_arm()
     if deciding is not None and deciding.line_rate_fraction is not None:
         parts.append(f"{deciding.line_rate_fraction:.2f} of line rate")
     if v.direction:

@@ -20,7 +20,7 @@ from gdrprobe.doctor.facts.rails import Rail, read_links
 from gdrprobe.doctor.facts.topology import build_topology
 from gdrprobe.errors import DRAIN_CODES, ExitCode, RdmaError
 from gdrprobe.measure.options import ProbeOptions
-from gdrprobe.report.check import ArmReport, CheckReport, LoopWindow, Verdict
+from gdrprobe.report.check import ArmReport, CheckReport, LoopWindow, NodeGpuCheck, Verdict
 from gdrprobe.report.check_text import render_node_check
 from gdrprobe.report.model import to_json
 from gdrprobe.sysroot import SysRoot
@@ -158,6 +158,30 @@ def test_a_rail_failing_together_releases_the_others_and_is_inconclusive():
     assert result.verdict == "inconclusive" and report.exit_code == 12
     assert result.rails[1].error == "RdmaError: ibv_reg_mr failed"
     assert result.rails[0].error.startswith("did not start: another rail failed")
+
+
+class GpuPassFails(Together):
+    """A rail whose GPU arm fails together, while every host arm runs together."""
+
+    def loop(self, pair, host, ready):
+        self.fail = None if host else "mlx5_1"
+        return super().loop(pair, host, ready)
+
+
+def test_a_gpu_pass_that_failed_has_no_overlap_and_the_host_pass_keeps_its_own():
+    result = check_all(GpuPassFails()).rails
+    assert result.verdict == "inconclusive" and result.rails[1].error == "RdmaError: ibv_reg_mr failed"
+    assert result.overlap is None                   # the GPU pass's: it did not run together
+    assert result.host_overlap is not None and result.host_overlap.fraction >= 0.8
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(4))))
+def test_a_rails_solo_figures_are_its_deciding_and_host_arms_in_any_order(order):
+    arms = (arm("host", HOST_GBPS, ""), arm("dmabuf", SOLO_GBPS, "decides"),
+            arm("staged", 100.0, "reference"), arm("dmabuf", 50.0, "diagnoses"))
+    report = CheckReport(Verdict("engaged"), tuple(arms[i] for i in order), SETTINGS, 2)
+    check = NodeGpuCheck(BUS[0], "mlx5_0", 0, report)
+    assert (rails.solo_gbps(check), rails.solo_gbps(check, host=True)) == (SOLO_GBPS, HOST_GBPS)
 
 
 def test_the_solos_run_one_nic_at_a_time_and_leave_budget_for_the_rails():

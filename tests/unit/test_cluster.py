@@ -4,6 +4,7 @@ here; the lab runs real ones)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -25,11 +26,14 @@ from tests.unit.fakes.runs import run_report
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+def measured_arm(name: str, values, role: str) -> ArmReport:
+    return ArmReport(name, "measured", 1 << 20, tuple(values), {}, {}, "", "", "", role=role)
+
+
 def check_report(host: list[float], gpu: list[float], classification: str) -> CheckReport:
-    def arm(name, values):
-        return ArmReport(name, "measured", 1 << 20, tuple(values), {}, {}, "", "", "")
+    """An A/B as ab_test builds it: the host arm, then the GPU arm that decides."""
     verdict = Verdict(classification, ratio=gpu[0] / host[0])
-    return CheckReport(verdict, (arm("host", host), arm("dmabuf", gpu)),
+    return CheckReport(verdict, (measured_arm("host", host, ""), measured_arm("dmabuf", gpu, "decides")),
                        run_report(host[0]).settings, len(host))
 
 
@@ -72,13 +76,23 @@ def test_pair_rows_from_a_run_an_a_b_and_an_error():
     assert (failed.error, failed.fix, failed.exit_code) == ("no RDMA device found", "load rxe", 4)
 
 
+def test_a_pair_row_reads_the_host_and_deciding_arms_by_what_they_are_not_their_place():
+    a_b = check_report([90, 92, 91], [45, 46, 44], "degraded")
+    staged = measured_arm("staged", (30.0,), "reference")
+    diagnosing = measured_arm("dmabuf", (20.0,), "diagnoses")
+    reordered = dataclasses.replace(a_b, arms=(staged, diagnosing) + a_b.arms[::-1])
+    row = cluster.pair_row(0, 2, "a", "c", reordered)
+    assert (row.host_gbps, row.gpu_gbps) == (91, 45)
+
+
 def not_testable_check() -> CheckReport:
     """The A/B on a node without a CUDA driver, as ab_test builds it."""
     error = unloadable_driver(RuntimeError("Failed to dlopen libcuda.so.1"))
     host = ArmMeasurement("host", (90.0,), memory_kind="host", message_bytes=1 << 20)
     gpu = ArmMeasurement("gpu", not_testable=error.cause, fix=error.fix)
     arms = (ArmReport("host", "measured", 1 << 20, (90.0,), {}, {}, "", "", ""),
-            ArmReport("gpu", "not testable", 1 << 20, (), {}, {}, "", error.cause, error.fix))
+            ArmReport("gpu", "not testable", 1 << 20, (), {}, {}, "", error.cause, error.fix,
+                      role="decides"))
     return CheckReport(classify(host, [gpu]), arms, run_report(90.0).settings, 1)
 
 

@@ -292,6 +292,17 @@ def test_staged_memory_exposes_the_bounce_buffer_and_stages_both_ways():
         assert memory.describe()["gpudirect_proof"] is False
 
 
+def test_staged_memory_finds_stray_writes_where_the_nic_wrote_them_in_the_staging_copy():
+    driver, gpu = fake_gpu()
+    with StagedGpuMemory(gpu, 8192) as memory:
+        memory.poison()
+        _native.zero_fill(memory.buffer.ptr, 8192)       # the GPU's copy is not where to look
+        assert memory.verify_poison(4096) == (0, -1)
+        ctypes.c_uint8.from_address(memory.staging.ptr + 5000).value = 0   # a stray write
+        assert memory.verify_poison(4096) == (1, 5000)
+        assert memory.verify_poison(4096, 5000) == (0, -1) and memory.verify_poison(6000, 6000) == (0, -1)
+
+
 def test_dmabuf_address_is_the_offset_and_export_is_aligned():
     driver, gpu = fake_gpu()
     with DmaBufGpuMemory(gpu, 8192) as memory:

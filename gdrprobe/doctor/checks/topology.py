@@ -301,16 +301,10 @@ def node_rails(topology: Topology, decisions) -> list[Rail]:
             if decision.nic in nics]
 
 
-def line_rate_gbps(ports) -> float | None:
-    """A NIC's line rate: its ports' rates summed; None where no port states one."""
-    rates = [port.rate_gbps for port in ports if port.rate_gbps]
-    return float(sum(rates)) if rates else None
-
-
 def rails_element(ctx) -> SharedElement | None:
     """The element every rail of the node shares (:mod:`gdrprobe.doctor.facts.rails`)."""
     rails = node_rails(ctx.topology, ctx.nccl_decisions)
-    rates = {rail.nic.name: line_rate_gbps(ctx.ports.get(rail.nic.name, ())) for rail in rails}
+    rates = {rail.nic.name: pci.line_rate_gbps(ctx.ports.get(rail.nic.name, ())) for rail in rails}
     return shared_element(rails, read_links(ctx.root, rails), rates)
 
 

@@ -264,6 +264,14 @@ def rdma_ports(root: SysRoot, ibdev: str) -> tuple[Port, ...]:
                  for name in root.listdir(base) if decimal(name) is not None)
 
 
+def line_rate_gbps(ports) -> float | None:
+    """The line rate of ports (a NIC's, or one port's alone): the rates the kernel states
+    summed, a rate of 0 stating none; None where no port states one. The doctor's rails
+    and the check's floor and rails read it here (one port: ``line_rate_gbps([port])``)."""
+    rates = [port.rate_gbps for port in ports if port.rate_gbps]
+    return float(sum(rates)) if rates else None
+
+
 def current_link_speed(root: SysRoot, bdf: str) -> str | None:
     """The speed the link negotiated (e.g. "16.0 GT/s PCIe"): a port's, the link below it;
     an endpoint's or a switch upstream port's, the link above it."""
