@@ -61,3 +61,8 @@ uint64_t gdr_clock_read_ticks(const struct gdr_clock *clock)
     }
     return best;
 }
+
+uint64_t gdr_clock_span_ns(const struct gdr_clock *clock, uint64_t ticks, uint64_t read_ticks)
+{
+    return (uint64_t)(gdr_clock_ns(clock, ticks > read_ticks ? ticks - read_ticks : 0) + 0.5);
+}

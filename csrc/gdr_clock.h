@@ -85,6 +85,13 @@ void gdr_clock_mark(const struct gdr_clock *clock, struct gdr_clock_mark *mark);
  * the latency loops take back out of each sample (perftest reads the cycle counter). */
 uint64_t gdr_clock_read_ticks(const struct gdr_clock *clock);
 
+/* An interval of `ticks` from one read's latch to a later, distinct read's, in ns less the
+ * one whole read it holds (read_ticks, gdr_clock_read_ticks), rounded: the path's time, not
+ * the clock's. Never below 0: an interval under the least read measured (the counter's
+ * jitter, a read that came out quicker) is 0. An interval that is not one (both ends the
+ * same read, or no start) holds no read, and is not passed here. */
+uint64_t gdr_clock_span_ns(const struct gdr_clock *clock, uint64_t ticks, uint64_t read_ticks);
+
 /* The counter's ns per tick over a busy window of window_ns; 0 where there is no counter. */
 double gdr_counter_calibrate(uint64_t window_ns);
 

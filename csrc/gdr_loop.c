@@ -450,11 +450,8 @@ static void samples_to_ns(const struct gdr_lat_config *cfg, uint64_t read_ticks)
 
     if (!cfg->initiator)
         return;
-    for (i = 0; i < cfg->iterations; i++) {
-        uint64_t ticks = cfg->samples_ns[i] > read_ticks ? cfg->samples_ns[i] - read_ticks : 0;
-
-        cfg->samples_ns[i] = (uint64_t)(gdr_clock_ns(&cfg->clock, ticks) + 0.5);
-    }
+    for (i = 0; i < cfg->iterations; i++)
+        cfg->samples_ns[i] = gdr_clock_span_ns(&cfg->clock, cfg->samples_ns[i], read_ticks);
 }
 
 /* READ latency as perftest's ib_read_lat measures it (run_iter_lat in perftest_resources.c:

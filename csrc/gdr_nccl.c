@@ -53,10 +53,22 @@ static int poll_some(struct ibv_cq *cq, struct ibv_wc *wc, struct gdr_nccl_resul
     return n;
 }
 
-static void record(uint64_t *out, uint64_t index, const struct gdr_clock *clock, uint64_t ticks)
+/* A step's phase, from one read of the clock (from) to a later, distinct one (to): in ns,
+ * less the one whole read the interval holds (read_ticks: gdr_clock_span_ns), as the
+ * latency loop's samples. */
+static void record(uint64_t *out, uint64_t index, const struct gdr_clock *clock,
+                   uint64_t read_ticks, uint64_t from, uint64_t to)
 {
     if (out)
-        out[index] = (uint64_t)(gdr_clock_ns(clock, ticks) + 0.5);
+        out[index] = gdr_clock_span_ns(clock, to - from, read_ticks);
+}
+
+/* A phase the step did not have (no flush; its clear-to-send there at the first look): 0,
+ * with no read in it to take out. */
+static void record_none(uint64_t *out, uint64_t index)
+{
+    if (out)
+        out[index] = 0;
 }
 
 /* Where the round's message m lands in the receiver's buffer, and which source slot sends it. */
@@ -135,6 +147,7 @@ struct recv_channel {
 struct recv_state {
     struct recv_channel chs[GDR_NCCL_MAX_CHANNELS];
     uint64_t started, now;        /* the loop's start and its last look at the clock */
+    uint64_t read_ticks;          /* one read of the clock (gdr_clock_read_ticks) */
 };
 
 static int recv_config_valid(const struct gdr_nccl_recv_config *cfg)
@@ -246,12 +259,15 @@ static void immediate_in(const struct gdr_nccl_recv_config *cfg, struct recv_cha
         st->events--;
 }
 
-/* Steps in order: received once every immediate is in (then flushed, where asked), consumed
- * once flushed; each consumed step's times recorded. */
-static int advance_recv(const struct gdr_nccl_recv_config *cfg, uint32_t c, struct recv_channel *ch,
-                        uint64_t now, struct gdr_nccl_result *res)
+/* Channel c's steps in order: received once every immediate is in (then flushed, where
+ * asked), consumed once flushed; each consumed step's times recorded. Each time runs between
+ * two distinct reads: the clear-to-send's, this turn's look after its poll (rs->now) and a
+ * later turn's, as the flush's completion comes in a poll after the turn that posted it. */
+static int advance_recv(const struct gdr_nccl_recv_config *cfg, struct recv_state *rs, uint32_t c,
+                        struct gdr_nccl_result *res)
 {
-    uint64_t steps = cfg->steps;
+    struct recv_channel *ch = &rs->chs[c];
+    uint64_t steps = cfg->steps, now = rs->now;
 
     while (ch->received < ch->posted && !ch->steps[(cfg->first_id + ch->received) % GDR_NCCL_STEPS].events) {
         uint64_t id = cfg->first_id + ch->received;
@@ -269,9 +285,12 @@ static int advance_recv(const struct gdr_nccl_recv_config *cfg, uint32_t c, stru
         struct recv_step *st = &ch->steps[(cfg->first_id + k) % GDR_NCCL_STEPS];
         uint64_t done = cfg->flush_qp ? now : st->recv_at;
 
-        record(cfg->step_ns, index, &cfg->clock, done - st->cts_at);
-        record(cfg->recv_ns, index, &cfg->clock, st->recv_at - st->cts_at);
-        record(cfg->flush_ns, index, &cfg->clock, cfg->flush_qp ? done - st->flush_at : 0);
+        record(cfg->step_ns, index, &cfg->clock, rs->read_ticks, st->cts_at, done);
+        record(cfg->recv_ns, index, &cfg->clock, rs->read_ticks, st->cts_at, st->recv_at);
+        if (cfg->flush_qp)
+            record(cfg->flush_ns, index, &cfg->clock, rs->read_ticks, st->flush_at, done);
+        else
+            record_none(cfg->flush_ns, index);
         ch->consumed++;
         res->steps++;
     }
@@ -343,7 +362,7 @@ static int recv_turn(const void *config, void *state, int *progressed, struct gd
         return 0;
     st->now = gdr_clock_ticks(&cfg->clock);
     for (c = 0; c < cfg->shape.channels; c++) {
-        if (advance_recv(cfg, c, &st->chs[c], st->now, res))
+        if (advance_recv(cfg, st, c, res))
             return -1;
     }
     *progressed = 1;
@@ -360,6 +379,7 @@ int gdr_nccl_recv_run(const struct gdr_nccl_recv_config *cfg, struct gdr_nccl_re
         return res->status;
     }
     memset(&st, 0, sizeof(st));
+    st.read_ticks = gdr_clock_read_ticks(&cfg->clock);
     st.started = st.now = gdr_clock_ticks(&cfg->clock);
     if (run_turns(&cfg->clock, cfg->stall_timeout_ns, cfg->stop, cfg->steps * cfg->shape.channels,
                   recv_turn, cfg, &st, res))
@@ -381,6 +401,7 @@ struct send_channel {
 struct send_state {
     struct send_channel chs[GDR_NCCL_MAX_CHANNELS];
     uint64_t first_post, now;     /* the first post and the last completion, in ticks */
+    uint64_t read_ticks;          /* one read of the clock (gdr_clock_read_ticks) */
 };
 
 static int send_config_valid(const struct gdr_nccl_send_config *cfg)
@@ -449,10 +470,14 @@ static int post_data(const struct gdr_nccl_send_config *cfg, uint32_t c, uint64_
     return 0;
 }
 
-/* Post each step whose clear-to-send has come, in order, NCCL_STEPS in flight at most. */
-static int send_ready(const struct gdr_nccl_send_config *cfg, uint32_t c, struct send_channel *ch,
+/* Post each of channel c's steps whose clear-to-send has come, in order, NCCL_STEPS in
+ * flight at most. The wait runs from the read at the first look that found no clear-to-send
+ * to the read at the look that found it: two distinct reads, or no wait at all. */
+static int send_ready(const struct gdr_nccl_send_config *cfg, struct send_state *ss, uint32_t c,
                       int *progressed, struct gdr_nccl_result *res)
 {
+    struct send_channel *ch = &ss->chs[c];
+
     while (ch->posted < cfg->steps && ch->posted - ch->done < GDR_NCCL_STEPS) {
         uint64_t id = cfg->first_id + ch->posted, now;
         volatile struct gdr_nccl_fifo_elem *elem = fifo_elem((uint64_t)(uintptr_t)cfg->fifo, c, id);
@@ -468,8 +493,11 @@ static int send_ready(const struct gdr_nccl_send_config *cfg, uint32_t c, struct
             return -1;
         }
         now = gdr_clock_ticks(&cfg->clock);
-        record(cfg->wait_ns, c * cfg->steps + ch->posted, &cfg->clock,
-               ch->ready_at ? now - ch->ready_at : 0);
+        if (ch->ready_at)
+            record(cfg->wait_ns, c * cfg->steps + ch->posted, &cfg->clock, ss->read_ticks,
+                   ch->ready_at, now);
+        else
+            record_none(cfg->wait_ns, c * cfg->steps + ch->posted);
         if (post_data(cfg, c, id, elem, res))
             return -1;
         ch->events[id % GDR_NCCL_STEPS] = gdr_nccl_qps_per_step(&cfg->shape);
@@ -492,7 +520,7 @@ static int send_turn(const void *config, void *state, int *progressed, struct gd
     int n, i;
 
     for (c = 0; c < cfg->shape.channels; c++) {
-        if (send_ready(cfg, c, &st->chs[c], progressed, res))
+        if (send_ready(cfg, st, c, progressed, res))
             return -1;
         if (!st->first_post && st->chs[c].posted)
             st->first_post = st->chs[c].posted_at[cfg->first_id % GDR_NCCL_STEPS];
@@ -513,7 +541,8 @@ static int send_turn(const void *config, void *state, int *progressed, struct gd
         while (ch->done < ch->posted && !ch->events[(cfg->first_id + ch->done) % GDR_NCCL_STEPS]) {
             uint64_t at = ch->posted_at[(cfg->first_id + ch->done) % GDR_NCCL_STEPS];
 
-            record(cfg->data_ns, c * cfg->steps + ch->done, &cfg->clock, st->now - at);
+            record(cfg->data_ns, c * cfg->steps + ch->done, &cfg->clock, st->read_ticks, at,
+                   st->now);   /* the post's read, then this turn's look after its poll */
             ch->done++;
             res->steps++;
         }
@@ -532,6 +561,7 @@ int gdr_nccl_send_run(const struct gdr_nccl_send_config *cfg, struct gdr_nccl_re
         return res->status;
     }
     memset(&st, 0, sizeof(st));
+    st.read_ticks = gdr_clock_read_ticks(&cfg->clock);
     if (run_turns(&cfg->clock, cfg->stall_timeout_ns, cfg->stop, cfg->steps * cfg->shape.channels,
                   send_turn, cfg, &st, res))
         return res->status;

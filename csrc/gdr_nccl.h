@@ -99,7 +99,10 @@ uint64_t gdr_nccl_message(uint64_t first_message, uint64_t steps, uint32_t chann
  * count over the connection's life), the round's messages from first_message on
  * (gdr_nccl_message: where a step lands and what it carries). Its QPs are the run's first
  * channels * qps_per_conn, channel c's from c * qps_per_conn; per step (index
- * c * steps + k) it records times in ns where asked. */
+ * c * steps + k) it records times in ns where asked, each between two reads of the clock
+ * and less the one whole read that holds (measured at the loop's start, gdr_clock_read_ticks;
+ * never below 0), so the phase is the path's and the loop's, not the clock's; a phase the
+ * step did not have (no flush, no wait) is 0. */
 struct gdr_nccl_recv_config {
     struct gdr_nccl_shape shape;
     struct ibv_qp *qps[GDR_MAX_QPS];

@@ -140,6 +140,28 @@ def test_a_reads_cost_is_the_least_of_its_back_to_back_reads(source):
     assert 0 <= cost_ns <= span_ns / 32 * 1.01 + 1
 
 
+def span_ns(ns_per_tick: float, ticks: int, read: int) -> int:
+    """gdr_clock_span_ns: an interval between two reads, less the one read it holds."""
+    library = ctypes.CDLL(native.__file__)
+    library.gdr_clock_span_ns.restype = ctypes.c_uint64
+    library.gdr_clock_span_ns.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
+    source = 0 if ns_per_tick == 1.0 else 1
+    return library.gdr_clock_span_ns(ctypes.byref(Clock(source, ns_per_tick)), ticks, read)
+
+
+def test_an_interval_between_two_reads_is_given_less_the_one_read_it_holds():
+    # The latency samples and the NCCL pattern's step phases are such intervals.
+    assert span_ns(1.0, 30_700, 700) == 30_000          # CLOCK_MONOTONIC: ticks are ns
+    assert span_ns(0.4, 1_000, 65) == 374               # the counter: (1000 - 65) x 0.4
+    assert span_ns(1.0, 5_000, 0) == 5_000              # no read measured: as it was
+
+
+def test_an_interval_shorter_than_a_read_is_zero_never_negative_or_wrapped():
+    assert span_ns(1.0, 700, 700) == 0
+    assert span_ns(1.0, 650, 700) == 0                  # a read that came out quicker
+    assert span_ns(0.4, 0, 65) == 0
+
+
 def test_the_clock_choice_is_checked_and_travels_in_the_handshake():
     options = ProbeOptions(clock="counter")
     assert ProbeOptions.from_message(options.to_message()).clock == "counter"

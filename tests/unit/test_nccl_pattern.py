@@ -5,7 +5,9 @@ joins, the run's options and their wire form."""
 
 from __future__ import annotations
 
+import array
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,8 +22,10 @@ from gdrprobe.report.nccl_pattern import (BELOW_PREDICTION, ROUND_TRIP_BOUND, SU
 
 pytest.importorskip("gdrprobe._native")
 
+from gdrprobe.measure.nccl_sender import Sent, pattern_result  # noqa: E402
 from gdrprobe.measure.options import ProbeOptions  # noqa: E402
-from gdrprobe.protocol.messages import Received, Setup, Start, RemoteBuffer  # noqa: E402
+from gdrprobe.protocol.messages import (Received, Setup, Start, RemoteBuffer,  # noqa: E402
+                                        Verified)
 
 
 # ---- the job's settings ------------------------------------------------------------------
@@ -167,6 +171,42 @@ def test_a_verdict_that_is_not_engaged_is_the_streams_answer():
     degraded = Verdict(DEGRADED, ratio=0.5)
     assert nccl_pattern.join(degraded, nccl_pattern.pattern_check(host, gpu, NcclTransport())) \
         == degraded
+
+
+# ---- a round's report from both sides' step times ------------------------------------------
+
+def sent(wait_ns: tuple[int, ...], data_ns: tuple[int, ...]) -> Sent:
+    """The sender's times over a pass (the loop's uint64 ns, each less its clock read)."""
+    times = Sent()
+    times.add(SimpleNamespace(wait_ns=array.array("Q", wait_ns).tobytes(),
+                              data_ns=array.array("Q", data_ns).tobytes()))
+    return times
+
+
+def round_report(alone_step_ns: int, alone_flush_ns: int, alone_data_ns: tuple[int, ...]):
+    received = Received(steps=800, elapsed_ns=8_000_000, alone_step_ns=alone_step_ns,
+                        alone_recv_ns=alone_step_ns - alone_flush_ns,
+                        alone_flush_ns=alone_flush_ns, loaded_step_ns=80_000,
+                        loaded_flush_ns=alone_flush_ns, flush_reads=0, flush_bad=0)
+    return pattern_result(ProbeOptions(pattern="nccl", sizes=(131072,)), 131072, received,
+                          (sent((0,) * 3, alone_data_ns), sent((2_000, 0, 4_000), (9_000,) * 3)),
+                          Verified(Integrity(True, 0, 0, None, 0, None), 0.0), passes=2)
+
+
+def test_a_step_alone_is_its_clear_to_send_data_and_flush_each_less_its_clock_read():
+    # The loops take one clock read out of each phase, so the rest of the step (its
+    # clear-to-send) is the step less data and flush, none of the three holding a read.
+    row = round_report(30_000, 4_000, (20_000, 21_000, 25_000))
+    assert row.alone == StepPhases(30.0, 5.0, 21.0, 4.0)
+    assert row.loaded == StepPhases(80.0, 2.0, 9.0, 4.0)
+    assert row.ceiling_gbps == pytest.approx(8 * 131072 * 8 / 30_000)
+    assert row.rate_gbps == pytest.approx(800 * 131072 * 8 / 8_000_000)
+
+
+def test_a_clear_to_send_left_below_zero_by_two_clocks_is_zero():
+    # data is timed on the sender's clock, the step on the receiver's: their medians may
+    # leave less than nothing for the clear-to-send, which is then 0, never negative.
+    assert round_report(30_000, 4_000, (27_000,)).alone.cts_us == 0.0
 
 
 # ---- the run's options and the wire ----------------------------------------------------------
