@@ -27,6 +27,8 @@ ACS_IOMMU_TESTS = "tests/lab/acs_iommu"
 DEMO_RAILS_TIMEOUT_S = 1200
 DEMO_NCCL_PATTERN_TIMEOUT_S = 1200
 RAILS_TESTS = "tests/lab/rails"
+# How many of a lab suite's slowest tests (set-up and tear-down apart) its pytest lists
+SLOWEST_TESTS_SHOWN = 20
 
 
 def demo() -> int:
@@ -148,7 +150,10 @@ def prepare_dmabuf_modules() -> None:
 
 
 def pytest_command(path: str, extra: list[str]) -> str:
-    argv = [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", path, *extra]
+    """A lab suite's pytest in a guest: its skips' reasons, and its slowest tests timed
+    (--durations), so a CI log shows where the guest's minutes went."""
+    argv = [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+            f"--durations={SLOWEST_TESTS_SHOWN}", path, *extra]
     return " ".join(shlex.quote(a) for a in argv)
 
 
