@@ -16,8 +16,9 @@ PAIR_TESTS = "tests/lab/pair"
 
 
 DEMO_TOKEN = "lab-demo-token-0001"
-# Guests run under emulation on two cores: the loopback suite takes about 10 minutes on an
-# idle machine and twice that on a loaded one. These bound a hung guest, not a slow one.
+# Guests run under emulation on two cores: the loopback suite took 20 minutes on an idle
+# machine (162 tests in 1218 s, benchmarks/RESULTS.md's CI of 935f666) and would take about
+# twice that on a loaded one. These bound a hung guest, not a slow one.
 LOOPBACK_SUITE_TIMEOUT_S = 3600
 PAIR_SUITE_TIMEOUT_S = 1800
 DEMO_SLURM_TIMEOUT_S = 600
