@@ -16,8 +16,9 @@ PAIR_TESTS = "tests/lab/pair"
 
 
 DEMO_TOKEN = "lab-demo-token-0001"
-# Guests run under emulation on two cores: the loopback suite takes about 10 minutes on an
-# idle machine and twice that on a loaded one. These bound a hung guest, not a slow one.
+# Guests run under emulation on two cores: the loopback suite took 20 minutes on an idle
+# machine (162 tests in 1218 s, benchmarks/RESULTS.md's CI of 935f666) and would take about
+# twice that on a loaded one. These bound a hung guest, not a slow one.
 LOOPBACK_SUITE_TIMEOUT_S = 3600
 PAIR_SUITE_TIMEOUT_S = 1800
 DEMO_SLURM_TIMEOUT_S = 600
@@ -27,6 +28,8 @@ ACS_IOMMU_TESTS = "tests/lab/acs_iommu"
 DEMO_RAILS_TIMEOUT_S = 1200
 DEMO_NCCL_PATTERN_TIMEOUT_S = 1200
 RAILS_TESTS = "tests/lab/rails"
+# How many of a lab suite's slowest tests (set-up and tear-down apart) its pytest lists
+SLOWEST_TESTS_SHOWN = 20
 
 
 def demo() -> int:
@@ -148,7 +151,10 @@ def prepare_dmabuf_modules() -> None:
 
 
 def pytest_command(path: str, extra: list[str]) -> str:
-    argv = [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", path, *extra]
+    """A lab suite's pytest in a guest: its skips' reasons, and its slowest tests timed
+    (--durations), so a CI log shows where the guest's minutes went."""
+    argv = [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+            f"--durations={SLOWEST_TESTS_SHOWN}", path, *extra]
     return " ".join(shlex.quote(a) for a in argv)
 
 

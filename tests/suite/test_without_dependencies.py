@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -45,9 +46,10 @@ SUITE_WITHOUT_TIMEOUT_S = 600
 
 @pytest.fixture(scope="module")
 def suite_without(tmp_path_factory) -> dict[str, subprocess.CompletedProcess | None]:
-    """The unit suite (but this file) once per missing dependency, one run after the other:
-    side by side they loaded two cores enough to make the tests that wait on sockets and
-    deadlines slow. None: it did not end within its share of the time."""
+    """The unit suite (but this file) once per missing dependency, one run after the other,
+    each spread over pytest-xdist's workers (-n auto: tests/conftest.py says how many). Both
+    at once ran 8 workers on 2 cores and left the tests that time real threads short of a
+    core. None: it did not end within its share of the time."""
     deadline = time.monotonic() + SUITE_WITHOUT_TIMEOUT_S
     return {package: suite_in_child(package, tmp_path_factory.mktemp(f"without-{package}"),
                                     deadline)
@@ -55,19 +57,21 @@ def suite_without(tmp_path_factory) -> dict[str, subprocess.CompletedProcess | N
 
 
 def suite_in_child(package: str, folder, deadline: float) -> subprocess.CompletedProcess | None:
-    # Files, not pipes: the child never stalls on a full pipe.
+    # Files, not pipes: the child never stalls on a full pipe. A session of its own: its
+    # xdist workers, and whatever they start, end with it as one process group.
     with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
         child = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE",
-             str(UNIT)],
-            cwd=ROOT, env=without(package, folder), stdout=out, stderr=err)
+             "-n", "auto", str(UNIT)],
+            cwd=ROOT, env=without(package, folder), stdout=out, stderr=err,
+            start_new_session=True)
     try:
         child.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         return None
     finally:    # past the deadline, or this run interrupted: the child does not outlive it
-        if child.poll() is None:
-            child.kill()
+        if child.poll() is None:      # still running, so the group is still its own
+            os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     return subprocess.CompletedProcess(child.args, child.returncode,
                                        (folder / "out").read_text(),

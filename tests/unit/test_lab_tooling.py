@@ -1,6 +1,7 @@
 """The lab's own logic that needs no guest: command lines and wiring."""
 
 import os
+import shlex
 import signal
 import time
 
@@ -139,3 +140,32 @@ def test_rails_guest_puts_two_gpus_and_two_nics_under_one_switch():
     # Capped, the uplink carries less than the two rails' line rates: they must contend.
     assert rails.CASES["capped"] == (rails.RAIL_MBIT, rails.UPLINK_MBIT)
     assert rails.UPLINK_MBIT < 2 * rails.RAIL_MBIT and rails.CASES["uncapped"][1] == 0
+
+
+def test_the_lab_suites_list_their_slowest_tests_and_take_the_extra_arguments(monkeypatch):
+    """python -m lab test's command lines, with the guests replaced: each suite's pytest
+    lists its slowest tests (so a CI log shows where the guests' minutes go), and the extra
+    pytest arguments come after the suite's path."""
+    from lab import suites
+
+    commands = []
+
+    def run_loopback(command, timeout):
+        commands.append(command)
+        return vm.GuestResult("gdr-lo", 0, "2 passed in 9.0s", 9.0)
+
+    def run_pair(command_a, command_b, timeout):
+        commands.append(command_a)
+        return (vm.GuestResult("gdr-a", 0, "1 passed in 3.0s", 3.0),
+                vm.GuestResult("gdr-b", 0, "", 3.0))
+
+    monkeypatch.setattr(suites, "prepare_dmabuf_modules", lambda: None)
+    monkeypatch.setattr(vm, "run_loopback", run_loopback)
+    monkeypatch.setattr(vm, "run_pair", run_pair)
+    assert suites.run_suites(["-k", "gid table"]) == 0
+    for command, path in zip(commands, (suites.LOOPBACK_TESTS, suites.PAIR_TESTS)):
+        argv = shlex.split(command)
+        assert argv[1:3] == ["-m", "pytest"]
+        assert f"--durations={suites.SLOWEST_TESTS_SHOWN}" in argv[:argv.index(path)]
+        assert argv[argv.index(path):] == [path, "-k", "gid table"]
+    assert len(commands) == 2

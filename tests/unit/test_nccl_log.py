@@ -367,7 +367,10 @@ def test_no_report_contradicts_itself(name):
 @pytest.mark.parametrize("content, cause", [
     (b"", "is empty"),
     (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8, "not text"),
-    (gzip.compress(b"n1:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"), "gzip-compressed"),
+    # mtime=0: the header would carry the time, and a test's id must be the same in every
+    # process that collects it (pytest-xdist's workers compare their collections)
+    (gzip.compress(b"n1:1:2 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n", mtime=0),
+     "gzip-compressed"),
     (b"epoch 1 loss 0.3\nepoch 2 loss 0.2\n", "no NCCL line"),
 ])
 def test_what_is_not_an_nccl_log_is_a_usage_error(tmp_path, content, cause):

@@ -20,8 +20,19 @@ from gdrprobe.measure.server import ProbeServer
 from gdrprobe.memory.host import HostMemory
 from gdrprobe.protocol.token import new_token
 from gdrprobe.rdma.endpoint import EndpointOptions
-from tests.lab.helpers import gdrprobe_json
+from tests.lab.helpers import Server, gdrprobe_json
 from tests.lab.loopback.conftest import TOKEN
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One 'gdrprobe serve' for the module, not one per test (conftest.py's): starting one
+    costs 3.5-4.5 s in the guest. Safe to share: these tests only run clients against it
+    (their faults are injected on the client's side, in this process), none stops, kills or
+    reads it, and serve takes run after run."""
+    running = Server(TOKEN, timeout=5.0)
+    yield running
+    running.stop()
 
 
 def test_every_message_of_a_short_round_is_checked(server):
