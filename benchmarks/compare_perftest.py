@@ -18,6 +18,11 @@ plain ``ib_write_lat`` and says so; ``--bidir`` compares both directions at once
 ``ib_write_bw -b`` (perftest reports the two directions' sum, gdrprobe's ``sum_gbps`` is set
 against it).
 
+Each table gives, beside the median of the pairs' ratios, the ratio of the two programs' best
+runs (the most messages a second, the shortest latency) and every pair's two figures: on a
+shared host, a run is slowed (never sped up) by what else runs, and the lab's guest then runs
+at half speed for a while (benchmarks/RESULTS.md), so a pair can straddle a change of load.
+
 gdrprobe times with the clock ``--clock`` names (default auto: the cycle counter where the
 kernel reports the TSC constant and non-stop, else CLOCK_MONOTONIC; the lab's guest reports
 neither, so auto is CLOCK_MONOTONIC there and ``--clock counter`` reads the TSC as perftest
