@@ -111,9 +111,8 @@ class PassGate:
             return None
 
     def loop_ended(self) -> None:
-        """Called by the loop's thread as it returns: the waiting thread wakes at once,
-        rather than looking every few milliseconds (each look a wake-up on a CPU the loop
-        and the NIC's driver share: under emulation, a few per cent of the rate)."""
+        """Called by the loop's thread as it returns: the waiting thread wakes at once and
+        sees the round's end then, with no look every few milliseconds in between."""
         self._ready.put(LOOP_ENDED)
 
     def answer(self, go_on: bool) -> None:
