@@ -50,9 +50,11 @@ WC_RETRY_EXCEEDED = 12
 WC_REMOTE_ACCESS_ERROR = 10
 
 
-# How long a thread waiting for a pass waits before it looks whether the loop has ended:
-# a round's end waits this long at most (twenty wake-ups a second cost the loop nothing).
-PASS_LOOK_S = 0.05
+# How long a thread waiting on a loop with no heartbeat sleeps between looks (a signal
+# still interrupts the wait; the loop's end and its passes wake it at once).
+IDLE_LOOK_S = 0.5
+# What PassGate.next returns once the loop has returned: no more passes will come.
+LOOP_ENDED = "loop ended"
 
 # What the command line turns into KeyboardInterrupt (cli/common.py terminate_as_interrupt).
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -100,12 +102,18 @@ class PassGate:
                 continue
         return False
 
-    def next(self, timeout_s: float) -> tuple[int, int] | None:
-        """The pass that has landed (index, messages), if one does within timeout_s."""
+    def next(self, timeout_s: float) -> tuple[int, int] | str | None:
+        """The pass that has landed (index, messages), or LOOP_ENDED once the loop has
+        returned, whichever comes first within timeout_s; None if neither does."""
         try:
             return self._ready.get(timeout=timeout_s)
         except queue.Empty:
             return None
+
+    def loop_ended(self) -> None:
+        """Called by the loop's thread as it returns: the waiting thread wakes at once and
+        sees the round's end then, with no look every few milliseconds in between."""
+        self._ready.put(LOOP_ENDED)
 
     def answer(self, go_on: bool) -> None:
         self._answers.put(go_on)
@@ -120,6 +128,7 @@ class LoopThread:
     def __init__(self, loop, config, stop: _native.StopFlag):
         self.stop = stop
         self._outcome: dict = {}
+        self._gate: PassGate | None = None   # told when the loop returns (wait's passes)
         self._thread = threading.Thread(target=self._target, args=(loop, config),
                                         name="gdrprobe-loop", daemon=True)
 
@@ -136,25 +145,33 @@ class LoopThread:
             self._outcome["value"] = loop(config, self.stop)
         except BaseException as error:   # handed to the caller's thread
             self._outcome["error"] = error
+        finally:
+            if self._gate is not None:
+                self._gate.loop_ended()
 
     def wait(self, tick=None, tick_every_s: float = 2.0, passes: PassGate | None = None,
              on_pass=None):
         """Start the loop if it is not running yet; its result once it ends; tick, if given,
         is called every tick_every_s meanwhile (a heartbeat), and on_pass(index, messages)
-        for each pass the loop hands to `passes` (the loop goes on once it returns). On
+        for each pass the loop hands to `passes` (the loop goes on once it returns; the
+        loop, started here, tells `passes` when it returns, which ends the wait at once). On
         Ctrl-C, or an error in either, the loop is stopped before this re-raises, so no
         verbs object is torn down under it."""
         next_tick = time.monotonic() + tick_every_s
         try:
             if self._thread.ident is None:
+                self._gate = passes   # passes: the loop tells the gate when it returns
                 self.start()
             while self._thread.is_alive():
-                # Waking only for the next heartbeat or pass keeps this thread off the CPUs
-                # the loop and the NIC's driver need; a signal still interrupts the wait.
-                wait_s = max(0.0, next_tick - time.monotonic()) if tick else 0.5
+                # Waking only for the next heartbeat, a pass or the loop's end keeps this
+                # thread off the CPUs the loop and the NIC's driver need; a signal still
+                # interrupts the wait.
+                wait_s = max(0.0, next_tick - time.monotonic()) if tick else IDLE_LOOK_S
                 if passes is None:
                     self._thread.join(wait_s)
-                elif (landed := passes.next(min(wait_s, PASS_LOOK_S))) is not None:
+                elif (landed := passes.next(wait_s)) == LOOP_ENDED:
+                    self._thread.join()
+                elif landed is not None:
                     on_pass(*landed)
                     passes.answer(True)
                 if tick is not None and time.monotonic() >= next_tick:

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from gdrprobe import _native
+from gdrprobe.measure import loops
 from gdrprobe.measure.loops import LoopThread, PassGate
 from gdrprobe.measure.options import ProbeOptions
 from gdrprobe.measure.round_check import RoundCheck
@@ -39,6 +40,41 @@ def test_each_pass_is_answered_in_the_waiting_thread_and_the_loop_goes_on():
     assert status == "done"
     assert handed == ["gdrprobe-loop"] * 4
     assert seen == [(i, 5, threading.current_thread().name) for i in range(4)]
+
+
+class CountingGate(PassGate):
+    """A gate that counts how often the waiting thread woke to look at it."""
+
+    def __init__(self, stop):
+        super().__init__(stop)
+        self.looks = 0
+
+    def next(self, timeout_s):
+        self.looks += 1
+        return super().next(timeout_s)
+
+
+def test_the_waiting_thread_wakes_for_passes_and_the_loop_s_end_not_to_poll(monkeypatch):
+    # The look between heartbeats made long: a waiting thread that polled for the loop's
+    # end would look many times while the loop runs; one woken by passes and by the loop's
+    # end looks once per pass and once for the end, however long the loop takes.
+    monkeypatch.setattr(loops, "IDLE_LOOK_S", 60.0)
+    stop = _native.StopFlag()
+    gate = CountingGate(stop)
+    release = threading.Event()
+    threading.Timer(0.3, release.set).start()
+
+    def loop(config, stop):
+        config(0, 5)
+        release.wait(30)      # the loop runs on after its pass, as a real one does
+        config(1, 5)
+        return "done"
+
+    seen = []
+    assert LoopThread(loop, gate, stop).wait(
+        passes=gate, on_pass=lambda index, messages: seen.append(index)) == "done"
+    assert seen == [0, 1]
+    assert gate.looks == 3
 
 
 def test_an_error_in_a_pass_stops_the_loop_and_is_raised():
