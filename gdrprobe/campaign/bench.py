@@ -445,7 +445,8 @@ def bench_plan(settings: BenchSettings, facts: MachineFacts, gpus: Sequence[str]
 
 def port_rate(device, port: int) -> float | None:
     """The port's rate (speed x width) from the device listing."""
-    return next((p.rate_gbps for p in device.ports if p.port == port), None)
+    listed = device.port_info(port)
+    return listed.rate_gbps if listed is not None else None
 
 
 def loopback_executor(ib_port: int, gid_index: int | None) -> Execute:

@@ -63,10 +63,10 @@ def port_facts(device: str | None, port: int) -> tuple[bool, float | None]:
 
 def port_of(device, port: int) -> tuple[bool, float | None]:
     """(an InfiniBand port, its rate) of a listed device (a DeviceInfo; None: unknown)."""
-    ports = [p for p in device.ports if p.port == port] if device is not None else []
-    if not ports:
+    listed = device.port_info(port) if device is not None else None
+    if listed is None:
         return False, None
-    return ports[0].link_layer == "InfiniBand", ports[0].rate_gbps
+    return listed.link_layer == "InfiniBand", listed.rate_gbps
 
 
 def pattern_shape(transport: NcclTransport, infiniband: bool, gbps: float | None) -> NcclShape:

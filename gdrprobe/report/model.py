@@ -177,6 +177,10 @@ class DeviceInfo:
     vendor_part_id: int
     ports: tuple[PortInfo, ...]
 
+    def port_info(self, port: int) -> PortInfo | None:
+        """The listed port numbered `port` (verbs numbers from 1); None: not listed."""
+        return next((p for p in self.ports if p.port == port), None)
+
 
 @dataclasses.dataclass(frozen=True)
 class DeviceReport:

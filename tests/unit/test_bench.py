@@ -358,3 +358,19 @@ def test_a_pattern_sweep_runs_ncclS_steps_and_each_row_gets_its_pattern():
                              transport=plan.transport)
     assert (row.nccl_gbps, row.nccl_answer) == (20.0, "sustains")
     assert "NCCL pattern 20.0" in outputs.BenchTable().lines(row)[-1]
+
+
+def test_the_port_a_run_uses_is_the_one_of_its_number_not_the_first_listed():
+    from gdrprobe.campaign import nccl_pattern
+    from gdrprobe.report.model import DeviceInfo, PortInfo
+
+    def port(number, link_layer, rate):
+        return PortInfo(number, "ACTIVE", "LINK_UP", link_layer, 4096, 4096, "", "4X", rate, 0, ())
+
+    device = DeviceInfo("mlx5_0", "", "InfiniBand", "CA", "", 0, 0,
+                        (port(1, "Ethernet", 100.0), port(2, "InfiniBand", 400.0)))
+    assert bench.port_rate(device, 2) == 400.0
+    assert nccl_pattern.port_of(device, 2) == (True, 400.0)
+    assert nccl_pattern.port_of(device, 1) == (False, 100.0)
+    assert bench.port_rate(device, 3) is None and nccl_pattern.port_of(device, 3) == (False, None)
+    assert nccl_pattern.port_of(None, 1) == (False, None)
