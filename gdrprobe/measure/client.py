@@ -414,8 +414,8 @@ class ProbeClient:
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
             slots=o.slots(size), src_slots=o.source_slots(size), on_pass=passes,
             read=o.reads, src_offset=o.source_offset(size), **self.clock.loop_args())
-        raw = LoopThread(_native.run_bandwidth, config, self.stop).wait(
-            **self._heartbeat(channel, what), passes=passes, on_pass=on_pass)
+        raw = LoopThread(_native.run_bandwidth, config, self.stop, passes).wait(
+            **self._heartbeat(channel, what), on_pass=on_pass)
         self._check_loop(channel, raw, what, stall_s)
         return raw
 

@@ -125,10 +125,13 @@ class LoopThread:
     The loop starts in :meth:`start` or :meth:`wait` and must not outlive the verbs objects
     it uses: every interrupt after that is raised where the loop is stopped first."""
 
-    def __init__(self, loop, config, stop: _native.StopFlag):
+    def __init__(self, loop, config, stop: _native.StopFlag, passes: PassGate | None = None):
+        """passes: the gate the loop hands its passes to (its config's on_pass), told when
+        the loop returns, however it was started (start() before wait(): the server's side
+        of a bidirectional round)."""
         self.stop = stop
         self._outcome: dict = {}
-        self._gate: PassGate | None = None   # told when the loop returns (wait's passes)
+        self._gate = passes
         self._thread = threading.Thread(target=self._target, args=(loop, config),
                                         name="gdrprobe-loop", daemon=True)
 
@@ -149,18 +152,17 @@ class LoopThread:
             if self._gate is not None:
                 self._gate.loop_ended()
 
-    def wait(self, tick=None, tick_every_s: float = 2.0, passes: PassGate | None = None,
-             on_pass=None):
+    def wait(self, tick=None, tick_every_s: float = 2.0, on_pass=None):
         """Start the loop if it is not running yet; its result once it ends; tick, if given,
         is called every tick_every_s meanwhile (a heartbeat), and on_pass(index, messages)
-        for each pass the loop hands to `passes` (the loop goes on once it returns; the
-        loop, started here, tells `passes` when it returns, which ends the wait at once). On
+        for each pass the loop hands to its gate (the loop goes on once it returns; the
+        loop tells the gate when it returns, which ends the wait at once). On
         Ctrl-C, or an error in either, the loop is stopped before this re-raises, so no
         verbs object is torn down under it."""
         next_tick = time.monotonic() + tick_every_s
+        passes = self._gate
         try:
             if self._thread.ident is None:
-                self._gate = passes   # passes: the loop tells the gate when it returns
                 self.start()
             while self._thread.is_alive():
                 # Waking only for the next heartbeat, a pass or the loop's end keeps this

@@ -435,13 +435,12 @@ class ProbeServer:
             max_inline=options.max_inline if memory.inline_capable else 0,
             stall_timeout_ns=int(stall_s * 1e9), slots=options.slots(size), src_slots=sources,
             on_pass=passes, src_offset=offset, **loop_clock(options.clock).loop_args())
-        loop = LoopThread(_native.run_bandwidth, config, self.stop)
+        loop = LoopThread(_native.run_bandwidth, config, self.stop, passes)
         loop.start()
         try:
             channel.send(READY)
             raw = loop.wait(tick=lambda: channel.send(PROGRESS),
-                            tick_every_s=heartbeat_s(options.timeout_s), passes=passes,
-                            on_pass=functools.partial(exchange_passes, channel, check))
+                            tick_every_s=heartbeat_s(options.timeout_s), on_pass=functools.partial(exchange_passes, channel, check))
         finally:
             loop.finish()
         check_status(raw, what, stall_s)

@@ -34,8 +34,8 @@ def test_each_pass_is_answered_in_the_waiting_thread_and_the_loop_goes_on():
     stop = _native.StopFlag()
     gate = PassGate(stop)
     seen = []
-    status, handed = LoopThread(passes_loop(4), gate, stop).wait(
-        passes=gate, on_pass=lambda index, messages: seen.append(
+    status, handed = LoopThread(passes_loop(4), gate, stop, gate).wait(
+        on_pass=lambda index, messages: seen.append(
             (index, messages, threading.current_thread().name)))
     assert status == "done"
     assert handed == ["gdrprobe-loop"] * 4
@@ -48,10 +48,12 @@ class CountingGate(PassGate):
     def __init__(self, stop):
         super().__init__(stop)
         self.looks = 0
+        self.seen = []
 
     def next(self, timeout_s):
         self.looks += 1
-        return super().next(timeout_s)
+        self.seen.append(super().next(timeout_s))
+        return self.seen[-1]
 
 
 def test_the_waiting_thread_wakes_for_passes_and_the_loop_s_end_not_to_poll(monkeypatch):
@@ -71,10 +73,25 @@ def test_the_waiting_thread_wakes_for_passes_and_the_loop_s_end_not_to_poll(monk
         return "done"
 
     seen = []
-    assert LoopThread(loop, gate, stop).wait(
-        passes=gate, on_pass=lambda index, messages: seen.append(index)) == "done"
+    assert LoopThread(loop, gate, stop, gate).wait(
+        on_pass=lambda index, messages: seen.append(index)) == "done"
     assert seen == [0, 1]
     assert gate.looks == 3
+
+
+def test_a_loop_started_before_the_wait_still_ends_it_at_once(monkeypatch):
+    # The server's side of a bidirectional round starts its loop, says "ready", then waits
+    # with a heartbeat: the loop's end must wake that wait, not the next beat.
+    monkeypatch.setattr(loops, "IDLE_LOOK_S", 60.0)
+    stop = _native.StopFlag()
+    gate = CountingGate(stop)
+    thread = LoopThread(passes_loop(2), gate, stop, gate)
+    thread.start()
+    seen = []
+    assert thread.wait(tick=lambda: None, tick_every_s=60.0,
+                       on_pass=lambda index, messages: seen.append(index))[0] == "done"
+    assert seen == [0, 1]
+    assert gate.seen == [(0, 5), (1, 5), loops.LOOP_ENDED]   # woken by the end, not a time-out
 
 
 def test_an_error_in_a_pass_stops_the_loop_and_is_raised():
@@ -85,9 +102,9 @@ def test_an_error_in_a_pass_stops_the_loop_and_is_raised():
         if index == 1:
             raise RuntimeError("the server went away")
 
-    thread = LoopThread(passes_loop(4), gate, stop)
+    thread = LoopThread(passes_loop(4), gate, stop, gate)
     with pytest.raises(RuntimeError, match="went away"):
-        thread.wait(passes=gate, on_pass=refuse)
+        thread.wait(on_pass=refuse)
     assert stop.is_set
     assert thread.finish() == ("stopped", ["gdrprobe-loop"] * 2)
 
