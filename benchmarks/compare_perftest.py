@@ -23,6 +23,12 @@ runs (the most messages a second, the shortest latency) and every pair's two fig
 shared host, a run is slowed (never sped up) by what else runs, and the lab's guest then runs
 at half speed for a while (benchmarks/RESULTS.md), so a pair can straddle a change of load.
 
+By default gdrprobe checks every message in a slot of its own (a 4 MiB ring each way, its
+pauses left out of the window), perftest checks nothing and writes one buffer over and over;
+``--perftest-footprint`` runs gdrprobe's bandwidth in that footprint (``--sample-integrity
+--integrity-bytes SIZE``: one receive slot, the last message checked), so the two loops
+compare on the same memory.
+
 gdrprobe times with the clock ``--clock`` names (default auto: the cycle counter where the
 kernel reports the TSC constant and non-stop, else CLOCK_MONOTONIC; the lab's guest reports
 neither, so auto is CLOCK_MONOTONIC there and ``--clock counter`` reads the TSC as perftest
@@ -124,10 +130,13 @@ def in_abba_order(pair: int, perftest_run, gdrprobe_run) -> tuple:
 def bandwidth_pair(pair: int, args, size: int, iters: int):
     common = ["-s", str(size), "-n", str(iters), "-t", str(args.tx_depth), "-Q", str(args.cq_mod)]
     both = ["-b"] if args.bidir else []
+    footprint = ["--sample-integrity", "--integrity-bytes", str(size)] \
+        if args.perftest_footprint else []
     numbers, report = in_abba_order(
         pair, lambda: perftest(BANDWIDTH_TOOLS[args.opcode], args.device, args.gid_index,
                                [*common, *both], 5),
-        lambda: gdrprobe(args.device, [*common, *both, "--opcode", args.opcode, "--clock", args.clock]))
+        lambda: gdrprobe(args.device, [*common, *both, *footprint, "--opcode", args.opcode,
+                                       "--clock", args.clock]))
     _, _, _, avg_mib_s, rate = numbers
     if args.bidir:   # perftest's figures are both directions together
         total = report["bidirectional"][0]["sum_gbps"] * 1e9 / 8
@@ -198,6 +207,10 @@ def main() -> int:
                         help="the operation both programs measure (write_imm: latency only)")
     parser.add_argument("-b", "--bidir", action="store_true",
                         help="bandwidth in both directions at once (perftest's -b)")
+    parser.add_argument("--perftest-footprint", action="store_true",
+                        help="gdrprobe's bandwidth runs in one receive slot, the last message "
+                             "checked, as perftest's one buffer (default: every message "
+                             "checked in a slot of its own)")
     parser.add_argument("--perftest-dir",
                         help="where the perftest tools are (a perftest built from source), "
                              "else the PATH's")
@@ -214,7 +227,8 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d %H:%M')}, kernel {platform.release()}")
     print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, latency inline size "
           f"{args.inline_size}, {args.pairs} ABBA pairs, gdrprobe --clock {args.clock}, "
-          f"--opcode {args.opcode}{' -b' if args.bidir else ''}; "
+          f"--opcode {args.opcode}{' -b' if args.bidir else ''}"
+          f"{', perftest footprint (one slot)' if args.perftest_footprint else ''}; "
           "ratio = median (range) over pairs of gdrprobe / perftest; best = gdrprobe's best "
           "run over perftest's best run")
     print(f"# perftest: {perftest_version()}")

@@ -442,8 +442,9 @@ class ProbeClient:
         """Both directions at once (perftest's -b): this side WRITEs its sources (past its
         receive slots) into the server's slots while the server WRITEs its own into this
         side's; each side's loop pauses after each pass until both have checked what the
-        other wrote (exchange_passes). Each side times its own loop; the server's comes
-        back in "sent", the reverse row."""
+        other wrote (exchange_passes), or (a sampling run) with no pause, each side checking
+        its slots' last messages once the other's loop has ended. Each side times its own
+        loop; the server's comes back in "sent", the reverse row."""
         o = self.options
         what = f"the {size}-byte bidirectional round"
         seed = _native.pattern_seed(size, self.round)
@@ -457,6 +458,8 @@ class ProbeClient:
                                    functools.partial(exchange_passes, channel, check))
         send(channel, Done(raw.posted))
         sent = Sent.from_message(receive_skipping_progress(channel, Sent.KIND))
+        if o.sample_integrity:   # the server's loop has ended: its WRITEs have landed
+            check.last(sent.posted)
         verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
         raise_if_corrupt(verified.integrity, size, "the server")
         integrity = check.integrity(sent.posted)

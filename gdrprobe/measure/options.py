@@ -148,9 +148,9 @@ class ProbeOptions:
         if self.opcode == "write_imm" and self.mode != "latency":
             problems.append("write_imm measures latency (--latency): a bandwidth run WRITEs")
         if self.bidir and (self.mode != "bandwidth" or self.opcode != "write"
-                           or self.duration_s or self.sample_integrity):
-            problems.append("--bidir runs WRITE bandwidth for a number of iterations, every "
-                            "message checked (no -D, --latency, --opcode or --sample-integrity)")
+                           or self.duration_s):
+            problems.append("--bidir runs WRITE bandwidth for a number of iterations (no -D, "
+                            "--latency or --opcode)")
         if self.send_memory not in ("", "host"):
             problems.append(f"send memory {self.send_memory!r} is not '' or 'host'")
         if self.send_memory and not self.imm:

@@ -32,11 +32,21 @@ def test_both_sides_are_written_and_each_keeps_its_sources_past_its_slots():
 
 
 @pytest.mark.parametrize("settings", [{"mode": "latency"}, {"opcode": "read"},
-                                      {"duration_s": 1.0}, {"sample_integrity": True}])
-def test_bidir_is_write_bandwidth_with_every_message_checked(settings):
+                                      {"duration_s": 1.0}])
+def test_bidir_is_write_bandwidth_for_a_number_of_iterations(settings):
     with pytest.raises(UsageError, match="--bidir runs WRITE bandwidth") as raised:
         ProbeOptions(bidir=True, sizes=(SIZE,), **settings)
     assert raised.value.exit_code == 2
+
+
+def test_bidir_may_sample_in_perftests_footprint_one_slot_and_two_sources():
+    from gdrprobe.measure.client import integrity_method
+
+    options = ProbeOptions(bidir=True, sizes=(SIZE,), iterations=50, sample_integrity=True,
+                           integrity_bytes=SIZE)
+    assert (options.slots(SIZE), options.source_slots(SIZE)) == (1, 2)
+    assert integrity_method(options).startswith("sampled")
+    assert ProbeOptions.from_message(options.to_message()).sample_integrity is True
 
 
 def test_bidir_rounds_take_nccls_flush_each_side_receiving_into_gpu_memory():

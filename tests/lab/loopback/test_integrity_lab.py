@@ -292,3 +292,15 @@ def test_bidirectional_against_serve_checks_every_message_both_ways(server):
     (both,) = report["bidirectional"]
     assert both["sum_gbps"] == pytest.approx(forward["bandwidth_avg_gbps"]
                                              + reverse["bandwidth_avg_gbps"])
+
+
+def test_bidirectional_sampling_checks_each_sides_last_message_without_passes(server):
+    """-b --sample-integrity with one slot (perftest's footprint): no pauses, and each side
+    checks the message its slot holds once the other's loop has ended."""
+    report = gdrprobe_json("run", "127.0.0.1", "--token", TOKEN, "-b", "--sample-integrity",
+                           "--integrity-bytes", "64K", "-s", "64K", "-n", "30")
+    for row in (report["bandwidth"][0], report["reverse"][0]):
+        integrity = row["integrity"]
+        assert (integrity["messages_checked"], integrity["messages_total"]) == (1, 30), row
+        assert integrity["bad_bytes"] == integrity["stray_bytes"] == 0
+        assert row["integrity_passes"] == 0 and row["bandwidth_avg_gbps"] > 0
