@@ -23,8 +23,9 @@ runs (the most messages a second, the shortest latency) and every pair's two fig
 shared host, a run is slowed (never sped up) by what else runs, and the lab's guest then runs
 at half speed for a while (benchmarks/RESULTS.md), so a pair can straddle a change of load.
 
-By default gdrprobe checks every message in a slot of its own (a 4 MiB ring each way, its
-pauses left out of the window), perftest checks nothing and writes one buffer over and over;
+By default gdrprobe's bandwidth runs check every message in a slot of its own (a ring of up
+to 4 MiB, its pauses left out of the window), perftest checks nothing and writes one buffer
+over and over;
 ``--perftest-footprint`` runs gdrprobe's bandwidth in that footprint (``--sample-integrity
 --integrity-bytes SIZE``: one receive slot, the last message checked), so the two loops
 compare on the same memory.
@@ -228,7 +229,7 @@ def main() -> int:
     print(f"# TX depth {args.tx_depth}, CQ moderation {args.cq_mod}, latency inline size "
           f"{args.inline_size}, {args.pairs} ABBA pairs, gdrprobe --clock {args.clock}, "
           f"--opcode {args.opcode}{' -b' if args.bidir else ''}"
-          f"{', perftest footprint (one slot)' if args.perftest_footprint else ''}; "
+          f"{', bandwidth in perftest footprint (one slot)' if args.perftest_footprint else ''}; "
           "ratio = median (range) over pairs of gdrprobe / perftest; best = gdrprobe's best "
           "run over perftest's best run")
     print(f"# perftest: {perftest_version()}")

@@ -244,13 +244,11 @@ def advertised_address(endpoint: EndpointOptions, explicit: str | None = None) -
     if explicit:
         return explicit
     report = list_devices(endpoint.device)
-    for device in report.devices[:1]:
-        for port in device.ports:
-            if port.port != endpoint.port:
-                continue
-            found = verbs.ipv4_roce_v2_gid((gid.index, gid.gid, gid.type) for gid in port.gids)
-            if found is not None:
-                return verbs.gid_ip_address(found[1])
+    port = report.devices[0].port_info(endpoint.port) if report.devices else None
+    if port is not None:
+        found = verbs.ipv4_roce_v2_gid((gid.index, gid.gid, gid.type) for gid in port.gids)
+        if found is not None:
+            return verbs.gid_ip_address(found[1])
     return socket.gethostbyname(socket.gethostname())
 
 

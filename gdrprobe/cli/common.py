@@ -99,7 +99,7 @@ def add_bidir_flag(parser, what: str) -> None:
     parser.add_argument("-b", "--bidir", action="store_true",
                         help="both directions at once, as perftest's -b: each side WRITEs "
                              "into the other's buffer in one window, every message checked "
-                             f"both ways; {what}")
+                             f"both ways (run: unless --sample-integrity); {what}")
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -68,7 +68,8 @@ def register(subparsers) -> None:
     parser.add_argument("--sample-integrity", action="store_true",
                         help="check only the messages the receiver's slots hold at the end of "
                              "each size, not every message (no pauses between passes; "
-                             "corruption that comes and goes can be missed)")
+                             "corruption that comes and goes can be missed; one QP; with -b "
+                             "each side its own slots)")
     parser.add_argument("--integrity-bytes", type=size, default=None, metavar="SIZE",
                         help="the bytes of a pass's slots, each message checked before its "
                              "slot is written again (default 4M): every pass drains the queue "

@@ -458,8 +458,7 @@ class ProbeClient:
                                    functools.partial(exchange_passes, channel, check))
         send(channel, Done(raw.posted))
         sent = Sent.from_message(receive_skipping_progress(channel, Sent.KIND))
-        if o.sample_integrity:   # the server's loop has ended: its WRITEs have landed
-            check.last(sent.posted)
+        check.settle(sent.posted, o.sample_integrity, "the server")
         verified = Verified.from_message(channel.receive(Verified.KIND), bandwidth=True)
         raise_if_corrupt(verified.integrity, size, "the server")
         integrity = check.integrity(sent.posted)

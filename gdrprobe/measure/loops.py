@@ -160,7 +160,6 @@ class LoopThread:
         Ctrl-C, or an error in either, the loop is stopped before this re-raises, so no
         verbs object is torn down under it."""
         next_tick = time.monotonic() + tick_every_s
-        passes = self._gate
         try:
             if self._thread.ident is None:
                 self.start()
@@ -169,13 +168,13 @@ class LoopThread:
                 # thread off the CPUs the loop and the NIC's driver need; a signal still
                 # interrupts the wait.
                 wait_s = max(0.0, next_tick - time.monotonic()) if tick else IDLE_LOOK_S
-                if passes is None:
+                if self._gate is None:
                     self._thread.join(wait_s)
-                elif (landed := passes.next(wait_s)) == LOOP_ENDED:
+                elif (landed := self._gate.next(wait_s)) == LOOP_ENDED:
                     self._thread.join()
                 elif landed is not None:
                     on_pass(*landed)
-                    passes.answer(True)
+                    self._gate.answer(True)
                 if tick is not None and time.monotonic() >= next_tick:
                     next_tick += tick_every_s
                     tick()

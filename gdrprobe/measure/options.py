@@ -85,7 +85,8 @@ class ProbeOptions:
     flush: str = ""
     opcode: str = defaults.OPCODE    # OPCODES: what the client's NIC does to the server's buffer
     # Both sides WRITE at once, each into the other's slots (perftest's -b): every message
-    # checked both ways, pass by pass in step (measure/side.py exchange_passes).
+    # checked both ways, pass by pass in step (measure/side.py exchange_passes), or, a
+    # sampling run, each side's slots at the end once the other's loop has ended.
     bidir: bool = False
     # Where each side's latency messages are sent from (WRITE with immediate): "" its own
     # buffer; "host": a host buffer apart, where NCCL's LL protocol keeps its send buffers
@@ -151,6 +152,11 @@ class ProbeOptions:
                            or self.duration_s):
             problems.append("--bidir runs WRITE bandwidth for a number of iterations (no -D, "
                             "--latency or --opcode)")
+        if self.sample_integrity and self.qps > 1:
+            problems.append("--sample-integrity checks the last message each slot holds, and "
+                            "RDMA orders WRITEs only within a QP: over several QPs a slot's "
+                            "last message may land before an earlier one (sample with -q 1, "
+                            "or check every message without --sample-integrity)")
         if self.send_memory not in ("", "host"):
             problems.append(f"send memory {self.send_memory!r} is not '' or 'host'")
         if self.send_memory and not self.imm:

@@ -12,8 +12,10 @@ the byte that message put there."""
 from __future__ import annotations
 
 from gdrprobe import _native
+from gdrprobe.errors import PeerError
 from gdrprobe.measure.side import FlushTally, offset_or_none
 from gdrprobe.memory.provider import MemoryProvider
+from gdrprobe.protocol.fields import SAME_VERSION_FIX
 from gdrprobe.report.model import Integrity
 
 
@@ -39,6 +41,18 @@ class RoundCheck:
         the last is `slots` messages, except NCCL's pattern's first: its steps alone)."""
         self._check(self.messages, messages)
         self.passes += 1
+
+    def settle(self, posted: int, sampled: bool, writer: str) -> None:
+        """The round's end, the writer's loop over (its `posted` WRITEs have landed): a
+        sampling run checks the messages the slots hold now; otherwise every pass must have
+        been checked already. writer: who wrote, as an error names it ("the client")."""
+        if posted == 0:
+            raise PeerError(f"{writer} ended the {self.size}-byte round without writing", "")
+        if sampled:
+            self.last(posted)
+        elif self.messages != posted:
+            raise PeerError(f"{writer} posted {posted} messages of {self.size} B and had "
+                            f"{self.messages} checked", SAME_VERSION_FIX)
 
     def last(self, posted: int) -> None:
         """A sampling run: check the messages the slots hold after `posted` were sent."""

@@ -172,3 +172,29 @@ def test_the_sender_has_one_source_slot_more_than_the_receiver_has_slots_and_roo
     assert ProbeOptions().sample_integrity is False
     assert ProbeOptions.from_message(ProbeOptions(sample_integrity=True).to_message()) \
         .sample_integrity is True
+
+
+def test_the_round_settles_by_sampling_or_by_every_pass_checked(memory):
+    from gdrprobe.errors import PeerError
+
+    size, slots, seed = 4096, 4, 7
+    sent(memory, size, slots, slots + 1, seed, 0, 10)
+    sampled = RoundCheck(memory, size, slots, slots + 1, seed)
+    sampled.settle(10, sampled=True, writer="the server")
+    assert (sampled.messages, sampled.bad_messages) == (4, 0)
+    with pytest.raises(PeerError, match="the server ended the 4096-byte round without writing"):
+        RoundCheck(memory, size, slots, slots + 1, seed).settle(0, True, "the server")
+    unchecked = RoundCheck(memory, size, slots, slots + 1, seed)
+    with pytest.raises(PeerError, match="the client posted 10 messages of 4096 B and had 0 "
+                                        "checked"):
+        unchecked.settle(10, sampled=False, writer="the client")
+
+
+def test_sampling_is_one_qp_as_rdma_orders_writes_only_within_a_qp():
+    from gdrprobe.errors import UsageError
+
+    with pytest.raises(UsageError, match="sample with -q 1") as raised:
+        ProbeOptions(sample_integrity=True, qps=2)
+    assert raised.value.exit_code == 2
+    assert ProbeOptions(sample_integrity=True, qps=1).qps == 1
+    assert ProbeOptions(qps=2).qps == 2
