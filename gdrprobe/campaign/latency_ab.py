@@ -3,8 +3,9 @@ ends) and the GPU arm (the memory asked for), alternately, each repeat a whole r
 same opcode and settings: the ping-pong of WRITEs with immediate, which no CPU polls, so
 either end may be GPU memory (perftest's ib_write_lat --write_with_imm), or READs, whose
 initiator polls its CQ, so the fetched (remote) end may be (ib_read_lat). Per size, each
-arm's median of its repeats' medians and the GPU arm's over the host arm's: the
-small-message cost of GPUDirect, reported, not judged."""
+arm's median of its repeats' medians and the GPU arm's over the host arm's, and each
+repeat's own ratio: the small-message cost of GPUDirect, reported, not judged (check
+--latency judges it: campaign/secondary.py latency_check)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,20 @@ from gdrprobe.report.model import LatencyABReport, LatencyRatio, RunReport
 RunOnce = Callable[[MemorySpec, "MemorySpec | None"], RunReport]
 
 
-def latency_ratios(host: list[RunReport], gpu: list[RunReport]) -> tuple[LatencyRatio, ...]:
-    """Per size: each arm's median over its repeats' medians, and GPU over host."""
-    def medians(runs: list[RunReport]) -> dict[int, float]:
-        sizes = [row.size_bytes for row in runs[0].latency]
-        return {size: statistics.median(row.latency_us_median for run in runs
-                                        for row in run.latency if row.size_bytes == size)
-                for size in sizes}
+def run_median(run: RunReport, size: int) -> float:
+    return next(row.latency_us_median for row in run.latency if row.size_bytes == size)
 
-    host_medians, gpu_medians = medians(host), medians(gpu)
-    return tuple(LatencyRatio(size, host_medians[size], gpu_medians[size],
-                              gpu_medians[size] / host_medians[size])
-                 for size in host_medians)
+
+def latency_ratios(host: list[RunReport], gpu: list[RunReport]) -> tuple[LatencyRatio, ...]:
+    """Per size: each arm's median over its repeats' medians, GPU over host, and each
+    repeat's pair (the host run and the GPU run after it) as its own ratio."""
+    def ratio(size: int) -> LatencyRatio:
+        host_median = statistics.median(run_median(run, size) for run in host)
+        gpu_median = statistics.median(run_median(run, size) for run in gpu)
+        pairs = tuple(run_median(g, size) / run_median(h, size) for h, g in zip(host, gpu))
+        return LatencyRatio(size, host_median, gpu_median, gpu_median / host_median, pairs)
+
+    return tuple(ratio(row.size_bytes) for row in host[0].latency)
 
 
 def latency_ab(run_once: RunOnce, local: MemorySpec, remote: MemorySpec | None,

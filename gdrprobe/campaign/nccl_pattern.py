@@ -21,7 +21,7 @@ from gdrprobe.campaign.arguments import check_pattern_name
 from gdrprobe.measure.nccl_shape import NcclShape
 from gdrprobe.nccl import params
 from gdrprobe.nccl.pattern import COLLECTIVE, STEPS, NcclTransport
-from gdrprobe.report.check import DEGRADED, ENGAGED, Verdict
+from gdrprobe.report.check import DEGRADED, ENGAGED, INCONCLUSIVE, NOT_RUN, Verdict
 from gdrprobe.report.model import RunReport
 from gdrprobe.report.nccl_pattern import (BELOW_PREDICTION, PHASES, ROUND_TRIP_BOUND, SUSTAINS,
                                           NcclAnswer, NcclPatternCheck, NcclPatternRatio,
@@ -29,8 +29,6 @@ from gdrprobe.report.nccl_pattern import (BELOW_PREDICTION, PHASES, ROUND_TRIP_B
 
 WITHIN = "within"
 MIN_WINDOW_S = 0.1   # check --pattern: a window for the pattern's runs where the check set none
-INCONCLUSIVE = "inconclusive"
-NOT_RUN = "not run"
 QPS_NOTE = ("NCCL_IB_QPS_PER_CONNECTION does not: a connection keeps NCCL_STEPS steps in "
             "flight however many QPs carry them (it helps where one QP's own rate limits the "
             "data phase, with NCCL_IB_SPLIT_DATA_ON_QPS=1)")

@@ -81,10 +81,16 @@ def blocked_by(verdict: Verdict) -> str:
 
 def latency_check(report: LatencyABReport, factor: float, source: str) -> LatencyCheck:
     """Latency degraded at the sizes where the GPU arm's median is over factor times the
-    host arm's."""
-    slow = tuple(r.size_bytes for r in report.ratios if r.gpu_over_host > factor)
-    return LatencyCheck(LATENCY_DEGRADED if slow else WITHIN, factor, source,
-                        ratios=report.ratios, degraded_sizes=slow, repeats=len(report.host))
+    host arm's in every repeat's pair; where the medians are over it but some pair is not
+    (load that came and went slows a run, never speeds one up), inconclusive at that size,
+    a warning about nothing, as the other A/Bs straddling their bound."""
+    slow = [r for r in report.ratios if r.gpu_over_host > factor]
+    degraded = tuple(r.size_bytes for r in slow if min(r.pair_ratios, default=r.gpu_over_host)
+                     > factor)
+    straddled = tuple(r.size_bytes for r in slow if r.size_bytes not in degraded)
+    outcome = LATENCY_DEGRADED if degraded else INCONCLUSIVE if straddled else WITHIN
+    return LatencyCheck(outcome, factor, source, ratios=report.ratios, degraded_sizes=degraded,
+                        inconclusive_sizes=straddled, repeats=len(report.host))
 
 
 def latency_not_run(factor: float, source: str, why: str) -> LatencyCheck:

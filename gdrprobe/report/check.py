@@ -220,12 +220,13 @@ class LatencyCheck:
     against the GPU memory the check measured) and whether the GPU arm's median is over the
     host arm's by more than the factor at some size."""
 
-    outcome: str                   # latency degraded | within bounds | not run
+    outcome: str                   # latency degraded | within bounds | inconclusive | not run
     factor: float                  # the bound on the GPU/host median ratio
     factor_source: str             # where the factor comes from (a default or as given)
     ratios: tuple[LatencyRatio, ...] = ()
-    degraded_sizes: tuple[int, ...] = ()
+    degraded_sizes: tuple[int, ...] = ()       # over the factor in every repeat's pair
     repeats: int = 0
+    inconclusive_sizes: tuple[int, ...] = ()   # medians over it, some pair not
     detail: str = ""               # why it did not run, where it did not
 
 
@@ -351,7 +352,8 @@ class NodeCheckReport:
 
 TOGETHER = "together"              # every rail keeps its solo bandwidth with all running
 CONTENTION = "contention"          # rails fine alone fall only together
-INCONCLUSIVE = "inconclusive"      # the rails did not measure together, or a rail failed
+# the rails did not measure together, or a rail failed; an extra A/B straddled its bound
+INCONCLUSIVE = "inconclusive"
 ONE_RAIL = "one rail"              # nothing to run together
 NO_RAIL = "no rail"                # no rail engaged alone: the rails cannot be judged
 

@@ -96,6 +96,8 @@ def render_latency(latency: LatencyCheck) -> list[str]:
                 if latency.ratios else "")]
     lines += [f"   {r.size_bytes:>8} B: host {r.host_median_us:.2f} us, GPU "
               f"{r.gpu_median_us:.2f} us, GPU/host {r.gpu_over_host:.2f}"
+              + (f" (each pair: {', '.join(f'{x:.2f}' for x in r.pair_ratios)})"
+                 if len(r.pair_ratios) > 1 else "")
               for r in latency.ratios]
     return lines
 

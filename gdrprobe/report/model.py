@@ -365,6 +365,9 @@ class LatencyRatio:
     host_median_us: float
     gpu_median_us: float
     gpu_over_host: float           # the GPU arm's median over the host arm's
+    # Each repeat's GPU median over the host median measured just before it: a burst of
+    # load that slowed some runs shows as pairs on both sides of a bound.
+    pair_ratios: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

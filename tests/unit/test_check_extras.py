@@ -48,7 +48,7 @@ class Machine:
     gpu_write: float = 380.0
     gpu_send: float = 380.0
     gpu_read: float = 380.0
-    gpu_latency_us: float = 2.1
+    gpu_latency_us: float | list = 2.1     # a list: each GPU latency run's, in turn
     gpu_bidir: float = 380.0
     made: list = dataclasses.field(default_factory=list)
     options: list = dataclasses.field(default_factory=list)
@@ -62,12 +62,17 @@ class Machine:
             gpu = "gpu" in (local.kind, remote.kind)
             memory = {"kind": "gpu", "mechanism": "dmabuf"} if gpu else {"kind": "host"}
             if options.mode == "latency":
-                return latency_run(self.gpu_latency_us if gpu else 2.0, memory)
+                return latency_run(self.next_gpu_latency() if gpu else 2.0, memory)
             sends = (local.kind, remote.kind) == ("gpu", "host")
             gbps = (self.gpu_bidir if options.bidir else self.gpu_read if options.opcode == "read"
                     else self.gpu_send if sends else self.gpu_write) if gpu else 390.0
             return recorded_run(gbps, memory)
         return probe
+
+    def next_gpu_latency(self) -> float:
+        if isinstance(self.gpu_latency_us, list):
+            return self.gpu_latency_us.pop(0)
+        return self.gpu_latency_us
 
 
 @pytest.fixture
@@ -115,6 +120,28 @@ def test_gpu_latency_near_the_hosts_is_within_bounds_and_starts_the_job(tmp_path
     assert report.latency.outcome == "within bounds"
     assert report.latency.ratios[0].gpu_over_host == pytest.approx(1.05)
     assert report.verdict.exit_code == ExitCode.OK and not report.verdict.warnings
+
+
+def test_latency_over_the_factor_in_some_pairs_only_is_inconclusive_and_warns_of_nothing(
+        tmp_path, machine):
+    # Load that came and went: two of three GPU runs at 2.5x the host runs before them, one
+    # at par. The medians are over the factor; one pair is not: no answer, no warning.
+    machine.gpu_latency_us = [5.0, 5.0, 2.1]
+    report = check(tmp_path, latency=True, repeats=3)
+    assert report.latency.outcome == "inconclusive"
+    assert report.latency.inconclusive_sizes == (8, 4096) and report.latency.degraded_sizes == ()
+    assert report.latency.ratios[0].pair_ratios == pytest.approx((2.5, 2.5, 1.05))
+    assert report.verdict.exit_code == ExitCode.OK and not report.verdict.warnings
+    assert "(each pair: 2.50, 2.50, 1.05)" in render_check(report)
+    assert json.loads(to_json(report))["latency"]["inconclusive_sizes"] == [8, 4096]
+
+
+def test_latency_over_the_factor_in_every_pair_is_degraded(tmp_path, machine):
+    machine.gpu_latency_us = [5.0, 4.5, 6.0]
+    report = check(tmp_path, latency=True, repeats=3)
+    assert report.latency.outcome == "latency degraded"
+    assert report.latency.degraded_sizes == (8, 4096) and report.latency.inconclusive_sizes == ()
+    assert report.verdict.exit_code == ExitCode.PERFORMANCE_WARNING
 
 
 def test_a_given_factor_bounds_the_ratio(tmp_path, machine):
