@@ -88,7 +88,7 @@ def test_check_latency_and_read_answer_on_an_engaged_node_and_never_drain(tmp_pa
         assert latency["outcome"] == read["outcome"] == both_ways["outcome"] == "not run"
         assert "comes first" in read["detail"]
         return
-    assert latency["outcome"] in ("within bounds", "latency degraded"), latency
+    assert latency["outcome"] in ("within bounds", "latency degraded", "inconclusive"), latency
     assert [r["size_bytes"] for r in latency["ratios"]] == [8, 4096]
     assert all(r["host_median_us"] > 0 and r["gpu_median_us"] > 0 for r in latency["ratios"])
     assert read["outcome"] in ("within bounds", "GDR read degraded", "inconclusive"), read
