@@ -225,7 +225,8 @@ def check(host: str | None = None, *, token: str | None = None, port: int | None
     no limit) is a hard limit on the whole check, doctor, set-up and waiting for another
     check of the same NIC included. Where the A/B is engaged, latency=True adds the latency
     A/B (``report.latency``: "latency degraded" where the GPU memory's median is over the
-    host memory's by more than latency_factor, default LATENCY_FACTOR) and read=True the A/B
+    host memory's by more than latency_factor, default LATENCY_FACTOR, in every repeat's
+    pair; "inconclusive" where only in some) and read=True the A/B
     with RDMA READ (``report.read``: "GDR read degraded", NCCL_NET_GDR_READ=0 named), bidir=True
     the A/B with both ends WRITEing at once (``report.bidir``, the same answer); each
     shortfall is a warning in ``verdict.warnings`` (exit 13), never a drain. gin=True adds,
