@@ -11,8 +11,8 @@ GPUDirect receive (ncclIbIflush).
   GPUDirect, its receive buffers are GPU memory, ``src/transport/net.cc``
   NCCL_NET_MAP_ADD_POINTER in sendProxyConnect and recvProxyConnect; no flush: NCCL flushes
   SIMPLE receives only, recvProxyProgress) puts the GPU arm's median over the host arm's by
-  more than a factor at some size, in every repeat's pair (inconclusive where only some) (default :data:`gdrprobe.defaults.LATENCY_FACTOR`, where
-  its evidence is cited).
+  more than a factor at some size, in every repeat's pair (inconclusive where only in
+  some; default :data:`gdrprobe.defaults.LATENCY_FACTOR`, where its evidence is cited).
 - **GDR read degraded** (``check --read``): WRITEs out of GPU memory into host memory, the
   NIC reading GPU memory as the source of its sends as NCCL's sends with GPUDirect do
   (NCCL_NET_GDR_READ governs exactly this: ``src/graph/paths.cc`` ncclTopoCheckGdr with
