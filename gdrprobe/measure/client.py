@@ -396,9 +396,12 @@ class ProbeClient:
 
         return {"tick": beat, "tick_every_s": self.heartbeat_s}
 
-    def _bandwidth_loop(self, channel, handles, memory, remote, size, what, on_pass):
+    def _bandwidth_loop(self, channel, handles, memory, remote, size, what, on_pass, go=None):
         """Run one size's bandwidth loop (WRITE or READ, by the run's opcode): each pass
-        goes to on_pass(index, messages) before the loop goes on, unless the run samples."""
+        goes to on_pass(index, messages) before the loop goes on, unless the run samples.
+        go, if given, runs once the loop is built, just before it starts: a bidirectional
+        round waits there for the server's word, so that little work (sharing the CPUs
+        with the server's timed loop) comes between that word and this side's first WRITE."""
         o = self.options
         duration_ns = int(o.duration_s * 1e9) if o.duration_s else 0
         passes = None if o.sample_integrity else PassGate(self.stop)
@@ -414,8 +417,10 @@ class ProbeClient:
             max_inline=self._inline_bytes(memory), stall_timeout_ns=int(stall_s * 1e9),
             slots=o.slots(size), src_slots=o.source_slots(size), on_pass=passes,
             read=o.reads, src_offset=o.source_offset(size), **self.clock.loop_args())
-        raw = LoopThread(_native.run_bandwidth, config, self.stop, passes).wait(
-            **self._heartbeat(channel, what), on_pass=on_pass)
+        loop = LoopThread(_native.run_bandwidth, config, self.stop, passes)
+        if go is not None:
+            go()
+        raw = loop.wait(**self._heartbeat(channel, what), on_pass=on_pass)
         self._check_loop(channel, raw, what, stall_s)
         return raw
 
@@ -453,9 +458,9 @@ class ProbeClient:
         stage_out_s = memory.stage_out(offset, sources * size) / sources   # per message
         check = RoundCheck(memory, size, o.slots(size), sources, seed, self.flusher, stray_end=offset)
         send(channel, Start(size, self.round))
-        receive_skipping_progress(channel, READY)   # the server's loop is about to write
         raw = self._bandwidth_loop(channel, handles, memory, remote, size, what,
-                                   functools.partial(exchange_passes, channel, check))
+                                   functools.partial(exchange_passes, channel, check),
+                                   go=lambda: receive_skipping_progress(channel, READY))
         send(channel, Done(raw.posted))
         sent = Sent.from_message(receive_skipping_progress(channel, Sent.KIND))
         check.settle(sent.posted, o.sample_integrity, "the server")

@@ -127,8 +127,7 @@ class LoopThread:
 
     def __init__(self, loop, config, stop: _native.StopFlag, passes: PassGate | None = None):
         """passes: the gate the loop hands its passes to (its config's on_pass), told when
-        the loop returns, however it was started (start() before wait(): the server's side
-        of a bidirectional round)."""
+        the loop returns, however it was started (start() before wait(), or by wait())."""
         self.stop = stop
         self._outcome: dict = {}
         self._gate = passes

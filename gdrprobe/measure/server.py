@@ -431,9 +431,10 @@ class ProbeServer:
             stall_timeout_ns=int(stall_s * 1e9), slots=options.slots(size), src_slots=sources,
             on_pass=passes, src_offset=offset, **loop_clock(options.clock).loop_args())
         loop = LoopThread(_native.run_bandwidth, config, self.stop, passes)
-        loop.start()
+        # The word first, then the loop: the client's loop is built and starts on this word,
+        # so the two loops start together, as perftest's do after their handshake.
+        channel.send(READY)
         try:
-            channel.send(READY)
             raw = loop.wait(tick=lambda: channel.send(PROGRESS),
                             tick_every_s=heartbeat_s(options.timeout_s),
                             on_pass=passes and functools.partial(exchange_passes, channel, check))
