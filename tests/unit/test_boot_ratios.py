@@ -1,0 +1,107 @@
+"""benchmarks/boot_ratios.py: the boot as the unit of a comparison with perftest. What it
+reads from compare_perftest.py's per-pair lines, which boots it leaves out as disturbed, and
+the statistics it prints; booting the lab is not exercised here (that is the benchmark's run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "boot_ratios.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("boot_ratios", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["boot_ratios"] = module   # dataclasses looks its module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+boot_ratios = load()
+
+# Four boots as compare_perftest.py prints them (tables and per-pair lines), boot 3 with a
+# perftest run at half rate: the host's load, not either program.
+LOG = """\
+== boot 1
+| 1024 | 65536 | 50.00 | 51.00 | 1.020 (1.000-1.040) | 1.0 | 1.0 |
+# 1024 B, MiB/s per pair (perftest/gdrprobe): 50.00/51.00, 50.00/51.00
+# 8 B, us per pair (perftest/gdrprobe): 12.00/11.00, 12.00/13.00
+== boot 2
+# 1024 B, MiB/s per pair (perftest/gdrprobe): 50.00/49.00, 50.00/49.00
+== boot 3
+# 1024 B, MiB/s per pair (perftest/gdrprobe): 25.00/50.00, 50.00/50.00
+== boot 4
+# 1024 B, MiB/s per pair (perftest/gdrprobe): 50.00/48.00, 50.00/50.00
+"""
+
+
+def test_pairs_are_read_per_unit_size_and_boot():
+    sizes = boot_ratios.parse_log(LOG.splitlines())
+    assert sorted(sizes) == [("MiB/s", 1024), ("us", 8)]
+    assert [b.boot for b in sizes[("MiB/s", 1024)]] == [1, 2, 3, 4]
+    assert sizes[("MiB/s", 1024)][0].pairs == ((50.0, 51.0), (50.0, 51.0))
+    assert sizes[("us", 8)][0].ratio() == pytest.approx((11 / 12 + 13 / 12) / 2)
+
+
+def test_a_boot_with_a_halved_run_is_left_out():
+    boots = boot_ratios.parse_log(LOG.splitlines())[("MiB/s", 1024)]
+    assert [b.boot for b in boot_ratios.undisturbed(boots)] == [1, 2, 4]
+
+
+def test_a_latency_twice_the_typical_is_disturbed():
+    slow = boot_ratios.BootPairs(2, "us", ((12.0, 30.0), (12.0, 12.0)))
+    fine = boot_ratios.BootPairs(1, "us", ((12.0, 12.5), (12.0, 11.5)))
+    assert boot_ratios.undisturbed([fine, slow]) == [fine]
+
+
+def test_ahead_means_more_bytes_or_less_time():
+    assert boot_ratios.BootPairs(1, "MiB/s", ((50.0, 51.0),)).ahead()
+    assert not boot_ratios.BootPairs(1, "MiB/s", ((50.0, 49.0),)).ahead()
+    assert boot_ratios.BootPairs(1, "us", ((12.0, 11.0),)).ahead()
+    assert not boot_ratios.BootPairs(1, "us", ((12.0, 13.0),)).ahead()
+
+
+def test_summary_counts_boots_and_centres_on_the_median_boot():
+    boots = boot_ratios.parse_log(LOG.splitlines())[("MiB/s", 1024)]
+    line = boot_ratios.summary("MiB/s", 1024, boots)
+    # Boots 1, 2 and 4: 1.020, 0.980 and the median of 0.960 and 1.000, 0.980.
+    assert line.startswith("1024 B, MiB/s: 3 of 4 boots, median ratio 0.980 (95% ")
+    assert "gdrprobe ahead in 1;" in line
+    assert line.endswith("boots: 1.020 0.980 0.980")
+
+
+def test_one_boot_gives_no_interval():
+    boots = boot_ratios.parse_log(LOG.splitlines())[("us", 8)]
+    assert boot_ratios.summary("us", 8, boots).endswith("(too few undisturbed boots for an interval)")
+
+
+def test_the_t_point_falls_back_to_the_nearest_smaller_table_entry():
+    assert boot_ratios.t95(11) == boot_ratios.T95[10]
+    assert boot_ratios.t95(1000) == 2.0
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+
+
+def test_from_reads_kept_logs(tmp_path):
+    log = tmp_path / "boots.log"
+    log.write_text(LOG)
+    done = run("--from", str(log))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("1024 B, MiB/s: 3 of 4 boots")
+
+
+@pytest.mark.parametrize("args", [["--boots", "1", "--sizes", "64"],
+                                  ["--from", "x.log", "--", "--sizes", "64"]])
+def test_misplaced_arguments_are_refused_before_any_boot(args):
+    done = run(*args)
+    assert done.returncode == 2
+    assert "error:" in done.stderr
