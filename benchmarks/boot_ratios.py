@@ -26,16 +26,19 @@ import dataclasses
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
 
 PAIR_LINE = re.compile(r"^# (\d+) B, (MiB/s|us) per pair \(perftest/gdrprobe\): (.+)$")
 BOOT_LINE = "== boot"
+BOOT_MARGIN_S = 300     # past the lab's own bound on the guest: booting and tearing down
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DISTURBED = 0.75        # a run this far from its size's median run was slowed by the host
 RESAMPLES = 5000
-# Two-sided 95% points of Student's t by degrees of freedom; 2.0 past the table.
+# Two-sided 95% points of Student's t by degrees of freedom; between entries the next
+# smaller one's (a wider interval), 2.0 past the table.
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}
 
@@ -104,19 +107,36 @@ def summary(unit: str, size: int, boots: list[BootPairs], seed: int = 1) -> str:
             + " ".join(f"{r:.3f}" for r in ratios))
 
 
-def run_boots(count: int, log_path: str, compare_args: list[str], timeout_s: int) -> None:
-    """Boot the loopback guest count times, compare_perftest.py in each, into the log."""
-    command = [sys.executable, "-m", "lab", "loopback", "--timeout", str(timeout_s), "--",
-               sys.executable, os.path.join(REPO, "benchmarks", "compare_perftest.py"),
-               *compare_args]
+def boot_command(compare_args: list[str], timeout_s: int) -> list[str]:
+    """One boot of the loopback guest running compare_perftest.py, bounded by the lab."""
+    return [sys.executable, "-m", "lab", "loopback", "--timeout", str(timeout_s), "--",
+            sys.executable, os.path.join(REPO, "benchmarks", "compare_perftest.py"),
+            *compare_args]
+
+
+def one_boot(command: list[str], limit_s: float) -> tuple[str, str]:
+    """A boot's output and how it ended. One that overruns is killed with everything it
+    started (the guest's QEMU too), and the boots before it still count."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=REPO, start_new_session=True) as child:
+        try:
+            output, _ = child.communicate(timeout=limit_s)
+            return output, f"exit {child.returncode}"
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            output, _ = child.communicate()
+            return output, "timed out"
+
+
+def run_boots(count: int, log_path: str, command: list[str], limit_s: float) -> None:
+    """Run command count times (a boot each), every boot's output into the log."""
     with open(log_path, "a") as log:
         for boot in range(1, count + 1):
             log.write(f"{BOOT_LINE} {boot}\n")
-            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, timeout=timeout_s + 300, cwd=REPO)
-            log.write(done.stdout)
+            output, outcome = one_boot(command, limit_s)
+            log.write(output)
             log.flush()
-            print(f"boot {boot}: exit {done.returncode}", flush=True)
+            print(f"boot {boot}: {outcome}", flush=True)
 
 
 def main() -> int:
@@ -130,7 +150,8 @@ def main() -> int:
     if args.logs is None:
         if rest[:1] != ["--"]:
             parser.error("compare_perftest.py's arguments go after --")
-        run_boots(args.boots, args.log, rest[1:], args.timeout)
+        run_boots(args.boots, args.log, boot_command(rest[1:], args.timeout),
+                  args.timeout + BOOT_MARGIN_S)
     elif rest:
         parser.error("--from reads logs only")
     lines = [line for path in (args.logs or [args.log]) for line in open(path)]

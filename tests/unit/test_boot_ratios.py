@@ -105,3 +105,31 @@ def test_misplaced_arguments_are_refused_before_any_boot(args):
     done = run(*args)
     assert done.returncode == 2
     assert "error:" in done.stderr
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for its reaper does not)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_every_boot_lands_in_the_log_and_a_late_one_does_not_end_the_run(tmp_path):
+    log = tmp_path / "boots.log"
+    pair = "# 64 B, MiB/s per pair (perftest/gdrprobe): 5.00/5.10"
+    boot_ratios.run_boots(2, str(log), [sys.executable, "-c", f"print({pair!r})"], 30)
+    # The late boot's child starts a grandchild, as the lab starts QEMU: both are killed.
+    late = ("import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']).pid, flush=True); time.sleep(60)")
+    boot_ratios.run_boots(1, str(log), [sys.executable, "-c", late], 2)
+    lines = log.read_text().splitlines()
+    assert lines[:5] == ["== boot 1", pair, "== boot 2", pair, "== boot 1"]
+    assert not alive(int(lines[5]))
+    assert len(boot_ratios.parse_log(log.read_text().splitlines())[("MiB/s", 64)]) == 2
+
+
+def test_a_boot_runs_compare_perftest_under_the_lab():
+    command = boot_ratios.boot_command(["--sizes", "64"], 900)
+    assert command[1:6] == ["-m", "lab", "loopback", "--timeout", "900"]
+    assert command[-3:] == [str(SCRIPT.with_name("compare_perftest.py")), "--sizes", "64"]
