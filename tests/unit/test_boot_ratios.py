@@ -5,6 +5,7 @@ the statistics it prints; booting the lab is not exercised here (that is the ben
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -107,25 +108,34 @@ def test_misplaced_arguments_are_refused_before_any_boot(args):
     assert "error:" in done.stderr
 
 
-def alive(pid: int) -> bool:
-    """Whether the process runs (a zombie waiting for its reaper does not)."""
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+def running(token: str) -> list[int]:
+    """The live processes whose command line holds token (a zombie waiting for its reaper
+    is not live)."""
+    found = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            if (token.encode() in (proc / "cmdline").read_bytes()
+                    and (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z"):
+                found.append(int(proc.name))
+        except (OSError, ValueError):   # not a process, or it ended while read
+            continue
+    return found
 
 
 def test_every_boot_lands_in_the_log_and_a_late_one_does_not_end_the_run(tmp_path):
     log = tmp_path / "boots.log"
     pair = "# 64 B, MiB/s per pair (perftest/gdrprobe): 5.00/5.10"
     boot_ratios.run_boots(2, str(log), [sys.executable, "-c", f"print({pair!r})"], 30)
-    # The late boot's child starts a grandchild, as the lab starts QEMU: both are killed.
-    late = ("import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', "
-            "'import time; time.sleep(60)']).pid, flush=True); time.sleep(60)")
+    # The late boot's child starts a grandchild, as the lab starts QEMU: both are killed
+    # (on a loaded machine the child may be killed before it starts one: none lives either).
+    token = f"boot-ratios-grandchild-{os.getpid()}"
+    late = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            f"'import time; time.sleep(60)', {token!r}], stdout=subprocess.DEVNULL, "
+            "stderr=subprocess.DEVNULL); "
+            "time.sleep(60)")
     boot_ratios.run_boots(1, str(log), [sys.executable, "-c", late], 2)
-    lines = log.read_text().splitlines()
-    assert lines[:5] == ["== boot 1", pair, "== boot 2", pair, "== boot 1"]
-    assert not alive(int(lines[5]))
+    assert log.read_text().splitlines() == ["== boot 1", pair, "== boot 2", pair, "== boot 1"]
+    assert running(token) == []
     assert len(boot_ratios.parse_log(log.read_text().splitlines())[("MiB/s", 64)]) == 2
 
 
