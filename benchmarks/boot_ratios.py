@@ -22,6 +22,7 @@ runs then: RESULTS.md), is left out of that size and counted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import random
@@ -59,8 +60,8 @@ class BootPairs:
 
 
 def parse_log(lines) -> dict[tuple[str, int], list[BootPairs]]:
-    """Per unit (MiB/s or us) and size, every boot's pairs: the log is "== boot N" lines, each followed by that
-    boot's compare_perftest.py output (its per-pair lines)."""
+    """Per unit (MiB/s or us) and size, every boot's pairs: the log is "== boot N" lines,
+    each followed by that boot's compare_perftest.py output (its per-pair lines)."""
     sizes: dict[tuple[str, int], list[BootPairs]] = {}
     boot = 0
     for line in lines:
@@ -115,17 +116,26 @@ def boot_command(compare_args: list[str], timeout_s: int) -> list[str]:
 
 
 def one_boot(command: list[str], limit_s: float) -> tuple[str, str]:
-    """A boot's output and how it ended. One that overruns is killed with everything it
-    started (the guest's QEMU too), and the boots before it still count."""
+    """A boot's output and how it ended. The boot runs in a session of its own, so that one
+    that overruns, or a Ctrl-C here (which the terminal does not send to another session),
+    ends it with everything it started, the guest's QEMU too; the boots before still count."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           cwd=REPO, start_new_session=True) as child:
         try:
             output, _ = child.communicate(timeout=limit_s)
             return output, f"exit {child.returncode}"
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
+            kill_session(child)
             output, _ = child.communicate()
             return output, "timed out"
+        except BaseException:
+            kill_session(child)
+            raise
+
+
+def kill_session(child: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):   # all of it has ended already
+        os.killpg(child.pid, signal.SIGKILL)
 
 
 def run_boots(count: int, log_path: str, command: list[str], limit_s: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -150,6 +151,28 @@ def test_every_boot_lands_in_the_log_and_a_late_one_does_not_end_the_run(tmp_pat
     assert log.read_text().splitlines() == ["== boot 1", pair, "== boot 2", pair, "== boot 1"]
     assert gone(token)
     assert len(boot_ratios.parse_log(log.read_text().splitlines())[("MiB/s", 64)]) == 2
+
+
+def test_an_interrupt_ends_the_boot_and_all_it_started(tmp_path):
+    """Ctrl-C reaches only this process (the boot has a session of its own): the boot and
+    its grandchild are killed before the interrupt goes on up."""
+    token = f"boot-ratios-interrupted-{os.getpid()}"
+    command = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen("
+               f"[sys.executable, '-c', 'import time; time.sleep(60)', {token!r}], "
+               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); time.sleep(60)"]
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            boot_ratios.one_boot(command, 30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert gone(token)
 
 
 def test_a_boot_runs_compare_perftest_under_the_lab():
