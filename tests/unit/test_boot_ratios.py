@@ -10,9 +10,10 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from tests.unit.processes import gone_within, holding
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "boot_ratios.py"
@@ -110,32 +111,6 @@ def test_misplaced_arguments_are_refused_before_any_boot(args):
     assert "error:" in done.stderr
 
 
-def running(token: str) -> list[int]:
-    """The live processes whose command line holds token (a zombie waiting for its reaper
-    is not live)."""
-    found = []
-    for proc in pathlib.Path("/proc").iterdir():
-        try:
-            if (token.encode() in (proc / "cmdline").read_bytes()
-                    and (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z"):
-                found.append(int(proc.name))
-        except (OSError, ValueError):   # not a process, or it ended while read
-            continue
-    return found
-
-
-def gone(token: str, within_s: float = 30.0) -> bool:
-    """Whether every process holding token has ended, waiting for the kill to land: a
-    killed process takes a moment to exit, and nothing waits for a grandchild whose output
-    goes elsewhere."""
-    deadline = time.monotonic() + within_s
-    while running(token):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_every_boot_lands_in_the_log_and_a_late_one_does_not_end_the_run(tmp_path):
     log = tmp_path / "boots.log"
     pair = "# 64 B, MiB/s per pair (perftest/gdrprobe): 5.00/5.10"
@@ -149,7 +124,7 @@ def test_every_boot_lands_in_the_log_and_a_late_one_does_not_end_the_run(tmp_pat
             "time.sleep(60)")
     boot_ratios.run_boots(1, str(log), [sys.executable, "-c", late], 2)
     assert log.read_text().splitlines() == ["== boot 1", pair, "== boot 2", pair, "== boot 1"]
-    assert gone(token)
+    assert all(gone_within(pid, 30) for pid in holding(token))
     assert len(boot_ratios.parse_log(log.read_text().splitlines())[("MiB/s", 64)]) == 2
 
 
@@ -172,7 +147,7 @@ def test_an_interrupt_ends_the_boot_and_all_it_started(tmp_path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert gone(token)
+    assert all(gone_within(pid, 30) for pid in holding(token))
 
 
 def test_a_boot_runs_compare_perftest_under_the_lab():

@@ -3,11 +3,11 @@
 import os
 import shlex
 import signal
-import time
 
 import pytest
 
 from lab import vm
+from tests.unit.processes import gone_within
 
 
 def test_loopback_guest_runs_the_init_script_then_the_command():
@@ -76,26 +76,6 @@ def test_a_killed_guest_whose_escaped_child_holds_the_pipe_still_returns(monkeyp
     finally:
         if escaped is not None:
             os.kill(escaped, signal.SIGKILL)
-
-
-def gone_within(pid: int, seconds: float) -> bool:
-    """The group's SIGTERM reaches the child at once, but a loaded machine may run its exit
-    a moment after the leader's."""
-    deadline = time.monotonic() + seconds
-    while running(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie waiting for a parent that is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_set_up_step_that_hangs_is_a_lab_error_naming_it(monkeypatch):
