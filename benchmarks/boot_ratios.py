@@ -35,6 +35,7 @@ import sys
 PAIR_LINE = re.compile(r"^# (\d+) B, (MiB/s|us) per pair \(perftest/gdrprobe\): (.+)$")
 BOOT_LINE = "== boot"
 BOOT_MARGIN_S = 300     # past the lab's own bound on the guest: booting and tearing down
+STOP_GRACE_S = 30       # for an interrupted lab to take its guest down (TERM, then KILL)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DISTURBED = 0.75        # a run this far from its size's median run was slowed by the host
 RESAMPLES = 5000
@@ -116,26 +117,43 @@ def boot_command(compare_args: list[str], timeout_s: int) -> list[str]:
 
 
 def one_boot(command: list[str], limit_s: float) -> tuple[str, str]:
-    """A boot's output and how it ended. The boot runs in a session of its own, so that one
-    that overruns, or a Ctrl-C here (which the terminal does not send to another session),
-    ends it with everything it started, the guest's QEMU too; the boots before still count."""
+    """A boot's output and how it ended; the boots before it still count however it ends.
+    The boot runs in a session of its own (a Ctrl-C at the terminal reaches only this
+    process), and one that overruns, or a Ctrl-C here, is stopped by stop_boot."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          cwd=REPO, start_new_session=True) as child:
+                          cwd=REPO, start_new_session=True,
+                          preexec_fn=default_interrupt) as child:
         try:
             output, _ = child.communicate(timeout=limit_s)
             return output, f"exit {child.returncode}"
         except subprocess.TimeoutExpired:
-            kill_session(child)
-            output, _ = child.communicate()
-            return output, "timed out"
+            return stop_boot(child), "timed out"
         except BaseException:
-            kill_session(child)
+            stop_boot(child)
             raise
 
 
-def kill_session(child: subprocess.Popen) -> None:
+def default_interrupt() -> None:
+    """In the boot, before it runs: SIGINT as a terminal leaves it, even where this script
+    was started with it ignored (nohup, a background job), so the lab can act on it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop_boot(child: subprocess.Popen) -> str:
+    """Interrupt the boot, as Ctrl-C would: the lab starts QEMU in a session of the lab's
+    own, out of reach of a signal to this one, and takes its guest down on an interrupt
+    (lab/vm.py Guest). What still runs after STOP_GRACE_S is killed. Its output."""
+    signal_session(child, signal.SIGINT)
+    try:
+        return child.communicate(timeout=STOP_GRACE_S)[0]
+    except subprocess.TimeoutExpired:
+        signal_session(child, signal.SIGKILL)
+        return child.communicate()[0]
+
+
+def signal_session(child: subprocess.Popen, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):   # all of it has ended already
-        os.killpg(child.pid, signal.SIGKILL)
+        os.killpg(child.pid, signum)
 
 
 def run_boots(count: int, log_path: str, command: list[str], limit_s: float) -> None:

@@ -10,6 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -111,30 +112,72 @@ def test_misplaced_arguments_are_refused_before_any_boot(args):
     assert "error:" in done.stderr
 
 
+# How long an interrupted boot may take to end its guest: well under the guest's own 600 s,
+# so that a guest left running fails the test rather than ending by itself first.
+GUEST_DOWN_S = 20
+
+
+def boot_like_the_lab(token: str, on_interrupt: str = "raise") -> list[str]:
+    """A boot as the lab runs one: it starts a grandchild (QEMU) in a session of its own,
+    out of reach of a signal to the boot's, and kills it on the way out of an interrupt."""
+    return [sys.executable, "-c", textwrap.dedent(f"""
+        import signal, subprocess, sys, time
+        if {on_interrupt!r} == "ignore":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        guest = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {token!r}],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+        try:
+            time.sleep(60)
+        finally:
+            guest.kill()
+        """)]
+
+
 def test_every_boot_lands_in_the_log_and_a_late_one_does_not_end_the_run(tmp_path):
     log = tmp_path / "boots.log"
     pair = "# 64 B, MiB/s per pair (perftest/gdrprobe): 5.00/5.10"
     boot_ratios.run_boots(2, str(log), [sys.executable, "-c", f"print({pair!r})"], 30)
-    # The late boot's child starts a grandchild, as the lab starts QEMU: both are killed
-    # (on a loaded machine the child may be killed before it starts one: none lives either).
+    # The late boot is interrupted, and takes its guest down (on a loaded machine it may be
+    # stopped before it starts one: none lives either).
     token = f"boot-ratios-grandchild-{os.getpid()}"
-    late = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-            f"'import time; time.sleep(60)', {token!r}], stdout=subprocess.DEVNULL, "
-            "stderr=subprocess.DEVNULL); "
-            "time.sleep(60)")
-    boot_ratios.run_boots(1, str(log), [sys.executable, "-c", late], 2)
-    assert log.read_text().splitlines() == ["== boot 1", pair, "== boot 2", pair, "== boot 1"]
-    assert all(gone_within(pid, 30) for pid in holding(token))
-    assert len(boot_ratios.parse_log(log.read_text().splitlines())[("MiB/s", 64)]) == 2
+    boot_ratios.run_boots(1, str(log), boot_like_the_lab(token), 2)
+    lines = log.read_text().splitlines()
+    assert lines[:5] == ["== boot 1", pair, "== boot 2", pair, "== boot 1"]
+    assert all(gone_within(pid, GUEST_DOWN_S) for pid in holding(token))
+    assert len(boot_ratios.parse_log(lines)[("MiB/s", 64)]) == 2
+
+
+def test_a_boot_hears_the_interrupt_where_this_script_was_started_deaf_to_it():
+    """nohup and a background job start this script with SIGINT ignored, which a boot would
+    inherit; the boot starts with SIGINT as a terminal leaves it."""
+    token = f"boot-ratios-nohup-{os.getpid()}"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _, outcome = boot_ratios.one_boot(boot_like_the_lab(token), 2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert outcome == "timed out"
+    assert all(gone_within(pid, GUEST_DOWN_S) for pid in holding(token))
+
+
+def test_a_boot_deaf_to_the_interrupt_is_killed_after_the_grace(monkeypatch):
+    monkeypatch.setattr(boot_ratios, "STOP_GRACE_S", 1.0)
+    token = f"boot-ratios-deaf-{os.getpid()}"
+    _, outcome = boot_ratios.one_boot(boot_like_the_lab(token, on_interrupt="ignore"), 2)
+    assert outcome == "timed out"
+    # The boot is killed; its guest, in a session of its own, was the boot's to end (the
+    # lab's, which does), so this boot leaves it: the test ends it.
+    left = {pid: pathlib.Path(f"/proc/{pid}/cmdline").read_bytes() for pid in holding(token)}
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert [pid for pid, line in left.items() if b"guest.kill()" in line] == []
 
 
 def test_an_interrupt_ends_the_boot_and_all_it_started(tmp_path):
-    """Ctrl-C reaches only this process (the boot has a session of its own): the boot and
-    its grandchild are killed before the interrupt goes on up."""
+    """Ctrl-C reaches only this process (the boot has a session of its own): the boot is
+    interrupted and takes its guest down before the interrupt goes on up."""
     token = f"boot-ratios-interrupted-{os.getpid()}"
-    command = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen("
-               f"[sys.executable, '-c', 'import time; time.sleep(60)', {token!r}], "
-               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); time.sleep(60)"]
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -143,11 +186,11 @@ def test_an_interrupt_ends_the_boot_and_all_it_started(tmp_path):
     try:
         signal.setitimer(signal.ITIMER_REAL, 1.0)
         with pytest.raises(KeyboardInterrupt):
-            boot_ratios.one_boot(command, 30)
+            boot_ratios.one_boot(boot_like_the_lab(token), 30)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert all(gone_within(pid, 30) for pid in holding(token))
+    assert all(gone_within(pid, GUEST_DOWN_S) for pid in holding(token))
 
 
 def test_a_boot_runs_compare_perftest_under_the_lab():
